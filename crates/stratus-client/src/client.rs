@@ -1,0 +1,617 @@
+//! The async client.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use stratus_env::Environment;
+use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
+use stratus_types::limits::{KEY_BYTES_MAX, MULTI_OP_ITEMS_MAX};
+use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
+use stratus_wire::{
+    IncrementItem, KeyItem, Request, Response, ResponseBody, ServerEntry, ServerStatistics, Status,
+    TableEntry, TabletEntry, WriteItem,
+};
+use tokio::time::Instant;
+
+use crate::enumeration::Enumeration;
+use crate::error::{Error, Result};
+
+/// Settings of a client.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The coordinator's address, "host:port".
+    pub coordinator_address: String,
+    /// RPC settings (per-request timeout, connections per server).
+    pub rpc: RpcConfig,
+    /// How long one operation may take, retries included, before it fails with TIMEOUT (or the
+    /// last error seen).
+    pub operation_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for a cluster whose coordinator is at `coordinator_address`.
+    pub fn new(coordinator_address: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            coordinator_address: coordinator_address.into(),
+            rpc: RpcConfig::default(),
+            operation_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A connection to a Stratus cluster. Cheap to clone; clones share connections and caches.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    config: ClientConfig,
+    pool: ChannelPool,
+    environment: Environment,
+    tablet_maps: RwLock<HashMap<TableId, Arc<Vec<TabletEntry>>>>,
+}
+
+/// Statuses after which the same request may succeed if sent again after refreshing the tablet
+/// map.
+fn is_stale_map(status: Status) -> bool {
+    matches!(status, Status::UnknownTablet | Status::WrongServer)
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() || key.len() > KEY_BYTES_MAX {
+        return Err(Error::new(Status::InvalidKey, format!("key of {} bytes", key.len())));
+    }
+    Ok(())
+}
+
+fn unexpected(response: &ResponseBody) -> Error {
+    Error::new(Status::InternalError, format!("unexpected response {response:?}"))
+}
+
+/// Turns a status and body into an error, for every status but OK.
+fn failure(status: Status, body: ResponseBody) -> Error {
+    match body {
+        ResponseBody::Error { message } => Error::new(status, message),
+        ResponseBody::Operation(Response::Read { version, .. })
+        | ResponseBody::Operation(Response::Write { version })
+        | ResponseBody::Operation(Response::Remove { version })
+        | ResponseBody::Operation(Response::Increment { version, .. }) => {
+            Error::with_version(status, version)
+        }
+        ResponseBody::Operation(_) => Error::new(status, ""),
+    }
+}
+
+impl Client {
+    /// A client of the cluster described by `config`, on the real network.
+    pub fn new(config: ClientConfig) -> Client {
+        Client::with_environment(config, Environment::system())
+    }
+
+    /// A client using `environment` (the simulator passes its own).
+    pub fn with_environment(config: ClientConfig, environment: Environment) -> Client {
+        let pool = ChannelPool::new(environment.network.clone(), config.rpc.clone());
+        let inner = Inner { config, pool, environment, tablet_maps: RwLock::new(HashMap::new()) };
+        Client { inner: Arc::new(inner) }
+    }
+
+    /// Creates a table spread over `server_span` masters; returns its id (the existing id if
+    /// the name is taken).
+    pub async fn create_table(&self, name: &str, server_span: u32) -> Result<TableId> {
+        let request = Request::CreateTable { name: name.to_string(), server_span };
+        match self.inner.coordinator_call(&request).await? {
+            Response::CreateTable { table_id } => Ok(table_id),
+            other => Err(unexpected(&ResponseBody::Operation(other))),
+        }
+    }
+
+    /// Drops a table and all its objects.
+    pub async fn drop_table(&self, name: &str) -> Result<()> {
+        let request = Request::DropTable { name: name.to_string() };
+        self.inner.coordinator_call(&request).await?;
+        self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
+        Ok(())
+    }
+
+    /// The id of the table named `name`.
+    pub async fn get_table_id(&self, name: &str) -> Result<TableId> {
+        match self.inner.coordinator_call(&Request::GetTableId { name: name.to_string() }).await? {
+            Response::GetTableId { table_id } => Ok(table_id),
+            other => Err(unexpected(&ResponseBody::Operation(other))),
+        }
+    }
+
+    /// Every table.
+    pub async fn list_tables(&self) -> Result<Vec<TableEntry>> {
+        match self.inner.coordinator_call(&Request::ListTables).await? {
+            Response::ListTables { tables } => Ok(tables),
+            other => Err(unexpected(&ResponseBody::Operation(other))),
+        }
+    }
+
+    /// Every server of the cluster.
+    pub async fn server_list(&self) -> Result<Vec<ServerEntry>> {
+        match self.inner.coordinator_call(&Request::GetServerList).await? {
+            Response::GetServerList { servers } => Ok(servers),
+            other => Err(unexpected(&ResponseBody::Operation(other))),
+        }
+    }
+
+    /// The tablets of `table_id`, or of every table with `TableId(0)`.
+    pub async fn tablet_map(&self, table_id: TableId) -> Result<Vec<TabletEntry>> {
+        match self.inner.coordinator_call(&Request::GetTabletMap { table_id }).await? {
+            Response::GetTabletMap { tablets } => Ok(tablets),
+            other => Err(unexpected(&ResponseBody::Operation(other))),
+        }
+    }
+
+    /// Statistics of the master at `address`.
+    pub async fn server_statistics(&self, address: &str) -> Result<ServerStatistics> {
+        let (status, body) = self
+            .inner
+            .pool
+            .call(address, &Request::GetServerStatistics)
+            .await
+            .map_err(|error| Error::new(error.status(), error.to_string()))?;
+        match (status, body) {
+            (Status::Ok, ResponseBody::Operation(Response::GetServerStatistics { statistics })) => {
+                Ok(statistics)
+            }
+            (status, body) => Err(failure(status, body)),
+        }
+    }
+
+    /// Reads an object: its value and version.
+    pub async fn read(&self, table_id: TableId, key: &[u8]) -> Result<(Bytes, Version)> {
+        self.read_with(table_id, key, RejectRules::NONE).await
+    }
+
+    /// Reads an object, subject to reject rules.
+    pub async fn read_with(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        rules: RejectRules,
+    ) -> Result<(Bytes, Version)> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Read { table_id, key: key.clone(), rules };
+        match self.inner.object_call(table_id, &key, &request).await? {
+            (Status::Ok, ResponseBody::Operation(Response::Read { version, value })) => {
+                Ok((value, version))
+            }
+            (status, body) => Err(failure(status, body)),
+        }
+    }
+
+    /// Writes an object; returns its new version.
+    pub async fn write(&self, table_id: TableId, key: &[u8], value: &[u8]) -> Result<Version> {
+        self.write_with(table_id, key, Bytes::copy_from_slice(value), RejectRules::NONE).await
+    }
+
+    /// Writes an object subject to reject rules; returns its new version.
+    pub async fn write_with(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        value: Bytes,
+        rules: RejectRules,
+    ) -> Result<Version> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Write { table_id, key: key.clone(), value, rules };
+        match self.inner.object_call(table_id, &key, &request).await? {
+            (Status::Ok, ResponseBody::Operation(Response::Write { version })) => Ok(version),
+            (status, body) => Err(failure(status, body)),
+        }
+    }
+
+    /// Removes an object; returns the removed version (0 if there was none).
+    pub async fn remove(&self, table_id: TableId, key: &[u8]) -> Result<Version> {
+        self.remove_with(table_id, key, RejectRules::NONE).await
+    }
+
+    /// Removes an object subject to reject rules.
+    pub async fn remove_with(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        rules: RejectRules,
+    ) -> Result<Version> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Remove { table_id, key: key.clone(), rules };
+        match self.inner.object_call(table_id, &key, &request).await? {
+            (Status::Ok, ResponseBody::Operation(Response::Remove { version })) => Ok(version),
+            (status, body) => Err(failure(status, body)),
+        }
+    }
+
+    /// Adds `delta` to an 8-byte little-endian integer object (a missing object counts as 0);
+    /// returns the new value and version.
+    pub async fn increment(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        delta: i64,
+    ) -> Result<(i64, Version)> {
+        self.increment_with(table_id, key, delta, RejectRules::NONE).await
+    }
+
+    /// Increments subject to reject rules.
+    pub async fn increment_with(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        delta: i64,
+        rules: RejectRules,
+    ) -> Result<(i64, Version)> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Increment { table_id, key: key.clone(), delta, rules };
+        match self.inner.object_call(table_id, &key, &request).await? {
+            (Status::Ok, ResponseBody::Operation(Response::Increment { version, value })) => {
+                Ok((value, version))
+            }
+            (status, body) => Err(failure(status, body)),
+        }
+    }
+
+    /// Reads many objects, from every master involved in parallel; one result per item.
+    pub async fn multi_read(&self, items: &[KeyItem]) -> Vec<Result<(Bytes, Version)>> {
+        let outcomes =
+            self.inner.clone().multi(items.iter().cloned().map(MultiItem::Read).collect()).await;
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.map(|(value, version, _)| (value, version)))
+            .collect()
+    }
+
+    /// Writes many objects; one result (new version) per item.
+    pub async fn multi_write(&self, items: &[WriteItem]) -> Vec<Result<Version>> {
+        let outcomes =
+            self.inner.clone().multi(items.iter().cloned().map(MultiItem::Write).collect()).await;
+        outcomes.into_iter().map(|outcome| outcome.map(|(_, version, _)| version)).collect()
+    }
+
+    /// Removes many objects; one result (removed version) per item.
+    pub async fn multi_remove(&self, items: &[KeyItem]) -> Vec<Result<Version>> {
+        let outcomes =
+            self.inner.clone().multi(items.iter().cloned().map(MultiItem::Remove).collect()).await;
+        outcomes.into_iter().map(|outcome| outcome.map(|(_, version, _)| version)).collect()
+    }
+
+    /// Increments many objects; one result (new value, version) per item.
+    pub async fn multi_increment(&self, items: &[IncrementItem]) -> Vec<Result<(i64, Version)>> {
+        let outcomes = self
+            .inner
+            .clone()
+            .multi(items.iter().cloned().map(MultiItem::Increment).collect())
+            .await;
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.map(|(_, version, value)| (value, version)))
+            .collect()
+    }
+
+    /// Starts enumerating every object of a table. Objects present for the whole enumeration
+    /// are returned exactly once, even if tablets move meanwhile.
+    pub fn enumerate(&self, table_id: TableId) -> Enumeration {
+        Enumeration::new(self.clone(), table_id)
+    }
+}
+
+/// One item of a multi-operation, tagged with its kind.
+#[derive(Clone, Debug)]
+enum MultiItem {
+    Read(KeyItem),
+    Write(WriteItem),
+    Remove(KeyItem),
+    Increment(IncrementItem),
+}
+
+/// Value, version and integer of a finished item (unused parts are empty or zero).
+type ItemOutcome = Result<(Bytes, Version, i64)>;
+
+impl MultiItem {
+    fn table_and_key(&self) -> (TableId, &Bytes) {
+        match self {
+            MultiItem::Read(item) | MultiItem::Remove(item) => (item.table_id, &item.key),
+            MultiItem::Write(item) => (item.table_id, &item.key),
+            MultiItem::Increment(item) => (item.table_id, &item.key),
+        }
+    }
+
+    /// The request carrying `items`, all of this item's kind.
+    fn request(items: Vec<MultiItem>) -> Request {
+        match items.first() {
+            Some(MultiItem::Write(_)) => Request::MultiWrite {
+                items: items
+                    .into_iter()
+                    .filter_map(
+                        |item| if let MultiItem::Write(item) = item { Some(item) } else { None },
+                    )
+                    .collect(),
+            },
+            Some(MultiItem::Remove(_)) => Request::MultiRemove {
+                items: items
+                    .into_iter()
+                    .filter_map(
+                        |item| if let MultiItem::Remove(item) = item { Some(item) } else { None },
+                    )
+                    .collect(),
+            },
+            Some(MultiItem::Increment(_)) => Request::MultiIncrement {
+                items: items
+                    .into_iter()
+                    .filter_map(|item| {
+                        if let MultiItem::Increment(item) = item {
+                            Some(item)
+                        } else {
+                            None
+                        }
+                    })
+                    .collect(),
+            },
+            _ => Request::MultiRead {
+                items: items
+                    .into_iter()
+                    .filter_map(
+                        |item| if let MultiItem::Read(item) = item { Some(item) } else { None },
+                    )
+                    .collect(),
+            },
+        }
+    }
+}
+
+/// Per-item (status, outcome) from a multi-operation response.
+fn item_results(response: Response) -> Option<Vec<(Status, ItemOutcome)>> {
+    let convert = |status: Status, version: Version, ok: (Bytes, Version, i64)| {
+        if status == Status::Ok {
+            (status, Ok(ok))
+        } else {
+            (status, Err(Error::with_version(status, version)))
+        }
+    };
+    match response {
+        Response::MultiRead { results } => Some(
+            results
+                .into_iter()
+                .map(|item| convert(item.status, item.version, (item.value, item.version, 0)))
+                .collect(),
+        ),
+        Response::MultiWrite { results } | Response::MultiRemove { results } => Some(
+            results
+                .into_iter()
+                .map(|item| convert(item.status, item.version, (Bytes::new(), item.version, 0)))
+                .collect(),
+        ),
+        Response::MultiIncrement { results } => Some(
+            results
+                .into_iter()
+                .map(|item| {
+                    convert(item.status, item.version, (Bytes::new(), item.version, item.value))
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+impl Inner {
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    pub(crate) fn entropy(&self) -> &dyn stratus_env::Entropy {
+        &*self.environment.entropy
+    }
+
+    /// Sends a request to the coordinator, retrying connection failures and RETRY until the
+    /// operation deadline.
+    pub(crate) async fn coordinator_call(&self, request: &Request) -> Result<Response> {
+        let deadline = Instant::now() + self.config.operation_timeout;
+        let mut backoff = Backoff::for_client();
+        let address = &self.config.coordinator_address;
+        loop {
+            let last = match self.pool.call(address, request).await {
+                Ok((Status::Ok, ResponseBody::Operation(response))) => return Ok(response),
+                Ok((Status::Retry, body)) => failure(Status::Retry, body),
+                Ok((status, body)) => return Err(failure(status, body)),
+                Err(error) => {
+                    self.pool.forget(address);
+                    Error::new(error.status(), format!("coordinator {address}: {error}"))
+                }
+            };
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+        }
+    }
+
+    pub(crate) fn forget_table(&self, table_id: TableId) {
+        self.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).remove(&table_id);
+    }
+
+    /// The tablet holding `hash`, from the cache or a fresh map.
+    pub(crate) async fn locate(&self, table_id: TableId, hash: KeyHash) -> Result<TabletEntry> {
+        let cached = self
+            .tablet_maps
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(&table_id)
+            .cloned();
+        let map = match cached {
+            Some(map) => map,
+            None => {
+                let tablets =
+                    match self.coordinator_call(&Request::GetTabletMap { table_id }).await? {
+                        Response::GetTabletMap { tablets } => tablets,
+                        other => return Err(unexpected(&ResponseBody::Operation(other))),
+                    };
+                let map = Arc::new(tablets);
+                self.tablet_maps
+                    .write()
+                    .unwrap_or_else(|poison| poison.into_inner())
+                    .insert(table_id, map.clone());
+                map
+            }
+        };
+        let index = map.partition_point(|tablet| tablet.range.end < hash.0);
+        match map.get(index) {
+            Some(tablet) if tablet.range.contains(hash) => Ok(tablet.clone()),
+            _ => {
+                self.forget_table(table_id);
+                Err(Error::new(
+                    Status::UnknownTablet,
+                    format!("no tablet of table {table_id} holds hash {:#x}", hash.0),
+                ))
+            }
+        }
+    }
+
+    /// Sends a single-object request to the key's master, refreshing the map and retrying as
+    /// needed. Returns the first non-retryable status with its body.
+    async fn object_call(
+        &self,
+        table_id: TableId,
+        key: &Bytes,
+        request: &Request,
+    ) -> Result<(Status, ResponseBody)> {
+        check_key(key)?;
+        let hash = key_hash(table_id, key);
+        let deadline = Instant::now() + self.config.operation_timeout;
+        let mut backoff = Backoff::for_client();
+        loop {
+            let last = match self.locate(table_id, hash).await {
+                Err(error) if error.status == Status::TableDoesntExist => return Err(error),
+                Err(error) => error,
+                Ok(tablet) if tablet.state == TabletState::Recovering => {
+                    self.forget_table(table_id);
+                    Error::new(Status::Retry, format!("tablet of table {table_id} is recovering"))
+                }
+                Ok(tablet) => match self.pool.call(&tablet.owner_address, request).await {
+                    Ok((status, body)) if is_stale_map(status) => {
+                        self.forget_table(table_id);
+                        failure(status, body)
+                    }
+                    Ok((Status::Retry, body)) => failure(Status::Retry, body),
+                    Ok(outcome) => return Ok(outcome),
+                    Err(error) => {
+                        self.pool.forget(&tablet.owner_address);
+                        self.forget_table(table_id);
+                        Error::new(
+                            error.status(),
+                            format!("master {}: {error}", tablet.owner_address),
+                        )
+                    }
+                },
+            };
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+        }
+    }
+
+    /// Runs a multi-operation: groups pending items by master, sends one request per master
+    /// (all in parallel), keeps items whose status says "retry elsewhere" pending, and repeats
+    /// with backoff until every item has an outcome or the deadline passes.
+    async fn multi(self: Arc<Self>, items: Vec<MultiItem>) -> Vec<ItemOutcome> {
+        let mut outcomes: Vec<Option<ItemOutcome>> = vec![None; items.len()];
+        let mut pending: Vec<usize> = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            match check_key(item.table_and_key().1) {
+                Ok(()) => pending.push(index),
+                Err(error) => outcomes[index] = Some(Err(error)),
+            }
+        }
+        let deadline = Instant::now() + self.config.operation_timeout;
+        let mut backoff = Backoff::for_client();
+        let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
+        while !pending.is_empty() {
+            let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+            for &index in &pending {
+                let (table_id, key) = items[index].table_and_key();
+                match self.locate(table_id, key_hash(table_id, key)).await {
+                    Ok(tablet) if tablet.state == TabletState::Normal => {
+                        groups.entry(tablet.owner_address).or_default().push(index)
+                    }
+                    Ok(_) => {}
+                    Err(error) if error.status == Status::TableDoesntExist => {
+                        outcomes[index] = Some(Err(error))
+                    }
+                    Err(error) => last_error = error,
+                }
+            }
+            let mut calls = tokio::task::JoinSet::new();
+            for (address, indices) in groups {
+                for chunk in indices.chunks(MULTI_OP_ITEMS_MAX) {
+                    let request = MultiItem::request(
+                        chunk.iter().map(|&index| items[index].clone()).collect(),
+                    );
+                    let inner = self.clone();
+                    let address = address.clone();
+                    let chunk = chunk.to_vec();
+                    calls.spawn(async move {
+                        let result = inner.pool.call(&address, &request).await;
+                        (address, chunk, result)
+                    });
+                }
+            }
+            while let Some(joined) = calls.join_next().await {
+                let Ok((address, chunk, result)) = joined else { continue };
+                match result {
+                    Ok((Status::Ok, ResponseBody::Operation(response))) => {
+                        match item_results(response) {
+                            Some(results) if results.len() == chunk.len() => {
+                                for (&index, (status, outcome)) in chunk.iter().zip(results) {
+                                    if is_stale_map(status) {
+                                        let (table_id, _) = items[index].table_and_key();
+                                        self.forget_table(table_id);
+                                    } else if status != Status::Retry {
+                                        outcomes[index] = Some(outcome);
+                                    }
+                                }
+                            }
+                            _ => {
+                                last_error = Error::new(
+                                    Status::InternalError,
+                                    "malformed multi-operation response",
+                                )
+                            }
+                        }
+                    }
+                    Ok((status, body)) => last_error = failure(status, body),
+                    Err(error) => {
+                        self.pool.forget(&address);
+                        last_error =
+                            Error::new(error.status(), format!("master {address}: {error}"));
+                    }
+                }
+            }
+            pending.retain(|&index| outcomes[index].is_none());
+            if pending.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or_else(|| Err(last_error.clone())))
+            .collect()
+    }
+
+    pub(crate) async fn enumerate_call(
+        &self,
+        address: &str,
+        request: &Request,
+    ) -> std::result::Result<(Status, ResponseBody), Error> {
+        self.pool.call(address, request).await.map_err(|error| {
+            self.pool.forget(address);
+            Error::new(error.status(), format!("master {address}: {error}"))
+        })
+    }
+}

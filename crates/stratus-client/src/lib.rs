@@ -1,0 +1,32 @@
+//! The Stratus client library.
+//!
+//! [`Client`] is async (tokio); [`BlockingClient`] wraps it for synchronous code. A client asks
+//! the coordinator for a table's tablet map once, caches it, and sends each request straight to
+//! the master that owns the key. When a master answers UNKNOWN_TABLET or WRONG_SERVER, or cannot
+//! be reached, the client drops the cached map, fetches a fresh one and retries with backoff;
+//! RETRY is retried with backoff too. Every operation has a deadline
+//! ([`ClientConfig::operation_timeout`]) after which it fails with a clear status.
+//!
+//! Multi-operations group their items by master and send one request per master, all in
+//! parallel, and return one result per item in the caller's order.
+//!
+//! This crate depends on no server crate: only the shared types, the wire protocol and the RPC
+//! layer.
+//!
+//! Until linearizable RPCs exist (a later issue), a request retried after a timeout may run
+//! twice; for `increment` that means the delta may be applied twice.
+
+mod blocking;
+mod client;
+mod enumeration;
+mod error;
+
+pub use blocking::BlockingClient;
+pub use client::{Client, ClientConfig};
+pub use enumeration::Enumeration;
+pub use error::{Error, Result};
+pub use stratus_types::{RejectRules, TableId, Version};
+pub use stratus_wire::{
+    EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, Status, TableEntry,
+    TabletEntry, WriteItem,
+};

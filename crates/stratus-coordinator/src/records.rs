@@ -1,0 +1,273 @@
+//! The coordinator's durable records and their byte layout (docs/design/coordinator-records.md).
+//!
+//! Keys in the MetaStore:
+//! - `counter/next-server-id`, `counter/next-table-id`: u64 little-endian.
+//! - `server/<id, 20 decimal digits>`: a [`ServerEntry`].
+//! - `table/<name>`: a [`TableRecord`] with its tablets.
+
+use std::collections::BTreeMap;
+
+use stratus_meta::{MetaError, MetaOperation, MetaStore};
+use stratus_types::{HashRange, ServerId, TableId};
+use stratus_wire::{ServerEntry, ServerStatus, ServiceMask};
+
+/// Key of the next server id counter.
+pub const NEXT_SERVER_ID_KEY: &str = "counter/next-server-id";
+/// Key of the next table id counter.
+pub const NEXT_TABLE_ID_KEY: &str = "counter/next-table-id";
+const SERVER_PREFIX: &str = "server/";
+const TABLE_PREFIX: &str = "table/";
+const RECORD_FORMAT_VERSION: u8 = 1;
+
+/// One tablet of a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TabletRecord {
+    /// Its key-hash range.
+    pub range: HashRange,
+    /// The master serving it.
+    pub owner: ServerId,
+}
+
+/// A table and its tablets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRecord {
+    /// The table's id.
+    pub table_id: TableId,
+    /// Its tablets, ascending by range, covering the whole hash space.
+    pub tablets: Vec<TabletRecord>,
+}
+
+/// Everything the coordinator keeps, as loaded from the MetaStore.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoordinatorState {
+    /// The next server id to hand out (ids start at 1).
+    pub next_server_id: u64,
+    /// The next table id to hand out (ids start at 1).
+    pub next_table_id: u64,
+    /// Servers by id.
+    pub servers: BTreeMap<ServerId, ServerEntry>,
+    /// Tables by name.
+    pub tables: BTreeMap<String, TableRecord>,
+}
+
+/// The MetaStore key of a server.
+pub fn server_key(server_id: ServerId) -> String {
+    format!("{SERVER_PREFIX}{:020}", server_id.0)
+}
+
+/// The MetaStore key of a table.
+pub fn table_key(name: &str) -> String {
+    format!("{TABLE_PREFIX}{name}")
+}
+
+/// The operation that stores counter `key` with `value`.
+pub fn put_counter(key: &str, value: u64) -> MetaOperation {
+    MetaOperation::Put { key: key.to_string(), value: value.to_le_bytes().to_vec() }
+}
+
+/// The operation that stores `server`.
+pub fn put_server(server: &ServerEntry) -> MetaOperation {
+    let mut value = vec![RECORD_FORMAT_VERSION];
+    value.extend_from_slice(&server.server_id.0.to_le_bytes());
+    value.extend_from_slice(&server.services.0.to_le_bytes());
+    value.push(server.status as u8);
+    let address = server.address.as_bytes();
+    let address_length = u16::try_from(address.len()).expect("addresses are checked at enlistment");
+    value.extend_from_slice(&address_length.to_le_bytes());
+    value.extend_from_slice(address);
+    MetaOperation::Put { key: server_key(server.server_id), value }
+}
+
+/// The operation that stores table `name`.
+pub fn put_table(name: &str, table: &TableRecord) -> MetaOperation {
+    let mut value = vec![RECORD_FORMAT_VERSION];
+    value.extend_from_slice(&table.table_id.0.to_le_bytes());
+    let count =
+        u32::try_from(table.tablets.len()).expect("tablet count is bounded by the span limit");
+    value.extend_from_slice(&count.to_le_bytes());
+    for tablet in &table.tablets {
+        value.extend_from_slice(&tablet.range.start.to_le_bytes());
+        value.extend_from_slice(&tablet.range.end.to_le_bytes());
+        value.extend_from_slice(&tablet.owner.0.to_le_bytes());
+    }
+    MetaOperation::Put { key: table_key(name), value }
+}
+
+/// Reads fixed-width fields from a record, failing on truncation.
+struct RecordReader<'a> {
+    bytes: &'a [u8],
+    key: &'a str,
+}
+
+impl<'a> RecordReader<'a> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], MetaError> {
+        if self.bytes.len() < count {
+            return Err(corrupt(self.key, "record truncated"));
+        }
+        let (taken, rest) = self.bytes.split_at(count);
+        self.bytes = rest;
+        Ok(taken)
+    }
+
+    fn u8(&mut self) -> Result<u8, MetaError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, MetaError> {
+        let bytes = self.take(2)?;
+        Ok(u16::from_le_bytes([bytes[0], bytes[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32, MetaError> {
+        let mut array = [0u8; 4];
+        array.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(array))
+    }
+
+    fn u64(&mut self) -> Result<u64, MetaError> {
+        let mut array = [0u8; 8];
+        array.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(array))
+    }
+
+    fn finish(&self) -> Result<(), MetaError> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(corrupt(self.key, "trailing bytes"))
+        }
+    }
+}
+
+fn corrupt(key: &str, reason: &str) -> MetaError {
+    MetaError::Corrupt { offset: 0, reason: format!("coordinator record {key}: {reason}") }
+}
+
+fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
+    let mut reader = RecordReader { bytes, key };
+    if reader.u8()? != RECORD_FORMAT_VERSION {
+        return Err(corrupt(key, "unknown record version"));
+    }
+    let server_id = ServerId(reader.u64()?);
+    let services = ServiceMask(reader.u32()?);
+    let status = match reader.u8()? {
+        0 => ServerStatus::Up,
+        1 => ServerStatus::Crashed,
+        2 => ServerStatus::Removed,
+        _ => return Err(corrupt(key, "unknown server status")),
+    };
+    let address_length = usize::from(reader.u16()?);
+    let address = String::from_utf8(reader.take(address_length)?.to_vec())
+        .map_err(|_| corrupt(key, "address is not UTF-8"))?;
+    reader.finish()?;
+    Ok(ServerEntry { server_id, address, services, status })
+}
+
+fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
+    let mut reader = RecordReader { bytes, key };
+    if reader.u8()? != RECORD_FORMAT_VERSION {
+        return Err(corrupt(key, "unknown record version"));
+    }
+    let table_id = TableId(reader.u64()?);
+    let count = reader.u32()?;
+    let mut tablets = Vec::new();
+    for _ in 0..count {
+        let start = reader.u64()?;
+        let end = reader.u64()?;
+        let owner = ServerId(reader.u64()?);
+        let range =
+            HashRange::new(start, end).ok_or_else(|| corrupt(key, "tablet range start > end"))?;
+        tablets.push(TabletRecord { range, owner });
+    }
+    reader.finish()?;
+    Ok(TableRecord { table_id, tablets })
+}
+
+fn decode_counter(key: &str, bytes: &[u8]) -> Result<u64, MetaError> {
+    let mut reader = RecordReader { bytes, key };
+    let value = reader.u64()?;
+    reader.finish()?;
+    Ok(value)
+}
+
+impl CoordinatorState {
+    /// Loads the state from `store` (an empty store gives the initial state).
+    pub fn load(store: &dyn MetaStore) -> Result<CoordinatorState, MetaError> {
+        let mut state =
+            CoordinatorState { next_server_id: 1, next_table_id: 1, ..Default::default() };
+        if let Some(bytes) = store.get(NEXT_SERVER_ID_KEY)? {
+            state.next_server_id = decode_counter(NEXT_SERVER_ID_KEY, &bytes)?;
+        }
+        if let Some(bytes) = store.get(NEXT_TABLE_ID_KEY)? {
+            state.next_table_id = decode_counter(NEXT_TABLE_ID_KEY, &bytes)?;
+        }
+        for (key, bytes) in store.scan_prefix(SERVER_PREFIX)? {
+            let server = decode_server(&key, &bytes)?;
+            if server.server_id.0 >= state.next_server_id {
+                return Err(corrupt(&key, "server id at or above the next-id counter"));
+            }
+            state.servers.insert(server.server_id, server);
+        }
+        for (key, bytes) in store.scan_prefix(TABLE_PREFIX)? {
+            let table = decode_table(&key, &bytes)?;
+            if table.table_id.0 >= state.next_table_id {
+                return Err(corrupt(&key, "table id at or above the next-id counter"));
+            }
+            let name = key.strip_prefix(TABLE_PREFIX).unwrap_or_default().to_string();
+            state.tables.insert(name, table);
+        }
+        Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stratus_meta::MemoryMetaStore;
+
+    #[test]
+    fn records_round_trip_through_a_store() {
+        let store = MemoryMetaStore::new();
+        let server = ServerEntry {
+            server_id: ServerId(3),
+            address: "127.0.0.1:7401".to_string(),
+            services: ServiceMask(ServiceMask::MASTER),
+            status: ServerStatus::Up,
+        };
+        let table = TableRecord {
+            table_id: TableId(9),
+            tablets: HashRange::split_evenly(2)
+                .into_iter()
+                .map(|range| TabletRecord { range, owner: ServerId(3) })
+                .collect(),
+        };
+        store
+            .apply(&[
+                put_counter(NEXT_SERVER_ID_KEY, 4),
+                put_counter(NEXT_TABLE_ID_KEY, 10),
+                put_server(&server),
+                put_table("users", &table),
+            ])
+            .unwrap();
+        let state = CoordinatorState::load(&store).unwrap();
+        assert_eq!(state.next_server_id, 4);
+        assert_eq!(state.next_table_id, 10);
+        assert_eq!(state.servers.get(&ServerId(3)), Some(&server));
+        assert_eq!(state.tables.get("users"), Some(&table));
+    }
+
+    #[test]
+    fn truncated_records_are_refused() {
+        let store = MemoryMetaStore::new();
+        let table = TableRecord {
+            table_id: TableId(1),
+            tablets: vec![TabletRecord { range: HashRange::FULL, owner: ServerId(1) }],
+        };
+        let MetaOperation::Put { key, mut value } = put_table("t", &table) else { unreachable!() };
+        value.pop();
+        store
+            .apply(&[put_counter(NEXT_TABLE_ID_KEY, 5), MetaOperation::Put { key, value }])
+            .unwrap();
+        assert!(CoordinatorState::load(&store).is_err());
+    }
+}

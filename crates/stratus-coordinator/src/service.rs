@@ -1,0 +1,439 @@
+//! Request handling and the tasks that tell masters about their tablets.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use stratus_env::Environment;
+use stratus_meta::{MetaError, MetaOperation, MetaStore};
+use stratus_rpc::{Backoff, ChannelPool, Handled, RpcConfig, Service};
+use stratus_types::limits::{
+    SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLE_NAME_BYTES_MAX,
+};
+use stratus_types::{HashRange, ServerId, TableId, TabletState};
+use stratus_wire::{
+    decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
+    ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
+};
+use tokio::sync::Mutex;
+
+use crate::records::{
+    put_counter, put_server, put_table, table_key, CoordinatorState, TableRecord, TabletRecord,
+    NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
+};
+
+/// How long a CREATE_TABLE or DROP_TABLE waits for its masters' first acknowledgement before
+/// answering; delivery continues in the background after that.
+const FIRST_DELIVERY_WAIT: Duration = Duration::from_secs(2);
+
+/// How long the coordinator keeps re-sending a tablet assignment to an unresponsive master.
+const DELIVERY_PERSISTENCE: Duration = Duration::from_secs(120);
+
+/// How long a restarted coordinator waits for a server it remembers to answer a ping.
+const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
+
+/// The coordinator service.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    meta: Arc<dyn MetaStore>,
+    state: Mutex<CoordinatorState>,
+    pool: ChannelPool,
+    environment: Environment,
+    placement_cursor: AtomicU64,
+}
+
+/// A failed request: status and message for the error response.
+type Failure = (Status, String);
+
+impl Coordinator {
+    /// Loads the coordinator's state from `meta`.
+    pub fn open(
+        meta: Arc<dyn MetaStore>,
+        environment: Environment,
+    ) -> Result<Coordinator, MetaError> {
+        let state = CoordinatorState::load(&*meta)?;
+        tracing::info!(
+            servers = state.servers.len(),
+            tables = state.tables.len(),
+            "coordinator state loaded"
+        );
+        let rpc = RpcConfig { request_timeout: Duration::from_secs(1), ..RpcConfig::default() };
+        let pool = ChannelPool::new(environment.network.clone(), rpc);
+        let inner = Inner {
+            meta,
+            state: Mutex::new(state),
+            pool,
+            environment,
+            placement_cursor: AtomicU64::new(0),
+        };
+        Ok(Coordinator { inner: Arc::new(inner) })
+    }
+
+    /// Re-sends every tablet assignment to its master. Called once after start: a coordinator
+    /// that crashed between persisting a table and informing its masters completes the job.
+    pub async fn redeliver_assignments(&self) {
+        let assignments: Vec<(TableId, TabletRecord)> = {
+            let state = self.inner.state.lock().await;
+            state
+                .tables
+                .values()
+                .flat_map(|table| {
+                    table.tablets.iter().map(|tablet| (table.table_id, tablet.clone()))
+                })
+                .collect()
+        };
+        for (table_id, tablet) in assignments {
+            let inner = self.inner.clone();
+            tokio::spawn(async move { deliver(inner, table_id, tablet, true).await });
+        }
+    }
+
+    /// After a restart: pings every server the store lists as up, marks those that do not
+    /// answer within [`START_VERIFICATION_PATIENCE`] as crashed (they went away while the
+    /// coordinator was down, for example when a local cluster is restarted), then re-sends
+    /// every tablet assignment. Full failure detection arrives with crash recovery.
+    pub async fn verify_servers_and_redeliver(&self) {
+        let servers: Vec<ServerEntry> = {
+            let state = self.inner.state.lock().await;
+            state
+                .servers
+                .values()
+                .filter(|server| server.status == ServerStatus::Up)
+                .cloned()
+                .collect()
+        };
+        let mut checks = tokio::task::JoinSet::new();
+        for server in servers {
+            let inner = self.inner.clone();
+            checks.spawn(async move {
+                let alive = inner.answers_ping(&server.address).await;
+                (server, alive)
+            });
+        }
+        let mut gone = Vec::new();
+        while let Some(joined) = checks.join_next().await {
+            if let Ok((server, false)) = joined {
+                gone.push(ServerEntry { status: ServerStatus::Crashed, ..server });
+            }
+        }
+        if !gone.is_empty() {
+            let mut state = self.inner.state.lock().await;
+            let batch = gone.iter().map(put_server).collect();
+            if self.inner.persist(batch).await.is_ok() {
+                for server in gone {
+                    tracing::warn!(server_id = %server.server_id, address = %server.address, "server did not answer after coordinator start; marked crashed");
+                    state.servers.insert(server.server_id, server);
+                }
+            }
+        }
+        self.redeliver_assignments().await;
+    }
+
+    /// A snapshot of the state (for tests and status).
+    pub async fn state(&self) -> CoordinatorState {
+        self.inner.state.lock().await.clone()
+    }
+}
+
+impl Service for Coordinator {
+    fn handle(&self, header: &FrameHeader, body: Bytes, _out: &mut BytesMut) -> Handled {
+        let inner = self.inner.clone();
+        let request_id = header.request_id;
+        let opcode_code = header.opcode_code;
+        Handled::Later(Box::pin(async move {
+            let mut out = BytesMut::new();
+            match decode_request(opcode_code, body) {
+                Ok(request) => match inner.execute(request).await {
+                    Ok(response) => encode_response(&mut out, request_id, Status::Ok, &response),
+                    Err((status, message)) => {
+                        encode_error_response(&mut out, request_id, opcode_code, status, &message)
+                    }
+                },
+                Err(error) => encode_error_response(
+                    &mut out,
+                    request_id,
+                    opcode_code,
+                    error.status(),
+                    &error.to_string(),
+                ),
+            }
+            out
+        }))
+    }
+}
+
+impl Inner {
+    async fn execute(self: &Arc<Self>, request: Request) -> Result<Response, Failure> {
+        match request {
+            Request::Ping => Ok(Response::Ping),
+            Request::EnlistServer { address, services } => self.enlist(address, services).await,
+            Request::GetServerList => {
+                let state = self.state.lock().await;
+                Ok(Response::GetServerList { servers: state.servers.values().cloned().collect() })
+            }
+            Request::CreateTable { name, server_span } => {
+                self.create_table(name, server_span).await
+            }
+            Request::DropTable { name } => self.drop_table(name).await,
+            Request::GetTableId { name } => {
+                let state = self.state.lock().await;
+                match state.tables.get(&name) {
+                    Some(table) => Ok(Response::GetTableId { table_id: table.table_id }),
+                    None => Err((Status::TableDoesntExist, format!("no table named {name:?}"))),
+                }
+            }
+            Request::ListTables => {
+                let state = self.state.lock().await;
+                let tables = state
+                    .tables
+                    .iter()
+                    .map(|(name, table)| TableEntry {
+                        name: name.clone(),
+                        table_id: table.table_id,
+                        tablet_count: u32::try_from(table.tablets.len()).unwrap_or(u32::MAX),
+                    })
+                    .collect();
+                Ok(Response::ListTables { tables })
+            }
+            Request::GetTabletMap { table_id } => self.tablet_map(table_id).await,
+            other => Err((
+                Status::UnimplementedRequest,
+                format!("{:?} is served by masters, not the coordinator", other.opcode()),
+            )),
+        }
+    }
+
+    /// Makes `batch` durable; the caller updates memory only after this succeeds, so memory
+    /// never runs ahead of what a restarted coordinator would load.
+    async fn persist(&self, batch: Vec<MetaOperation>) -> Result<(), Failure> {
+        let meta = self.meta.clone();
+        let outcome = tokio::task::spawn_blocking(move || meta.apply(&batch)).await;
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => {
+                tracing::error!(%error, "metadata store refused a write");
+                Err((Status::InternalError, format!("metadata store: {error}")))
+            }
+            Err(error) => {
+                Err((Status::InternalError, format!("metadata store task failed: {error}")))
+            }
+        }
+    }
+
+    async fn answers_ping(&self, address: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + START_VERIFICATION_PATIENCE;
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+        loop {
+            if let Ok((Status::Ok, _)) = self.pool.call(address, &Request::Ping).await {
+                return true;
+            }
+            self.pool.forget(address);
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
+        }
+    }
+
+    async fn enlist(&self, address: String, services: ServiceMask) -> Result<Response, Failure> {
+        if address.is_empty() || address.len() > SERVER_ADDRESS_BYTES_MAX {
+            return Err((
+                Status::InvalidParameter,
+                "server address must be 1..=256 bytes".to_string(),
+            ));
+        }
+        let mut state = self.state.lock().await;
+        if state.servers.len() >= SERVERS_MAX {
+            return Err((
+                Status::InvalidParameter,
+                format!("cluster is at its limit of {SERVERS_MAX} servers"),
+            ));
+        }
+        let server_id = ServerId(state.next_server_id);
+        let entry =
+            ServerEntry { server_id, address: address.clone(), services, status: ServerStatus::Up };
+        let mut batch = vec![put_counter(NEXT_SERVER_ID_KEY, server_id.0 + 1), put_server(&entry)];
+        // A server that enlists at an address another live server had is that server restarted:
+        // the old incarnation is gone (failure detection proper arrives with recovery).
+        let replaced: Vec<ServerEntry> = state
+            .servers
+            .values()
+            .filter(|old| old.address == address && old.status == ServerStatus::Up)
+            .map(|old| ServerEntry { status: ServerStatus::Crashed, ..old.clone() })
+            .collect();
+        batch.extend(replaced.iter().map(put_server));
+        self.persist(batch).await?;
+        state.next_server_id = server_id.0 + 1;
+        for old in replaced {
+            tracing::warn!(old = %old.server_id, new = %server_id, %address, "server replaced at its address");
+            state.servers.insert(old.server_id, old);
+        }
+        state.servers.insert(server_id, entry);
+        tracing::info!(%server_id, %address, "server enlisted");
+        Ok(Response::EnlistServer { server_id })
+    }
+
+    async fn create_table(
+        self: &Arc<Self>,
+        name: String,
+        server_span: u32,
+    ) -> Result<Response, Failure> {
+        if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
+            return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
+        }
+        if server_span == 0 || server_span > SERVER_SPAN_MAX {
+            return Err((
+                Status::InvalidParameter,
+                format!("server span must be 1..={SERVER_SPAN_MAX}"),
+            ));
+        }
+        let (table_id, record) = {
+            let mut state = self.state.lock().await;
+            if let Some(existing) = state.tables.get(&name) {
+                return Ok(Response::CreateTable { table_id: existing.table_id });
+            }
+            if state.tables.len() >= TABLES_MAX {
+                return Err((
+                    Status::InvalidParameter,
+                    format!("cluster is at its limit of {TABLES_MAX} tables"),
+                ));
+            }
+            let masters: Vec<ServerId> = state
+                .servers
+                .values()
+                .filter(|server| server.status == ServerStatus::Up && server.services.has_master())
+                .map(|server| server.server_id)
+                .collect();
+            if masters.is_empty() {
+                return Err((Status::NoTableSpace, "no master is up".to_string()));
+            }
+            let table_id = TableId(state.next_table_id);
+            let first = self.placement_cursor.fetch_add(u64::from(server_span), Ordering::Relaxed);
+            let tablets = HashRange::split_evenly(server_span)
+                .into_iter()
+                .enumerate()
+                .map(|(index, range)| {
+                    let slot = (first as usize).wrapping_add(index) % masters.len();
+                    TabletRecord { range, owner: masters[slot] }
+                })
+                .collect();
+            let record = TableRecord { table_id, tablets };
+            self.persist(vec![
+                put_counter(NEXT_TABLE_ID_KEY, table_id.0 + 1),
+                put_table(&name, &record),
+            ])
+            .await?;
+            state.next_table_id = table_id.0 + 1;
+            state.tables.insert(name.clone(), record.clone());
+            (table_id, record)
+        };
+        tracing::info!(%table_id, %name, server_span, "table created");
+        self.deliver_all(table_id, &record, true).await;
+        Ok(Response::CreateTable { table_id })
+    }
+
+    async fn drop_table(self: &Arc<Self>, name: String) -> Result<Response, Failure> {
+        let record = {
+            let mut state = self.state.lock().await;
+            let Some(record) = state.tables.get(&name).cloned() else {
+                return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
+            };
+            self.persist(vec![MetaOperation::Delete { key: table_key(&name) }]).await?;
+            state.tables.remove(&name);
+            record
+        };
+        tracing::info!(table_id = %record.table_id, %name, "table dropped");
+        self.deliver_all(record.table_id, &record, false).await;
+        Ok(Response::DropTable)
+    }
+
+    /// Tells every owner of `record`'s tablets to take (or drop) them; waits a bounded time
+    /// for the first round, then leaves the stragglers to background retries.
+    async fn deliver_all(self: &Arc<Self>, table_id: TableId, record: &TableRecord, take: bool) {
+        let mut deliveries = tokio::task::JoinSet::new();
+        for tablet in record.tablets.clone() {
+            deliveries.spawn(deliver(self.clone(), table_id, tablet, take));
+        }
+        let _ = tokio::time::timeout(FIRST_DELIVERY_WAIT, async {
+            while deliveries.join_next().await.is_some() {}
+        })
+        .await;
+        deliveries.detach_all();
+    }
+
+    async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {
+        let state = self.state.lock().await;
+        let mut tablets = Vec::new();
+        let mut found = false;
+        for table in state.tables.values() {
+            if table_id.0 != 0 && table.table_id != table_id {
+                continue;
+            }
+            found = true;
+            for tablet in &table.tablets {
+                let owner = state.servers.get(&tablet.owner);
+                let serving = owner.is_some_and(|server| server.status == ServerStatus::Up);
+                tablets.push(TabletEntry {
+                    table_id: table.table_id,
+                    range: tablet.range,
+                    owner: tablet.owner,
+                    owner_address: owner.map(|server| server.address.clone()).unwrap_or_default(),
+                    state: if serving { TabletState::Normal } else { TabletState::Recovering },
+                });
+            }
+        }
+        if table_id.0 != 0 && !found {
+            return Err((Status::TableDoesntExist, format!("no table with id {table_id}")));
+        }
+        tablets.sort_by_key(|tablet| (tablet.table_id, tablet.range.start));
+        Ok(Response::GetTabletMap { tablets })
+    }
+}
+
+/// Sends one TAKE (or DROP) TABLET_OWNERSHIP until the master acknowledges, the assignment is
+/// obsolete, or [`DELIVERY_PERSISTENCE`] has passed.
+async fn deliver(inner: Arc<Inner>, table_id: TableId, tablet: TabletRecord, take: bool) {
+    let deadline = tokio::time::Instant::now() + DELIVERY_PERSISTENCE;
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
+    loop {
+        let address = {
+            let state = inner.state.lock().await;
+            let still_assigned = state
+                .tables
+                .values()
+                .any(|table| table.table_id == table_id && table.tablets.contains(&tablet));
+            match state.servers.get(&tablet.owner) {
+                Some(server) if server.status == ServerStatus::Up && (still_assigned || !take) => {
+                    server.address.clone()
+                }
+                _ => return,
+            }
+        };
+        let request = if take {
+            Request::TakeTabletOwnership { table_id, range: tablet.range }
+        } else {
+            Request::DropTabletOwnership { table_id, range: tablet.range }
+        };
+        match inner.pool.call(&address, &request).await {
+            Ok((Status::Ok, _)) => return,
+            Ok((status, _)) => {
+                tracing::warn!(%status, %address, "master refused a tablet assignment")
+            }
+            Err(error) => {
+                inner.pool.forget(&address);
+                tracing::debug!(%error, %address, "tablet assignment not delivered yet");
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(%address, %table_id, "giving up delivering a tablet assignment");
+            return;
+        }
+        tokio::time::sleep(backoff.next_delay(&*inner.environment.entropy)).await;
+    }
+}

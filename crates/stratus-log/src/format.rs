@@ -1,0 +1,768 @@
+//! The byte formats of the log: entry headers, the five entry types and segment certificates.
+//! Replicas and recovery depend on these bytes, so they are specified byte by byte in
+//! docs/design/log-format.md; change that document and these functions together. Everything is
+//! little-endian. Decoders return errors (never panic) on any input.
+
+use stratus_types::{SegmentId, ServerId, TableId, Version};
+
+/// The type of a log entry (low 6 bits of the first header byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryType {
+    /// First entry of every segment: identifies the log and the segment.
+    SegmentHeader = 1,
+    /// A key-value object.
+    Object = 2,
+    /// Marks one version of an object as dead.
+    Tombstone = 3,
+    /// The ids of every segment in the log when the segment holding it became head.
+    LogDigest = 4,
+    /// The master's version high-water mark when the segment became head.
+    SafeVersion = 5,
+}
+
+/// Number of slots in per-type arrays (index = the type's code; slot 0 is the invalid type).
+pub const ENTRY_TYPE_SLOTS: usize = 6;
+
+impl EntryType {
+    /// Every valid type, in code order.
+    pub const ALL: [EntryType; 5] = [
+        EntryType::SegmentHeader,
+        EntryType::Object,
+        EntryType::Tombstone,
+        EntryType::LogDigest,
+        EntryType::SafeVersion,
+    ];
+
+    /// The 6-bit code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The type with this code; `None` for 0 (invalid) and the reserved codes 6..63.
+    pub fn from_code(code: u8) -> Option<EntryType> {
+        EntryType::ALL.into_iter().find(|entry_type| entry_type.code() == code)
+    }
+}
+
+/// Why bytes could not be decoded or did not verify.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatError {
+    /// The bytes end before the structure does.
+    Truncated,
+    /// The type code is 0 or reserved.
+    InvalidEntryType(u8),
+    /// The entry header's length field is wider than needed (encodings are canonical).
+    NonMinimalLength,
+    /// A checksum stored in an entry does not match its bytes.
+    ChecksumMismatch(EntryType),
+    /// A field holds a value the format does not allow.
+    Malformed(&'static str),
+    /// The certificate does not describe the segment: its checksum does not match the entry
+    /// headers, or the headers do not parse, or the entries do not end exactly at its length.
+    CertificateMismatch,
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{self:?}")
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+/// Largest entry header: 1 type byte + 4 length bytes.
+pub const ENTRY_HEADER_BYTES_MAX: usize = 5;
+
+/// Largest entry content the 4-byte length field can describe.
+pub const ENTRY_CONTENT_BYTES_MAX: u32 = u32::MAX;
+
+/// CRC32C of `bytes`.
+pub fn checksum(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// CRC32C of the concatenation of `pieces`.
+pub fn checksum_of_pieces(pieces: &[&[u8]]) -> u32 {
+    pieces.iter().fold(0, |crc, piece| crc32c::crc32c_append(crc, piece))
+}
+
+/// Minimal number of bytes (1..=8) holding `value` little-endian; 0 takes one byte.
+fn width_of(value: u64) -> usize {
+    (8 - (value.leading_zeros() as usize) / 8).max(1)
+}
+
+/// Reads a little-endian unsigned integer of `width` bytes at `*position`, advancing it.
+fn read_uint(bytes: &[u8], position: &mut usize, width: usize) -> Result<u64, FormatError> {
+    let end = position.checked_add(width).ok_or(FormatError::Truncated)?;
+    let field = bytes.get(*position..end).ok_or(FormatError::Truncated)?;
+    *position = end;
+    Ok(field.iter().rev().fold(0u64, |value, &byte| (value << 8) | u64::from(byte)))
+}
+
+fn read_u32(bytes: &[u8], position: &mut usize) -> Result<u32, FormatError> {
+    read_uint(bytes, position, 4).map(|value| value as u32)
+}
+
+fn push_uint(buffer: &mut [u8], length: &mut usize, value: u64, width: usize) {
+    buffer[*length..*length + width].copy_from_slice(&value.to_le_bytes()[..width]);
+    *length += width;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry header
+// ---------------------------------------------------------------------------------------------
+
+/// An encoded entry header (2..=5 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryHeader {
+    bytes: [u8; ENTRY_HEADER_BYTES_MAX],
+    length: u8,
+}
+
+impl EntryHeader {
+    /// The header of an entry of `entry_type` whose content is `content_bytes` long, with the
+    /// minimal length width.
+    pub fn new(entry_type: EntryType, content_bytes: u32) -> EntryHeader {
+        let length_bytes = width_of(u64::from(content_bytes));
+        debug_assert!((1..=4).contains(&length_bytes));
+        let mut bytes = [0u8; ENTRY_HEADER_BYTES_MAX];
+        bytes[0] = entry_type.code() | (((length_bytes - 1) as u8) << 6);
+        bytes[1..1 + length_bytes].copy_from_slice(&content_bytes.to_le_bytes()[..length_bytes]);
+        EntryHeader { bytes, length: 1 + length_bytes as u8 }
+    }
+
+    /// The header's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.length as usize]
+    }
+
+    /// Bytes the header occupies.
+    pub fn header_bytes(&self) -> usize {
+        self.length as usize
+    }
+}
+
+/// Bytes of the header of an entry whose first byte is `first_byte` (2..=5).
+pub fn entry_header_bytes_from_first_byte(first_byte: u8) -> usize {
+    2 + (first_byte >> 6) as usize
+}
+
+/// A decoded entry header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodedHeader {
+    /// The entry's type.
+    pub entry_type: EntryType,
+    /// Bytes of the header itself.
+    pub header_bytes: usize,
+    /// Bytes of the content that follows.
+    pub content_bytes: u32,
+}
+
+/// Decodes the entry header at the start of `bytes`.
+pub fn decode_entry_header(bytes: &[u8]) -> Result<DecodedHeader, FormatError> {
+    let first = *bytes.first().ok_or(FormatError::Truncated)?;
+    let entry_type =
+        EntryType::from_code(first & 0x3F).ok_or(FormatError::InvalidEntryType(first & 0x3F))?;
+    let header_bytes = entry_header_bytes_from_first_byte(first);
+    let mut position = 1;
+    let content_bytes = read_uint(bytes, &mut position, header_bytes - 1)? as u32;
+    if width_of(u64::from(content_bytes)) != header_bytes - 1 {
+        return Err(FormatError::NonMinimalLength);
+    }
+    Ok(DecodedHeader { entry_type, header_bytes, content_bytes })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Object
+// ---------------------------------------------------------------------------------------------
+
+/// Fixed part of an object before its variable fields: checksum, timestamp, widths.
+const OBJECT_FIXED_BYTES: usize = 9;
+/// Largest object prefix: fixed part + 8-byte table id + 8-byte version + 2-byte key length.
+const OBJECT_PREFIX_BYTES_MAX: usize = OBJECT_FIXED_BYTES + 8 + 8 + 2;
+
+/// The encoded part of an object's content that precedes its key (checksum included). The key
+/// and value follow it unchanged, so large values are copied into the log only once.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectPrefix {
+    bytes: [u8; OBJECT_PREFIX_BYTES_MAX],
+    length: u8,
+}
+
+impl ObjectPrefix {
+    /// Encodes the prefix of an object and computes its checksum over prefix, key and value.
+    /// `key` must be 1..=65535 bytes (checked by the caller; asserted here).
+    pub fn new(
+        table: TableId,
+        version: Version,
+        timestamp: u32,
+        key: &[u8],
+        value: &[u8],
+    ) -> ObjectPrefix {
+        assert!(!key.is_empty() && key.len() <= usize::from(u16::MAX), "invalid key length");
+        let table_bytes = width_of(table.0);
+        let version_bytes = width_of(version.0);
+        let key_length_bytes = width_of(key.len() as u64);
+        let mut bytes = [0u8; OBJECT_PREFIX_BYTES_MAX];
+        let mut length = 4;
+        push_uint(&mut bytes, &mut length, u64::from(timestamp), 4);
+        let widths = (table_bytes - 1) | ((version_bytes - 1) << 3) | ((key_length_bytes - 1) << 6);
+        push_uint(&mut bytes, &mut length, widths as u64, 1);
+        push_uint(&mut bytes, &mut length, table.0, table_bytes);
+        push_uint(&mut bytes, &mut length, version.0, version_bytes);
+        push_uint(&mut bytes, &mut length, key.len() as u64, key_length_bytes);
+        let crc = checksum_of_pieces(&[&bytes[4..length], key, value]);
+        bytes[..4].copy_from_slice(&crc.to_le_bytes());
+        ObjectPrefix { bytes, length: length as u8 }
+    }
+
+    /// The prefix bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.length as usize]
+    }
+}
+
+/// Encodes a whole object content (prefix + key + value) into a new vector.
+pub fn encode_object(
+    table: TableId,
+    version: Version,
+    timestamp: u32,
+    key: &[u8],
+    value: &[u8],
+) -> Vec<u8> {
+    let prefix = ObjectPrefix::new(table, version, timestamp, key, value);
+    [prefix.as_bytes(), key, value].concat()
+}
+
+/// A decoded object, borrowing its key and value from the content bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectView<'a> {
+    /// The table.
+    pub table: TableId,
+    /// The object's version.
+    pub version: Version,
+    /// Wall-clock seconds when it was written.
+    pub timestamp: u32,
+    /// The key (1..=65535 bytes).
+    pub key: &'a [u8],
+    /// The value.
+    pub value: &'a [u8],
+}
+
+/// Decodes an object's fields without verifying its checksum (the read fast path; the bytes
+/// were verified when written and live in memory that is never rewritten).
+pub fn decode_object_unverified(content: &[u8]) -> Result<ObjectView<'_>, FormatError> {
+    let mut position = 4;
+    let timestamp = read_u32(content, &mut position)?;
+    let widths = read_uint(content, &mut position, 1)? as usize;
+    if widths & 0x80 != 0 {
+        return Err(FormatError::Malformed("object widths bit 7 set"));
+    }
+    let table = read_uint(content, &mut position, (widths & 7) + 1)?;
+    let version = read_uint(content, &mut position, ((widths >> 3) & 7) + 1)?;
+    let key_length = read_uint(content, &mut position, ((widths >> 6) & 1) + 1)? as usize;
+    if key_length == 0 {
+        return Err(FormatError::Malformed("empty object key"));
+    }
+    let key_end = position.checked_add(key_length).ok_or(FormatError::Truncated)?;
+    let key = content.get(position..key_end).ok_or(FormatError::Truncated)?;
+    Ok(ObjectView {
+        table: TableId(table),
+        version: Version(version),
+        timestamp,
+        key,
+        value: &content[key_end..],
+    })
+}
+
+/// Decodes an object and verifies its checksum.
+pub fn decode_object(content: &[u8]) -> Result<ObjectView<'_>, FormatError> {
+    let view = decode_object_unverified(content)?;
+    verify_leading_checksum(content, EntryType::Object)?;
+    Ok(view)
+}
+
+/// Checks the u32 checksum at [0..4) against CRC32C of [4..end).
+fn verify_leading_checksum(content: &[u8], entry_type: EntryType) -> Result<(), FormatError> {
+    let mut position = 0;
+    let stored = read_u32(content, &mut position)?;
+    if stored != checksum(&content[4..]) {
+        return Err(FormatError::ChecksumMismatch(entry_type));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tombstone
+// ---------------------------------------------------------------------------------------------
+
+/// A decoded tombstone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TombstoneView<'a> {
+    /// The dead object's table.
+    pub table: TableId,
+    /// The segment that held the dead object (the tombstone is needed while it exists).
+    pub segment_id: SegmentId,
+    /// The dead object's version.
+    pub object_version: Version,
+    /// Wall-clock seconds when the tombstone was written.
+    pub timestamp: u32,
+    /// The dead object's key.
+    pub key: &'a [u8],
+}
+
+/// Encodes a tombstone's content.
+pub fn encode_tombstone(tombstone: &TombstoneView<'_>) -> Vec<u8> {
+    assert!(
+        !tombstone.key.is_empty() && tombstone.key.len() <= usize::from(u16::MAX),
+        "invalid key length"
+    );
+    let table_bytes = width_of(tombstone.table.0);
+    let version_bytes = width_of(tombstone.object_version.0);
+    let segment_bytes = width_of(tombstone.segment_id.0);
+    let mut bytes = [0u8; 4 + 4 + 2 + 8 + 8 + 8];
+    let mut length = 4;
+    push_uint(&mut bytes, &mut length, u64::from(tombstone.timestamp), 4);
+    push_uint(&mut bytes, &mut length, ((table_bytes - 1) | ((version_bytes - 1) << 3)) as u64, 1);
+    push_uint(&mut bytes, &mut length, (segment_bytes - 1) as u64, 1);
+    push_uint(&mut bytes, &mut length, tombstone.table.0, table_bytes);
+    push_uint(&mut bytes, &mut length, tombstone.object_version.0, version_bytes);
+    push_uint(&mut bytes, &mut length, tombstone.segment_id.0, segment_bytes);
+    let mut content = Vec::with_capacity(length + tombstone.key.len());
+    content.extend_from_slice(&bytes[..length]);
+    content.extend_from_slice(tombstone.key);
+    let crc = checksum(&content[4..]);
+    content[..4].copy_from_slice(&crc.to_le_bytes());
+    content
+}
+
+/// Decodes a tombstone and verifies its checksum.
+pub fn decode_tombstone(content: &[u8]) -> Result<TombstoneView<'_>, FormatError> {
+    let mut position = 4;
+    let timestamp = read_u32(content, &mut position)?;
+    let widths = read_uint(content, &mut position, 1)? as usize;
+    let segment_widths = read_uint(content, &mut position, 1)? as usize;
+    if widths & 0xC0 != 0 || segment_widths & !7 != 0 {
+        return Err(FormatError::Malformed("tombstone width reserved bits set"));
+    }
+    let table = read_uint(content, &mut position, (widths & 7) + 1)?;
+    let object_version = read_uint(content, &mut position, ((widths >> 3) & 7) + 1)?;
+    let segment_id = read_uint(content, &mut position, segment_widths + 1)?;
+    let key = &content[position..];
+    if key.is_empty() {
+        return Err(FormatError::Malformed("empty tombstone key"));
+    }
+    verify_leading_checksum(content, EntryType::Tombstone)?;
+    Ok(TombstoneView {
+        table: TableId(table),
+        segment_id: SegmentId(segment_id),
+        object_version: Version(object_version),
+        timestamp,
+        key,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segment header, log digest, safe version
+// ---------------------------------------------------------------------------------------------
+
+/// Magic bytes at the start of every segment header.
+pub const SEGMENT_MAGIC: [u8; 4] = *b"SGMT";
+/// The segment format version this code writes and reads.
+pub const SEGMENT_FORMAT_VERSION: u16 = 1;
+/// Bytes of a segment header's content.
+pub const SEGMENT_HEADER_CONTENT_BYTES: usize = 32;
+
+/// A decoded segment header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// The log's owner (the master's server id).
+    pub log_id: ServerId,
+    /// The segment's id.
+    pub segment_id: SegmentId,
+    /// The segment's capacity in bytes (the full segment size, not the used length).
+    pub capacity_bytes: u32,
+}
+
+impl SegmentHeader {
+    /// Encodes the 32-byte content.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_CONTENT_BYTES] {
+        let mut bytes = [0u8; SEGMENT_HEADER_CONTENT_BYTES];
+        bytes[0..4].copy_from_slice(&SEGMENT_MAGIC);
+        bytes[4..6].copy_from_slice(&SEGMENT_FORMAT_VERSION.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.log_id.0.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.segment_id.0.to_le_bytes());
+        bytes[24..28].copy_from_slice(&self.capacity_bytes.to_le_bytes());
+        let crc = checksum(&bytes[0..28]);
+        bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes and verifies the content.
+    pub fn decode(content: &[u8]) -> Result<SegmentHeader, FormatError> {
+        if content.len() != SEGMENT_HEADER_CONTENT_BYTES {
+            return Err(FormatError::Malformed("segment header length"));
+        }
+        let mut position = 28;
+        if read_u32(content, &mut position)? != checksum(&content[0..28]) {
+            return Err(FormatError::ChecksumMismatch(EntryType::SegmentHeader));
+        }
+        if content[0..4] != SEGMENT_MAGIC {
+            return Err(FormatError::Malformed("segment magic"));
+        }
+        let mut position = 4;
+        if read_uint(content, &mut position, 2)? != u64::from(SEGMENT_FORMAT_VERSION) {
+            return Err(FormatError::Malformed("segment format version"));
+        }
+        if read_uint(content, &mut position, 2)? != 0 {
+            return Err(FormatError::Malformed("segment header reserved field"));
+        }
+        let log_id = ServerId(read_uint(content, &mut position, 8)?);
+        let segment_id = SegmentId(read_uint(content, &mut position, 8)?);
+        let capacity_bytes = read_u32(content, &mut position)?;
+        Ok(SegmentHeader { log_id, segment_id, capacity_bytes })
+    }
+}
+
+/// Bytes of a log digest's content listing `segment_count` segments.
+pub fn log_digest_content_bytes(segment_count: usize) -> usize {
+    8 + 8 * segment_count
+}
+
+/// Encodes a log digest listing `segment_ids`.
+pub fn encode_log_digest(segment_ids: &[SegmentId]) -> Vec<u8> {
+    let count = u32::try_from(segment_ids.len()).expect("digest lists more than 2^32 segments");
+    let mut content = Vec::with_capacity(log_digest_content_bytes(segment_ids.len()));
+    content.extend_from_slice(&[0; 4]);
+    content.extend_from_slice(&count.to_le_bytes());
+    for id in segment_ids {
+        content.extend_from_slice(&id.0.to_le_bytes());
+    }
+    let crc = checksum(&content[4..]);
+    content[..4].copy_from_slice(&crc.to_le_bytes());
+    content
+}
+
+/// Decodes and verifies a log digest.
+pub fn decode_log_digest(content: &[u8]) -> Result<Vec<SegmentId>, FormatError> {
+    let mut position = 4;
+    let count = read_u32(content, &mut position)? as usize;
+    if content.len() != log_digest_content_bytes(0) + count.saturating_mul(8) {
+        return Err(FormatError::Malformed("log digest length"));
+    }
+    verify_leading_checksum(content, EntryType::LogDigest)?;
+    (0..count).map(|_| read_uint(content, &mut position, 8).map(SegmentId)).collect()
+}
+
+/// Bytes of a safe-version entry's content.
+pub const SAFE_VERSION_CONTENT_BYTES: usize = 12;
+
+/// Encodes a safe-version entry.
+pub fn encode_safe_version(version: Version) -> [u8; SAFE_VERSION_CONTENT_BYTES] {
+    let mut bytes = [0u8; SAFE_VERSION_CONTENT_BYTES];
+    bytes[4..12].copy_from_slice(&version.0.to_le_bytes());
+    let crc = checksum(&bytes[4..12]);
+    bytes[..4].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// Decodes and verifies a safe-version entry.
+pub fn decode_safe_version(content: &[u8]) -> Result<Version, FormatError> {
+    if content.len() != SAFE_VERSION_CONTENT_BYTES {
+        return Err(FormatError::Malformed("safe version length"));
+    }
+    verify_leading_checksum(content, EntryType::SafeVersion)?;
+    let mut position = 4;
+    Ok(Version(read_uint(content, &mut position, 8)?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoded entries
+// ---------------------------------------------------------------------------------------------
+
+/// A decoded, verified entry of any type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry<'a> {
+    /// See [`SegmentHeader`].
+    SegmentHeader(SegmentHeader),
+    /// See [`ObjectView`].
+    Object(ObjectView<'a>),
+    /// See [`TombstoneView`].
+    Tombstone(TombstoneView<'a>),
+    /// The segment ids listed by a log digest.
+    LogDigest(Vec<SegmentId>),
+    /// A safe version.
+    SafeVersion(Version),
+}
+
+/// Decodes and verifies the content of an entry of `entry_type`.
+pub fn decode_entry(entry_type: EntryType, content: &[u8]) -> Result<Entry<'_>, FormatError> {
+    Ok(match entry_type {
+        EntryType::SegmentHeader => Entry::SegmentHeader(SegmentHeader::decode(content)?),
+        EntryType::Object => Entry::Object(decode_object(content)?),
+        EntryType::Tombstone => Entry::Tombstone(decode_tombstone(content)?),
+        EntryType::LogDigest => Entry::LogDigest(decode_log_digest(content)?),
+        EntryType::SafeVersion => Entry::SafeVersion(decode_safe_version(content)?),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Certificate
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes of a serialized certificate.
+pub const CERTIFICATE_BYTES: usize = 8;
+
+/// Per-segment metadata that commits a prefix of the segment: its length and a CRC32C over
+/// every entry header in that prefix followed by the length. Not a log entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Certificate {
+    /// Bytes of the segment that are valid.
+    pub segment_length: u32,
+    /// CRC32C over the entry headers, then the 4 LE bytes of `segment_length`.
+    pub checksum: u32,
+}
+
+impl Certificate {
+    /// The 8-byte form: segment_length LE, then checksum LE.
+    pub fn to_bytes(&self) -> [u8; CERTIFICATE_BYTES] {
+        let mut bytes = [0u8; CERTIFICATE_BYTES];
+        bytes[..4].copy_from_slice(&self.segment_length.to_le_bytes());
+        bytes[4..].copy_from_slice(&self.checksum.to_le_bytes());
+        bytes
+    }
+
+    /// Parses the 8-byte form.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Certificate, FormatError> {
+        let mut position = 0;
+        let segment_length = read_u32(bytes, &mut position)?;
+        let checksum = read_u32(bytes, &mut position)?;
+        Ok(Certificate { segment_length, checksum })
+    }
+}
+
+/// Accumulates entry headers into a running certificate checksum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CertificateBuilder {
+    headers_checksum: u32,
+}
+
+impl CertificateBuilder {
+    /// Adds one entry header (type byte + length bytes).
+    pub fn add_header(&mut self, header: &[u8]) {
+        self.headers_checksum = crc32c::crc32c_append(self.headers_checksum, header);
+    }
+
+    /// The certificate for a segment of `segment_length` bytes whose headers were all added.
+    pub fn certificate(&self, segment_length: u32) -> Certificate {
+        let checksum = crc32c::crc32c_append(self.headers_checksum, &segment_length.to_le_bytes());
+        Certificate { segment_length, checksum }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_header_widths_are_minimal() {
+        for (length, header_bytes) in
+            [(0u32, 2usize), (255, 2), (256, 3), (65_535, 3), (65_536, 4), (1 << 24, 5)]
+        {
+            let header = EntryHeader::new(EntryType::Object, length);
+            assert_eq!(header.header_bytes(), header_bytes);
+            let decoded = decode_entry_header(header.as_bytes()).unwrap();
+            assert_eq!(decoded.entry_type, EntryType::Object);
+            assert_eq!(decoded.content_bytes, length);
+            assert_eq!(decoded.header_bytes, header_bytes);
+        }
+        assert_eq!(decode_entry_header(&[0x02 | 0x40, 5, 0]), Err(FormatError::NonMinimalLength));
+        assert_eq!(decode_entry_header(&[0x06, 5]), Err(FormatError::InvalidEntryType(6)));
+        assert_eq!(decode_entry_header(&[0x00, 5]), Err(FormatError::InvalidEntryType(0)));
+        assert_eq!(decode_entry_header(&[0x02 | 0x80, 5]), Err(FormatError::Truncated));
+        assert_eq!(decode_entry_header(&[]), Err(FormatError::Truncated));
+    }
+
+    #[test]
+    fn object_round_trip_and_overhead() {
+        let key = b"key00001";
+        let value = [0xABu8; 100];
+        let content = encode_object(TableId(3), Version(70_000), 1_700_000_000, key, &value);
+        let view = decode_object(&content).unwrap();
+        assert_eq!(view.table, TableId(3));
+        assert_eq!(view.version, Version(70_000));
+        assert_eq!(view.timestamp, 1_700_000_000);
+        assert_eq!(view.key, key);
+        assert_eq!(view.value, &value[..]);
+        // Overhead budget: entry header + object fields + 8-byte hash-table entry <= 32 bytes.
+        let header = EntryHeader::new(EntryType::Object, content.len() as u32);
+        let overhead = header.header_bytes() + content.len() - key.len() - value.len() + 8;
+        assert!(overhead <= 32, "per-object overhead {overhead}");
+        // Large ids use wide fields.
+        let wide = encode_object(TableId(u64::MAX), Version(u64::MAX), 0, &[1; 300], b"");
+        let view = decode_object(&wide).unwrap();
+        assert_eq!(
+            (view.table, view.version, view.key.len()),
+            (TableId(u64::MAX), Version(u64::MAX), 300)
+        );
+        assert!(view.value.is_empty());
+    }
+
+    #[test]
+    fn object_corruption_is_detected() {
+        let content = encode_object(TableId(1), Version(2), 3, b"key", b"some value");
+        for index in 0..content.len() {
+            for bit in 0..8 {
+                let mut corrupt = content.clone();
+                corrupt[index] ^= 1 << bit;
+                assert!(decode_object(&corrupt).is_err(), "flip at {index} bit {bit}");
+            }
+        }
+        for length in 0..content.len() {
+            // A truncated object either fails to parse or fails its checksum.
+            assert!(decode_object(&content[..length]).is_err());
+        }
+    }
+
+    #[test]
+    fn tombstone_round_trip_and_corruption() {
+        let tombstone = TombstoneView {
+            table: TableId(9),
+            segment_id: SegmentId(300),
+            object_version: Version(12),
+            timestamp: 77,
+            key: b"the key",
+        };
+        let content = encode_tombstone(&tombstone);
+        assert_eq!(decode_tombstone(&content).unwrap(), tombstone);
+        for index in 0..content.len() {
+            let mut corrupt = content.clone();
+            corrupt[index] ^= 0x10;
+            assert!(decode_tombstone(&corrupt).is_err(), "flip at {index}");
+        }
+        for length in 0..content.len() {
+            assert!(decode_tombstone(&content[..length]).is_err());
+        }
+    }
+
+    #[test]
+    fn segment_header_digest_safe_version_round_trip() {
+        let header = SegmentHeader {
+            log_id: ServerId(5),
+            segment_id: SegmentId(17),
+            capacity_bytes: 8 << 20,
+        };
+        let bytes = header.encode();
+        assert_eq!(SegmentHeader::decode(&bytes).unwrap(), header);
+        for index in 0..bytes.len() {
+            let mut corrupt = bytes;
+            corrupt[index] ^= 1;
+            assert!(SegmentHeader::decode(&corrupt).is_err());
+        }
+        let ids = [SegmentId(1), SegmentId(2), SegmentId(40)];
+        let digest = encode_log_digest(&ids);
+        assert_eq!(decode_log_digest(&digest).unwrap(), ids);
+        for index in 0..digest.len() {
+            let mut corrupt = digest.clone();
+            corrupt[index] ^= 0x80;
+            assert!(decode_log_digest(&corrupt).is_err());
+        }
+        assert!(decode_log_digest(&digest[..digest.len() - 1]).is_err());
+        let safe = encode_safe_version(Version(1234));
+        assert_eq!(decode_safe_version(&safe).unwrap(), Version(1234));
+        for index in 0..safe.len() {
+            let mut corrupt = safe;
+            corrupt[index] ^= 4;
+            assert!(decode_safe_version(&corrupt).is_err());
+        }
+    }
+
+    #[test]
+    fn certificate_covers_headers_and_length() {
+        let mut builder = CertificateBuilder::default();
+        builder.add_header(&[0x01, 32]);
+        let certificate = builder.certificate(34);
+        let expected = checksum_of_pieces(&[&[0x01, 32], &34u32.to_le_bytes()]);
+        assert_eq!(certificate.checksum, expected);
+        assert_eq!(Certificate::from_bytes(&certificate.to_bytes()).unwrap(), certificate);
+        assert!(Certificate::from_bytes(&[1, 2, 3]).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn object_round_trips(
+            table in proptest::prelude::any::<u64>(),
+            version in proptest::prelude::any::<u64>(),
+            timestamp in proptest::prelude::any::<u32>(),
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..600),
+            value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+        ) {
+            let content = encode_object(TableId(table), Version(version), timestamp, &key, &value);
+            let view = decode_object(&content).unwrap();
+            proptest::prop_assert_eq!(view.table.0, table);
+            proptest::prop_assert_eq!(view.version.0, version);
+            proptest::prop_assert_eq!(view.timestamp, timestamp);
+            proptest::prop_assert_eq!(view.key, &key[..]);
+            proptest::prop_assert_eq!(view.value, &value[..]);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)) {
+            let _ = decode_entry_header(&bytes);
+            for entry_type in EntryType::ALL {
+                let _ = decode_entry(entry_type, &bytes);
+            }
+        }
+    }
+}
+#[cfg(test)]
+mod golden {
+    //! The worked example of docs/design/log-format.md, pinned: if these bytes change, stored
+    //! segments and replicas become unreadable.
+    use super::*;
+
+    fn bytes(hex: &str) -> Vec<u8> {
+        hex.split_whitespace().map(|byte| u8::from_str_radix(byte, 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn worked_example_bytes_are_stable() {
+        let object = encode_object(TableId(7), Version(1), 1_700_000_000, b"k1", b"hi");
+        assert_eq!(object, bytes("8b 8c 92 6d 00 f1 53 65 00 07 01 02 6b 31 68 69"));
+        assert_eq!(EntryHeader::new(EntryType::Object, 16).as_bytes(), &[0x02, 0x10]);
+        let tombstone = encode_tombstone(&TombstoneView {
+            table: TableId(7),
+            segment_id: SegmentId(3),
+            object_version: Version(1),
+            timestamp: 1_700_000_005,
+            key: b"k1",
+        });
+        assert_eq!(tombstone, bytes("99 cd 76 c2 05 f1 53 65 00 00 07 01 03 6b 31"));
+        let header = SegmentHeader {
+            log_id: ServerId(2),
+            segment_id: SegmentId(3),
+            capacity_bytes: 1 << 20,
+        }
+        .encode();
+        assert_eq!(
+            header.to_vec(),
+            bytes(
+                "53 47 4d 54 01 00 00 00 02 00 00 00 00 00 00 00 \
+                 03 00 00 00 00 00 00 00 00 00 10 00 49 91 03 ac"
+            )
+        );
+        let digest = encode_log_digest(&[SegmentId(1), SegmentId(3)]);
+        assert_eq!(
+            digest,
+            bytes("d3 33 0a fb 02 00 00 00 01 00 00 00 00 00 00 00 03 00 00 00 00 00 00 00")
+        );
+        let safe = encode_safe_version(Version(5));
+        assert_eq!(safe.to_vec(), bytes("c0 4d 09 e4 05 00 00 00 00 00 00 00"));
+        let mut builder = CertificateBuilder::default();
+        for header in [[0x01, 0x20], [0x04, 0x18], [0x05, 0x0c], [0x02, 0x10], [0x03, 0x0f]] {
+            builder.add_header(&header);
+        }
+        let certificate = builder.certificate(109);
+        assert_eq!(certificate.to_bytes().to_vec(), bytes("6d 00 00 00 f4 93 82 e5"));
+    }
+}

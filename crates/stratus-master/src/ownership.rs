@@ -1,0 +1,79 @@
+//! The tablets a master owns.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use stratus_types::{HashRange, KeyHash, TableId};
+
+/// The set of (table, hash range) this master serves. Read on every request, written only when
+/// the coordinator assigns or drops a tablet, hence a reader-writer lock.
+#[derive(Debug, Default)]
+pub struct TabletOwnership {
+    tablets: RwLock<HashMap<TableId, Vec<HashRange>>>,
+}
+
+impl TabletOwnership {
+    /// True if `hash` of `table` lies in an owned tablet.
+    pub fn owns(&self, table: TableId, hash: KeyHash) -> bool {
+        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
+        tablets.get(&table).is_some_and(|ranges| ranges.iter().any(|range| range.contains(hash)))
+    }
+
+    /// True if all of `range` lies in one owned tablet of `table`.
+    pub fn covers(&self, table: TableId, range: &HashRange) -> bool {
+        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
+        tablets.get(&table).is_some_and(|ranges| ranges.iter().any(|owned| owned.covers(range)))
+    }
+
+    /// Starts owning `range` of `table`. Idempotent: the coordinator re-sends assignments after
+    /// it restarts.
+    pub fn take(&self, table: TableId, range: HashRange) {
+        let mut tablets = self.tablets.write().unwrap_or_else(|poison| poison.into_inner());
+        let ranges = tablets.entry(table).or_default();
+        if !ranges.contains(&range) {
+            ranges.push(range);
+            ranges.sort();
+        }
+    }
+
+    /// Stops owning every owned range of `table` that lies within `range`.
+    pub fn drop_within(&self, table: TableId, range: &HashRange) {
+        let mut tablets = self.tablets.write().unwrap_or_else(|poison| poison.into_inner());
+        if let Some(ranges) = tablets.get_mut(&table) {
+            ranges.retain(|owned| !range.covers(owned));
+            if ranges.is_empty() {
+                tablets.remove(&table);
+            }
+        }
+    }
+
+    /// Number of owned tablets.
+    pub fn count(&self) -> usize {
+        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
+        tablets.values().map(Vec::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_owns_and_drop_forgets() {
+        let ownership = TabletOwnership::default();
+        let low = HashRange::new(0, 99).unwrap();
+        let table = TableId(3);
+        assert!(!ownership.owns(table, KeyHash(5)));
+        ownership.take(table, low);
+        ownership.take(table, low);
+        assert_eq!(ownership.count(), 1);
+        assert!(ownership.owns(table, KeyHash(5)));
+        assert!(!ownership.owns(table, KeyHash(100)));
+        assert!(!ownership.owns(TableId(4), KeyHash(5)));
+        assert!(ownership.covers(table, &HashRange::new(10, 20).unwrap()));
+        assert!(!ownership.covers(table, &HashRange::new(10, 200).unwrap()));
+        ownership.drop_within(table, &HashRange::FULL);
+        assert!(!ownership.owns(table, KeyHash(5)));
+        assert_eq!(ownership.count(), 0);
+    }
+}

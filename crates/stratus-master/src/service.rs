@@ -1,0 +1,419 @@
+//! Request handling.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use stratus_env::WallClock;
+use stratus_rpc::{Handled, Service};
+use stratus_store::{ByteSink, ObjectError, ObjectStore, StoreConfig};
+use stratus_types::limits::{ENUMERATE_RESPONSE_BYTES_MAX, KEY_BYTES_MAX};
+use stratus_types::{key_hash, HashRange, RejectReason, RejectRules, ServerId, TableId, Version};
+use stratus_wire::{
+    begin_response, decode_request, encode_error_response, encode_response, finish_frame, put,
+    EnumeratedObject, EnumerationCursor, FrameHeader, IncrementItem, IncrementItemResult, KeyItem,
+    Opcode, ReadItemResult, Request, Response, ServerStatistics, Status, VersionItemResult,
+    WriteItem,
+};
+
+use crate::ownership::TabletOwnership;
+
+/// Settings of a master.
+#[derive(Clone, Debug)]
+pub struct MasterConfig {
+    /// The object store's memory layout.
+    pub store: StoreConfig,
+}
+
+/// The master service of one storage server.
+#[derive(Debug)]
+pub struct Master {
+    server_id: ServerId,
+    store: ObjectStore,
+    ownership: TabletOwnership,
+    wall_clock: Arc<dyn WallClock>,
+    requests_served: AtomicU64,
+}
+
+/// Appends the value bytes the store copies out of the log directly to the response frame.
+struct FrameSink<'a>(&'a mut BytesMut);
+
+impl ByteSink for FrameSink<'_> {
+    fn put_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+impl Master {
+    /// A master with an empty log, for the server `server_id` (the log id in every segment
+    /// header).
+    pub fn new(
+        server_id: ServerId,
+        config: MasterConfig,
+        wall_clock: Arc<dyn WallClock>,
+    ) -> Result<Master, String> {
+        let store = ObjectStore::new(config.store, server_id)
+            .map_err(|error| format!("invalid store configuration: {error:?}"))?;
+        Ok(Master {
+            server_id,
+            store,
+            ownership: TabletOwnership::default(),
+            wall_clock,
+            requests_served: AtomicU64::new(0),
+        })
+    }
+
+    /// The object store (for statistics and tests).
+    pub fn store(&self) -> &ObjectStore {
+        &self.store
+    }
+
+    /// The tablets this master owns.
+    pub fn ownership(&self) -> &TabletOwnership {
+        &self.ownership
+    }
+
+    fn now_seconds(&self) -> u32 {
+        self.wall_clock.now_seconds()
+    }
+
+    /// Checks what every object request must satisfy before the store sees it: a valid key and
+    /// an owned tablet.
+    fn admit(&self, table: TableId, key: &[u8]) -> Result<stratus_types::KeyHash, Status> {
+        if key.is_empty() || key.len() > KEY_BYTES_MAX {
+            return Err(Status::InvalidKey);
+        }
+        let hash = key_hash(table, key);
+        if !self.ownership.owns(table, hash) {
+            return Err(Status::UnknownTablet);
+        }
+        Ok(hash)
+    }
+
+    fn handle_request(&self, request_id: u64, request: Request, out: &mut BytesMut) {
+        match request {
+            Request::Ping => encode_response(out, request_id, Status::Ok, &Response::Ping),
+            Request::Read { table_id, key, rules } => {
+                self.read(request_id, table_id, &key, &rules, out)
+            }
+            Request::Write { table_id, key, value, rules } => {
+                let (status, version) = self.write_one(table_id, &key, &value, &rules);
+                respond_version(out, request_id, Opcode::Write, status, version);
+            }
+            Request::Remove { table_id, key, rules } => {
+                let (status, version) = self.remove_one(table_id, &key, &rules);
+                respond_version(out, request_id, Opcode::Remove, status, version);
+            }
+            Request::Increment { table_id, key, delta, rules } => {
+                let result = self.increment_one(table_id, &key, delta, &rules);
+                if result.status.carries_operation_body() {
+                    let response =
+                        Response::Increment { version: result.version, value: result.value };
+                    encode_response(out, request_id, result.status, &response);
+                } else {
+                    encode_error_response(
+                        out,
+                        request_id,
+                        Opcode::Increment.code(),
+                        result.status,
+                        "",
+                    );
+                }
+            }
+            Request::MultiRead { items } => {
+                let results = items.iter().map(|item| self.read_one(item)).collect();
+                encode_response(out, request_id, Status::Ok, &Response::MultiRead { results });
+            }
+            Request::MultiWrite { items } => {
+                let results = items.iter().map(|item| self.write_item(item)).collect();
+                encode_response(out, request_id, Status::Ok, &Response::MultiWrite { results });
+            }
+            Request::MultiRemove { items } => {
+                let results = items.iter().map(|item| self.remove_item(item)).collect();
+                encode_response(out, request_id, Status::Ok, &Response::MultiRemove { results });
+            }
+            Request::MultiIncrement { items } => {
+                let results = items.iter().map(|item| self.increment_item(item)).collect();
+                encode_response(out, request_id, Status::Ok, &Response::MultiIncrement { results });
+            }
+            Request::Enumerate { table_id, range, cursor, bytes_max } => {
+                self.enumerate(request_id, table_id, range, cursor, bytes_max, out)
+            }
+            Request::TakeTabletOwnership { table_id, range } => {
+                tracing::info!(table = %table_id, start = range.start, end = range.end, "taking tablet");
+                self.ownership.take(table_id, range);
+                encode_response(out, request_id, Status::Ok, &Response::TakeTabletOwnership);
+            }
+            Request::DropTabletOwnership { table_id, range } => {
+                self.ownership.drop_within(table_id, &range);
+                let dropped = self.store.drop_range(table_id, range);
+                tracing::info!(table = %table_id, dropped, "dropped tablet");
+                encode_response(out, request_id, Status::Ok, &Response::DropTabletOwnership);
+            }
+            Request::GetServerStatistics => {
+                let statistics = self.statistics();
+                encode_response(
+                    out,
+                    request_id,
+                    Status::Ok,
+                    &Response::GetServerStatistics { statistics },
+                );
+            }
+            other => {
+                let message =
+                    format!("{:?} is served by the coordinator, not a master", other.opcode());
+                encode_error_response(
+                    out,
+                    request_id,
+                    other.opcode().code(),
+                    Status::UnimplementedRequest,
+                    &message,
+                );
+            }
+        }
+    }
+
+    /// READ: the value goes from the log straight into the frame.
+    fn read(
+        &self,
+        request_id: u64,
+        table: TableId,
+        key: &[u8],
+        rules: &RejectRules,
+        out: &mut BytesMut,
+    ) {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => {
+                return encode_error_response(out, request_id, Opcode::Read.code(), status, "")
+            }
+        };
+        let frame_position = out.len();
+        let start = begin_response(out, request_id, Opcode::Read, Status::Ok);
+        let version_position = out.len();
+        put::put_u64(out, 0);
+        let value_position = put::begin_length_prefixed_u32(out);
+        let outcome = self.store.read(table, key, hash, rules, &mut FrameSink(out));
+        match outcome {
+            Ok(version) => {
+                put::finish_length_prefixed_u32(out, value_position);
+                put::patch_u64(out, version_position, version.0);
+                if finish_frame(out, start).is_err() {
+                    // Cannot happen with the configured limits; answer rather than crash.
+                    out.truncate(frame_position);
+                    encode_error_response(
+                        out,
+                        request_id,
+                        Opcode::Read.code(),
+                        Status::InternalError,
+                        "response too large",
+                    );
+                }
+            }
+            Err(error) => {
+                out.truncate(frame_position);
+                let (status, version) = status_of(error);
+                if status.carries_operation_body() {
+                    let response = Response::Read { version, value: Bytes::new() };
+                    encode_response(out, request_id, status, &response);
+                } else {
+                    encode_error_response(out, request_id, Opcode::Read.code(), status, "");
+                }
+            }
+        }
+    }
+
+    fn read_one(&self, item: &KeyItem) -> ReadItemResult {
+        let hash = match self.admit(item.table_id, &item.key) {
+            Ok(hash) => hash,
+            Err(status) => {
+                return ReadItemResult { status, version: Version(0), value: Bytes::new() }
+            }
+        };
+        let mut value = Vec::new();
+        match self.store.read(item.table_id, &item.key, hash, &item.rules, &mut value) {
+            Ok(version) => {
+                ReadItemResult { status: Status::Ok, version, value: Bytes::from(value) }
+            }
+            Err(error) => {
+                let (status, version) = status_of(error);
+                ReadItemResult { status, version, value: Bytes::new() }
+            }
+        }
+    }
+
+    fn write_one(
+        &self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        rules: &RejectRules,
+    ) -> (Status, Version) {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => return (status, Version(0)),
+        };
+        match self.store.write(table, key, hash, value, rules, self.now_seconds()) {
+            Ok(version) => (Status::Ok, version),
+            Err(error) => status_of(error),
+        }
+    }
+
+    fn write_item(&self, item: &WriteItem) -> VersionItemResult {
+        let (status, version) = self.write_one(item.table_id, &item.key, &item.value, &item.rules);
+        VersionItemResult { status, version }
+    }
+
+    fn remove_one(&self, table: TableId, key: &[u8], rules: &RejectRules) -> (Status, Version) {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => return (status, Version(0)),
+        };
+        match self.store.remove(table, key, hash, rules, self.now_seconds()) {
+            Ok(version) => (Status::Ok, version),
+            Err(error) => status_of(error),
+        }
+    }
+
+    fn remove_item(&self, item: &KeyItem) -> VersionItemResult {
+        let (status, version) = self.remove_one(item.table_id, &item.key, &item.rules);
+        VersionItemResult { status, version }
+    }
+
+    fn increment_one(
+        &self,
+        table: TableId,
+        key: &[u8],
+        delta: i64,
+        rules: &RejectRules,
+    ) -> IncrementItemResult {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => return IncrementItemResult { status, version: Version(0), value: 0 },
+        };
+        match self.store.increment(table, key, hash, delta, rules, self.now_seconds()) {
+            Ok((version, value)) => IncrementItemResult { status: Status::Ok, version, value },
+            Err(error) => {
+                let (status, version) = status_of(error);
+                IncrementItemResult { status, version, value: 0 }
+            }
+        }
+    }
+
+    fn increment_item(&self, item: &IncrementItem) -> IncrementItemResult {
+        self.increment_one(item.table_id, &item.key, item.delta, &item.rules)
+    }
+
+    fn enumerate(
+        &self,
+        request_id: u64,
+        table: TableId,
+        range: HashRange,
+        cursor: EnumerationCursor,
+        bytes_max: u32,
+        out: &mut BytesMut,
+    ) {
+        if !self.ownership.covers(table, &range) {
+            let message = "the range is not within one tablet this server owns";
+            return encode_error_response(
+                out,
+                request_id,
+                Opcode::Enumerate.code(),
+                Status::UnknownTablet,
+                message,
+            );
+        }
+        let bytes_max =
+            usize::try_from(bytes_max).unwrap_or(usize::MAX).clamp(1, ENUMERATE_RESPONSE_BYTES_MAX);
+        let mut objects = Vec::new();
+        let next = self.store.enumerate(
+            table,
+            range,
+            cursor.reversed_hash,
+            cursor.after_key.as_deref(),
+            bytes_max,
+            &mut |key, value, version| {
+                objects.push(EnumeratedObject {
+                    key: Bytes::copy_from_slice(key),
+                    value: Bytes::copy_from_slice(value),
+                    version,
+                })
+            },
+        );
+        let next = next.map(|(reversed_hash, after_key)| EnumerationCursor {
+            reversed_hash,
+            after_key: after_key.map(Bytes::from),
+        });
+        encode_response(out, request_id, Status::Ok, &Response::Enumerate { objects, next });
+    }
+
+    fn statistics(&self) -> ServerStatistics {
+        let store = self.store.statistics();
+        ServerStatistics {
+            server_id: self.server_id,
+            log_bytes_total: store.log_bytes_total,
+            log_bytes_live: store.log_bytes_live,
+            log_bytes_allocated: store.log_bytes_allocated,
+            seglets_total: store.seglets_total,
+            seglets_free: store.seglets_free,
+            segments_in_log: store.segments_in_log,
+            objects_live: store.objects_live,
+            tablets_owned: u32::try_from(self.ownership.count()).unwrap_or(u32::MAX),
+            requests_served: self.requests_served.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Service for Master {
+    fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
+        self.requests_served.fetch_add(1, Ordering::Relaxed);
+        match decode_request(header.opcode_code, body) {
+            Ok(request) => self.handle_request(header.request_id, request, out),
+            Err(error) => encode_error_response(
+                out,
+                header.request_id,
+                header.opcode_code,
+                error.status(),
+                &error.to_string(),
+            ),
+        }
+        Handled::Done
+    }
+}
+
+fn respond_version(
+    out: &mut BytesMut,
+    request_id: u64,
+    opcode: Opcode,
+    status: Status,
+    version: Version,
+) {
+    if !status.carries_operation_body() {
+        return encode_error_response(out, request_id, opcode.code(), status, "");
+    }
+    let response = match opcode {
+        Opcode::Write => Response::Write { version },
+        Opcode::Remove => Response::Remove { version },
+        _ => unreachable!("respond_version is only used for WRITE and REMOVE"),
+    };
+    encode_response(out, request_id, status, &response);
+}
+
+/// The status and version a store error is reported with.
+fn status_of(error: ObjectError) -> (Status, Version) {
+    match error {
+        ObjectError::Rejected { reason, current } => {
+            let status = match reason {
+                RejectReason::ObjectDoesntExist => Status::ObjectDoesntExist,
+                RejectReason::ObjectExists => Status::ObjectExists,
+                RejectReason::WrongVersion => Status::WrongVersion,
+            };
+            (status, current)
+        }
+        ObjectError::LogFull => (Status::Retry, Version(0)),
+        ObjectError::NotAnInteger { current } => (Status::InvalidObject, current),
+        ObjectError::IncrementOverflow { current } => (Status::InvalidObject, current),
+        ObjectError::InvalidKey => (Status::InvalidKey, Version(0)),
+        ObjectError::ValueTooLarge => (Status::ValueTooLarge, Version(0)),
+    }
+}

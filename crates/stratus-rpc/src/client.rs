@@ -1,0 +1,409 @@
+//! The client side: pipelined channels and a pool of them.
+//!
+//! A [`Channel`] is one connection. Callers encode their request straight into the channel's
+//! shared output buffer (no intermediate allocation), register a completion slot under the
+//! request id, and wait; a writer task flushes whatever accumulated since its last write in one
+//! system call (so concurrent callers share writes), and a reader task splits the incoming byte
+//! stream into frames and completes the slots. Responses may arrive in any order.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use stratus_env::{BoxReader, BoxWriter, Network};
+use stratus_types::limits::REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX;
+use stratus_wire::{
+    body_offset, decode_frame_header, decode_response, encode_request, frame_length, FrameKind,
+    Hello, Opcode, Request, ResponseBody, Status, HELLO_BYTES, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, Notify, Semaphore};
+
+/// Settings of the RPC client.
+#[derive(Clone, Debug)]
+pub struct RpcConfig {
+    /// How long one request may take before it fails with [`RpcError::Timeout`].
+    pub request_timeout: Duration,
+    /// How long connecting (including the handshake) may take.
+    pub connect_timeout: Duration,
+    /// Connections kept per server address; requests are spread over them round-robin so one
+    /// client can keep several server cores busy.
+    pub connections_per_address: usize,
+}
+
+impl Default for RpcConfig {
+    fn default() -> RpcConfig {
+        RpcConfig {
+            request_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            connections_per_address: 1,
+        }
+    }
+}
+
+/// Why a call produced no response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RpcError {
+    /// Connecting or the handshake failed.
+    Connect(String),
+    /// No response within the request timeout.
+    Timeout,
+    /// The connection broke before the response arrived; the request may or may not have run.
+    ConnectionLost(String),
+    /// The peer sent bytes that violate the protocol.
+    Protocol(String),
+    /// The peer speaks another protocol version.
+    VersionMismatch {
+        /// The version the peer announced.
+        server_version: u16,
+    },
+}
+
+impl RpcError {
+    /// The status a caller reports for this failure.
+    pub fn status(&self) -> Status {
+        match self {
+            RpcError::Connect(_) | RpcError::ConnectionLost(_) => Status::CouldntConnect,
+            RpcError::Timeout => Status::Timeout,
+            RpcError::Protocol(_) => Status::InternalError,
+            RpcError::VersionMismatch { .. } => Status::ProtocolVersionMismatch,
+        }
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RpcError::Connect(reason) => write!(f, "couldn't connect: {reason}"),
+            RpcError::Timeout => write!(f, "request timed out"),
+            RpcError::ConnectionLost(reason) => write!(f, "connection lost: {reason}"),
+            RpcError::Protocol(reason) => write!(f, "protocol violation: {reason}"),
+            RpcError::VersionMismatch { server_version } => write!(
+                f,
+                "protocol version mismatch: we speak {PROTOCOL_VERSION}, server speaks {server_version}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+type Completion = oneshot::Sender<Result<Bytes, RpcError>>;
+
+#[derive(Debug)]
+struct Shared {
+    output: Mutex<BytesMut>,
+    output_ready: Notify,
+    pending: Mutex<HashMap<u64, Completion>>,
+    next_request_id: AtomicU64,
+    in_flight: Semaphore,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn close(&self, reason: &str) {
+        self.closed.store(true, Ordering::SeqCst);
+        // Wake the writer so it notices and exits.
+        self.output_ready.notify_one();
+        let drained: Vec<Completion> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|poison| poison.into_inner());
+            pending.drain().map(|(_, completion)| completion).collect()
+        };
+        for completion in drained {
+            let _ = completion.send(Err(RpcError::ConnectionLost(reason.to_string())));
+        }
+    }
+}
+
+/// One pipelined connection to a server.
+#[derive(Debug)]
+pub struct Channel {
+    address: String,
+    shared: Arc<Shared>,
+}
+
+impl Channel {
+    /// Connects to `address` and performs the version handshake.
+    pub async fn connect(
+        network: &dyn Network,
+        address: &str,
+        config: &RpcConfig,
+    ) -> Result<Channel, RpcError> {
+        let connecting = async {
+            let mut connection = network
+                .connect(address)
+                .await
+                .map_err(|error| RpcError::Connect(error.to_string()))?;
+            let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
+            connection
+                .writer
+                .write_all(&hello.encode())
+                .await
+                .map_err(|error| RpcError::Connect(error.to_string()))?;
+            let mut reply = [0u8; HELLO_BYTES];
+            connection
+                .reader
+                .read_exact(&mut reply)
+                .await
+                .map_err(|error| RpcError::Connect(format!("handshake: {error}")))?;
+            let reply =
+                Hello::decode(&reply).map_err(|error| RpcError::Protocol(error.to_string()))?;
+            if reply.status != Status::Ok || reply.version != PROTOCOL_VERSION {
+                return Err(RpcError::VersionMismatch { server_version: reply.version });
+            }
+            Ok(connection)
+        };
+        let connection = tokio::time::timeout(config.connect_timeout, connecting)
+            .await
+            .map_err(|_| RpcError::Connect(format!("no answer from {address} in time")))??;
+        let shared = Arc::new(Shared {
+            output: Mutex::new(BytesMut::with_capacity(64 << 10)),
+            output_ready: Notify::new(),
+            pending: Mutex::new(HashMap::new()),
+            next_request_id: AtomicU64::new(1),
+            in_flight: Semaphore::new(REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(write_loop(connection.writer, shared.clone()));
+        tokio::spawn(read_loop(connection.reader, shared.clone()));
+        Ok(Channel { address: address.to_string(), shared })
+    }
+
+    /// The server's address.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// True once the connection broke; a closed channel fails every call.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sends `request` and waits for its response.
+    pub async fn call(
+        &self,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<(Status, ResponseBody), RpcError> {
+        let opcode = request.opcode();
+        let frame = self
+            .call_encoded(timeout, |out, request_id| encode_request(out, request_id, request))
+            .await?;
+        decode_response_frame(opcode, frame)
+    }
+
+    /// Sends one request frame produced by `encode` (given the output buffer and the request id
+    /// to use) and returns the whole response frame. Used by `call` and by benchmarks.
+    pub async fn call_encoded(
+        &self,
+        timeout: Duration,
+        encode: impl FnOnce(&mut BytesMut, u64),
+    ) -> Result<Bytes, RpcError> {
+        let _permit = self
+            .shared
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| RpcError::ConnectionLost("channel shut down".to_string()))?;
+        if self.is_closed() {
+            return Err(RpcError::ConnectionLost(format!("connection to {} closed", self.address)));
+        }
+        let request_id = self.shared.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = oneshot::channel();
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(request_id, sender);
+        {
+            let mut output = self.shared.output.lock().unwrap_or_else(|poison| poison.into_inner());
+            encode(&mut output, request_id);
+        }
+        self.shared.output_ready.notify_one();
+        // The connection may have closed between the check and the insert; the close drains
+        // `pending`, but only entries present then, so check again.
+        if self.is_closed() {
+            self.forget(request_id);
+            return Err(RpcError::ConnectionLost(format!("connection to {} closed", self.address)));
+        }
+        match tokio::time::timeout(timeout, receiver).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(RpcError::ConnectionLost("completion dropped".to_string())),
+            Err(_) => {
+                self.forget(request_id);
+                Err(RpcError::Timeout)
+            }
+        }
+    }
+
+    fn forget(&self, request_id: u64) {
+        self.shared.pending.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&request_id);
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // The tasks hold the other references; closing ends them and the connection.
+        self.shared.close("channel dropped");
+    }
+}
+
+/// Splits a response frame and decodes its body for `opcode`.
+pub fn decode_response_frame(
+    opcode: Opcode,
+    frame: Bytes,
+) -> Result<(Status, ResponseBody), RpcError> {
+    let header =
+        decode_frame_header(&frame).map_err(|error| RpcError::Protocol(error.to_string()))?;
+    if header.opcode_code != opcode.code() {
+        return Err(RpcError::Protocol(format!(
+            "response opcode {} for a request with opcode {}",
+            header.opcode_code,
+            opcode.code()
+        )));
+    }
+    let body = frame.slice(body_offset(FrameKind::Response)..);
+    let decoded = decode_response(opcode, header.status, body)
+        .map_err(|error| RpcError::Protocol(format!("bad {opcode:?} response: {error}")))?;
+    Ok((header.status, decoded))
+}
+
+async fn write_loop(mut writer: BoxWriter, shared: Arc<Shared>) {
+    let mut spare = BytesMut::with_capacity(64 << 10);
+    loop {
+        shared.output_ready.notified().await;
+        if shared.closed.load(Ordering::SeqCst) {
+            break;
+        }
+        {
+            let mut output = shared.output.lock().unwrap_or_else(|poison| poison.into_inner());
+            std::mem::swap(&mut *output, &mut spare);
+        }
+        if spare.is_empty() {
+            continue;
+        }
+        if let Err(error) = writer.write_all(&spare).await {
+            shared.close(&format!("write failed: {error}"));
+            break;
+        }
+        spare.clear();
+    }
+    let _ = writer.shutdown().await;
+}
+
+async fn read_loop(mut reader: BoxReader, shared: Arc<Shared>) {
+    let mut buffer = BytesMut::with_capacity(64 << 10);
+    let reason = loop {
+        match next_frame(&mut reader, &mut buffer).await {
+            Ok(frame) => {
+                let header = match decode_frame_header(&frame) {
+                    Ok(header) if header.kind == FrameKind::Response => header,
+                    Ok(_) => break "server sent a request frame".to_string(),
+                    Err(error) => break format!("bad frame: {error}"),
+                };
+                let completion = shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|poison| poison.into_inner())
+                    .remove(&header.request_id);
+                // A missing entry is a response to a request that already timed out.
+                if let Some(completion) = completion {
+                    let _ = completion.send(Ok(frame));
+                }
+            }
+            Err(reason) => break reason,
+        }
+        if shared.closed.load(Ordering::SeqCst) {
+            break "closed".to_string();
+        }
+    };
+    shared.close(&reason);
+}
+
+/// Reads until `buffer` holds one whole frame and splits it off. Errors are strings because
+/// they only end the connection and are reported to waiting callers.
+pub(crate) async fn next_frame(
+    reader: &mut BoxReader,
+    buffer: &mut BytesMut,
+) -> Result<Bytes, String> {
+    loop {
+        if let Some(length) = frame_length(buffer).map_err(|error| error.to_string())? {
+            if buffer.len() >= length {
+                return Ok(buffer.split_to(length).freeze());
+            }
+            buffer.reserve(length - buffer.len());
+        } else {
+            buffer.reserve(64 << 10);
+        }
+        let read = reader.read_buf(buffer).await.map_err(|error| error.to_string())?;
+        if read == 0 {
+            return Err("connection closed by peer".to_string());
+        }
+    }
+}
+
+/// Channels to many servers, one (or a few) per address, created on first use and replaced
+/// when they break.
+#[derive(Debug)]
+pub struct ChannelPool {
+    network: Arc<dyn Network>,
+    config: RpcConfig,
+    channels: Mutex<HashMap<String, Vec<Arc<Channel>>>>,
+    round_robin: AtomicU64,
+}
+
+impl ChannelPool {
+    /// An empty pool.
+    pub fn new(network: Arc<dyn Network>, config: RpcConfig) -> ChannelPool {
+        assert!(config.connections_per_address >= 1);
+        ChannelPool {
+            network,
+            config,
+            channels: Mutex::new(HashMap::new()),
+            round_robin: AtomicU64::new(0),
+        }
+    }
+
+    /// The pool's settings.
+    pub fn config(&self) -> &RpcConfig {
+        &self.config
+    }
+
+    /// An open channel to `address`, connecting if needed.
+    pub async fn channel(&self, address: &str) -> Result<Arc<Channel>, RpcError> {
+        let turn = self.round_robin.fetch_add(1, Ordering::Relaxed) as usize;
+        {
+            let mut channels = self.channels.lock().unwrap_or_else(|poison| poison.into_inner());
+            if let Some(list) = channels.get_mut(address) {
+                list.retain(|channel| !channel.is_closed());
+                if list.len() >= self.config.connections_per_address {
+                    return Ok(list[turn % list.len()].clone());
+                }
+            }
+        }
+        let channel = Arc::new(Channel::connect(&*self.network, address, &self.config).await?);
+        let mut channels = self.channels.lock().unwrap_or_else(|poison| poison.into_inner());
+        let list = channels.entry(address.to_string()).or_default();
+        if list.len() < self.config.connections_per_address {
+            list.push(channel.clone());
+        }
+        Ok(channel)
+    }
+
+    /// One attempt of `request` against `address`, with the configured timeout.
+    pub async fn call(
+        &self,
+        address: &str,
+        request: &Request,
+    ) -> Result<(Status, ResponseBody), RpcError> {
+        let channel = self.channel(address).await?;
+        channel.call(request, self.config.request_timeout).await
+    }
+
+    /// Drops the channels to `address` (after a timeout: the server may be gone).
+    pub fn forget(&self, address: &str) {
+        self.channels.lock().unwrap_or_else(|poison| poison.into_inner()).remove(address);
+    }
+}

@@ -1,0 +1,20 @@
+//! Remote procedure calls over the byte streams of `stratus-env`.
+//!
+//! - [`client`]: one pipelined [`client::Channel`] per server connection (many outstanding
+//!   requests, responses matched by request id), a [`client::ChannelPool`] keyed by address,
+//!   per-request timeouts.
+//! - [`server`]: the accept loop and the per-connection loop that performs the handshake,
+//!   validates every frame before a service sees it, runs synchronous handlers inline (no task
+//!   per request) and spawns only the handlers that must wait.
+//! - [`backoff`]: bounded exponential backoff with jitter, used by every retry loop.
+//!
+//! Every queue here is bounded: requests in flight per connection, bytes buffered for a peer
+//! that does not read, and frame sizes.
+
+pub mod backoff;
+pub mod client;
+pub mod server;
+
+pub use backoff::Backoff;
+pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
+pub use server::{serve, Handled, Service};

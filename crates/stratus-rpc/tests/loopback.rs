@@ -1,0 +1,161 @@
+//! The RPC layer end to end over loopback TCP: pipelining, out-of-order completion, timeouts,
+//! a dead server, and the pool replacing broken channels.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use stratus_env::{Network, TcpNetwork};
+use stratus_rpc::{serve, Channel, ChannelPool, Handled, RpcConfig, RpcError, Service};
+use stratus_types::TableId;
+use stratus_wire::{
+    decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
+    ResponseBody, Status,
+};
+
+/// Answers PING at once, GET_TABLE_ID after a delay given by the name's length in
+/// milliseconds (so responses complete out of order), and never answers LIST_TABLES.
+struct TestService {
+    handled: AtomicU64,
+}
+
+impl Service for TestService {
+    fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        let request_id = header.request_id;
+        match decode_request(header.opcode_code, body) {
+            Ok(Request::Ping) => {
+                encode_response(out, request_id, Status::Ok, &Response::Ping);
+                Handled::Done
+            }
+            Ok(Request::GetTableId { name }) => Handled::Later(Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(name.len() as u64)).await;
+                let mut frame = BytesMut::new();
+                let response = Response::GetTableId { table_id: TableId(name.len() as u64) };
+                encode_response(&mut frame, request_id, Status::Ok, &response);
+                frame
+            })),
+            Ok(Request::ListTables) => Handled::Later(Box::pin(std::future::pending())),
+            Ok(_) => {
+                encode_error_response(
+                    out,
+                    request_id,
+                    header.opcode_code,
+                    Status::UnimplementedRequest,
+                    "",
+                );
+                Handled::Done
+            }
+            Err(error) => {
+                encode_error_response(
+                    out,
+                    request_id,
+                    header.opcode_code,
+                    error.status(),
+                    &error.to_string(),
+                );
+                Handled::Done
+            }
+        }
+    }
+}
+
+async fn start_server() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
+    let listener = TcpNetwork.bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_address();
+    let service = Arc::new(TestService { handled: AtomicU64::new(0) });
+    (address, tokio::spawn(serve(listener, service)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_calls_complete_out_of_order() {
+    let (address, _server) = start_server().await;
+    let channel =
+        Arc::new(Channel::connect(&TcpNetwork, &address, &RpcConfig::default()).await.unwrap());
+    let mut calls = tokio::task::JoinSet::new();
+    for index in 0..500u64 {
+        let delayed = channel.clone();
+        calls.spawn(async move {
+            let name = "x".repeat((index % 20) as usize + 1);
+            let request = Request::GetTableId { name: name.clone() };
+            let (status, body) = delayed.call(&request, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(status, Status::Ok);
+            match body {
+                ResponseBody::Operation(Response::GetTableId { table_id }) => {
+                    assert_eq!(table_id.0, name.len() as u64)
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+        let channel = channel.clone();
+        calls.spawn(async move {
+            let (status, _) = channel.call(&Request::Ping, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(status, Status::Ok);
+        });
+    }
+    while let Some(result) = calls.join_next().await {
+        result.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_answer_times_out_and_the_channel_stays_usable() {
+    let (address, _server) = start_server().await;
+    let channel = Channel::connect(&TcpNetwork, &address, &RpcConfig::default()).await.unwrap();
+    let outcome = channel.call(&Request::ListTables, Duration::from_millis(50)).await;
+    assert_eq!(outcome.unwrap_err(), RpcError::Timeout);
+    let (status, _) = channel.call(&Request::Ping, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(status, Status::Ok);
+}
+
+/// A hand-written server: the first connection reads a request and hangs up; the second
+/// answers one PING properly.
+async fn flaky_server(listener: tokio::net::TcpListener) {
+    use stratus_wire::{decode_frame_header, frame_length, Hello, HELLO_BYTES, PROTOCOL_VERSION};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for connection in 0..2 {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut hello = [0u8; HELLO_BYTES];
+        stream.read_exact(&mut hello).await.unwrap();
+        stream
+            .write_all(&Hello { version: PROTOCOL_VERSION, status: Status::Ok }.encode())
+            .await
+            .unwrap();
+        let mut buffer = BytesMut::new();
+        let frame = loop {
+            if let Some(length) = frame_length(&buffer).unwrap() {
+                if buffer.len() >= length {
+                    break buffer.split_to(length);
+                }
+            }
+            assert!(stream.read_buf(&mut buffer).await.unwrap() > 0);
+        };
+        if connection == 0 {
+            drop(stream);
+            continue;
+        }
+        let header = decode_frame_header(&frame).unwrap();
+        let mut response = BytesMut::new();
+        encode_response(&mut response, header.request_id, Status::Ok, &Response::Ping);
+        stream.write_all(&response).await.unwrap();
+        let _ = stream.read(&mut [0u8; 1]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_connection_fails_its_calls_and_the_pool_reconnects() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(flaky_server(listener));
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default());
+    let lost = pool.call(&address, &Request::ListTables).await.unwrap_err();
+    assert!(matches!(lost, RpcError::ConnectionLost(_)), "{lost:?}");
+    assert_eq!(lost.status(), Status::CouldntConnect);
+    let (status, _) = pool.call(&address, &Request::Ping).await.unwrap();
+    assert_eq!(status, Status::Ok);
+    drop(pool);
+    server.await.unwrap();
+    let refused = Channel::connect(&TcpNetwork, "127.0.0.1:1", &RpcConfig::default()).await;
+    assert!(matches!(refused, Err(RpcError::Connect(_))));
+}

@@ -1,0 +1,398 @@
+//! The object store of a Stratus master: the log ([`stratus_log`]) and the hash table
+//! ([`stratus_index`]) combined into objects with RAMCloud's semantics.
+//!
+//! Every operation on a key holds that key's bucket lock across lookup → reject-rule check →
+//! append → index update, so concurrent operations on one key serialize. Versions: a new object
+//! takes the master-wide safe version (post-increment), an overwrite takes current + 1, and a
+//! remove raises the safe version to removed + 1, so a key's versions strictly increase even
+//! across delete and re-create. Every overwrite appends the new object and a tombstone for the
+//! old version atomically (one append, one segment); a remove appends a tombstone.
+//!
+//! Memory-full rule: ordinary writes (and increments) fail with [`ObjectError::LogFull`] (the
+//! master answers RETRY) once only the log's reserve (two segments' worth of seglets) is free;
+//! removes may use the reserve, so deletes keep working when memory is full.
+
+mod config;
+mod enumerate;
+
+pub use config::{ConfigError, StoreConfig};
+pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use stratus_index::{BucketGuard, HashTable, Slot};
+use stratus_log::format::{decode_object_unverified, encode_tombstone, ObjectPrefix};
+use stratus_log::{
+    AppendEntry, AppendError, AppendPriority, EntryType, Log, Reference, TombstoneView,
+};
+use stratus_types::limits::KEY_BYTES_MAX;
+use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules, SegmentId, ServerId};
+use stratus_types::{TableId, Version};
+
+/// Where read values are copied to (the master implements it for its response buffer).
+pub trait ByteSink {
+    /// Appends `bytes`.
+    fn put_slice(&mut self, bytes: &[u8]);
+}
+
+impl ByteSink for Vec<u8> {
+    fn put_slice(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Why an object operation failed. Nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectError {
+    /// A reject rule matched (or a read found no object); `current` is the object's version, 0
+    /// when missing.
+    Rejected {
+        /// Which rule.
+        reason: RejectReason,
+        /// The current version.
+        current: Version,
+    },
+    /// No memory for the append; retry later.
+    LogFull,
+    /// Increment of a value that is not 8 bytes.
+    NotAnInteger {
+        /// The current version.
+        current: Version,
+    },
+    /// Increment would overflow an i64.
+    IncrementOverflow {
+        /// The current version.
+        current: Version,
+    },
+    /// The key is empty or longer than 65535 bytes.
+    InvalidKey,
+    /// The value is longer than the configured maximum.
+    ValueTooLarge,
+}
+
+/// Totals for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStatistics {
+    /// Bytes of the log region.
+    pub log_bytes_total: u64,
+    /// Bytes of log entries not yet dead.
+    pub log_bytes_live: u64,
+    /// Bytes of seglets allocated to segments.
+    pub log_bytes_allocated: u64,
+    /// Seglets in the region.
+    pub seglets_total: u64,
+    /// Seglets not allocated.
+    pub seglets_free: u64,
+    /// Segments in the log.
+    pub segments_in_log: u64,
+    /// Objects reachable through the hash table.
+    pub objects_live: u64,
+    /// The next version a new object would receive.
+    pub safe_version: u64,
+    /// Main hash-table buckets.
+    pub hash_table_buckets: u64,
+}
+
+/// The object store. `Send + Sync`; every method takes `&self`.
+#[derive(Debug)]
+pub struct ObjectStore {
+    config: StoreConfig,
+    log: Log,
+    index: HashTable,
+    objects_live: AtomicU64,
+}
+
+/// The current object of a key, found under its bucket lock.
+struct Current {
+    slot: Slot,
+    reference: Reference,
+    version: Version,
+}
+
+impl ObjectStore {
+    /// An empty store whose log belongs to `log_id`.
+    pub fn new(config: StoreConfig, log_id: ServerId) -> Result<ObjectStore, ConfigError> {
+        config.validate()?;
+        Ok(ObjectStore {
+            log: Log::new(config.log_config(), log_id),
+            index: HashTable::new(config.hash_table_bytes),
+            config,
+            objects_live: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The log (for replication, recovery and tests: segment contents and certificates).
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    fn check_key(key: &[u8]) -> Result<(), ObjectError> {
+        if key.is_empty() || key.len() > KEY_BYTES_MAX {
+            return Err(ObjectError::InvalidKey);
+        }
+        Ok(())
+    }
+
+    /// Finds the object of (`table`, `key`) in the locked bucket.
+    fn lookup(&self, guard: &BucketGuard<'_>, table: TableId, key: &[u8]) -> Option<Current> {
+        let mut version = Version::NONEXISTENT;
+        let (slot, reference) = guard.find(|reference| {
+            let (entry_type, content) = self.log.entry(Reference(reference));
+            assert_eq!(entry_type, EntryType::Object, "hash table points at a non-object");
+            let object = decode_object_unverified(&content).expect("corrupt object in the log");
+            let found = object.table == table && object.key == key;
+            if found {
+                version = object.version;
+            }
+            found
+        })?;
+        Some(Current { slot, reference: Reference(reference), version })
+    }
+
+    /// Reads an object: appends its value to `value_out` and returns its version. A missing
+    /// object is always `Rejected { ObjectDoesntExist, 0 }`; otherwise `rules` are checked
+    /// against its version.
+    pub fn read(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        rules: &RejectRules,
+        value_out: &mut dyn ByteSink,
+    ) -> Result<Version, ObjectError> {
+        Self::check_key(key)?;
+        let guard = self.index.lock(hash.0);
+        let Some(current) = self.lookup(&guard, table, key) else {
+            return Err(ObjectError::Rejected {
+                reason: RejectReason::ObjectDoesntExist,
+                current: Version::NONEXISTENT,
+            });
+        };
+        check_rules(rules, current.version)?;
+        let (_, content) = self.log.entry(current.reference);
+        let object = decode_object_unverified(&content).expect("corrupt object in the log");
+        value_out.put_slice(object.value);
+        Ok(current.version)
+    }
+
+    /// Writes an object (create or overwrite) and returns its new version.
+    pub fn write(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        value: &[u8],
+        rules: &RejectRules,
+        now_seconds: u32,
+    ) -> Result<Version, ObjectError> {
+        Self::check_key(key)?;
+        if value.len() > self.config.value_bytes_max as usize {
+            return Err(ObjectError::ValueTooLarge);
+        }
+        let mut guard = self.index.lock(hash.0);
+        let current = self.lookup(&guard, table, key);
+        check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
+        self.store_object(&mut guard, current, table, key, value, now_seconds)
+    }
+
+    /// Appends a new version of an object (plus the old version's tombstone) and points the
+    /// index at it. The caller holds the bucket lock and has checked the rules.
+    fn store_object(
+        &self,
+        guard: &mut BucketGuard<'_>,
+        current: Option<Current>,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        now_seconds: u32,
+    ) -> Result<Version, ObjectError> {
+        let version = match &current {
+            Some(current) => Version(current.version.0 + 1),
+            None => self.log.allocate_version(),
+        };
+        let prefix = ObjectPrefix::new(table, version, now_seconds, key, value);
+        let object =
+            AppendEntry { entry_type: EntryType::Object, pieces: [prefix.as_bytes(), key, value] };
+        let appended = match &current {
+            Some(current) => {
+                let tombstone = encode_tombstone(&TombstoneView {
+                    table,
+                    segment_id: self.log.segment_of(current.reference),
+                    object_version: current.version,
+                    timestamp: now_seconds,
+                    key,
+                });
+                let entries = [object, AppendEntry::new(EntryType::Tombstone, &tombstone)];
+                self.log.append(&entries, AppendPriority::Normal)
+            }
+            None => self.log.append(&[object], AppendPriority::Normal),
+        }
+        .map_err(append_error)?;
+        let reference = appended.references[0];
+        match current {
+            Some(current) => {
+                guard.replace(current.slot, reference.0);
+                self.log.free(current.reference);
+            }
+            None => {
+                guard.insert(reference.0);
+                self.objects_live.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(version)
+    }
+
+    /// Removes an object; returns the removed version, or 0 if it did not exist (and the rules
+    /// allowed that).
+    pub fn remove(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        rules: &RejectRules,
+        now_seconds: u32,
+    ) -> Result<Version, ObjectError> {
+        Self::check_key(key)?;
+        let mut guard = self.index.lock(hash.0);
+        let current = self.lookup(&guard, table, key);
+        check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
+        let Some(current) = current else {
+            return Ok(Version::NONEXISTENT);
+        };
+        let tombstone = encode_tombstone(&TombstoneView {
+            table,
+            segment_id: self.log.segment_of(current.reference),
+            object_version: current.version,
+            timestamp: now_seconds,
+            key,
+        });
+        self.log
+            .append(
+                &[AppendEntry::new(EntryType::Tombstone, &tombstone)],
+                AppendPriority::MayUseReserve,
+            )
+            .map_err(append_error)?;
+        // A re-created object must get a higher version than any it replaces.
+        self.log.raise_safe_version(Version(current.version.0 + 1));
+        guard.remove(current.slot);
+        self.log.free(current.reference);
+        self.objects_live.fetch_sub(1, Ordering::Relaxed);
+        Ok(current.version)
+    }
+
+    /// Adds `delta` to an 8-byte little-endian i64 value (a missing object counts as 0 and is
+    /// created). Returns the new version and value.
+    pub fn increment(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        delta: i64,
+        rules: &RejectRules,
+        now_seconds: u32,
+    ) -> Result<(Version, i64), ObjectError> {
+        Self::check_key(key)?;
+        let mut guard = self.index.lock(hash.0);
+        let current = self.lookup(&guard, table, key);
+        let current_version = current.as_ref().map_or(Version::NONEXISTENT, |c| c.version);
+        check_rules(rules, current_version)?;
+        let old_value = match &current {
+            None => 0,
+            Some(current) => {
+                let (_, content) = self.log.entry(current.reference);
+                let object = decode_object_unverified(&content).expect("corrupt object in the log");
+                let bytes: [u8; 8] = object
+                    .value
+                    .try_into()
+                    .map_err(|_| ObjectError::NotAnInteger { current: current_version })?;
+                i64::from_le_bytes(bytes)
+            }
+        };
+        let new_value = old_value
+            .checked_add(delta)
+            .ok_or(ObjectError::IncrementOverflow { current: current_version })?;
+        let version = self.store_object(
+            &mut guard,
+            current,
+            table,
+            key,
+            &new_value.to_le_bytes(),
+            now_seconds,
+        )?;
+        Ok((version, new_value))
+    }
+
+    /// Forgets every object of `table` whose key hash lies in `range`: removes it from the
+    /// index and counts its bytes dead (no tombstones: the tablet is gone from this master).
+    /// Returns how many objects were dropped.
+    pub fn drop_range(&self, table: TableId, range: HashRange) -> u64 {
+        let mut dropped = 0;
+        for bucket_index in 0..self.index.bucket_count() {
+            let mut freed = Vec::new();
+            dropped += self.index.retain_in_bucket(bucket_index, |reference| {
+                let (_, content) = self.log.entry(Reference(reference));
+                let object = decode_object_unverified(&content).expect("corrupt object in the log");
+                let drop = object.table == table
+                    && range.contains(stratus_types::key_hash(table, object.key));
+                if drop {
+                    freed.push(Reference(reference));
+                }
+                !drop
+            });
+            for reference in freed {
+                self.log.free(reference);
+            }
+        }
+        self.objects_live.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Totals for monitoring.
+    pub fn statistics(&self) -> StoreStatistics {
+        let log = self.log.statistics();
+        StoreStatistics {
+            log_bytes_total: log.log_bytes_total,
+            log_bytes_live: log.log_bytes_live,
+            log_bytes_allocated: log.log_bytes_allocated,
+            seglets_total: log.seglets_total,
+            seglets_free: log.seglets_free,
+            segments_in_log: log.segments_in_log,
+            objects_live: self.objects_live.load(Ordering::Relaxed),
+            safe_version: log.safe_version,
+            hash_table_buckets: self.index.bucket_count(),
+        }
+    }
+
+    /// The segment that currently holds the object of (`table`, `key`), if any (for tests and
+    /// diagnostics).
+    pub fn segment_of_object(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+    ) -> Option<SegmentId> {
+        let guard = self.index.lock(hash.0);
+        self.lookup(&guard, table, key).map(|current| self.log.segment_of(current.reference))
+    }
+}
+
+fn check_rules(rules: &RejectRules, current: Version) -> Result<(), ObjectError> {
+    rules.check(current).map_err(|reason| ObjectError::Rejected { reason, current })
+}
+
+fn append_error(error: AppendError) -> ObjectError {
+    match error {
+        AppendError::LogFull => ObjectError::LogFull,
+        // The store checks key and value sizes against limits that `StoreConfig::validate`
+        // proved fit in a segment, so this is unreachable unless those checks are broken.
+        AppendError::TooLarge => panic!("append larger than a segment passed the size checks"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,53 @@
+//! Every limit of the system, in one place, each with its reason. Related limits are tied
+//! together by compile-time assertions so a change to one cannot silently break another.
+
+/// Largest key, in bytes. Keys carry a 16-bit length on the wire and in the log.
+pub const KEY_BYTES_MAX: usize = 65_535;
+
+/// Default largest value, in bytes (1 MiB). RAMCloud's rule: at most a segment / 8, so that the
+/// cleaner can always pack survivors into segments with bounded tail waste.
+pub const VALUE_BYTES_MAX_DEFAULT: usize = 1 << 20;
+
+/// Default log segment size (8 MiB): large enough that a backup writes a whole segment in one
+/// sequential I/O, small enough that a digest of all segments stays small.
+pub const SEGMENT_BYTES_DEFAULT: usize = 8 << 20;
+
+/// Default seglet size (64 KiB): the unit of memory allocation inside segments; compaction frees
+/// memory in seglets.
+pub const SEGLET_BYTES_DEFAULT: usize = 64 << 10;
+
+/// Largest frame on the wire (header + body), in bytes. Must hold one maximum-size write
+/// (key + value + headers) with room to spare; a peer that announces a longer frame is cut off.
+pub const FRAME_BYTES_MAX: usize = 16 << 20;
+
+/// Largest table name, in bytes (UTF-8).
+pub const TABLE_NAME_BYTES_MAX: usize = 256;
+
+/// Largest server address string ("host:port"), in bytes.
+pub const SERVER_ADDRESS_BYTES_MAX: usize = 256;
+
+/// Largest number of items in one multi-operation request. Bounds the work one request can ask
+/// of a master; the client splits larger batches.
+pub const MULTI_OP_ITEMS_MAX: usize = 4_096;
+
+/// Largest number of masters a table can be spread over at creation.
+pub const SERVER_SPAN_MAX: u32 = 1_024;
+
+/// Most requests a client keeps outstanding on one connection (pipelining window).
+pub const REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX: usize = 1_024;
+
+/// Bytes of objects one enumeration response may carry; it always carries at least one object
+/// when one remains, so this must exceed the largest object.
+pub const ENUMERATE_RESPONSE_BYTES_MAX: usize = 4 << 20;
+
+/// Largest number of tables in a cluster (bounds the coordinator's state and LIST_TABLES).
+pub const TABLES_MAX: usize = 65_536;
+
+/// Largest number of servers in a cluster (bounds the server list and its RPC).
+pub const SERVERS_MAX: usize = 16_384;
+
+const _: () = assert!(VALUE_BYTES_MAX_DEFAULT <= SEGMENT_BYTES_DEFAULT / 8);
+const _: () = assert!(SEGMENT_BYTES_DEFAULT.is_multiple_of(SEGLET_BYTES_DEFAULT));
+const _: () = assert!(FRAME_BYTES_MAX > VALUE_BYTES_MAX_DEFAULT + KEY_BYTES_MAX + 4_096);
+const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX > VALUE_BYTES_MAX_DEFAULT + KEY_BYTES_MAX);
+const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX < FRAME_BYTES_MAX);

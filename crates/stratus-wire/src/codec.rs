@@ -1,0 +1,930 @@
+//! Request and response bodies: encoding into whole frames, and decoding bodies that arrive from
+//! the network.
+//!
+//! Decoding treats every byte as hostile: every read is bounds-checked, lengths are compared with
+//! the bytes actually present before anything is sliced, no list is pre-allocated beyond what the
+//! remaining bytes could hold, and every error is a [`DecodeError`], never a panic. Keys and
+//! values are zero-copy slices of the received body.
+//!
+//! Encoding trusts its caller (the caller validated the values, or built them itself), but still
+//! never panics and never produces a frame whose fields disagree with its length prefixes; see
+//! the notes on [`encode_request`].
+
+use std::fmt;
+
+use bytes::{Bytes, BytesMut};
+use stratus_types::limits::{
+    FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX,
+    TABLES_MAX, TABLE_NAME_BYTES_MAX,
+};
+use stratus_types::{HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+
+use crate::frame::{begin_frame, patch_length, FrameKind};
+use crate::message::{
+    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode,
+    ReadItemResult, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
+    TableEntry, TabletEntry, VersionItemResult, WriteItem,
+};
+use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
+use crate::status::Status;
+
+/// Longest error message an error body carries, in bytes; longer messages are cut at a
+/// character boundary by the encoder and refused by the decoder.
+pub const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// Bit of the reject-rules flags byte: reject if the object does not exist.
+const RULE_DOESNT_EXIST: u8 = 1 << 0;
+/// Bit of the reject-rules flags byte: reject if the object exists.
+const RULE_EXISTS: u8 = 1 << 1;
+/// Bit of the reject-rules flags byte: reject if the version is <= the given one.
+const RULE_VERSION_LE_GIVEN: u8 = 1 << 2;
+/// Bit of the reject-rules flags byte: reject if the version is != the given one.
+const RULE_VERSION_NE_GIVEN: u8 = 1 << 3;
+/// Every defined reject-rules bit.
+const RULES_KNOWN: u8 =
+    RULE_DOESNT_EXIST | RULE_EXISTS | RULE_VERSION_LE_GIVEN | RULE_VERSION_NE_GIVEN;
+
+/// Most tablets in one tablet map: every table spread as widely as allowed. The frame size
+/// bounds it much further in practice.
+const TABLETS_MAX: usize = TABLES_MAX * SERVER_SPAN_MAX as usize;
+
+/// Most objects in one enumeration response: as many of the smallest possible object (empty key
+/// and value) as fit in a frame.
+const ENUMERATED_OBJECTS_MAX: usize = FRAME_BYTES_MAX / (2 + 4 + 8);
+
+/// Why a body could not be decoded. The server answers with [`DecodeError::status`] and keeps the
+/// connection (the frame envelope was fine, only this request is bad).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The body ends in the middle of a field.
+    Truncated,
+    /// Bytes remain after the last field.
+    TrailingBytes,
+    /// The opcode is not one this version defines.
+    UnknownOpcode(u16),
+    /// A field holds a value outside its domain (the name says which field).
+    InvalidField(&'static str),
+    /// A list is longer than its limit.
+    TooManyItems {
+        /// The count on the wire.
+        count: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A string field is not valid UTF-8.
+    InvalidUtf8,
+}
+
+impl DecodeError {
+    /// The status a server answers with: UNIMPLEMENTED_REQUEST for an unknown opcode (a newer
+    /// client), REQUEST_FORMAT_ERROR for everything else.
+    pub fn status(&self) -> Status {
+        match self {
+            DecodeError::UnknownOpcode(_) => Status::UnimplementedRequest,
+            _ => Status::RequestFormatError,
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated => f.write_str("body is truncated"),
+            DecodeError::TrailingBytes => f.write_str("body has trailing bytes"),
+            DecodeError::UnknownOpcode(code) => write!(f, "unknown opcode {code}"),
+            DecodeError::InvalidField(field) => write!(f, "invalid {field}"),
+            DecodeError::TooManyItems { count, max } => {
+                write!(f, "list of {count} items exceeds the maximum of {max}")
+            }
+            DecodeError::InvalidUtf8 => f.write_str("string is not valid UTF-8"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// A decoded response body: the operation's body, or the error message that replaces it for
+/// statuses that do not carry one (see [`Status::carries_operation_body`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResponseBody {
+    /// The operation's own body.
+    Operation(Response),
+    /// An error body.
+    Error {
+        /// Human-readable detail (may be empty).
+        message: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole frames.
+
+/// Appends one whole request frame for `request`.
+///
+/// The caller is responsible for sizes: a frame over `FRAME_BYTES_MAX` is still written, and
+/// the server answers REQUEST_TOO_LARGE and closes the connection, so clients check sizes first.
+/// A key longer than 65 535 bytes is sent as the empty key (which every master refuses with
+/// INVALID_KEY) rather than cut to a different key; a name longer than 65 535 bytes is cut at a
+/// character boundary (still over the name limit, so refused).
+pub fn encode_request(out: &mut BytesMut, request_id: u64, request: &Request) {
+    let start = begin_frame(out, FrameKind::Request, request.opcode().code(), request_id, None);
+    encode_request_body(out, request);
+    patch_length(out, start);
+}
+
+/// Appends one whole response frame carrying the operation body `response`, with `status`
+/// (which must be one that carries an operation body). The opcode is taken from the variant.
+///
+/// If the frame would exceed `FRAME_BYTES_MAX`, it is replaced by an INTERNAL_ERROR error
+/// response for the same request, so the client gets an answer instead of a dropped connection.
+pub fn encode_response(out: &mut BytesMut, request_id: u64, status: Status, response: &Response) {
+    debug_assert!(status.carries_operation_body(), "{status:?} carries an error body");
+    let opcode = response.opcode();
+    let start = begin_frame(out, FrameKind::Response, opcode.code(), request_id, Some(status));
+    encode_response_body(out, response);
+    let total = patch_length(out, start);
+    if total > FRAME_BYTES_MAX {
+        out.truncate(start.position());
+        let message = format!(
+            "response of {total} bytes exceeds the maximum frame size of {FRAME_BYTES_MAX} bytes"
+        );
+        encode_error_response(out, request_id, opcode.code(), Status::InternalError, &message);
+    }
+}
+
+/// Appends one whole response frame with an error body: `message` (cut at a character boundary
+/// to [`ERROR_MESSAGE_BYTES_MAX`] bytes). `opcode_code` is raw so an unknown opcode can be echoed.
+pub fn encode_error_response(
+    out: &mut BytesMut,
+    request_id: u64,
+    opcode_code: u16,
+    status: Status,
+    message: &str,
+) {
+    let start = begin_frame(out, FrameKind::Response, opcode_code, request_id, Some(status));
+    put_string(out, truncate_at_char_boundary(message, ERROR_MESSAGE_BYTES_MAX));
+    patch_length(out, start);
+}
+
+/// Decodes a request body (the bytes after the request header). Keys and values in the result
+/// are slices of `body`, not copies.
+pub fn decode_request(opcode_code: u16, body: Bytes) -> Result<Request, DecodeError> {
+    let opcode = Opcode::from_code(opcode_code).ok_or(DecodeError::UnknownOpcode(opcode_code))?;
+    let mut reader = Reader::new(body);
+    let request = decode_request_body(opcode, &mut reader)?;
+    reader.finish()?;
+    Ok(request)
+}
+
+/// Decodes a response body (the bytes after the response header) for a request with `opcode`
+/// that was answered with `status`.
+pub fn decode_response(
+    opcode: Opcode,
+    status: Status,
+    body: Bytes,
+) -> Result<ResponseBody, DecodeError> {
+    let mut reader = Reader::new(body);
+    let decoded = if status.carries_operation_body() {
+        ResponseBody::Operation(decode_response_body(opcode, &mut reader)?)
+    } else {
+        let message = reader.string(ERROR_MESSAGE_BYTES_MAX, "error message")?;
+        ResponseBody::Error { message }
+    };
+    reader.finish()?;
+    Ok(decoded)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bodies: encoding.
+
+fn encode_request_body(out: &mut BytesMut, request: &Request) {
+    match request {
+        Request::Ping
+        | Request::GetServerList
+        | Request::ListTables
+        | Request::GetServerStatistics => {}
+        Request::EnlistServer { address, services } => {
+            put_string(out, address);
+            put_u32(out, services.0);
+        }
+        Request::CreateTable { name, server_span } => {
+            put_string(out, name);
+            put_u32(out, *server_span);
+        }
+        Request::DropTable { name } | Request::GetTableId { name } => put_string(out, name),
+        Request::GetTabletMap { table_id } => put_u64(out, table_id.0),
+        Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
+            put_key_item(out, *table_id, key, rules);
+        }
+        Request::Write { table_id, key, value, rules } => {
+            put_u64(out, table_id.0);
+            put_key(out, key);
+            put_value(out, value);
+            put_rules(out, rules);
+        }
+        Request::Increment { table_id, key, delta, rules } => {
+            put_u64(out, table_id.0);
+            put_key(out, key);
+            put_i64(out, *delta);
+            put_rules(out, rules);
+        }
+        Request::MultiRead { items } | Request::MultiRemove { items } => {
+            put_count(out, items.len());
+            for item in items {
+                put_key_item(out, item.table_id, &item.key, &item.rules);
+            }
+        }
+        Request::MultiWrite { items } => {
+            put_count(out, items.len());
+            for item in items {
+                put_u64(out, item.table_id.0);
+                put_key(out, &item.key);
+                put_value(out, &item.value);
+                put_rules(out, &item.rules);
+            }
+        }
+        Request::MultiIncrement { items } => {
+            put_count(out, items.len());
+            for item in items {
+                put_u64(out, item.table_id.0);
+                put_key(out, &item.key);
+                put_i64(out, item.delta);
+                put_rules(out, &item.rules);
+            }
+        }
+        Request::Enumerate { table_id, range, cursor, bytes_max } => {
+            put_u64(out, table_id.0);
+            put_range(out, range);
+            put_cursor(out, cursor);
+            put_u32(out, *bytes_max);
+        }
+        Request::TakeTabletOwnership { table_id, range }
+        | Request::DropTabletOwnership { table_id, range } => {
+            put_u64(out, table_id.0);
+            put_range(out, range);
+        }
+    }
+}
+
+fn encode_response_body(out: &mut BytesMut, response: &Response) {
+    match response {
+        Response::Ping
+        | Response::DropTable
+        | Response::TakeTabletOwnership
+        | Response::DropTabletOwnership => {}
+        Response::EnlistServer { server_id } => put_u64(out, server_id.0),
+        Response::GetServerList { servers } => {
+            put_count(out, servers.len());
+            for server in servers {
+                put_u64(out, server.server_id.0);
+                put_string(out, &server.address);
+                put_u32(out, server.services.0);
+                put_u8(out, server_status_code(server.status));
+            }
+        }
+        Response::CreateTable { table_id } | Response::GetTableId { table_id } => {
+            put_u64(out, table_id.0);
+        }
+        Response::ListTables { tables } => {
+            put_count(out, tables.len());
+            for table in tables {
+                put_string(out, &table.name);
+                put_u64(out, table.table_id.0);
+                put_u32(out, table.tablet_count);
+            }
+        }
+        Response::GetTabletMap { tablets } => {
+            put_count(out, tablets.len());
+            for tablet in tablets {
+                put_u64(out, tablet.table_id.0);
+                put_range(out, &tablet.range);
+                put_u64(out, tablet.owner.0);
+                put_string(out, &tablet.owner_address);
+                put_u8(out, tablet_state_code(tablet.state));
+            }
+        }
+        Response::Read { version, value } => {
+            put_version(out, *version);
+            put_value(out, value);
+        }
+        Response::Write { version } | Response::Remove { version } => put_version(out, *version),
+        Response::Increment { version, value } => {
+            put_version(out, *version);
+            put_i64(out, *value);
+        }
+        Response::MultiRead { results } => {
+            put_count(out, results.len());
+            for result in results {
+                put_u16(out, result.status.code());
+                put_version(out, result.version);
+                put_value(out, &result.value);
+            }
+        }
+        Response::MultiWrite { results } | Response::MultiRemove { results } => {
+            put_count(out, results.len());
+            for result in results {
+                put_u16(out, result.status.code());
+                put_version(out, result.version);
+            }
+        }
+        Response::MultiIncrement { results } => {
+            put_count(out, results.len());
+            for result in results {
+                put_u16(out, result.status.code());
+                put_version(out, result.version);
+                put_i64(out, result.value);
+            }
+        }
+        Response::Enumerate { objects, next } => {
+            put_count(out, objects.len());
+            for object in objects {
+                put_key(out, &object.key);
+                put_value(out, &object.value);
+                put_version(out, object.version);
+            }
+            match next {
+                None => put_u8(out, 0),
+                Some(cursor) => {
+                    put_u8(out, 1);
+                    put_cursor(out, cursor);
+                }
+            }
+        }
+        Response::GetServerStatistics { statistics } => {
+            let ServerStatistics {
+                server_id,
+                log_bytes_total,
+                log_bytes_live,
+                log_bytes_allocated,
+                seglets_total,
+                seglets_free,
+                segments_in_log,
+                objects_live,
+                tablets_owned,
+                requests_served,
+            } = statistics;
+            put_u64(out, server_id.0);
+            for field in [
+                log_bytes_total,
+                log_bytes_live,
+                log_bytes_allocated,
+                seglets_total,
+                seglets_free,
+                segments_in_log,
+                objects_live,
+            ] {
+                put_u64(out, *field);
+            }
+            put_u32(out, *tablets_owned);
+            put_u64(out, *requests_served);
+        }
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn truncate_at_char_boundary(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    // Index 0 is always a boundary, so the search always succeeds.
+    let end = (0..=max).rev().find(|&index| text.is_char_boundary(index)).unwrap_or(0);
+    text.get(..end).unwrap_or("")
+}
+
+/// u16 length + UTF-8. Strings longer than a u16 can count are cut (see [`encode_request`]).
+fn put_string(out: &mut BytesMut, text: &str) {
+    let text = truncate_at_char_boundary(text, usize::from(u16::MAX));
+    // Fits: cut to u16::MAX above.
+    put_u16(out, text.len() as u16);
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// u16 length + bytes. A key too long for its prefix is sent empty (see [`encode_request`]).
+fn put_key(out: &mut BytesMut, key: &[u8]) {
+    match u16::try_from(key.len()) {
+        Ok(length) => {
+            put_u16(out, length);
+            out.extend_from_slice(key);
+        }
+        Err(_) => put_u16(out, 0),
+    }
+}
+
+/// u32 length + bytes. A value over 4 GiB cannot be in a legal frame; it is cut so the prefix
+/// stays consistent, and the frame is refused by its size.
+fn put_value(out: &mut BytesMut, value: &[u8]) {
+    let length = u32::try_from(value.len()).unwrap_or(u32::MAX);
+    put_u32(out, length);
+    out.extend_from_slice(value.get(..length as usize).unwrap_or(value));
+}
+
+/// u32 item count (saturating; such a list is far over the frame limit).
+fn put_count(out: &mut BytesMut, count: usize) {
+    put_u32(out, u32::try_from(count).unwrap_or(u32::MAX));
+}
+
+fn put_rules(out: &mut BytesMut, rules: &RejectRules) {
+    put_version(out, rules.given_version);
+    let mut flags = 0;
+    if rules.doesnt_exist {
+        flags |= RULE_DOESNT_EXIST;
+    }
+    if rules.exists {
+        flags |= RULE_EXISTS;
+    }
+    if rules.version_le_given {
+        flags |= RULE_VERSION_LE_GIVEN;
+    }
+    if rules.version_ne_given {
+        flags |= RULE_VERSION_NE_GIVEN;
+    }
+    put_u8(out, flags);
+}
+
+fn put_key_item(out: &mut BytesMut, table_id: TableId, key: &[u8], rules: &RejectRules) {
+    put_u64(out, table_id.0);
+    put_key(out, key);
+    put_rules(out, rules);
+}
+
+fn put_range(out: &mut BytesMut, range: &HashRange) {
+    put_u64(out, range.start);
+    put_u64(out, range.end);
+}
+
+fn put_cursor(out: &mut BytesMut, cursor: &EnumerationCursor) {
+    put_u64(out, cursor.reversed_hash);
+    match &cursor.after_key {
+        None => put_u8(out, 0),
+        Some(key) => {
+            put_u8(out, 1);
+            put_key(out, key);
+        }
+    }
+}
+
+fn server_status_code(status: ServerStatus) -> u8 {
+    status as u8
+}
+
+fn tablet_state_code(state: TabletState) -> u8 {
+    match state {
+        TabletState::Normal => 0,
+        TabletState::Recovering => 1,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bodies: decoding.
+
+/// A bounds-checked cursor over a received body.
+struct Reader {
+    body: Bytes,
+    position: usize,
+}
+
+impl Reader {
+    fn new(body: Bytes) -> Reader {
+        Reader { body, position: 0 }
+    }
+
+    fn remaining(&self) -> usize {
+        self.body.len().saturating_sub(self.position)
+    }
+
+    /// The next `length` bytes as a zero-copy slice of the body.
+    fn bytes(&mut self, length: usize) -> Result<Bytes, DecodeError> {
+        if length > self.remaining() {
+            return Err(DecodeError::Truncated);
+        }
+        // In range: position + length <= body.len().
+        let end = self.position + length;
+        let bytes = self.body.slice(self.position..end);
+        self.position = end;
+        Ok(bytes)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let end = self.position.checked_add(N).ok_or(DecodeError::Truncated)?;
+        let array = self
+            .body
+            .get(self.position..end)
+            .and_then(|slice| <[u8; N]>::try_from(slice).ok())
+            .ok_or(DecodeError::Truncated)?;
+        self.position = end;
+        Ok(array)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        let [byte] = self.array::<1>()?;
+        Ok(byte)
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        self.array().map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        self.array().map(u64::from_le_bytes)
+    }
+
+    fn i64(&mut self) -> Result<i64, DecodeError> {
+        self.array().map(i64::from_le_bytes)
+    }
+
+    fn version(&mut self) -> Result<Version, DecodeError> {
+        self.u64().map(Version)
+    }
+
+    fn table_id(&mut self) -> Result<TableId, DecodeError> {
+        self.u64().map(TableId)
+    }
+
+    fn server_id(&mut self) -> Result<ServerId, DecodeError> {
+        self.u64().map(ServerId)
+    }
+
+    /// u16 length + UTF-8, at most `max` bytes.
+    fn string(&mut self, max: usize, field: &'static str) -> Result<String, DecodeError> {
+        let length = usize::from(self.u16()?);
+        let bytes = self.bytes(length)?;
+        // Checked after reading, so a truncated body reports Truncated, not a length error.
+        if length > max {
+            return Err(DecodeError::InvalidField(field));
+        }
+        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::InvalidUtf8)
+    }
+
+    /// u16 length + bytes (empty allowed: the master answers INVALID_KEY).
+    fn key(&mut self) -> Result<Bytes, DecodeError> {
+        let length = usize::from(self.u16()?);
+        self.bytes(length)
+    }
+
+    /// u32 length + bytes (the master checks its configured maximum).
+    fn value(&mut self) -> Result<Bytes, DecodeError> {
+        let length = usize::try_from(self.u32()?).map_err(|_| DecodeError::Truncated)?;
+        self.bytes(length)
+    }
+
+    fn rules(&mut self) -> Result<RejectRules, DecodeError> {
+        let given_version = self.version()?;
+        let flags = self.u8()?;
+        if flags & !RULES_KNOWN != 0 {
+            return Err(DecodeError::InvalidField("reject rules flags"));
+        }
+        Ok(RejectRules {
+            given_version,
+            doesnt_exist: flags & RULE_DOESNT_EXIST != 0,
+            exists: flags & RULE_EXISTS != 0,
+            version_le_given: flags & RULE_VERSION_LE_GIVEN != 0,
+            version_ne_given: flags & RULE_VERSION_NE_GIVEN != 0,
+        })
+    }
+
+    fn range(&mut self) -> Result<HashRange, DecodeError> {
+        let start = self.u64()?;
+        let end = self.u64()?;
+        HashRange::new(start, end).ok_or(DecodeError::InvalidField("hash range"))
+    }
+
+    fn cursor(&mut self) -> Result<EnumerationCursor, DecodeError> {
+        let reversed_hash = self.u64()?;
+        let after_key = match self.u8()? {
+            0 => None,
+            1 => Some(self.key()?),
+            _ => return Err(DecodeError::InvalidField("cursor key flag")),
+        };
+        Ok(EnumerationCursor { reversed_hash, after_key })
+    }
+
+    fn status(&mut self) -> Result<Status, DecodeError> {
+        let code = self.u16()?;
+        Status::from_code(code).ok_or(DecodeError::InvalidField("status"))
+    }
+
+    fn services(&mut self) -> Result<ServiceMask, DecodeError> {
+        let bits = self.u32()?;
+        if bits & !ServiceMask::KNOWN != 0 {
+            return Err(DecodeError::InvalidField("service mask"));
+        }
+        Ok(ServiceMask(bits))
+    }
+
+    fn server_status(&mut self) -> Result<ServerStatus, DecodeError> {
+        match self.u8()? {
+            0 => Ok(ServerStatus::Up),
+            1 => Ok(ServerStatus::Crashed),
+            2 => Ok(ServerStatus::Removed),
+            _ => Err(DecodeError::InvalidField("server status")),
+        }
+    }
+
+    fn tablet_state(&mut self) -> Result<TabletState, DecodeError> {
+        match self.u8()? {
+            0 => Ok(TabletState::Normal),
+            1 => Ok(TabletState::Recovering),
+            _ => Err(DecodeError::InvalidField("tablet state")),
+        }
+    }
+
+    /// A u32 count then that many items. Refuses counts over `max`; pre-allocates no more items
+    /// than the remaining bytes could hold at `item_bytes_min` each, so a lying count costs
+    /// nothing.
+    fn list<T>(
+        &mut self,
+        max: usize,
+        item_bytes_min: usize,
+        mut item: impl FnMut(&mut Reader) -> Result<T, DecodeError>,
+    ) -> Result<Vec<T>, DecodeError> {
+        let count = self.u32()?;
+        if u64::from(count) > max as u64 {
+            return Err(DecodeError::TooManyItems { count: u64::from(count), max: max as u64 });
+        }
+        let count = count as usize;
+        let affordable = self.remaining() / item_bytes_min.max(1);
+        let mut items = Vec::with_capacity(count.min(affordable));
+        for _ in 0..count {
+            items.push(item(self)?);
+        }
+        Ok(items)
+    }
+
+    fn finish(self) -> Result<(), DecodeError> {
+        if self.remaining() == 0 {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes)
+        }
+    }
+}
+
+/// Smallest encodings of list items, for bounding pre-allocation.
+const KEY_ITEM_BYTES_MIN: usize = 8 + 2 + 9;
+const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9;
+const INCREMENT_ITEM_BYTES_MIN: usize = 8 + 2 + 8 + 9;
+const SERVER_ENTRY_BYTES_MIN: usize = 8 + 2 + 4 + 1;
+const TABLE_ENTRY_BYTES_MIN: usize = 2 + 8 + 4;
+const TABLET_ENTRY_BYTES_MIN: usize = 8 + 16 + 8 + 2 + 1;
+const READ_RESULT_BYTES_MIN: usize = 2 + 8 + 4;
+const VERSION_RESULT_BYTES_MIN: usize = 2 + 8;
+const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
+const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8;
+
+fn key_item(reader: &mut Reader) -> Result<KeyItem, DecodeError> {
+    Ok(KeyItem { table_id: reader.table_id()?, key: reader.key()?, rules: reader.rules()? })
+}
+
+fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, DecodeError> {
+    Ok(match opcode {
+        Opcode::Ping => Request::Ping,
+        Opcode::EnlistServer => Request::EnlistServer {
+            address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
+            services: reader.services()?,
+        },
+        Opcode::GetServerList => Request::GetServerList,
+        Opcode::CreateTable => Request::CreateTable {
+            name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
+            server_span: reader.u32()?,
+        },
+        Opcode::DropTable => {
+            Request::DropTable { name: reader.string(TABLE_NAME_BYTES_MAX, "table name")? }
+        }
+        Opcode::GetTableId => {
+            Request::GetTableId { name: reader.string(TABLE_NAME_BYTES_MAX, "table name")? }
+        }
+        Opcode::ListTables => Request::ListTables,
+        Opcode::GetTabletMap => Request::GetTabletMap { table_id: reader.table_id()? },
+        Opcode::Read => {
+            let KeyItem { table_id, key, rules } = key_item(reader)?;
+            Request::Read { table_id, key, rules }
+        }
+        Opcode::Write => Request::Write {
+            table_id: reader.table_id()?,
+            key: reader.key()?,
+            value: reader.value()?,
+            rules: reader.rules()?,
+        },
+        Opcode::Remove => {
+            let KeyItem { table_id, key, rules } = key_item(reader)?;
+            Request::Remove { table_id, key, rules }
+        }
+        Opcode::Increment => Request::Increment {
+            table_id: reader.table_id()?,
+            key: reader.key()?,
+            delta: reader.i64()?,
+            rules: reader.rules()?,
+        },
+        Opcode::MultiRead => Request::MultiRead {
+            items: reader.list(MULTI_OP_ITEMS_MAX, KEY_ITEM_BYTES_MIN, key_item)?,
+        },
+        Opcode::MultiWrite => Request::MultiWrite {
+            items: reader.list(MULTI_OP_ITEMS_MAX, WRITE_ITEM_BYTES_MIN, |reader| {
+                Ok(WriteItem {
+                    table_id: reader.table_id()?,
+                    key: reader.key()?,
+                    value: reader.value()?,
+                    rules: reader.rules()?,
+                })
+            })?,
+        },
+        Opcode::MultiRemove => Request::MultiRemove {
+            items: reader.list(MULTI_OP_ITEMS_MAX, KEY_ITEM_BYTES_MIN, key_item)?,
+        },
+        Opcode::MultiIncrement => Request::MultiIncrement {
+            items: reader.list(MULTI_OP_ITEMS_MAX, INCREMENT_ITEM_BYTES_MIN, |reader| {
+                Ok(IncrementItem {
+                    table_id: reader.table_id()?,
+                    key: reader.key()?,
+                    delta: reader.i64()?,
+                    rules: reader.rules()?,
+                })
+            })?,
+        },
+        Opcode::Enumerate => Request::Enumerate {
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            cursor: reader.cursor()?,
+            bytes_max: reader.u32()?,
+        },
+        Opcode::TakeTabletOwnership => {
+            Request::TakeTabletOwnership { table_id: reader.table_id()?, range: reader.range()? }
+        }
+        Opcode::DropTabletOwnership => {
+            Request::DropTabletOwnership { table_id: reader.table_id()?, range: reader.range()? }
+        }
+        Opcode::GetServerStatistics => Request::GetServerStatistics,
+    })
+}
+
+fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response, DecodeError> {
+    Ok(match opcode {
+        Opcode::Ping => Response::Ping,
+        Opcode::EnlistServer => Response::EnlistServer { server_id: reader.server_id()? },
+        Opcode::GetServerList => Response::GetServerList {
+            servers: reader.list(SERVERS_MAX, SERVER_ENTRY_BYTES_MIN, |reader| {
+                Ok(ServerEntry {
+                    server_id: reader.server_id()?,
+                    address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
+                    services: reader.services()?,
+                    status: reader.server_status()?,
+                })
+            })?,
+        },
+        Opcode::CreateTable => Response::CreateTable { table_id: reader.table_id()? },
+        Opcode::DropTable => Response::DropTable,
+        Opcode::GetTableId => Response::GetTableId { table_id: reader.table_id()? },
+        Opcode::ListTables => Response::ListTables {
+            tables: reader.list(TABLES_MAX, TABLE_ENTRY_BYTES_MIN, |reader| {
+                Ok(TableEntry {
+                    name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
+                    table_id: reader.table_id()?,
+                    tablet_count: reader.u32()?,
+                })
+            })?,
+        },
+        Opcode::GetTabletMap => Response::GetTabletMap {
+            tablets: reader.list(TABLETS_MAX, TABLET_ENTRY_BYTES_MIN, |reader| {
+                Ok(TabletEntry {
+                    table_id: reader.table_id()?,
+                    range: reader.range()?,
+                    owner: reader.server_id()?,
+                    owner_address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
+                    state: reader.tablet_state()?,
+                })
+            })?,
+        },
+        Opcode::Read => Response::Read { version: reader.version()?, value: reader.value()? },
+        Opcode::Write => Response::Write { version: reader.version()? },
+        Opcode::Remove => Response::Remove { version: reader.version()? },
+        Opcode::Increment => {
+            Response::Increment { version: reader.version()?, value: reader.i64()? }
+        }
+        Opcode::MultiRead => Response::MultiRead {
+            results: reader.list(MULTI_OP_ITEMS_MAX, READ_RESULT_BYTES_MIN, |reader| {
+                Ok(ReadItemResult {
+                    status: reader.status()?,
+                    version: reader.version()?,
+                    value: reader.value()?,
+                })
+            })?,
+        },
+        Opcode::MultiWrite => Response::MultiWrite { results: version_results(reader)? },
+        Opcode::MultiRemove => Response::MultiRemove { results: version_results(reader)? },
+        Opcode::MultiIncrement => Response::MultiIncrement {
+            results: reader.list(MULTI_OP_ITEMS_MAX, INCREMENT_RESULT_BYTES_MIN, |reader| {
+                Ok(IncrementItemResult {
+                    status: reader.status()?,
+                    version: reader.version()?,
+                    value: reader.i64()?,
+                })
+            })?,
+        },
+        Opcode::Enumerate => Response::Enumerate {
+            objects: reader.list(
+                ENUMERATED_OBJECTS_MAX,
+                ENUMERATED_OBJECT_BYTES_MIN,
+                |reader| {
+                    Ok(EnumeratedObject {
+                        key: reader.key()?,
+                        value: reader.value()?,
+                        version: reader.version()?,
+                    })
+                },
+            )?,
+            next: match reader.u8()? {
+                0 => None,
+                1 => Some(reader.cursor()?),
+                _ => return Err(DecodeError::InvalidField("next cursor flag")),
+            },
+        },
+        Opcode::TakeTabletOwnership => Response::TakeTabletOwnership,
+        Opcode::DropTabletOwnership => Response::DropTabletOwnership,
+        Opcode::GetServerStatistics => Response::GetServerStatistics {
+            statistics: ServerStatistics {
+                server_id: reader.server_id()?,
+                log_bytes_total: reader.u64()?,
+                log_bytes_live: reader.u64()?,
+                log_bytes_allocated: reader.u64()?,
+                seglets_total: reader.u64()?,
+                seglets_free: reader.u64()?,
+                segments_in_log: reader.u64()?,
+                objects_live: reader.u64()?,
+                tablets_owned: reader.u32()?,
+                requests_served: reader.u64()?,
+            },
+        },
+    })
+}
+
+fn version_results(reader: &mut Reader) -> Result<Vec<VersionItemResult>, DecodeError> {
+    reader.list(MULTI_OP_ITEMS_MAX, VERSION_RESULT_BYTES_MIN, |reader| {
+        Ok(VersionItemResult { status: reader.status()?, version: reader.version()? })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncates_messages_at_char_boundaries() {
+        assert_eq!(truncate_at_char_boundary("héllo", 2), "h");
+        assert_eq!(truncate_at_char_boundary("héllo", 3), "hé");
+        assert_eq!(truncate_at_char_boundary("abc", 10), "abc");
+        let long = "é".repeat(1000);
+        let mut out = BytesMut::new();
+        encode_error_response(&mut out, 1, 30, Status::InternalError, &long);
+        let body = Bytes::copy_from_slice(&out[crate::RESPONSE_HEADER_BYTES..]);
+        match decode_response(Opcode::Read, Status::InternalError, body).unwrap() {
+            ResponseBody::Error { message } => assert_eq!(message, "é".repeat(512)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lying_counts_do_not_allocate() {
+        // 4 billion items announced, none present: refused for the limit or for truncation,
+        // without reserving memory for the claim.
+        let body = Bytes::from_static(&[0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(
+            decode_request(Opcode::MultiRead.code(), body.clone()),
+            Err(DecodeError::TooManyItems { count: u64::from(u32::MAX), max: 4096 })
+        );
+        let body = Bytes::from_static(&[0x00, 0x10, 0x00, 0x00]);
+        assert_eq!(decode_request(Opcode::MultiRead.code(), body), Err(DecodeError::Truncated));
+        let body = Bytes::from_static(&[0x00, 0x00, 0x10, 0x00, 0]);
+        assert_eq!(
+            decode_response(Opcode::Enumerate, Status::Ok, body),
+            Err(DecodeError::Truncated)
+        );
+    }
+
+    #[test]
+    fn over_long_key_is_sent_empty() {
+        let key = Bytes::from(vec![b'k'; 65_536]);
+        let request = Request::Read { table_id: TableId(1), key, rules: RejectRules::NONE };
+        let mut out = BytesMut::new();
+        encode_request(&mut out, 1, &request);
+        let body = Bytes::copy_from_slice(&out[crate::REQUEST_HEADER_BYTES..]);
+        match decode_request(Opcode::Read.code(), body).unwrap() {
+            Request::Read { key, .. } => assert!(key.is_empty()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn oversized_response_becomes_internal_error() {
+        let value = Bytes::from(vec![0u8; FRAME_BYTES_MAX]);
+        let mut out = BytesMut::new();
+        encode_response(&mut out, 5, Status::Ok, &Response::Read { version: Version(1), value });
+        let header = crate::decode_frame_header(&out).unwrap();
+        assert_eq!(header.status, Status::InternalError);
+        assert_eq!(header.request_id, 5);
+        assert_eq!(crate::frame_length(&out).unwrap(), Some(out.len()));
+    }
+}

@@ -1,0 +1,565 @@
+//! Every RPC's request and response body, as Rust types. Byte layouts are in
+//! docs/design/wire-protocol.md and implemented in `codec.rs`.
+//!
+//! Keys and values are `Bytes` so a decoded request borrows the received frame instead of
+//! copying it.
+
+use bytes::Bytes;
+use stratus_types::{HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+
+use crate::status::Status;
+
+/// Operation codes. On the wire: a little-endian u16. Never renumber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Opcode {
+    /// Liveness check, served by every role.
+    Ping = 1,
+    /// Coordinator: a server joins the cluster and receives its id.
+    EnlistServer = 10,
+    /// Coordinator: the list of servers.
+    GetServerList = 11,
+    /// Coordinator: create a table spread over `server_span` masters.
+    CreateTable = 12,
+    /// Coordinator: drop a table and all its objects.
+    DropTable = 13,
+    /// Coordinator: resolve a table name to its id.
+    GetTableId = 14,
+    /// Coordinator: every table.
+    ListTables = 15,
+    /// Coordinator: the tablets of one table (or of all tables).
+    GetTabletMap = 16,
+    /// Master: read one object.
+    Read = 30,
+    /// Master: write one object.
+    Write = 31,
+    /// Master: remove one object.
+    Remove = 32,
+    /// Master: add to an 8-byte integer object.
+    Increment = 33,
+    /// Master: read several objects.
+    MultiRead = 34,
+    /// Master: write several objects.
+    MultiWrite = 35,
+    /// Master: remove several objects.
+    MultiRemove = 36,
+    /// Master: increment several objects.
+    MultiIncrement = 37,
+    /// Master: the next batch of a table enumeration.
+    Enumerate = 38,
+    /// Master (from the coordinator): start serving a tablet.
+    TakeTabletOwnership = 40,
+    /// Master (from the coordinator): stop serving a tablet and drop its objects.
+    DropTabletOwnership = 41,
+    /// Master: statistics for `stratus status`.
+    GetServerStatistics = 42,
+}
+
+impl Opcode {
+    /// Every opcode.
+    pub const ALL: [Opcode; 20] = [
+        Opcode::Ping,
+        Opcode::EnlistServer,
+        Opcode::GetServerList,
+        Opcode::CreateTable,
+        Opcode::DropTable,
+        Opcode::GetTableId,
+        Opcode::ListTables,
+        Opcode::GetTabletMap,
+        Opcode::Read,
+        Opcode::Write,
+        Opcode::Remove,
+        Opcode::Increment,
+        Opcode::MultiRead,
+        Opcode::MultiWrite,
+        Opcode::MultiRemove,
+        Opcode::MultiIncrement,
+        Opcode::Enumerate,
+        Opcode::TakeTabletOwnership,
+        Opcode::DropTabletOwnership,
+        Opcode::GetServerStatistics,
+    ];
+
+    /// The wire code.
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// The opcode for a wire code, if it is one.
+    pub fn from_code(code: u16) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|opcode| opcode.code() == code)
+    }
+}
+
+/// Services a server runs; a bit mask on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceMask(pub u32);
+
+impl ServiceMask {
+    /// The master service (stores objects).
+    pub const MASTER: u32 = 1;
+    /// The backup service (stores other masters' segment replicas).
+    pub const BACKUP: u32 = 2;
+    /// Every bit that has a meaning; others must be zero.
+    pub const KNOWN: u32 = Self::MASTER | Self::BACKUP;
+
+    /// True if the master bit is set.
+    pub fn has_master(self) -> bool {
+        self.0 & Self::MASTER != 0
+    }
+
+    /// True if the backup bit is set.
+    pub fn has_backup(self) -> bool {
+        self.0 & Self::BACKUP != 0
+    }
+}
+
+/// A server's state in the coordinator's server list. On the wire: u8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ServerStatus {
+    /// Enlisted and believed alive.
+    Up = 0,
+    /// Declared crashed; its tablets are being recovered.
+    Crashed = 1,
+    /// Removed from the cluster for good.
+    Removed = 2,
+}
+
+/// One entry of the server list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerEntry {
+    /// The server's id.
+    pub server_id: ServerId,
+    /// Where it listens, "host:port".
+    pub address: String,
+    /// Which services it runs.
+    pub services: ServiceMask,
+    /// Its state.
+    pub status: ServerStatus,
+}
+
+/// One table, as listed by the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableEntry {
+    /// The table's name.
+    pub name: String,
+    /// The table's id.
+    pub table_id: TableId,
+    /// How many tablets it has.
+    pub tablet_count: u32,
+}
+
+/// One tablet of the tablet map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TabletEntry {
+    /// The table it belongs to.
+    pub table_id: TableId,
+    /// Its key-hash range.
+    pub range: HashRange,
+    /// The master serving it.
+    pub owner: ServerId,
+    /// The owner's address, "host:port".
+    pub owner_address: String,
+    /// Normal or recovering. On the wire: u8, 0 = normal, 1 = recovering.
+    pub state: TabletState,
+}
+
+/// Where an enumeration resumes within one hash range. Objects are enumerated in ascending order
+/// of their *bit-reversed* key hash (then key bytes), an order that does not depend on the
+/// master's hash-table size, so a cursor stays valid when a tablet moves.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct EnumerationCursor {
+    /// Resume at objects whose bit-reversed key hash is >= this.
+    pub reversed_hash: u64,
+    /// If present, skip objects whose bit-reversed hash equals `reversed_hash` and whose key is
+    /// <= this key (they were already returned).
+    pub after_key: Option<Bytes>,
+}
+
+/// One object returned by enumeration or multi-read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnumeratedObject {
+    /// The key.
+    pub key: Bytes,
+    /// The value.
+    pub value: Bytes,
+    /// The version.
+    pub version: Version,
+}
+
+/// An item of a MULTI_READ or MULTI_REMOVE request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyItem {
+    /// Table.
+    pub table_id: TableId,
+    /// Key.
+    pub key: Bytes,
+    /// Conditions.
+    pub rules: RejectRules,
+}
+
+/// An item of a MULTI_WRITE request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteItem {
+    /// Table.
+    pub table_id: TableId,
+    /// Key.
+    pub key: Bytes,
+    /// Value.
+    pub value: Bytes,
+    /// Conditions.
+    pub rules: RejectRules,
+}
+
+/// An item of a MULTI_INCREMENT request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IncrementItem {
+    /// Table.
+    pub table_id: TableId,
+    /// Key.
+    pub key: Bytes,
+    /// Amount to add (wrapping on overflow is refused: see the master).
+    pub delta: i64,
+    /// Conditions.
+    pub rules: RejectRules,
+}
+
+/// Per-item result of MULTI_READ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadItemResult {
+    /// The item's status.
+    pub status: Status,
+    /// Current version (0 if missing).
+    pub version: Version,
+    /// The value (empty unless status is OK).
+    pub value: Bytes,
+}
+
+/// Per-item result of MULTI_WRITE and MULTI_REMOVE.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionItemResult {
+    /// The item's status.
+    pub status: Status,
+    /// The new version (write), the removed version (remove), or the current version on
+    /// rejection.
+    pub version: Version,
+}
+
+/// Per-item result of MULTI_INCREMENT.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IncrementItemResult {
+    /// The item's status.
+    pub status: Status,
+    /// The new version, or the current one on rejection.
+    pub version: Version,
+    /// The value after the increment (0 unless status is OK).
+    pub value: i64,
+}
+
+/// Statistics a master reports for `stratus status`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ServerStatistics {
+    /// The reporting server.
+    pub server_id: ServerId,
+    /// Bytes of the log region.
+    pub log_bytes_total: u64,
+    /// Bytes held by live log entries (objects and live tombstones).
+    pub log_bytes_live: u64,
+    /// Bytes in allocated seglets.
+    pub log_bytes_allocated: u64,
+    /// Number of seglets.
+    pub seglets_total: u64,
+    /// Seglets not allocated to any segment.
+    pub seglets_free: u64,
+    /// Segments in the log.
+    pub segments_in_log: u64,
+    /// Live objects.
+    pub objects_live: u64,
+    /// Tablets this master owns.
+    pub tablets_owned: u32,
+    /// Requests served since start.
+    pub requests_served: u64,
+}
+
+/// A request body, one variant per opcode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// PING.
+    Ping,
+    /// ENLIST_SERVER.
+    EnlistServer {
+        /// Address the server listens on.
+        address: String,
+        /// Services it runs.
+        services: ServiceMask,
+    },
+    /// GET_SERVER_LIST.
+    GetServerList,
+    /// CREATE_TABLE.
+    CreateTable {
+        /// Table name (1..=256 bytes of UTF-8).
+        name: String,
+        /// Number of masters to spread it over (1..=1024).
+        server_span: u32,
+    },
+    /// DROP_TABLE.
+    DropTable {
+        /// Table name.
+        name: String,
+    },
+    /// GET_TABLE_ID.
+    GetTableId {
+        /// Table name.
+        name: String,
+    },
+    /// LIST_TABLES.
+    ListTables,
+    /// GET_TABLET_MAP; table id 0 means every table.
+    GetTabletMap {
+        /// Table, or `TableId(0)` for all.
+        table_id: TableId,
+    },
+    /// READ.
+    Read {
+        /// Table.
+        table_id: TableId,
+        /// Key.
+        key: Bytes,
+        /// Conditions.
+        rules: RejectRules,
+    },
+    /// WRITE.
+    Write {
+        /// Table.
+        table_id: TableId,
+        /// Key.
+        key: Bytes,
+        /// Value.
+        value: Bytes,
+        /// Conditions.
+        rules: RejectRules,
+    },
+    /// REMOVE.
+    Remove {
+        /// Table.
+        table_id: TableId,
+        /// Key.
+        key: Bytes,
+        /// Conditions.
+        rules: RejectRules,
+    },
+    /// INCREMENT.
+    Increment {
+        /// Table.
+        table_id: TableId,
+        /// Key.
+        key: Bytes,
+        /// Amount to add.
+        delta: i64,
+        /// Conditions.
+        rules: RejectRules,
+    },
+    /// MULTI_READ.
+    MultiRead {
+        /// Items.
+        items: Vec<KeyItem>,
+    },
+    /// MULTI_WRITE.
+    MultiWrite {
+        /// Items.
+        items: Vec<WriteItem>,
+    },
+    /// MULTI_REMOVE.
+    MultiRemove {
+        /// Items.
+        items: Vec<KeyItem>,
+    },
+    /// MULTI_INCREMENT.
+    MultiIncrement {
+        /// Items.
+        items: Vec<IncrementItem>,
+    },
+    /// ENUMERATE.
+    Enumerate {
+        /// Table.
+        table_id: TableId,
+        /// The part of the hash space to enumerate (must lie in one tablet of the server).
+        range: HashRange,
+        /// Where to resume.
+        cursor: EnumerationCursor,
+        /// Most bytes of objects to return (the server caps it further).
+        bytes_max: u32,
+    },
+    /// TAKE_TABLET_OWNERSHIP.
+    TakeTabletOwnership {
+        /// Table.
+        table_id: TableId,
+        /// Tablet range.
+        range: HashRange,
+    },
+    /// DROP_TABLET_OWNERSHIP.
+    DropTabletOwnership {
+        /// Table.
+        table_id: TableId,
+        /// Tablet range.
+        range: HashRange,
+    },
+    /// GET_SERVER_STATISTICS.
+    GetServerStatistics,
+}
+
+/// A response body for a status that carries the operation's body (see
+/// [`Status::carries_operation_body`]); one variant per opcode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// PING.
+    Ping,
+    /// ENLIST_SERVER.
+    EnlistServer {
+        /// The new server's id.
+        server_id: ServerId,
+    },
+    /// GET_SERVER_LIST.
+    GetServerList {
+        /// Servers.
+        servers: Vec<ServerEntry>,
+    },
+    /// CREATE_TABLE.
+    CreateTable {
+        /// The table's id (the existing one if the name was taken).
+        table_id: TableId,
+    },
+    /// DROP_TABLE.
+    DropTable,
+    /// GET_TABLE_ID.
+    GetTableId {
+        /// The table's id.
+        table_id: TableId,
+    },
+    /// LIST_TABLES.
+    ListTables {
+        /// Tables.
+        tables: Vec<TableEntry>,
+    },
+    /// GET_TABLET_MAP.
+    GetTabletMap {
+        /// Tablets, sorted by table id then range start.
+        tablets: Vec<TabletEntry>,
+    },
+    /// READ.
+    Read {
+        /// Current version (0 if missing).
+        version: Version,
+        /// Value (empty unless OK).
+        value: Bytes,
+    },
+    /// WRITE.
+    Write {
+        /// The new version, or the current one on rejection.
+        version: Version,
+    },
+    /// REMOVE.
+    Remove {
+        /// The removed version, or the current one on rejection (0 if missing).
+        version: Version,
+    },
+    /// INCREMENT.
+    Increment {
+        /// The new version, or the current one on rejection.
+        version: Version,
+        /// The new value.
+        value: i64,
+    },
+    /// MULTI_READ.
+    MultiRead {
+        /// One result per request item, in order.
+        results: Vec<ReadItemResult>,
+    },
+    /// MULTI_WRITE.
+    MultiWrite {
+        /// One result per request item, in order.
+        results: Vec<VersionItemResult>,
+    },
+    /// MULTI_REMOVE.
+    MultiRemove {
+        /// One result per request item, in order.
+        results: Vec<VersionItemResult>,
+    },
+    /// MULTI_INCREMENT.
+    MultiIncrement {
+        /// One result per request item, in order.
+        results: Vec<IncrementItemResult>,
+    },
+    /// ENUMERATE.
+    Enumerate {
+        /// Objects in enumeration order.
+        objects: Vec<EnumeratedObject>,
+        /// Where to resume; `None` when the range is exhausted.
+        next: Option<EnumerationCursor>,
+    },
+    /// TAKE_TABLET_OWNERSHIP.
+    TakeTabletOwnership,
+    /// DROP_TABLET_OWNERSHIP.
+    DropTabletOwnership,
+    /// GET_SERVER_STATISTICS.
+    GetServerStatistics {
+        /// Statistics.
+        statistics: ServerStatistics,
+    },
+}
+
+impl Request {
+    /// The opcode of this request.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Ping => Opcode::Ping,
+            Request::EnlistServer { .. } => Opcode::EnlistServer,
+            Request::GetServerList => Opcode::GetServerList,
+            Request::CreateTable { .. } => Opcode::CreateTable,
+            Request::DropTable { .. } => Opcode::DropTable,
+            Request::GetTableId { .. } => Opcode::GetTableId,
+            Request::ListTables => Opcode::ListTables,
+            Request::GetTabletMap { .. } => Opcode::GetTabletMap,
+            Request::Read { .. } => Opcode::Read,
+            Request::Write { .. } => Opcode::Write,
+            Request::Remove { .. } => Opcode::Remove,
+            Request::Increment { .. } => Opcode::Increment,
+            Request::MultiRead { .. } => Opcode::MultiRead,
+            Request::MultiWrite { .. } => Opcode::MultiWrite,
+            Request::MultiRemove { .. } => Opcode::MultiRemove,
+            Request::MultiIncrement { .. } => Opcode::MultiIncrement,
+            Request::Enumerate { .. } => Opcode::Enumerate,
+            Request::TakeTabletOwnership { .. } => Opcode::TakeTabletOwnership,
+            Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
+            Request::GetServerStatistics => Opcode::GetServerStatistics,
+        }
+    }
+}
+
+impl Response {
+    /// The opcode of the request this answers.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Response::Ping => Opcode::Ping,
+            Response::EnlistServer { .. } => Opcode::EnlistServer,
+            Response::GetServerList { .. } => Opcode::GetServerList,
+            Response::CreateTable { .. } => Opcode::CreateTable,
+            Response::DropTable => Opcode::DropTable,
+            Response::GetTableId { .. } => Opcode::GetTableId,
+            Response::ListTables { .. } => Opcode::ListTables,
+            Response::GetTabletMap { .. } => Opcode::GetTabletMap,
+            Response::Read { .. } => Opcode::Read,
+            Response::Write { .. } => Opcode::Write,
+            Response::Remove { .. } => Opcode::Remove,
+            Response::Increment { .. } => Opcode::Increment,
+            Response::MultiRead { .. } => Opcode::MultiRead,
+            Response::MultiWrite { .. } => Opcode::MultiWrite,
+            Response::MultiRemove { .. } => Opcode::MultiRemove,
+            Response::MultiIncrement { .. } => Opcode::MultiIncrement,
+            Response::Enumerate { .. } => Opcode::Enumerate,
+            Response::TakeTabletOwnership => Opcode::TakeTabletOwnership,
+            Response::DropTabletOwnership => Opcode::DropTabletOwnership,
+            Response::GetServerStatistics { .. } => Opcode::GetServerStatistics,
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Proptest strategies for every request and response variant, shared by the round-trip and
+//! robustness tests.
+
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use bytes::Bytes;
+use proptest::collection::vec;
+use proptest::option;
+use proptest::prelude::*;
+use stratus_types::{HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+use stratus_wire::{
+    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
+    ReadItemResult, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
+    Status, TableEntry, TabletEntry, VersionItemResult, WriteItem,
+};
+
+/// Keys, including the empty key (decodable; the master refuses it).
+pub fn key() -> impl Strategy<Value = Bytes> {
+    vec(any::<u8>(), 0..24).prop_map(Bytes::from)
+}
+
+/// Values, including empty ones.
+pub fn value() -> impl Strategy<Value = Bytes> {
+    vec(any::<u8>(), 0..48).prop_map(Bytes::from)
+}
+
+/// Short strings with multi-byte characters, within every name limit.
+pub fn name() -> impl Strategy<Value = String> {
+    "\\PC{0,16}"
+}
+
+pub fn table_id() -> impl Strategy<Value = TableId> {
+    any::<u64>().prop_map(TableId)
+}
+
+pub fn server_id() -> impl Strategy<Value = ServerId> {
+    any::<u64>().prop_map(ServerId)
+}
+
+pub fn version() -> impl Strategy<Value = Version> {
+    any::<u64>().prop_map(Version)
+}
+
+pub fn rules() -> impl Strategy<Value = RejectRules> {
+    (any::<u64>(), any::<[bool; 4]>()).prop_map(|(given, [a, b, c, d])| RejectRules {
+        given_version: Version(given),
+        doesnt_exist: a,
+        exists: b,
+        version_le_given: c,
+        version_ne_given: d,
+    })
+}
+
+pub fn range() -> impl Strategy<Value = HashRange> {
+    (any::<u64>(), any::<u64>()).prop_map(|(a, b)| HashRange { start: a.min(b), end: a.max(b) })
+}
+
+pub fn cursor() -> impl Strategy<Value = EnumerationCursor> {
+    (any::<u64>(), option::of(key()))
+        .prop_map(|(reversed_hash, after_key)| EnumerationCursor { reversed_hash, after_key })
+}
+
+pub fn services() -> impl Strategy<Value = ServiceMask> {
+    (0..=ServiceMask::KNOWN).prop_map(ServiceMask)
+}
+
+/// Any status (items of multi-op results may carry any of them).
+pub fn any_status() -> impl Strategy<Value = Status> {
+    proptest::sample::select(Status::ALL.to_vec())
+}
+
+/// Statuses whose response carries the operation body.
+pub fn operation_status() -> impl Strategy<Value = Status> {
+    proptest::sample::select(
+        Status::ALL
+            .iter()
+            .copied()
+            .filter(|status| status.carries_operation_body())
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Statuses whose response carries an error body.
+pub fn error_status() -> impl Strategy<Value = Status> {
+    proptest::sample::select(
+        Status::ALL
+            .iter()
+            .copied()
+            .filter(|status| !status.carries_operation_body())
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn key_item() -> impl Strategy<Value = KeyItem> {
+    (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| KeyItem { table_id, key, rules })
+}
+
+pub fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        Just(Request::Ping),
+        (name(), services())
+            .prop_map(|(address, services)| Request::EnlistServer { address, services }),
+        Just(Request::GetServerList),
+        (name(), any::<u32>())
+            .prop_map(|(name, server_span)| Request::CreateTable { name, server_span }),
+        name().prop_map(|name| Request::DropTable { name }),
+        name().prop_map(|name| Request::GetTableId { name }),
+        Just(Request::ListTables),
+        table_id().prop_map(|table_id| Request::GetTabletMap { table_id }),
+        (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Read {
+            table_id,
+            key,
+            rules
+        }),
+        (table_id(), key(), value(), rules()).prop_map(|(table_id, key, value, rules)| {
+            Request::Write { table_id, key, value, rules }
+        }),
+        (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Remove {
+            table_id,
+            key,
+            rules
+        }),
+        (table_id(), key(), any::<i64>(), rules()).prop_map(|(table_id, key, delta, rules)| {
+            Request::Increment { table_id, key, delta, rules }
+        }),
+        vec(key_item(), 0..4).prop_map(|items| Request::MultiRead { items }),
+        vec(
+            (table_id(), key(), value(), rules()).prop_map(|(table_id, key, value, rules)| {
+                WriteItem { table_id, key, value, rules }
+            }),
+            0..4
+        )
+        .prop_map(|items| Request::MultiWrite { items }),
+        vec(key_item(), 0..4).prop_map(|items| Request::MultiRemove { items }),
+        vec(
+            (table_id(), key(), any::<i64>(), rules()).prop_map(|(table_id, key, delta, rules)| {
+                IncrementItem { table_id, key, delta, rules }
+            }),
+            0..4
+        )
+        .prop_map(|items| Request::MultiIncrement { items }),
+        (table_id(), range(), cursor(), any::<u32>()).prop_map(
+            |(table_id, range, cursor, bytes_max)| Request::Enumerate {
+                table_id,
+                range,
+                cursor,
+                bytes_max
+            }
+        ),
+        (table_id(), range())
+            .prop_map(|(table_id, range)| Request::TakeTabletOwnership { table_id, range }),
+        (table_id(), range())
+            .prop_map(|(table_id, range)| Request::DropTabletOwnership { table_id, range }),
+        Just(Request::GetServerStatistics),
+    ]
+}
+
+fn server_entry() -> impl Strategy<Value = ServerEntry> {
+    (server_id(), name(), services(), 0u8..3).prop_map(|(server_id, address, services, status)| {
+        let status = match status {
+            0 => ServerStatus::Up,
+            1 => ServerStatus::Crashed,
+            _ => ServerStatus::Removed,
+        };
+        ServerEntry { server_id, address, services, status }
+    })
+}
+
+fn tablet_entry() -> impl Strategy<Value = TabletEntry> {
+    (table_id(), range(), server_id(), name(), any::<bool>()).prop_map(
+        |(table_id, range, owner, owner_address, recovering)| TabletEntry {
+            table_id,
+            range,
+            owner,
+            owner_address,
+            state: if recovering { TabletState::Recovering } else { TabletState::Normal },
+        },
+    )
+}
+
+fn statistics() -> impl Strategy<Value = ServerStatistics> {
+    (server_id(), any::<[u64; 7]>(), any::<u32>(), any::<u64>()).prop_map(
+        |(server_id, counters, tablets_owned, requests_served)| {
+            let [total, live, allocated, seglets, free, segments, objects] = counters;
+            ServerStatistics {
+                server_id,
+                log_bytes_total: total,
+                log_bytes_live: live,
+                log_bytes_allocated: allocated,
+                seglets_total: seglets,
+                seglets_free: free,
+                segments_in_log: segments,
+                objects_live: objects,
+                tablets_owned,
+                requests_served,
+            }
+        },
+    )
+}
+
+fn version_result() -> impl Strategy<Value = VersionItemResult> {
+    (any_status(), version()).prop_map(|(status, version)| VersionItemResult { status, version })
+}
+
+pub fn response() -> impl Strategy<Value = Response> {
+    prop_oneof![
+        Just(Response::Ping),
+        server_id().prop_map(|server_id| Response::EnlistServer { server_id }),
+        vec(server_entry(), 0..4).prop_map(|servers| Response::GetServerList { servers }),
+        table_id().prop_map(|table_id| Response::CreateTable { table_id }),
+        Just(Response::DropTable),
+        table_id().prop_map(|table_id| Response::GetTableId { table_id }),
+        vec(
+            (name(), table_id(), any::<u32>()).prop_map(|(name, table_id, tablet_count)| {
+                TableEntry { name, table_id, tablet_count }
+            }),
+            0..4
+        )
+        .prop_map(|tables| Response::ListTables { tables }),
+        vec(tablet_entry(), 0..4).prop_map(|tablets| Response::GetTabletMap { tablets }),
+        (version(), value()).prop_map(|(version, value)| Response::Read { version, value }),
+        version().prop_map(|version| Response::Write { version }),
+        version().prop_map(|version| Response::Remove { version }),
+        (version(), any::<i64>())
+            .prop_map(|(version, value)| Response::Increment { version, value }),
+        vec(
+            (any_status(), version(), value())
+                .prop_map(|(status, version, value)| ReadItemResult { status, version, value }),
+            0..4
+        )
+        .prop_map(|results| Response::MultiRead { results }),
+        vec(version_result(), 0..4).prop_map(|results| Response::MultiWrite { results }),
+        vec(version_result(), 0..4).prop_map(|results| Response::MultiRemove { results }),
+        vec(
+            (any_status(), version(), any::<i64>()).prop_map(|(status, version, value)| {
+                IncrementItemResult { status, version, value }
+            }),
+            0..4
+        )
+        .prop_map(|results| Response::MultiIncrement { results }),
+        (
+            vec(
+                (key(), value(), version()).prop_map(|(key, value, version)| EnumeratedObject {
+                    key,
+                    value,
+                    version
+                }),
+                0..4
+            ),
+            option::of(cursor())
+        )
+            .prop_map(|(objects, next)| Response::Enumerate { objects, next }),
+        Just(Response::TakeTabletOwnership),
+        Just(Response::DropTabletOwnership),
+        statistics().prop_map(|statistics| Response::GetServerStatistics { statistics }),
+    ]
+}

@@ -1,0 +1,250 @@
+//! Hostile input: random bytes, truncations, trailing bytes, mutations and absurd lengths are
+//! all refused with the right error, and nothing panics.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use stratus_types::limits::{FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX};
+use stratus_wire::{
+    decode_frame_header, decode_request, decode_response, encode_request, encode_response,
+    frame_length, peek_request_identity, DecodeError, FrameError, Hello, Opcode, Status,
+    REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+};
+
+fn request_body(request: &stratus_wire::Request) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_request(&mut out, 1, request);
+    out.freeze().slice(REQUEST_HEADER_BYTES..)
+}
+
+fn response_body(status: Status, response: &stratus_wire::Response) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_response(&mut out, 1, status, response);
+    out.freeze().slice(RESPONSE_HEADER_BYTES..)
+}
+
+fn with_suffix(body: &Bytes, suffix: &[u8]) -> Bytes {
+    let mut longer = body.to_vec();
+    longer.extend_from_slice(suffix);
+    Bytes::from(longer)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Random bodies for every opcode and status (and unknown opcodes): an answer, no panic.
+    #[test]
+    fn random_bodies_never_panic(bytes in vec(any::<u8>(), 0..160), code in any::<u16>()) {
+        let body = Bytes::from(bytes);
+        for opcode in Opcode::ALL {
+            let _ = decode_request(opcode.code(), body.clone());
+            for status in Status::ALL {
+                let _ = decode_response(opcode, status, body.clone());
+            }
+        }
+        match decode_request(code, body.clone()) {
+            Err(DecodeError::UnknownOpcode(unknown)) => {
+                prop_assert_eq!(unknown, code);
+                prop_assert!(Opcode::from_code(code).is_none());
+            }
+            _ => prop_assert!(Opcode::from_code(code).is_some()),
+        }
+    }
+
+    /// Random frames: the envelope functions answer, never panic.
+    #[test]
+    fn random_frames_never_panic(bytes in vec(any::<u8>(), 0..40)) {
+        let _ = frame_length(&bytes);
+        let _ = decode_frame_header(&bytes);
+        let _ = peek_request_identity(&bytes);
+        if let Ok(hello) = <[u8; 8]>::try_from(bytes.get(..8).unwrap_or(&[])) {
+            let _ = Hello::decode(&hello);
+        }
+    }
+
+    /// Every proper prefix of a valid request body is Truncated; any suffix is TrailingBytes.
+    #[test]
+    fn request_truncations_and_suffixes(
+        request in common::request(),
+        suffix in vec(any::<u8>(), 1..8),
+    ) {
+        let code = request.opcode().code();
+        let body = request_body(&request);
+        for cut in 0..body.len() {
+            prop_assert_eq!(
+                decode_request(code, body.slice(..cut)),
+                Err(DecodeError::Truncated),
+                "cut at {}", cut
+            );
+        }
+        prop_assert_eq!(
+            decode_request(code, with_suffix(&body, &suffix)),
+            Err(DecodeError::TrailingBytes)
+        );
+    }
+
+    /// Every proper prefix of a valid response body is Truncated; any suffix is TrailingBytes.
+    #[test]
+    fn response_truncations_and_suffixes(
+        response in common::response(),
+        status in common::operation_status(),
+        suffix in vec(any::<u8>(), 1..8),
+    ) {
+        let opcode = response.opcode();
+        let body = response_body(status, &response);
+        for cut in 0..body.len() {
+            prop_assert_eq!(
+                decode_response(opcode, status, body.slice(..cut)),
+                Err(DecodeError::Truncated),
+                "cut at {}", cut
+            );
+        }
+        prop_assert_eq!(
+            decode_response(opcode, status, with_suffix(&body, &suffix)),
+            Err(DecodeError::TrailingBytes)
+        );
+    }
+
+    /// Error bodies behave the same way.
+    #[test]
+    fn error_body_truncations_and_suffixes(
+        status in common::error_status(),
+        message in "\\PC{0,32}",
+        suffix in vec(any::<u8>(), 1..8),
+    ) {
+        let mut out = BytesMut::new();
+        stratus_wire::encode_error_response(&mut out, 1, Opcode::Read.code(), status, &message);
+        let body = out.freeze().slice(RESPONSE_HEADER_BYTES..);
+        for cut in 0..body.len() {
+            prop_assert_eq!(
+                decode_response(Opcode::Read, status, body.slice(..cut)),
+                Err(DecodeError::Truncated)
+            );
+        }
+        prop_assert_eq!(
+            decode_response(Opcode::Read, status, with_suffix(&body, &suffix)),
+            Err(DecodeError::TrailingBytes)
+        );
+    }
+
+    /// Valid encodings with one byte changed: decoded or refused, never a panic.
+    #[test]
+    fn mutated_encodings_never_panic(
+        request in common::request(),
+        response in common::response(),
+        position in any::<usize>(),
+        byte in any::<u8>(),
+    ) {
+        let mut body = request_body(&request).to_vec();
+        if !body.is_empty() {
+            let index = position % body.len();
+            body[index] = byte;
+        }
+        let _ = decode_request(request.opcode().code(), Bytes::from(body));
+        let mut body = response_body(Status::Ok, &response).to_vec();
+        if !body.is_empty() {
+            let index = position % body.len();
+            body[index] = byte;
+        }
+        let _ = decode_response(response.opcode(), Status::Ok, Bytes::from(body));
+    }
+}
+
+#[test]
+fn huge_announced_lengths_are_too_large() {
+    for announced in [u32::MAX, 0x8000_0000, (FRAME_BYTES_MAX - 3) as u32] {
+        let mut frame = announced.to_le_bytes().to_vec();
+        frame.extend_from_slice(&[1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let expected = FrameError::TooLarge { announced_bytes: u64::from(announced) + 4 };
+        assert_eq!(frame_length(&frame), Err(expected));
+        assert_eq!(decode_frame_header(&frame), Err(expected));
+        // The header is still readable, so the server can answer REQUEST_TOO_LARGE.
+        assert_eq!(peek_request_identity(&frame), Some((1, 0)));
+    }
+}
+
+#[test]
+fn bad_magic_kind_and_flags() {
+    assert_eq!(Hello::decode(b"HTTP/1.1"), Err(FrameError::BadMagic));
+    assert_eq!(Hello::decode(b"stra\x01\x00\x00\x00"), Err(FrameError::BadMagic));
+    let mut frame = BytesMut::new();
+    encode_request(&mut frame, 1, &stratus_wire::Request::Ping);
+    for kind in [0u8, 3, 0xff] {
+        let mut bad = frame.to_vec();
+        bad[4] = kind;
+        assert_eq!(decode_frame_header(&bad), Err(FrameError::BadKind(kind)));
+    }
+    for flags in [1u8, 0x80, 0xff] {
+        let mut bad = frame.to_vec();
+        bad[5] = flags;
+        assert_eq!(decode_frame_header(&bad), Err(FrameError::BadFlags(flags)));
+    }
+}
+
+#[test]
+fn field_domains_are_checked() {
+    let read = stratus_wire::Request::Read {
+        table_id: stratus_types::TableId(1),
+        key: Bytes::from_static(b"k"),
+        rules: stratus_types::RejectRules::NONE,
+    };
+    // Reject-rules flags with an undefined bit.
+    let mut body = request_body(&read).to_vec();
+    *body.last_mut().unwrap() = 0x10;
+    assert_eq!(
+        decode_request(Opcode::Read.code(), Bytes::from(body)),
+        Err(DecodeError::InvalidField("reject rules flags"))
+    );
+    // A hash range with start > end.
+    let mut body = 7u64.to_le_bytes().to_vec();
+    body.extend_from_slice(&5u64.to_le_bytes());
+    body.extend_from_slice(&4u64.to_le_bytes());
+    assert_eq!(
+        decode_request(Opcode::TakeTabletOwnership.code(), Bytes::from(body)),
+        Err(DecodeError::InvalidField("hash range"))
+    );
+    // A service mask with an unknown bit.
+    let mut body = vec![0, 0];
+    body.extend_from_slice(&4u32.to_le_bytes());
+    assert_eq!(
+        decode_request(Opcode::EnlistServer.code(), Bytes::from(body)),
+        Err(DecodeError::InvalidField("service mask"))
+    );
+    // A name over the limit, and one that is not UTF-8.
+    let mut body = 257u16.to_le_bytes().to_vec();
+    body.extend_from_slice(&[b'a'; 257]);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    assert_eq!(
+        decode_request(Opcode::CreateTable.code(), Bytes::from(body)),
+        Err(DecodeError::InvalidField("table name"))
+    );
+    let body = Bytes::from_static(&[2, 0, 0xc3, 0x28]);
+    assert_eq!(decode_request(Opcode::GetTableId.code(), body), Err(DecodeError::InvalidUtf8));
+    // Too many items for a multi-op.
+    let count = (MULTI_OP_ITEMS_MAX + 1) as u32;
+    assert_eq!(
+        decode_request(Opcode::MultiWrite.code(), Bytes::copy_from_slice(&count.to_le_bytes())),
+        Err(DecodeError::TooManyItems { count: u64::from(count), max: MULTI_OP_ITEMS_MAX as u64 })
+    );
+    // An unknown status inside a multi-op result.
+    let mut body = 1u32.to_le_bytes().to_vec();
+    body.extend_from_slice(&999u16.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    assert_eq!(
+        decode_response(Opcode::MultiWrite, Status::Ok, Bytes::from(body)),
+        Err(DecodeError::InvalidField("status"))
+    );
+    // An over-long error message.
+    let mut body = 1025u16.to_le_bytes().to_vec();
+    body.extend_from_slice(&[b'x'; 1025]);
+    assert_eq!(
+        decode_response(Opcode::Read, Status::InternalError, Bytes::from(body)),
+        Err(DecodeError::InvalidField("error message"))
+    );
+    // Statuses for decode errors.
+    assert_eq!(DecodeError::UnknownOpcode(999).status(), Status::UnimplementedRequest);
+    assert_eq!(DecodeError::Truncated.status(), Status::RequestFormatError);
+    assert_eq!(DecodeError::InvalidUtf8.status(), Status::RequestFormatError);
+}

@@ -1,0 +1,269 @@
+//! The examples in docs/design/wire-protocol.md are test vectors: every `<!-- vector: NAME -->`
+//! marker is followed by a ```hex block holding one whole handshake or frame. Each is decoded,
+//! compared with the value built here for NAME, and re-encoded byte for byte, so the document
+//! and the code cannot drift apart.
+
+use bytes::{Bytes, BytesMut};
+use stratus_types::{key_hash, HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+use stratus_wire::{
+    body_offset, decode_frame_header, decode_request, decode_response, encode_error_response,
+    encode_request, encode_response, frame_length, EnumerationCursor, FrameKind, Hello, Opcode,
+    Request, Response, ResponseBody, Status, TabletEntry, WriteItem, HELLO_BYTES,
+};
+
+const SPEC: &str = include_str!("../../../docs/design/wire-protocol.md");
+
+/// What a vector must decode to.
+enum Expected {
+    Hello(Hello),
+    Request { request_id: u64, request: Request },
+    Response { request_id: u64, opcode: Opcode, status: Status, body: ResponseBody },
+}
+
+fn expected(name: &str) -> Expected {
+    let ok = |request_id, response: Response| Expected::Response {
+        request_id,
+        opcode: response.opcode(),
+        status: Status::Ok,
+        body: ResponseBody::Operation(response),
+    };
+    match name {
+        "hello" => Expected::Hello(Hello { version: 1, status: Status::Ok }),
+        "hello-version-mismatch" => {
+            Expected::Hello(Hello { version: 1, status: Status::ProtocolVersionMismatch })
+        }
+        "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
+        "ping-response" => ok(1, Response::Ping),
+        "read-request" => Expected::Request {
+            request_id: 2,
+            request: Request::Read {
+                table_id: TableId(1),
+                key: Bytes::from_static(b"hello"),
+                rules: RejectRules::version_equals(Version(5)),
+            },
+        },
+        "read-response-ok" => {
+            ok(2, Response::Read { version: Version(5), value: Bytes::from_static(b"world") })
+        }
+        "read-response-object-doesnt-exist" => Expected::Response {
+            request_id: 3,
+            opcode: Opcode::Read,
+            status: Status::ObjectDoesntExist,
+            body: ResponseBody::Operation(Response::Read {
+                version: Version::NONEXISTENT,
+                value: Bytes::new(),
+            }),
+        },
+        "write-request" => Expected::Request {
+            request_id: 4,
+            request: Request::Write {
+                table_id: TableId(1),
+                key: Bytes::from_static(b"k"),
+                value: Bytes::from_static(b"v1"),
+                rules: RejectRules::create_only(),
+            },
+        },
+        "increment-response" => ok(5, Response::Increment { version: Version(9), value: -2 }),
+        "multi-write-request" => Expected::Request {
+            request_id: 6,
+            request: Request::MultiWrite {
+                items: vec![
+                    WriteItem {
+                        table_id: TableId(1),
+                        key: Bytes::from_static(b"a"),
+                        value: Bytes::from_static(b"x"),
+                        rules: RejectRules::NONE,
+                    },
+                    WriteItem {
+                        table_id: TableId(2),
+                        key: Bytes::from_static(b"b"),
+                        value: Bytes::from_static(b"yz"),
+                        rules: RejectRules::version_equals(Version(3)),
+                    },
+                ],
+            },
+        },
+        "enumerate-request" => Expected::Request {
+            request_id: 7,
+            request: Request::Enumerate {
+                table_id: TableId(1),
+                range: HashRange::FULL,
+                cursor: EnumerationCursor {
+                    reversed_hash: 1 << 63,
+                    after_key: Some(Bytes::from_static(b"k")),
+                },
+                bytes_max: 65_536,
+            },
+        },
+        "create-table-request" => Expected::Request {
+            request_id: 8,
+            request: Request::CreateTable { name: "users".to_string(), server_span: 4 },
+        },
+        "get-tablet-map-response" => ok(
+            9,
+            Response::GetTabletMap {
+                tablets: vec![
+                    TabletEntry {
+                        table_id: TableId(1),
+                        range: HashRange { start: 0, end: (1 << 63) - 1 },
+                        owner: ServerId(1),
+                        owner_address: "10.0.0.1:11100".to_string(),
+                        state: TabletState::Normal,
+                    },
+                    TabletEntry {
+                        table_id: TableId(1),
+                        range: HashRange { start: 1 << 63, end: u64::MAX },
+                        owner: ServerId(2),
+                        owner_address: "10.0.0.2:11100".to_string(),
+                        state: TabletState::Recovering,
+                    },
+                ],
+            },
+        ),
+        "error-response-unknown-tablet" => Expected::Response {
+            request_id: 10,
+            opcode: Opcode::Read,
+            status: Status::UnknownTablet,
+            body: ResponseBody::Error { message: "tablet not owned".to_string() },
+        },
+        other => panic!("the spec has a vector {other:?} this test does not know"),
+    }
+}
+
+/// Every (name, bytes) vector in the spec, in order.
+fn vectors() -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut lines = SPEC.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .trim()
+            .strip_prefix("<!-- vector:")
+            .and_then(|rest| rest.strip_suffix("-->"))
+            .map(str::trim)
+        else {
+            continue;
+        };
+        let fence = lines.next().unwrap_or_default();
+        assert_eq!(fence.trim(), "```hex", "vector {name} must be followed by a ```hex block");
+        let mut bytes = Vec::new();
+        for line in lines.by_ref() {
+            if line.trim() == "```" {
+                break;
+            }
+            let data = line.split('#').next().unwrap_or_default();
+            for token in data.split_whitespace() {
+                let byte = u8::from_str_radix(token, 16)
+                    .unwrap_or_else(|_| panic!("vector {name}: bad hex byte {token:?}"));
+                assert_eq!(token.len(), 2, "vector {name}: bytes are two hex digits");
+                bytes.push(byte);
+            }
+        }
+        found.push((name.to_string(), bytes));
+    }
+    found
+}
+
+fn check(name: &str, bytes: &[u8]) {
+    match expected(name) {
+        Expected::Hello(hello) => {
+            let array: [u8; HELLO_BYTES] = bytes.try_into().expect("a hello is 8 bytes");
+            assert_eq!(Hello::decode(&array), Ok(hello), "{name}");
+            assert_eq!(hello.encode(), array, "{name}");
+        }
+        Expected::Request { request_id, request } => {
+            assert_eq!(frame_length(bytes), Ok(Some(bytes.len())), "{name}");
+            let header = decode_frame_header(bytes).unwrap();
+            assert_eq!(header.kind, FrameKind::Request, "{name}");
+            assert_eq!(header.request_id, request_id, "{name}");
+            let body = Bytes::copy_from_slice(&bytes[body_offset(FrameKind::Request)..]);
+            assert_eq!(decode_request(header.opcode_code, body).as_ref(), Ok(&request), "{name}");
+            let mut out = BytesMut::new();
+            encode_request(&mut out, request_id, &request);
+            assert_eq!(&out[..], bytes, "{name} re-encodes identically");
+        }
+        Expected::Response { request_id, opcode, status, body } => {
+            assert_eq!(frame_length(bytes), Ok(Some(bytes.len())), "{name}");
+            let header = decode_frame_header(bytes).unwrap();
+            assert_eq!(header.kind, FrameKind::Response, "{name}");
+            assert_eq!(header.request_id, request_id, "{name}");
+            assert_eq!(header.opcode_code, opcode.code(), "{name}");
+            assert_eq!(header.status, status, "{name}");
+            let raw = Bytes::copy_from_slice(&bytes[body_offset(FrameKind::Response)..]);
+            assert_eq!(decode_response(opcode, status, raw).as_ref(), Ok(&body), "{name}");
+            let mut out = BytesMut::new();
+            match &body {
+                ResponseBody::Operation(response) => {
+                    encode_response(&mut out, request_id, status, response)
+                }
+                ResponseBody::Error { message } => {
+                    encode_error_response(&mut out, request_id, opcode.code(), status, message)
+                }
+            }
+            assert_eq!(&out[..], bytes, "{name} re-encodes identically");
+        }
+    }
+}
+
+#[test]
+fn spec_vectors_decode_and_re_encode() {
+    let vectors = vectors();
+    for (name, bytes) in &vectors {
+        check(name, bytes);
+    }
+    let names: Vec<&str> = vectors.iter().map(|(name, _)| name.as_str()).collect();
+    for required in [
+        "hello",
+        "hello-version-mismatch",
+        "ping-request",
+        "ping-response",
+        "read-request",
+        "read-response-ok",
+        "read-response-object-doesnt-exist",
+        "write-request",
+        "increment-response",
+        "multi-write-request",
+        "enumerate-request",
+        "create-table-request",
+        "get-tablet-map-response",
+        "error-response-unknown-tablet",
+    ] {
+        assert!(names.contains(&required), "the spec lacks the vector {required}");
+    }
+    let mut unique = names.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "vector names are unique");
+}
+
+/// The key-hash values pinned in the spec.
+#[test]
+fn spec_key_hash_values() {
+    assert!(SPEC.contains("0x74b07ed397a89e92") && SPEC.contains("0x9e4c2be79747122e"));
+    assert_eq!(key_hash(TableId(1), b"hello").0, 0x74b0_7ed3_97a8_9e92);
+    assert_eq!(key_hash(TableId(42), b"k").0, 0x9e4c_2be7_9747_122e);
+}
+
+/// The status and opcode tables in the spec list every code with its number.
+#[test]
+fn spec_tables_list_every_code() {
+    for status in Status::ALL {
+        let row = format!("| {} | `{}` |", status.code(), upper_snake(&format!("{status:?}")));
+        assert!(SPEC.contains(&row), "the spec's status table lacks {row}");
+    }
+    for opcode in Opcode::ALL {
+        let row = format!("| {} | `{}` |", opcode.code(), upper_snake(&format!("{opcode:?}")));
+        assert!(SPEC.contains(&row), "the spec's opcode table lacks {row}");
+    }
+}
+
+/// `UnknownTablet` → `UNKNOWN_TABLET`.
+fn upper_snake(camel: &str) -> String {
+    let mut out = String::new();
+    for (index, character) in camel.chars().enumerate() {
+        if character.is_ascii_uppercase() && index > 0 {
+            out.push('_');
+        }
+        out.push(character.to_ascii_uppercase());
+    }
+    out
+}

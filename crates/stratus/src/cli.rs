@@ -1,0 +1,330 @@
+//! Command-line parsing and the client commands.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Args, Parser, Subcommand};
+use stratus_client::{Client, ClientConfig, Error as ClientError, RejectRules, TableId};
+use stratus_types::HashRange;
+
+/// Default coordinator address of a local cluster.
+pub const DEFAULT_COORDINATOR: &str = "127.0.0.1:7400";
+
+/// Stratus: a durable, distributed, in-memory key-value store.
+#[derive(Debug, Parser)]
+#[command(name = "stratus", version, about)]
+pub struct Arguments {
+    /// The coordinator to talk to ("host:port").
+    #[arg(long, global = true, env = "STRATUS_COORDINATOR", default_value = DEFAULT_COORDINATOR)]
+    pub coordinator: String,
+    /// How long a client command may take, retries included, in milliseconds.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a local cluster in the foreground: a coordinator and N storage servers on loopback.
+    Up(crate::up::UpArguments),
+    /// Run the coordinator.
+    Coordinator(crate::roles::CoordinatorArguments),
+    /// Run a storage server (master).
+    Server(crate::roles::ServerArguments),
+    /// Create, drop or list tables.
+    #[command(subcommand)]
+    Table(TableCommand),
+    /// Write an object. The value comes from the argument, from --file, or from stdin.
+    Put(PutArguments),
+    /// Read an object and print its value.
+    Get(GetArguments),
+    /// Remove an object.
+    Del(KeyArguments),
+    /// Add DELTA (default 1) to an 8-byte integer object and print the new value.
+    Incr(IncrArguments),
+    /// Print every object of a table, one "key<TAB>value" line each (non-printable bytes
+    /// escaped).
+    Scan(TableArgument),
+    /// Show servers, tablets and memory use.
+    Status,
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(stratus_bench::BenchCommand),
+}
+
+/// `stratus table ...`
+#[derive(Debug, Subcommand)]
+pub enum TableCommand {
+    /// Create a table spread over --span masters; prints its id.
+    Create {
+        /// Table name.
+        name: String,
+        /// Number of masters to spread it over.
+        #[arg(long, default_value_t = 1)]
+        span: u32,
+    },
+    /// Drop a table and all its objects.
+    Drop {
+        /// Table name.
+        name: String,
+    },
+    /// List tables.
+    List,
+}
+
+/// A table name.
+#[derive(Debug, Args)]
+pub struct TableArgument {
+    /// Table name.
+    pub table: String,
+}
+
+/// A table and a key.
+#[derive(Debug, Args)]
+pub struct KeyArguments {
+    /// Table name.
+    pub table: String,
+    /// Key (UTF-8 text).
+    pub key: String,
+}
+
+/// `stratus put`.
+#[derive(Debug, Args)]
+pub struct PutArguments {
+    /// Table name.
+    pub table: String,
+    /// Key.
+    pub key: String,
+    /// Value; omit it (or give "-") to read the value from stdin.
+    pub value: Option<String>,
+    /// Read the value from this file (binary-safe).
+    #[arg(long, conflicts_with = "value")]
+    pub file: Option<PathBuf>,
+}
+
+/// `stratus get`.
+#[derive(Debug, Args)]
+pub struct GetArguments {
+    /// Table name.
+    pub table: String,
+    /// Key.
+    pub key: String,
+    /// Print the exact value bytes without a trailing newline.
+    #[arg(long)]
+    pub raw: bool,
+    /// Write the exact value bytes to this file instead of stdout.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+/// `stratus incr`.
+#[derive(Debug, Args)]
+pub struct IncrArguments {
+    /// Table name.
+    pub table: String,
+    /// Key.
+    pub key: String,
+    /// Amount to add.
+    #[arg(default_value_t = 1, allow_hyphen_values = true)]
+    pub delta: i64,
+}
+
+impl Arguments {
+    /// Log filter when STRATUS_LOG is not set: servers log their progress, client commands
+    /// stay quiet.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self.command {
+            Command::Up(_) | Command::Coordinator(_) | Command::Server(_) => "info",
+            _ => "warn",
+        }
+    }
+}
+
+/// Runs the parsed command; `Err` is the one-line message printed before exiting non-zero.
+pub fn run(arguments: Arguments) -> Result<(), String> {
+    match arguments.command {
+        Command::Up(up) => crate::up::run(up, &arguments.coordinator),
+        Command::Coordinator(role) => crate::roles::run_coordinator(role),
+        Command::Server(role) => crate::roles::run_server(role, &arguments.coordinator),
+        Command::Bench(bench) => stratus_bench::run(bench, &arguments.coordinator),
+        command => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| error.to_string())?;
+            let mut config = ClientConfig::new(arguments.coordinator.clone());
+            config.operation_timeout = Duration::from_millis(arguments.timeout_ms);
+            runtime.block_on(async move {
+                let client = Client::new(config);
+                run_client_command(&client, command).await.map_err(|error| describe(&error))
+            })
+        }
+    }
+}
+
+fn describe(error: &ClientError) -> String {
+    if error.message.is_empty() {
+        error.status.description().to_string()
+    } else {
+        format!("{} ({})", error.status.description(), error.message)
+    }
+}
+
+async fn table_id(client: &Client, name: &str) -> Result<TableId, ClientError> {
+    client.get_table_id(name).await
+}
+
+async fn run_client_command(client: &Client, command: Command) -> Result<(), ClientError> {
+    let mut stdout = std::io::stdout().lock();
+    match command {
+        Command::Table(TableCommand::Create { name, span }) => {
+            let id = client.create_table(&name, span).await?;
+            let _ = writeln!(stdout, "{id}");
+        }
+        Command::Table(TableCommand::Drop { name }) => {
+            client.drop_table(&name).await?;
+            let _ = writeln!(stdout, "dropped {name}");
+        }
+        Command::Table(TableCommand::List) => {
+            for table in client.list_tables().await? {
+                let _ = writeln!(
+                    stdout,
+                    "{}\tid={}\ttablets={}",
+                    table.name, table.table_id, table.tablet_count
+                );
+            }
+        }
+        Command::Put(put) => {
+            let value = read_value(&put).map_err(|message| {
+                ClientError::new(stratus_client::Status::InvalidParameter, message)
+            })?;
+            let table = table_id(client, &put.table).await?;
+            let version =
+                client.write_with(table, put.key.as_bytes(), value, RejectRules::NONE).await?;
+            let _ = writeln!(stdout, "ok version={version}");
+        }
+        Command::Get(get) => {
+            let table = table_id(client, &get.table).await?;
+            let (value, _version) = client.read(table, get.key.as_bytes()).await?;
+            if let Some(path) = get.output {
+                std::fs::write(&path, &value).map_err(|error| {
+                    ClientError::new(
+                        stratus_client::Status::InternalError,
+                        format!("{}: {error}", path.display()),
+                    )
+                })?;
+            } else {
+                let _ = stdout.write_all(&value);
+                if !get.raw {
+                    let _ = stdout.write_all(b"\n");
+                }
+            }
+        }
+        Command::Del(del) => {
+            let table = table_id(client, &del.table).await?;
+            let version = client.remove(table, del.key.as_bytes()).await?;
+            let _ = writeln!(stdout, "removed version={version}");
+        }
+        Command::Incr(incr) => {
+            let table = table_id(client, &incr.table).await?;
+            let (value, _version) =
+                client.increment(table, incr.key.as_bytes(), incr.delta).await?;
+            let _ = writeln!(stdout, "{value}");
+        }
+        Command::Scan(scan) => {
+            let table = table_id(client, &scan.table).await?;
+            let mut enumeration = client.enumerate(table);
+            while let Some(batch) = enumeration.next_batch().await? {
+                for object in batch {
+                    let _ = writeln!(
+                        stdout,
+                        "{}\t{}",
+                        object.key.escape_ascii(),
+                        object.value.escape_ascii()
+                    );
+                }
+            }
+        }
+        Command::Status => print_status(client, &mut stdout).await?,
+        Command::Up(_) | Command::Coordinator(_) | Command::Server(_) | Command::Bench(_) => {
+            unreachable!("roles are dispatched before the client starts")
+        }
+    }
+    Ok(())
+}
+
+fn read_value(put: &PutArguments) -> Result<Bytes, String> {
+    if let Some(path) = &put.file {
+        return std::fs::read(path)
+            .map(Bytes::from)
+            .map_err(|error| format!("{}: {error}", path.display()));
+    }
+    match put.value.as_deref() {
+        Some("-") | None => {
+            let mut value = Vec::new();
+            std::io::stdin().read_to_end(&mut value).map_err(|error| format!("stdin: {error}"))?;
+            Ok(Bytes::from(value))
+        }
+        Some(text) => Ok(Bytes::copy_from_slice(text.as_bytes())),
+    }
+}
+
+async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), ClientError> {
+    let servers = client.server_list().await?;
+    let _ = writeln!(out, "servers:");
+    for server in &servers {
+        let _ = write!(
+            out,
+            "  id={} address={} status={:?}",
+            server.server_id, server.address, server.status
+        );
+        if server.status == stratus_wire::ServerStatus::Up && server.services.has_master() {
+            match client.server_statistics(&server.address).await {
+                Ok(statistics) => {
+                    let utilization = if statistics.log_bytes_allocated == 0 {
+                        0.0
+                    } else {
+                        100.0 * statistics.log_bytes_live as f64
+                            / statistics.log_bytes_allocated as f64
+                    };
+                    let _ = write!(
+                        out,
+                        " objects={} tablets={} log_live={}B log_allocated={}B log_total={}B utilization={utilization:.1}% seglets_free={}/{} segments={} requests={}",
+                        statistics.objects_live,
+                        statistics.tablets_owned,
+                        statistics.log_bytes_live,
+                        statistics.log_bytes_allocated,
+                        statistics.log_bytes_total,
+                        statistics.seglets_free,
+                        statistics.seglets_total,
+                        statistics.segments_in_log,
+                        statistics.requests_served,
+                    );
+                }
+                Err(error) => {
+                    let _ = write!(out, " unreachable ({})", describe(&error));
+                }
+            }
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(out, "tables:");
+    let tables = client.list_tables().await?;
+    let tablets = client.tablet_map(TableId(0)).await?;
+    for table in tables {
+        let _ = writeln!(out, "  {} id={}", table.name, table.table_id);
+        for tablet in tablets.iter().filter(|tablet| tablet.table_id == table.table_id) {
+            let HashRange { start, end } = tablet.range;
+            let _ = writeln!(
+                out,
+                "    tablet [{start:#018x}, {end:#018x}] owner={} ({}) state={:?}",
+                tablet.owner, tablet.owner_address, tablet.state
+            );
+        }
+    }
+    Ok(())
+}

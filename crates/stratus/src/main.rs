@@ -1,0 +1,30 @@
+//! `stratus`: one binary for every role and tool.
+//!
+//! - `stratus up` runs a whole local cluster (coordinator + N storage servers as child
+//!   processes on loopback) in the foreground.
+//! - `stratus coordinator` and `stratus server` run the production roles.
+//! - `stratus table ...`, `put`, `get`, `del`, `incr`, `scan`, `status` are the command-line
+//!   client.
+//! - `stratus bench ...` runs benchmarks.
+
+mod cli;
+mod roles;
+mod up;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let arguments = cli::Arguments::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATUS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(arguments.default_log_filter()));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match cli::run(arguments) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("stratus: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! `stratus up`: a whole local cluster in the foreground.
+//!
+//! The coordinator and every storage server are child processes of this one (the same binary
+//! in its other roles), on loopback, with their logs under `DIR/logs`. The command prints a line
+//! containing `ready` once every server has enlisted, and on SIGINT or SIGTERM stops every child
+//! (SIGTERM, then SIGKILL after a grace period) before exiting.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use stratus_client::{Client, ClientConfig};
+use stratus_wire::ServerStatus;
+
+/// `stratus up`.
+#[derive(Debug, Args)]
+pub struct UpArguments {
+    /// Directory for all of the cluster's data and logs.
+    #[arg(long, default_value = "stratus-data")]
+    pub dir: PathBuf,
+    /// Number of storage servers.
+    #[arg(long, default_value_t = 3)]
+    pub servers: u32,
+    /// Log memory per server, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub log_mib: u64,
+    /// Segment size per server, in MiB.
+    #[arg(long, default_value_t = 8)]
+    pub segment_mib: u32,
+}
+
+/// How long the cluster may take to come up before `up` gives up.
+const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How long children get to exit after SIGTERM before they are killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+struct Children {
+    processes: Vec<(String, Child)>,
+}
+
+impl Children {
+    fn spawn(&mut self, name: &str, arguments: &[String], logs: &Path) -> Result<(), String> {
+        let log_path = logs.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path)
+            .map_err(|error| format!("{}: {error}", log_path.display()))?;
+        let error_log = log.try_clone().map_err(|error| error.to_string())?;
+        let executable = std::env::current_exe().map_err(|error| error.to_string())?;
+        let child = Command::new(executable)
+            .args(arguments)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(error_log)
+            .spawn()
+            .map_err(|error| format!("starting {name}: {error}"))?;
+        self.processes.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// The first child that exited, if any.
+    fn exited(&mut self) -> Option<String> {
+        for (name, child) in &mut self.processes {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(format!("{name} exited ({status})"));
+            }
+        }
+        None
+    }
+
+    fn stop(&mut self) {
+        for (_, child) in &mut self.processes {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // An error means the child is already gone, which is what we want.
+                let _ = send_signal(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        for (name, child) in &mut self.processes {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        eprintln!("stratus up: {name} did not stop in time; killing it");
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+        // Every child is reaped now; forget their pids so no signal can reach a recycled one.
+        self.processes.clear();
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[allow(unsafe_code)]
+fn send_signal(pid: i32, signal: i32) -> bool {
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is a child we spawned.
+    unsafe { libc::kill(pid, signal) == 0 }
+}
+
+/// Runs the cluster until SIGINT/SIGTERM or until a child dies.
+pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
+    if arguments.servers == 0 {
+        return Err("--servers must be at least 1".to_string());
+    }
+    let logs = arguments.dir.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|error| format!("{}: {error}", logs.display()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    let mut children = Children { processes: Vec::new() };
+    let coordinator_dir = arguments.dir.join("coordinator");
+    children.spawn(
+        "coordinator",
+        &[
+            "coordinator".to_string(),
+            "--listen".to_string(),
+            coordinator.to_string(),
+            "--dir".to_string(),
+            coordinator_dir.display().to_string(),
+        ],
+        &logs,
+    )?;
+    let mut config = ClientConfig::new(coordinator);
+    config.operation_timeout = Duration::from_secs(2);
+    let client = {
+        let _guard = runtime.enter();
+        Client::new(config)
+    };
+    let started = Instant::now();
+    let baseline = loop {
+        if let Some(reason) = children.exited() {
+            return Err(format!("{reason}; see {}", logs.join("coordinator.log").display()));
+        }
+        match runtime.block_on(client.server_list()) {
+            Ok(servers) => {
+                break servers.iter().map(|server| server.server_id.0).max().unwrap_or(0)
+            }
+            Err(_) if started.elapsed() < STARTUP_PATIENCE => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(error) => return Err(format!("coordinator did not come up: {error}")),
+        }
+    };
+    for index in 0..arguments.servers {
+        children.spawn(
+            &format!("server-{index}"),
+            &[
+                "--coordinator".to_string(),
+                coordinator.to_string(),
+                "server".to_string(),
+                "--listen".to_string(),
+                "127.0.0.1:0".to_string(),
+                "--log-mib".to_string(),
+                arguments.log_mib.to_string(),
+                "--segment-mib".to_string(),
+                arguments.segment_mib.to_string(),
+            ],
+            &logs,
+        )?;
+    }
+    loop {
+        if let Some(reason) = children.exited() {
+            return Err(format!("{reason} during startup; logs in {}", logs.display()));
+        }
+        let enlisted = runtime
+            .block_on(client.server_list())
+            .map(|servers| {
+                servers
+                    .iter()
+                    .filter(|server| {
+                        server.server_id.0 > baseline && server.status == ServerStatus::Up
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if enlisted >= arguments.servers as usize {
+            break;
+        }
+        if started.elapsed() > STARTUP_PATIENCE {
+            return Err(format!(
+                "only {enlisted} of {} servers enlisted in time; logs in {}",
+                arguments.servers,
+                logs.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "stratus cluster ready: coordinator {coordinator}, {} servers, data and logs in {}",
+        arguments.servers,
+        arguments.dir.display()
+    );
+    let outcome = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut terminate = signal(SignalKind::terminate()).map_err(|error| error.to_string())?;
+        let mut interrupt = signal(SignalKind::interrupt()).map_err(|error| error.to_string())?;
+        let mut poll = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => return Ok(()),
+                _ = interrupt.recv() => return Ok(()),
+                _ = poll.tick() => {
+                    if let Some(reason) = children.exited() {
+                        return Err(format!("{reason}; stopping the cluster (logs in {})", logs.display()));
+                    }
+                }
+            }
+        }
+    });
+    println!("stratus up: stopping");
+    children.stop();
+    outcome
+}

@@ -1,0 +1,167 @@
+//! Bad input gets a clear error status and never stops a server from serving others.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::TestCluster;
+use stratus_client::{RejectRules, Status, TableId};
+use stratus_wire::{
+    decode_frame_header, encode_request, frame_length, FrameKind, Hello, Request, HELLO_BYTES,
+    PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn handshaken(address: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(&Hello { version: PROTOCOL_VERSION, status: Status::Ok }.encode())
+        .await
+        .unwrap();
+    let mut reply = [0u8; HELLO_BYTES];
+    stream.read_exact(&mut reply).await.unwrap();
+    assert_eq!(Hello::decode(&reply).unwrap().status, Status::Ok);
+    stream
+}
+
+/// Reads one response frame; returns (request id, status). `buffer` keeps bytes received past
+/// that frame (several responses may arrive in one read) for the next call.
+async fn read_response(stream: &mut TcpStream, buffer: &mut BytesMut) -> (u64, Status) {
+    loop {
+        if let Some(length) = frame_length(buffer).unwrap() {
+            if buffer.len() >= length {
+                let frame = buffer.split_to(length);
+                let header = decode_frame_header(&frame).unwrap();
+                assert_eq!(header.kind, FrameKind::Response);
+                return (header.request_id, header.status);
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_buf(buffer))
+            .await
+            .expect("a response in time")
+            .unwrap();
+        assert!(read > 0, "connection closed before a response");
+    }
+}
+
+/// True if the server closes the connection (bounded wait).
+async fn closed_by_server(stream: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
+    let cluster = TestCluster::start(1);
+    let client = cluster.client();
+    let table = client.create_table("strict", 1).await.unwrap();
+    client.write(table, b"good", b"value").await.unwrap();
+    let master = client.tablet_map(table).await.unwrap()[0].owner_address.clone();
+
+    // Client-side checks: keys that cannot be encoded or are empty.
+    assert_eq!(client.write(table, b"", b"v").await.unwrap_err().status, Status::InvalidKey);
+    assert_eq!(
+        client.read(table, &vec![b'k'; 65_536]).await.unwrap_err().status,
+        Status::InvalidKey
+    );
+    // The longest legal key works.
+    client.write(table, &vec![b'k'; 65_535], b"v").await.unwrap();
+    // Value over the server's limit (128 KiB in these tests).
+    let too_big = Bytes::from(vec![0u8; 128 * 1024 + 1]);
+    let error = client.write_with(table, b"big", too_big, RejectRules::NONE).await.unwrap_err();
+    assert_eq!(error.status, Status::ValueTooLarge);
+    // Unknown table.
+    assert_eq!(
+        client.read(TableId(424_242), b"k").await.unwrap_err().status,
+        Status::TableDoesntExist
+    );
+    assert_eq!(client.get_table_id("nope").await.unwrap_err().status, Status::TableDoesntExist);
+    assert_eq!(client.create_table("", 1).await.unwrap_err().status, Status::InvalidParameter);
+    assert_eq!(client.create_table("zero", 0).await.unwrap_err().status, Status::InvalidParameter);
+
+    // Server-side checks on raw frames.
+    let mut stream = handshaken(&master).await;
+    let mut received = BytesMut::new();
+    let mut frame = BytesMut::new();
+    encode_request(
+        &mut frame,
+        1,
+        &Request::Read { table_id: table, key: Bytes::new(), rules: RejectRules::NONE },
+    );
+    encode_request(
+        &mut frame,
+        2,
+        &Request::Read {
+            table_id: TableId(77),
+            key: Bytes::from_static(b"k"),
+            rules: RejectRules::NONE,
+        },
+    );
+    stream.write_all(&frame).await.unwrap();
+    assert_eq!(read_response(&mut stream, &mut received).await, (1, Status::InvalidKey));
+    assert_eq!(read_response(&mut stream, &mut received).await, (2, Status::UnknownTablet));
+    // Unknown opcode, then a truncated body: clear statuses, connection stays usable.
+    let mut unknown = BytesMut::new();
+    encode_request(&mut unknown, 3, &Request::Ping);
+    unknown[6..8].copy_from_slice(&999u16.to_le_bytes());
+    stream.write_all(&unknown).await.unwrap();
+    assert_eq!(read_response(&mut stream, &mut received).await, (3, Status::UnimplementedRequest));
+    let mut truncated = BytesMut::new();
+    encode_request(
+        &mut truncated,
+        4,
+        &Request::Read {
+            table_id: table,
+            key: Bytes::from_static(b"good"),
+            rules: RejectRules::NONE,
+        },
+    );
+    let shortened = truncated.len() - 3;
+    truncated.truncate(shortened);
+    let length = (shortened - 4) as u32;
+    truncated[0..4].copy_from_slice(&length.to_le_bytes());
+    stream.write_all(&truncated).await.unwrap();
+    assert_eq!(read_response(&mut stream, &mut received).await, (4, Status::RequestFormatError));
+
+    // A frame claiming a huge length: REQUEST_TOO_LARGE for its request id, then the
+    // connection closes.
+    let mut huge = BytesMut::new();
+    encode_request(&mut huge, 5, &Request::Ping);
+    huge[0..4].copy_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
+    stream.write_all(&huge[..16]).await.unwrap();
+    assert_eq!(read_response(&mut stream, &mut received).await, (5, Status::RequestTooLarge));
+    assert!(closed_by_server(&mut stream).await);
+
+    // Garbage instead of a handshake: the server hangs up.
+    let mut garbage = TcpStream::connect(&master).await.unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(closed_by_server(&mut garbage).await);
+
+    // A wrong protocol version: told so, then disconnected.
+    let mut old = TcpStream::connect(&master).await.unwrap();
+    old.write_all(&Hello { version: PROTOCOL_VERSION + 1, status: Status::Ok }.encode())
+        .await
+        .unwrap();
+    let mut reply = [0u8; HELLO_BYTES];
+    old.read_exact(&mut reply).await.unwrap();
+    let reply = Hello::decode(&reply).unwrap();
+    assert_eq!(reply.status, Status::ProtocolVersionMismatch);
+    assert_eq!(reply.version, PROTOCOL_VERSION);
+    assert!(closed_by_server(&mut old).await);
+
+    // The same checks against the coordinator's port.
+    let mut garbage = TcpStream::connect(&cluster.coordinator_address).await.unwrap();
+    garbage.write_all(&[0xff; 64]).await.unwrap();
+    assert!(closed_by_server(&mut garbage).await);
+
+    // Everything still works for well-behaved clients.
+    let (value, _) = client.read(table, b"good").await.unwrap();
+    assert_eq!(&value[..], b"value");
+    client.write(table, b"after", b"ok").await.unwrap();
+    assert_eq!(client.list_tables().await.unwrap().len(), 1);
+}

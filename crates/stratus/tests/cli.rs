@@ -1,0 +1,112 @@
+//! The command-line interface against a cluster started with `stratus up`.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{free_address, stratus_binary, Process};
+
+struct CommandOutput {
+    success: bool,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+fn stratus(coordinator: &str, arguments: &[&str], stdin: Option<&[u8]>) -> CommandOutput {
+    let mut child = Command::new(stratus_binary())
+        .args(arguments)
+        .env("STRATUS_COORDINATOR", coordinator)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run stratus");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    CommandOutput {
+        success: output.status.success(),
+        stdout: output.stdout,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn text(output: &CommandOutput) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn cli_against_a_local_cluster() {
+    let directory = tempfile::tempdir().unwrap();
+    let coordinator = free_address();
+    let data = directory.path().join("data");
+    let mut up = Process::start(&[
+        "--coordinator".to_string(),
+        coordinator.clone(),
+        "up".to_string(),
+        "--dir".to_string(),
+        data.display().to_string(),
+        "--servers".to_string(),
+        "2".to_string(),
+        "--log-mib".to_string(),
+        "16".to_string(),
+        "--segment-mib".to_string(),
+        "1".to_string(),
+    ]);
+    up.wait_for_line("ready", Duration::from_secs(60));
+
+    let created = stratus(&coordinator, &["table", "create", "users", "--span", "2"], None);
+    assert!(created.success, "{}", created.stderr);
+    assert_eq!(text(&created).trim(), "1");
+    let put = stratus(&coordinator, &["put", "users", "alice", "hello world"], None);
+    assert!(put.success, "{}", put.stderr);
+    let get = stratus(&coordinator, &["get", "users", "alice"], None);
+    assert!(get.success);
+    assert_eq!(text(&get), "hello world\n");
+
+    // Binary values through stdin and --raw.
+    let binary: Vec<u8> = (0..=255u8).collect();
+    assert!(stratus(&coordinator, &["put", "users", "blob"], Some(&binary)).success);
+    let raw = stratus(&coordinator, &["get", "users", "blob", "--raw"], None);
+    assert_eq!(raw.stdout, binary);
+
+    let incremented = stratus(&coordinator, &["incr", "users", "visits", "5"], None);
+    assert_eq!(text(&incremented).trim(), "5");
+    let decremented = stratus(&coordinator, &["incr", "users", "visits", "-2"], None);
+    assert_eq!(text(&decremented).trim(), "3");
+
+    let scan = stratus(&coordinator, &["scan", "users"], None);
+    assert!(scan.success);
+    let lines = text(&scan);
+    assert_eq!(lines.lines().count(), 3, "{lines}");
+    assert!(lines.lines().any(|line| line == "alice\thello world"));
+
+    assert!(stratus(&coordinator, &["del", "users", "alice"], None).success);
+    let missing = stratus(&coordinator, &["get", "users", "alice"], None);
+    assert!(!missing.success);
+    assert!(missing.stderr.contains("object doesn't exist"), "{}", missing.stderr);
+    let no_table = stratus(&coordinator, &["get", "nosuchtable", "k"], None);
+    assert!(!no_table.success);
+    assert!(no_table.stderr.contains("table doesn't exist"), "{}", no_table.stderr);
+
+    let list = stratus(&coordinator, &["table", "list"], None);
+    assert!(text(&list).starts_with("users\tid=1\ttablets=2"));
+    let status = stratus(&coordinator, &["status"], None);
+    assert!(status.success, "{}", status.stderr);
+    let status_text = text(&status);
+    assert_eq!(status_text.matches("status=Up").count(), 2, "{status_text}");
+    assert!(status_text.contains("objects="), "{status_text}");
+    assert_eq!(status_text.matches("tablet [").count(), 2, "{status_text}");
+
+    assert!(stratus(&coordinator, &["table", "drop", "users"], None).success);
+    assert!(text(&stratus(&coordinator, &["table", "list"], None)).is_empty());
+
+    up.signal(libc::SIGTERM);
+    let exit = up.wait_exit(Duration::from_secs(30)).expect("stratus up stops on SIGTERM");
+    assert!(exit.success(), "{exit:?}");
+    let unreachable = stratus(&coordinator, &["--timeout-ms", "500", "table", "list"], None);
+    assert!(!unreachable.success, "the cluster is gone after stratus up exits");
+}

@@ -1,0 +1,166 @@
+//! A cluster of real `stratus` processes on loopback for integration tests. Every process is
+//! killed when the cluster is dropped; every wait is bounded.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use stratus_client::{Client, ClientConfig};
+
+/// The stratus binary under test.
+pub fn stratus_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_stratus"))
+}
+
+/// A free loopback address.
+pub fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.local_addr().expect("local address").to_string()
+}
+
+/// A running process whose stdout lines are forwarded to a channel.
+pub struct Process {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+}
+
+impl Process {
+    pub fn start(arguments: &[String]) -> Process {
+        let mut child = Command::new(stratus_binary())
+            .args(arguments)
+            .env("STRATUS_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start stratus");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Process { child, lines }
+    }
+
+    /// Waits (bounded) for a stdout line containing `marker`.
+    pub fn wait_for_line(&self, marker: &str, patience: Duration) -> String {
+        let deadline = Instant::now() + patience;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(marker) => return line,
+                Ok(_) => continue,
+                Err(_) => panic!("no line containing {marker:?} within {patience:?}"),
+            }
+        }
+    }
+
+    #[allow(unsafe_code)]
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) with our own child's pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits (bounded) for the process to exit and returns whether it exited successfully.
+    pub fn wait_exit(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A coordinator and storage servers, each a separate process.
+pub struct TestCluster {
+    pub coordinator_address: String,
+    pub directory: tempfile::TempDir,
+    pub coordinator: Process,
+    pub servers: Vec<Process>,
+}
+
+/// Server arguments used by the tests: a small log with 1 MiB segments and 128 KiB values.
+pub fn server_arguments(coordinator: &str) -> Vec<String> {
+    [
+        "--coordinator",
+        coordinator,
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--log-mib",
+        "32",
+        "--segment-mib",
+        "1",
+        "--value-bytes-max",
+        "131072",
+    ]
+    .iter()
+    .map(|argument| argument.to_string())
+    .collect()
+}
+
+impl TestCluster {
+    pub fn start(server_count: usize) -> TestCluster {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let coordinator_address = free_address();
+        let coordinator = Self::start_coordinator(&coordinator_address, &directory);
+        let mut servers = Vec::new();
+        for _ in 0..server_count {
+            let server = Process::start(&server_arguments(&coordinator_address));
+            server.wait_for_line("listening on", Duration::from_secs(30));
+            servers.push(server);
+        }
+        TestCluster { coordinator_address, directory, coordinator, servers }
+    }
+
+    pub fn start_coordinator(address: &str, directory: &tempfile::TempDir) -> Process {
+        let coordinator = Process::start(&[
+            "coordinator".to_string(),
+            "--listen".to_string(),
+            address.to_string(),
+            "--dir".to_string(),
+            directory.path().join("coordinator").display().to_string(),
+        ]);
+        coordinator.wait_for_line("listening on", Duration::from_secs(30));
+        coordinator
+    }
+
+    /// Kills the coordinator with SIGKILL and starts a new one on the same directory.
+    pub fn restart_coordinator_after_sigkill(&mut self) {
+        self.coordinator.signal(libc::SIGKILL);
+        assert!(self.coordinator.wait_exit(Duration::from_secs(10)).is_some());
+        self.coordinator = Self::start_coordinator(&self.coordinator_address, &self.directory);
+    }
+
+    pub fn client(&self) -> Client {
+        let mut config = ClientConfig::new(self.coordinator_address.clone());
+        config.operation_timeout = Duration::from_secs(20);
+        Client::new(config)
+    }
+}

@@ -103,10 +103,13 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
 pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), String> {
     let mut store = StoreConfig::with_log_bytes(arguments.log_mib << 20);
     store.segment_bytes = arguments.segment_mib << 20;
-    if let Some(value_bytes_max) = arguments.value_bytes_max {
-        store.value_bytes_max = value_bytes_max;
-    }
-    store.validate().map_err(|error| format!("invalid memory configuration: {error:?}"))?;
+    // Without an explicit limit, values may be as large as the segment size allows (an eighth
+    // of a segment, the cleaner's packing rule), up to the default.
+    store.value_bytes_max = match arguments.value_bytes_max {
+        Some(value_bytes_max) => value_bytes_max,
+        None => store.value_bytes_max.min(store.segment_bytes / 8),
+    };
+    store.validate().map_err(|error| format!("invalid memory configuration: {error}"))?;
     let environment = Environment::system();
     let coordinator = coordinator.to_string();
     runtime()?.block_on(async move {

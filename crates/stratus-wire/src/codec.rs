@@ -17,13 +17,14 @@ use stratus_types::limits::{
     FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX,
     TABLES_MAX, TABLE_NAME_BYTES_MAX,
 };
-use stratus_types::{HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
 
 use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
-    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode,
-    ReadItemResult, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
-    TableEntry, TabletEntry, VersionItemResult, WriteItem,
+    BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
+    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
+    ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
+    ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult, WriteItem,
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
@@ -51,6 +52,26 @@ const TABLETS_MAX: usize = TABLES_MAX * SERVER_SPAN_MAX as usize;
 /// Most objects in one enumeration response: as many of the smallest possible object (empty key
 /// and value) as fit in a frame.
 const ENUMERATED_OBJECTS_MAX: usize = FRAME_BYTES_MAX / (2 + 4 + 8);
+
+/// Largest segment replica a backup stores, in bytes (8 MiB, the default segment size). A
+/// BACKUP_READ_REPLICA response carries a whole replica in one frame, so this must leave room
+/// for the response header and fields within `FRAME_BYTES_MAX`; a master replicates only
+/// segments of at most this size.
+pub const REPLICA_BYTES_MAX: usize = 8 << 20;
+
+/// Most replicas one BACKUP_LIST_REPLICAS response lists (and so the most replicas one backup
+/// may hold): 262 144 entries of 33 bytes fit a frame with room to spare.
+pub const BACKUP_REPLICAS_MAX: usize = 262_144;
+
+/// Bit of a replica entry's flags byte: the replica is closed.
+const REPLICA_CLOSED: u8 = 1 << 0;
+/// Bit of a replica entry's flags byte: the replica is the primary one.
+const REPLICA_PRIMARY: u8 = 1 << 1;
+/// Every defined replica flag bit.
+const REPLICA_FLAGS_KNOWN: u8 = REPLICA_CLOSED | REPLICA_PRIMARY;
+
+const _: () = assert!(REPLICA_BYTES_MAX + 4_096 < FRAME_BYTES_MAX);
+const _: () = assert!(BACKUP_REPLICAS_MAX * REPLICA_ENTRY_BYTES + 4_096 < FRAME_BYTES_MAX);
 
 /// Why a body could not be decoded. The server answers with [`DecodeError::status`] and keeps the
 /// connection (the frame envelope was fine, only this request is bad).
@@ -202,7 +223,8 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         Request::Ping
         | Request::GetServerList
         | Request::ListTables
-        | Request::GetServerStatistics => {}
+        | Request::GetServerStatistics
+        | Request::BackupGetStatistics => {}
         Request::EnlistServer { address, services } => {
             put_string(out, address);
             put_u32(out, services.0);
@@ -263,6 +285,21 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, table_id.0);
             put_range(out, range);
         }
+        Request::BackupWrite { master_id, segment_id, epoch, offset, flags, certificate, data } => {
+            put_u64(out, master_id.0);
+            put_u64(out, segment_id.0);
+            put_u64(out, *epoch);
+            put_u32(out, *offset);
+            put_u8(out, flags.to_byte());
+            put_certificate(out, certificate);
+            put_value(out, data);
+        }
+        Request::BackupFree { master_id, segment_id }
+        | Request::BackupReadReplica { master_id, segment_id } => {
+            put_u64(out, master_id.0);
+            put_u64(out, segment_id.0);
+        }
+        Request::BackupListReplicas { master_id } => put_u64(out, master_id.0),
     }
 }
 
@@ -271,7 +308,56 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         Response::Ping
         | Response::DropTable
         | Response::TakeTabletOwnership
-        | Response::DropTabletOwnership => {}
+        | Response::DropTabletOwnership
+        | Response::BackupWrite
+        | Response::BackupFree => {}
+        Response::BackupListReplicas { replicas } => {
+            put_count(out, replicas.len());
+            for replica in replicas {
+                put_u64(out, replica.master_id.0);
+                put_u64(out, replica.segment_id.0);
+                put_u64(out, replica.epoch);
+                put_certificate(out, &replica.certificate);
+                put_u8(out, replica_flags(replica.closed, replica.primary));
+            }
+        }
+        Response::BackupReadReplica { epoch, certificate, closed, primary, data } => {
+            put_u64(out, *epoch);
+            put_certificate(out, certificate);
+            put_u8(out, replica_flags(*closed, *primary));
+            put_value(out, data);
+        }
+        Response::BackupGetStatistics { statistics } => {
+            let BackupServiceStatistics {
+                durability,
+                replicas,
+                replicas_open,
+                buffers_in_use,
+                buffer_count,
+                frames_free,
+                frame_count,
+                disk_syncs,
+                disk_write_jobs,
+                disk_data_bytes_written,
+                storage_failure,
+            } = statistics;
+            put_u8(out, *durability as u8);
+            for field in
+                [replicas, replicas_open, buffers_in_use, buffer_count, frames_free, frame_count]
+            {
+                put_u32(out, *field);
+            }
+            for field in [disk_syncs, disk_write_jobs, disk_data_bytes_written] {
+                put_u64(out, *field);
+            }
+            match storage_failure {
+                None => put_u8(out, 0),
+                Some(reason) => {
+                    put_u8(out, 1);
+                    put_string(out, truncate_at_char_boundary(reason, ERROR_MESSAGE_BYTES_MAX));
+                }
+            }
+        }
         Response::EnlistServer { server_id } => put_u64(out, server_id.0),
         Response::GetServerList { servers } => {
             put_count(out, servers.len());
@@ -463,6 +549,22 @@ fn put_cursor(out: &mut BytesMut, cursor: &EnumerationCursor) {
     }
 }
 
+fn put_certificate(out: &mut BytesMut, certificate: &ReplicaCertificate) {
+    put_u32(out, certificate.segment_length);
+    put_u32(out, certificate.checksum);
+}
+
+fn replica_flags(closed: bool, primary: bool) -> u8 {
+    let mut flags = 0;
+    if closed {
+        flags |= REPLICA_CLOSED;
+    }
+    if primary {
+        flags |= REPLICA_PRIMARY;
+    }
+    flags
+}
+
 fn server_status_code(status: ServerStatus) -> u8 {
     status as u8
 }
@@ -602,6 +704,23 @@ impl Reader {
         Ok(EnumerationCursor { reversed_hash, after_key })
     }
 
+    fn segment_id(&mut self) -> Result<SegmentId, DecodeError> {
+        Ok(SegmentId(self.u64()?))
+    }
+
+    fn certificate(&mut self) -> Result<ReplicaCertificate, DecodeError> {
+        Ok(ReplicaCertificate { segment_length: self.u32()?, checksum: self.u32()? })
+    }
+
+    /// A replica flags byte: (closed, primary).
+    fn replica_flags(&mut self) -> Result<(bool, bool), DecodeError> {
+        let flags = self.u8()?;
+        if flags & !REPLICA_FLAGS_KNOWN != 0 {
+            return Err(DecodeError::InvalidField("replica flags"));
+        }
+        Ok((flags & REPLICA_CLOSED != 0, flags & REPLICA_PRIMARY != 0))
+    }
+
     fn status(&mut self) -> Result<Status, DecodeError> {
         let code = self.u16()?;
         Status::from_code(code).ok_or(DecodeError::InvalidField("status"))
@@ -674,6 +793,8 @@ const READ_RESULT_BYTES_MIN: usize = 2 + 8 + 4;
 const VERSION_RESULT_BYTES_MIN: usize = 2 + 8;
 const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
 const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8;
+/// Bytes of one BACKUP_LIST_REPLICAS entry (fixed size).
+const REPLICA_ENTRY_BYTES: usize = 8 + 8 + 8 + 8 + 1;
 
 fn key_item(reader: &mut Reader) -> Result<KeyItem, DecodeError> {
     Ok(KeyItem { table_id: reader.table_id()?, key: reader.key()?, rules: reader.rules()? })
@@ -758,6 +879,27 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             Request::DropTabletOwnership { table_id: reader.table_id()?, range: reader.range()? }
         }
         Opcode::GetServerStatistics => Request::GetServerStatistics,
+        Opcode::BackupWrite => Request::BackupWrite {
+            master_id: reader.server_id()?,
+            segment_id: reader.segment_id()?,
+            epoch: reader.u64()?,
+            offset: reader.u32()?,
+            flags: BackupWriteFlags::from_byte(reader.u8()?)
+                .ok_or(DecodeError::InvalidField("backup write flags"))?,
+            certificate: reader.certificate()?,
+            data: reader.value()?,
+        },
+        Opcode::BackupFree => {
+            Request::BackupFree { master_id: reader.server_id()?, segment_id: reader.segment_id()? }
+        }
+        Opcode::BackupListReplicas => {
+            Request::BackupListReplicas { master_id: reader.server_id()? }
+        }
+        Opcode::BackupReadReplica => Request::BackupReadReplica {
+            master_id: reader.server_id()?,
+            segment_id: reader.segment_id()?,
+        },
+        Opcode::BackupGetStatistics => Request::BackupGetStatistics,
     })
 }
 
@@ -856,6 +998,51 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 objects_live: reader.u64()?,
                 tablets_owned: reader.u32()?,
                 requests_served: reader.u64()?,
+            },
+        },
+        Opcode::BackupWrite => Response::BackupWrite,
+        Opcode::BackupFree => Response::BackupFree,
+        Opcode::BackupListReplicas => Response::BackupListReplicas {
+            replicas: reader.list(BACKUP_REPLICAS_MAX, REPLICA_ENTRY_BYTES, |reader| {
+                let master_id = reader.server_id()?;
+                let segment_id = reader.segment_id()?;
+                let epoch = reader.u64()?;
+                let certificate = reader.certificate()?;
+                let (closed, primary) = reader.replica_flags()?;
+                Ok(ReplicaEntry { master_id, segment_id, epoch, certificate, closed, primary })
+            })?,
+        },
+        Opcode::BackupReadReplica => {
+            let epoch = reader.u64()?;
+            let certificate = reader.certificate()?;
+            let (closed, primary) = reader.replica_flags()?;
+            let data = reader.value()?;
+            if data.len() != certificate.segment_length as usize {
+                return Err(DecodeError::InvalidField("replica data length"));
+            }
+            Response::BackupReadReplica { epoch, certificate, closed, primary, data }
+        }
+        Opcode::BackupGetStatistics => Response::BackupGetStatistics {
+            statistics: BackupServiceStatistics {
+                durability: match reader.u8()? {
+                    0 => BackupDurability::Buffered,
+                    1 => BackupDurability::Fsync,
+                    _ => return Err(DecodeError::InvalidField("backup durability")),
+                },
+                replicas: reader.u32()?,
+                replicas_open: reader.u32()?,
+                buffers_in_use: reader.u32()?,
+                buffer_count: reader.u32()?,
+                frames_free: reader.u32()?,
+                frame_count: reader.u32()?,
+                disk_syncs: reader.u64()?,
+                disk_write_jobs: reader.u64()?,
+                disk_data_bytes_written: reader.u64()?,
+                storage_failure: match reader.u8()? {
+                    0 => None,
+                    1 => Some(reader.string(ERROR_MESSAGE_BYTES_MAX, "storage failure")?),
+                    _ => return Err(DecodeError::InvalidField("storage failure flag")),
+                },
             },
         },
     })

@@ -24,7 +24,7 @@ pub mod status;
 
 pub use codec::{
     decode_request, decode_response, encode_error_response, encode_request, encode_response,
-    DecodeError, ResponseBody, ERROR_MESSAGE_BYTES_MAX,
+    DecodeError, ResponseBody, BACKUP_REPLICAS_MAX, ERROR_MESSAGE_BYTES_MAX, REPLICA_BYTES_MAX,
 };
 pub use frame::{
     begin_request, begin_response, body_offset, decode_frame_header, finish_frame, frame_length,
@@ -32,8 +32,9 @@ pub use frame::{
     LENGTH_FIELD_BYTES, MAGIC, PROTOCOL_VERSION, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 pub use message::{
-    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode,
-    ReadItemResult, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
-    TableEntry, TabletEntry, VersionItemResult, WriteItem,
+    BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
+    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
+    ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
+    ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult, WriteItem,
 };
 pub use status::Status;

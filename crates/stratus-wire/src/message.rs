@@ -5,7 +5,7 @@
 //! copying it.
 
 use bytes::Bytes;
-use stratus_types::{HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
 
 use crate::status::Status;
 
@@ -53,11 +53,22 @@ pub enum Opcode {
     DropTabletOwnership = 41,
     /// Master: statistics for `stratus status`.
     GetServerStatistics = 42,
+    /// Backup: append to a replica of a master's segment (opening or closing it), then store
+    /// the certificate that commits it.
+    BackupWrite = 50,
+    /// Backup: free a replica (idempotent).
+    BackupFree = 51,
+    /// Backup: the replicas it holds (of one master, or of all).
+    BackupListReplicas = 52,
+    /// Backup: the certified bytes of one replica, for recovery.
+    BackupReadReplica = 53,
+    /// Backup: its durability mode and counters, for `stratus status`.
+    BackupGetStatistics = 54,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 20] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -78,6 +89,11 @@ impl Opcode {
         Opcode::TakeTabletOwnership,
         Opcode::DropTabletOwnership,
         Opcode::GetServerStatistics,
+        Opcode::BackupWrite,
+        Opcode::BackupFree,
+        Opcode::BackupListReplicas,
+        Opcode::BackupReadReplica,
+        Opcode::BackupGetStatistics,
     ];
 
     /// The wire code.
@@ -281,6 +297,120 @@ pub struct ServerStatistics {
     pub requests_served: u64,
 }
 
+/// A segment certificate as carried on the wire: the length of the segment prefix it commits
+/// and a CRC32C over that prefix's entry headers (docs/design/log-format.md, "Certificate").
+/// The backup checks it with the log crate's validating iterator; the wire only carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ReplicaCertificate {
+    /// Bytes of the segment that are valid.
+    pub segment_length: u32,
+    /// CRC32C over the entry headers, then the 4 LE bytes of `segment_length`.
+    pub checksum: u32,
+}
+
+/// The flags of a BACKUP_WRITE. On the wire: u8, bit 0 open, bit 1 close, bit 2 primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BackupWriteFlags {
+    /// Create the replica (refused with BACKUP_OPEN_REJECTED when the backup has no buffer or
+    /// storage frame for it). Idempotent: opening a replica the backup holds is a plain write.
+    pub open: bool,
+    /// The replica is complete after this write; it accepts no new bytes.
+    pub close: bool,
+    /// This is the segment's primary replica (the one recovery reads first).
+    pub primary: bool,
+}
+
+impl BackupWriteFlags {
+    /// Bit of the flags byte: open.
+    pub const OPEN: u8 = 1 << 0;
+    /// Bit of the flags byte: close.
+    pub const CLOSE: u8 = 1 << 1;
+    /// Bit of the flags byte: primary.
+    pub const PRIMARY: u8 = 1 << 2;
+    /// Every defined bit; others must be zero.
+    pub const KNOWN: u8 = Self::OPEN | Self::CLOSE | Self::PRIMARY;
+
+    /// The flags byte.
+    pub fn to_byte(self) -> u8 {
+        let mut byte = 0;
+        if self.open {
+            byte |= Self::OPEN;
+        }
+        if self.close {
+            byte |= Self::CLOSE;
+        }
+        if self.primary {
+            byte |= Self::PRIMARY;
+        }
+        byte
+    }
+
+    /// The flags of a byte, or `None` if an undefined bit is set.
+    pub fn from_byte(byte: u8) -> Option<BackupWriteFlags> {
+        if byte & !Self::KNOWN != 0 {
+            return None;
+        }
+        Some(BackupWriteFlags {
+            open: byte & Self::OPEN != 0,
+            close: byte & Self::CLOSE != 0,
+            primary: byte & Self::PRIMARY != 0,
+        })
+    }
+}
+
+/// One replica a backup holds, as listed by BACKUP_LIST_REPLICAS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReplicaEntry {
+    /// The master whose segment this replicates.
+    pub master_id: ServerId,
+    /// The segment.
+    pub segment_id: SegmentId,
+    /// The replica epoch of the last write (recovery ignores replicas of an older epoch).
+    pub epoch: u64,
+    /// The certificate of the last write: the replica's valid prefix.
+    pub certificate: ReplicaCertificate,
+    /// True once a write with the close flag arrived: the segment is complete.
+    pub closed: bool,
+    /// True if the master marked this the primary replica.
+    pub primary: bool,
+}
+
+/// When a backup acknowledges a replica write. On the wire: u8, 0 buffered, 1 fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackupDurability {
+    /// Once the bytes are in the backup's RAM.
+    Buffered = 0,
+    /// Once the bytes are on the backup's disk (after fdatasync).
+    Fsync = 1,
+}
+
+/// A backup's state, as BACKUP_GET_STATISTICS reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackupServiceStatistics {
+    /// Durability mode.
+    pub durability: BackupDurability,
+    /// Replicas held.
+    pub replicas: u32,
+    /// Replicas not closed yet.
+    pub replicas_open: u32,
+    /// RAM buffers in use.
+    pub buffers_in_use: u32,
+    /// RAM buffers configured.
+    pub buffer_count: u32,
+    /// Storage frames holding no replica.
+    pub frames_free: u32,
+    /// Storage frames.
+    pub frame_count: u32,
+    /// Disk syncs issued (each a group commit of a batch of writes).
+    pub disk_syncs: u64,
+    /// Disk write jobs those syncs completed.
+    pub disk_write_jobs: u64,
+    /// Segment bytes written to disk.
+    pub disk_data_bytes_written: u64,
+    /// Why the backup refuses writes, if its storage failed (at most 1 024 bytes).
+    pub storage_failure: Option<String>,
+}
+
 /// A request body, one variant per opcode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -406,6 +536,46 @@ pub enum Request {
     },
     /// GET_SERVER_STATISTICS.
     GetServerStatistics,
+    /// BACKUP_WRITE: append `data` at `offset` of the replica of (`master_id`, `segment_id`),
+    /// then store `certificate`.
+    BackupWrite {
+        /// The master whose segment this is.
+        master_id: ServerId,
+        /// The segment.
+        segment_id: SegmentId,
+        /// The replica epoch (the backup keeps the highest it has seen).
+        epoch: u64,
+        /// Where `data` goes in the segment; must equal the bytes the backup holds, unless
+        /// `data` re-sends bytes it already holds identically.
+        offset: u32,
+        /// Open, close, primary.
+        flags: BackupWriteFlags,
+        /// The certificate committing the segment's prefix after this write.
+        certificate: ReplicaCertificate,
+        /// Segment bytes (may be empty, for example a close alone).
+        data: Bytes,
+    },
+    /// BACKUP_FREE: drop the replica (idempotent).
+    BackupFree {
+        /// The master whose segment this is.
+        master_id: ServerId,
+        /// The segment.
+        segment_id: SegmentId,
+    },
+    /// BACKUP_LIST_REPLICAS: the replicas of one master, or of every master for id 0.
+    BackupListReplicas {
+        /// The master, or `ServerId(0)` for all.
+        master_id: ServerId,
+    },
+    /// BACKUP_READ_REPLICA: one replica's certified bytes.
+    BackupReadReplica {
+        /// The master whose segment this is.
+        master_id: ServerId,
+        /// The segment.
+        segment_id: SegmentId,
+    },
+    /// BACKUP_GET_STATISTICS.
+    BackupGetStatistics,
 }
 
 /// A response body for a status that carries the operation's body (see
@@ -506,6 +676,33 @@ pub enum Response {
         /// Statistics.
         statistics: ServerStatistics,
     },
+    /// BACKUP_WRITE.
+    BackupWrite,
+    /// BACKUP_FREE.
+    BackupFree,
+    /// BACKUP_LIST_REPLICAS.
+    BackupListReplicas {
+        /// Replicas, sorted by master id then segment id.
+        replicas: Vec<ReplicaEntry>,
+    },
+    /// BACKUP_READ_REPLICA.
+    BackupReadReplica {
+        /// The replica's epoch.
+        epoch: u64,
+        /// Its certificate; `data` is exactly `certificate.segment_length` bytes.
+        certificate: ReplicaCertificate,
+        /// True if the replica is closed (the segment is complete).
+        closed: bool,
+        /// True if it is the primary replica.
+        primary: bool,
+        /// The certified bytes of the segment.
+        data: Bytes,
+    },
+    /// BACKUP_GET_STATISTICS.
+    BackupGetStatistics {
+        /// The backup's state.
+        statistics: BackupServiceStatistics,
+    },
 }
 
 impl Request {
@@ -532,6 +729,11 @@ impl Request {
             Request::TakeTabletOwnership { .. } => Opcode::TakeTabletOwnership,
             Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
             Request::GetServerStatistics => Opcode::GetServerStatistics,
+            Request::BackupWrite { .. } => Opcode::BackupWrite,
+            Request::BackupFree { .. } => Opcode::BackupFree,
+            Request::BackupListReplicas { .. } => Opcode::BackupListReplicas,
+            Request::BackupReadReplica { .. } => Opcode::BackupReadReplica,
+            Request::BackupGetStatistics => Opcode::BackupGetStatistics,
         }
     }
 }
@@ -560,6 +762,11 @@ impl Response {
             Response::TakeTabletOwnership => Opcode::TakeTabletOwnership,
             Response::DropTabletOwnership => Opcode::DropTabletOwnership,
             Response::GetServerStatistics { .. } => Opcode::GetServerStatistics,
+            Response::BackupWrite => Opcode::BackupWrite,
+            Response::BackupFree => Opcode::BackupFree,
+            Response::BackupListReplicas { .. } => Opcode::BackupListReplicas,
+            Response::BackupReadReplica { .. } => Opcode::BackupReadReplica,
+            Response::BackupGetStatistics { .. } => Opcode::BackupGetStatistics,
         }
     }
 }

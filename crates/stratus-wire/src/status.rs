@@ -51,11 +51,26 @@ pub enum Status {
     InvalidObject = 19,
     /// A request parameter is out of range (for example a server span of 0 or an empty name).
     InvalidParameter = 20,
+    /// A backup cannot open a new replica: it is out of RAM buffers or storage frames. The
+    /// master opens the replica on another backup.
+    BackupOpenRejected = 21,
+    /// The backup holds no replica of that segment (never opened, freed, or lost in a restart).
+    BackupBadSegmentId = 22,
+    /// The write would end past the replica's capacity.
+    BackupSegmentOverflow = 23,
+    /// The write's offset is not the end of the bytes the backup holds (and it is not an
+    /// identical re-send of bytes it holds); the message says how many bytes it holds.
+    BackupOffsetMismatch = 24,
+    /// The replica is closed and accepts no new bytes.
+    BackupReplicaClosed = 25,
+    /// The backup's storage failed (for example an fsync error); it refuses every write until
+    /// it is restarted, rather than acknowledge data it may not hold.
+    BackupStorageFailed = 26,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 21] = [
+    pub const ALL: [Status; 27] = [
         Status::Ok,
         Status::UnknownTablet,
         Status::TableDoesntExist,
@@ -77,6 +92,12 @@ impl Status {
         Status::ServiceNotAvailable,
         Status::InvalidObject,
         Status::InvalidParameter,
+        Status::BackupOpenRejected,
+        Status::BackupBadSegmentId,
+        Status::BackupSegmentOverflow,
+        Status::BackupOffsetMismatch,
+        Status::BackupReplicaClosed,
+        Status::BackupStorageFailed,
     ];
 
     /// The wire code.
@@ -122,6 +143,12 @@ impl Status {
             Status::ServiceNotAvailable => "service not available",
             Status::InvalidObject => "object is not an 8-byte integer",
             Status::InvalidParameter => "invalid parameter",
+            Status::BackupOpenRejected => "backup cannot open another replica",
+            Status::BackupBadSegmentId => "backup holds no replica of that segment",
+            Status::BackupSegmentOverflow => "write past the replica's capacity",
+            Status::BackupOffsetMismatch => "write offset does not match the replica's length",
+            Status::BackupReplicaClosed => "replica is closed",
+            Status::BackupStorageFailed => "backup storage failed",
         }
     }
 }

@@ -212,6 +212,43 @@ fn field_domains_are_checked() {
         decode_request(Opcode::EnlistServer.code(), Bytes::from(body)),
         Err(DecodeError::InvalidField("service mask"))
     );
+    // Backup write flags with an undefined bit (byte 28: after master, segment, epoch, offset).
+    let write = stratus_wire::Request::BackupWrite {
+        master_id: stratus_types::ServerId(1),
+        segment_id: stratus_types::SegmentId(2),
+        epoch: 3,
+        offset: 0,
+        flags: stratus_wire::BackupWriteFlags::default(),
+        certificate: stratus_wire::ReplicaCertificate::default(),
+        data: Bytes::new(),
+    };
+    let mut body = request_body(&write).to_vec();
+    body[28] = 0x08;
+    assert_eq!(
+        decode_request(Opcode::BackupWrite.code(), Bytes::from(body)),
+        Err(DecodeError::InvalidField("backup write flags"))
+    );
+    // A replica read whose data disagrees with its certificate, and replica flags with an
+    // undefined bit.
+    let read_replica = stratus_wire::Response::BackupReadReplica {
+        epoch: 1,
+        certificate: stratus_wire::ReplicaCertificate { segment_length: 2, checksum: 0 },
+        closed: false,
+        primary: false,
+        data: Bytes::from_static(b"ab"),
+    };
+    let mut body = response_body(Status::Ok, &read_replica).to_vec();
+    body[8] = 3;
+    assert_eq!(
+        decode_response(Opcode::BackupReadReplica, Status::Ok, Bytes::from(body)),
+        Err(DecodeError::InvalidField("replica data length"))
+    );
+    let mut body = response_body(Status::Ok, &read_replica).to_vec();
+    body[16] = 0x04;
+    assert_eq!(
+        decode_response(Opcode::BackupReadReplica, Status::Ok, Bytes::from(body)),
+        Err(DecodeError::InvalidField("replica flags"))
+    );
     // A name over the limit, and one that is not UTF-8.
     let mut body = 257u16.to_le_bytes().to_vec();
     body.extend_from_slice(&[b'a'; 257]);

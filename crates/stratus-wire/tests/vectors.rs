@@ -4,11 +4,14 @@
 //! and the code cannot drift apart.
 
 use bytes::{Bytes, BytesMut};
-use stratus_types::{key_hash, HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+use stratus_types::{
+    key_hash, HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version,
+};
 use stratus_wire::{
     body_offset, decode_frame_header, decode_request, decode_response, encode_error_response,
-    encode_request, encode_response, frame_length, EnumerationCursor, FrameKind, Hello, Opcode,
-    Request, Response, ResponseBody, Status, TabletEntry, WriteItem, HELLO_BYTES,
+    encode_request, encode_response, frame_length, BackupDurability, BackupServiceStatistics,
+    BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, ReplicaCertificate,
+    ReplicaEntry, Request, Response, ResponseBody, Status, TabletEntry, WriteItem, HELLO_BYTES,
 };
 
 const SPEC: &str = include_str!("../../../docs/design/wire-protocol.md");
@@ -126,6 +129,96 @@ fn expected(name: &str) -> Expected {
             status: Status::UnknownTablet,
             body: ResponseBody::Error { message: "tablet not owned".to_string() },
         },
+        "backup-write-request" => Expected::Request {
+            request_id: 11,
+            request: Request::BackupWrite {
+                master_id: ServerId(2),
+                segment_id: SegmentId(3),
+                epoch: 1,
+                offset: 0,
+                flags: BackupWriteFlags { open: true, close: false, primary: true },
+                certificate: ReplicaCertificate { segment_length: 4, checksum: 0x0a0b_0c0d },
+                data: Bytes::from_static(&[0x01, 0x20, 0x53, 0x47]),
+            },
+        },
+        "backup-write-response-open-rejected" => Expected::Response {
+            request_id: 11,
+            opcode: Opcode::BackupWrite,
+            status: Status::BackupOpenRejected,
+            body: ResponseBody::Error { message: "no replica buffer free".to_string() },
+        },
+        "backup-free-request" => Expected::Request {
+            request_id: 12,
+            request: Request::BackupFree { master_id: ServerId(2), segment_id: SegmentId(3) },
+        },
+        "backup-list-replicas-request" => Expected::Request {
+            request_id: 13,
+            request: Request::BackupListReplicas { master_id: ServerId(2) },
+        },
+        "backup-list-replicas-response" => ok(
+            13,
+            Response::BackupListReplicas {
+                replicas: vec![
+                    ReplicaEntry {
+                        master_id: ServerId(2),
+                        segment_id: SegmentId(3),
+                        epoch: 1,
+                        certificate: ReplicaCertificate {
+                            segment_length: 109,
+                            checksum: 0xe582_93f4,
+                        },
+                        closed: true,
+                        primary: true,
+                    },
+                    ReplicaEntry {
+                        master_id: ServerId(2),
+                        segment_id: SegmentId(4),
+                        epoch: 2,
+                        certificate: ReplicaCertificate {
+                            segment_length: 64,
+                            checksum: 0x0102_0304,
+                        },
+                        closed: false,
+                        primary: false,
+                    },
+                ],
+            },
+        ),
+        "backup-read-replica-request" => Expected::Request {
+            request_id: 14,
+            request: Request::BackupReadReplica {
+                master_id: ServerId(2),
+                segment_id: SegmentId(3),
+            },
+        },
+        "backup-read-replica-response" => ok(
+            14,
+            Response::BackupReadReplica {
+                epoch: 1,
+                certificate: ReplicaCertificate { segment_length: 4, checksum: 0x0a0b_0c0d },
+                closed: true,
+                primary: false,
+                data: Bytes::from_static(&[0x01, 0x20, 0x53, 0x47]),
+            },
+        ),
+        "backup-get-statistics-response" => ok(
+            15,
+            Response::BackupGetStatistics {
+                statistics: BackupServiceStatistics {
+                    durability: BackupDurability::Fsync,
+                    replicas: 3,
+                    replicas_open: 1,
+                    buffers_in_use: 1,
+                    buffer_count: 32,
+                    frames_free: 509,
+                    frame_count: 512,
+                    disk_syncs: 10,
+                    disk_write_jobs: 40,
+                    disk_data_bytes_written: 1 << 20,
+                    storage_failure: None,
+                },
+            },
+        ),
         other => panic!("the spec has a vector {other:?} this test does not know"),
     }
 }
@@ -226,6 +319,14 @@ fn spec_vectors_decode_and_re_encode() {
         "create-table-request",
         "get-tablet-map-response",
         "error-response-unknown-tablet",
+        "backup-write-request",
+        "backup-write-response-open-rejected",
+        "backup-free-request",
+        "backup-list-replicas-request",
+        "backup-list-replicas-response",
+        "backup-read-replica-request",
+        "backup-read-replica-response",
+        "backup-get-statistics-response",
     ] {
         assert!(names.contains(&required), "the spec lacks the vector {required}");
     }

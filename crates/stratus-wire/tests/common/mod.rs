@@ -7,11 +7,12 @@ use bytes::Bytes;
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
-use stratus_types::{HashRange, RejectRules, ServerId, TableId, TabletState, Version};
+use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
 use stratus_wire::{
-    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
-    ReadItemResult, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
-    Status, TableEntry, TabletEntry, VersionItemResult, WriteItem,
+    BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
+    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, ReadItemResult,
+    ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
+    ServerStatus, ServiceMask, Status, TableEntry, TabletEntry, VersionItemResult, WriteItem,
 };
 
 /// Keys, including the empty key (decodable; the master refuses it).
@@ -39,6 +40,19 @@ pub fn server_id() -> impl Strategy<Value = ServerId> {
 
 pub fn version() -> impl Strategy<Value = Version> {
     any::<u64>().prop_map(Version)
+}
+
+pub fn segment_id() -> impl Strategy<Value = SegmentId> {
+    any::<u64>().prop_map(SegmentId)
+}
+
+pub fn certificate() -> impl Strategy<Value = ReplicaCertificate> {
+    (any::<u32>(), any::<u32>())
+        .prop_map(|(segment_length, checksum)| ReplicaCertificate { segment_length, checksum })
+}
+
+pub fn backup_write_flags() -> impl Strategy<Value = BackupWriteFlags> {
+    any::<[bool; 3]>().prop_map(|[open, close, primary]| BackupWriteFlags { open, close, primary })
 }
 
 pub fn rules() -> impl Strategy<Value = RejectRules> {
@@ -152,7 +166,49 @@ pub fn request() -> impl Strategy<Value = Request> {
         (table_id(), range())
             .prop_map(|(table_id, range)| Request::DropTabletOwnership { table_id, range }),
         Just(Request::GetServerStatistics),
+        (
+            server_id(),
+            segment_id(),
+            any::<u64>(),
+            any::<u32>(),
+            backup_write_flags(),
+            certificate(),
+            value()
+        )
+            .prop_map(
+                |(master_id, segment_id, epoch, offset, flags, certificate, data)| {
+                    Request::BackupWrite {
+                        master_id,
+                        segment_id,
+                        epoch,
+                        offset,
+                        flags,
+                        certificate,
+                        data,
+                    }
+                }
+            ),
+        (server_id(), segment_id())
+            .prop_map(|(master_id, segment_id)| Request::BackupFree { master_id, segment_id }),
+        server_id().prop_map(|master_id| Request::BackupListReplicas { master_id }),
+        (server_id(), segment_id()).prop_map(|(master_id, segment_id)| {
+            Request::BackupReadReplica { master_id, segment_id }
+        }),
+        Just(Request::BackupGetStatistics),
     ]
+}
+
+fn replica_entry() -> impl Strategy<Value = ReplicaEntry> {
+    (server_id(), segment_id(), any::<u64>(), certificate(), any::<[bool; 2]>()).prop_map(
+        |(master_id, segment_id, epoch, certificate, [closed, primary])| ReplicaEntry {
+            master_id,
+            segment_id,
+            epoch,
+            certificate,
+            closed,
+            primary,
+        },
+    )
 }
 
 fn server_entry() -> impl Strategy<Value = ServerEntry> {
@@ -253,5 +309,46 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::TakeTabletOwnership),
         Just(Response::DropTabletOwnership),
         statistics().prop_map(|statistics| Response::GetServerStatistics { statistics }),
+        Just(Response::BackupWrite),
+        Just(Response::BackupFree),
+        vec(replica_entry(), 0..4).prop_map(|replicas| Response::BackupListReplicas { replicas }),
+        (any::<u64>(), any::<u32>(), any::<[bool; 2]>(), value()).prop_map(
+            |(epoch, checksum, [closed, primary], data)| Response::BackupReadReplica {
+                epoch,
+                // The decoder insists the data is exactly the certified length.
+                certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },
+                closed,
+                primary,
+                data,
+            }
+        ),
+        backup_statistics().prop_map(|statistics| Response::BackupGetStatistics { statistics }),
     ]
+}
+
+fn backup_statistics() -> impl Strategy<Value = BackupServiceStatistics> {
+    (any::<bool>(), any::<[u32; 6]>(), any::<[u64; 3]>(), option::of(name())).prop_map(
+        |(fsync, counts, disk, storage_failure)| {
+            let [replicas, replicas_open, buffers_in_use, buffer_count, frames_free, frame_count] =
+                counts;
+            let [disk_syncs, disk_write_jobs, disk_data_bytes_written] = disk;
+            BackupServiceStatistics {
+                durability: if fsync {
+                    BackupDurability::Fsync
+                } else {
+                    BackupDurability::Buffered
+                },
+                replicas,
+                replicas_open,
+                buffers_in_use,
+                buffer_count,
+                frames_free,
+                frame_count,
+                disk_syncs,
+                disk_write_jobs,
+                disk_data_bytes_written,
+                storage_failure,
+            }
+        },
+    )
 }

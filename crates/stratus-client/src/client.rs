@@ -10,8 +10,8 @@ use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
 use stratus_types::limits::{KEY_BYTES_MAX, MULTI_OP_ITEMS_MAX};
 use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
 use stratus_wire::{
-    IncrementItem, KeyItem, Request, Response, ResponseBody, ServerEntry, ServerStatistics, Status,
-    TableEntry, TabletEntry, WriteItem,
+    BackupServiceStatistics, IncrementItem, KeyItem, Request, Response, ResponseBody, ServerEntry,
+    ServerStatistics, Status, TableEntry, TabletEntry, WriteItem,
 };
 use tokio::time::Instant;
 
@@ -159,6 +159,22 @@ impl Client {
             .map_err(|error| Error::new(error.status(), error.to_string()))?;
         match (status, body) {
             (Status::Ok, ResponseBody::Operation(Response::GetServerStatistics { statistics })) => {
+                Ok(statistics)
+            }
+            (status, body) => Err(failure(status, body)),
+        }
+    }
+
+    /// The durability mode and counters of the backup at `address` (for `stratus status`).
+    pub async fn backup_statistics(&self, address: &str) -> Result<BackupServiceStatistics> {
+        let (status, body) = self
+            .inner
+            .pool
+            .call(address, &Request::BackupGetStatistics)
+            .await
+            .map_err(|error| Error::new(error.status(), error.to_string()))?;
+        match (status, body) {
+            (Status::Ok, ResponseBody::Operation(Response::BackupGetStatistics { statistics })) => {
                 Ok(statistics)
             }
             (status, body) => Err(failure(status, body)),

@@ -1,0 +1,171 @@
+//! The backup RPCs end to end over loopback TCP through `stratus_rpc`: open, append, close,
+//! list, read and free; the out-of-buffers refusal; a malformed request; and the router that
+//! serves the backup beside another service on one port.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use common::segment;
+use stratus_backup::{BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage};
+use stratus_env::{Network, TcpNetwork};
+use stratus_rpc::{serve, Channel, Handled, RpcConfig, Service};
+use stratus_types::{SegmentId, ServerId};
+use stratus_wire::{
+    encode_error_response, BackupWriteFlags, FrameHeader, Request, Response, ResponseBody, Status,
+};
+
+/// Bound on every call, so a broken server fails the test instead of hanging it.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn start(service: Arc<dyn Service>) -> Channel {
+    let listener = TcpNetwork.bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_address();
+    tokio::spawn(serve(listener, service));
+    Channel::connect(&TcpNetwork, &address, &RpcConfig::default()).await.unwrap()
+}
+
+fn backup(durability: Durability, buffer_count: usize) -> Arc<BackupService> {
+    let mut config = BackupConfig::new(1 << 20);
+    config.frame_count = 8;
+    config.buffer_count = buffer_count;
+    config.durability = durability;
+    let storage = Arc::new(MemoryStorage::new(config.geometry().total_bytes()));
+    Arc::new(BackupService::open(config, storage).unwrap().0)
+}
+
+fn write_request(built: &common::SegmentBuilder, from: u32, flags: BackupWriteFlags) -> Request {
+    let write = built.write_from(from, flags);
+    Request::BackupWrite {
+        master_id: write.master_id,
+        segment_id: write.segment_id,
+        epoch: write.epoch,
+        offset: write.offset,
+        flags: write.flags,
+        certificate: write.certificate,
+        data: write.data,
+    }
+}
+
+async fn expect_ok(channel: &Channel, request: &Request) -> Response {
+    match channel.call(request, TIMEOUT).await.unwrap() {
+        (Status::Ok, ResponseBody::Operation(response)) => response,
+        other => panic!("{:?}: {other:?}", request.opcode()),
+    }
+}
+
+async fn expect_status(channel: &Channel, request: &Request) -> (Status, String) {
+    match channel.call(request, TIMEOUT).await.unwrap() {
+        (status, ResponseBody::Error { message }) => (status, message),
+        other => panic!("{:?}: expected an error, got {other:?}", request.opcode()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_life_cycle_over_rpc() {
+    for durability in [Durability::Buffered, Durability::Fsync] {
+        let channel = start(backup(durability, 2)).await;
+        let mut built = segment(2, 3, 1);
+        let open = BackupWriteFlags { open: true, close: false, primary: true };
+        expect_ok(&channel, &write_request(&built, 0, open)).await;
+        let mut sent = built.length();
+        for index in 0..5 {
+            built.append_object(format!("key {index}").as_bytes(), 300);
+            expect_ok(&channel, &write_request(&built, sent, BackupWriteFlags::default())).await;
+            sent = built.length();
+        }
+        let close = BackupWriteFlags { open: false, close: true, primary: false };
+        expect_ok(&channel, &write_request(&built, sent, close)).await;
+        let listed =
+            expect_ok(&channel, &Request::BackupListReplicas { master_id: ServerId(0) }).await;
+        let Response::BackupListReplicas { replicas } = listed else { panic!("{listed:?}") };
+        assert_eq!(replicas.len(), 1);
+        assert_eq!(replicas[0].segment_id, SegmentId(3));
+        assert_eq!(replicas[0].certificate, built.certificate());
+        assert!(replicas[0].closed && replicas[0].primary);
+        let read = Request::BackupReadReplica { master_id: ServerId(2), segment_id: SegmentId(3) };
+        let Response::BackupReadReplica { data, certificate, closed, .. } =
+            expect_ok(&channel, &read).await
+        else {
+            panic!("unexpected response")
+        };
+        assert_eq!(data, built.bytes, "{durability}");
+        assert_eq!(certificate, built.certificate());
+        assert!(closed);
+        let free = Request::BackupFree { master_id: ServerId(2), segment_id: SegmentId(3) };
+        expect_ok(&channel, &free).await;
+        expect_ok(&channel, &free).await;
+        let (status, _) = expect_status(&channel, &read).await;
+        assert_eq!(status, Status::BackupBadSegmentId);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_buffers_is_refused_with_a_clear_status() {
+    let channel = start(backup(Durability::Buffered, 2)).await;
+    let open = BackupWriteFlags { open: true, close: false, primary: false };
+    expect_ok(&channel, &write_request(&segment(4, 1, 2), 0, open)).await;
+    expect_ok(&channel, &write_request(&segment(4, 2, 2), 0, open)).await;
+    let (status, message) =
+        expect_status(&channel, &write_request(&segment(4, 3, 2), 0, open)).await;
+    assert_eq!(status, Status::BackupOpenRejected);
+    assert!(message.contains("buffers"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_foreign_requests_are_answered() {
+    let channel = start(backup(Durability::Fsync, 2)).await;
+    // A BACKUP_WRITE body cut short: 20 bytes of its 45-byte minimum.
+    let response = channel
+        .call_encoded(TIMEOUT, |out, request_id| {
+            let start =
+                stratus_wire::begin_request(out, request_id, stratus_wire::Opcode::BackupWrite);
+            out.extend_from_slice(&[0u8; 20]);
+            stratus_wire::finish_frame(out, start).unwrap();
+        })
+        .await
+        .unwrap();
+    let header = stratus_wire::decode_frame_header(&response).unwrap();
+    assert_eq!(header.status, Status::RequestFormatError);
+    // A master request sent to a backup alone.
+    let read = Request::GetServerStatistics;
+    let (status, _) = expect_status(&channel, &read).await;
+    assert_eq!(status, Status::UnimplementedRequest);
+    expect_ok(&channel, &Request::Ping).await;
+}
+
+/// Stands in for the master: answers every request with WRONG_SERVER, so the test sees which
+/// service handled it.
+struct NotTheBackup;
+
+impl Service for NotTheBackup {
+    fn handle(&self, header: &FrameHeader, _body: Bytes, out: &mut BytesMut) -> Handled {
+        encode_error_response(
+            out,
+            header.request_id,
+            header.opcode_code,
+            Status::WrongServer,
+            "master",
+        );
+        Handled::Done
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_serves_backup_and_master_on_one_port() {
+    let router = BackupRouter::new(backup(Durability::Buffered, 2), Arc::new(NotTheBackup));
+    let channel = start(Arc::new(router)).await;
+    let listed = expect_ok(&channel, &Request::BackupListReplicas { master_id: ServerId(0) }).await;
+    assert_eq!(listed, Response::BackupListReplicas { replicas: Vec::new() });
+    let Response::BackupGetStatistics { statistics } =
+        expect_ok(&channel, &Request::BackupGetStatistics).await
+    else {
+        panic!("unexpected response")
+    };
+    assert_eq!(statistics.durability, stratus_wire::BackupDurability::Buffered);
+    assert_eq!((statistics.buffer_count, statistics.frame_count), (2, 8));
+    assert_eq!(statistics.storage_failure, None);
+    let (status, message) = expect_status(&channel, &Request::Ping).await;
+    assert_eq!((status, message.as_str()), (Status::WrongServer, "master"));
+}

@@ -2,11 +2,14 @@
 //!
 //! One preallocated region is divided into seglets (64 KiB by default); a segment is a list of
 //! up to `segment_bytes / seglet_bytes` seglets, allocated to the head lazily as it grows.
-//! Entries may span seglets but never segments. The byte formats in [`format`] are final:
+//! Entries may span seglets but never segments. The byte formats in [`mod@format`] are final:
 //! backups and recovery depend on them (see docs/design/log-format.md).
 //!
-//! This version has no cleaner: memory is never freed, only counted dead. The engine does no
-//! I/O, spawns no threads and never reads the clock.
+//! Memory is freed by the cleaner (in `stratus-store`, which owns the hash table it needs):
+//! this crate provides its mechanisms: side-log survivor segments fused into the log by the
+//! next head's digest, epoch guards that keep dropped seglets alive while a reader can see
+//! them, and per-segment statistics. The engine does no I/O, spawns no threads and never reads
+//! the clock (time arrives as an argument).
 
 pub mod format;
 pub mod iterator;
@@ -16,6 +19,8 @@ pub mod seglet_memory;
 pub use format::{Certificate, Entry, EntryType, FormatError, ObjectView, TombstoneView};
 pub use iterator::{IteratedEntry, SegmentIterator};
 pub use log::{
-    AppendEntry, AppendError, AppendPriority, Appended, Log, LogConfig, LogStatistics, Reference,
-    SegmentStatistics, LOG_BYTES_MAX, REFERENCE_BITS,
+    AppendEntry, AppendError, AppendPriority, Appended, CleaningCandidate, Log, LogConfig,
+    LogStatistics, Reference, SegmentStatistics, DISK_EXPANSION_FACTOR,
+    DROPPED_SEGMENTS_REMEMBERED_MAX, LOG_BYTES_MAX, REFERENCE_BITS,
 };
+pub use seglet_memory::{EpochGuard, EPOCH_SLOTS};

@@ -1,30 +1,50 @@
 //! The log: segments built from seglets of one preallocated region, a single head that accepts
-//! appends, per-segment statistics and certificates, and reads of entries by reference.
+//! appends, side-log survivor segments written by the cleaner, per-segment statistics and
+//! certificates, reads of entries by reference under an epoch guard, and epoch-based freeing.
 //!
 //! Appends are serialized by one mutex (the log lock). Reads take no log lock: a reference is a
 //! byte offset into the region, and the seglet tables needed to follow an entry across seglets
-//! are atomics written before the entry's bytes are published (see `seglet_memory`).
+//! are atomics written before the entry's bytes are published (see `seglet_memory`). Every read
+//! holds an [`EpochGuard`]; seglets of segments dropped by the cleaner are reused only after
+//! every guard that could see them is gone.
+//!
+//! Membership: a segment is *in the log* once a log digest lists it. The cleaner's survivor
+//! segments live beside the log (a side log) until the next head's digest fuses them in; the
+//! segments they replace are dropped by that same digest, and their seglets retired then.
+//! Lock order: a hash-table bucket lock may be held while taking the log lock, never the
+//! reverse.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use stratus_types::{SegmentId, ServerId, Version};
 
 use crate::format::{
-    decode_entry_header, encode_log_digest, encode_safe_version,
+    decode_entry_header, decode_tombstone, encode_log_digest, encode_safe_version,
     entry_header_bytes_from_first_byte, log_digest_content_bytes, Certificate, CertificateBuilder,
     EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS,
     SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
 };
-use crate::seglet_memory::SegletMemory;
+use crate::seglet_memory::{EpochGuard, SegletMemory};
 
 /// Bits of a reference: the hash table stores references in 47 bits.
 pub const REFERENCE_BITS: u32 = 47;
 
 /// Largest log region a reference can address (128 TiB).
 pub const LOG_BYTES_MAX: u64 = 1 << REFERENCE_BITS;
+
+/// Segments the log may hold, as a multiple of the segments its memory could hold when full
+/// (RAMCloud's disk expansion factor, source default 2.0). It bounds the log digest, and,
+/// once replicas exist, the disk log; compaction shrinks segments in memory, so without this
+/// bound their number would grow without limit. The balancer forces combined cleaning near it.
+pub const DISK_EXPANSION_FACTOR: u64 = 2;
+
+/// Segment ids the cleaner dropped from the log that are remembered for replication until it
+/// asks ([`Log::take_dropped_segments`]); older ones are forgotten (a backup learns of them
+/// from the digest anyway).
+pub const DROPPED_SEGMENTS_REMEMBERED_MAX: usize = 4096;
 
 /// Marks "no next seglet" in the seglet chain table.
 const NO_SEGLET: u32 = u32::MAX;
@@ -51,10 +71,27 @@ pub struct LogConfig {
 
 impl LogConfig {
     /// Seglets kept back for appends that may use the reserve (tombstones of removes): two
-    /// segments' worth, so that deletes, which free memory once the cleaner exists, can still
-    /// be logged when ordinary writes are refused.
+    /// segments' worth, so that deletes, which free memory once cleaned, can still be logged
+    /// when ordinary writes are refused.
     pub fn reserve_seglets(&self) -> u32 {
-        2 * (self.segment_bytes / self.seglet_bytes)
+        2 * self.seglets_per_segment()
+    }
+
+    /// Seglets only the cleaner may use (RAMCloud's cleaner reserve plus the head that commits
+    /// a pass): one segment of survivors and the seglets of a new head. A cleaning pass never
+    /// needs more than this, so the cleaner can always run, whatever writes and removes did.
+    pub fn cleaner_reserve_seglets(&self) -> u32 {
+        self.seglets_per_segment() + self.head_seglets_max()
+    }
+
+    /// Seglets in one full segment.
+    pub fn seglets_per_segment(&self) -> u32 {
+        self.segment_bytes / self.seglet_bytes
+    }
+
+    /// Seglets a new head's fixed entries can take at most.
+    pub fn head_seglets_max(&self) -> u32 {
+        self.head_entries_bytes_max().div_ceil(self.seglet_bytes as usize) as u32
     }
 
     /// Seglets in the region.
@@ -62,11 +99,10 @@ impl LogConfig {
         (self.log_bytes / u64::from(self.seglet_bytes)).min(u64::from(u32::MAX - 1)) as u32
     }
 
-    /// Most segments the log can hold in this version (no compaction): every segment but the
-    /// head is closed only when an append does not fit, so each uses at least half its
-    /// capacity (appends are at most a quarter segment, see [`LogConfig::validate`]).
+    /// Most segments the log may hold: [`DISK_EXPANSION_FACTOR`] times the segments that fit in
+    /// memory, plus the head being opened and one spare. New heads are refused beyond it.
     pub fn segment_count_max(&self) -> usize {
-        (self.log_bytes / (u64::from(self.segment_bytes) / 2)) as usize + 2
+        (DISK_EXPANSION_FACTOR * (self.log_bytes / u64::from(self.segment_bytes))) as usize + 2
     }
 
     /// Bytes a new head's fixed entries (header, digest, safe version) can take at most.
@@ -95,9 +131,10 @@ impl LogConfig {
         if self.log_bytes / u64::from(self.seglet_bytes) >= u64::from(u32::MAX - 1) {
             return Err("too many seglets");
         }
-        // Room for the reserve plus at least two ordinary segments.
-        if self.log_bytes < 4 * u64::from(self.segment_bytes) {
-            return Err("log_bytes must hold at least 4 segments");
+        // Room for the tombstone reserve, the cleaner reserve and at least two ordinary
+        // segments.
+        if self.log_bytes < 6 * u64::from(self.segment_bytes) {
+            return Err("log_bytes must hold at least 6 segments");
         }
         if self.head_entries_bytes_max() > self.segment_bytes as usize / 4 {
             return Err("segment_bytes too small for a log digest of this log");
@@ -106,13 +143,21 @@ impl LogConfig {
     }
 }
 
-/// Whether an append may use the reserved seglets.
+/// Which free seglets an append may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AppendPriority {
-    /// Ordinary writes: refused when only the reserve is left.
+    /// Ordinary writes: refused when only the reserves (tombstones and cleaner) are left.
     Normal,
-    /// Tombstones of removes: may use the reserve, so deletes work when memory is full.
+    /// Tombstones of removes: may use the tombstone reserve, so deletes work when memory is
+    /// full for writes.
     MayUseReserve,
+    /// The cleaner's survivors and compactions: may use every free seglet but those of one
+    /// head, so a pass can always be committed.
+    Cleaner,
+    /// The head that commits a cleaning pass: may use every free seglet. Only this append may
+    /// take the last head's worth; without it a pass whose survivors filled memory could never
+    /// be fused, its cleaned segments never freed, and the log would stay full for good.
+    CleanerCommit,
 }
 
 /// Why an append failed. Nothing was written.
@@ -120,7 +165,8 @@ pub enum AppendPriority {
 pub enum AppendError {
     /// Not enough free seglets (the caller answers RETRY).
     LogFull,
-    /// The entries cannot fit in one segment even when it is empty.
+    /// The entries cannot fit in one segment even when it is empty (for a survivor segment:
+    /// they do not fit in what is left of it).
     TooLarge,
 }
 
@@ -142,6 +188,12 @@ impl<'a> AppendEntry<'a> {
 
     fn content_bytes(&self) -> usize {
         self.pieces.iter().map(|piece| piece.len()).sum()
+    }
+
+    /// Bytes the entry takes in the log (header + content).
+    pub fn entry_bytes(&self) -> usize {
+        let content = self.content_bytes();
+        EntryHeader::new(self.entry_type, content_length(content)).header_bytes() + content
     }
 }
 
@@ -165,12 +217,28 @@ pub struct SegmentStatistics {
     pub entry_count: [u64; ENTRY_TYPE_SLOTS],
     /// Entries freed, per entry type code.
     pub dead_count: [u64; ENTRY_TYPE_SLOTS],
+    /// The largest entry (header + content) ever appended: bounds the tail a survivor segment
+    /// may waste when this segment's entries are moved into it.
+    pub largest_entry_bytes: u64,
 }
 
 impl SegmentStatistics {
     /// Bytes appended and not freed.
     pub fn live_bytes(&self) -> u64 {
         self.entry_bytes.iter().sum::<u64>() - self.dead_bytes.iter().sum::<u64>()
+    }
+
+    /// Bytes of one type appended and not freed.
+    pub fn live_bytes_of(&self, entry_type: EntryType) -> u64 {
+        let index = entry_type.code() as usize;
+        self.entry_bytes[index] - self.dead_bytes[index]
+    }
+
+    /// Bytes the cleaner would have to move: objects not freed and tombstones (whose death is
+    /// not tracked: they die when the segment they name leaves the log). Segment headers,
+    /// digests and safe versions are never moved.
+    pub fn movable_bytes(&self) -> u64 {
+        self.live_bytes_of(EntryType::Object) + self.live_bytes_of(EntryType::Tombstone)
     }
 }
 
@@ -179,19 +247,59 @@ impl SegmentStatistics {
 pub struct LogStatistics {
     /// Bytes of the region.
     pub log_bytes_total: u64,
-    /// Bytes of all entries appended and not freed (segment headers, digests and safe versions
-    /// count as live in this version).
+    /// Bytes of all entries appended and not freed, over the segments in the log and the
+    /// cleaner's survivors (segment headers, digests and safe versions count as live).
     pub log_bytes_live: u64,
+    /// Bytes of live objects.
+    pub log_bytes_live_objects: u64,
+    /// Bytes of tombstones (all are counted live until their segment is cleaned).
+    pub log_bytes_tombstones: u64,
     /// Bytes of seglets allocated to segments.
     pub log_bytes_allocated: u64,
     /// Seglets in the region.
     pub seglets_total: u64,
     /// Seglets not allocated to any segment.
     pub seglets_free: u64,
+    /// Seglets of dropped segments waiting for readers to finish (epochs) before reuse.
+    pub seglets_waiting_for_readers: u64,
     /// Segments in the log, head included.
     pub segments_in_log: u64,
+    /// Survivor segments written by the cleaner, not yet fused into the log.
+    pub segments_side: u64,
     /// The next version a new object would receive.
     pub safe_version: u64,
+}
+
+/// A segment the cleaner may choose, with what the choice needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleaningCandidate {
+    /// The segment.
+    pub segment_id: SegmentId,
+    /// When it was created (seconds, from the times the caller reported).
+    pub creation_seconds: u32,
+    /// Seglets it holds.
+    pub seglets: u32,
+    /// Bytes of objects not freed and tombstones (what cleaning it would move at most).
+    pub movable_bytes: u64,
+    /// Bytes of tombstones in it not known to be dead.
+    pub tombstone_bytes: u64,
+    /// When its tombstones were last scanned for dead ones (its creation time if never).
+    pub tombstone_scan_seconds: u32,
+    /// Its largest entry (header + content).
+    pub largest_entry_bytes: u64,
+}
+
+/// Where a segment stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Membership {
+    /// Listed by the newest digest.
+    InLog,
+    /// A survivor being written by the cleaner; not in the log.
+    Side,
+    /// A finished survivor; the next head's digest lists it.
+    FusePending,
+    /// Cleaned; the next head's digest omits it, then its seglets are retired.
+    DropPending,
 }
 
 /// A segment's bookkeeping, owned by the log state.
@@ -204,16 +312,53 @@ struct SegmentRecord {
     /// Running certificate over the entry headers.
     certificate: CertificateBuilder,
     statistics: SegmentStatistics,
+    /// Creation time (seconds), for the cleaner's age.
+    creation_seconds: u32,
+    membership: Membership,
+    /// A cleaner has chosen it.
+    cleaning: bool,
+    /// When its tombstones were last scanned for dead ones.
+    tombstone_scan_seconds: u32,
+    /// While it is being compacted: the compacted copy being written (same id), and the
+    /// seglets set aside for it.
+    compaction: Option<Box<Compaction>>,
+    /// Replication reported every byte of it, closed, on all its replicas. When the log
+    /// requires replication, only such segments may be cleaned or compacted: compaction
+    /// rewrites a segment in place, which would corrupt a replica still receiving its tail.
+    replicated: bool,
+}
+
+/// A compaction in progress.
+#[derive(Debug)]
+struct Compaction {
+    copy: SegmentRecord,
+    spare_seglets: Vec<u32>,
 }
 
 /// State changed only under the log lock.
 #[derive(Debug)]
 struct LogState {
-    /// Free seglets (a stack: recently freed seglets are reused first, once freeing exists).
+    /// Free seglets (a stack: recently freed seglets are reused first).
     free_seglets: Vec<u32>,
     segments: BTreeMap<SegmentId, SegmentRecord>,
     head: Option<SegmentId>,
     next_segment_id: u64,
+    /// Segments dropped from the log by cleaning, not yet taken by replication.
+    dropped: VecDeque<SegmentId>,
+    /// Whether segments must be reported replicated before the cleaner may touch them.
+    replication_required: bool,
+}
+
+impl LogState {
+    /// Segments the newest digest lists.
+    fn in_log_count(&self) -> usize {
+        self.segments
+            .values()
+            .filter(|segment| {
+                matches!(segment.membership, Membership::InLog | Membership::DropPending)
+            })
+            .count()
+    }
 }
 
 /// The log of one master.
@@ -228,6 +373,8 @@ pub struct Log {
     seglet_next: Box<[AtomicU32]>,
     /// The master-wide version counter: the next version a new object receives.
     safe_version: AtomicU64,
+    /// The latest time (seconds) a caller reported; stamps new segments.
+    latest_seconds: AtomicU32,
     state: Mutex<LogState>,
 }
 
@@ -246,12 +393,17 @@ impl Log {
             seglet_owner: (0..seglet_count).map(|_| AtomicU64::new(NO_SEGMENT)).collect(),
             seglet_next: (0..seglet_count).map(|_| AtomicU32::new(NO_SEGLET)).collect(),
             safe_version: AtomicU64::new(1),
+            latest_seconds: AtomicU32::new(0),
             state: Mutex::new(LogState {
                 // Reversed so that seglets are handed out in ascending order (easier to debug).
-                free_seglets: (0..seglet_count).rev().collect(),
+                // Seglet 0 is never used: reference 0 means "no entry" in the hash table, and
+                // once seglets are reused any entry could otherwise land at offset 0.
+                free_seglets: (1..seglet_count).rev().collect(),
                 segments: BTreeMap::new(),
                 head: None,
                 next_segment_id: 1,
+                dropped: VecDeque::new(),
+                replication_required: false,
             }),
         }
     }
@@ -270,6 +422,42 @@ impl Log {
         // A panic while holding the log lock means a broken invariant; the state may be
         // inconsistent, so refuse to continue rather than corrupt the log.
         self.state.lock().expect("log lock poisoned by a panic in the storage path")
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Epochs and time
+    // -----------------------------------------------------------------------------------------
+
+    /// Registers a reader (one per operation): entries it reads stay valid until it is dropped.
+    pub fn pin(&self) -> EpochGuard<'_> {
+        self.memory.pin()
+    }
+
+    /// Reports the current time (seconds); new segments are stamped with the latest reported.
+    pub fn observe_time(&self, now_seconds: u32) {
+        self.latest_seconds.fetch_max(now_seconds, Ordering::Relaxed);
+    }
+
+    /// The latest time reported.
+    pub fn latest_seconds(&self) -> u32 {
+        self.latest_seconds.load(Ordering::Relaxed)
+    }
+
+    /// Returns retired seglets that no reader can see any more to the free list; returns how
+    /// many. The cleaner calls it; appends call it when memory is short.
+    pub fn reclaim(&self) -> usize {
+        let mut state = self.lock();
+        self.reclaim_locked(&mut state)
+    }
+
+    fn reclaim_locked(&self, state: &mut LogState) -> usize {
+        let seglets = self.memory.reclaim();
+        for &seglet in &seglets {
+            self.seglet_owner[seglet as usize].store(NO_SEGMENT, Ordering::Release);
+            self.seglet_next[seglet as usize].store(NO_SEGLET, Ordering::Release);
+        }
+        state.free_seglets.extend_from_slice(&seglets);
+        seglets.len()
     }
 
     // -----------------------------------------------------------------------------------------
@@ -303,13 +491,7 @@ impl Log {
         entries: &[AppendEntry<'_>],
         priority: AppendPriority,
     ) -> Result<Appended, AppendError> {
-        let append_bytes: usize = entries
-            .iter()
-            .map(|entry| {
-                let content = entry.content_bytes();
-                EntryHeader::new(entry.entry_type, content_length(content)).header_bytes() + content
-            })
-            .sum();
+        let append_bytes: usize = entries.iter().map(AppendEntry::entry_bytes).sum();
         if append_bytes + self.config.head_entries_bytes_max() > self.config.segment_bytes as usize
         {
             return Err(AppendError::TooLarge);
@@ -322,14 +504,15 @@ impl Log {
         if !head_fits {
             let head_entries = self.new_head_entry_bytes(&state);
             let needed = self.seglets_for(head_entries + append_bytes);
-            self.check_free_seglets(&state, needed, priority)?;
+            self.check_free_seglets(&mut state, needed, priority)?;
+            self.check_segment_count(&state, priority)?;
             self.open_head(&mut state);
         } else {
             let head = &state.segments[&state.head.expect("head exists")];
             let needed = self
                 .seglets_for(head.length as usize + append_bytes)
                 .saturating_sub(head.seglets.len());
-            self.check_free_seglets(&state, needed, priority)?;
+            self.check_free_seglets(&mut state, needed, priority)?;
         }
         let head_id = state.head.expect("a head was opened above");
         let references =
@@ -337,11 +520,14 @@ impl Log {
         Ok(Appended { segment_id: head_id, references })
     }
 
-    /// Closes the current head and opens a new one (a clean position for tablet creation).
+    /// Closes the current head and opens a new one (a clean position for tablet creation, and
+    /// the cleaner's way to commit a pass: the new head's digest fuses survivors in and drops
+    /// cleaned segments).
     pub fn roll_head(&self, priority: AppendPriority) -> Result<SegmentId, AppendError> {
         let mut state = self.lock();
         let needed = self.seglets_for(self.new_head_entry_bytes(&state));
-        self.check_free_seglets(&state, needed, priority)?;
+        self.check_free_seglets(&mut state, needed, priority)?;
+        self.check_segment_count(&state, priority)?;
         Ok(self.open_head(&mut state))
     }
 
@@ -349,25 +535,70 @@ impl Log {
         bytes.div_ceil(self.config.seglet_bytes as usize)
     }
 
+    /// Free seglets an append of `priority` must leave untouched.
+    fn reserve_for(&self, priority: AppendPriority) -> usize {
+        match priority {
+            AppendPriority::Normal => {
+                (self.config.reserve_seglets() + self.config.cleaner_reserve_seglets()) as usize
+            }
+            AppendPriority::MayUseReserve => self.config.cleaner_reserve_seglets() as usize,
+            AppendPriority::Cleaner => self.config.head_seglets_max() as usize,
+            AppendPriority::CleanerCommit => 0,
+        }
+    }
+
     fn check_free_seglets(
         &self,
-        state: &LogState,
+        state: &mut LogState,
         needed: usize,
         priority: AppendPriority,
     ) -> Result<(), AppendError> {
-        let reserve = match priority {
-            AppendPriority::Normal => self.config.reserve_seglets() as usize,
-            AppendPriority::MayUseReserve => 0,
-        };
-        if state.free_seglets.len() < needed + reserve {
+        let wanted = needed + self.reserve_for(priority);
+        if state.free_seglets.len() < wanted {
+            self.reclaim_locked(state);
+        }
+        if state.free_seglets.len() < wanted {
             return Err(AppendError::LogFull);
         }
         Ok(())
     }
 
+    /// Refuses a new head (except the cleaner's) when the digest would list more segments than
+    /// it was sized for.
+    fn check_segment_count(
+        &self,
+        state: &LogState,
+        priority: AppendPriority,
+    ) -> Result<(), AppendError> {
+        let after = self.digest_members(state).len() + 1;
+        // The cleaner's commit head may use the last slot; writes keep one back for it.
+        let limit = match priority {
+            AppendPriority::Cleaner | AppendPriority::CleanerCommit => {
+                self.config.segment_count_max()
+            }
+            _ => self.config.segment_count_max() - 1,
+        };
+        if after > limit {
+            return Err(AppendError::LogFull);
+        }
+        Ok(())
+    }
+
+    /// Segments the next digest lists (the new head aside).
+    fn digest_members(&self, state: &LogState) -> Vec<SegmentId> {
+        state
+            .segments
+            .iter()
+            .filter(|(_, segment)| {
+                matches!(segment.membership, Membership::InLog | Membership::FusePending)
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Bytes of the header, digest and safe version a new head would start with.
     fn new_head_entry_bytes(&self, state: &LogState) -> usize {
-        let digest = log_digest_content_bytes(state.segments.len() + 1);
+        let digest = log_digest_content_bytes(self.digest_members(state).len() + 1);
         EntryHeader::new(EntryType::SegmentHeader, SEGMENT_HEADER_CONTENT_BYTES as u32)
             .header_bytes()
             + SEGMENT_HEADER_CONTENT_BYTES
@@ -378,24 +609,35 @@ impl Log {
             + SAFE_VERSION_CONTENT_BYTES
     }
 
+    fn new_record(&self, membership: Membership) -> SegmentRecord {
+        let now = self.latest_seconds();
+        SegmentRecord {
+            seglets: Vec::new(),
+            length: 0,
+            certificate: CertificateBuilder::default(),
+            statistics: SegmentStatistics::default(),
+            creation_seconds: now,
+            membership,
+            cleaning: false,
+            tombstone_scan_seconds: now,
+            compaction: None,
+            replicated: false,
+        }
+    }
+
     /// Opens a new head holding SEGMENT_HEADER, LOG_DIGEST (every segment in the log, the new
-    /// head included) and SAFE_VERSION. The caller checked that enough seglets are free.
+    /// head included, with pending survivors fused in and cleaned segments dropped) and
+    /// SAFE_VERSION. The caller checked that enough seglets are free.
     fn open_head(&self, state: &mut LogState) -> SegmentId {
         let segment_id = SegmentId(state.next_segment_id);
         state.next_segment_id += 1;
+        let mut members = self.digest_members(state);
+        members.push(segment_id);
         assert!(
-            state.segments.len() < self.config.segment_count_max(),
+            members.len() <= self.config.segment_count_max(),
             "more segments than the digest was sized for"
         );
-        state.segments.insert(
-            segment_id,
-            SegmentRecord {
-                seglets: Vec::new(),
-                length: 0,
-                certificate: CertificateBuilder::default(),
-                statistics: SegmentStatistics::default(),
-            },
-        );
+        state.segments.insert(segment_id, self.new_record(Membership::InLog));
         state.head = Some(segment_id);
         let header = SegmentHeader {
             log_id: self.log_id,
@@ -403,8 +645,7 @@ impl Log {
             capacity_bytes: self.config.segment_bytes,
         }
         .encode();
-        let segment_ids: Vec<SegmentId> = state.segments.keys().copied().collect();
-        let digest = encode_log_digest(&segment_ids);
+        let digest = encode_log_digest(&members);
         let safe_version = encode_safe_version(self.safe_version());
         for entry in [
             AppendEntry::new(EntryType::SegmentHeader, &header),
@@ -412,6 +653,29 @@ impl Log {
             AppendEntry::new(EntryType::SafeVersion, &safe_version),
         ] {
             self.append_entry(state, segment_id, &entry);
+        }
+        // The digest is written: survivors are in the log, cleaned segments are out.
+        let mut retired = Vec::new();
+        let mut dropped_ids = Vec::new();
+        for (id, segment) in state.segments.iter_mut() {
+            match segment.membership {
+                Membership::FusePending => segment.membership = Membership::InLog,
+                Membership::DropPending => {
+                    retired.extend_from_slice(&segment.seglets);
+                    dropped_ids.push(*id);
+                }
+                Membership::InLog | Membership::Side => {}
+            }
+        }
+        for id in &dropped_ids {
+            state.segments.remove(id);
+            if state.dropped.len() == DROPPED_SEGMENTS_REMEMBERED_MAX {
+                state.dropped.pop_front();
+            }
+            state.dropped.push_back(*id);
+        }
+        if !retired.is_empty() {
+            self.memory.retire(&retired);
         }
         segment_id
     }
@@ -423,10 +687,21 @@ impl Log {
         segment_id: SegmentId,
         entry: &AppendEntry<'_>,
     ) -> Reference {
-        let content_bytes = entry.content_bytes();
-        let header = EntryHeader::new(entry.entry_type, content_length(content_bytes));
         let LogState { free_seglets, segments, .. } = state;
         let segment = segments.get_mut(&segment_id).expect("appending to a missing segment");
+        self.append_entry_to(free_seglets, segment, segment_id, entry)
+    }
+
+    /// Writes one entry at the end of `segment`, taking seglets from `free_seglets`.
+    fn append_entry_to(
+        &self,
+        free_seglets: &mut Vec<u32>,
+        segment: &mut SegmentRecord,
+        segment_id: SegmentId,
+        entry: &AppendEntry<'_>,
+    ) -> Reference {
+        let content_bytes = entry.content_bytes();
+        let header = EntryHeader::new(entry.entry_type, content_length(content_bytes));
         let start = segment.length as usize;
         let entry_bytes = header.header_bytes() + content_bytes;
         assert!(
@@ -441,6 +716,8 @@ impl Log {
         let type_index = entry.entry_type.code() as usize;
         segment.statistics.entry_bytes[type_index] += entry_bytes as u64;
         segment.statistics.entry_count[type_index] += 1;
+        segment.statistics.largest_entry_bytes =
+            segment.statistics.largest_entry_bytes.max(entry_bytes as u64);
         let seglet_bytes = self.config.seglet_bytes as usize;
         let seglet = segment.seglets[start / seglet_bytes];
         Reference(u64::from(seglet) * seglet_bytes as u64 + (start % seglet_bytes) as u64)
@@ -462,7 +739,7 @@ impl Log {
             if seglet_position == segment.seglets.len() {
                 let seglet = free_seglets.pop().expect("free seglets were counted before append");
                 // Publish the seglet's owner and link before any entry bytes in it are
-                // published (the seglet memory's Release store orders these before them).
+                // published (the seglet memory's SeqCst store orders these before them).
                 self.seglet_owner[seglet as usize].store(segment_id.0, Ordering::Release);
                 self.seglet_next[seglet as usize].store(NO_SEGLET, Ordering::Release);
                 if let Some(&previous) = segment.seglets.last() {
@@ -479,6 +756,266 @@ impl Log {
     }
 
     // -----------------------------------------------------------------------------------------
+    // The cleaner's side log
+    // -----------------------------------------------------------------------------------------
+
+    /// Segments the cleaner may choose: in the log, not the head, not chosen by another
+    /// cleaner.
+    pub fn cleaning_candidates(&self) -> Vec<CleaningCandidate> {
+        let state = self.lock();
+        state
+            .segments
+            .iter()
+            .filter(|(id, segment)| {
+                segment.membership == Membership::InLog
+                    && !segment.cleaning
+                    && Some(**id) != state.head
+                    && (segment.replicated || !state.replication_required)
+            })
+            .map(|(id, segment)| CleaningCandidate {
+                segment_id: *id,
+                creation_seconds: segment.creation_seconds,
+                seglets: segment.seglets.len() as u32,
+                movable_bytes: segment.statistics.movable_bytes(),
+                tombstone_bytes: segment.statistics.live_bytes_of(EntryType::Tombstone),
+                tombstone_scan_seconds: segment.tombstone_scan_seconds,
+                largest_entry_bytes: segment.statistics.largest_entry_bytes,
+            })
+            .collect()
+    }
+
+    /// Marks segments as chosen by a cleaner. Returns false (marking nothing) if one of them
+    /// is no longer a candidate.
+    pub fn begin_cleaning(&self, segment_ids: &[SegmentId]) -> bool {
+        let mut state = self.lock();
+        let head = state.head;
+        let replication_required = state.replication_required;
+        let available = segment_ids.iter().all(|id| {
+            Some(*id) != head
+                && state.segments.get(id).is_some_and(|segment| {
+                    segment.membership == Membership::InLog
+                        && !segment.cleaning
+                        && (segment.replicated || !replication_required)
+                })
+        });
+        if available {
+            for id in segment_ids {
+                state.segments.get_mut(id).expect("checked above").cleaning = true;
+            }
+        }
+        available
+    }
+
+    /// Releases segments chosen by [`Log::begin_cleaning`] without cleaning them.
+    pub fn end_cleaning(&self, segment_ids: &[SegmentId]) {
+        let mut state = self.lock();
+        for id in segment_ids {
+            if let Some(segment) = state.segments.get_mut(id) {
+                segment.cleaning = false;
+            }
+        }
+    }
+
+    /// Whether a tombstone naming `segment_id` is still needed: the segment is in the log or a
+    /// survivor, and is not about to be dropped. `cleaning` lists segments being cleaned in the
+    /// same pass (they leave the log together with the tombstone's own segment).
+    pub fn tombstone_target_alive(&self, segment_id: SegmentId, cleaning: &[SegmentId]) -> bool {
+        if cleaning.contains(&segment_id) {
+            return false;
+        }
+        self.lock()
+            .segments
+            .get(&segment_id)
+            .is_some_and(|segment| segment.membership != Membership::DropPending)
+    }
+
+    /// Opens a survivor segment beside the log (a side log): it holds a SEGMENT_HEADER and is
+    /// not in the log until [`Log::commit_cleaning`] and the next head's digest.
+    pub fn open_survivor(&self) -> Result<SegmentId, AppendError> {
+        let mut state = self.lock();
+        let header_bytes =
+            EntryHeader::new(EntryType::SegmentHeader, SEGMENT_HEADER_CONTENT_BYTES as u32)
+                .header_bytes()
+                + SEGMENT_HEADER_CONTENT_BYTES;
+        self.check_free_seglets(
+            &mut state,
+            self.seglets_for(header_bytes),
+            AppendPriority::Cleaner,
+        )?;
+        let segment_id = SegmentId(state.next_segment_id);
+        state.next_segment_id += 1;
+        state.segments.insert(segment_id, self.new_record(Membership::Side));
+        let header = SegmentHeader {
+            log_id: self.log_id,
+            segment_id,
+            capacity_bytes: self.config.segment_bytes,
+        }
+        .encode();
+        self.append_entry(
+            &mut state,
+            segment_id,
+            &AppendEntry::new(EntryType::SegmentHeader, &header),
+        );
+        Ok(segment_id)
+    }
+
+    /// Appends one entry to a survivor segment. `TooLarge` means it does not fit in what is
+    /// left of the segment (open another); `LogFull` that no seglet is free.
+    pub fn append_to_survivor(
+        &self,
+        segment_id: SegmentId,
+        entry: &AppendEntry<'_>,
+    ) -> Result<Reference, AppendError> {
+        let mut state = self.lock();
+        let segment = state.segments.get(&segment_id).expect("survivor segment missing");
+        assert_eq!(segment.membership, Membership::Side, "appending to a closed survivor");
+        let end = segment.length as usize + entry.entry_bytes();
+        if end > self.config.segment_bytes as usize {
+            return Err(AppendError::TooLarge);
+        }
+        let needed = self.seglets_for(end).saturating_sub(segment.seglets.len());
+        self.check_free_seglets(&mut state, needed, AppendPriority::Cleaner)?;
+        Ok(self.append_entry(&mut state, segment_id, entry))
+    }
+
+    /// Bytes appended to a segment so far.
+    pub fn segment_length(&self, segment_id: SegmentId) -> Option<u32> {
+        self.lock().segments.get(&segment_id).map(|segment| segment.length)
+    }
+
+    /// Commits a cleaning pass: `survivors` will be fused into the log and `cleaned` dropped
+    /// from it by the next head's digest (both at once). The caller made the survivors durable
+    /// first. Does not roll the head: call [`Log::roll_head`] with
+    /// [`AppendPriority::Cleaner`] to fuse now rather than at the next natural roll.
+    pub fn commit_cleaning(&self, survivors: &[SegmentId], cleaned: &[SegmentId]) {
+        let mut state = self.lock();
+        for id in survivors {
+            let segment = state.segments.get_mut(id).expect("survivor segment missing");
+            assert_eq!(segment.membership, Membership::Side, "survivor committed twice");
+            segment.membership = Membership::FusePending;
+        }
+        for id in cleaned {
+            let segment = state.segments.get_mut(id).expect("cleaned segment missing");
+            assert!(
+                segment.membership == Membership::InLog && segment.cleaning,
+                "committing a segment that was not being cleaned"
+            );
+            segment.membership = Membership::DropPending;
+        }
+    }
+
+    /// Ids of the segments dropped from the log by cleaning since the last call (at most
+    /// [`DROPPED_SEGMENTS_REMEMBERED_MAX`], oldest first): replication frees their replicas.
+    pub fn take_dropped_segments(&self) -> Vec<SegmentId> {
+        self.lock().dropped.drain(..).collect()
+    }
+
+    /// Dead-tombstone scanning (RAMCloud §4.2.2): tombstones die silently when the segment
+    /// they name leaves the log, so a segment full of dead tombstones would look live forever
+    /// and never be cleaned. Counts the dead tombstones of `segment_id` into its statistics
+    /// (idempotent: tombstones only ever die) and returns the dead tombstone bytes found.
+    /// The segment is held like a cleaning candidate during the scan; one a cleaner holds is
+    /// skipped (returns 0).
+    pub fn scan_dead_tombstones(&self, segment_id: SegmentId) -> u64 {
+        if !self.begin_cleaning(&[segment_id]) {
+            return 0;
+        }
+        let guard = self.pin();
+        let entries = self.segment_entries(&guard, segment_id).expect("segment held for a scan");
+        let mut dead_bytes = 0u64;
+        let mut dead_count = 0u64;
+        for (reference, entry_type) in entries {
+            if entry_type != EntryType::Tombstone {
+                continue;
+            }
+            let (_, content) = self.entry(&guard, reference);
+            let tombstone = decode_tombstone(&content).expect("corrupt tombstone in the log");
+            if !self.tombstone_target_alive(tombstone.segment_id, &[]) {
+                dead_bytes += (EntryHeader::new(entry_type, content_length(content.len()))
+                    .header_bytes()
+                    + content.len()) as u64;
+                dead_count += 1;
+            }
+        }
+        let now = self.latest_seconds();
+        let mut state = self.lock();
+        let segment = state.segments.get_mut(&segment_id).expect("segment held for a scan");
+        let index = EntryType::Tombstone.code() as usize;
+        let statistics = &mut segment.statistics;
+        assert!(dead_bytes <= statistics.entry_bytes[index], "more tombstones dead than written");
+        statistics.dead_bytes[index] = statistics.dead_bytes[index].max(dead_bytes);
+        statistics.dead_count[index] = statistics.dead_count[index].max(dead_count);
+        segment.tombstone_scan_seconds = now;
+        segment.cleaning = false;
+        dead_bytes
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // In-memory compaction
+    // -----------------------------------------------------------------------------------------
+
+    /// Starts compacting `segment_id` into a copy of at most `seglets` seglets, set aside from
+    /// the free list now (so the copy can never run out of memory half-way). Returns false,
+    /// changing nothing, if the segment is not a candidate or the seglets are not free.
+    pub fn begin_compaction(&self, segment_id: SegmentId, seglets: u32) -> bool {
+        let mut state = self.lock();
+        let head = state.head;
+        let available = Some(segment_id) != head
+            && state.segments.get(&segment_id).is_some_and(|segment| {
+                segment.membership == Membership::InLog && !segment.cleaning
+            });
+        if !available
+            || self
+                .check_free_seglets(&mut state, seglets as usize, AppendPriority::Cleaner)
+                .is_err()
+        {
+            return false;
+        }
+        let at = state.free_seglets.len() - seglets as usize;
+        let spare_seglets: Vec<u32> = state.free_seglets.split_off(at).into_iter().rev().collect();
+        let mut copy = self.new_record(Membership::InLog);
+        let segment = state.segments.get_mut(&segment_id).expect("checked above");
+        copy.creation_seconds = segment.creation_seconds;
+        segment.cleaning = true;
+        segment.compaction = Some(Box::new(Compaction { copy, spare_seglets }));
+        true
+    }
+
+    /// Appends one entry to the compacted copy of `segment_id`. Panics if the seglets set
+    /// aside do not suffice: the caller sized them from the segment's live bytes, an upper
+    /// bound of what it copies.
+    pub fn append_to_compacted(&self, segment_id: SegmentId, entry: &AppendEntry<'_>) -> Reference {
+        let mut state = self.lock();
+        let segment = state.segments.get_mut(&segment_id).expect("compacted segment missing");
+        let compaction = segment.compaction.as_mut().expect("segment is not being compacted");
+        let end = compaction.copy.length as usize + entry.entry_bytes();
+        assert!(
+            self.seglets_for(end) <= compaction.copy.seglets.len() + compaction.spare_seglets.len(),
+            "compaction copy outgrew the seglets set aside for it"
+        );
+        let Compaction { copy, spare_seglets } = &mut **compaction;
+        self.append_entry_to(spare_seglets, copy, segment_id, entry)
+    }
+
+    /// Replaces the segment by its compacted copy (same id, same creation time), retires the
+    /// old seglets and returns the unused spare ones. Returns the seglets freed.
+    pub fn finish_compaction(&self, segment_id: SegmentId) -> u32 {
+        let mut state = self.lock();
+        let segment = state.segments.get_mut(&segment_id).expect("compacted segment missing");
+        let compaction = segment.compaction.take().expect("segment is not being compacted");
+        let Compaction { copy, spare_seglets } = *compaction;
+        let old_seglets = std::mem::replace(&mut segment.seglets, copy.seglets);
+        segment.length = copy.length;
+        segment.certificate = copy.certificate;
+        segment.statistics = copy.statistics;
+        segment.cleaning = false;
+        let freed = old_seglets.len().saturating_sub(segment.seglets.len()) as u32;
+        state.free_seglets.extend(spare_seglets.into_iter().rev());
+        self.memory.retire(&old_seglets);
+        freed
+    }
+
+    // -----------------------------------------------------------------------------------------
     // Reading
     // -----------------------------------------------------------------------------------------
 
@@ -490,12 +1027,18 @@ impl Log {
     }
 
     /// Copies `length` bytes starting at `reference`, following the segment's seglet chain.
-    fn gather(&self, reference: Reference, length: usize, out: &mut Vec<u8>) {
+    fn gather(
+        &self,
+        guard: &EpochGuard<'_>,
+        reference: Reference,
+        length: usize,
+        out: &mut Vec<u8>,
+    ) {
         let (mut seglet, mut offset) = self.split_reference(reference);
         let mut remaining = length;
         loop {
             let chunk = remaining.min((self.config.seglet_bytes - offset) as usize);
-            out.extend_from_slice(self.memory.read(seglet, offset, chunk));
+            out.extend_from_slice(self.memory.read(guard, seglet, offset, chunk));
             remaining -= chunk;
             if remaining == 0 {
                 return;
@@ -507,25 +1050,30 @@ impl Log {
     }
 
     /// The type and content of the entry at `reference`: borrowed from the log when contiguous
-    /// (the common case), gathered into a copy when it spans seglets. Panics if the reference
-    /// does not point at a valid entry header: references come from the hash table and a bad
-    /// one is a broken invariant.
-    pub fn entry(&self, reference: Reference) -> (EntryType, Cow<'_, [u8]>) {
+    /// (the common case), gathered into a copy when it spans seglets. The borrow lives no
+    /// longer than `guard`. Panics if the reference does not point at a valid entry header:
+    /// references come from the hash table and a bad one is a broken invariant.
+    pub fn entry<'g>(
+        &'g self,
+        guard: &'g EpochGuard<'_>,
+        reference: Reference,
+    ) -> (EntryType, Cow<'g, [u8]>) {
         let (seglet, offset) = self.split_reference(reference);
-        let first = self.memory.read(seglet, offset, 1)[0];
+        let first = self.memory.read(guard, seglet, offset, 1)[0];
         let header_bytes = entry_header_bytes_from_first_byte(first);
         let fits = |bytes: usize| offset as usize + bytes <= self.config.seglet_bytes as usize;
         let header = if fits(header_bytes) {
-            decode_entry_header(self.memory.read(seglet, offset, header_bytes))
+            decode_entry_header(self.memory.read(guard, seglet, offset, header_bytes))
         } else {
             let mut bytes = Vec::with_capacity(header_bytes);
-            self.gather(reference, header_bytes, &mut bytes);
+            self.gather(guard, reference, header_bytes, &mut bytes);
             decode_entry_header(&bytes)
         }
         .expect("reference does not point at a valid entry header");
         let entry_bytes = header.header_bytes + header.content_bytes as usize;
         if fits(entry_bytes) {
             let content = self.memory.read(
+                guard,
                 seglet,
                 offset + header_bytes as u32,
                 header.content_bytes as usize,
@@ -533,7 +1081,7 @@ impl Log {
             (header.entry_type, Cow::Borrowed(content))
         } else {
             let mut bytes = Vec::with_capacity(entry_bytes);
-            self.gather(reference, entry_bytes, &mut bytes);
+            self.gather(guard, reference, entry_bytes, &mut bytes);
             bytes.drain(..header_bytes);
             (header.entry_type, Cow::Owned(bytes))
         }
@@ -547,33 +1095,85 @@ impl Log {
         SegmentId(owner)
     }
 
-    /// Records the entry at `reference` as dead in its segment's statistics. Memory is not
-    /// reclaimed in this version (the cleaner will).
-    pub fn free(&self, reference: Reference) {
+    /// Records the entry at `reference` as dead in its segment's statistics (its memory is
+    /// reclaimed when the cleaner moves the segment's live entries away).
+    pub fn free(&self, guard: &EpochGuard<'_>, reference: Reference) {
         let segment_id = self.segment_of(reference);
-        let (entry_type, content) = self.entry(reference);
+        let (entry_type, content) = self.entry(guard, reference);
         let content_bytes = content.len();
         let entry_bytes = EntryHeader::new(entry_type, content_length(content_bytes))
             .header_bytes()
             + content_bytes;
+        let (seglet, _) = self.split_reference(reference);
         let mut state = self.lock();
         let segment = state.segments.get_mut(&segment_id).expect("freeing into a missing segment");
+        // An entry already moved into a compacted copy counts against the copy.
+        let statistics = match &mut segment.compaction {
+            Some(compaction) if compaction.copy.seglets.contains(&seglet) => {
+                &mut compaction.copy.statistics
+            }
+            _ => &mut segment.statistics,
+        };
         let type_index = entry_type.code() as usize;
-        segment.statistics.dead_bytes[type_index] += entry_bytes as u64;
-        segment.statistics.dead_count[type_index] += 1;
+        statistics.dead_bytes[type_index] += entry_bytes as u64;
+        statistics.dead_count[type_index] += 1;
         assert!(
-            segment.statistics.dead_bytes[type_index] <= segment.statistics.entry_bytes[type_index],
+            statistics.dead_bytes[type_index] <= statistics.entry_bytes[type_index],
             "more bytes freed than appended"
         );
+    }
+
+    /// The references and types of every entry of a segment, in order (for the cleaner).
+    pub fn segment_entries(
+        &self,
+        guard: &EpochGuard<'_>,
+        segment_id: SegmentId,
+    ) -> Option<Vec<(Reference, EntryType)>> {
+        let (seglets, length) = {
+            let state = self.lock();
+            let segment = state.segments.get(&segment_id)?;
+            (segment.seglets.clone(), segment.length)
+        };
+        let seglet_bytes = self.config.seglet_bytes as usize;
+        let reference_at = |position: usize| {
+            Reference(
+                u64::from(seglets[position / seglet_bytes]) * seglet_bytes as u64
+                    + (position % seglet_bytes) as u64,
+            )
+        };
+        let mut entries = Vec::new();
+        let mut position = 0usize;
+        let mut header = Vec::with_capacity(ENTRY_HEADER_BYTES_MAX);
+        while position < length as usize {
+            let reference = reference_at(position);
+            let (seglet, offset) = self.split_reference(reference);
+            let first = self.memory.read(guard, seglet, offset, 1)[0];
+            let header_bytes = entry_header_bytes_from_first_byte(first);
+            header.clear();
+            self.gather(guard, reference, header_bytes, &mut header);
+            let decoded = decode_entry_header(&header).expect("corrupt entry header in the log");
+            entries.push((reference, decoded.entry_type));
+            position += decoded.header_bytes + decoded.content_bytes as usize;
+        }
+        assert_eq!(position, length as usize, "segment entries overrun its length");
+        Some(entries)
     }
 
     // -----------------------------------------------------------------------------------------
     // Segments
     // -----------------------------------------------------------------------------------------
 
-    /// Ids of every segment in the log, ascending.
+    /// Ids of every segment in the log (listed by the newest digest), ascending.
     pub fn segment_ids(&self) -> Vec<SegmentId> {
-        self.lock().segments.keys().copied().collect()
+        let state = self.lock();
+        state
+            .segments
+            .iter()
+            .filter(|(_, segment)| {
+                matches!(segment.membership, Membership::InLog | Membership::DropPending)
+            })
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// The current head, if any append happened yet.
@@ -589,17 +1189,84 @@ impl Log {
     }
 
     /// A copy of a segment's bytes with the certificate that commits exactly them (what a
-    /// backup receives, and what tests feed to the segment iterator).
+    /// backup receives, and what tests feed to the segment iterator). Survivors not yet fused
+    /// are included (replication makes them durable before they join the log).
     pub fn segment_contents(&self, segment_id: SegmentId) -> Option<(Vec<u8>, Certificate)> {
+        let guard = self.pin();
         let state = self.lock();
         let segment = state.segments.get(&segment_id)?;
         let mut bytes = Vec::with_capacity(segment.length as usize);
         if segment.length > 0 {
             let first =
                 Reference(u64::from(segment.seglets[0]) * u64::from(self.config.seglet_bytes));
-            self.gather(first, segment.length as usize, &mut bytes);
+            self.gather(&guard, first, segment.length as usize, &mut bytes);
         }
         Some((bytes, segment.certificate.certificate(segment.length)))
+    }
+
+    /// From now on the cleaner only touches segments reported with
+    /// [`Log::mark_replicated`]. Called once by a master that replicates its log, before its
+    /// first write.
+    pub fn require_replication(&self) {
+        self.lock().replication_required = true;
+    }
+
+    /// Replication holds every byte of `segment_id` on all its replicas, closed: the cleaner
+    /// may now clean or compact it. Ignored for a segment that is gone.
+    pub fn mark_replicated(&self, segment_id: SegmentId) {
+        if let Some(segment) = self.lock().segments.get_mut(&segment_id) {
+            segment.replicated = true;
+        }
+    }
+
+    /// The bytes of a segment from `from` to its current end, and the certificate that commits
+    /// the whole segment up to that end: what replication sends to a backup that holds the
+    /// first `from` bytes. Copies only the tail. `None` if the segment is not there or is
+    /// shorter than `from`.
+    pub fn segment_tail(&self, segment_id: SegmentId, from: u32) -> Option<(Vec<u8>, Certificate)> {
+        let guard = self.pin();
+        let state = self.lock();
+        let segment = state.segments.get(&segment_id)?;
+        if from > segment.length {
+            return None;
+        }
+        let length = (segment.length - from) as usize;
+        let mut bytes = Vec::with_capacity(length);
+        if length > 0 {
+            let seglet_bytes = self.config.seglet_bytes;
+            let seglet = segment.seglets[(from / seglet_bytes) as usize];
+            let start = Reference(
+                u64::from(seglet) * u64::from(seglet_bytes) + u64::from(from % seglet_bytes),
+            );
+            self.gather(&guard, start, length, &mut bytes);
+        }
+        Some((bytes, segment.certificate.certificate(segment.length)))
+    }
+
+    /// The bytes `[from, to)` of a segment and the certificate that commits exactly its first
+    /// `to` bytes (for replication of a range). `None` if the segment is not there, the range
+    /// is out of bounds, or `to` is not an entry boundary.
+    pub fn segment_range(
+        &self,
+        segment_id: SegmentId,
+        from: u32,
+        to: u32,
+    ) -> Option<(Vec<u8>, Certificate)> {
+        let (bytes, _) = self.segment_contents(segment_id)?;
+        if from > to || to as usize > bytes.len() {
+            return None;
+        }
+        let mut builder = CertificateBuilder::default();
+        let mut position = 0usize;
+        while position < to as usize {
+            let header = decode_entry_header(&bytes[position..]).ok()?;
+            builder.add_header(&bytes[position..position + header.header_bytes]);
+            position += header.header_bytes + header.content_bytes as usize;
+        }
+        if position != to as usize {
+            return None;
+        }
+        Some((bytes[from as usize..to as usize].to_vec(), builder.certificate(to)))
     }
 
     /// A segment's statistics.
@@ -607,19 +1274,39 @@ impl Log {
         self.lock().segments.get(&segment_id).map(|segment| segment.statistics)
     }
 
+    /// Every segment's statistics (log and survivors), by id.
+    pub fn all_segment_statistics(&self) -> Vec<(SegmentId, SegmentStatistics)> {
+        self.lock().segments.iter().map(|(id, segment)| (*id, segment.statistics)).collect()
+    }
+
     /// Totals over the log.
     pub fn statistics(&self) -> LogStatistics {
         let state = self.lock();
         let seglets_total = u64::from(self.memory.seglet_count());
         let seglets_free = state.free_seglets.len() as u64;
+        let seglets_waiting = self.memory.retired_count() as u64;
+        let sum = |measure: &dyn Fn(&SegmentStatistics) -> u64| -> u64 {
+            state.segments.values().map(|segment| measure(&segment.statistics)).sum()
+        };
         LogStatistics {
             log_bytes_total: seglets_total * u64::from(self.config.seglet_bytes),
-            log_bytes_live: state.segments.values().map(|s| s.statistics.live_bytes()).sum(),
-            log_bytes_allocated: (seglets_total - seglets_free)
+            log_bytes_live: sum(&|statistics| statistics.live_bytes()),
+            log_bytes_live_objects: sum(&|statistics| statistics.live_bytes_of(EntryType::Object)),
+            log_bytes_tombstones: sum(&|statistics| statistics.live_bytes_of(EntryType::Tombstone)),
+            // Seglet 0 is never allocated (see `Log::new`).
+            log_bytes_allocated: (seglets_total - 1 - seglets_free - seglets_waiting)
                 * u64::from(self.config.seglet_bytes),
             seglets_total,
             seglets_free,
-            segments_in_log: state.segments.len() as u64,
+            seglets_waiting_for_readers: seglets_waiting,
+            segments_in_log: state.in_log_count() as u64,
+            segments_side: state
+                .segments
+                .values()
+                .filter(|segment| {
+                    matches!(segment.membership, Membership::Side | Membership::FusePending)
+                })
+                .count() as u64,
             safe_version: self.safe_version().0,
         }
     }
@@ -639,11 +1326,29 @@ mod tests {
     use stratus_types::TableId;
 
     fn small_config() -> LogConfig {
-        LogConfig { log_bytes: 64 << 10, segment_bytes: 8 << 10, seglet_bytes: 1 << 10 }
+        LogConfig { log_bytes: 96 << 10, segment_bytes: 8 << 10, seglet_bytes: 1 << 10 }
     }
 
     fn object_entry(content: &[u8]) -> AppendEntry<'_> {
         AppendEntry::new(EntryType::Object, content)
+    }
+
+    /// Reference 0 means "no entry" in the hash table, so no entry may ever be at byte 0 of
+    /// the region, however seglets are handed out and reused.
+    #[test]
+    fn no_entry_is_ever_at_reference_zero() {
+        let log = Log::new(small_config(), ServerId(7));
+        // Seglet 0 is never free, so no segment (survivor, compacted copy or head) can start
+        // there when seglets are reused.
+        assert_eq!(log.statistics().seglets_free, 95);
+        let object = encode_object(TableId(1), Version(1), 10, b"k", &[7u8; 300]);
+        let mut appended = 0;
+        while let Ok(done) = log.append(&[object_entry(&object)], AppendPriority::Normal) {
+            assert!(done.references.iter().all(|reference| reference.0 >= 1 << 10));
+            appended += 1;
+        }
+        assert!(appended > 100, "the log filled: {appended} appends");
+        assert_eq!(log.statistics().seglets_total, 96);
     }
 
     #[test]
@@ -661,8 +1366,11 @@ mod tests {
         assert_eq!(entries[1].entry, Entry::LogDigest(vec![SegmentId(1)]));
         assert_eq!(entries[2].entry, Entry::SafeVersion(Version(1)));
         assert!(matches!(entries[3].entry, Entry::Object(view) if view.key == b"k"));
-        assert_eq!(u64::from(entries[3].offset), appended.references[0].0);
-        let (entry_type, content) = log.entry(appended.references[0]);
+        // The first segment starts at seglet 1 (seglet 0 is never used).
+        let seglet_bytes = u64::from(log.config().seglet_bytes);
+        assert_eq!(u64::from(entries[3].offset) + seglet_bytes, appended.references[0].0);
+        let guard = log.pin();
+        let (entry_type, content) = log.entry(&guard, appended.references[0]);
         assert_eq!(entry_type, EntryType::Object);
         assert_eq!(&content[..], &object[..]);
     }
@@ -678,8 +1386,9 @@ mod tests {
             let appended = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
             written.push((appended.references[0], object));
         }
+        let guard = log.pin();
         for (reference, object) in &written {
-            let (_, content) = log.entry(*reference);
+            let (_, content) = log.entry(&guard, *reference);
             assert_eq!(&content[..], &object[..]);
         }
         assert!(log.segment_ids().len() > 1, "test should have rolled the head");
@@ -726,7 +1435,8 @@ mod tests {
             assert_eq!(log.segment_of(pair.references[0]), pair.segment_id);
             assert_eq!(log.segment_of(pair.references[1]), pair.segment_id);
             assert!(appended.segment_id <= pair.segment_id);
-            let (entry_type, content) = log.entry(pair.references[1]);
+            let guard = log.pin();
+            let (entry_type, content) = log.entry(&guard, pair.references[1]);
             assert_eq!(entry_type, EntryType::Tombstone);
             assert_eq!(&content[..], &tombstone[..]);
         }
@@ -761,7 +1471,7 @@ mod tests {
         let object = encode_object(TableId(1), Version(1), 0, b"k", b"value");
         let appended = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
         let before = log.segment_statistics(appended.segment_id).unwrap();
-        log.free(appended.references[0]);
+        log.free(&log.pin(), appended.references[0]);
         let after = log.segment_statistics(appended.segment_id).unwrap();
         let object_index = EntryType::Object.code() as usize;
         assert_eq!(after.dead_bytes[object_index], before.entry_bytes[object_index]);
@@ -823,11 +1533,87 @@ mod tests {
                             encode_object(TableId(1), Version(1), index, &[thread + 1], &value);
                         let appended =
                             log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
-                        let (_, content) = log.entry(appended.references[0]);
+                        let guard = log.pin();
+                        let (_, content) = log.entry(&guard, appended.references[0]);
                         assert_eq!(&content[..], &object[..]);
                     }
                 });
             }
         });
+    }
+
+    /// The cleaner's mechanics with a reader racing them, small enough for Miri
+    /// (`cargo +nightly miri test -p stratus-log cleaning_mechanics`): an object is moved to a
+    /// survivor, its old segment dropped and its seglets reused, then the survivor compacted;
+    /// a reader that follows the object's current reference (the hash table's role) under an
+    /// epoch guard always reads the object's exact bytes.
+    #[test]
+    fn cleaning_mechanics_with_a_concurrent_reader() {
+        use std::sync::atomic::AtomicBool;
+        let log = Log::new(small_config(), ServerId(1));
+        let object = encode_object(TableId(1), Version(1), 5, b"moving", &[7; 300]);
+        let first = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
+        let filler = encode_object(TableId(1), Version(2), 5, b"filler", &[1; 2000]);
+        while log.head_segment_id() == Some(first.segment_id) {
+            log.append(&[object_entry(&filler)], AppendPriority::Normal).unwrap();
+        }
+        let current = AtomicU64::new(first.references[0].0);
+        let done = AtomicBool::new(false);
+        let survivor = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut reads = 0;
+                while !done.load(Ordering::Acquire) || reads < 3 {
+                    let guard = log.pin();
+                    let reference = Reference(current.load(Ordering::Acquire));
+                    let (entry_type, content) = log.entry(&guard, reference);
+                    assert_eq!(entry_type, EntryType::Object);
+                    assert_eq!(&content[..], &object[..]);
+                    reads += 1;
+                    drop(guard);
+                    std::thread::yield_now();
+                }
+            });
+            // Combined cleaning of the first segment: move the object to a survivor.
+            assert!(log.begin_cleaning(&[first.segment_id]));
+            let survivor = log.open_survivor().unwrap();
+            let moved =
+                log.append_to_survivor(survivor, &AppendEntry::new(EntryType::Object, &object));
+            current.store(moved.unwrap().0, Ordering::Release);
+            log.commit_cleaning(&[survivor], &[first.segment_id]);
+            log.roll_head(AppendPriority::CleanerCommit).unwrap();
+            assert!(!log.segment_ids().contains(&first.segment_id));
+            assert!(log.segment_ids().contains(&survivor));
+            assert_eq!(log.take_dropped_segments(), vec![first.segment_id]);
+            // Reuse the dropped seglets once the reader lets go of them.
+            while log.statistics().seglets_waiting_for_readers > 0 {
+                log.reclaim();
+                std::thread::yield_now();
+            }
+            for _ in 0..3 {
+                log.append(&[object_entry(&filler)], AppendPriority::Normal).unwrap();
+            }
+            // Compact the survivor in place: same id, the object moves again.
+            let guard = log.pin();
+            let entries = log.segment_entries(&guard, survivor).unwrap();
+            let (header_reference, header_type) = entries[0];
+            assert_eq!(header_type, EntryType::SegmentHeader);
+            let (_, header) = log.entry(&guard, header_reference);
+            let header = header.into_owned();
+            drop(guard);
+            assert!(log.begin_compaction(survivor, 1));
+            log.append_to_compacted(survivor, &AppendEntry::new(EntryType::SegmentHeader, &header));
+            let compacted =
+                log.append_to_compacted(survivor, &AppendEntry::new(EntryType::Object, &object));
+            current.store(compacted.0, Ordering::Release);
+            log.finish_compaction(survivor);
+            while log.statistics().seglets_waiting_for_readers > 0 {
+                log.reclaim();
+                std::thread::yield_now();
+            }
+            done.store(true, Ordering::Release);
+            survivor
+        });
+        let (bytes, certificate) = log.segment_contents(survivor).unwrap();
+        assert_eq!(SegmentIterator::new(&bytes, &certificate).unwrap().count(), 2);
     }
 }

@@ -2,6 +2,8 @@
 
 use stratus_log::format::ENTRY_HEADER_BYTES_MAX;
 use stratus_log::LogConfig;
+
+use crate::cleaner::CleanerConfig;
 use stratus_types::limits::{
     KEY_BYTES_MAX, SEGLET_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
@@ -33,6 +35,8 @@ pub struct StoreConfig {
     pub hash_table_bytes: u64,
     /// Largest value accepted by writes.
     pub value_bytes_max: u32,
+    /// The cleaner's policy.
+    pub cleaner: CleanerConfig,
 }
 
 /// A configuration rule that does not hold.
@@ -64,6 +68,7 @@ impl StoreConfig {
             seglet_bytes: SEGLET_BYTES_DEFAULT as u32,
             hash_table_bytes: (buckets * 64).max(HASH_TABLE_BYTES_MIN),
             value_bytes_max: VALUE_BYTES_MAX_DEFAULT as u32,
+            cleaner: CleanerConfig::default(),
         }
     }
 
@@ -76,6 +81,7 @@ impl StoreConfig {
             seglet_bytes: 64 << 10,
             hash_table_bytes: HASH_TABLE_BYTES_MIN,
             value_bytes_max: 128 << 10,
+            cleaner: CleanerConfig::default(),
         }
     }
 
@@ -92,6 +98,9 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let log = self.log_config();
         log.validate().map_err(ConfigError::Invalid)?;
+        if self.cleaner.tombstone_ratio_percent > 100 {
+            return Err(ConfigError::Invalid("tombstone_ratio_percent must be at most 100"));
+        }
         if self.hash_table_bytes < 64 {
             return Err(ConfigError::Invalid("hash_table_bytes must hold at least one bucket"));
         }

@@ -80,8 +80,9 @@ impl ObjectStore {
                 bucket_index
             );
             let mut found = Vec::new();
+            let epoch = self.log.pin();
             self.index.for_each_in_bucket(bucket_index, |reference| {
-                let (_, content) = self.log.entry(Reference(reference));
+                let (_, content) = self.log.entry(&epoch, Reference(reference));
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
                 if object.table != table {
                     return;
@@ -103,6 +104,7 @@ impl ObjectStore {
                     });
                 }
             });
+            drop(epoch);
             found.sort_by(|a, b| (a.reversed_hash, &a.key).cmp(&(b.reversed_hash, &b.key)));
             for object in found {
                 let object_bytes = object.key.len() + object.value.len();

@@ -9,12 +9,25 @@
 //! old version atomically (one append, one segment); a remove appends a tombstone.
 //!
 //! Memory-full rule: ordinary writes (and increments) fail with [`ObjectError::LogFull`] (the
-//! master answers RETRY) once only the log's reserve (two segments' worth of seglets) is free;
-//! removes may use the reserve, so deletes keep working when memory is full.
+//! master answers RETRY) once only the log's reserves are free: the tombstone reserve (two
+//! segments' worth of seglets), which removes may use, so deletes keep working when memory is
+//! full, and the cleaner reserve, which only the cleaner may use, so it can always run.
+//!
+//! Memory is reclaimed by the cleaner ([`ObjectStore::clean_once`], see `cleaner.rs` and
+//! docs/design/cleaner.md), which a server thread drives concurrently with requests. Every
+//! operation pins an epoch for as long as it holds bytes of the log, so the cleaner never
+//! reuses memory a request can still read.
 
+mod cleaner;
 mod config;
 mod enumerate;
 
+pub use cleaner::{
+    CleanOutcome, CleanerConfig, CleanerStatistics, CostBenefit, SegmentDurability,
+    CLEANABLE_UTILIZATION_MAX_PERCENT, CLEAN_FREE_PERCENT_MAX, COMPACTED_UTILIZATION_MAX_PERCENT,
+    PASS_LIVE_SEGMENTS_MAX, SEGMENT_COUNT_FORCE_PERCENT, TOMBSTONE_RATIO_PERCENT_DEFAULT,
+    TOMBSTONE_SCAN_EVERY_SEGMENTS,
+};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
 
@@ -23,7 +36,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use stratus_index::{BucketGuard, HashTable, Slot};
 use stratus_log::format::{decode_object_unverified, encode_tombstone, ObjectPrefix};
 use stratus_log::{
-    AppendEntry, AppendError, AppendPriority, EntryType, Log, Reference, TombstoneView,
+    AppendEntry, AppendError, AppendPriority, EntryType, EpochGuard, Log, Reference,
+    SegmentStatistics, TombstoneView,
 };
 use stratus_types::limits::KEY_BYTES_MAX;
 use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules, SegmentId, ServerId};
@@ -91,6 +105,35 @@ pub struct StoreStatistics {
     pub safe_version: u64,
     /// Main hash-table buckets.
     pub hash_table_buckets: u64,
+    /// Bytes of live objects (entry headers included).
+    pub log_bytes_live_objects: u64,
+    /// Bytes of tombstones still in the log (their death is learnt by cleaning).
+    pub log_bytes_tombstones: u64,
+    /// Seglets of cleaned segments waiting for readers before reuse.
+    pub seglets_waiting_for_readers: u64,
+    /// Cleaner survivor segments not yet fused into the log.
+    pub segments_side: u64,
+    /// The cleaner's work.
+    pub cleaner: CleanerStatistics,
+}
+
+impl StoreStatistics {
+    /// Live entry bytes over allocated seglet bytes (the paper's memory utilization); 0 when
+    /// nothing is allocated.
+    pub fn memory_utilization(&self) -> f64 {
+        if self.log_bytes_allocated == 0 {
+            return 0.0;
+        }
+        self.log_bytes_live as f64 / self.log_bytes_allocated as f64
+    }
+
+    /// Live object bytes over the whole log region.
+    pub fn live_object_fraction(&self) -> f64 {
+        if self.log_bytes_total == 0 {
+            return 0.0;
+        }
+        self.log_bytes_live_objects as f64 / self.log_bytes_total as f64
+    }
 }
 
 /// The object store. `Send + Sync`; every method takes `&self`.
@@ -100,6 +143,7 @@ pub struct ObjectStore {
     log: Log,
     index: HashTable,
     objects_live: AtomicU64,
+    cleaner: cleaner::CleanerState,
 }
 
 /// The current object of a key, found under its bucket lock.
@@ -118,6 +162,7 @@ impl ObjectStore {
             index: HashTable::new(config.hash_table_bytes),
             config,
             objects_live: AtomicU64::new(0),
+            cleaner: cleaner::CleanerState::default(),
         })
     }
 
@@ -139,10 +184,16 @@ impl ObjectStore {
     }
 
     /// Finds the object of (`table`, `key`) in the locked bucket.
-    fn lookup(&self, guard: &BucketGuard<'_>, table: TableId, key: &[u8]) -> Option<Current> {
+    fn lookup(
+        &self,
+        epoch: &EpochGuard<'_>,
+        guard: &BucketGuard<'_>,
+        table: TableId,
+        key: &[u8],
+    ) -> Option<Current> {
         let mut version = Version::NONEXISTENT;
         let (slot, reference) = guard.find(|reference| {
-            let (entry_type, content) = self.log.entry(Reference(reference));
+            let (entry_type, content) = self.log.entry(epoch, Reference(reference));
             assert_eq!(entry_type, EntryType::Object, "hash table points at a non-object");
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
             let found = object.table == table && object.key == key;
@@ -166,15 +217,16 @@ impl ObjectStore {
         value_out: &mut dyn ByteSink,
     ) -> Result<Version, ObjectError> {
         Self::check_key(key)?;
+        let epoch = self.log.pin();
         let guard = self.index.lock(hash.0);
-        let Some(current) = self.lookup(&guard, table, key) else {
+        let Some(current) = self.lookup(&epoch, &guard, table, key) else {
             return Err(ObjectError::Rejected {
                 reason: RejectReason::ObjectDoesntExist,
                 current: Version::NONEXISTENT,
             });
         };
         check_rules(rules, current.version)?;
-        let (_, content) = self.log.entry(current.reference);
+        let (_, content) = self.log.entry(&epoch, current.reference);
         let object = decode_object_unverified(&content).expect("corrupt object in the log");
         value_out.put_slice(object.value);
         Ok(current.version)
@@ -194,16 +246,20 @@ impl ObjectStore {
         if value.len() > self.config.value_bytes_max as usize {
             return Err(ObjectError::ValueTooLarge);
         }
+        self.log.observe_time(now_seconds);
+        let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
-        let current = self.lookup(&guard, table, key);
+        let current = self.lookup(&epoch, &guard, table, key);
         check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
-        self.store_object(&mut guard, current, table, key, value, now_seconds)
+        self.store_object(&epoch, &mut guard, current, table, key, value, now_seconds)
     }
 
     /// Appends a new version of an object (plus the old version's tombstone) and points the
     /// index at it. The caller holds the bucket lock and has checked the rules.
+    #[allow(clippy::too_many_arguments)]
     fn store_object(
         &self,
+        epoch: &EpochGuard<'_>,
         guard: &mut BucketGuard<'_>,
         current: Option<Current>,
         table: TableId,
@@ -237,7 +293,7 @@ impl ObjectStore {
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                self.log.free(current.reference);
+                self.log.free(epoch, current.reference);
             }
             None => {
                 guard.insert(reference.0);
@@ -258,8 +314,10 @@ impl ObjectStore {
         now_seconds: u32,
     ) -> Result<Version, ObjectError> {
         Self::check_key(key)?;
+        self.log.observe_time(now_seconds);
+        let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
-        let current = self.lookup(&guard, table, key);
+        let current = self.lookup(&epoch, &guard, table, key);
         check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
         let Some(current) = current else {
             return Ok(Version::NONEXISTENT);
@@ -280,7 +338,7 @@ impl ObjectStore {
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
-        self.log.free(current.reference);
+        self.log.free(&epoch, current.reference);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         Ok(current.version)
     }
@@ -297,14 +355,16 @@ impl ObjectStore {
         now_seconds: u32,
     ) -> Result<(Version, i64), ObjectError> {
         Self::check_key(key)?;
+        self.log.observe_time(now_seconds);
+        let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
-        let current = self.lookup(&guard, table, key);
+        let current = self.lookup(&epoch, &guard, table, key);
         let current_version = current.as_ref().map_or(Version::NONEXISTENT, |c| c.version);
         check_rules(rules, current_version)?;
         let old_value = match &current {
             None => 0,
             Some(current) => {
-                let (_, content) = self.log.entry(current.reference);
+                let (_, content) = self.log.entry(&epoch, current.reference);
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
                 let bytes: [u8; 8] = object
                     .value
@@ -317,6 +377,7 @@ impl ObjectStore {
             .checked_add(delta)
             .ok_or(ObjectError::IncrementOverflow { current: current_version })?;
         let version = self.store_object(
+            &epoch,
             &mut guard,
             current,
             table,
@@ -333,9 +394,10 @@ impl ObjectStore {
     pub fn drop_range(&self, table: TableId, range: HashRange) -> u64 {
         let mut dropped = 0;
         for bucket_index in 0..self.index.bucket_count() {
+            let epoch = self.log.pin();
             let mut freed = Vec::new();
             dropped += self.index.retain_in_bucket(bucket_index, |reference| {
-                let (_, content) = self.log.entry(Reference(reference));
+                let (_, content) = self.log.entry(&epoch, Reference(reference));
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
                 let drop = object.table == table
                     && range.contains(stratus_types::key_hash(table, object.key));
@@ -345,7 +407,7 @@ impl ObjectStore {
                 !drop
             });
             for reference in freed {
-                self.log.free(reference);
+                self.log.free(&epoch, reference);
             }
         }
         self.objects_live.fetch_sub(dropped, Ordering::Relaxed);
@@ -365,7 +427,18 @@ impl ObjectStore {
             objects_live: self.objects_live.load(Ordering::Relaxed),
             safe_version: log.safe_version,
             hash_table_buckets: self.index.bucket_count(),
+            log_bytes_live_objects: log.log_bytes_live_objects,
+            log_bytes_tombstones: log.log_bytes_tombstones,
+            seglets_waiting_for_readers: log.seglets_waiting_for_readers,
+            segments_side: log.segments_side,
+            cleaner: self.cleaner_statistics(),
         }
+    }
+
+    /// Every segment's statistics (live and dead bytes and counts per entry type), for the
+    /// segments in the log and the cleaner's survivors.
+    pub fn segment_statistics(&self) -> Vec<(SegmentId, SegmentStatistics)> {
+        self.log.all_segment_statistics()
     }
 
     /// The segment that currently holds the object of (`table`, `key`), if any (for tests and
@@ -376,8 +449,10 @@ impl ObjectStore {
         key: &[u8],
         hash: KeyHash,
     ) -> Option<SegmentId> {
+        let epoch = self.log.pin();
         let guard = self.index.lock(hash.0);
-        self.lookup(&guard, table, key).map(|current| self.log.segment_of(current.reference))
+        self.lookup(&epoch, &guard, table, key)
+            .map(|current| self.log.segment_of(current.reference))
     }
 }
 
@@ -394,5 +469,7 @@ fn append_error(error: AppendError) -> ObjectError {
     }
 }
 
+#[cfg(test)]
+mod cleaner_tests;
 #[cfg(test)]
 mod tests;

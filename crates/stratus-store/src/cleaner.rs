@@ -1,0 +1,667 @@
+//! The log cleaner: the balancer, combined cleaning and in-memory compaction
+//! (docs/design/cleaner.md).
+//!
+//! The cleaner is driven from outside: a server thread calls [`ObjectStore::clean_once`] in a
+//! loop, concurrently with requests; tests call it between writes. Each call does at most one
+//! unit of work (one combined pass or one compaction) and only when the balancer says memory is
+//! short, so an idle loop costs a few counter reads. Time arrives as an argument.
+//!
+//! Correctness rests on three rules:
+//! - **Relocation is conditional.** An object moves only under its bucket lock and only if the
+//!   hash table still points at the old reference (pointer equality); a writer holding the lock
+//!   first wins, and the cleaner then finds the reference changed and skips the dead copy.
+//! - **Tombstones live while the segment they name is in the log** (or is a survivor); they are
+//!   dropped only when that segment is already gone or about to be dropped by the next digest.
+//! - **Memory is reused after the epoch.** Cleaned segments leave the log through the next
+//!   head's digest, which fuses the survivors in at the same time; their seglets are retired
+//!   then and handed back only once every reader pinned before is gone.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use stratus_log::format::{decode_object_unverified, decode_tombstone};
+use stratus_log::{
+    AppendEntry, AppendError, AppendPriority, Certificate, CleaningCandidate, EntryType, Reference,
+};
+use stratus_types::{key_hash, SegmentId};
+
+use crate::ObjectStore;
+
+/// Percent of a segment's allocated memory that may be live for combined cleaning to choose it
+/// (RAMCloud's `MAX_CLEANABLE_MEMORY_UTILIZATION`): every cleaned segment frees at least 2 %,
+/// which with the one-seglet minimum below bounds the survivors' tail waste.
+pub const CLEANABLE_UTILIZATION_MAX_PERCENT: u64 = 98;
+
+/// Most live data one combined pass moves, in segments (RAMCloud's
+/// `MAX_LIVE_SEGMENTS_PER_DISK_PASS` and the LFS simulator's "up to ten segments").
+pub const PASS_LIVE_SEGMENTS_MAX: u64 = 10;
+
+/// Percent of memory the unallocated seglets may take at most before cleaning starts (the
+/// first half of RAMCloud's trigger `F <= min(10 %, (1 - L) / 2)`).
+pub const CLEAN_FREE_PERCENT_MAX: u64 = 10;
+
+/// Default tombstone ratio of the balancer, in percent (RAMCloud's default
+/// `tombstoneRatio:0.40`): combined cleaning runs when tombstones take this share of the memory
+/// not holding live objects.
+pub const TOMBSTONE_RATIO_PERCENT_DEFAULT: u32 = 40;
+
+/// Percent of the log's segment limit ([`stratus_log::LogConfig::segment_count_max`]) past
+/// which combined cleaning is forced (the text's "on-disk log above 90 % of its limit").
+pub const SEGMENT_COUNT_FORCE_PERCENT: u64 = 90;
+
+/// Segments cleaned between two dead-tombstone scans (RAMCloud's
+/// `SCAN_TOMBSTONES_EVERY_N_SEGMENTS`): scanning cost then grows with cleaning, so with the
+/// write load.
+pub const TOMBSTONE_SCAN_EVERY_SEGMENTS: u64 = 5;
+
+/// Percent of a compacted segment's seglets that may be live (RAMCloud's compactor keeps every
+/// segment it writes at most 98 % utilized).
+pub const COMPACTED_UTILIZATION_MAX_PERCENT: u64 = 98;
+
+/// How the combined cleaner ranks segments (`u` = live fraction of the segment's allocated
+/// memory, `age` = seconds since the segment was created, plus one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CostBenefit {
+    /// `(1 − u) · age / u`: RAMCloud's code at f52d5bcc. The cost of cleaning in memory is
+    /// copying the live fraction `u`; nothing is read from disk. The default.
+    AgeOverUtilization,
+    /// `(1 − u) · age / (1 + u)`: the dissertation's Eq. 7.3 (LFS's cost, which counts reading
+    /// the segment as well as writing its live data).
+    AgeOverOnePlusUtilization,
+}
+
+impl CostBenefit {
+    /// The score of a segment: higher is cleaned first.
+    pub fn score(self, live_fraction: f64, age_seconds: u64) -> f64 {
+        let age = (age_seconds + 1) as f64;
+        let free = 1.0 - live_fraction;
+        match self {
+            CostBenefit::AgeOverUtilization if live_fraction <= 0.0 => f64::INFINITY,
+            CostBenefit::AgeOverUtilization => free * age / live_fraction,
+            CostBenefit::AgeOverOnePlusUtilization => free * age / (1.0 + live_fraction),
+        }
+    }
+}
+
+/// The cleaner's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanerConfig {
+    /// Segment ranking for combined cleaning.
+    pub cost_benefit: CostBenefit,
+    /// Balancer: combined cleaning when tombstone bytes / (memory − live object bytes) reaches
+    /// this percentage; otherwise compaction.
+    pub tombstone_ratio_percent: u32,
+    /// Replicas of the log. 0 is the memory-only mode: compaction is pointless without backups
+    /// (it exists to keep the 1:1 memory/disk segment mapping), so only the combined cleaner
+    /// runs, in memory.
+    pub replicas: u32,
+}
+
+impl Default for CleanerConfig {
+    fn default() -> CleanerConfig {
+        CleanerConfig {
+            cost_benefit: CostBenefit::AgeOverUtilization,
+            tombstone_ratio_percent: TOMBSTONE_RATIO_PERCENT_DEFAULT,
+            replicas: 0,
+        }
+    }
+}
+
+/// What one [`ObjectStore::clean_once`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanOutcome {
+    /// Memory is not short: nothing to do (call again later).
+    Idle,
+    /// Memory is short but no segment is worth cleaning now (all too full, or chosen by
+    /// another cleaner).
+    NothingToClean,
+    /// A combined pass ran.
+    Combined {
+        /// Segments dropped from the log.
+        segments_cleaned: u64,
+        /// Survivor segments written.
+        survivor_segments: u64,
+        /// Bytes of live entries moved.
+        bytes_relocated: u64,
+    },
+    /// A segment was compacted in place.
+    Compacted {
+        /// The segment.
+        segment_id: SegmentId,
+        /// Seglets freed.
+        seglets_freed: u64,
+    },
+}
+
+/// Counters of the cleaner's work since the store was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CleanerStatistics {
+    /// Combined passes completed.
+    pub combined_passes: u64,
+    /// Segments dropped from the log by combined cleaning.
+    pub segments_cleaned: u64,
+    /// Survivor segments written.
+    pub survivor_segments_written: u64,
+    /// Bytes of objects moved by combined cleaning.
+    pub object_bytes_relocated: u64,
+    /// Bytes of tombstones moved by combined cleaning.
+    pub tombstone_bytes_relocated: u64,
+    /// Tombstones dropped because the segment they name left the log.
+    pub tombstones_dropped: u64,
+    /// Seglets of the segments combined cleaning dropped.
+    pub seglets_cleaned: u64,
+    /// Compactions completed.
+    pub compactions: u64,
+    /// Bytes moved by compaction.
+    pub bytes_compacted: u64,
+    /// Seglets freed by compaction.
+    pub seglets_freed_by_compaction: u64,
+    /// Compactions that freed nothing (each forces the next unit to be combined cleaning).
+    pub compactions_failed: u64,
+    /// Segments scanned for dead tombstones.
+    pub tombstone_scans: u64,
+    /// Bytes of dead tombstones the scans found.
+    pub dead_tombstone_bytes_found: u64,
+    /// `clean_once` calls that found memory short but nothing worth cleaning.
+    pub nothing_to_clean: u64,
+}
+
+/// A hook replication provides: the cleaner blocks on it for every survivor segment before the
+/// survivors are fused into the log (RAMCloud waits until survivors are fully replicated).
+pub trait SegmentDurability: Send + Sync + std::fmt::Debug {
+    /// Makes `bytes` (the whole survivor segment, committed by `certificate`) durable.
+    fn make_durable(&self, segment_id: SegmentId, bytes: &[u8], certificate: Certificate);
+}
+
+/// The cleaner's shared state inside the store.
+#[derive(Debug, Default)]
+pub(crate) struct CleanerState {
+    /// Held by the one combined cleaner (RAMCloud: at most one combined-cleaning thread).
+    pub(crate) combined: std::sync::Mutex<()>,
+    pub(crate) statistics: std::sync::Mutex<CleanerStatistics>,
+    /// The last compaction freed nothing: the next unit is combined cleaning.
+    pub(crate) compaction_failed: AtomicBool,
+    pub(crate) durability: std::sync::RwLock<Option<Arc<dyn SegmentDurability>>>,
+    /// Passes that could not roll the head to fuse at once (they fuse at the next roll).
+    pub(crate) deferred_fusions: AtomicU64,
+    /// Segments cleaned or compacted since the last dead-tombstone scan.
+    pub(crate) segments_since_tombstone_scan: AtomicU64,
+}
+
+/// A live entry found in a segment being cleaned.
+struct Survivor {
+    timestamp: u32,
+    reference: Reference,
+    entry_type: EntryType,
+    /// Index of its segment in the pass.
+    segment_index: usize,
+}
+
+/// Which kind of work the balancer picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Combined,
+    Compaction,
+}
+
+impl ObjectStore {
+    /// Installs the hook the cleaner calls before survivors join the log (replication).
+    pub fn set_segment_durability(&self, durability: Option<Arc<dyn SegmentDurability>>) {
+        *self.cleaner.durability.write().expect("durability hook lock poisoned") = durability;
+    }
+
+    /// The cleaner's counters.
+    pub fn cleaner_statistics(&self) -> CleanerStatistics {
+        *self.cleaner.statistics.lock().expect("cleaner statistics poisoned")
+    }
+
+    fn count(&self, update: impl FnOnce(&mut CleanerStatistics)) {
+        update(&mut self.cleaner.statistics.lock().expect("cleaner statistics poisoned"));
+    }
+
+    /// Does one unit of cleaning if the balancer says memory is short: reclaims seglets whose
+    /// readers are gone, then runs one combined pass or one compaction. Safe to call from any
+    /// number of threads concurrently with requests (one combined cleaner at a time; other
+    /// callers compact, or return [`CleanOutcome::NothingToClean`] in memory-only mode).
+    pub fn clean_once(&self, now_seconds: u32) -> CleanOutcome {
+        self.log.observe_time(now_seconds);
+        self.log.reclaim();
+        let Some(work) = self.balance() else {
+            return CleanOutcome::Idle;
+        };
+        let outcome = match work {
+            Work::Combined => match self.cleaner.combined.try_lock() {
+                Ok(_lock) => self.clean_combined(now_seconds),
+                Err(_) if self.config.cleaner.replicas > 0 => self.compact_one(),
+                Err(_) => CleanOutcome::NothingToClean,
+            },
+            Work::Compaction => match self.compact_one() {
+                CleanOutcome::NothingToClean => match self.cleaner.combined.try_lock() {
+                    Ok(_lock) => self.clean_combined(now_seconds),
+                    Err(_) => CleanOutcome::NothingToClean,
+                },
+                outcome => outcome,
+            },
+        };
+        if outcome == CleanOutcome::NothingToClean {
+            self.count(|statistics| statistics.nothing_to_clean += 1);
+        }
+        self.log.reclaim();
+        outcome
+    }
+
+    /// Runs one combined pass now, whatever the balancer says (tests, tools, and a server that
+    /// wants memory back before an operation). Waits for a concurrent combined pass to finish.
+    pub fn clean_combined_now(&self, now_seconds: u32) -> CleanOutcome {
+        self.log.observe_time(now_seconds);
+        self.log.reclaim();
+        let _lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
+        self.clean_combined(now_seconds)
+    }
+
+    /// Runs one compaction now, whatever the balancer says (tests and tools).
+    pub fn compact_now(&self, now_seconds: u32) -> CleanOutcome {
+        self.log.observe_time(now_seconds);
+        self.log.reclaim();
+        let outcome = self.compact_one();
+        self.log.reclaim();
+        outcome
+    }
+
+    /// Whether to clean, and how (docs/design/cleaner.md, "Balancer").
+    fn balance(&self) -> Option<Work> {
+        let log = self.log.config();
+        let statistics = self.log.statistics();
+        let total = statistics.seglets_total;
+        // Seglets waiting for readers count as free (RAMCloud does the same).
+        let free = statistics.seglets_free + statistics.seglets_waiting_for_readers;
+        let reserves = u64::from(log.reserve_seglets() + log.cleaner_reserve_seglets());
+        let usable_free = free.saturating_sub(reserves);
+        let total_bytes = statistics.log_bytes_total as f64;
+        let live_fraction = statistics.log_bytes_live_objects as f64 / total_bytes;
+        let threshold = (total as f64 * (CLEAN_FREE_PERCENT_MAX as f64 / 100.0))
+            .min(total as f64 * (1.0 - live_fraction) / 2.0);
+        let segment_pressure = statistics.segments_in_log * 100
+            >= log.segment_count_max() as u64 * SEGMENT_COUNT_FORCE_PERCENT;
+        if usable_free as f64 > threshold && !segment_pressure {
+            return None;
+        }
+        let memory_only = self.config.cleaner.replicas == 0;
+        let tombstone_fraction = statistics.log_bytes_tombstones as f64 / total_bytes;
+        let tombstones_heavy = tombstone_fraction
+            >= f64::from(self.config.cleaner.tombstone_ratio_percent) / 100.0
+                * (1.0 - live_fraction);
+        let compaction_failed = self.cleaner.compaction_failed.swap(false, Ordering::Relaxed);
+        if memory_only || segment_pressure || tombstones_heavy || compaction_failed {
+            Some(Work::Combined)
+        } else {
+            Some(Work::Compaction)
+        }
+    }
+
+    /// Candidates for combined cleaning, best first, with the 98 % rule applied.
+    fn ranked_candidates(&self, now_seconds: u32) -> Vec<(CleaningCandidate, f64)> {
+        let seglet_bytes = u64::from(self.log.config().seglet_bytes);
+        let mut ranked: Vec<(CleaningCandidate, f64)> = self
+            .log
+            .cleaning_candidates()
+            .into_iter()
+            .filter(|candidate| {
+                let allocated = u64::from(candidate.seglets) * seglet_bytes;
+                candidate.movable_bytes * 100 <= allocated * CLEANABLE_UTILIZATION_MAX_PERCENT
+                    && candidate.movable_bytes + seglet_bytes <= allocated
+            })
+            .map(|candidate| {
+                let allocated = u64::from(candidate.seglets) * seglet_bytes;
+                let live_fraction = candidate.movable_bytes as f64 / allocated as f64;
+                let age = u64::from(now_seconds.saturating_sub(candidate.creation_seconds));
+                (candidate, self.config.cleaner.cost_benefit.score(live_fraction, age))
+            })
+            .collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.segment_id.cmp(&b.0.segment_id)));
+        ranked
+    }
+
+    /// Scans the segment most likely to hold dead tombstones (highest tombstone bytes × time
+    /// since its last scan) once [`TOMBSTONE_SCAN_EVERY_SEGMENTS`] segments were cleaned, or
+    /// when `stuck` (nothing else is worth cleaning).
+    fn scan_tombstones_if_due(&self, now_seconds: u32, stuck: bool) {
+        let since = self.cleaner.segments_since_tombstone_scan.load(Ordering::Relaxed);
+        if since < TOMBSTONE_SCAN_EVERY_SEGMENTS && !stuck {
+            return;
+        }
+        let seglet_bytes = f64::from(self.log.config().seglet_bytes);
+        let best = self
+            .log
+            .cleaning_candidates()
+            .into_iter()
+            .filter(|candidate| candidate.tombstone_bytes > 0)
+            .map(|candidate| {
+                let waited = now_seconds.saturating_sub(candidate.tombstone_scan_seconds);
+                let score = candidate.tombstone_bytes as f64 / seglet_bytes * f64::from(waited + 1);
+                (candidate.segment_id, score)
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+        if let Some((segment_id, _)) = best {
+            self.cleaner.segments_since_tombstone_scan.store(0, Ordering::Relaxed);
+            let found = self.log.scan_dead_tombstones(segment_id);
+            self.count(|statistics| {
+                statistics.tombstone_scans += 1;
+                statistics.dead_tombstone_bytes_found += found;
+            });
+        }
+    }
+
+    /// One combined pass (the caller holds the combined-cleaner lock), preceded by a
+    /// dead-tombstone scan when one is due.
+    fn clean_combined(&self, now_seconds: u32) -> CleanOutcome {
+        self.scan_tombstones_if_due(now_seconds, false);
+        match self.clean_combined_pass(now_seconds) {
+            CleanOutcome::NothingToClean => {
+                // Segments full of dead tombstones look live until scanned: scan, retry once.
+                self.scan_tombstones_if_due(now_seconds, true);
+                self.clean_combined_pass(now_seconds)
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// One combined pass without the scan.
+    fn clean_combined_pass(&self, now_seconds: u32) -> CleanOutcome {
+        let log_config = *self.log.config();
+        let seglet_bytes = u64::from(log_config.seglet_bytes);
+        let segment_bytes = u64::from(log_config.segment_bytes);
+        let statistics = self.log.statistics();
+        // Survivors may use every free seglet but those a commit head needs (the writes'
+        // reserves keep at least a segment's worth free for them), at most ten segments'
+        // worth. Never plan with memory that is not there: a pass that runs out of memory
+        // midway frees nothing.
+        let free = statistics.seglets_free;
+        let budget_seglets = free
+            .saturating_sub(u64::from(log_config.head_seglets_max()))
+            .min(PASS_LIVE_SEGMENTS_MAX * u64::from(log_config.seglets_per_segment()));
+        // Each survivor segment loses up to its header, part of a seglet and, at its end, less
+        // than the largest entry moved into it: plan with that slack so the plan is an upper
+        // bound (a pass that ran out of memory midway would free nothing).
+        let header_slack_bytes = seglet_bytes + 64;
+        let segment_count_max = log_config.segment_count_max() as u64;
+        let mut chosen = Vec::new();
+        let mut chosen_seglets = Vec::new();
+        let mut movable_total = 0u64;
+        let mut freed_seglets = 0u64;
+        let mut largest_entry_bytes = 0u64;
+        let survivors_for = |movable: u64, largest: u64| {
+            let usable = segment_bytes.saturating_sub(header_slack_bytes + largest).max(1);
+            movable.div_ceil(usable)
+        };
+        for (candidate, _) in self.ranked_candidates(now_seconds) {
+            let movable = movable_total + candidate.movable_bytes;
+            let largest = largest_entry_bytes.max(candidate.largest_entry_bytes);
+            let survivors = survivors_for(movable, largest);
+            let survivor_seglets = movable.div_ceil(seglet_bytes) + 2 * survivors;
+            if survivor_seglets > budget_seglets {
+                continue;
+            }
+            chosen.push(candidate.segment_id);
+            chosen_seglets.push(u64::from(candidate.seglets));
+            movable_total = movable;
+            largest_entry_bytes = largest;
+            freed_seglets += u64::from(candidate.seglets);
+        }
+        let planned_survivors = survivors_for(movable_total, largest_entry_bytes);
+        let cost_seglets = movable_total.div_ceil(seglet_bytes)
+            + 2 * planned_survivors
+            + u64::from(log_config.head_seglets_max());
+        let count_after = statistics.segments_in_log + planned_survivors + 1;
+        if chosen.is_empty()
+            || cost_seglets >= freed_seglets
+            || count_after > segment_count_max + chosen.len() as u64
+            || !self.log.begin_cleaning(&chosen)
+        {
+            return CleanOutcome::NothingToClean;
+        }
+        self.relocate_and_commit(&chosen, &chosen_seglets)
+    }
+
+    /// Moves the live entries of `chosen` (marked as being cleaned) into survivor segments
+    /// sorted by age, then commits the pass.
+    fn relocate_and_commit(&self, chosen: &[SegmentId], chosen_seglets: &[u64]) -> CleanOutcome {
+        let epoch = self.log.pin();
+        let mut survivors = Vec::new();
+        let mut remaining = vec![0usize; chosen.len()];
+        let mut tombstones_dropped = 0u64;
+        for (segment_index, &segment_id) in chosen.iter().enumerate() {
+            let entries =
+                self.log.segment_entries(&epoch, segment_id).expect("segment being cleaned");
+            for (reference, entry_type) in entries {
+                let (_, content) = self.log.entry(&epoch, reference);
+                let timestamp = match entry_type {
+                    EntryType::Object => {
+                        decode_object_unverified(&content)
+                            .expect("corrupt object in the log")
+                            .timestamp
+                    }
+                    EntryType::Tombstone => {
+                        let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
+                        if !self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
+                            tombstones_dropped += 1;
+                            continue;
+                        }
+                        tombstone.timestamp
+                    }
+                    // Headers, digests and safe versions are superseded by the next head.
+                    _ => continue,
+                };
+                remaining[segment_index] += 1;
+                survivors.push(Survivor { timestamp, reference, entry_type, segment_index });
+            }
+        }
+        // Oldest first: segregates old (stable) data from young (volatile) data.
+        survivors.sort_by_key(|survivor| survivor.timestamp);
+
+        let mut survivor_segments: Vec<SegmentId> = Vec::new();
+        let mut object_bytes = 0u64;
+        let mut tombstone_bytes = 0u64;
+        let mut out_of_memory = false;
+        for survivor in &survivors {
+            let (_, content) = self.log.entry(&epoch, survivor.reference);
+            let entry = AppendEntry::new(survivor.entry_type, &content);
+            let relocated = match survivor.entry_type {
+                EntryType::Object => {
+                    let object = decode_object_unverified(&content).expect("corrupt object");
+                    let hash = key_hash(object.table, object.key);
+                    let mut bucket = self.index.lock(hash.0);
+                    match bucket.find(|found| found == survivor.reference.0) {
+                        // Overwritten or removed since: the old copy is dead, nothing to move.
+                        None => Ok(0),
+                        Some((slot, _)) => {
+                            match self.append_survivor(&mut survivor_segments, &entry) {
+                                Ok(new_reference) => {
+                                    bucket.replace(slot, new_reference.0);
+                                    self.log.free(&epoch, survivor.reference);
+                                    object_bytes += entry.entry_bytes() as u64;
+                                    Ok(entry.entry_bytes())
+                                }
+                                Err(error) => Err(error),
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
+                    if self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
+                        self.append_survivor(&mut survivor_segments, &entry).map(|_| {
+                            tombstone_bytes += entry.entry_bytes() as u64;
+                            entry.entry_bytes()
+                        })
+                    } else {
+                        tombstones_dropped += 1;
+                        Ok(0)
+                    }
+                }
+            };
+            match relocated {
+                Ok(_) => remaining[survivor.segment_index] -= 1,
+                Err(_) => {
+                    // No memory for survivors (should not happen: the pass was planned within
+                    // the free seglets). Keep what is not fully moved in the log.
+                    out_of_memory = true;
+                    break;
+                }
+            }
+        }
+        drop(epoch);
+
+        // Replication makes the survivors durable before they join the log.
+        let durability =
+            self.cleaner.durability.read().expect("durability hook lock poisoned").clone();
+        if let Some(durability) = durability {
+            for &segment_id in &survivor_segments {
+                let (bytes, certificate) =
+                    self.log.segment_contents(segment_id).expect("survivor segment");
+                durability.make_durable(segment_id, &bytes, certificate);
+            }
+        }
+        let mut cleaned = Vec::new();
+        let mut kept = Vec::new();
+        let mut seglets_cleaned = 0u64;
+        for (index, &segment_id) in chosen.iter().enumerate() {
+            if remaining[index] == 0 {
+                cleaned.push(segment_id);
+                seglets_cleaned += chosen_seglets[index];
+            } else {
+                kept.push(segment_id);
+            }
+        }
+        debug_assert!(!out_of_memory || !kept.is_empty());
+        self.log.commit_cleaning(&survivor_segments, &cleaned);
+        self.log.end_cleaning(&kept);
+        // Fuse now: the new head's digest lists the survivors and omits the cleaned segments.
+        if self.log.roll_head(AppendPriority::CleanerCommit).is_err() {
+            self.cleaner.deferred_fusions.fetch_add(1, Ordering::Relaxed);
+        }
+        self.log.reclaim();
+        self.count(|statistics| {
+            statistics.combined_passes += 1;
+            statistics.segments_cleaned += cleaned.len() as u64;
+            statistics.survivor_segments_written += survivor_segments.len() as u64;
+            statistics.object_bytes_relocated += object_bytes;
+            statistics.tombstone_bytes_relocated += tombstone_bytes;
+            statistics.tombstones_dropped += tombstones_dropped;
+            statistics.seglets_cleaned += seglets_cleaned;
+        });
+        self.cleaner
+            .segments_since_tombstone_scan
+            .fetch_add(cleaned.len() as u64, Ordering::Relaxed);
+        CleanOutcome::Combined {
+            segments_cleaned: cleaned.len() as u64,
+            survivor_segments: survivor_segments.len() as u64,
+            bytes_relocated: object_bytes + tombstone_bytes,
+        }
+    }
+
+    /// Appends one entry to the pass's current survivor, opening a new one when it is full.
+    fn append_survivor(
+        &self,
+        survivor_segments: &mut Vec<SegmentId>,
+        entry: &AppendEntry<'_>,
+    ) -> Result<Reference, AppendError> {
+        if let Some(&current) = survivor_segments.last() {
+            match self.log.append_to_survivor(current, entry) {
+                Err(AppendError::TooLarge) => {}
+                other => return other,
+            }
+        }
+        let segment_id = self.log.open_survivor()?;
+        survivor_segments.push(segment_id);
+        self.log.append_to_survivor(segment_id, entry)
+    }
+
+    /// One in-memory compaction: the segment whose compaction frees the most memory per live
+    /// byte is rewritten in place (same id and creation time) in fewer seglets, tombstones
+    /// first, then objects; the old seglets are reused after the epoch. No survivor segment,
+    /// no new digest, no replication work.
+    fn compact_one(&self) -> CleanOutcome {
+        let seglet_bytes = u64::from(self.log.config().seglet_bytes);
+        let header_bytes = 2 + stratus_log::format::SEGMENT_HEADER_CONTENT_BYTES as u64;
+        let best = self
+            .log
+            .cleaning_candidates()
+            .into_iter()
+            .filter_map(|candidate| {
+                let live = candidate.movable_bytes + header_bytes;
+                // RAMCloud's rule: the compacted segment is at most 98 % utilized.
+                let needed = live.div_ceil(seglet_bytes).max(
+                    100 * (live + seglet_bytes) / seglet_bytes / COMPACTED_UTILIZATION_MAX_PERCENT,
+                );
+                let seglets = u64::from(candidate.seglets);
+                (needed < seglets).then(|| {
+                    let score = (seglets - needed) as f64 * seglet_bytes as f64 / live as f64;
+                    (candidate.segment_id, needed, score)
+                })
+            })
+            .max_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)));
+        let Some((segment_id, needed, _)) = best else {
+            self.cleaner.compaction_failed.store(true, Ordering::Relaxed);
+            self.count(|statistics| statistics.compactions_failed += 1);
+            return CleanOutcome::NothingToClean;
+        };
+        if !self.log.begin_compaction(segment_id, needed as u32) {
+            return CleanOutcome::NothingToClean;
+        }
+        let epoch = self.log.pin();
+        let entries =
+            self.log.segment_entries(&epoch, segment_id).expect("segment being compacted");
+        let mut bytes_moved = 0u64;
+        let mut tombstones_dropped = 0u64;
+        // The segment header first (the segment keeps its identity), then tombstones (so
+        // tombstone scans can stop early), then objects.
+        for pass in [EntryType::SegmentHeader, EntryType::Tombstone, EntryType::Object] {
+            for &(reference, entry_type) in entries.iter().filter(|(_, kind)| *kind == pass) {
+                let (_, content) = self.log.entry(&epoch, reference);
+                let entry = AppendEntry::new(entry_type, &content);
+                match entry_type {
+                    EntryType::Object => {
+                        let object = decode_object_unverified(&content).expect("corrupt object");
+                        let mut bucket = self.index.lock(key_hash(object.table, object.key).0);
+                        if let Some((slot, _)) = bucket.find(|found| found == reference.0) {
+                            let moved = self.log.append_to_compacted(segment_id, &entry);
+                            bucket.replace(slot, moved.0);
+                            self.log.free(&epoch, reference);
+                            bytes_moved += entry.entry_bytes() as u64;
+                        }
+                    }
+                    EntryType::Tombstone => {
+                        let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
+                        if self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
+                            self.log.append_to_compacted(segment_id, &entry);
+                            bytes_moved += entry.entry_bytes() as u64;
+                        } else {
+                            tombstones_dropped += 1;
+                        }
+                    }
+                    _ => {
+                        self.log.append_to_compacted(segment_id, &entry);
+                    }
+                }
+            }
+        }
+        drop(epoch);
+        let seglets_freed = u64::from(self.log.finish_compaction(segment_id));
+        self.cleaner.segments_since_tombstone_scan.fetch_add(1, Ordering::Relaxed);
+        if seglets_freed == 0 {
+            // Forces the next unit to be combined cleaning (RAMCloud's compactionFailed()).
+            self.cleaner.compaction_failed.store(true, Ordering::Relaxed);
+        }
+        self.count(|statistics| {
+            statistics.compactions += 1;
+            statistics.bytes_compacted += bytes_moved;
+            statistics.seglets_freed_by_compaction += seglets_freed;
+            statistics.tombstones_dropped += tombstones_dropped;
+            if seglets_freed == 0 {
+                statistics.compactions_failed += 1;
+            }
+        });
+        CleanOutcome::Compacted { segment_id, seglets_freed }
+    }
+}

@@ -3,14 +3,20 @@
 //! A master owns a set of tablets and stores their objects in an [`ObjectStore`] (log-structured
 //! memory plus hash index). Every object request is checked against the owned tablets before the
 //! store sees it: a key outside them gets UNKNOWN_TABLET, which tells the client its tablet map
-//! is stale. Requests are handled synchronously on the connection's task: the store does no I/O,
-//! so there is nothing to wait for until replication arrives (a later issue).
+//! is stale. Requests are handled synchronously on the connection's task: the store does no I/O.
+//! With replication on, a request that changed the log is answered only after the
+//! [`ReplicaManager`] has the log up to it on every replica; the handler returns a future for
+//! that wait instead of blocking the connection.
 //!
 //! Reads copy the value straight from the log into the response frame: one copy, no
 //! intermediate buffer.
 
 mod ownership;
+mod replication;
 mod service;
 
 pub use ownership::TabletOwnership;
+pub use replication::{
+    LogPosition, Placement, ReplicaManager, ReplicationConfig, ReplicationStatistics, SyncError,
+};
 pub use service::{Master, MasterConfig};

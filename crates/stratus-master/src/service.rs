@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use stratus_env::WallClock;
 use stratus_rpc::{Handled, Service};
-use stratus_store::{ByteSink, ObjectError, ObjectStore, StoreConfig};
+use stratus_store::{ByteSink, CleanOutcome, ObjectError, ObjectStore, StoreConfig};
 use stratus_types::limits::{ENUMERATE_RESPONSE_BYTES_MAX, KEY_BYTES_MAX};
 use stratus_types::{key_hash, HashRange, RejectReason, RejectRules, ServerId, TableId, Version};
 use stratus_wire::{
@@ -17,6 +17,11 @@ use stratus_wire::{
 };
 
 use crate::ownership::TabletOwnership;
+use crate::replication::ReplicaManager;
+
+/// How long a cleaner thread sleeps when the balancer finds nothing to do. Short enough that
+/// the cleaner reacts within a few writes' worth of memory; long enough to cost nothing idle.
+const CLEANER_IDLE_SLEEP: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Settings of a master.
 #[derive(Clone, Debug)]
@@ -29,7 +34,9 @@ pub struct MasterConfig {
 #[derive(Debug)]
 pub struct Master {
     server_id: ServerId,
-    store: ObjectStore,
+    store: Arc<ObjectStore>,
+    /// Present unless the master runs memory-only (replicas = 0).
+    replication: Option<ReplicaManager>,
     ownership: TabletOwnership,
     wall_clock: Arc<dyn WallClock>,
     requests_served: AtomicU64,
@@ -56,7 +63,8 @@ impl Master {
             .map_err(|error| format!("invalid store configuration: {error:?}"))?;
         Ok(Master {
             server_id,
-            store,
+            store: Arc::new(store),
+            replication: None,
             ownership: TabletOwnership::default(),
             wall_clock,
             requests_served: AtomicU64::new(0),
@@ -66,6 +74,43 @@ impl Master {
     /// The object store (for statistics and tests).
     pub fn store(&self) -> &ObjectStore {
         &self.store
+    }
+
+    /// A shared handle on the object store, for the replica manager and the cleaner threads.
+    pub fn store_handle(&self) -> Arc<ObjectStore> {
+        self.store.clone()
+    }
+
+    /// Turns on replication: from now on a request that changes the log is answered only once
+    /// `replication` holds the log up to it on every replica.
+    pub fn set_replication(&mut self, replication: ReplicaManager) {
+        self.replication = Some(replication);
+    }
+
+    /// Starts the log cleaner on `threads` threads of its own, concurrent with requests: each
+    /// asks the store for one unit of work at a time (the store's balancer decides whether to
+    /// clean and how; only one thread at a time runs combined cleaning, the others compact).
+    /// The threads end when the master is dropped.
+    pub fn start_cleaner(&self, threads: usize) -> std::io::Result<()> {
+        for index in 0..threads {
+            let store = Arc::downgrade(&self.store);
+            let clock = self.wall_clock.clone();
+            std::thread::Builder::new().name(format!("cleaner-{index}")).spawn(move || {
+                while let Some(store) = store.upgrade() {
+                    let outcome = store.clean_once(clock.now_seconds());
+                    drop(store);
+                    if matches!(outcome, CleanOutcome::Idle | CleanOutcome::NothingToClean) {
+                        std::thread::sleep(CLEANER_IDLE_SLEEP);
+                    }
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The replica manager, if replication is on.
+    pub fn replication(&self) -> Option<&ReplicaManager> {
+        self.replication.as_ref()
     }
 
     /// The tablets this master owns.
@@ -368,7 +413,12 @@ impl Service for Master {
     fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
         self.requests_served.fetch_add(1, Ordering::Relaxed);
         match decode_request(header.opcode_code, body) {
-            Ok(request) => self.handle_request(header.request_id, request, out),
+            Ok(request) => match &self.replication {
+                Some(replication) if changes_log(&request) => {
+                    return self.handle_then_sync(header.request_id, request, replication.clone())
+                }
+                _ => self.handle_request(header.request_id, request, out),
+            },
             Err(error) => encode_error_response(
                 out,
                 header.request_id,
@@ -379,6 +429,56 @@ impl Service for Master {
         }
         Handled::Done
     }
+}
+
+impl Master {
+    /// Handles a request that may have appended to the log, and answers only after the log up
+    /// to the append is on every replica. The response is built now (the store's work is
+    /// done) and released by the future.
+    fn handle_then_sync(
+        &self,
+        request_id: u64,
+        request: Request,
+        replication: ReplicaManager,
+    ) -> Handled {
+        let opcode = request.opcode();
+        let mut frame = BytesMut::new();
+        self.handle_request(request_id, request, &mut frame);
+        // Taken after the append: the head's end is at or past it.
+        let position = replication.position_to_sync();
+        Handled::Later(Box::pin(async move {
+            match replication.sync(position).await {
+                Ok(()) => frame,
+                Err(error) => {
+                    // The change is in memory but not known durable. RETRY tells the client
+                    // to try again; a retried write re-applies harmlessly, a retried increment
+                    // may apply twice until exactly-once RPCs exist (documented in README).
+                    let mut refusal = BytesMut::new();
+                    encode_error_response(
+                        &mut refusal,
+                        request_id,
+                        opcode.code(),
+                        Status::Retry,
+                        &error.message,
+                    );
+                    refusal
+                }
+            }
+        }))
+    }
+}
+
+/// Requests that may append to the log and so must be replicated before they are answered.
+fn changes_log(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Write { .. }
+            | Request::Remove { .. }
+            | Request::Increment { .. }
+            | Request::MultiWrite { .. }
+            | Request::MultiRemove { .. }
+            | Request::MultiIncrement { .. }
+    )
 }
 
 fn respond_version(

@@ -12,6 +12,11 @@ pub const VALUE_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// sequential I/O, small enough that a digest of all segments stays small.
 pub const SEGMENT_BYTES_DEFAULT: usize = 8 << 20;
 
+/// Largest segment a replicated master may use (8 MiB, RAMCloud's size): a segment travels to a
+/// backup in one BACKUP_WRITE, because a certificate only commits a prefix that ends on an entry
+/// boundary, so a segment must fit in one frame.
+pub const SEGMENT_BYTES_MAX: usize = 8 << 20;
+
 /// Default seglet size (64 KiB): the unit of memory allocation inside segments; compaction frees
 /// memory in seglets.
 pub const SEGLET_BYTES_DEFAULT: usize = 64 << 10;
@@ -51,3 +56,5 @@ const _: () = assert!(SEGMENT_BYTES_DEFAULT.is_multiple_of(SEGLET_BYTES_DEFAULT)
 const _: () = assert!(FRAME_BYTES_MAX > VALUE_BYTES_MAX_DEFAULT + KEY_BYTES_MAX + 4_096);
 const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX > VALUE_BYTES_MAX_DEFAULT + KEY_BYTES_MAX);
 const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX < FRAME_BYTES_MAX);
+const _: () = assert!(SEGMENT_BYTES_MAX + 4_096 < FRAME_BYTES_MAX);
+const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);

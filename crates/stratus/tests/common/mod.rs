@@ -26,6 +26,8 @@ pub fn free_address() -> String {
 pub struct Process {
     pub child: Child,
     pub lines: mpsc::Receiver<String>,
+    /// The address a server announced ("server N listening on ADDRESS"), once known.
+    pub address: Option<String>,
 }
 
 impl Process {
@@ -48,7 +50,7 @@ impl Process {
                 }
             }
         });
-        Process { child, lines }
+        Process { child, lines, address: None }
     }
 
     /// Waits (bounded) for a stdout line containing `marker`.
@@ -105,8 +107,15 @@ pub struct TestCluster {
     pub servers: Vec<Process>,
 }
 
-/// Server arguments used by the tests: a small log with 1 MiB segments and 128 KiB values.
-pub fn server_arguments(coordinator: &str) -> Vec<String> {
+/// Server arguments used by the tests: a small log with 1 MiB segments and 128 KiB values,
+/// `replicas` copies of each segment, backup storage under `backup_directory`.
+pub fn server_arguments(
+    coordinator: &str,
+    replicas: usize,
+    backup_directory: &std::path::Path,
+) -> Vec<String> {
+    let replicas = replicas.to_string();
+    let backup_directory = backup_directory.display().to_string();
     [
         "--coordinator",
         coordinator,
@@ -119,6 +128,10 @@ pub fn server_arguments(coordinator: &str) -> Vec<String> {
         "1",
         "--value-bytes-max",
         "131072",
+        "--replicas",
+        replicas.as_str(),
+        "--backup-dir",
+        backup_directory.as_str(),
     ]
     .iter()
     .map(|argument| argument.to_string())
@@ -126,14 +139,27 @@ pub fn server_arguments(coordinator: &str) -> Vec<String> {
 }
 
 impl TestCluster {
+    /// `server_count` servers, each segment replicated on up to 2 of the others (a single
+    /// server runs memory-only).
     pub fn start(server_count: usize) -> TestCluster {
+        Self::start_with_replicas(server_count, server_count.saturating_sub(1).min(2))
+    }
+
+    /// `server_count` servers with `replicas` copies of every segment.
+    pub fn start_with_replicas(server_count: usize, replicas: usize) -> TestCluster {
         let directory = tempfile::tempdir().expect("temporary directory");
         let coordinator_address = free_address();
         let coordinator = Self::start_coordinator(&coordinator_address, &directory);
         let mut servers = Vec::new();
-        for _ in 0..server_count {
-            let server = Process::start(&server_arguments(&coordinator_address));
-            server.wait_for_line("listening on", Duration::from_secs(30));
+        for index in 0..server_count {
+            let backup_directory = directory.path().join(format!("backup-{index}"));
+            let mut server = Process::start(&server_arguments(
+                &coordinator_address,
+                replicas,
+                &backup_directory,
+            ));
+            let line = server.wait_for_line("listening on", Duration::from_secs(30));
+            server.address = line.split_whitespace().last().map(str::to_string);
             servers.push(server);
         }
         TestCluster { coordinator_address, directory, coordinator, servers }

@@ -1,0 +1,916 @@
+//! Replication of the master's log to backups (RAMCloud's replica manager).
+//!
+//! Every segment of the log is copied to `replicas` backups, each segment to its own set, so
+//! the log is scattered over the cluster and recovery can read it from many disks at once.
+//! A write is acknowledged only once the log up to and including it is held by every replica
+//! of its segment ([`ReplicaManager::sync`]).
+//!
+//! One task (the pump) does all replication work for a master. Writers never talk to backups
+//! themselves: they note the log position they need, wake the pump and wait for the durable
+//! position to pass it. Writes that arrive while a round is in flight are carried by the next
+//! round together, so concurrent writers share replication round trips (group commit), and
+//! exactly one replication RPC per backup is in flight at a time.
+//!
+//! Order of a round: the head segment first (a new head is opened on its backups before the
+//! previous head is closed, so a crash never leaves a log without an open head on backups),
+//! then the remaining bytes of older segments, with the close flag.
+//!
+//! Backup failures: a backup that does not answer, or refuses the replica, is replaced by
+//! another that receives the whole segment from its start; the segment's epoch is raised so
+//! that a stale copy of an open segment can be told apart (recovery's use of epochs is issue 5).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use stratus_env::Environment;
+use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
+use stratus_store::ObjectStore;
+use stratus_store::SegmentDurability;
+use stratus_types::{SegmentId, ServerId};
+use stratus_wire::{
+    BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody, ServerEntry,
+    ServerStatus, ServiceMask, Status,
+};
+use tokio::sync::{mpsc, watch, Notify};
+
+/// How often the pump looks at the log even when nobody woke it (to free replicas of cleaned
+/// segments and to replicate segments the cleaner wrote).
+const IDLE_ROUND_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long the list of backups from the coordinator is trusted before it is fetched again.
+const SERVER_LIST_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Survivor segments queued for replication (the cleaner hands over one at a time and waits).
+const SURVIVORS_QUEUED_MAX: usize = 16;
+
+/// How often the backups holding this master's replicas are pinged. A backup that does not
+/// answer is treated as lost: its replicas are re-created elsewhere. (Cluster-wide failure
+/// detection by the coordinator is issue 5; this keeps closed segments at R copies meanwhile.)
+const HOLDER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a backup found dead is not chosen for new replicas.
+const DEAD_BACKUP_QUARANTINE: Duration = Duration::from_secs(30);
+
+/// How a segment's backups are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Each replica on its own backup, chosen by power of two choices on the replicas this
+    /// master placed: the log scatters over every backup (fastest recovery).
+    Random,
+    /// Copysets: backups are partitioned into fixed groups of `replicas` (by server id) and a
+    /// segment's replicas all go to one group. Data is lost only if a whole group fails,
+    /// which makes loss after a correlated failure far less likely (docs/design/replication.md).
+    Copyset,
+}
+
+/// Settings of replication.
+#[derive(Clone, Debug)]
+pub struct ReplicationConfig {
+    /// Copies of every segment on other servers. 0 disables replication (memory only).
+    pub replicas: usize,
+    /// How backups are chosen.
+    pub placement: Placement,
+    /// The coordinator, asked for the list of backups.
+    pub coordinator_address: String,
+    /// How long a write waits for its replication before the client is told RETRY.
+    pub sync_timeout: Duration,
+    /// Timeout of one replication RPC.
+    pub backup_request_timeout: Duration,
+}
+
+impl ReplicationConfig {
+    /// Defaults for a coordinator at `coordinator_address`.
+    pub fn new(replicas: usize, coordinator_address: String) -> ReplicationConfig {
+        ReplicationConfig {
+            replicas,
+            placement: Placement::Random,
+            coordinator_address,
+            sync_timeout: Duration::from_secs(10),
+            backup_request_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A position in the log: (segment id, bytes of that segment). Everything before it is in
+/// lower segments or earlier in the same one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LogPosition {
+    /// The segment.
+    pub segment_id: u64,
+    /// Bytes of it.
+    pub bytes: u32,
+}
+
+/// Why a write could not be made durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncError {
+    /// What went wrong, for the client.
+    pub message: String,
+}
+
+/// Counters for `stratus status` and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicationStatistics {
+    /// Replication rounds completed.
+    pub rounds: u64,
+    /// BACKUP_WRITE RPCs sent.
+    pub backup_writes: u64,
+    /// Bytes sent to backups (each copy counted).
+    pub bytes_replicated: u64,
+    /// Replicas replaced after a backup failed or refused.
+    pub replicas_replaced: u64,
+    /// Replicas freed on backups after their segment left the log.
+    pub replicas_freed: u64,
+}
+
+/// The replica manager of one master. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ReplicaManager {
+    shared: Arc<Shared>,
+    survivors: mpsc::Sender<SurvivorRequest>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: ReplicationConfig,
+    store: Arc<ObjectStore>,
+    wake: Notify,
+    durable: watch::Sender<LogPosition>,
+    statistics: std::sync::Mutex<ReplicationStatistics>,
+    /// The last problem that kept replication from progressing, for error messages.
+    last_problem: std::sync::Mutex<String>,
+}
+
+impl ReplicaManager {
+    /// Starts the pump task for `store`'s log on the current tokio runtime. `replicas` must be
+    /// at least 1 (a memory-only master has no replica manager).
+    pub fn start(
+        server_id: ServerId,
+        config: ReplicationConfig,
+        store: Arc<ObjectStore>,
+        environment: Environment,
+    ) -> ReplicaManager {
+        assert!(config.replicas >= 1, "a replica manager needs at least one replica");
+        let (durable, _) = watch::channel(LogPosition::default());
+        let shared = Arc::new(Shared {
+            config,
+            store,
+            wake: Notify::new(),
+            durable,
+            statistics: std::sync::Mutex::new(ReplicationStatistics::default()),
+            last_problem: std::sync::Mutex::new(String::new()),
+        });
+        let (survivor_sender, survivor_receiver) = mpsc::channel(SURVIVORS_QUEUED_MAX);
+        let pump = Pump::new(server_id, shared.clone(), environment, survivor_receiver);
+        tokio::spawn(pump.run());
+        shared.store.log().require_replication();
+        let manager = ReplicaManager { shared, survivors: survivor_sender };
+        manager.shared.store.set_segment_durability(Some(Arc::new(manager.clone())));
+        manager
+    }
+
+    /// The replica count.
+    pub fn replicas(&self) -> usize {
+        self.shared.config.replicas
+    }
+
+    /// The log position a write that has just returned from the store must wait for: the end
+    /// of the current head. (A segment that was head when the write appended and has since
+    /// been closed lies entirely before it.)
+    pub fn position_to_sync(&self) -> LogPosition {
+        current_head_position(&self.shared.store)
+    }
+
+    /// Waits until the log up to `position` is on every replica, or the sync timeout passes.
+    pub async fn sync(&self, position: LogPosition) -> Result<(), SyncError> {
+        let mut durable = self.shared.durable.subscribe();
+        if *durable.borrow() >= position {
+            return Ok(());
+        }
+        self.shared.wake.notify_one();
+        let waited = tokio::time::timeout(
+            self.shared.config.sync_timeout,
+            durable.wait_for(|durable| *durable >= position),
+        )
+        .await;
+        match waited {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(SyncError { message: "replication stopped".to_string() }),
+            Err(_) => {
+                let problem =
+                    self.shared.last_problem.lock().map(|p| p.clone()).unwrap_or_default();
+                Err(SyncError {
+                    message: format!(
+                        "write not replicated to {} backups in time: {problem}",
+                        self.shared.config.replicas
+                    ),
+                })
+            }
+        }
+    }
+
+    /// The position known durable.
+    pub fn durable_position(&self) -> LogPosition {
+        *self.shared.durable.borrow()
+    }
+
+    /// Counters.
+    pub fn statistics(&self) -> ReplicationStatistics {
+        self.shared.statistics.lock().map(|statistics| *statistics).unwrap_or_default()
+    }
+}
+
+impl SegmentDurability for ReplicaManager {
+    /// Called on a cleaner thread (never on the runtime): hands the survivor to the pump and
+    /// blocks until it is on every replica. The pump retries until it is; the cleaner waits,
+    /// because fusing a survivor that is not replicated would make the log on backups
+    /// incomplete.
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        bytes: &[u8],
+        certificate: stratus_log::Certificate,
+    ) {
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        let request = SurvivorRequest { segment_id, bytes: bytes.to_vec(), certificate, done };
+        if self.survivors.blocking_send(request).is_err() {
+            return; // the pump is gone: the process is stopping
+        }
+        self.shared.wake.notify_one();
+        let _ = finished.recv();
+    }
+}
+
+fn current_head_position(store: &ObjectStore) -> LogPosition {
+    let log = store.log();
+    match log.head_segment_id() {
+        Some(head) => LogPosition {
+            segment_id: head.0,
+            bytes: log.certificate(head).map_or(0, |certificate| certificate.segment_length),
+        },
+        None => LogPosition::default(),
+    }
+}
+
+/// One backup holding (or about to hold) a replica.
+#[derive(Clone, Debug)]
+struct ReplicaHolder {
+    server_id: ServerId,
+    address: String,
+    /// Bytes of the segment the backup acknowledged.
+    bytes_held: u32,
+    /// Whether the backup acknowledged the close flag.
+    closed: bool,
+}
+
+/// Replication state of one segment.
+#[derive(Debug)]
+struct SegmentReplicas {
+    epoch: u64,
+    holders: Vec<ReplicaHolder>,
+    /// Backups that failed for this segment: not chosen again for it.
+    excluded: HashSet<ServerId>,
+    /// When the segment left the log: the head at that moment. Its replicas are freed once a
+    /// later head (whose digest no longer lists it) is durable.
+    dropped_under_head: Option<u64>,
+    /// Closed and complete on every holder: rounds skip it until a holder is lost.
+    complete: bool,
+}
+
+struct Pump {
+    server_id: ServerId,
+    shared: Arc<Shared>,
+    environment: Environment,
+    pool: Arc<ChannelPool>,
+    segments: BTreeMap<u64, SegmentReplicas>,
+    backups: Vec<ServerEntry>,
+    backups_fetched_at: Option<tokio::time::Instant>,
+    /// Replicas this master placed on each backup: the load for power-of-two choices.
+    load: HashMap<ServerId, usize>,
+    /// Backups found dead, and since when: not chosen again for a while.
+    dead_backups: HashMap<ServerId, tokio::time::Instant>,
+    holders_checked_at: Option<tokio::time::Instant>,
+    /// Replicas no longer part of their segment's replica set, to free on their backups.
+    orphans: Vec<(String, SegmentId)>,
+    /// Survivor segments the cleaner waits on.
+    survivors: mpsc::Receiver<SurvivorRequest>,
+    /// A survivor whose replication failed, tried again first in the next round.
+    pending_survivor: Option<SurvivorRequest>,
+}
+
+/// Where the bytes of a segment being replicated come from.
+enum Source<'a> {
+    /// The log itself (the segment is in it).
+    Log,
+    /// A survivor segment handed over by the cleaner, with its certificate.
+    Given(&'a [u8], stratus_log::Certificate),
+}
+
+/// A survivor segment to replicate before the cleaner fuses it into the log.
+struct SurvivorRequest {
+    segment_id: SegmentId,
+    bytes: Vec<u8>,
+    certificate: stratus_log::Certificate,
+    done: std::sync::mpsc::SyncSender<()>,
+}
+
+/// The outcome of one BACKUP_WRITE.
+enum WriteOutcome {
+    Held { bytes_held: u32, closed: bool },
+    Failed(String),
+}
+
+impl Pump {
+    fn new(
+        server_id: ServerId,
+        shared: Arc<Shared>,
+        environment: Environment,
+        survivors: mpsc::Receiver<SurvivorRequest>,
+    ) -> Pump {
+        let rpc = RpcConfig {
+            request_timeout: shared.config.backup_request_timeout,
+            ..RpcConfig::default()
+        };
+        Pump {
+            server_id,
+            pool: Arc::new(ChannelPool::new(environment.network.clone(), rpc)),
+            shared,
+            environment,
+            segments: BTreeMap::new(),
+            backups: Vec::new(),
+            backups_fetched_at: None,
+            load: HashMap::new(),
+            dead_backups: HashMap::new(),
+            holders_checked_at: None,
+            orphans: Vec::new(),
+            survivors,
+            pending_survivor: None,
+        }
+    }
+
+    async fn run(mut self) {
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+        loop {
+            let progressed = self.round().await;
+            if progressed {
+                backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+                // Wait for the next write, or look again after a while.
+                let _ =
+                    tokio::time::timeout(IDLE_ROUND_INTERVAL, self.shared.wake.notified()).await;
+            } else {
+                tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
+            }
+        }
+    }
+
+    /// One replication round. Returns false if something kept it from completing (the caller
+    /// backs off before the next).
+    async fn round(&mut self) -> bool {
+        let store = self.shared.store.clone();
+        let log = store.log();
+        self.check_holders_alive().await;
+        // Survivor segments of the cleaner first: the cleaner thread is blocked on them.
+        while let Some(request) =
+            self.pending_survivor.take().or_else(|| self.survivors.try_recv().ok())
+        {
+            let source = Source::Given(&request.bytes, request.certificate);
+            match self.replicate_segment(request.segment_id.0, source, true).await {
+                Ok(()) => {
+                    log.mark_replicated(request.segment_id);
+                    let _ = request.done.send(());
+                }
+                Err(problem) => {
+                    self.note_problem(problem);
+                    self.pending_survivor = Some(request);
+                    return false;
+                }
+            }
+        }
+        let Some(head) = log.head_segment_id() else {
+            return true;
+        };
+        for dropped in log.take_dropped_segments() {
+            if let Some(segment) = self.segments.get_mut(&dropped.0) {
+                segment.dropped_under_head.get_or_insert(head.0);
+            }
+        }
+        // The head first: a new head is open on its backups before the previous one is closed.
+        let mut order: Vec<u64> = vec![head.0];
+        order.extend(
+            log.segment_ids()
+                .into_iter()
+                .map(|id| id.0)
+                .filter(|id| *id != head.0)
+                .filter(|id| !self.segments.get(id).is_some_and(|segment| segment.complete)),
+        );
+        let mut durable_head_bytes = None;
+        for segment_id in order {
+            let close = segment_id != head.0;
+            match self.replicate_segment(segment_id, Source::Log, close).await {
+                Ok(()) if !close => {
+                    durable_head_bytes = self.segments.get(&segment_id).and_then(|segment| {
+                        segment.holders.iter().map(|holder| holder.bytes_held).min()
+                    });
+                }
+                Ok(()) => {
+                    if let Some(segment) = self.segments.get_mut(&segment_id) {
+                        segment.complete = true;
+                    }
+                    log.mark_replicated(SegmentId(segment_id));
+                }
+                Err(problem) => {
+                    self.note_problem(problem);
+                    return false;
+                }
+            }
+        }
+        if let Some(bytes) = durable_head_bytes {
+            let position = LogPosition { segment_id: head.0, bytes };
+            self.shared.durable.send_if_modified(|durable| {
+                if position > *durable {
+                    *durable = position;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        self.free_dropped_segments().await;
+        self.count(|statistics| statistics.rounds += 1);
+        true
+    }
+
+    fn note_problem(&self, problem: String) {
+        tracing::warn!(%problem, "replication round incomplete");
+        if let Ok(mut last) = self.shared.last_problem.lock() {
+            *last = problem;
+        }
+    }
+
+    fn count(&self, update: impl FnOnce(&mut ReplicationStatistics)) {
+        if let Ok(mut statistics) = self.shared.statistics.lock() {
+            update(&mut statistics);
+        }
+    }
+
+    /// The bytes a holder that has the first `from` bytes lacks, and the certificate that
+    /// commits the segment up to their end.
+    fn tail(
+        &self,
+        segment_id: u64,
+        source: &Source<'_>,
+        from: u32,
+    ) -> Option<(Bytes, stratus_log::Certificate)> {
+        match source {
+            Source::Log => {
+                let (bytes, certificate) =
+                    self.shared.store.log().segment_tail(SegmentId(segment_id), from)?;
+                Some((Bytes::from(bytes), certificate))
+            }
+            Source::Given(bytes, certificate) => {
+                let tail = bytes.get(from as usize..certificate.segment_length as usize)?;
+                Some((Bytes::copy_from_slice(tail), *certificate))
+            }
+        }
+    }
+
+    /// The segment's length now.
+    fn current_length(&self, segment_id: u64, source: &Source<'_>) -> Option<u32> {
+        match source {
+            Source::Log => self
+                .shared
+                .store
+                .log()
+                .certificate(SegmentId(segment_id))
+                .map(|certificate| certificate.segment_length),
+            Source::Given(_, certificate) => Some(certificate.segment_length),
+        }
+    }
+
+    /// Brings every replica of one segment up to its length at the time of the call (and
+    /// closed if `close`).
+    async fn replicate_segment(
+        &mut self,
+        segment_id: u64,
+        source: Source<'_>,
+        close: bool,
+    ) -> Result<(), String> {
+        let replicas = self.shared.config.replicas;
+        let Some(length) = self.current_length(segment_id, &source) else {
+            return Ok(()); // left the log since it was listed
+        };
+        // Bounded: each pass either finishes or replaces a failed holder; the number of
+        // candidate backups is finite and failed ones are excluded.
+        for _attempt in 0..=self.backups.len() + replicas + 1 {
+            self.fill_holders(segment_id).await?;
+            let segment = self.segments.get(&segment_id).expect("filled above");
+            let epoch = segment.epoch;
+            let pending: Vec<(usize, ReplicaHolder)> = segment
+                .holders
+                .iter()
+                .enumerate()
+                .filter(|(_, holder)| holder.bytes_held < length || (close && !holder.closed))
+                .map(|(index, holder)| (index, holder.clone()))
+                .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let mut calls = tokio::task::JoinSet::new();
+            let mut failed = Vec::new();
+            for (index, holder) in pending {
+                let Some((data, certificate)) = self.tail(segment_id, &source, holder.bytes_held)
+                else {
+                    // The segment changed under a holder (it cannot, unless cleaned): start
+                    // that copy over on another backup.
+                    failed.push((holder.server_id, "segment shrank under its replica".into()));
+                    continue;
+                };
+                let call = BackupCall {
+                    master_id: self.server_id,
+                    segment_id: SegmentId(segment_id),
+                    epoch,
+                    certificate,
+                    close,
+                    primary: index == 0,
+                };
+                let pool = self.pool.clone();
+                self.count(|statistics| {
+                    statistics.backup_writes += 1;
+                    statistics.bytes_replicated += data.len() as u64;
+                });
+                calls.spawn(async move {
+                    let outcome = call.send(&pool, &holder, data).await;
+                    (holder.server_id, outcome)
+                });
+            }
+            while let Some(joined) = calls.join_next().await {
+                let Ok((server_id, outcome)) = joined else { continue };
+                let segment = self.segments.get_mut(&segment_id).expect("exists");
+                match outcome {
+                    WriteOutcome::Held { bytes_held, closed } => {
+                        if let Some(holder) =
+                            segment.holders.iter_mut().find(|holder| holder.server_id == server_id)
+                        {
+                            holder.bytes_held = bytes_held;
+                            holder.closed = closed;
+                        }
+                    }
+                    WriteOutcome::Failed(reason) => failed.push((server_id, reason)),
+                }
+            }
+            if failed.is_empty() {
+                continue; // verify in the next pass (returns Ok when nothing is pending)
+            }
+            let segment = self.segments.get_mut(&segment_id).expect("exists");
+            for (server_id, reason) in &failed {
+                tracing::warn!(segment = segment_id, backup = %server_id, %reason, "replica lost; replacing it");
+                segment.holders.retain(|holder| holder.server_id != *server_id);
+                segment.excluded.insert(*server_id);
+                if let Some(load) = self.load.get_mut(server_id) {
+                    *load = load.saturating_sub(1);
+                }
+            }
+            segment.epoch += 1;
+            segment.complete = false;
+            let replaced = failed.len() as u64;
+            self.count(|statistics| statistics.replicas_replaced += replaced);
+            // Backups that failed may be gone: look at the server list again.
+            self.backups_fetched_at = None;
+        }
+        Err(format!("segment {segment_id}: replicas kept failing"))
+    }
+
+    /// Pings every backup holding a replica of this log (at most once per interval); the
+    /// replicas of one that does not answer are dropped, so the round re-creates them.
+    async fn check_holders_alive(&mut self) {
+        let due = self
+            .holders_checked_at
+            .is_none_or(|checked| checked.elapsed() >= HOLDER_CHECK_INTERVAL);
+        if !due {
+            return;
+        }
+        self.holders_checked_at = Some(tokio::time::Instant::now());
+        let mut holders: BTreeMap<ServerId, String> = BTreeMap::new();
+        for segment in self.segments.values() {
+            for holder in &segment.holders {
+                holders.insert(holder.server_id, holder.address.clone());
+            }
+        }
+        let mut pings = tokio::task::JoinSet::new();
+        for (server_id, address) in holders {
+            let pool = self.pool.clone();
+            pings.spawn(async move {
+                let answered =
+                    matches!(pool.call(&address, &Request::Ping).await, Ok((Status::Ok, _)));
+                if !answered {
+                    pool.forget(&address);
+                }
+                (server_id, answered)
+            });
+        }
+        let mut dead = Vec::new();
+        while let Some(joined) = pings.join_next().await {
+            if let Ok((server_id, false)) = joined {
+                dead.push(server_id);
+            }
+        }
+        for server_id in dead {
+            tracing::warn!(backup = %server_id, "backup does not answer; re-replicating its replicas");
+            self.dead_backups.insert(server_id, tokio::time::Instant::now());
+            let mut lost = 0u64;
+            for segment in self.segments.values_mut() {
+                let before = segment.holders.len();
+                segment.holders.retain(|holder| holder.server_id != server_id);
+                if segment.holders.len() != before {
+                    segment.excluded.insert(server_id);
+                    segment.epoch += 1;
+                    segment.complete = false;
+                    lost += 1;
+                }
+            }
+            self.load.remove(&server_id);
+            self.count(|statistics| statistics.replicas_replaced += lost);
+        }
+    }
+
+    /// Chooses backups for a segment until it has `replicas` holders.
+    async fn fill_holders(&mut self, segment_id: u64) -> Result<(), String> {
+        let replicas = self.shared.config.replicas;
+        let needs = self
+            .segments
+            .get(&segment_id)
+            .map_or(replicas, |segment| replicas.saturating_sub(segment.holders.len()));
+        if needs == 0 {
+            return Ok(());
+        }
+        self.refresh_backups().await?;
+        self.dead_backups.retain(|_, since| since.elapsed() < DEAD_BACKUP_QUARANTINE);
+        self.segments.entry(segment_id).or_insert_with(|| SegmentReplicas {
+            epoch: 1,
+            holders: Vec::new(),
+            excluded: HashSet::new(),
+            dropped_under_head: None,
+            complete: false,
+        });
+        if self.shared.config.placement == Placement::Copyset {
+            return self.fill_from_copyset(segment_id);
+        }
+        let segment = self.segments.get_mut(&segment_id).expect("inserted above");
+        for _ in 0..needs {
+            let candidates: Vec<&ServerEntry> = self
+                .backups
+                .iter()
+                .filter(|entry| {
+                    entry.server_id != self.server_id
+                        && !self.dead_backups.contains_key(&entry.server_id)
+                        && !segment.excluded.contains(&entry.server_id)
+                        && !segment.holders.iter().any(|holder| holder.server_id == entry.server_id)
+                })
+                .collect();
+            if candidates.is_empty() {
+                let have = segment.holders.len();
+                return Err(format!(
+                    "only {have} of {replicas} backups available for segment {segment_id} \
+                     ({} backups in the cluster besides this server)",
+                    self.backups.iter().filter(|entry| entry.server_id != self.server_id).count()
+                ));
+            }
+            // Power of two choices on the replicas this master placed: spreads the log
+            // evenly without a global view.
+            let entropy = &*self.environment.entropy;
+            let first = candidates[(entropy.next_u64() % candidates.len() as u64) as usize];
+            let second = candidates[(entropy.next_u64() % candidates.len() as u64) as usize];
+            let load_of =
+                |entry: &ServerEntry| self.load.get(&entry.server_id).copied().unwrap_or(0);
+            let chosen = if load_of(second) < load_of(first) { second } else { first };
+            *self.load.entry(chosen.server_id).or_insert(0) += 1;
+            segment.holders.push(ReplicaHolder {
+                server_id: chosen.server_id,
+                address: chosen.address.clone(),
+                bytes_held: 0,
+                closed: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copyset placement: all replicas of a segment in one group. A segment that lost part of
+    /// its group moves to a whole new group (the survivors' copies are freed), so the copyset
+    /// invariant holds for every segment.
+    fn fill_from_copyset(&mut self, segment_id: u64) -> Result<(), String> {
+        let replicas = self.shared.config.replicas;
+        let groups = copyset_groups(&self.backups, replicas);
+        let segment = self.segments.get_mut(&segment_id).expect("inserted by the caller");
+        let usable: Vec<&Vec<ServerEntry>> = groups
+            .iter()
+            .filter(|group| {
+                group.iter().all(|entry| {
+                    entry.server_id != self.server_id
+                        && !self.dead_backups.contains_key(&entry.server_id)
+                        && !segment.excluded.contains(&entry.server_id)
+                })
+            })
+            .collect();
+        if usable.is_empty() {
+            return Err(format!(
+                "no complete copyset of {replicas} live backups without this server for \
+                 segment {segment_id} ({} groups in the cluster)",
+                groups.len()
+            ));
+        }
+        for holder in segment.holders.drain(..) {
+            self.orphans.push((holder.address, SegmentId(segment_id)));
+            if let Some(load) = self.load.get_mut(&holder.server_id) {
+                *load = load.saturating_sub(1);
+            }
+        }
+        let entropy = &*self.environment.entropy;
+        let group_load = |group: &Vec<ServerEntry>| -> usize {
+            group.iter().map(|entry| self.load.get(&entry.server_id).copied().unwrap_or(0)).sum()
+        };
+        let first = usable[(entropy.next_u64() % usable.len() as u64) as usize];
+        let second = usable[(entropy.next_u64() % usable.len() as u64) as usize];
+        let chosen = if group_load(second) < group_load(first) { second } else { first };
+        for entry in chosen {
+            *self.load.entry(entry.server_id).or_insert(0) += 1;
+            segment.holders.push(ReplicaHolder {
+                server_id: entry.server_id,
+                address: entry.address.clone(),
+                bytes_held: 0,
+                closed: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Fetches the list of backups from the coordinator when it is old.
+    async fn refresh_backups(&mut self) -> Result<(), String> {
+        let fresh = self
+            .backups_fetched_at
+            .is_some_and(|fetched| fetched.elapsed() < SERVER_LIST_REFRESH_INTERVAL);
+        if fresh {
+            return Ok(());
+        }
+        let coordinator = self.shared.config.coordinator_address.clone();
+        match self.pool.call(&coordinator, &Request::GetServerList).await {
+            Ok((Status::Ok, ResponseBody::Operation(Response::GetServerList { servers }))) => {
+                self.backups = servers
+                    .into_iter()
+                    .filter(|entry| {
+                        entry.status == ServerStatus::Up
+                            && entry.services.0 & ServiceMask::BACKUP != 0
+                    })
+                    .collect();
+                self.backups_fetched_at = Some(tokio::time::Instant::now());
+                Ok(())
+            }
+            Ok((status, _)) => Err(format!("coordinator answered the server list with {status}")),
+            Err(error) => {
+                self.pool.forget(&coordinator);
+                Err(format!("cannot reach the coordinator for the server list: {error}"))
+            }
+        }
+    }
+
+    /// Frees, on their backups, the replicas of segments the cleaner dropped, once a head that
+    /// no longer lists them is durable.
+    async fn free_dropped_segments(&mut self) {
+        for (address, segment_id) in std::mem::take(&mut self.orphans) {
+            let request = Request::BackupFree { master_id: self.server_id, segment_id };
+            if self.pool.call(&address, &request).await.is_ok() {
+                self.count(|statistics| statistics.replicas_freed += 1);
+            }
+        }
+        let durable = *self.shared.durable.borrow();
+        let ready: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(_, segment)| {
+                segment.dropped_under_head.is_some_and(|head| durable.segment_id > head)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for segment_id in ready {
+            let Some(segment) = self.segments.remove(&segment_id) else { continue };
+            for holder in segment.holders {
+                if let Some(load) = self.load.get_mut(&holder.server_id) {
+                    *load = load.saturating_sub(1);
+                }
+                let request = Request::BackupFree {
+                    master_id: self.server_id,
+                    segment_id: SegmentId(segment_id),
+                };
+                // Best effort: a backup that misses this keeps a replica that recovery will
+                // ignore (its segment is not in the digest) and that is freed when this
+                // master's replicas are garbage-collected (issue 5).
+                if let Err(error) = self.pool.call(&holder.address, &request).await {
+                    tracing::info!(segment = segment_id, backup = %holder.server_id, %error, "freeing a replica failed");
+                } else {
+                    self.count(|statistics| statistics.replicas_freed += 1);
+                }
+            }
+        }
+    }
+}
+
+/// One BACKUP_WRITE to send (maybe in several pieces).
+struct BackupCall {
+    master_id: ServerId,
+    segment_id: SegmentId,
+    epoch: u64,
+    certificate: stratus_log::Certificate,
+    close: bool,
+    primary: bool,
+}
+
+impl BackupCall {
+    /// Sends the bytes the holder lacks (`data`, starting at `holder.bytes_held`) with the
+    /// certificate for the segment's current length.
+    async fn send(self, pool: &ChannelPool, holder: &ReplicaHolder, data: Bytes) -> WriteOutcome {
+        let length = self.certificate.segment_length;
+        let request = Request::BackupWrite {
+            master_id: self.master_id,
+            segment_id: self.segment_id,
+            epoch: self.epoch,
+            offset: holder.bytes_held,
+            flags: BackupWriteFlags {
+                open: holder.bytes_held == 0,
+                close: self.close,
+                primary: self.primary,
+            },
+            certificate: ReplicaCertificate {
+                segment_length: length,
+                checksum: self.certificate.checksum,
+            },
+            data,
+        };
+        match pool.call(&holder.address, &request).await {
+            Ok((Status::Ok, _)) => WriteOutcome::Held { bytes_held: length, closed: self.close },
+            Ok((status, body)) => WriteOutcome::Failed(format!("{status}: {body:?}")),
+            Err(error) => {
+                pool.forget(&holder.address);
+                WriteOutcome::Failed(error.to_string())
+            }
+        }
+    }
+}
+
+/// The copysets of a cluster: up backups sorted by server id, cut into consecutive groups of
+/// `replicas`; a remainder too small for a group joins the last ids of the list (so every
+/// backup is in some group and the groups are the same on every master that sees the same
+/// list).
+fn copyset_groups(backups: &[ServerEntry], replicas: usize) -> Vec<Vec<ServerEntry>> {
+    let mut sorted: Vec<ServerEntry> = backups.to_vec();
+    sorted.sort_by_key(|entry| entry.server_id);
+    if replicas == 0 || sorted.len() < replicas {
+        return Vec::new();
+    }
+    let mut groups: Vec<Vec<ServerEntry>> =
+        sorted.chunks_exact(replicas).map(|chunk| chunk.to_vec()).collect();
+    if !sorted.len().is_multiple_of(replicas) {
+        groups.push(sorted[sorted.len() - replicas..].to_vec());
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backup(id: u64) -> ServerEntry {
+        ServerEntry {
+            server_id: ServerId(id),
+            address: format!("127.0.0.1:{}", 7_000 + id),
+            services: ServiceMask(ServiceMask::BACKUP),
+            status: ServerStatus::Up,
+        }
+    }
+
+    fn ids(groups: &[Vec<ServerEntry>]) -> Vec<Vec<u64>> {
+        groups.iter().map(|group| group.iter().map(|entry| entry.server_id.0).collect()).collect()
+    }
+
+    #[test]
+    fn copysets_partition_backups_by_id() {
+        let backups: Vec<ServerEntry> = [5, 1, 3, 2, 4, 6].into_iter().map(backup).collect();
+        assert_eq!(ids(&copyset_groups(&backups, 3)), vec![vec![1, 2, 3], vec![4, 5, 6]]);
+        assert_eq!(ids(&copyset_groups(&backups, 2)), vec![vec![1, 2], vec![3, 4], vec![5, 6]]);
+        // A remainder joins the highest ids, so every backup is in a group.
+        let seven: Vec<ServerEntry> = (1..=7).map(backup).collect();
+        assert_eq!(
+            ids(&copyset_groups(&seven, 3)),
+            vec![vec![1, 2, 3], vec![4, 5, 6], vec![5, 6, 7]]
+        );
+        assert!(copyset_groups(&seven[..2], 3).is_empty());
+    }
+
+    #[test]
+    fn log_positions_order_by_segment_then_bytes() {
+        let early = LogPosition { segment_id: 3, bytes: 9_000 };
+        let later = LogPosition { segment_id: 4, bytes: 10 };
+        assert!(early < later);
+        assert!(LogPosition { segment_id: 4, bytes: 11 } > later);
+    }
+}

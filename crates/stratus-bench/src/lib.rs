@@ -4,9 +4,12 @@
 //! be collected by scripts. Benchmarks start the systems they measure themselves (as child
 //! processes of the `stratus` binary) and stop them afterwards.
 
+mod backup;
 mod cluster;
+mod latency;
 mod report;
 mod rpc;
+mod utilization;
 
 use clap::Subcommand;
 
@@ -16,6 +19,15 @@ pub enum BenchCommand {
     /// Round-trip latency and throughput of a 100-byte read, against a raw TCP echo of the
     /// same size on loopback.
     Rpc(rpc::RpcArguments),
+    /// Write and read latency of small objects with 0, 1 and 3 replicas, buffered and fsync,
+    /// on a local cluster (the read is the reference for the write).
+    Latency(latency::LatencyArguments),
+    /// Objects per second one backup logs through the RPC path, against the raw sequential
+    /// write bandwidth of the same disk.
+    Backup(backup::BackupArguments),
+    /// Storage-engine write throughput as live data fills the log (30..90 %), with the
+    /// cleaner running, and the cleaner's bytes moved per byte written; one- vs two-level.
+    Utilization(utilization::UtilizationArguments),
     /// (Internal) a TCP echo server, the reference for `bench rpc`.
     #[command(hide = true)]
     EchoServer {
@@ -29,6 +41,9 @@ pub enum BenchCommand {
 pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
     match command {
         BenchCommand::Rpc(arguments) => rpc::run(arguments),
+        BenchCommand::Latency(arguments) => latency::run(arguments),
+        BenchCommand::Backup(arguments) => backup::run(arguments),
+        BenchCommand::Utilization(arguments) => utilization::run(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),
     }
 }

@@ -1,0 +1,207 @@
+//! `stratus bench utilization`: write throughput of the storage engine as its memory fills
+//! with live data (FAST'14 Figure 6, dissertation Figure 8.1), with the cleaner running on its
+//! own thread, and how many bytes the cleaner moves per byte written.
+//!
+//! The engine is measured in-process (no network): a writer overwrites objects of one size
+//! chosen uniformly or with a hot set (90 % of writes to 15 % of the objects) while the live
+//! data is held at a given fraction of the log. Each configuration first writes every object
+//! once, then overwrites for `passes` times the log size. "levels" = 1 is combined cleaning
+//! only (the memory-only mode); 2 is two-level cleaning (compaction first), which is what a
+//! replicated server runs. The reference is the same engine at 30 % utilization in the same
+//! run: the goal is that 90 % keeps at least 0.7 of that throughput.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use stratus_store::{CleanOutcome, ObjectError, ObjectStore, StoreConfig};
+use stratus_types::{key_hash, RejectRules, ServerId, TableId};
+
+use crate::report::{print_json, Field};
+
+/// `stratus bench utilization`.
+#[derive(Debug, Args)]
+pub struct UtilizationArguments {
+    /// Object (value) sizes in bytes, comma-separated.
+    #[arg(long, default_value = "100,1000,10000", value_delimiter = ',')]
+    pub object_bytes: Vec<usize>,
+    /// Live data as a percentage of the log, comma-separated.
+    #[arg(long, default_value = "30,50,70,80,90", value_delimiter = ',')]
+    pub utilization: Vec<u32>,
+    /// Distributions: uniform, hot (90 % of writes to 15 % of objects).
+    #[arg(long, default_value = "uniform,hot", value_delimiter = ',')]
+    pub distribution: Vec<String>,
+    /// Cleaning levels: 1 (combined only) and/or 2 (compaction, then combined).
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    pub levels: Vec<u32>,
+    /// Log size in MiB.
+    #[arg(long, default_value_t = 128)]
+    pub log_mib: u64,
+    /// Segment size in MiB. The log keeps about three segments in reserve (removes, the
+    /// cleaner), so segments must be small against the log for 90 % to be admissible.
+    #[arg(long, default_value_t = 1)]
+    pub segment_mib: u32,
+    /// Seglet size in KiB. A pass must free more seglets than its survivors and commit head
+    /// take, so seglets must be small against segments (RAMCloud: 64 KiB of 8 MiB).
+    #[arg(long, default_value_t = 16)]
+    pub seglet_kib: u32,
+    /// Overwrite volume, as a multiple of the log size.
+    #[arg(long, default_value_t = 2)]
+    pub passes: u64,
+}
+
+/// A small, fast generator (SplitMix64): the benchmark must not measure its random numbers.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(arguments: UtilizationArguments) -> Result<(), String> {
+    println!(
+        "{:>11} {:>12} {:>11} {:>6} {:>8} {:>12} {:>26} {:>13}",
+        "object_size",
+        "distribution",
+        "utilization",
+        "levels",
+        "replicas",
+        "ops_per_sec",
+        "cleaner_bytes_per_new_byte",
+        "vs_30_percent"
+    );
+    for &object_bytes in &arguments.object_bytes {
+        for distribution in &arguments.distribution {
+            if distribution != "uniform" && distribution != "hot" {
+                return Err(format!("unknown distribution {distribution:?} (uniform or hot)"));
+            }
+            for &levels in &arguments.levels {
+                if levels != 1 && levels != 2 {
+                    return Err(format!("levels must be 1 or 2, not {levels}"));
+                }
+                let mut reference = None;
+                for &utilization in &arguments.utilization {
+                    let (ops_per_sec, cleaner_ratio) =
+                        measure(&arguments, object_bytes, distribution, utilization, levels)?;
+                    let reference = *reference.get_or_insert(ops_per_sec);
+                    let relative = ops_per_sec / reference;
+                    println!(
+                        "{object_bytes:>11} {distribution:>12} {utilization:>11} {levels:>6} {:>8} {ops_per_sec:>12.0} {cleaner_ratio:>26.2} {relative:>13.2}",
+                        0
+                    );
+                    print_json(&[
+                        ("bench", Field::Text("utilization".into())),
+                        ("object_size", Field::Number(object_bytes as f64)),
+                        ("distribution", Field::Text(distribution.clone())),
+                        ("utilization", Field::Number(f64::from(utilization))),
+                        ("levels", Field::Number(f64::from(levels))),
+                        ("replicas", Field::Number(0.0)),
+                        ("ops_per_sec", Field::Number(ops_per_sec)),
+                        ("cleaner_bytes_per_new_byte", Field::Number(cleaner_ratio)),
+                        ("relative_to_first_utilization", Field::Number(relative)),
+                    ]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One configuration: (writes per second, cleaner bytes moved per byte written).
+fn measure(
+    arguments: &UtilizationArguments,
+    object_bytes: usize,
+    distribution: &str,
+    utilization: u32,
+    levels: u32,
+) -> Result<(f64, f64), String> {
+    let log_bytes = arguments.log_mib << 20;
+    let mut config = StoreConfig::with_log_bytes(log_bytes);
+    config.segment_bytes = arguments.segment_mib << 20;
+    config.seglet_bytes = arguments.seglet_kib << 10;
+    config.value_bytes_max = (config.segment_bytes / 8).max(object_bytes as u32);
+    // Two-level cleaning is what the engine does when it has replicas to save bandwidth on;
+    // the benchmark has no backups, so only the policy changes.
+    config.cleaner.replicas = if levels == 2 { 3 } else { 0 };
+    config.validate().map_err(|error| error.to_string())?;
+    let store = Arc::new(ObjectStore::new(config, ServerId(1)).map_err(|error| error.to_string())?);
+    let table = TableId(1);
+    let entry_bytes = object_bytes as u64 + 40; // key, object header and entry header
+    let objects = (log_bytes * u64::from(utilization) / 100 / entry_bytes).max(1);
+    let value = vec![0x5a_u8; object_bytes];
+    let key_of = |index: u64| format!("object-{index:012}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let cleaner = {
+        let store = store.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if matches!(store.clean_once(0), CleanOutcome::Idle | CleanOutcome::NothingToClean)
+                {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+        })
+    };
+    let write = |index: u64| -> Result<(), String> {
+        let key = key_of(index);
+        let hash = key_hash(table, key.as_bytes());
+        // LogFull means the cleaner is behind: the writer waits for it, as a client retrying
+        // RETRY would. Bounded: 10 s of waiting per write at most.
+        for _attempt in 0..100_000 {
+            match store.write(table, key.as_bytes(), hash, &value, &RejectRules::NONE, 0) {
+                Ok(_) => return Ok(()),
+                Err(ObjectError::LogFull) => {
+                    std::thread::sleep(std::time::Duration::from_micros(100))
+                }
+                Err(error) => return Err(format!("write: {error:?}")),
+            }
+        }
+        let odd: Vec<_> = store
+            .segment_statistics()
+            .into_iter()
+            .filter(|(_, statistics)| statistics.entry_count[2] < 900)
+            .take(4)
+            .collect();
+        Err(format!(
+            "the log stayed full at {utilization} % utilization: {:?} {odd:?}",
+            store.statistics()
+        ))
+    };
+    let outcome = (|| {
+        for index in 0..objects {
+            write(index)?;
+        }
+        let before = store.statistics().cleaner;
+        let mut random = Random(0x5eed ^ object_bytes as u64 ^ u64::from(utilization));
+        let hot_objects = (objects * 15 / 100).max(1);
+        let writes = (arguments.passes * log_bytes / entry_bytes).max(1);
+        let started = Instant::now();
+        for _ in 0..writes {
+            let index = if distribution == "hot" && random.next() % 100 < 90 {
+                random.next() % hot_objects
+            } else {
+                random.next() % objects
+            };
+            write(index)?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let after = store.statistics().cleaner;
+        let moved = (after.object_bytes_relocated - before.object_bytes_relocated)
+            + (after.tombstone_bytes_relocated - before.tombstone_bytes_relocated)
+            + (after.bytes_compacted - before.bytes_compacted);
+        let written = writes * entry_bytes;
+        Ok::<_, String>((writes as f64 / seconds, moved as f64 / written as f64))
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = cleaner.join();
+    outcome
+}

@@ -119,6 +119,8 @@ pub struct ReplicationStatistics {
     pub backup_writes: u64,
     /// Bytes sent to backups (each copy counted).
     pub bytes_replicated: u64,
+    /// Of those, bytes of the cleaner's survivor segments.
+    pub cleaner_bytes_replicated: u64,
     /// Replicas replaced after a backup failed or refused.
     pub replicas_replaced: u64,
     /// Replicas freed on backups after their segment left the log.
@@ -536,9 +538,13 @@ impl Pump {
                     primary: index == 0,
                 };
                 let pool = self.pool.clone();
+                let survivor = matches!(source, Source::Given(..));
                 self.count(|statistics| {
                     statistics.backup_writes += 1;
                     statistics.bytes_replicated += data.len() as u64;
+                    if survivor {
+                        statistics.cleaner_bytes_replicated += data.len() as u64;
+                    }
                 });
                 calls.spawn(async move {
                     let outcome = call.send(&pool, &holder, data).await;

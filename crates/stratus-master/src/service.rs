@@ -394,6 +394,8 @@ impl Master {
 
     fn statistics(&self) -> ServerStatistics {
         let store = self.store.statistics();
+        let replication = self.replication.as_ref().map(ReplicaManager::statistics);
+        let cleaner = store.cleaner;
         ServerStatistics {
             server_id: self.server_id,
             log_bytes_total: store.log_bytes_total,
@@ -405,6 +407,19 @@ impl Master {
             objects_live: store.objects_live,
             tablets_owned: u32::try_from(self.ownership.count()).unwrap_or(u32::MAX),
             requests_served: self.requests_served.load(Ordering::Relaxed),
+            replicas: self
+                .replication
+                .as_ref()
+                .map_or(0, |replication| u32::try_from(replication.replicas()).unwrap_or(u32::MAX)),
+            log_bytes_live_objects: store.log_bytes_live_objects,
+            bytes_replicated: replication.map_or(0, |statistics| statistics.bytes_replicated),
+            cleaner_bytes_replicated: replication
+                .map_or(0, |statistics| statistics.cleaner_bytes_replicated),
+            segments_cleaned: cleaner.segments_cleaned,
+            cleaner_bytes_relocated: cleaner.object_bytes_relocated
+                + cleaner.tombstone_bytes_relocated,
+            compactions: cleaner.compactions,
+            bytes_compacted: cleaner.bytes_compacted,
         }
     }
 }

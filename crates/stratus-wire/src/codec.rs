@@ -448,6 +448,14 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 objects_live,
                 tablets_owned,
                 requests_served,
+                replicas,
+                log_bytes_live_objects,
+                bytes_replicated,
+                cleaner_bytes_replicated,
+                segments_cleaned,
+                cleaner_bytes_relocated,
+                compactions,
+                bytes_compacted,
             } = statistics;
             put_u64(out, server_id.0);
             for field in [
@@ -463,6 +471,18 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
             }
             put_u32(out, *tablets_owned);
             put_u64(out, *requests_served);
+            put_u32(out, *replicas);
+            for field in [
+                log_bytes_live_objects,
+                bytes_replicated,
+                cleaner_bytes_replicated,
+                segments_cleaned,
+                cleaner_bytes_relocated,
+                compactions,
+                bytes_compacted,
+            ] {
+                put_u64(out, *field);
+            }
         }
     }
 }
@@ -998,6 +1018,14 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 objects_live: reader.u64()?,
                 tablets_owned: reader.u32()?,
                 requests_served: reader.u64()?,
+                replicas: reader.u32()?,
+                log_bytes_live_objects: reader.u64()?,
+                bytes_replicated: reader.u64()?,
+                cleaner_bytes_replicated: reader.u64()?,
+                segments_cleaned: reader.u64()?,
+                cleaner_bytes_relocated: reader.u64()?,
+                compactions: reader.u64()?,
+                bytes_compacted: reader.u64()?,
             },
         },
         Opcode::BackupWrite => Response::BackupWrite,

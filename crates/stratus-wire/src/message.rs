@@ -295,6 +295,22 @@ pub struct ServerStatistics {
     pub tablets_owned: u32,
     /// Requests served since start.
     pub requests_served: u64,
+    /// Replicas of each segment (0: memory-only).
+    pub replicas: u32,
+    /// Bytes of live objects in the log (entry headers included).
+    pub log_bytes_live_objects: u64,
+    /// Bytes sent to backups, each copy counted.
+    pub bytes_replicated: u64,
+    /// Of those, bytes of the cleaner's survivor segments (the cleaner's replication cost).
+    pub cleaner_bytes_replicated: u64,
+    /// Segments dropped from the log by combined cleaning.
+    pub segments_cleaned: u64,
+    /// Bytes moved by combined cleaning.
+    pub cleaner_bytes_relocated: u64,
+    /// Compactions completed.
+    pub compactions: u64,
+    /// Bytes moved by compaction.
+    pub bytes_compacted: u64,
 }
 
 /// A segment certificate as carried on the wire: the length of the segment prefix it commits

@@ -235,9 +235,11 @@ fn tablet_entry() -> impl Strategy<Value = TabletEntry> {
 }
 
 fn statistics() -> impl Strategy<Value = ServerStatistics> {
-    (server_id(), any::<[u64; 7]>(), any::<u32>(), any::<u64>()).prop_map(
-        |(server_id, counters, tablets_owned, requests_served)| {
+    (server_id(), any::<[u64; 7]>(), any::<u32>(), any::<u64>(), any::<u32>(), any::<[u64; 7]>())
+        .prop_map(|(server_id, counters, tablets_owned, requests_served, replicas, more)| {
             let [total, live, allocated, seglets, free, segments, objects] = counters;
+            let [live_objects, replicated, cleaner_replicated, cleaned, relocated, compactions, compacted] =
+                more;
             ServerStatistics {
                 server_id,
                 log_bytes_total: total,
@@ -249,9 +251,16 @@ fn statistics() -> impl Strategy<Value = ServerStatistics> {
                 objects_live: objects,
                 tablets_owned,
                 requests_served,
+                replicas,
+                log_bytes_live_objects: live_objects,
+                bytes_replicated: replicated,
+                cleaner_bytes_replicated: cleaner_replicated,
+                segments_cleaned: cleaned,
+                cleaner_bytes_relocated: relocated,
+                compactions,
+                bytes_compacted: compacted,
             }
-        },
-    )
+        })
 }
 
 fn version_result() -> impl Strategy<Value = VersionItemResult> {

@@ -9,6 +9,11 @@
 //! only (the memory-only mode); 2 is two-level cleaning (compaction first), which is what a
 //! replicated server runs. The reference is the same engine at 30 % utilization in the same
 //! run: the goal is that 90 % keeps at least 0.7 of that throughput.
+//!
+//! With `--replicas N` the same workload runs against a local cluster of N + 1 servers through
+//! the network (batched writes from several clients), and the cleaner column is the bytes the
+//! cleaner sent to backups per byte of new data sent to them: what two-level cleaning exists
+//! to save.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -46,6 +51,10 @@ pub struct UtilizationArguments {
     /// take, so seglets must be small against segments (RAMCloud: 64 KiB of 8 MiB).
     #[arg(long, default_value_t = 16)]
     pub seglet_kib: u32,
+    /// Replicas. 0 measures the engine in-process; more runs a local cluster of replicas + 1
+    /// servers and writes through the network, and adds the cleaner's backup traffic.
+    #[arg(long, default_value_t = 0)]
+    pub replicas: u32,
     /// Overwrite volume, as a multiple of the log size.
     #[arg(long, default_value_t = 2)]
     pub passes: u64,
@@ -67,7 +76,7 @@ impl Random {
 /// Runs the benchmark.
 pub fn run(arguments: UtilizationArguments) -> Result<(), String> {
     println!(
-        "{:>11} {:>12} {:>11} {:>6} {:>8} {:>12} {:>26} {:>13}",
+        "{:>11} {:>12} {:>11} {:>6} {:>8} {:>12} {:>26} {:>20}",
         "object_size",
         "distribution",
         "utilization",
@@ -75,7 +84,7 @@ pub fn run(arguments: UtilizationArguments) -> Result<(), String> {
         "replicas",
         "ops_per_sec",
         "cleaner_bytes_per_new_byte",
-        "vs_30_percent"
+        "vs_first_utilization"
     );
     for &object_bytes in &arguments.object_bytes {
         for distribution in &arguments.distribution {
@@ -88,13 +97,22 @@ pub fn run(arguments: UtilizationArguments) -> Result<(), String> {
                 }
                 let mut reference = None;
                 for &utilization in &arguments.utilization {
-                    let (ops_per_sec, cleaner_ratio) =
-                        measure(&arguments, object_bytes, distribution, utilization, levels)?;
+                    let (ops_per_sec, cleaner_ratio) = if arguments.replicas == 0 {
+                        measure(&arguments, object_bytes, distribution, utilization, levels)?
+                    } else {
+                        measure_cluster(
+                            &arguments,
+                            object_bytes,
+                            distribution,
+                            utilization,
+                            levels,
+                        )?
+                    };
                     let reference = *reference.get_or_insert(ops_per_sec);
                     let relative = ops_per_sec / reference;
                     println!(
-                        "{object_bytes:>11} {distribution:>12} {utilization:>11} {levels:>6} {:>8} {ops_per_sec:>12.0} {cleaner_ratio:>26.2} {relative:>13.2}",
-                        0
+                        "{object_bytes:>11} {distribution:>12} {utilization:>11} {levels:>6} {:>8} {ops_per_sec:>12.0} {cleaner_ratio:>26.2} {relative:>20.2}",
+                        arguments.replicas
                     );
                     print_json(&[
                         ("bench", Field::Text("utilization".into())),
@@ -102,9 +120,17 @@ pub fn run(arguments: UtilizationArguments) -> Result<(), String> {
                         ("distribution", Field::Text(distribution.clone())),
                         ("utilization", Field::Number(f64::from(utilization))),
                         ("levels", Field::Number(f64::from(levels))),
-                        ("replicas", Field::Number(0.0)),
+                        ("replicas", Field::Number(f64::from(arguments.replicas))),
                         ("ops_per_sec", Field::Number(ops_per_sec)),
                         ("cleaner_bytes_per_new_byte", Field::Number(cleaner_ratio)),
+                        // In-process: bytes the cleaner moved in memory. With replicas: bytes
+                        // the cleaner sent to backups (survivor segments, every copy).
+                        (
+                            "cleaner_bytes_measured",
+                            Field::Text(
+                                if arguments.replicas == 0 { "memory" } else { "backup" }.into(),
+                            ),
+                        ),
                         ("relative_to_first_utilization", Field::Number(relative)),
                     ]);
                 }
@@ -204,4 +230,132 @@ fn measure(
     stop.store(true, Ordering::Relaxed);
     let _ = cleaner.join();
     outcome
+}
+
+/// Writes per batch (one MULTI_WRITE) of the cluster mode's stress clients.
+const CLUSTER_BATCH_OBJECTS: u64 = 32;
+/// Concurrent stress clients of the cluster mode.
+const CLUSTER_CLIENTS: u64 = 4;
+
+/// One configuration on a local cluster with replication: (writes per second, bytes the
+/// cleaner sent to backups per byte of new data sent to backups). Both sides count every copy,
+/// so the ratio is per new byte. The overwrite volume is the same as the in-process mode's.
+fn measure_cluster(
+    arguments: &UtilizationArguments,
+    object_bytes: usize,
+    distribution: &str,
+    utilization: u32,
+    levels: u32,
+) -> Result<(f64, f64), String> {
+    use stratus_client::{Client, ClientConfig, WriteItem};
+    let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let coordinator = crate::cluster::free_loopback_address()?;
+    let directory_text = directory.path().display().to_string();
+    let servers = (arguments.replicas + 1).to_string();
+    let replicas = arguments.replicas.to_string();
+    let log_mib = arguments.log_mib.to_string();
+    let segment_mib = arguments.segment_mib.to_string();
+    let seglet_kib = arguments.seglet_kib.to_string();
+    let levels_text = levels.to_string();
+    let (_cluster, _) = crate::cluster::start_stratus(
+        &[
+            "--coordinator",
+            &coordinator,
+            "up",
+            "--dir",
+            &directory_text,
+            "--servers",
+            &servers,
+            "--replicas",
+            &replicas,
+            "--log-mib",
+            &log_mib,
+            "--segment-mib",
+            &segment_mib,
+            "--seglet-kib",
+            &seglet_kib,
+            "--cleaner-levels",
+            &levels_text,
+            "--backup-frames",
+            "4096",
+        ],
+        "ready",
+        std::time::Duration::from_secs(60),
+    )?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    runtime.block_on(async {
+        let mut config = ClientConfig::new(coordinator.clone());
+        config.operation_timeout = std::time::Duration::from_secs(60);
+        let client = Client::new(config);
+        let table = client.create_table("bench-utilization", 1).await.map_err(|e| e.to_string())?;
+        let master =
+            client.tablet_map(table).await.map_err(|e| e.to_string())?[0].owner_address.clone();
+        let log_bytes = arguments.log_mib << 20;
+        let entry_bytes = object_bytes as u64 + 40;
+        let objects = (log_bytes * u64::from(utilization) / 100 / entry_bytes).max(1);
+        let value = bytes::Bytes::from(vec![0x5a_u8; object_bytes]);
+        let item = |index: u64| WriteItem {
+            table_id: table,
+            key: bytes::Bytes::from(format!("object-{index:012}")),
+            value: value.clone(),
+            rules: RejectRules::NONE,
+        };
+        let write_batch = |indexes: Vec<u64>| {
+            let client = client.clone();
+            let items: Vec<WriteItem> = indexes.into_iter().map(item).collect();
+            async move {
+                for outcome in client.multi_write(&items).await {
+                    outcome.map_err(|error| format!("write: {error}"))?;
+                }
+                Ok::<(), String>(())
+            }
+        };
+        let indexes: Vec<u64> = (0..objects).collect();
+        for chunk in indexes.chunks(CLUSTER_BATCH_OBJECTS as usize) {
+            write_batch(chunk.to_vec()).await?;
+        }
+        let before = client.server_statistics(&master).await.map_err(|e| e.to_string())?;
+        let writes = (arguments.passes * log_bytes / entry_bytes).max(1);
+        let batches_per_client = writes / CLUSTER_BATCH_OBJECTS / CLUSTER_CLIENTS + 1;
+        let hot_objects = (objects * 15 / 100).max(1);
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for client_index in 0..CLUSTER_CLIENTS {
+            let mut random = Random(0x5eed ^ client_index ^ u64::from(utilization) << 8);
+            let hot = distribution == "hot";
+            let batches: Vec<Vec<u64>> = (0..batches_per_client)
+                .map(|_| {
+                    (0..CLUSTER_BATCH_OBJECTS)
+                        .map(|_| {
+                            if hot && random.next() % 100 < 90 {
+                                random.next() % hot_objects
+                            } else {
+                                random.next() % objects
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            let futures: Vec<_> = batches.into_iter().map(&write_batch).collect();
+            tasks.spawn(async move {
+                for future in futures {
+                    future.await?;
+                }
+                Ok::<(), String>(())
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined.map_err(|error| error.to_string())??;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let after = client.server_statistics(&master).await.map_err(|e| e.to_string())?;
+        let cleaner = after.cleaner_bytes_replicated - before.cleaner_bytes_replicated;
+        let total = after.bytes_replicated - before.bytes_replicated;
+        let new_data = total.saturating_sub(cleaner).max(1);
+        let written = batches_per_client * CLUSTER_BATCH_OBJECTS * CLUSTER_CLIENTS;
+        Ok((written as f64 / seconds, cleaner as f64 / new_data as f64))
+    })
 }

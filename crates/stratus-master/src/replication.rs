@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use stratus_env::Environment;
+use stratus_env::{BoxFuture, Environment};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
 use stratus_store::ObjectStore;
 use stratus_store::SegmentDurability;
@@ -519,7 +519,7 @@ impl Pump {
             if pending.is_empty() {
                 return Ok(());
             }
-            let mut calls = tokio::task::JoinSet::new();
+            let mut calls: Vec<BoxFuture<'static, (ServerId, WriteOutcome)>> = Vec::new();
             let mut failed = Vec::new();
             for (index, holder) in pending {
                 let Some((data, certificate)) = self.tail(segment_id, &source, holder.bytes_held)
@@ -546,13 +546,14 @@ impl Pump {
                         statistics.cleaner_bytes_replicated += data.len() as u64;
                     }
                 });
-                calls.spawn(async move {
+                calls.push(Box::pin(async move {
                     let outcome = call.send(&pool, &holder, data).await;
                     (holder.server_id, outcome)
-                });
+                }));
             }
-            while let Some(joined) = calls.join_next().await {
-                let Ok((server_id, outcome)) = joined else { continue };
+            // Polled together on the pump's own task: the R writes go out at once without a
+            // task per call (on a loaded machine each spawn is a scheduling hop).
+            for (server_id, outcome) in join_all(calls).await {
                 let segment = self.segments.get_mut(&segment_id).expect("exists");
                 match outcome {
                     WriteOutcome::Held { bytes_held, closed } => {
@@ -861,6 +862,29 @@ impl BackupCall {
             }
         }
     }
+}
+
+/// Runs `futures` concurrently on the current task and returns their outputs in order.
+async fn join_all<T>(mut futures: Vec<BoxFuture<'static, T>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(|output| output.expect("every future completed")).collect()
 }
 
 /// The copysets of a cluster: up backups sorted by server id, cut into consecutive groups of

@@ -27,4 +27,6 @@ pub use service::{
     Durability, Pending, ReplicaContents, ReplicaWrite, RestartReport, DISK_READS_IN_FLIGHT_MAX,
     STORAGE_FILE_NAME,
 };
-pub use storage::{FileStorage, MemoryStorage, ReplicaStorage};
+pub use storage::{
+    DirectFileStorage, FileStorage, MemoryStorage, ReplicaStorage, DIRECT_IO_BLOCK_BYTES,
+};

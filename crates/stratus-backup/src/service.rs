@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use crate::format::{Geometry, ReplicaMetadata, FILE_HEADER_BYTES, METADATA_BLOCK_BYTES};
 use crate::io::{IoCounters, IoQueue, IoThread, Job, Poison};
 use crate::scan::scan;
-use crate::storage::{FileStorage, ReplicaStorage};
+use crate::storage::{DirectFileStorage, FileStorage, ReplicaStorage};
 
 /// Replica reads from disk in flight at once: each holds a whole replica in memory until its
 /// response is sent, so this bounds that memory (16 × 8 MiB); more answer RETRY.
@@ -86,6 +86,9 @@ pub struct BackupConfig {
     pub durability: Durability,
     /// Most disk jobs queued for the I/O thread; when it is full, requests answer RETRY.
     pub io_queue_jobs_max: usize,
+    /// Open the storage file with O_DIRECT ([`crate::DirectFileStorage`]): replica writes
+    /// bypass the page cache.
+    pub direct_io: bool,
 }
 
 impl BackupConfig {
@@ -104,6 +107,7 @@ impl BackupConfig {
             buffer_count: Self::BUFFER_COUNT_DEFAULT,
             durability: Durability::Buffered,
             io_queue_jobs_max: Self::IO_QUEUE_JOBS_MAX_DEFAULT,
+            direct_io: false,
         }
     }
 
@@ -415,9 +419,19 @@ impl BackupService {
                 check_header(&header, config.geometry())?;
             }
         }
-        let storage = FileStorage::open(&path, config.geometry().total_bytes())
-            .map_err(|error| format!("{}: {error}", path.display()))?;
-        Self::open(config, Arc::new(storage))
+        let capacity_bytes = config.geometry().total_bytes();
+        let storage: Arc<dyn ReplicaStorage> = if config.direct_io {
+            Arc::new(
+                DirectFileStorage::open(&path, capacity_bytes)
+                    .map_err(|error| format!("{} (O_DIRECT): {error}", path.display()))?,
+            )
+        } else {
+            Arc::new(
+                FileStorage::open(&path, capacity_bytes)
+                    .map_err(|error| format!("{}: {error}", path.display()))?,
+            )
+        };
+        Self::open(config, storage)
     }
 
     /// Starts a backup on `storage`: writes the file header if the storage is new; otherwise

@@ -1,0 +1,825 @@
+//! Command handlers: Redis semantics on top of the Stratus client.
+//!
+//! Every handler returns a [`Value`] or a [`Failure`]; the dispatcher checks arity first with
+//! Redis's exact error texts, and runs a command a second time (once) when its database's
+//! table was dropped under it (FLUSHDB on another connection or gateway): the first attempt
+//! then changed nothing, and the second recreates the table.
+
+use bytes::{Bytes, BytesMut};
+use stratus_client::{Error, KeyItem, RejectRules, Status, TableId, Version, WriteItem};
+use stratus_types::limits::KEY_BYTES_MAX;
+
+use crate::gateway::{Gateway, OpenScan, Session};
+use crate::glob;
+use crate::value::{Protocol, Value};
+
+/// How many times a read-modify-write command (INCR, APPEND, SET ... GET) re-reads and
+/// retries when another client changed the key between its read and its conditional write.
+/// Bounded so a hot key yields an error instead of a connection stuck forever.
+pub const CONDITIONAL_UPDATE_ATTEMPTS_MAX: usize = 64;
+
+/// Bytes of objects each SCAN step asks a master for (values travel with keys in an
+/// enumeration, so this bounds a step's memory and latency).
+const SCAN_BATCH_BYTES: u32 = 64 << 10;
+
+/// Why a command did not produce its normal reply.
+#[derive(Debug)]
+pub enum Failure {
+    /// A ready error (or other) reply.
+    Reply(Value),
+    /// The cluster refused or failed.
+    Client(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure::Client(error)
+    }
+}
+
+type Outcome = Result<Value, Failure>;
+
+fn error(text: impl Into<String>) -> Failure {
+    Failure::Reply(Value::error(text))
+}
+
+fn syntax_error() -> Failure {
+    error("ERR syntax error")
+}
+
+fn not_an_integer() -> Failure {
+    error("ERR value is not an integer or out of range")
+}
+
+/// A client error as a reply: `ERR stratus: <status> (<details>)`.
+fn client_error_reply(error: &Error) -> Value {
+    let mut text = format!("ERR stratus: {}", error.status.description());
+    if !error.message.is_empty() {
+        text.push_str(&format!(" ({})", error.message));
+    }
+    Value::Error(text)
+}
+
+/// A command's name, arity (Redis's convention: n means exactly n arguments including the
+/// name, -n at least n), flags, and first key, last key and step (for COMMAND).
+struct CommandSpecification {
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+}
+
+const fn command(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+) -> CommandSpecification {
+    CommandSpecification { name, arity, flags, keys }
+}
+
+const READ: &[&str] = &["readonly", "fast"];
+const WRITE: &[&str] = &["write", "denyoom"];
+const CONNECTION: &[&str] = &["fast", "stale", "loading"];
+const SLOW_READ: &[&str] = &["readonly"];
+const ADMIN: &[&str] = &["admin", "noscript"];
+
+/// Every command the gateway serves.
+const COMMANDS: &[CommandSpecification] = &[
+    command("ping", -1, CONNECTION, (0, 0, 0)),
+    command("echo", 2, CONNECTION, (0, 0, 0)),
+    command("hello", -1, CONNECTION, (0, 0, 0)),
+    command("select", 2, CONNECTION, (0, 0, 0)),
+    command("quit", -1, CONNECTION, (0, 0, 0)),
+    command("client", -2, CONNECTION, (0, 0, 0)),
+    command("command", -1, CONNECTION, (0, 0, 0)),
+    command("info", -1, SLOW_READ, (0, 0, 0)),
+    command("config", -2, ADMIN, (0, 0, 0)),
+    command("get", 2, READ, (1, 1, 1)),
+    command("set", -3, WRITE, (1, 1, 1)),
+    command("setnx", 3, WRITE, (1, 1, 1)),
+    command("getset", 3, WRITE, (1, 1, 1)),
+    command("del", -2, WRITE, (1, -1, 1)),
+    command("exists", -2, READ, (1, -1, 1)),
+    command("type", 2, READ, (1, 1, 1)),
+    command("incr", 2, WRITE, (1, 1, 1)),
+    command("incrby", 3, WRITE, (1, 1, 1)),
+    command("decr", 2, WRITE, (1, 1, 1)),
+    command("decrby", 3, WRITE, (1, 1, 1)),
+    command("mget", -2, READ, (1, -1, 1)),
+    command("mset", -3, WRITE, (1, -1, 2)),
+    command("strlen", 2, READ, (1, 1, 1)),
+    command("append", 3, WRITE, (1, 1, 1)),
+    command("dbsize", 1, SLOW_READ, (0, 0, 0)),
+    command("keys", 2, SLOW_READ, (0, 0, 0)),
+    command("scan", -2, SLOW_READ, (0, 0, 0)),
+    command("flushdb", -1, WRITE, (0, 0, 0)),
+    command("flushall", -1, WRITE, (0, 0, 0)),
+];
+
+fn specification(name: &str) -> Option<&'static CommandSpecification> {
+    COMMANDS.iter().find(|command| command.name == name)
+}
+
+fn command_entry(command: &CommandSpecification) -> Value {
+    let flags = command.flags.iter().map(|flag| Value::simple(flag)).collect();
+    Value::Array(vec![
+        Value::bulk(command.name.as_bytes()),
+        Value::Integer(command.arity),
+        Value::Set(flags),
+        Value::Integer(command.keys.0),
+        Value::Integer(command.keys.1),
+        Value::Integer(command.keys.2),
+        Value::Set(Vec::new()),
+        Value::Set(Vec::new()),
+        Value::Array(Vec::new()),
+        Value::Array(Vec::new()),
+    ])
+}
+
+/// Redis's `string2ll`: optional '-', no '+', no spaces, no leading zeros, fits in i64.
+pub fn parse_integer(text: &[u8]) -> Option<i64> {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    let valid = match digits {
+        [] => false,
+        [b'0'] => digits.len() == text.len(),
+        [first, ..] => (b'1'..=b'9').contains(first) && digits.iter().all(u8::is_ascii_digit),
+    };
+    if !valid || text.len() > 20 {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
+fn check_key(key: &[u8]) -> Result<(), Failure> {
+    if key.is_empty() {
+        return Err(error("ERR empty keys are not supported by Stratus"));
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return Err(error(format!(
+            "ERR keys longer than {KEY_BYTES_MAX} bytes are not supported by Stratus"
+        )));
+    }
+    Ok(())
+}
+
+fn lowercase(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_ascii_lowercase()
+}
+
+/// Redis's unknown-command text: the name and up to about 128 bytes of arguments, each
+/// quoted and followed by a space.
+fn unknown_command(arguments: &[Bytes]) -> Value {
+    let truncate = |bytes: &[u8], max: usize| {
+        String::from_utf8_lossy(&bytes[..bytes.len().min(max)]).into_owned()
+    };
+    let mut listed = String::new();
+    for argument in &arguments[1..] {
+        if listed.len() >= 128 {
+            break;
+        }
+        listed.push_str(&format!("'{}' ", truncate(argument, 128 - listed.len())));
+    }
+    Value::error(format!(
+        "ERR unknown command '{}', with args beginning with: {listed}",
+        truncate(&arguments[0], 128)
+    ))
+}
+
+fn wrong_arity(name: &str) -> Value {
+    Value::error(format!("ERR wrong number of arguments for '{name}' command"))
+}
+
+fn unknown_subcommand(subcommand: &[u8], command: &str) -> Failure {
+    error(format!(
+        "ERR unknown subcommand '{}'. Try {} HELP.",
+        String::from_utf8_lossy(&subcommand[..subcommand.len().min(128)]),
+        command.to_ascii_uppercase()
+    ))
+}
+
+/// What a command asks of the connection besides its reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    /// Keep reading commands.
+    Continue,
+    /// Send the reply, then close (QUIT).
+    Close,
+}
+
+impl Gateway {
+    /// Runs one command and appends its reply, encoded for the session's protocol, to `out`.
+    pub async fn execute(
+        &self,
+        session: &mut Session,
+        arguments: &[Bytes],
+        out: &mut BytesMut,
+    ) -> After {
+        self.commands_processed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(first) = arguments.first() else { return After::Continue };
+        let name = lowercase(first);
+        let Some(specification) = specification(&name) else {
+            unknown_command(arguments).encode(session.protocol, out);
+            return After::Continue;
+        };
+        let count = arguments.len() as i64;
+        if (specification.arity > 0 && count != specification.arity)
+            || (specification.arity < 0 && count < -specification.arity)
+        {
+            wrong_arity(&name).encode(session.protocol, out);
+            return After::Continue;
+        }
+        let mut outcome = self.dispatch(session, &name, arguments).await;
+        if let Err(Failure::Client(failure)) = &outcome {
+            if failure.status == Status::TableDoesntExist {
+                self.forget_table(session.database);
+                outcome = self.dispatch(session, &name, arguments).await;
+            }
+        }
+        let reply = match outcome {
+            Ok(value) => value,
+            Err(Failure::Reply(value)) => value,
+            Err(Failure::Client(failure)) => client_error_reply(&failure),
+        };
+        reply.encode(session.protocol, out);
+        if name == "quit" {
+            After::Close
+        } else {
+            After::Continue
+        }
+    }
+
+    async fn dispatch(&self, session: &mut Session, name: &str, arguments: &[Bytes]) -> Outcome {
+        let arguments = &arguments[1..];
+        match name {
+            "ping" => match arguments {
+                [] => Ok(Value::simple("PONG")),
+                [message] => Ok(Value::BulkString(message.clone())),
+                _ => Err(Failure::Reply(wrong_arity("ping"))),
+            },
+            "echo" => Ok(Value::BulkString(arguments[0].clone())),
+            "quit" => Ok(Value::ok()),
+            "hello" => self.hello(session, arguments),
+            "select" => {
+                let database = parse_integer(&arguments[0]).ok_or_else(not_an_integer)?;
+                if database < 0 || database >= i64::from(self.config.databases) {
+                    return Err(error("ERR DB index is out of range"));
+                }
+                session.database = database as u32;
+                Ok(Value::ok())
+            }
+            "client" => self.client_command(session, arguments),
+            "command" => command_command(arguments),
+            "config" => match lowercase(&arguments[0]).as_str() {
+                // No Redis configuration parameter exists here: every pattern matches none,
+                // which is what Redis answers for an unknown parameter.
+                "get" if arguments.len() >= 2 => Ok(Value::Map(Vec::new())),
+                "get" => Err(Failure::Reply(wrong_arity("config|get"))),
+                "set" => Err(error("ERR CONFIG SET is not supported by the Stratus gateway")),
+                _ => Err(unknown_subcommand(&arguments[0], "config")),
+            },
+            "info" => self.info(arguments).await,
+            "get" => self.get(session, &arguments[0]).await,
+            "set" => self.set(session, arguments).await,
+            "setnx" => {
+                let reply = self
+                    .set(
+                        session,
+                        &[arguments[0].clone(), arguments[1].clone(), Bytes::from_static(b"NX")],
+                    )
+                    .await?;
+                Ok(Value::Integer(i64::from(reply == Value::ok())))
+            }
+            "getset" => {
+                let options =
+                    [arguments[0].clone(), arguments[1].clone(), Bytes::from_static(b"GET")];
+                self.set(session, &options).await
+            }
+            "del" => self.delete(session, arguments).await,
+            "exists" => self.exists(session, arguments).await,
+            "type" => {
+                let found = self.get(session, &arguments[0]).await?;
+                Ok(Value::simple(if found == Value::Null { "none" } else { "string" }))
+            }
+            "incr" => self.increment(session, &arguments[0], 1).await,
+            "decr" => self.increment(session, &arguments[0], -1).await,
+            "incrby" => {
+                let delta = parse_integer(&arguments[1]).ok_or_else(not_an_integer)?;
+                self.increment(session, &arguments[0], delta).await
+            }
+            "decrby" => {
+                let delta = parse_integer(&arguments[1])
+                    .ok_or_else(not_an_integer)?
+                    .checked_neg()
+                    .ok_or_else(|| error("ERR decrement would overflow"))?;
+                self.increment(session, &arguments[0], delta).await
+            }
+            "mget" => self.multi_get(session, arguments).await,
+            "mset" => self.multi_set(session, arguments).await,
+            "strlen" => match self.get(session, &arguments[0]).await? {
+                Value::BulkString(value) => Ok(Value::Integer(value.len() as i64)),
+                _ => Ok(Value::Integer(0)),
+            },
+            "append" => self.append(session, &arguments[0], &arguments[1]).await,
+            "dbsize" => self.database_size(session).await,
+            "keys" => self.keys(session, &arguments[0]).await,
+            "scan" => self.scan(session, arguments).await,
+            "flushdb" => {
+                check_flush_options(arguments)?;
+                self.flush(session.database).await
+            }
+            "flushall" => {
+                check_flush_options(arguments)?;
+                for database in 0..self.config.databases {
+                    self.flush(database).await?;
+                }
+                Ok(Value::ok())
+            }
+            _ => Ok(unknown_command(&[Bytes::copy_from_slice(name.as_bytes())])),
+        }
+    }
+
+    fn hello(&self, session: &mut Session, arguments: &[Bytes]) -> Outcome {
+        let mut protocol = session.protocol;
+        if let Some(version) = arguments.first() {
+            protocol = match parse_integer(version) {
+                Some(2) => Protocol::Resp2,
+                Some(3) => Protocol::Resp3,
+                Some(_) => return Err(error("NOPROTO unsupported protocol version")),
+                None => {
+                    return Err(error("ERR Protocol version is not an integer or out of range"))
+                }
+            };
+        }
+        let mut name = None;
+        let mut index = 1;
+        while index < arguments.len() {
+            let option = lowercase(&arguments[index]);
+            match option.as_str() {
+                "auth" if index + 2 < arguments.len() => {
+                    return Err(error(
+                        "ERR HELLO AUTH is not supported: Stratus has no authentication yet",
+                    ))
+                }
+                "setname" if index + 1 < arguments.len() => {
+                    name = Some(valid_client_name(&arguments[index + 1])?);
+                    index += 2;
+                }
+                _ => {
+                    return Err(error(format!(
+                        "ERR Syntax error in HELLO option '{}'",
+                        String::from_utf8_lossy(&arguments[index])
+                    )))
+                }
+            }
+        }
+        session.protocol = protocol;
+        if let Some(name) = name {
+            session.name = name;
+        }
+        let protocol_number = if protocol == Protocol::Resp3 { 3 } else { 2 };
+        Ok(Value::Map(vec![
+            (Value::bulk(b"server"), Value::bulk(b"stratus")),
+            (Value::bulk(b"version"), Value::bulk(b"7.0.0")),
+            (Value::bulk(b"proto"), Value::Integer(protocol_number)),
+            (Value::bulk(b"id"), Value::Integer(session.id as i64)),
+            (Value::bulk(b"mode"), Value::bulk(b"standalone")),
+            (Value::bulk(b"role"), Value::bulk(b"master")),
+            (Value::bulk(b"modules"), Value::Array(Vec::new())),
+        ]))
+    }
+
+    fn client_command(&self, session: &mut Session, arguments: &[Bytes]) -> Outcome {
+        let subcommand = lowercase(&arguments[0]);
+        let rest = &arguments[1..];
+        match (subcommand.as_str(), rest) {
+            ("setname", [name]) => {
+                session.name = valid_client_name(name)?;
+                Ok(Value::ok())
+            }
+            ("getname", []) => Ok(session.name.clone().map_or(Value::Null, Value::BulkString)),
+            ("id", []) => Ok(Value::Integer(session.id as i64)),
+            // Client libraries announce themselves (redis-py, for one); nothing to keep.
+            ("setinfo", [_, _]) => Ok(Value::ok()),
+            ("setname" | "getname" | "id" | "setinfo", _) => {
+                Err(Failure::Reply(wrong_arity(&format!("client|{subcommand}"))))
+            }
+            _ => Err(unknown_subcommand(&arguments[0], "client")),
+        }
+    }
+
+    async fn info(&self, arguments: &[Bytes]) -> Outcome {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let wanted: Vec<String> = arguments.iter().map(|section| lowercase(section)).collect();
+        let all = wanted.is_empty()
+            || wanted
+                .iter()
+                .any(|section| matches!(section.as_str(), "all" | "everything" | "default"));
+        let include = |section: &str| all || wanted.iter().any(|wanted| wanted == section);
+        let mut text = String::new();
+        if include("server") {
+            let _ = write!(
+                text,
+                "# Server\r\nredis_version:7.0.0\r\nstratus_version:{}\r\nredis_mode:standalone\r\nuptime_in_seconds:{}\r\n\r\n",
+                env!("CARGO_PKG_VERSION"),
+                self.started.elapsed().as_secs()
+            );
+        }
+        if include("clients") {
+            let _ = write!(
+                text,
+                "# Clients\r\nconnected_clients:{}\r\n\r\n",
+                self.connected_clients.load(Relaxed)
+            );
+        }
+        if include("stats") {
+            let _ = write!(
+                text,
+                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\r\n",
+                self.connections_received.load(Relaxed),
+                self.commands_processed.load(Relaxed)
+            );
+        }
+        if include("stratus") {
+            // The cluster's own figures: every master's statistics, summed.
+            let servers = self.client.server_list().await?;
+            let tables = self.client.list_tables().await?;
+            let (mut masters, mut unreachable) = (0u64, 0u64);
+            let (mut objects, mut live, mut allocated, mut total, mut requests) =
+                (0u64, 0u64, 0u64, 0u64, 0u64);
+            // A server that is down answers nothing and counts as unreachable.
+            for server in servers.iter().filter(|server| server.services.has_master()) {
+                match self.client.server_statistics(&server.address).await {
+                    Ok(statistics) => {
+                        masters += 1;
+                        objects += statistics.objects_live;
+                        live += statistics.log_bytes_live;
+                        allocated += statistics.log_bytes_allocated;
+                        total += statistics.log_bytes_total;
+                        requests += statistics.requests_served;
+                    }
+                    Err(_) => unreachable += 1,
+                }
+            }
+            let _ = write!(
+                text,
+                "# Stratus\r\nstratus_servers:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n\r\n",
+                servers.len(),
+                tables.len()
+            );
+        }
+        Ok(Value::BulkString(Bytes::from(text)))
+    }
+
+    async fn get(&self, session: &Session, key: &Bytes) -> Outcome {
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        match self.client.read(table, key).await {
+            Ok((value, _)) => Ok(Value::BulkString(value)),
+            Err(failure) if failure.status == Status::ObjectDoesntExist => Ok(Value::Null),
+            Err(failure) => Err(failure.into()),
+        }
+    }
+
+    /// SET key value [NX|XX] [GET]. NX is Stratus's `exists` reject rule (refuse when the
+    /// object exists), XX its `doesnt_exist` rule; GET reads the old value and writes only if
+    /// the version read is still current.
+    async fn set(&self, session: &Session, arguments: &[Bytes]) -> Outcome {
+        #[derive(PartialEq)]
+        enum Condition {
+            Always,
+            IfAbsent,
+            IfPresent,
+        }
+        let (key, value) = (&arguments[0], &arguments[1]);
+        let mut condition = Condition::Always;
+        let mut return_old = false;
+        for option in &arguments[2..] {
+            match lowercase(option).as_str() {
+                "nx" if condition != Condition::IfPresent => condition = Condition::IfAbsent,
+                "xx" if condition != Condition::IfAbsent => condition = Condition::IfPresent,
+                "get" => return_old = true,
+                expiry @ ("ex" | "px" | "exat" | "pxat" | "keepttl") => {
+                    return Err(error(format!(
+                        "ERR SET option {} is not supported: Stratus keys do not expire",
+                        expiry.to_ascii_uppercase()
+                    )))
+                }
+                _ => return Err(syntax_error()),
+            }
+        }
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        if return_old {
+            return self
+                .update(table, key, |current| {
+                    let old = current.clone().map_or(Value::Null, Value::BulkString);
+                    let write = match condition {
+                        Condition::IfAbsent => current.is_none(),
+                        Condition::IfPresent => current.is_some(),
+                        Condition::Always => true,
+                    };
+                    Ok((write.then(|| value.clone()), old))
+                })
+                .await;
+        }
+        let rules = match condition {
+            Condition::Always => RejectRules::NONE,
+            Condition::IfAbsent => RejectRules { exists: true, ..RejectRules::NONE },
+            Condition::IfPresent => RejectRules { doesnt_exist: true, ..RejectRules::NONE },
+        };
+        match self.client.write_with(table, key, value.clone(), rules).await {
+            Ok(_) => Ok(Value::ok()),
+            Err(failure)
+                if matches!(failure.status, Status::ObjectExists | Status::ObjectDoesntExist) =>
+            {
+                Ok(Value::Null)
+            }
+            Err(failure) => Err(failure.into()),
+        }
+    }
+
+    /// Read, compute, and write only if the object still has the version read (version 0:
+    /// still missing); retried a bounded number of times when another writer got in between.
+    /// `change` gets the current value (None when missing) and returns the value to write
+    /// (None: write nothing) and the reply.
+    async fn update<F>(&self, table: TableId, key: &Bytes, mut change: F) -> Outcome
+    where
+        F: FnMut(Option<Bytes>) -> Result<(Option<Bytes>, Value), Failure>,
+    {
+        for _ in 0..CONDITIONAL_UPDATE_ATTEMPTS_MAX {
+            let (current, version) = match self.client.read(table, key).await {
+                Ok((value, version)) => (Some(value), version),
+                Err(failure) if failure.status == Status::ObjectDoesntExist => {
+                    (None, Version::NONEXISTENT)
+                }
+                Err(failure) => return Err(failure.into()),
+            };
+            let (new_value, reply) = change(current)?;
+            let Some(new_value) = new_value else { return Ok(reply) };
+            let rules = RejectRules::version_equals(version);
+            match self.client.write_with(table, key, new_value, rules).await {
+                Ok(_) => return Ok(reply),
+                Err(failure) if failure.status == Status::WrongVersion => continue,
+                Err(failure) => return Err(failure.into()),
+            }
+        }
+        Err(error(format!(
+            "ERR key changed by other clients {CONDITIONAL_UPDATE_ATTEMPTS_MAX} times during this command; try again"
+        )))
+    }
+
+    /// INCR and friends on decimal ASCII values, as Redis stores them (not Stratus's 8-byte
+    /// integers): read, add with overflow check, conditional write.
+    async fn increment(&self, session: &Session, key: &Bytes, delta: i64) -> Outcome {
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        self.update(table, key, |current| {
+            let old = match current {
+                None => 0,
+                Some(value) => parse_integer(&value).ok_or_else(not_an_integer)?,
+            };
+            let new = old
+                .checked_add(delta)
+                .ok_or_else(|| error("ERR increment or decrement would overflow"))?;
+            Ok((Some(Bytes::from(new.to_string())), Value::Integer(new)))
+        })
+        .await
+    }
+
+    async fn append(&self, session: &Session, key: &Bytes, suffix: &Bytes) -> Outcome {
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        self.update(table, key, |current| {
+            let mut value = current.map(|value| value.to_vec()).unwrap_or_default();
+            value.extend_from_slice(suffix);
+            let length = value.len() as i64;
+            Ok((Some(Bytes::from(value)), Value::Integer(length)))
+        })
+        .await
+    }
+
+    async fn key_items(&self, session: &Session, keys: &[Bytes]) -> Result<Vec<KeyItem>, Failure> {
+        keys.iter().try_for_each(|key| check_key(key))?;
+        let table_id = self.table(session.database).await?;
+        Ok(keys
+            .iter()
+            .map(|key| KeyItem { table_id, key: key.clone(), rules: RejectRules::NONE })
+            .collect())
+    }
+
+    /// DEL: one multi-remove; a removed version of 0 means the key did not exist.
+    async fn delete(&self, session: &Session, keys: &[Bytes]) -> Outcome {
+        let items = self.key_items(session, keys).await?;
+        let mut removed = 0;
+        for outcome in self.client.multi_remove(&items).await {
+            if outcome? != Version::NONEXISTENT {
+                removed += 1;
+            }
+        }
+        Ok(Value::Integer(removed))
+    }
+
+    /// EXISTS: one multi-read; a key named twice counts twice, as in Redis.
+    async fn exists(&self, session: &Session, keys: &[Bytes]) -> Outcome {
+        let items = self.key_items(session, keys).await?;
+        let mut found = 0;
+        for outcome in self.client.multi_read(&items).await {
+            match outcome {
+                Ok(_) => found += 1,
+                Err(failure) if failure.status == Status::ObjectDoesntExist => {}
+                Err(failure) => return Err(failure.into()),
+            }
+        }
+        Ok(Value::Integer(found))
+    }
+
+    async fn multi_get(&self, session: &Session, keys: &[Bytes]) -> Outcome {
+        let items = self.key_items(session, keys).await?;
+        let mut values = Vec::with_capacity(items.len());
+        for outcome in self.client.multi_read(&items).await {
+            match outcome {
+                Ok((value, _)) => values.push(Value::BulkString(value)),
+                Err(failure) if failure.status == Status::ObjectDoesntExist => {
+                    values.push(Value::Null)
+                }
+                Err(failure) => return Err(failure.into()),
+            }
+        }
+        Ok(Value::Array(values))
+    }
+
+    /// MSET: one multi-write, fanned out to the masters in parallel. Not atomic across keys
+    /// (Stratus has no multi-key transactions yet): on an error some keys may be written.
+    async fn multi_set(&self, session: &Session, pairs: &[Bytes]) -> Outcome {
+        if !pairs.len().is_multiple_of(2) {
+            return Err(Failure::Reply(wrong_arity("mset")));
+        }
+        pairs.chunks(2).try_for_each(|pair| check_key(&pair[0]))?;
+        let table_id = self.table(session.database).await?;
+        let items: Vec<WriteItem> = pairs
+            .chunks(2)
+            .map(|pair| WriteItem {
+                table_id,
+                key: pair[0].clone(),
+                value: pair[1].clone(),
+                rules: RejectRules::NONE,
+            })
+            .collect();
+        for outcome in self.client.multi_write(&items).await {
+            outcome?;
+        }
+        Ok(Value::ok())
+    }
+
+    /// DBSIZE: enumerates the table and counts (Stratus keeps no per-table count), so it costs
+    /// a full scan like KEYS.
+    async fn database_size(&self, session: &Session) -> Outcome {
+        let table = self.table(session.database).await?;
+        let mut enumeration = self.client.enumerate(table);
+        let mut count = 0;
+        while let Some(batch) = enumeration.next_batch().await? {
+            count += batch.len() as i64;
+        }
+        Ok(Value::Integer(count))
+    }
+
+    /// KEYS: a full enumeration filtered by the pattern; refused once the reply would exceed
+    /// `keys_reply_bytes_max` (use SCAN for big tables).
+    async fn keys(&self, session: &Session, pattern: &Bytes) -> Outcome {
+        let table = self.table(session.database).await?;
+        let mut enumeration = self.client.enumerate(table);
+        let (mut keys, mut bytes) = (Vec::new(), 0);
+        while let Some(batch) = enumeration.next_batch().await? {
+            for object in batch {
+                if glob::matches(pattern, &object.key) {
+                    bytes += object.key.len();
+                    if bytes > self.config.keys_reply_bytes_max {
+                        return Err(error(format!(
+                            "ERR KEYS reply would exceed {} bytes; use SCAN",
+                            self.config.keys_reply_bytes_max
+                        )));
+                    }
+                    keys.push(Value::BulkString(object.key));
+                }
+            }
+        }
+        Ok(Value::Array(keys))
+    }
+
+    /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]. Cursor 0 starts a Stratus
+    /// enumeration; the gateway keeps it and answers with a fresh cursor naming it, or 0 when
+    /// the table is exhausted. Every key present for the whole scan is returned exactly once.
+    async fn scan(&self, session: &Session, arguments: &[Bytes]) -> Outcome {
+        let cursor = std::str::from_utf8(&arguments[0])
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok())
+            .ok_or_else(|| error("ERR invalid cursor"))?;
+        let (mut pattern, mut count, mut only_strings) = (None, 10usize, true);
+        let mut options = arguments[1..].chunks(2);
+        for option in options.by_ref() {
+            let [name, value] = option else { return Err(syntax_error()) };
+            match lowercase(name).as_str() {
+                "match" => pattern = Some(value.clone()),
+                "count" => match parse_integer(value) {
+                    Some(number) if number >= 1 => count = number.min(1 << 20) as usize,
+                    Some(_) => return Err(syntax_error()),
+                    None => return Err(not_an_integer()),
+                },
+                "type" => only_strings = lowercase(value) == "string",
+                _ => return Err(syntax_error()),
+            }
+        }
+        let mut scan = if cursor == 0 {
+            let table = self.table(session.database).await?;
+            OpenScan {
+                database: session.database,
+                enumeration: self.client.enumerate(table).with_batch_bytes(SCAN_BATCH_BYTES),
+            }
+        } else {
+            match self.lock_scans().take(cursor) {
+                Some(scan) if scan.database == session.database => scan,
+                _ => return Err(error("ERR invalid cursor")),
+            }
+        };
+        let mut keys = Vec::new();
+        let mut examined = 0;
+        let mut exhausted = false;
+        while examined < count {
+            match scan.enumeration.next_batch().await? {
+                Some(batch) => {
+                    examined += batch.len();
+                    keys.extend(
+                        batch
+                            .into_iter()
+                            .filter(|object| {
+                                only_strings
+                                    && pattern
+                                        .as_ref()
+                                        .is_none_or(|pattern| glob::matches(pattern, &object.key))
+                            })
+                            .map(|object| Value::BulkString(object.key)),
+                    );
+                }
+                None => {
+                    exhausted = true;
+                    break;
+                }
+            }
+        }
+        let next =
+            if exhausted { 0 } else { self.lock_scans().insert(scan, self.config.scans_open_max) };
+        Ok(Value::Array(vec![Value::bulk(next.to_string().as_bytes()), Value::Array(keys)]))
+    }
+
+    /// Drops the database's table (its objects go with it); the next command recreates it.
+    async fn flush(&self, database: u32) -> Outcome {
+        self.forget_table(database);
+        match self.client.drop_table(&self.table_name(database)).await {
+            Ok(()) => Ok(Value::ok()),
+            Err(failure) if failure.status == Status::TableDoesntExist => Ok(Value::ok()),
+            Err(failure) => Err(Failure::Client(failure)),
+        }
+    }
+}
+
+fn check_flush_options(arguments: &[Bytes]) -> Result<(), Failure> {
+    match arguments {
+        [] => Ok(()),
+        [mode] if matches!(lowercase(mode).as_str(), "sync" | "async") => Ok(()),
+        _ => Err(syntax_error()),
+    }
+}
+
+/// Redis refuses client names with spaces, newlines or other special characters; an empty
+/// name clears it.
+fn valid_client_name(name: &Bytes) -> Result<Option<Bytes>, Failure> {
+    if name.iter().any(|&byte| !(b'!'..=b'~').contains(&byte)) {
+        return Err(error(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    Ok((!name.is_empty()).then(|| name.clone()))
+}
+
+fn command_command(arguments: &[Bytes]) -> Outcome {
+    let Some(subcommand) = arguments.first() else {
+        return Ok(Value::Array(COMMANDS.iter().map(command_entry).collect()));
+    };
+    match lowercase(subcommand).as_str() {
+        "count" => Ok(Value::Integer(COMMANDS.len() as i64)),
+        "list" => Ok(Value::Array(
+            COMMANDS.iter().map(|command| Value::bulk(command.name.as_bytes())).collect(),
+        )),
+        "info" => Ok(Value::Array(
+            arguments[1..]
+                .iter()
+                .map(|name| specification(&lowercase(name)).map_or(Value::Null, command_entry))
+                .collect(),
+        )),
+        // redis-cli asks for documentation to show hints; it copes with none.
+        "docs" => Ok(Value::Map(Vec::new())),
+        _ => Err(unknown_subcommand(subcommand, "command")),
+    }
+}

@@ -1,0 +1,201 @@
+//! The gateway: shared state (table ids, open scans, counters) and one connection's session.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use stratus_client::{Client, Enumeration, TableId};
+use tokio::time::Instant;
+
+use crate::request::RequestLimits;
+use crate::value::Protocol;
+
+/// Settings of a gateway.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Database n is the Stratus table named `table_prefix` + n.
+    pub table_prefix: String,
+    /// Server span of the tables the gateway creates.
+    pub table_span: u32,
+    /// How many databases SELECT accepts (0 ..= databases - 1), like Redis's `databases`.
+    pub databases: u32,
+    /// Bounds on one request.
+    pub limits: RequestLimits,
+    /// Most client connections at once; more are answered with an error and closed.
+    pub connections_max: u64,
+    /// Most bytes of keys one KEYS reply may hold: KEYS builds its whole reply in memory.
+    pub keys_reply_bytes_max: usize,
+    /// Most SCAN cursors open at once in the gateway; beyond it the oldest is forgotten.
+    pub scans_open_max: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> GatewayConfig {
+        GatewayConfig {
+            table_prefix: "redis-db-".to_string(),
+            table_span: 1,
+            databases: 16,
+            limits: RequestLimits::default(),
+            connections_max: 10_000,
+            keys_reply_bytes_max: 64 << 20,
+            scans_open_max: 1_024,
+        }
+    }
+}
+
+/// A SCAN in progress: the enumeration continues where the previous call stopped.
+#[derive(Debug)]
+pub(crate) struct OpenScan {
+    pub(crate) database: u32,
+    pub(crate) enumeration: Enumeration,
+}
+
+/// Open SCAN cursors, bounded: the oldest is forgotten when a new one would exceed the bound.
+#[derive(Debug, Default)]
+pub(crate) struct ScanRegistry {
+    next_cursor: u64,
+    open: HashMap<u64, OpenScan>,
+    /// Cursors in the order they were opened; may hold cursors already consumed, pruned when
+    /// it grows past a few times the bound.
+    order: VecDeque<u64>,
+}
+
+impl ScanRegistry {
+    pub(crate) fn take(&mut self, cursor: u64) -> Option<OpenScan> {
+        self.open.remove(&cursor)
+    }
+
+    /// Keeps `scan` under a fresh cursor (never 0, which means "start" and "done").
+    pub(crate) fn insert(&mut self, scan: OpenScan, open_max: usize) -> u64 {
+        while self.open.len() >= open_max.max(1) {
+            match self.order.pop_front() {
+                Some(oldest) => {
+                    self.open.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        if self.order.len() > 4 * open_max.max(1) {
+            let open = &self.open;
+            self.order.retain(|cursor| open.contains_key(cursor));
+        }
+        self.next_cursor = self.next_cursor.wrapping_add(1).max(1);
+        let cursor = self.next_cursor;
+        self.open.insert(cursor, scan);
+        self.order.push_back(cursor);
+        cursor
+    }
+}
+
+/// State shared by every connection of a gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    pub(crate) client: Client,
+    pub(crate) config: GatewayConfig,
+    tables: Mutex<HashMap<u32, TableId>>,
+    pub(crate) scans: Mutex<ScanRegistry>,
+    next_client_id: AtomicU64,
+    pub(crate) connected_clients: AtomicU64,
+    pub(crate) connections_received: AtomicU64,
+    pub(crate) commands_processed: AtomicU64,
+    pub(crate) started: Instant,
+}
+
+impl Gateway {
+    /// A gateway forwarding to the cluster `client` talks to.
+    pub fn new(client: Client, config: GatewayConfig) -> Gateway {
+        Gateway {
+            client,
+            config,
+            tables: Mutex::new(HashMap::new()),
+            scans: Mutex::new(ScanRegistry::default()),
+            next_client_id: AtomicU64::new(1),
+            connected_clients: AtomicU64::new(0),
+            connections_received: AtomicU64::new(0),
+            commands_processed: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+
+    /// The name of the Stratus table holding database `database`.
+    pub fn table_name(&self, database: u32) -> String {
+        format!("{}{database}", self.config.table_prefix)
+    }
+
+    /// The table of `database`, created on first use (create_table returns the existing id
+    /// when the name is taken, so gateways racing to create it agree).
+    pub(crate) async fn table(&self, database: u32) -> stratus_client::Result<TableId> {
+        if let Some(&table) = self.lock_tables().get(&database) {
+            return Ok(table);
+        }
+        let table =
+            self.client.create_table(&self.table_name(database), self.config.table_span).await?;
+        self.lock_tables().insert(database, table);
+        Ok(table)
+    }
+
+    /// Forgets the cached id of `database` (its table was dropped, here or elsewhere).
+    pub(crate) fn forget_table(&self, database: u32) {
+        self.lock_tables().remove(&database);
+    }
+
+    fn lock_tables(&self) -> std::sync::MutexGuard<'_, HashMap<u32, TableId>> {
+        self.tables.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    pub(crate) fn lock_scans(&self) -> std::sync::MutexGuard<'_, ScanRegistry> {
+        self.scans.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    pub(crate) fn new_client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// One connection's state.
+#[derive(Debug)]
+pub struct Session {
+    /// The reply encoding (HELLO switches it).
+    pub protocol: Protocol,
+    /// The selected database.
+    pub database: u32,
+    /// CLIENT SETNAME's name.
+    pub name: Option<bytes::Bytes>,
+    /// CLIENT ID.
+    pub id: u64,
+}
+
+impl Session {
+    /// A new connection's session: RESP2, database 0.
+    pub fn new(id: u64) -> Session {
+        Session { protocol: Protocol::Resp2, database: 0, name: None, id }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stratus_client::{Client, ClientConfig, TableId};
+
+    use super::{OpenScan, ScanRegistry};
+
+    #[test]
+    fn scan_registry_is_bounded_and_cursors_work_once() {
+        // No connection is made: an enumeration talks to the cluster only when stepped.
+        let client = Client::new(ClientConfig::new("127.0.0.1:1"));
+        let scan = || OpenScan { database: 0, enumeration: client.enumerate(TableId(1)) };
+        let mut registry = ScanRegistry::default();
+        let first = registry.insert(scan(), 2);
+        let second = registry.insert(scan(), 2);
+        let third = registry.insert(scan(), 2);
+        assert!(first != 0 && second != first && third != second);
+        assert!(registry.take(first).is_none(), "the oldest cursor is forgotten at the bound");
+        assert!(registry.take(second).is_some());
+        assert!(registry.take(second).is_none(), "a cursor works once");
+        for _ in 0..100 {
+            let cursor = registry.insert(scan(), 2);
+            registry.take(cursor);
+        }
+        assert!(registry.order.len() <= 8 + 1, "consumed cursors are pruned");
+        assert!(registry.take(third).is_some());
+    }
+}

@@ -1,0 +1,62 @@
+//! A Redis-protocol gateway to a Stratus cluster.
+//!
+//! `stratus resp --listen 127.0.0.1:6380` runs a separate process that speaks RESP2 and RESP3
+//! to Redis clients (redis-cli, redis-benchmark, redis-py, ...) and Stratus's native protocol
+//! to the cluster through [`stratus_client::Client`].
+//!
+//! # Why a gateway, not a RESP port on every master
+//!
+//! The client library already maps every key to its master through the cached tablet map and
+//! refreshes and retries when tablets move, so any key a Redis client names reaches the right
+//! master with no redirection that Redis clients would have to understand. Masters keep one
+//! protocol, and the gateway scales separately from them (run one per application host, or
+//! several behind a load balancer: gateways share no state but the cluster's).
+//! The cost is one extra network hop per command.
+//!
+//! # Data model mapping
+//!
+//! - Database `n` (SELECT n, 0 ≤ n < `databases`, default 16) is the Stratus table named
+//!   `<table-prefix><n>`, `redis-db-<n>` by default, created with `--table-span` masters
+//!   (default 1) the first time a command uses it.
+//! - A Redis string is one Stratus object: key and value are the same bytes (binary-safe).
+//!   Stratus refuses empty keys and keys over 65 535 bytes; the gateway answers those with an
+//!   error. Values are limited by the cluster's value limit (1 MiB by default).
+//! - Integers (INCR family) are stored as decimal ASCII, exactly as Redis stores them, not as
+//!   Stratus's native 8-byte little-endian counters, so `SET k 10` then `INCR k` and `GET k`
+//!   behave as in Redis and values read by any client stay Redis-compatible. INCR is a read
+//!   and a write conditional on the version read (`version_ne_given`), retried up to
+//!   [`commands::CONDITIONAL_UPDATE_ATTEMPTS_MAX`] times under contention: atomic, like Redis.
+//!   APPEND and SET ... GET work the same way.
+//! - SET NX is the `exists` reject rule (refuse if the object exists), SET XX the
+//!   `doesnt_exist` rule. Expiry (EX, PX, EXAT, PXAT, KEEPTTL) does not exist in Stratus and
+//!   is refused with an error, never ignored.
+//! - DEL and EXISTS are one multi-remove / multi-read; MGET and MSET one multi-read /
+//!   multi-write, fanned out to masters in parallel. MSET is not atomic across keys.
+//! - DBSIZE and KEYS enumerate the whole table (KEYS is bounded by reply size). SCAN keeps a
+//!   Stratus enumeration in the gateway under a cursor number (at most `scans_open_max` open,
+//!   oldest forgotten first): a key present for the whole scan is returned exactly once; a
+//!   cursor works once, on the gateway that issued it, for the same database.
+//! - FLUSHDB drops the database's table (FLUSHALL every database's); the next command
+//!   recreates it empty.
+//!
+//! # Protocol
+//!
+//! Requests are RESP arrays of bulk strings or inline commands; many commands in one read
+//! (pipelining) are answered in order. Malformed input gets `-ERR Protocol error: ...` and the
+//! connection is closed, as Redis does. Every request is bounded ([`RequestLimits`]).
+//! `HELLO 3` switches a connection's replies to RESP3 (maps, `_` nulls).
+
+pub mod commands;
+mod gateway;
+mod glob;
+pub mod request;
+mod server;
+pub mod value;
+
+pub use gateway::{Gateway, GatewayConfig, Session};
+pub use request::{ProtocolError, RequestLimits, RequestParser};
+pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};
+pub use value::{parse_value, ParseError, Protocol, Value};
+
+#[cfg(test)]
+mod tests;

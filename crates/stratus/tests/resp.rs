@@ -1,0 +1,450 @@
+//! The RESP gateway (`stratus resp`) in front of a real cluster, driven with raw RESP over TCP
+//! and, when it is installed, with `redis-cli`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{free_address, Process, TestCluster};
+use stratus_resp::{parse_value, Protocol, Value};
+
+/// A cluster of 2 servers and a gateway whose tables span both, so keys live on both masters.
+struct Setup {
+    _cluster: TestCluster,
+    _gateway: Process,
+    address: String,
+}
+
+fn start() -> Setup {
+    let cluster = TestCluster::start(2);
+    let address = free_address();
+    let gateway = Process::start(&[
+        "--coordinator".to_string(),
+        cluster.coordinator_address.clone(),
+        "resp".to_string(),
+        "--listen".to_string(),
+        address.clone(),
+        "--table-span".to_string(),
+        "2".to_string(),
+        "--value-bytes-max".to_string(),
+        "131072".to_string(),
+    ]);
+    gateway.wait_for_line("listening on", Duration::from_secs(30));
+    Setup { _cluster: cluster, _gateway: gateway, address }
+}
+
+/// One client connection speaking raw RESP.
+struct Connection {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Connection {
+    fn open(address: &str) -> Connection {
+        let stream = TcpStream::connect(address).expect("connect to the gateway");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Connection { stream, buffer: Vec::new() }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("send");
+    }
+
+    fn send(&mut self, arguments: &[&[u8]]) {
+        let command =
+            Value::Array(arguments.iter().map(|argument| Value::bulk(argument)).collect());
+        self.send_raw(&command.to_bytes(Protocol::Resp2));
+    }
+
+    /// The next reply; panics if none comes within the read timeout.
+    fn reply(&mut self) -> Value {
+        loop {
+            if let Some((value, used)) = parse_value(&self.buffer).expect("valid RESP reply") {
+                self.buffer.drain(..used);
+                return value;
+            }
+            let mut chunk = [0u8; 65536];
+            let read = self.stream.read(&mut chunk).expect("read reply");
+            assert!(read > 0, "gateway closed the connection; buffered {:?}", self.buffer);
+            self.buffer.extend_from_slice(&chunk[..read]);
+        }
+    }
+
+    fn call(&mut self, arguments: &[&[u8]]) -> Value {
+        self.send(arguments);
+        self.reply()
+    }
+
+    /// True when the gateway closed the connection (after any pending replies).
+    fn closed(&mut self) -> bool {
+        let mut chunk = [0u8; 1024];
+        matches!(self.stream.read(&mut chunk), Ok(0))
+    }
+}
+
+fn ok() -> Value {
+    Value::ok()
+}
+
+fn bulk(bytes: &[u8]) -> Value {
+    Value::bulk(bytes)
+}
+
+fn error(text: &str) -> Value {
+    Value::error(text)
+}
+
+fn assert_error_starts(value: &Value, prefix: &str) {
+    match value {
+        Value::Error(text) => assert!(text.starts_with(prefix), "{text:?} should start {prefix:?}"),
+        other => panic!("expected an error starting {prefix:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn resp_gateway_serves_redis_commands_over_raw_tcp() {
+    let setup = start();
+    let mut connection = Connection::open(&setup.address);
+
+    // Connection commands.
+    assert_eq!(connection.call(&[b"PING"]), Value::simple("PONG"));
+    assert_eq!(connection.call(&[b"ping", b"hi"]), bulk(b"hi"));
+    assert_eq!(connection.call(&[b"ECHO", b"a\r\nb"]), bulk(b"a\r\nb"));
+    assert_eq!(
+        connection.call(&[b"PING", b"a", b"b"]),
+        error("ERR wrong number of arguments for 'ping' command")
+    );
+    assert_eq!(
+        connection.call(&[b"GET"]),
+        error("ERR wrong number of arguments for 'get' command")
+    );
+    assert_eq!(
+        connection.call(&[b"FOO", b"bar", b"baz"]),
+        error("ERR unknown command 'FOO', with args beginning with: 'bar' 'baz' ")
+    );
+    assert_eq!(connection.call(&[b"CLIENT", b"SETNAME", b"tester"]), ok());
+    assert_eq!(connection.call(&[b"CLIENT", b"GETNAME"]), bulk(b"tester"));
+    assert!(matches!(connection.call(&[b"CLIENT", b"ID"]), Value::Integer(id) if id > 0));
+    assert_error_starts(&connection.call(&[b"CLIENT", b"SETNAME", b"a b"]), "ERR Client names");
+    assert_error_starts(&connection.call(&[b"CLIENT", b"KILL"]), "ERR unknown subcommand 'KILL'");
+    assert!(
+        matches!(connection.call(&[b"COMMAND", b"COUNT"]), Value::Integer(count) if count >= 25)
+    );
+    assert!(matches!(connection.call(&[b"COMMAND"]), Value::Array(entries) if entries.len() >= 25));
+    assert_eq!(connection.call(&[b"COMMAND", b"DOCS"]), Value::Array(Vec::new()));
+    match connection.call(&[b"COMMAND", b"INFO", b"get", b"nosuch"]) {
+        Value::Array(entries) => {
+            assert_eq!(entries.len(), 2);
+            assert_eq!(entries[1], Value::Null);
+        }
+        other => panic!("COMMAND INFO: {other:?}"),
+    }
+    assert_eq!(connection.call(&[b"CONFIG", b"GET", b"save"]), Value::Array(Vec::new()));
+
+    // Strings, binary-safe.
+    assert_eq!(connection.call(&[b"GET", b"missing"]), Value::Null);
+    assert_eq!(connection.call(&[b"SET", b"k\0\xff", b"v\r\n\0"]), ok());
+    assert_eq!(connection.call(&[b"GET", b"k\0\xff"]), bulk(b"v\r\n\0"));
+    assert_eq!(connection.call(&[b"TYPE", b"k\0\xff"]), Value::simple("string"));
+    assert_eq!(connection.call(&[b"TYPE", b"missing"]), Value::simple("none"));
+    assert_eq!(connection.call(&[b"SET", b"empty-value", b""]), ok());
+    assert_eq!(connection.call(&[b"GET", b"empty-value"]), bulk(b""));
+    assert_error_starts(&connection.call(&[b"SET", b"", b"x"]), "ERR empty keys are not supported");
+    assert_error_starts(&connection.call(&[b"GET", b""]), "ERR empty keys are not supported");
+    assert_eq!(connection.call(&[b"STRLEN", b"k\0\xff"]), Value::Integer(4));
+    assert_eq!(connection.call(&[b"STRLEN", b"missing"]), Value::Integer(0));
+
+    // SET options.
+    assert_eq!(connection.call(&[b"SET", b"s", b"1", b"NX"]), ok());
+    assert_eq!(connection.call(&[b"SET", b"s", b"2", b"nx"]), Value::Null);
+    assert_eq!(connection.call(&[b"SET", b"s", b"3", b"XX"]), ok());
+    assert_eq!(connection.call(&[b"SET", b"absent", b"3", b"XX"]), Value::Null);
+    assert_eq!(connection.call(&[b"GET", b"absent"]), Value::Null);
+    assert_eq!(connection.call(&[b"SET", b"s", b"4", b"GET"]), bulk(b"3"));
+    assert_eq!(connection.call(&[b"SET", b"fresh", b"1", b"GET"]), Value::Null);
+    assert_eq!(connection.call(&[b"SET", b"s", b"5", b"NX", b"GET"]), bulk(b"4"));
+    assert_eq!(connection.call(&[b"GET", b"s"]), bulk(b"4"));
+    assert_eq!(connection.call(&[b"SET", b"s", b"1", b"NX", b"XX"]), error("ERR syntax error"));
+    assert_eq!(connection.call(&[b"SET", b"s", b"1", b"BOGUS"]), error("ERR syntax error"));
+    for option in [&b"EX"[..], b"PX", b"EXAT", b"PXAT"] {
+        assert_error_starts(
+            &connection.call(&[b"SET", b"s", b"1", option, b"10"]),
+            "ERR SET option",
+        );
+    }
+    assert_error_starts(
+        &connection.call(&[b"SET", b"s", b"1", b"KEEPTTL"]),
+        "ERR SET option KEEPTTL",
+    );
+    assert_eq!(connection.call(&[b"GET", b"s"]), bulk(b"4"), "refused options change nothing");
+    assert_eq!(connection.call(&[b"GETSET", b"s", b"6"]), bulk(b"4"));
+    assert_eq!(connection.call(&[b"GETSET", b"new", b"6"]), Value::Null);
+    assert_eq!(connection.call(&[b"SETNX", b"s", b"7"]), Value::Integer(0));
+    assert_eq!(connection.call(&[b"SETNX", b"nx-new", b"7"]), Value::Integer(1));
+
+    // Counters are decimal text, like Redis.
+    assert_eq!(connection.call(&[b"INCR", b"counter"]), Value::Integer(1));
+    assert_eq!(connection.call(&[b"INCRBY", b"counter", b"41"]), Value::Integer(42));
+    assert_eq!(connection.call(&[b"DECR", b"counter"]), Value::Integer(41));
+    assert_eq!(connection.call(&[b"DECRBY", b"counter", b"-9"]), Value::Integer(50));
+    assert_eq!(connection.call(&[b"GET", b"counter"]), bulk(b"50"));
+    assert_eq!(connection.call(&[b"SET", b"counter", b"-7"]), ok());
+    assert_eq!(connection.call(&[b"INCR", b"counter"]), Value::Integer(-6));
+    assert_eq!(
+        connection.call(&[b"INCR", b"k\0\xff"]),
+        error("ERR value is not an integer or out of range")
+    );
+    assert_eq!(
+        connection.call(&[b"INCRBY", b"counter", b"x"]),
+        error("ERR value is not an integer or out of range")
+    );
+    assert_eq!(connection.call(&[b"SET", b"big", b"9223372036854775807"]), ok());
+    assert_eq!(
+        connection.call(&[b"INCR", b"big"]),
+        error("ERR increment or decrement would overflow")
+    );
+    assert_eq!(
+        connection.call(&[b"DECRBY", b"big", b"-9223372036854775808"]),
+        error("ERR decrement would overflow")
+    );
+
+    // APPEND.
+    assert_eq!(connection.call(&[b"APPEND", b"log", b"abc"]), Value::Integer(3));
+    assert_eq!(connection.call(&[b"APPEND", b"log", b"\0de"]), Value::Integer(6));
+    assert_eq!(connection.call(&[b"GET", b"log"]), bulk(b"abc\0de"));
+
+    // Multi-key commands across both masters.
+    let keys: Vec<Vec<u8>> = (0..40).map(|index| format!("multi-{index}").into_bytes()).collect();
+    let mut mset: Vec<&[u8]> = vec![b"MSET"];
+    for key in &keys {
+        mset.push(key);
+        mset.push(key);
+    }
+    assert_eq!(connection.call(&mset), ok());
+    assert_eq!(
+        connection.call(&[b"MSET", b"a"]),
+        error("ERR wrong number of arguments for 'mset' command")
+    );
+    assert_eq!(
+        connection.call(&[b"MSET", b"a", b"1", b"b"]),
+        error("ERR wrong number of arguments for 'mset' command")
+    );
+    let mut mget: Vec<&[u8]> = vec![b"MGET"];
+    mget.extend(keys.iter().map(Vec::as_slice));
+    mget.push(b"missing");
+    let mut expected: Vec<Value> = keys.iter().map(|key| bulk(key)).collect();
+    expected.push(Value::Null);
+    assert_eq!(connection.call(&mget), Value::Array(expected));
+    assert_eq!(
+        connection.call(&[b"EXISTS", b"multi-1", b"multi-1", b"missing", b"multi-2"]),
+        Value::Integer(3)
+    );
+    assert_eq!(connection.call(&[b"DEL", b"multi-1", b"multi-2", b"missing"]), Value::Integer(2));
+    assert_eq!(connection.call(&[b"EXISTS", b"multi-1"]), Value::Integer(0));
+
+    // Enumeration: DBSIZE, KEYS, SCAN (38 multi-* keys remain, plus the others above).
+    let size = match connection.call(&[b"DBSIZE"]) {
+        Value::Integer(size) => size,
+        other => panic!("DBSIZE: {other:?}"),
+    };
+    assert_eq!(size, 38 + 9);
+    match connection.call(&[b"KEYS", b"multi-3*"]) {
+        Value::Array(found) => {
+            let mut found: Vec<Value> = found;
+            found.sort_by_key(|value| format!("{value:?}"));
+            let mut expected = vec![bulk(b"multi-3")];
+            expected.extend((30..40).map(|index| bulk(format!("multi-{index}").as_bytes())));
+            expected.sort_by_key(|value| format!("{value:?}"));
+            assert_eq!(found, expected);
+        }
+        other => panic!("KEYS: {other:?}"),
+    }
+    let mut cursor = b"0".to_vec();
+    let mut scanned = Vec::new();
+    for step in 0.. {
+        assert!(step < 1000, "SCAN does not end");
+        match connection.call(&[b"SCAN", &cursor, b"MATCH", b"multi-*", b"COUNT", b"5"]) {
+            Value::Array(parts) => match &parts[..] {
+                [Value::BulkString(next), Value::Array(keys)] => {
+                    scanned.extend(keys.iter().cloned());
+                    cursor = next.to_vec();
+                }
+                other => panic!("SCAN reply {other:?}"),
+            },
+            other => panic!("SCAN: {other:?}"),
+        }
+        if cursor == b"0" {
+            break;
+        }
+    }
+    assert_eq!(scanned.len(), 38, "each multi-* key exactly once");
+    scanned.sort_by_key(|value| format!("{value:?}"));
+    scanned.dedup();
+    assert_eq!(scanned.len(), 38);
+    assert_eq!(connection.call(&[b"SCAN", b"12345"]), error("ERR invalid cursor"));
+    assert_eq!(connection.call(&[b"SCAN", b"0", b"COUNT", b"0"]), error("ERR syntax error"));
+
+    // Databases are tables: SELECT isolates, FLUSHDB empties only the selected one.
+    assert_eq!(connection.call(&[b"SELECT", b"1"]), ok());
+    assert_eq!(connection.call(&[b"GET", b"s"]), Value::Null);
+    assert_eq!(connection.call(&[b"SET", b"s", b"db1"]), ok());
+    assert_eq!(connection.call(&[b"DBSIZE"]), Value::Integer(1));
+    assert_eq!(connection.call(&[b"FLUSHDB"]), ok());
+    assert_eq!(connection.call(&[b"DBSIZE"]), Value::Integer(0));
+    assert_eq!(connection.call(&[b"SET", b"after-flush", b"x"]), ok());
+    assert_eq!(connection.call(&[b"GET", b"after-flush"]), bulk(b"x"));
+    assert_eq!(connection.call(&[b"SELECT", b"16"]), error("ERR DB index is out of range"));
+    assert_eq!(
+        connection.call(&[b"SELECT", b"x"]),
+        error("ERR value is not an integer or out of range")
+    );
+    assert_eq!(connection.call(&[b"SELECT", b"0"]), ok());
+    assert_eq!(connection.call(&[b"GET", b"s"]), bulk(b"6"));
+
+    // INFO reports the cluster's figures.
+    match connection.call(&[b"INFO"]) {
+        Value::BulkString(text) => {
+            let text = String::from_utf8_lossy(&text);
+            assert!(text.contains("redis_version:"), "{text}");
+            assert!(text.contains("stratus_masters:2\r\n"), "{text}");
+            assert!(text.contains("connected_clients:"), "{text}");
+        }
+        other => panic!("INFO: {other:?}"),
+    }
+
+    // Values over the limit: the cluster's limit (128 KiB here) is the gateway's too.
+    let large = vec![b'x'; 100 << 10];
+    assert_eq!(connection.call(&[b"SET", b"large", &large]), ok());
+    assert_eq!(connection.call(&[b"GET", b"large"]), bulk(&large));
+    // APPEND past the cluster's value limit: the master refuses, the reply says why, and the
+    // value is unchanged.
+    let suffix = vec![b'y'; 40 << 10];
+    assert_error_starts(
+        &connection.call(&[b"APPEND", b"large", &suffix]),
+        "ERR stratus: value too large",
+    );
+    assert_eq!(connection.call(&[b"STRLEN", b"large"]), Value::Integer(100 << 10));
+    // A key over 65 535 bytes is refused by the gateway.
+    let long_key = vec![b'k'; 65_536];
+    assert_error_starts(&connection.call(&[b"GET", &long_key]), "ERR keys longer than 65535 bytes");
+    // A client that disconnects in the middle of a command does not disturb the gateway.
+    let mut half = Connection::open(&setup.address);
+    half.send_raw(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10\r\nabc");
+    drop(half);
+
+    // Pipelining: 200 commands in one write, answered in order.
+    let mut pipeline = Vec::new();
+    for index in 0..100 {
+        let key = format!("pipe-{index}");
+        let value = format!("value-{index}");
+        for command in [vec!["SET", key.as_str(), value.as_str()], vec!["GET", key.as_str()]] {
+            let command = Value::Array(command.iter().map(|part| bulk(part.as_bytes())).collect());
+            pipeline.extend_from_slice(&command.to_bytes(Protocol::Resp2));
+        }
+    }
+    connection.send_raw(&pipeline);
+    for index in 0..100 {
+        assert_eq!(connection.reply(), ok());
+        assert_eq!(connection.reply(), bulk(format!("value-{index}").as_bytes()));
+    }
+    // Inline commands work too.
+    connection.send_raw(b"PING\r\nGET pipe-7\r\n");
+    assert_eq!(connection.reply(), Value::simple("PONG"));
+    assert_eq!(connection.reply(), bulk(b"value-7"));
+
+    // RESP3 after HELLO 3: maps and `_` nulls.
+    match connection.call(&[b"HELLO", b"3"]) {
+        Value::Map(fields) => {
+            assert!(fields.contains(&(bulk(b"proto"), Value::Integer(3))), "{fields:?}");
+        }
+        other => panic!("HELLO 3: {other:?}"),
+    }
+    connection.send(&[b"GET", b"missing"]);
+    assert_eq!(connection.reply(), Value::Null);
+    assert_eq!(connection.call(&[b"HELLO", b"4"]), error("NOPROTO unsupported protocol version"));
+    assert!(matches!(connection.call(&[b"HELLO", b"2"]), Value::Array(_)), "RESP2 maps are arrays");
+    assert_error_starts(&connection.call(&[b"HELLO", b"3", b"AUTH", b"u", b"p"]), "ERR HELLO AUTH");
+
+    // INCR is atomic under contention: read + version-conditional write, retried.
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let address = setup.address.clone();
+            std::thread::spawn(move || {
+                let mut connection = Connection::open(&address);
+                for _ in 0..50 {
+                    assert!(matches!(connection.call(&[b"INCR", b"contended"]), Value::Integer(_)));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("incrementing thread");
+    }
+    assert_eq!(connection.call(&[b"GET", b"contended"]), bulk(b"200"));
+
+    // QUIT answers and closes.
+    assert_eq!(connection.call(&[b"QUIT"]), ok());
+    assert!(connection.closed());
+
+    // Protocol errors answer and close, like Redis; the gateway keeps serving others.
+    let mut broken = Connection::open(&setup.address);
+    broken.send_raw(b"*1\r\n:5\r\n");
+    assert_eq!(broken.reply(), error("ERR Protocol error: expected '$', got ':'"));
+    assert!(broken.closed());
+    let mut too_large = Connection::open(&setup.address);
+    too_large.send_raw(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$999999999\r\n");
+    assert_error_starts(&too_large.reply(), "ERR Protocol error: argument of 999999999 bytes");
+    assert!(too_large.closed());
+    let mut fresh = Connection::open(&setup.address);
+    assert_eq!(fresh.call(&[b"GET", b"s"]), bulk(b"6"));
+}
+
+/// `redis-cli` against the gateway. Skipped (with a notice) when redis-cli is not installed;
+/// the Debian/Ubuntu package is `redis-tools`.
+#[test]
+fn redis_cli_talks_to_the_gateway() {
+    if Command::new("redis-cli").arg("--version").output().is_err() {
+        eprintln!("NOTICE: redis-cli not found (apt-get install redis-tools); skipping");
+        return;
+    }
+    let setup = start();
+    let port = setup.address.rsplit(':').next().unwrap().to_string();
+    let cli = |arguments: &[&str]| -> String {
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port])
+            .args(arguments)
+            .output()
+            .expect("run redis-cli");
+        assert!(output.status.success(), "redis-cli {arguments:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).trim_end().to_string()
+    };
+    assert_eq!(cli(&["PING"]), "PONG");
+    assert_eq!(cli(&["SET", "greeting", "hello world"]), "OK");
+    assert_eq!(cli(&["GET", "greeting"]), "hello world");
+    assert_eq!(cli(&["INCRBY", "visits", "5"]), "5");
+    assert_eq!(cli(&["MSET", "a", "1", "b", "2"]), "OK");
+    assert_eq!(cli(&["MGET", "a", "b", "nosuch"]), "1\n2");
+    assert_eq!(cli(&["EXISTS", "a", "b", "nosuch"]), "2");
+    assert_eq!(cli(&["DEL", "a"]), "1");
+    assert_eq!(cli(&["DBSIZE"]), "3");
+    let mut scanned: Vec<String> = cli(&["--scan"]).lines().map(str::to_string).collect();
+    scanned.sort();
+    assert_eq!(scanned, ["b", "greeting", "visits"]);
+    assert!(cli(&["SET", "x", "1", "EX", "10"]).contains("not supported"));
+    assert!(cli(&["NOSUCHCOMMAND"]).contains("unknown command"));
+    assert!(cli(&["-3", "HELLO", "3"]).contains("proto"));
+    assert!(cli(&["INFO", "stratus"]).contains("stratus_masters:2"));
+    // Many commands through one connection, as redis-cli -n and piping do.
+    let mut child = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port, "-n", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run redis-cli");
+    child.stdin.take().unwrap().write_all(b"SET k v\nGET k\nDBSIZE\n").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "OK\nv\n1\n");
+}

@@ -35,6 +35,8 @@ pub enum Command {
     Coordinator(crate::roles::CoordinatorArguments),
     /// Run a storage server (master).
     Server(crate::roles::ServerArguments),
+    /// Run a Redis-protocol (RESP2/RESP3) gateway to the cluster.
+    Resp(RespArguments),
     /// Create, drop or list tables.
     #[command(subcommand)]
     Table(TableCommand),
@@ -54,6 +56,30 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(stratus_bench::BenchCommand),
+}
+
+/// `stratus resp`: database n is the table `<table-prefix>n`.
+#[derive(Debug, Args)]
+pub struct RespArguments {
+    /// Address to accept Redis clients on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:6380")]
+    pub listen: String,
+    /// Prefix of the table names: SELECT n uses the table `<prefix>n`.
+    #[arg(long, default_value = "redis-db-")]
+    pub table_prefix: String,
+    /// Server span of the tables the gateway creates on first use.
+    #[arg(long, default_value_t = 1)]
+    pub table_span: u32,
+    /// Number of databases SELECT accepts (0 ..= N - 1).
+    #[arg(long, default_value_t = 16)]
+    pub databases: u32,
+    /// Longest argument (key or value) accepted, in bytes; longer ones are protocol errors.
+    /// Set it to the servers' --value-bytes-max.
+    #[arg(long, default_value_t = stratus_types::limits::VALUE_BYTES_MAX_DEFAULT)]
+    pub value_bytes_max: usize,
+    /// Worker threads serving connections (default: one per CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// `stratus table ...`
@@ -138,7 +164,9 @@ impl Arguments {
     /// stay quiet.
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
-            Command::Up(_) | Command::Coordinator(_) | Command::Server(_) => "info",
+            Command::Up(_) | Command::Coordinator(_) | Command::Server(_) | Command::Resp(_) => {
+                "info"
+            }
             _ => "warn",
         }
     }
@@ -151,6 +179,7 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
         Command::Coordinator(role) => crate::roles::run_coordinator(role),
         Command::Server(role) => crate::roles::run_server(role, &arguments.coordinator),
         Command::Bench(bench) => stratus_bench::run(bench, &arguments.coordinator),
+        Command::Resp(resp) => run_resp(resp, &arguments.coordinator, arguments.timeout_ms),
         command => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -164,6 +193,47 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
             })
         }
     }
+}
+
+/// Runs the RESP gateway until SIGINT or SIGTERM.
+fn run_resp(resp: RespArguments, coordinator: &str, timeout_ms: u64) -> Result<(), String> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = resp.threads {
+        runtime.worker_threads(threads.max(1));
+    }
+    let runtime = runtime.enable_all().build().map_err(|error| error.to_string())?;
+    let mut config = ClientConfig::new(coordinator.to_string());
+    config.operation_timeout = Duration::from_millis(timeout_ms);
+    let gateway_config = stratus_resp::GatewayConfig {
+        table_prefix: resp.table_prefix,
+        table_span: resp.table_span,
+        databases: resp.databases,
+        limits: stratus_resp::RequestLimits {
+            argument_bytes_max: resp.value_bytes_max,
+            ..stratus_resp::RequestLimits::default()
+        },
+        ..stratus_resp::GatewayConfig::default()
+    };
+    runtime.block_on(async move {
+        let environment = stratus_env::Environment::system();
+        let listener = environment
+            .network
+            .bind(&resp.listen)
+            .await
+            .map_err(|error| format!("listen on {}: {error}", resp.listen))?;
+        println!("resp gateway listening on {}", listener.local_address());
+        let client = Client::with_environment(config, environment);
+        let gateway = std::sync::Arc::new(stratus_resp::Gateway::new(client, gateway_config));
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|error| error.to_string())?;
+        tokio::select! {
+            () = stratus_resp::serve(gateway, listener) => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        Ok(())
+    })
 }
 
 fn describe(error: &ClientError) -> String {
@@ -250,7 +320,11 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             }
         }
         Command::Status => print_status(client, &mut stdout).await?,
-        Command::Up(_) | Command::Coordinator(_) | Command::Server(_) | Command::Bench(_) => {
+        Command::Up(_)
+        | Command::Coordinator(_)
+        | Command::Server(_)
+        | Command::Resp(_)
+        | Command::Bench(_) => {
             unreachable!("roles are dispatched before the client starts")
         }
     }
@@ -293,7 +367,7 @@ async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), Clien
                     };
                     let _ = write!(
                         out,
-                        " objects={} tablets={} log_live={}B log_allocated={}B log_total={}B utilization={utilization:.1}% seglets_free={}/{} segments={} requests={}",
+                        " objects={} tablets={} log_live={}B log_allocated={}B log_total={}B utilization={utilization:.1}% seglets_free={}/{} segments={} requests={} replicas={} replicated={}B cleaner_replicated={}B segments_cleaned={} cleaner_relocated={}B compactions={} compacted={}B",
                         statistics.objects_live,
                         statistics.tablets_owned,
                         statistics.log_bytes_live,
@@ -303,10 +377,46 @@ async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), Clien
                         statistics.seglets_total,
                         statistics.segments_in_log,
                         statistics.requests_served,
+                        statistics.replicas,
+                        statistics.bytes_replicated,
+                        statistics.cleaner_bytes_replicated,
+                        statistics.segments_cleaned,
+                        statistics.cleaner_bytes_relocated,
+                        statistics.compactions,
+                        statistics.bytes_compacted,
                     );
                 }
                 Err(error) => {
                     let _ = write!(out, " unreachable ({})", describe(&error));
+                }
+            }
+        }
+        if server.status == stratus_wire::ServerStatus::Up && server.services.has_backup() {
+            match client.backup_statistics(&server.address).await {
+                Ok(backup) => {
+                    let durability = match backup.durability {
+                        stratus_wire::BackupDurability::Buffered => "buffered",
+                        stratus_wire::BackupDurability::Fsync => "fsync",
+                    };
+                    let _ = write!(
+                        out,
+                        " backup: durability={durability} replicas={} open={} buffers={}/{} frames_free={}/{} disk_syncs={} disk_writes={} disk_bytes={}B",
+                        backup.replicas,
+                        backup.replicas_open,
+                        backup.buffers_in_use,
+                        backup.buffer_count,
+                        backup.frames_free,
+                        backup.frame_count,
+                        backup.disk_syncs,
+                        backup.disk_write_jobs,
+                        backup.disk_data_bytes_written,
+                    );
+                    if let Some(reason) = backup.storage_failure {
+                        let _ = write!(out, " STORAGE FAILED ({reason})");
+                    }
+                }
+                Err(error) => {
+                    let _ = write!(out, " backup unreachable ({})", describe(&error));
                 }
             }
         }

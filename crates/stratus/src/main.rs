@@ -3,6 +3,7 @@
 //! - `stratus up` runs a whole local cluster (coordinator + N storage servers as child
 //!   processes on loopback) in the foreground.
 //! - `stratus coordinator` and `stratus server` run the production roles.
+//! - `stratus resp` runs the Redis-protocol gateway (crate `stratus-resp`).
 //! - `stratus table ...`, `put`, `get`, `del`, `incr`, `scan`, `status` are the command-line
 //!   client.
 //! - `stratus bench ...` runs benchmarks.

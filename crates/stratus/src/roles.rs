@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use stratus_backup::{BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage};
 use stratus_coordinator::Coordinator;
 use stratus_env::Environment;
-use stratus_master::{Master, MasterConfig};
+use stratus_master::{Master, MasterConfig, Placement, ReplicaManager, ReplicationConfig};
 use stratus_meta::FileMetaStore;
 use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig};
 use stratus_store::StoreConfig;
+use stratus_types::limits::SEGMENT_BYTES_MAX;
 use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
 
 /// `stratus coordinator`.
@@ -45,6 +47,78 @@ pub struct ServerArguments {
     /// How long to keep trying to enlist with the coordinator, in seconds.
     #[arg(long, default_value_t = 60)]
     pub enlist_timeout_seconds: u64,
+    /// Copies of every log segment on other servers' backups before a write is acknowledged;
+    /// 0 runs memory-only (nothing survives this process).
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
+    /// How backups are chosen for a segment: random (scattered, fastest recovery) or copyset
+    /// (fixed groups, far fewer losses under correlated failures).
+    #[arg(long, default_value = "random", value_parser = ["random", "copyset"])]
+    pub placement: String,
+    /// Open the backup's storage file with O_DIRECT (replica writes bypass the page cache, so
+    /// they do not evict the master's memory; needs a file system that supports it).
+    #[arg(long)]
+    pub backup_direct_io: bool,
+    /// Seglet size in KiB: the unit compaction frees memory in. Must divide the segment size.
+    #[arg(long, default_value_t = 64)]
+    pub seglet_kib: u32,
+    /// Cleaning levels: 2 (default with replicas) compacts in memory first and runs combined
+    /// cleaning only when needed; 1 runs combined cleaning alone (what memory-only servers do,
+    /// and the baseline for measuring what two levels save in backup bandwidth).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub cleaner_levels: Option<u32>,
+    /// Directory of this server's backup storage file. Without it the backup keeps replicas
+    /// in this process's memory only (buffered durability only).
+    #[arg(long)]
+    pub backup_dir: Option<PathBuf>,
+    /// Run no backup service: this server stores no replicas of other masters' segments.
+    #[arg(long)]
+    pub no_backup: bool,
+    /// When the backup acknowledges a replica write: buffered (in its RAM) or fsync (on disk).
+    #[arg(long, default_value = "buffered", value_parser = ["buffered", "fsync"])]
+    pub durability: String,
+    /// RAM buffers of the backup, one segment each: the most replicas open on it at once.
+    #[arg(long, default_value_t = BackupConfig::BUFFER_COUNT_DEFAULT)]
+    pub backup_buffers: usize,
+    /// Storage frames of the backup, one segment each: the most replicas it stores.
+    #[arg(long, default_value_t = BackupConfig::FRAME_COUNT_DEFAULT)]
+    pub backup_frames: u32,
+}
+
+/// Opens the server's backup service (off the async runtime: a restart scans the disk).
+async fn open_backup(
+    arguments: &ServerArguments,
+    segment_bytes: u32,
+) -> Result<Option<Arc<BackupService>>, String> {
+    if arguments.no_backup {
+        return Ok(None);
+    }
+    let mut config = BackupConfig::new(segment_bytes);
+    config.durability = arguments.durability.parse::<Durability>()?;
+    config.buffer_count = arguments.backup_buffers;
+    config.frame_count = arguments.backup_frames;
+    config.direct_io = arguments.backup_direct_io;
+    config.validate().map_err(|error| format!("invalid backup configuration: {error}"))?;
+    let Some(directory) = arguments.backup_dir.clone() else {
+        if config.durability == Durability::Fsync {
+            return Err("--durability fsync needs a disk: give --backup-dir".to_string());
+        }
+        tracing::warn!("no --backup-dir: this backup keeps replicas in memory only");
+        let storage = Arc::new(MemoryStorage::new(config.geometry().total_bytes()));
+        let (backup, _) = BackupService::open(config, storage)?;
+        return Ok(Some(Arc::new(backup)));
+    };
+    let (backup, report) = tokio::task::spawn_blocking(move || {
+        BackupService::open_directory(config, &directory)
+            .map_err(|error| format!("backup storage in {}: {error}", directory.display()))
+    })
+    .await
+    .map_err(|error| format!("opening the backup: {error}"))??;
+    tracing::info!(
+        durability = %config.durability, replicas_found = report.replicas_found,
+        discarded = report.discarded.len(), "backup serving"
+    );
+    Ok(Some(Arc::new(backup)))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
@@ -103,13 +177,26 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
 pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), String> {
     let mut store = StoreConfig::with_log_bytes(arguments.log_mib << 20);
     store.segment_bytes = arguments.segment_mib << 20;
+    store.seglet_bytes = arguments.seglet_kib << 10;
     // Without an explicit limit, values may be as large as the segment size allows (an eighth
     // of a segment, the cleaner's packing rule), up to the default.
     store.value_bytes_max = match arguments.value_bytes_max {
         Some(value_bytes_max) => value_bytes_max,
         None => store.value_bytes_max.min(store.segment_bytes / 8),
     };
+    // With replicas the cleaner compacts in memory first (two-level cleaning); memory-only
+    // servers clean with the combined cleaner alone.
+    store.cleaner.replicas = match arguments.cleaner_levels {
+        Some(1) => 0,
+        _ => u32::try_from(arguments.replicas).unwrap_or(u32::MAX),
+    };
     store.validate().map_err(|error| format!("invalid memory configuration: {error}"))?;
+    if arguments.replicas > 0 && store.segment_bytes as usize > SEGMENT_BYTES_MAX {
+        return Err(format!(
+            "segments of a replicated server are at most {} MiB (one segment per backup write)",
+            SEGMENT_BYTES_MAX >> 20
+        ));
+    }
     let environment = Environment::system();
     let coordinator = coordinator.to_string();
     runtime()?.block_on(async move {
@@ -119,14 +206,46 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             .await
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = arguments.advertise.clone().unwrap_or_else(|| listener.local_address());
+        let backup = open_backup(&arguments, store.segment_bytes).await?;
+        let services = match backup {
+            Some(_) => ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP),
+            None => ServiceMask(ServiceMask::MASTER),
+        };
         let deadline = Duration::from_secs(arguments.enlist_timeout_seconds);
-        let server_id = enlist(&environment, &coordinator, &address, deadline).await?;
-        let master =
+        let server_id = enlist(&environment, &coordinator, &address, services, deadline).await?;
+        let mut master =
             Master::new(server_id, MasterConfig { store }, environment.wall_clock.clone())?;
-        tracing::info!(%server_id, %address, log_mib = arguments.log_mib, "server serving");
+        if arguments.replicas > 0 {
+            let mut config = ReplicationConfig::new(arguments.replicas, coordinator.clone());
+            if arguments.placement == "copyset" {
+                config.placement = Placement::Copyset;
+            }
+            let replication = ReplicaManager::start(
+                server_id,
+                config,
+                master.store_handle(),
+                environment.clone(),
+            );
+            master.set_replication(replication);
+        }
+        // One combined cleaner, plus a compactor when there are replicas to save bandwidth on.
+        let cleaner_threads = if arguments.replicas > 0 { 2 } else { 1 };
+        master
+            .start_cleaner(cleaner_threads)
+            .map_err(|error| format!("starting the cleaner: {error}"))?;
+        tracing::info!(
+            %server_id, %address, log_mib = arguments.log_mib, replicas = arguments.replicas,
+            "server serving"
+        );
         println!("server {server_id} listening on {address}");
+        // One port serves both: the backup opcodes go to the backup, the rest to the master.
+        let master: Arc<dyn stratus_rpc::Service> = Arc::new(master);
+        let service: Arc<dyn stratus_rpc::Service> = match backup {
+            Some(backup) => Arc::new(BackupRouter::new(backup, master)),
+            None => master,
+        };
         tokio::select! {
-            result = serve(listener, Arc::new(master)) => result.map_err(|error| error.to_string()),
+            result = serve(listener, service) => result.map_err(|error| error.to_string()),
             _ = termination() => {
                 tracing::info!("server stopping");
                 Ok(())
@@ -140,13 +259,11 @@ async fn enlist(
     environment: &Environment,
     coordinator: &str,
     address: &str,
+    services: ServiceMask,
     patience: Duration,
 ) -> Result<stratus_types::ServerId, String> {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
-    let request = Request::EnlistServer {
-        address: address.to_string(),
-        services: ServiceMask(ServiceMask::MASTER),
-    };
+    let request = Request::EnlistServer { address: address.to_string(), services };
     let deadline = tokio::time::Instant::now() + patience;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {

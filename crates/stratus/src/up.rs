@@ -22,12 +22,36 @@ pub struct UpArguments {
     /// Number of storage servers.
     #[arg(long, default_value_t = 3)]
     pub servers: u32,
-    /// Log memory per server, in MiB.
-    #[arg(long, default_value_t = 64)]
+    /// Log memory per server, in MiB. The log keeps about three segments in reserve for the
+    /// cleaner and for removes, so small logs fill early; 256 MiB of 8 MiB segments admits
+    /// writes up to about 90 % of the log. The region is reserved, not touched, until used.
+    #[arg(long, default_value_t = 256)]
     pub log_mib: u64,
     /// Segment size per server, in MiB.
     #[arg(long, default_value_t = 8)]
     pub segment_mib: u32,
+    /// Copies of every segment on other servers (default: 3, or fewer when the cluster has
+    /// fewer other servers; 0 runs memory-only).
+    #[arg(long)]
+    pub replicas: Option<usize>,
+    /// Placement of replicas: random or copyset.
+    #[arg(long, default_value = "random", value_parser = ["random", "copyset"])]
+    pub placement: String,
+    /// Seglet size per server, in KiB.
+    #[arg(long, default_value_t = 64)]
+    pub seglet_kib: u32,
+    /// Cleaning levels per server (1 or 2; default: 2 with replicas, 1 without).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub cleaner_levels: Option<u32>,
+    /// When backups acknowledge replica writes: buffered (in their RAM) or fsync (on disk).
+    #[arg(long, default_value = "buffered", value_parser = ["buffered", "fsync"])]
+    pub durability: String,
+    /// RAM buffers of each server's backup, one segment each.
+    #[arg(long, default_value_t = stratus_backup::BackupConfig::BUFFER_COUNT_DEFAULT)]
+    pub backup_buffers: usize,
+    /// Storage frames of each server's backup, one segment each.
+    #[arg(long, default_value_t = stratus_backup::BackupConfig::FRAME_COUNT_DEFAULT)]
+    pub backup_frames: u32,
 }
 
 /// How long the cluster may take to come up before `up` gives up.
@@ -112,6 +136,13 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     if arguments.servers == 0 {
         return Err("--servers must be at least 1".to_string());
     }
+    let replicas = arguments.replicas.unwrap_or(3.min(arguments.servers as usize - 1));
+    if replicas >= arguments.servers as usize {
+        return Err(format!(
+            "{replicas} replicas need at least {} servers (a master never backs itself up)",
+            replicas + 1
+        ));
+    }
     let logs = arguments.dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|error| format!("{}: {error}", logs.display()))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -153,6 +184,10 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         }
     };
     for index in 0..arguments.servers {
+        let mut extra = Vec::new();
+        if let Some(levels) = arguments.cleaner_levels {
+            extra.extend(["--cleaner-levels".to_string(), levels.to_string()]);
+        }
         children.spawn(
             &format!("server-{index}"),
             &[
@@ -165,7 +200,24 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 arguments.log_mib.to_string(),
                 "--segment-mib".to_string(),
                 arguments.segment_mib.to_string(),
-            ],
+                "--replicas".to_string(),
+                replicas.to_string(),
+                "--placement".to_string(),
+                arguments.placement.clone(),
+                "--seglet-kib".to_string(),
+                arguments.seglet_kib.to_string(),
+                "--backup-dir".to_string(),
+                arguments.dir.join(format!("server-{index}")).join("backup").display().to_string(),
+                "--durability".to_string(),
+                arguments.durability.clone(),
+                "--backup-buffers".to_string(),
+                arguments.backup_buffers.to_string(),
+                "--backup-frames".to_string(),
+                arguments.backup_frames.to_string(),
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect::<Vec<_>>(),
             &logs,
         )?;
     }
@@ -197,7 +249,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!(
-        "stratus cluster ready: coordinator {coordinator}, {} servers, data and logs in {}",
+        "stratus cluster ready: coordinator {coordinator}, {} servers, {replicas} replicas, \
+         data and logs in {}",
         arguments.servers,
         arguments.dir.display()
     );

@@ -11,8 +11,27 @@ pub struct ChildProcess {
     child: Child,
 }
 
+/// How long a benchmark's child gets to stop after SIGTERM (`stratus up` stops its own children
+/// in that time) before it is killed.
+const CHILD_STOP_GRACE: Duration = Duration::from_secs(10);
+
 impl Drop for ChildProcess {
     fn drop(&mut self) {
+        // SIGTERM first, so `stratus up` stops its servers; `kill` the command keeps this crate
+        // free of unsafe code. The children also stop on their own when `up` dies.
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = std::time::Instant::now() + CHILD_STOP_GRACE;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

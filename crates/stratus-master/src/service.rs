@@ -20,8 +20,9 @@ use crate::ownership::TabletOwnership;
 use crate::replication::ReplicaManager;
 
 /// How long a cleaner thread sleeps when the balancer finds nothing to do. Short enough that
-/// the cleaner reacts within a few writes' worth of memory; long enough to cost nothing idle.
-const CLEANER_IDLE_SLEEP: std::time::Duration = std::time::Duration::from_millis(2);
+/// the cleaner reacts long before the free seglets (at least the cleaning threshold of the log)
+/// run out; long enough that an idle server costs no CPU to speak of.
+const CLEANER_IDLE_SLEEP: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Settings of a master.
 #[derive(Clone, Debug)]

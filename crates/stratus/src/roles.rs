@@ -24,6 +24,9 @@ pub struct CoordinatorArguments {
     /// Directory of the coordinator's durable state.
     #[arg(long)]
     pub dir: PathBuf,
+    /// Stop when the process that started this one dies (used by `stratus up`).
+    #[arg(long, hide = true)]
+    pub exit_with_parent: bool,
 }
 
 /// `stratus server`.
@@ -67,6 +70,9 @@ pub struct ServerArguments {
     /// and the baseline for measuring what two levels save in backup bandwidth).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub cleaner_levels: Option<u32>,
+    /// Stop when the process that started this one dies (used by `stratus up`).
+    #[arg(long, hide = true)]
+    pub exit_with_parent: bool,
     /// Directory of this server's backup storage file. Without it the backup keeps replicas
     /// in this process's memory only (buffered durability only).
     #[arg(long)]
@@ -128,16 +134,35 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|error| error.to_string())
 }
 
-/// Waits for SIGINT or SIGTERM.
-async fn termination() {
+/// How often a role started with `--exit-with-parent` checks that its parent still lives.
+const PARENT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Waits for SIGINT or SIGTERM, or, with `exit_with_parent`, for the process that started this
+/// one to die (this process is then re-parented): `stratus up` killed with SIGKILL must not
+/// leave its servers running.
+async fn termination(exit_with_parent: bool) {
     use tokio::signal::unix::{signal, SignalKind};
+    let parent = std::os::unix::process::parent_id();
+    let orphaned = async move {
+        if !exit_with_parent {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(PARENT_CHECK_INTERVAL).await;
+            if std::os::unix::process::parent_id() != parent {
+                tracing::warn!("the parent process is gone; stopping");
+                return;
+            }
+        }
+    };
     let mut terminate = match signal(SignalKind::terminate()) {
         Ok(stream) => stream,
-        Err(_) => return std::future::pending().await,
+        Err(_) => return orphaned.await,
     };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
+        _ = orphaned => {}
     }
 }
 
@@ -165,7 +190,7 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
         tokio::spawn(async move { background.verify_servers_and_redeliver().await });
         tokio::select! {
             result = serve(listener, Arc::new(coordinator)) => result.map_err(|error| error.to_string()),
-            _ = termination() => {
+            _ = termination(arguments.exit_with_parent) => {
                 tracing::info!("coordinator stopping");
                 Ok(())
             }
@@ -246,7 +271,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         };
         tokio::select! {
             result = serve(listener, service) => result.map_err(|error| error.to_string()),
-            _ = termination() => {
+            _ = termination(arguments.exit_with_parent) => {
                 tracing::info!("server stopping");
                 Ok(())
             }

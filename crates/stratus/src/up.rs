@@ -159,6 +159,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             coordinator.to_string(),
             "--dir".to_string(),
             coordinator_dir.display().to_string(),
+            "--exit-with-parent".to_string(),
         ],
         &logs,
     )?;
@@ -194,6 +195,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 "--coordinator".to_string(),
                 coordinator.to_string(),
                 "server".to_string(),
+                "--exit-with-parent".to_string(),
                 "--listen".to_string(),
                 "127.0.0.1:0".to_string(),
                 "--log-mib".to_string(),

@@ -110,3 +110,48 @@ fn cli_against_a_local_cluster() {
     let unreachable = stratus(&coordinator, &["--timeout-ms", "500", "table", "list"], None);
     assert!(!unreachable.success, "the cluster is gone after stratus up exits");
 }
+
+/// `stratus up` killed with SIGKILL (no chance to stop its children) must not leave its
+/// coordinator and servers running: they notice their parent is gone and stop.
+#[test]
+fn servers_of_a_killed_up_stop_by_themselves() {
+    let directory = tempfile::tempdir().unwrap();
+    let coordinator = free_address();
+    let data = directory.path().join("data");
+    let up = Process::start(&[
+        "--coordinator".to_string(),
+        coordinator.clone(),
+        "up".to_string(),
+        "--dir".to_string(),
+        data.display().to_string(),
+        "--servers".to_string(),
+        "2".to_string(),
+        "--log-mib".to_string(),
+        "16".to_string(),
+        "--segment-mib".to_string(),
+        "1".to_string(),
+    ]);
+    up.wait_for_line("ready", Duration::from_secs(60));
+    let listed = stratus(&coordinator, &["status"], None);
+    assert!(listed.success, "{}", listed.stderr);
+    let servers: Vec<String> = text(&listed)
+        .lines()
+        .filter_map(|line| line.split("address=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(servers.len(), 2, "{}", text(&listed));
+    up.signal(libc::SIGKILL);
+    // Every port stops answering within a bounded time.
+    for address in servers.iter().chain(std::iter::once(&coordinator)) {
+        let mut stopped = false;
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(address).is_err() {
+                stopped = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(stopped, "{address} still accepts connections after its `up` was killed");
+    }
+}

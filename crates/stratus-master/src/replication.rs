@@ -51,7 +51,7 @@ const SURVIVORS_QUEUED_MAX: usize = 16;
 const HOLDER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a backup found dead is not chosen for new replicas.
-const DEAD_BACKUP_QUARANTINE: Duration = Duration::from_secs(30);
+const DEAD_BACKUP_QUARANTINE: Duration = Duration::from_secs(10);
 
 /// How a segment's backups are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,6 +265,10 @@ struct ReplicaHolder {
     bytes_held: u32,
     /// Whether the backup acknowledged the close flag.
     closed: bool,
+    /// The segment epoch of the backup's last acknowledged write. A holder behind the
+    /// segment's epoch gets a write (possibly empty) that raises it, so that a copy left on a
+    /// replaced backup is the only one with an older epoch.
+    epoch: u64,
 }
 
 /// Replication state of one segment.
@@ -279,6 +283,9 @@ struct SegmentReplicas {
     dropped_under_head: Option<u64>,
     /// Closed and complete on every holder: rounds skip it until a holder is lost.
     complete: bool,
+    /// Was complete once: every write in it has been acknowledged, so bringing it back to R
+    /// copies after a loss does not hold up new writes.
+    ever_complete: bool,
 }
 
 struct Pump {
@@ -380,7 +387,7 @@ impl Pump {
             let source = Source::Given(&request.bytes, request.certificate);
             match self.replicate_segment(request.segment_id.0, source, true).await {
                 Ok(()) => {
-                    log.mark_replicated(request.segment_id);
+                    self.segment_completed(request.segment_id.0);
                     let _ = request.done.send(());
                 }
                 Err(problem) => {
@@ -398,17 +405,26 @@ impl Pump {
                 segment.dropped_under_head.get_or_insert(head.0);
             }
         }
-        // The head first: a new head is open on its backups before the previous one is closed.
-        let mut order: Vec<u64> = vec![head.0];
-        order.extend(
-            log.segment_ids()
-                .into_iter()
-                .map(|id| id.0)
-                .filter(|id| *id != head.0)
-                .filter(|id| !self.segments.get(id).is_some_and(|segment| segment.complete)),
-        );
+        self.free_orphans().await;
+        // Only segments older than the head are closed: a head rolled since `head` was read
+        // (or a cleaner survivor not yet fused) has a higher id and waits for the next round.
+        // The head goes first, so a new head is open on its backups before the previous one
+        // is closed.
+        let older: Vec<u64> = log
+            .segment_ids()
+            .into_iter()
+            .map(|id| id.0)
+            .filter(|id| *id < head.0)
+            .filter(|id| !self.segments.get(id).is_some_and(|segment| segment.complete))
+            .collect();
+        let (recent, lost_copies): (Vec<u64>, Vec<u64>) = older
+            .into_iter()
+            .partition(|id| !self.segments.get(id).is_some_and(|segment| segment.ever_complete));
+        // Writes wait for the head and for every segment that was never complete; segments
+        // that were complete once and lost a copy are brought back to R copies afterwards,
+        // without holding up new writes (RAMCloud re-replicates them in the background too).
         let mut durable_head_bytes = None;
-        for segment_id in order {
+        for segment_id in std::iter::once(head.0).chain(recent) {
             let close = segment_id != head.0;
             match self.replicate_segment(segment_id, Source::Log, close).await {
                 Ok(()) if !close => {
@@ -416,12 +432,7 @@ impl Pump {
                         segment.holders.iter().map(|holder| holder.bytes_held).min()
                     });
                 }
-                Ok(()) => {
-                    if let Some(segment) = self.segments.get_mut(&segment_id) {
-                        segment.complete = true;
-                    }
-                    log.mark_replicated(SegmentId(segment_id));
-                }
+                Ok(()) => self.segment_completed(segment_id),
                 Err(problem) => {
                     self.note_problem(problem);
                     return false;
@@ -439,9 +450,30 @@ impl Pump {
                 }
             });
         }
+        let mut complete = true;
+        for segment_id in lost_copies {
+            match self.replicate_segment(segment_id, Source::Log, true).await {
+                Ok(()) => self.segment_completed(segment_id),
+                Err(problem) => {
+                    self.note_problem(problem);
+                    complete = false;
+                    break;
+                }
+            }
+        }
         self.free_dropped_segments().await;
         self.count(|statistics| statistics.rounds += 1);
-        true
+        complete
+    }
+
+    /// A closed segment is complete on every holder: rounds skip it, and the cleaner may now
+    /// clean or compact it.
+    fn segment_completed(&mut self, segment_id: u64) {
+        if let Some(segment) = self.segments.get_mut(&segment_id) {
+            segment.complete = true;
+            segment.ever_complete = true;
+        }
+        self.shared.store.log().mark_replicated(SegmentId(segment_id));
     }
 
     fn note_problem(&self, problem: String) {
@@ -513,7 +545,9 @@ impl Pump {
                 .holders
                 .iter()
                 .enumerate()
-                .filter(|(_, holder)| holder.bytes_held < length || (close && !holder.closed))
+                .filter(|(_, holder)| {
+                    holder.bytes_held < length || (close && !holder.closed) || holder.epoch < epoch
+                })
                 .map(|(index, holder)| (index, holder.clone()))
                 .collect();
             if pending.is_empty() {
@@ -524,8 +558,11 @@ impl Pump {
             for (index, holder) in pending {
                 let Some((data, certificate)) = self.tail(segment_id, &source, holder.bytes_held)
                 else {
-                    // The segment changed under a holder (it cannot, unless cleaned): start
-                    // that copy over on another backup.
+                    if self.current_length(segment_id, &source).is_none() {
+                        return Ok(()); // the segment left the log meanwhile
+                    }
+                    // The segment is shorter than this copy (it cannot be: segments are
+                    // compacted only once complete): start that copy over elsewhere.
                     failed.push((holder.server_id, "segment shrank under its replica".into()));
                     continue;
                 };
@@ -562,6 +599,7 @@ impl Pump {
                         {
                             holder.bytes_held = bytes_held;
                             holder.closed = closed;
+                            holder.epoch = epoch;
                         }
                     }
                     WriteOutcome::Failed(reason) => failed.push((server_id, reason)),
@@ -573,6 +611,13 @@ impl Pump {
             let segment = self.segments.get_mut(&segment_id).expect("exists");
             for (server_id, reason) in &failed {
                 tracing::warn!(segment = segment_id, backup = %server_id, %reason, "replica lost; replacing it");
+                if let Some(lost) =
+                    segment.holders.iter().find(|holder| holder.server_id == *server_id)
+                {
+                    // Freed when this backup is no holder of the segment any more (a stale
+                    // copy would otherwise use a storage frame forever).
+                    self.orphans.push((lost.address.clone(), SegmentId(segment_id)));
+                }
                 segment.holders.retain(|holder| holder.server_id != *server_id);
                 segment.excluded.insert(*server_id);
                 if let Some(load) = self.load.get_mut(server_id) {
@@ -627,10 +672,13 @@ impl Pump {
             tracing::warn!(backup = %server_id, "backup does not answer; re-replicating its replicas");
             self.dead_backups.insert(server_id, tokio::time::Instant::now());
             let mut lost = 0u64;
-            for segment in self.segments.values_mut() {
-                let before = segment.holders.len();
-                segment.holders.retain(|holder| holder.server_id != server_id);
-                if segment.holders.len() != before {
+            for (segment_id, segment) in self.segments.iter_mut() {
+                if let Some(lost_holder) =
+                    segment.holders.iter().find(|holder| holder.server_id == server_id)
+                {
+                    // If the backup comes back, its stale copy is freed.
+                    self.orphans.push((lost_holder.address.clone(), SegmentId(*segment_id)));
+                    segment.holders.retain(|holder| holder.server_id != server_id);
                     segment.excluded.insert(server_id);
                     segment.epoch += 1;
                     segment.complete = false;
@@ -660,6 +708,7 @@ impl Pump {
             excluded: HashSet::new(),
             dropped_under_head: None,
             complete: false,
+            ever_complete: false,
         });
         if self.shared.config.placement == Placement::Copyset {
             return self.fill_from_copyset(segment_id);
@@ -677,6 +726,11 @@ impl Pump {
                 })
                 .collect();
             if candidates.is_empty() {
+                // Backups that failed for this segment may have failed transiently (a full
+                // disk queue, a restart): let them be chosen again from the next round on
+                // rather than stall writes and the cleaner for good. Their stale copies are
+                // freed first (orphans).
+                segment.excluded.clear();
                 let have = segment.holders.len();
                 return Err(format!(
                     "only {have} of {replicas} backups available for segment {segment_id} \
@@ -698,6 +752,7 @@ impl Pump {
                 address: chosen.address.clone(),
                 bytes_held: 0,
                 closed: false,
+                epoch: 0,
             });
         }
         Ok(())
@@ -721,17 +776,13 @@ impl Pump {
             })
             .collect();
         if usable.is_empty() {
+            // As with random placement: failures may have been transient; retry them later.
+            segment.excluded.clear();
             return Err(format!(
                 "no complete copyset of {replicas} live backups without this server for \
                  segment {segment_id} ({} groups in the cluster)",
                 groups.len()
             ));
-        }
-        for holder in segment.holders.drain(..) {
-            self.orphans.push((holder.address, SegmentId(segment_id)));
-            if let Some(load) = self.load.get_mut(&holder.server_id) {
-                *load = load.saturating_sub(1);
-            }
         }
         let entropy = &*self.environment.entropy;
         let group_load = |group: &Vec<ServerEntry>| -> usize {
@@ -740,13 +791,31 @@ impl Pump {
         let first = usable[(entropy.next_u64() % usable.len() as u64) as usize];
         let second = usable[(entropy.next_u64() % usable.len() as u64) as usize];
         let chosen = if group_load(second) < group_load(first) { second } else { first };
+        // Members of the chosen group that already hold the segment keep their copy (and what
+        // they acknowledged); only holders outside the group become orphans. Freeing a copy
+        // that a chosen member still uses would silently drop a replica.
+        let in_chosen =
+            |server_id: ServerId| chosen.iter().any(|entry| entry.server_id == server_id);
+        let (kept, dropped): (Vec<ReplicaHolder>, Vec<ReplicaHolder>) =
+            segment.holders.drain(..).partition(|holder| in_chosen(holder.server_id));
+        for holder in dropped {
+            self.orphans.push((holder.address, SegmentId(segment_id)));
+            if let Some(load) = self.load.get_mut(&holder.server_id) {
+                *load = load.saturating_sub(1);
+            }
+        }
+        segment.holders = kept;
         for entry in chosen {
+            if segment.holders.iter().any(|holder| holder.server_id == entry.server_id) {
+                continue;
+            }
             *self.load.entry(entry.server_id).or_insert(0) += 1;
             segment.holders.push(ReplicaHolder {
                 server_id: entry.server_id,
                 address: entry.address.clone(),
                 bytes_held: 0,
                 closed: false,
+                epoch: 0,
             });
         }
         Ok(())
@@ -781,15 +850,33 @@ impl Pump {
         }
     }
 
+    /// Frees the copies that are no longer part of their segment's replica set (failed or
+    /// moved holders), all at once. A copy on a backup that is a current holder of the same
+    /// segment again is kept: it is that holder's replica. Best effort: a backup that misses
+    /// the free keeps a stale copy with an older epoch.
+    async fn free_orphans(&mut self) {
+        let orphans = std::mem::take(&mut self.orphans);
+        let mut frees: Vec<BoxFuture<'static, bool>> = Vec::new();
+        for (address, segment_id) in orphans {
+            let still_held = self.segments.get(&segment_id.0).is_some_and(|segment| {
+                segment.holders.iter().any(|holder| holder.address == address)
+            });
+            if still_held {
+                continue;
+            }
+            let pool = self.pool.clone();
+            let request = Request::BackupFree { master_id: self.server_id, segment_id };
+            frees.push(Box::pin(async move {
+                matches!(pool.call(&address, &request).await, Ok((Status::Ok, _)))
+            }));
+        }
+        let freed = join_all(frees).await.into_iter().filter(|freed| *freed).count() as u64;
+        self.count(|statistics| statistics.replicas_freed += freed);
+    }
+
     /// Frees, on their backups, the replicas of segments the cleaner dropped, once a head that
     /// no longer lists them is durable.
     async fn free_dropped_segments(&mut self) {
-        for (address, segment_id) in std::mem::take(&mut self.orphans) {
-            let request = Request::BackupFree { master_id: self.server_id, segment_id };
-            if self.pool.call(&address, &request).await.is_ok() {
-                self.count(|statistics| statistics.replicas_freed += 1);
-            }
-        }
         let durable = *self.shared.durable.borrow();
         let ready: Vec<u64> = self
             .segments
@@ -805,20 +892,12 @@ impl Pump {
                 if let Some(load) = self.load.get_mut(&holder.server_id) {
                     *load = load.saturating_sub(1);
                 }
-                let request = Request::BackupFree {
-                    master_id: self.server_id,
-                    segment_id: SegmentId(segment_id),
-                };
-                // Best effort: a backup that misses this keeps a replica that recovery will
-                // ignore (its segment is not in the digest) and that is freed when this
-                // master's replicas are garbage-collected (issue 5).
-                if let Err(error) = self.pool.call(&holder.address, &request).await {
-                    tracing::info!(segment = segment_id, backup = %holder.server_id, %error, "freeing a replica failed");
-                } else {
-                    self.count(|statistics| statistics.replicas_freed += 1);
-                }
+                // Best effort: a backup that misses the free keeps a replica that recovery
+                // ignores (its segment is not in the digest).
+                self.orphans.push((holder.address, SegmentId(segment_id)));
             }
         }
+        self.free_orphans().await;
     }
 }
 

@@ -206,7 +206,18 @@ async fn acknowledged_writes_are_on_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_stay_durable_when_a_backup_is_killed() {
-    let mut cluster = TestCluster::start_with_replicas(4, 2);
+    backup_killed_mid_load(TestCluster::start_with_replicas(4, 2)).await;
+}
+
+/// Copyset placement with overlapping groups (5 backups, groups of 2: {1,2} {3,4} {4,5}): a
+/// segment moved to a new group keeps the copies of members it shares with the old one, and
+/// no live copy is freed by mistake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copyset_placement_stays_durable_when_a_backup_is_killed() {
+    backup_killed_mid_load(TestCluster::start_with(5, 2, &["--placement", "copyset"])).await;
+}
+
+async fn backup_killed_mid_load(mut cluster: TestCluster) {
     let client = cluster.client();
     // One master: the other three servers are only its backups.
     let table = client.create_table("survivor", 1).await.unwrap();

@@ -147,17 +147,21 @@ impl TestCluster {
 
     /// `server_count` servers with `replicas` copies of every segment.
     pub fn start_with_replicas(server_count: usize, replicas: usize) -> TestCluster {
+        Self::start_with(server_count, replicas, &[])
+    }
+
+    /// `server_count` servers with `replicas` copies of every segment and `extra` server
+    /// arguments.
+    pub fn start_with(server_count: usize, replicas: usize, extra: &[&str]) -> TestCluster {
         let directory = tempfile::tempdir().expect("temporary directory");
         let coordinator_address = free_address();
         let coordinator = Self::start_coordinator(&coordinator_address, &directory);
         let mut servers = Vec::new();
         for index in 0..server_count {
             let backup_directory = directory.path().join(format!("backup-{index}"));
-            let mut server = Process::start(&server_arguments(
-                &coordinator_address,
-                replicas,
-                &backup_directory,
-            ));
+            let mut arguments = server_arguments(&coordinator_address, replicas, &backup_directory);
+            arguments.extend(extra.iter().map(|argument| argument.to_string()));
+            let mut server = Process::start(&arguments);
             let line = server.wait_for_line("listening on", Duration::from_secs(30));
             server.address = line.split_whitespace().last().map(str::to_string);
             servers.push(server);

@@ -3,10 +3,9 @@
 //! killed with SIGKILL and restarted mid-run. Masters are not killed: crash recovery of masters
 //! does not exist yet.
 //!
-//! The masters run memory-only (no replicas): this test is about what clients observe, and
-//! keeping replication (tested in replication.rs) out of it keeps the run short on small
-//! machines. Once masters can crash and recover, the same workload with replicas and master
-//! kills is the next step.
+//! Every segment is replicated on 2 backups, so writes take the real path (acknowledged only
+//! once replicated). Once masters can crash and recover, the same workload with master kills
+//! is the next step.
 //!
 //! Each client's choices come from its own seed, so the workload is the same every run; the
 //! interleaving is not, and the verdict must not depend on it.
@@ -18,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{free_address, Process, TestCluster};
+use common::TestCluster;
 use stratus_client::{Client, ClientConfig, RejectRules, Status, TableId, Version};
 use stratus_history::{check, CheckOptions, History, Outcome, Recorder, RecordingClient};
 
@@ -37,36 +36,10 @@ const OPERATIONS_PER_FRESH_CLIENT: u32 = 50;
 /// test that never ends).
 const WORKLOAD_PATIENCE: Duration = Duration::from_secs(300);
 
-/// A coordinator and two memory-only masters.
+/// A coordinator and three servers, every segment replicated on the two others: the history
+/// is checked on the real write path (acknowledged only once replicated).
 fn start_cluster() -> TestCluster {
-    let directory = tempfile::tempdir().expect("temporary directory");
-    let coordinator_address = free_address();
-    let coordinator = TestCluster::start_coordinator(&coordinator_address, &directory);
-    let arguments: Vec<String> = [
-        "--coordinator",
-        coordinator_address.as_str(),
-        "server",
-        "--listen",
-        "127.0.0.1:0",
-        "--log-mib",
-        "32",
-        "--segment-mib",
-        "1",
-        "--replicas",
-        "0",
-    ]
-    .iter()
-    .map(|argument| argument.to_string())
-    .collect();
-    let servers = (0..2)
-        .map(|_| {
-            let mut server = Process::start(&arguments);
-            let line = server.wait_for_line("listening on", Duration::from_secs(30));
-            server.address = line.split_whitespace().last().map(str::to_string);
-            server
-        })
-        .collect();
-    TestCluster { coordinator_address, directory, coordinator, servers }
+    TestCluster::start_with_replicas(3, 2)
 }
 
 /// Client i's choices come from seed `CLIENT_SEED_BASE + i`.

@@ -21,6 +21,7 @@
 mod cleaner;
 mod config;
 mod enumerate;
+mod replay;
 
 pub use cleaner::{
     CleanOutcome, CleanerConfig, CleanerStatistics, CostBenefit, SegmentDurability,
@@ -30,6 +31,7 @@ pub use cleaner::{
 };
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
+pub use replay::{ReplayError, ReplayStatistics};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -251,7 +253,7 @@ impl ObjectStore {
         let mut guard = self.index.lock(hash.0);
         let current = self.lookup(&epoch, &guard, table, key);
         check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
-        self.store_object(&epoch, &mut guard, current, table, key, value, now_seconds)
+        self.store_object(&epoch, &mut guard, current, table, key, value, now_seconds, None)
     }
 
     /// Appends a new version of an object (plus the old version's tombstone) and points the
@@ -266,10 +268,13 @@ impl ObjectStore {
         key: &[u8],
         value: &[u8],
         now_seconds: u32,
+        replayed_version: Option<Version>,
     ) -> Result<Version, ObjectError> {
-        let version = match &current {
-            Some(current) => Version(current.version.0 + 1),
-            None => self.log.allocate_version(),
+        let version = match (&current, replayed_version) {
+            // Replay keeps the version the object had in the replayed log.
+            (_, Some(version)) => version,
+            (Some(current), None) => Version(current.version.0 + 1),
+            (None, None) => self.log.allocate_version(),
         };
         let prefix = ObjectPrefix::new(table, version, now_seconds, key, value);
         let object =
@@ -384,6 +389,7 @@ impl ObjectStore {
             key,
             &new_value.to_le_bytes(),
             now_seconds,
+            None,
         )?;
         Ok((version, new_value))
     }

@@ -13,7 +13,8 @@ use stratus_client::{Client, TableId};
 use stratus_env::TcpNetwork;
 use stratus_log::{Certificate, Entry, SegmentIterator};
 use stratus_rpc::{ChannelPool, RpcConfig};
-use stratus_types::{key_hash, ServerId, Version};
+use stratus_store::{ByteSink, ObjectStore, StoreConfig};
+use stratus_types::{key_hash, RejectRules, ServerId, Version};
 use stratus_wire::{
     Request, Response, ResponseBody, ServerEntry, ServiceMask, Status, TabletEntry,
 };
@@ -253,6 +254,7 @@ async fn backup_killed_mid_load(mut cluster: TestCluster) {
 fn replay(
     all: &HashMap<(ServerId, u64), SegmentReplicas>,
     master: ServerId,
+    table: TableId,
 ) -> HashMap<Vec<u8>, (Version, Vec<u8>)> {
     let mut segments: BTreeMap<u64, (Certificate, Bytes)> = BTreeMap::new();
     for ((owner, segment_id), copies) in all {
@@ -303,7 +305,36 @@ fn replay(
         );
     }
     objects.retain(|key, (version, _)| dead.get(key).is_none_or(|killed| *killed < *version));
+    // The storage engine's own replay (what recovery uses), fed the same copies in reverse
+    // order, must rebuild exactly the same objects.
+    let mut config = StoreConfig::with_log_bytes(256 << 20);
+    config.segment_bytes = 1 << 20;
+    config.value_bytes_max = 128 << 10;
+    let engine = ObjectStore::new(config, ServerId(999)).expect("store");
+    let copies: Vec<(&[u8], Certificate)> =
+        segments.values().rev().map(|(certificate, data)| (&data[..], *certificate)).collect();
+    engine.replay(&copies, &|_, _| true, 0).expect("replay");
+    let mut keys: HashSet<Vec<u8>> = objects.keys().cloned().collect();
+    keys.extend(dead.keys().cloned());
+    for key in keys {
+        let mut value = ValueSink(Vec::new());
+        let hash = key_hash(table, &key);
+        let replayed = engine
+            .read(table, &key, hash, &RejectRules::NONE, &mut value)
+            .ok()
+            .map(|version| (version, value.0));
+        assert_eq!(replayed.as_ref(), objects.get(&key), "engine replay of {key:?}");
+    }
     objects
+}
+
+/// Collects a value read from a store.
+struct ValueSink(Vec<u8>);
+
+impl ByteSink for ValueSink {
+    fn put_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +399,7 @@ async fn a_killed_masters_replicas_hold_exactly_its_acknowledged_writes() {
     let live: Vec<ServerEntry> =
         servers.iter().filter(|server| server.server_id != master_id).cloned().collect();
     let all = collect_replicas(&pool, &live).await;
-    let replayed = replay(&all, master_id);
+    let replayed = replay(&all, master_id, table);
     let acknowledged = acknowledged.lock().unwrap().clone();
     assert!(!acknowledged.is_empty());
     for (key, (version, value)) in &acknowledged {

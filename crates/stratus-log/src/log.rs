@@ -264,6 +264,10 @@ pub struct LogStatistics {
     pub seglets_waiting_for_readers: u64,
     /// Segments in the log, head included.
     pub segments_in_log: u64,
+    /// Segments the next head's digest would list besides itself: the log after the pending
+    /// fusions and drops. This is what the segment limit
+    /// ([`LogConfig::segment_count_max`]) counts.
+    pub segments_in_next_digest: u64,
     /// Survivor segments written by the cleaner, not yet fused into the log.
     pub segments_side: u64,
     /// The next version a new object would receive.
@@ -1300,6 +1304,7 @@ impl Log {
             seglets_free,
             seglets_waiting_for_readers: seglets_waiting,
             segments_in_log: state.in_log_count() as u64,
+            segments_in_next_digest: self.digest_members(&state).len() as u64,
             segments_side: state
                 .segments
                 .values()

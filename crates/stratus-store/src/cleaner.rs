@@ -200,8 +200,22 @@ struct Survivor {
 /// Which kind of work the balancer picked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Work {
-    Combined,
+    Combined(Goal),
     Compaction,
+}
+
+/// What a combined pass is for: it chooses segments and accepts a plan by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Goal {
+    /// Memory is short: rank by memory utilization (live / allocated seglets) and run only a
+    /// pass that frees more seglets than it uses.
+    Memory,
+    /// The log nears its segment limit (compaction shrinks segments but never removes one):
+    /// rank by disk utilization (live / full segment, RAMCloud's disk cleaner) and accept a
+    /// pass that lowers the segment count even if it frees no memory. Without this a log of
+    /// many small, densely compacted segments stops every write at the limit while memory is
+    /// almost empty, and no pass that must free memory is ever worth running.
+    Segments,
 }
 
 impl ObjectStore {
@@ -230,14 +244,14 @@ impl ObjectStore {
             return CleanOutcome::Idle;
         };
         let outcome = match work {
-            Work::Combined => match self.cleaner.combined.try_lock() {
-                Ok(_lock) => self.clean_combined(now_seconds),
+            Work::Combined(goal) => match self.cleaner.combined.try_lock() {
+                Ok(_lock) => self.clean_combined(now_seconds, goal),
                 Err(_) if self.config.cleaner.replicas > 0 => self.compact_one(),
                 Err(_) => CleanOutcome::NothingToClean,
             },
             Work::Compaction => match self.compact_one() {
                 CleanOutcome::NothingToClean => match self.cleaner.combined.try_lock() {
-                    Ok(_lock) => self.clean_combined(now_seconds),
+                    Ok(_lock) => self.clean_combined(now_seconds, Goal::Memory),
                     Err(_) => CleanOutcome::NothingToClean,
                 },
                 outcome => outcome,
@@ -256,7 +270,7 @@ impl ObjectStore {
         self.log.observe_time(now_seconds);
         self.log.reclaim();
         let _lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
-        self.clean_combined(now_seconds)
+        self.clean_combined(now_seconds, Goal::Memory)
     }
 
     /// Runs one compaction now, whatever the balancer says (tests and tools).
@@ -281,7 +295,9 @@ impl ObjectStore {
         let live_fraction = statistics.log_bytes_live_objects as f64 / total_bytes;
         let threshold = (total as f64 * (CLEAN_FREE_PERCENT_MAX as f64 / 100.0))
             .min(total as f64 * (1.0 - live_fraction) / 2.0);
-        let segment_pressure = statistics.segments_in_log * 100
+        // Counted as the limit counts them: survivors waiting to be fused take a slot, segments
+        // waiting to be dropped do not.
+        let segment_pressure = statistics.segments_in_next_digest * 100
             >= log.segment_count_max() as u64 * SEGMENT_COUNT_FORCE_PERCENT;
         if usable_free as f64 > threshold && !segment_pressure {
             return None;
@@ -292,16 +308,20 @@ impl ObjectStore {
             >= f64::from(self.config.cleaner.tombstone_ratio_percent) / 100.0
                 * (1.0 - live_fraction);
         let compaction_failed = self.cleaner.compaction_failed.swap(false, Ordering::Relaxed);
-        if memory_only || segment_pressure || tombstones_heavy || compaction_failed {
-            Some(Work::Combined)
+        if segment_pressure {
+            Some(Work::Combined(Goal::Segments))
+        } else if memory_only || tombstones_heavy || compaction_failed {
+            Some(Work::Combined(Goal::Memory))
         } else {
             Some(Work::Compaction)
         }
     }
 
-    /// Candidates for combined cleaning, best first, with the 98 % rule applied.
-    fn ranked_candidates(&self, now_seconds: u32) -> Vec<(CleaningCandidate, f64)> {
+    /// Candidates for combined cleaning, best first, with the 98 % rule applied (and, when the
+    /// pass is for memory, the one-seglet minimum).
+    fn ranked_candidates(&self, now_seconds: u32, goal: Goal) -> Vec<(CleaningCandidate, f64)> {
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
+        let segment_bytes = u64::from(self.log.config().segment_bytes);
         let mut ranked: Vec<(CleaningCandidate, f64)> = self
             .log
             .cleaning_candidates()
@@ -309,11 +329,15 @@ impl ObjectStore {
             .filter(|candidate| {
                 let allocated = u64::from(candidate.seglets) * seglet_bytes;
                 candidate.movable_bytes * 100 <= allocated * CLEANABLE_UTILIZATION_MAX_PERCENT
-                    && candidate.movable_bytes + seglet_bytes <= allocated
+                    && (goal == Goal::Segments
+                        || candidate.movable_bytes + seglet_bytes <= allocated)
             })
             .map(|candidate| {
-                let allocated = u64::from(candidate.seglets) * seglet_bytes;
-                let live_fraction = candidate.movable_bytes as f64 / allocated as f64;
+                let capacity = match goal {
+                    Goal::Memory => u64::from(candidate.seglets) * seglet_bytes,
+                    Goal::Segments => segment_bytes,
+                };
+                let live_fraction = candidate.movable_bytes as f64 / capacity as f64;
                 let age = u64::from(now_seconds.saturating_sub(candidate.creation_seconds));
                 (candidate, self.config.cleaner.cost_benefit.score(live_fraction, age))
             })
@@ -354,20 +378,20 @@ impl ObjectStore {
 
     /// One combined pass (the caller holds the combined-cleaner lock), preceded by a
     /// dead-tombstone scan when one is due.
-    fn clean_combined(&self, now_seconds: u32) -> CleanOutcome {
+    fn clean_combined(&self, now_seconds: u32, goal: Goal) -> CleanOutcome {
         self.scan_tombstones_if_due(now_seconds, false);
-        match self.clean_combined_pass(now_seconds) {
+        match self.clean_combined_pass(now_seconds, goal) {
             CleanOutcome::NothingToClean => {
                 // Segments full of dead tombstones look live until scanned: scan, retry once.
                 self.scan_tombstones_if_due(now_seconds, true);
-                self.clean_combined_pass(now_seconds)
+                self.clean_combined_pass(now_seconds, goal)
             }
             outcome => outcome,
         }
     }
 
     /// One combined pass without the scan.
-    fn clean_combined_pass(&self, now_seconds: u32) -> CleanOutcome {
+    fn clean_combined_pass(&self, now_seconds: u32, goal: Goal) -> CleanOutcome {
         let log_config = *self.log.config();
         let seglet_bytes = u64::from(log_config.seglet_bytes);
         let segment_bytes = u64::from(log_config.segment_bytes);
@@ -394,7 +418,7 @@ impl ObjectStore {
             let usable = segment_bytes.saturating_sub(header_slack_bytes + largest).max(1);
             movable.div_ceil(usable)
         };
-        for (candidate, _) in self.ranked_candidates(now_seconds) {
+        for (candidate, _) in self.ranked_candidates(now_seconds, goal) {
             let movable = movable_total + candidate.movable_bytes;
             let largest = largest_entry_bytes.max(candidate.largest_entry_bytes);
             let survivors = survivors_for(movable, largest);
@@ -412,10 +436,19 @@ impl ObjectStore {
         let cost_seglets = movable_total.div_ceil(seglet_bytes)
             + 2 * planned_survivors
             + u64::from(log_config.head_seglets_max());
-        let count_after = statistics.segments_in_log + planned_survivors + 1;
+        let chosen_count = chosen.len() as u64;
+        let frees_memory = cost_seglets < freed_seglets;
+        // The commit head takes a slot too.
+        let lowers_count = planned_survivors + 1 < chosen_count;
+        let worth_it = match goal {
+            Goal::Memory => frees_memory,
+            // Memory for the survivors is there: the plan fits in the budget.
+            Goal::Segments => frees_memory || lowers_count,
+        };
+        let count_after = statistics.segments_in_next_digest + planned_survivors + 1;
         if chosen.is_empty()
-            || cost_seglets >= freed_seglets
-            || count_after > segment_count_max + chosen.len() as u64
+            || !worth_it
+            || count_after > segment_count_max + chosen_count
             || !self.log.begin_cleaning(&chosen)
         {
             return CleanOutcome::NothingToClean;

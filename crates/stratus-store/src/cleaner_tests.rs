@@ -325,6 +325,61 @@ fn a_full_log_recovers_through_removes_and_cleaning() {
     }
 }
 
+/// Compaction shrinks segments but never removes one. A log turned into many small, dense
+/// segments (compactor threads running ahead of the combined cleaner) reaches its segment limit
+/// while memory is almost empty: the combined cleaner must then merge segments to lower the
+/// count, even though no such pass frees memory. (A concurrent test once livelocked here: every
+/// write refused, both cleaner threads idle.)
+#[test]
+fn compacted_segments_at_the_segment_limit_are_merged_so_writes_go_on() {
+    let mut config = small_config();
+    config.cleaner.replicas = 3;
+    let store = store_with(config);
+    let segment_limit = store.log().config().segment_count_max() as u64;
+    let keys = 20u32;
+    let mut highest_segment_count = 0;
+    // 12 000 writes of 2 000 bytes fill 150 segments' worth: three times the limit.
+    let writes = 12_000u32;
+    for iteration in 0..writes {
+        let key = iteration % keys;
+        let value = value_for(key, iteration, 2000);
+        let name = format!("k{key}").into_bytes();
+        let mut cleaner_calls = 0;
+        loop {
+            match write_at(&store, &name, &value, NOW) {
+                Ok(_) => break,
+                Err(ObjectError::LogFull) => {
+                    cleaner_calls += 1;
+                    assert!(
+                        cleaner_calls < 100,
+                        "writes refused for good: {:?} {:?}",
+                        store.statistics(),
+                        store.log().statistics()
+                    );
+                    store.clean_once(NOW);
+                }
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        }
+        // Compact all that can shrink, as eager compactor threads would.
+        while let CleanOutcome::Compacted { .. } = store.compact_now(NOW) {}
+        highest_segment_count =
+            highest_segment_count.max(store.log().statistics().segments_in_next_digest);
+    }
+    let statistics = store.statistics();
+    assert!(statistics.cleaner.compactions > 0, "{statistics:?}");
+    assert!(statistics.cleaner.segments_cleaned > 0, "{statistics:?}");
+    // The test did drive the log to its limit.
+    assert!(highest_segment_count * 100 >= segment_limit * 90, "{highest_segment_count}");
+    assert!(highest_segment_count < segment_limit);
+    for key in 0..keys {
+        let generation = writes - keys + key;
+        let (found, _) = read(&store, format!("k{key}").as_bytes()).unwrap();
+        assert_eq!(found, value_for(key, generation, 2000));
+    }
+    assert_eq!(replay(&store).len() as u32, keys);
+}
+
 #[test]
 fn segments_of_dead_tombstones_are_found_by_scanning_and_cleaned() {
     let store = store_with(small_config());
@@ -647,7 +702,14 @@ fn run_writers_against_cleaners(replicas: u32, cleaner_threads: usize) {
                             Err(ObjectError::LogFull) => {
                                 // RETRY: the cleaner thread frees memory.
                                 attempts += 1;
-                                assert!(attempts < 1_000_000, "the cleaner never caught up");
+                                // Bounded by count, not time: a livelock (the cleaners idle
+                                // while writes are refused) fails here with the evidence.
+                                assert!(
+                                    attempts < 200_000,
+                                    "the cleaner never caught up: {:?} {:?}",
+                                    store.statistics(),
+                                    store.log().statistics()
+                                );
                                 std::thread::yield_now();
                             }
                             Err(other) => panic!("unexpected {other:?}"),
@@ -664,12 +726,17 @@ fn run_writers_against_cleaners(replicas: u32, cleaner_threads: usize) {
                 final_values.lock().unwrap().extend(mine);
             }));
         }
-        for handle in handles {
-            handle.join().unwrap();
-        }
+        // Stop the cleaners before propagating a writer's panic: the scope waits for every
+        // thread, so a panic here with the cleaners still looping would hang the test.
+        let writer_results: Vec<_> = handles.into_iter().map(|handle| handle.join()).collect();
         done.store(true, Ordering::Release);
         for cleaner in cleaners {
             cleaner.join().unwrap();
+        }
+        for result in writer_results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
         }
     });
     let statistics = store.statistics();

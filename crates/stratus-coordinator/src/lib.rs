@@ -12,7 +12,9 @@
 //! masters. The byte layout of the records is in docs/design/coordinator-records.md.
 
 mod records;
+mod recovery;
 mod service;
 
 pub use records::{CoordinatorState, TableRecord, TabletRecord};
+pub use recovery::FailureDetectorConfig;
 pub use service::Coordinator;

@@ -1,5 +1,6 @@
 //! Request handling and the tasks that tell masters about their tablets.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::records::{
     put_counter, put_server, put_table, table_key, CoordinatorState, TableRecord, TabletRecord,
     NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
 };
+use crate::recovery::{FailureDetectorConfig, RecoveryPools};
 
 /// How long a CREATE_TABLE or DROP_TABLE waits for its masters' first acknowledgement before
 /// answering; delivery continues in the background after that.
@@ -40,12 +42,15 @@ pub struct Coordinator {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     meta: Arc<dyn MetaStore>,
-    state: Mutex<CoordinatorState>,
-    pool: ChannelPool,
-    environment: Environment,
+    pub(crate) state: Mutex<CoordinatorState>,
+    pub(crate) pool: ChannelPool,
+    pub(crate) environment: Environment,
     placement_cursor: AtomicU64,
+    /// Crashed masters whose recovery is running (at most one recovery per crashed master).
+    pub(crate) recoveries: Mutex<HashSet<ServerId>>,
+    pub(crate) recovery_pools: RecoveryPools,
 }
 
 /// A failed request: status and message for the error response.
@@ -69,8 +74,10 @@ impl Coordinator {
             meta,
             state: Mutex::new(state),
             pool,
+            recovery_pools: RecoveryPools::new(environment.network.clone()),
             environment,
             placement_cursor: AtomicU64::new(0),
+            recoveries: Mutex::new(HashSet::new()),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -133,6 +140,19 @@ impl Coordinator {
             }
         }
         self.redeliver_assignments().await;
+        // Tablets of servers that crashed (now or before the restart) are recovered.
+        self.inner.resume_recoveries().await;
+    }
+
+    /// Runs the failure detector until the coordinator stops: servers that miss pings are
+    /// declared crashed and their tablets recovered.
+    pub async fn run_failure_detector(&self, config: FailureDetectorConfig) {
+        self.inner.clone().run_failure_detector(config).await
+    }
+
+    /// Declares `server_id` crashed now and starts recovering its tablets (tests and tools).
+    pub async fn declare_crashed(&self, server_id: ServerId) {
+        self.inner.declare_crashed(server_id, "requested").await
     }
 
     /// A snapshot of the state (for tests and status).
@@ -211,7 +231,7 @@ impl Inner {
 
     /// Makes `batch` durable; the caller updates memory only after this succeeds, so memory
     /// never runs ahead of what a restarted coordinator would load.
-    async fn persist(&self, batch: Vec<MetaOperation>) -> Result<(), Failure> {
+    pub(crate) async fn persist(&self, batch: Vec<MetaOperation>) -> Result<(), Failure> {
         let meta = self.meta.clone();
         let outcome = tokio::task::spawn_blocking(move || meta.apply(&batch)).await;
         match outcome {
@@ -241,7 +261,11 @@ impl Inner {
         }
     }
 
-    async fn enlist(&self, address: String, services: ServiceMask) -> Result<Response, Failure> {
+    async fn enlist(
+        self: &Arc<Self>,
+        address: String,
+        services: ServiceMask,
+    ) -> Result<Response, Failure> {
         if address.is_empty() || address.len() > SERVER_ADDRESS_BYTES_MAX {
             return Err((
                 Status::InvalidParameter,
@@ -270,12 +294,16 @@ impl Inner {
         batch.extend(replaced.iter().map(put_server));
         self.persist(batch).await?;
         state.next_server_id = server_id.0 + 1;
-        for old in replaced {
+        for old in &replaced {
             tracing::warn!(old = %old.server_id, new = %server_id, %address, "server replaced at its address");
-            state.servers.insert(old.server_id, old);
+            state.servers.insert(old.server_id, old.clone());
         }
         state.servers.insert(server_id, entry);
+        drop(state);
         tracing::info!(%server_id, %address, "server enlisted");
+        for old in replaced {
+            self.start_recovery(old.server_id).await;
+        }
         Ok(Response::EnlistServer { server_id })
     }
 
@@ -398,7 +426,12 @@ impl Inner {
 
 /// Sends one TAKE (or DROP) TABLET_OWNERSHIP until the master acknowledges, the assignment is
 /// obsolete, or [`DELIVERY_PERSISTENCE`] has passed.
-async fn deliver(inner: Arc<Inner>, table_id: TableId, tablet: TabletRecord, take: bool) {
+pub(crate) async fn deliver(
+    inner: Arc<Inner>,
+    table_id: TableId,
+    tablet: TabletRecord,
+    take: bool,
+) {
     let deadline = tokio::time::Instant::now() + DELIVERY_PERSISTENCE;
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
     loop {

@@ -62,6 +62,51 @@ impl<'a> SegmentIterator<'a> {
     }
 }
 
+/// What a verified replica of a segment says about its log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedReplica {
+    /// The log digest the segment holds, if it is a head (heads start with header, digest,
+    /// safe version; survivors and compacted copies hold none).
+    pub digest: Option<Vec<stratus_types::SegmentId>>,
+    /// Entries in the certified prefix.
+    pub entries: u64,
+}
+
+/// Verifies a replica of segment `segment_id` of the log `log_id` before recovery uses it:
+/// the certificate, every entry's checksum, and a segment header naming that log and segment.
+/// A replica that fails any check is refused whole (read another one).
+pub fn verify_replica(
+    bytes: &[u8],
+    certificate: &Certificate,
+    log_id: stratus_types::ServerId,
+    segment_id: stratus_types::SegmentId,
+) -> Result<VerifiedReplica, String> {
+    let iterator = SegmentIterator::new(bytes, certificate).map_err(|error| error.to_string())?;
+    let mut verified = VerifiedReplica { digest: None, entries: 0 };
+    for entry in iterator {
+        let entry = entry.map_err(|error| format!("entry {}: {error}", verified.entries))?;
+        match entry.entry {
+            Entry::SegmentHeader(header)
+                if header.log_id != log_id || header.segment_id != segment_id =>
+            {
+                return Err(format!(
+                    "the replica's header names segment {} of log {}, not {segment_id} of {log_id}",
+                    header.segment_id, header.log_id
+                ));
+            }
+            Entry::LogDigest(listed) if verified.digest.is_none() => {
+                verified.digest = Some(listed);
+            }
+            _ => {}
+        }
+        verified.entries += 1;
+    }
+    if verified.entries == 0 {
+        return Err("the replica certifies no entry, not even its header".to_string());
+    }
+    Ok(verified)
+}
+
 impl<'a> Iterator for SegmentIterator<'a> {
     type Item = Result<IteratedEntry<'a>, FormatError>;
 

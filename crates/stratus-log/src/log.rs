@@ -1357,6 +1357,29 @@ mod tests {
     }
 
     #[test]
+    fn verify_replica_checks_identity_and_reports_the_digest() {
+        let log = Log::new(small_config(), ServerId(7));
+        let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");
+        log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
+        let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
+        let verified =
+            crate::verify_replica(&bytes, &certificate, ServerId(7), SegmentId(1)).unwrap();
+        assert_eq!(verified.digest, Some(vec![SegmentId(1)]));
+        assert_eq!(verified.entries, 4);
+        // Another log's or another segment's replica is refused.
+        assert!(crate::verify_replica(&bytes, &certificate, ServerId(8), SegmentId(1)).is_err());
+        assert!(crate::verify_replica(&bytes, &certificate, ServerId(7), SegmentId(2)).is_err());
+        // A flipped byte in an entry is refused.
+        let mut corrupt = bytes.to_vec();
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 1;
+        assert!(crate::verify_replica(&corrupt, &certificate, ServerId(7), SegmentId(1)).is_err());
+        // An empty certified prefix is refused.
+        let empty = Certificate { segment_length: 0, checksum: 0 };
+        assert!(crate::verify_replica(&bytes, &empty, ServerId(7), SegmentId(1)).is_err());
+    }
+
+    #[test]
     fn first_append_opens_a_head_with_header_digest_and_safe_version() {
         let log = Log::new(small_config(), ServerId(7));
         let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");

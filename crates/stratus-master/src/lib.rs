@@ -12,10 +12,12 @@
 //! intermediate buffer.
 
 mod ownership;
+mod recovery;
 mod replication;
 mod service;
 
 pub use ownership::TabletOwnership;
+pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{
     LogPosition, Placement, ReplicaManager, ReplicationConfig, ReplicationStatistics, SyncError,
 };

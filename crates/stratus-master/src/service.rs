@@ -8,15 +8,18 @@ use stratus_env::WallClock;
 use stratus_rpc::{Handled, Service};
 use stratus_store::{ByteSink, CleanOutcome, ObjectError, ObjectStore, StoreConfig};
 use stratus_types::limits::{ENUMERATE_RESPONSE_BYTES_MAX, KEY_BYTES_MAX};
-use stratus_types::{key_hash, HashRange, RejectReason, RejectRules, ServerId, TableId, Version};
+use stratus_types::{
+    key_hash, HashRange, RejectReason, RejectRules, SegmentId, ServerId, TableId, Version,
+};
 use stratus_wire::{
     begin_response, decode_request, encode_error_response, encode_response, finish_frame, put,
     EnumeratedObject, EnumerationCursor, FrameHeader, IncrementItem, IncrementItemResult, KeyItem,
-    Opcode, ReadItemResult, Request, Response, ServerStatistics, Status, VersionItemResult,
-    WriteItem,
+    Opcode, ReadItemResult, RecoveryTablet, Request, Response, ServerStatistics, Status,
+    VersionItemResult, WriteItem,
 };
 
 use crate::ownership::TabletOwnership;
+use crate::recovery::{recover_partition, RecoveryContext, RecoveryReader};
 use crate::replication::ReplicaManager;
 
 /// How long a cleaner thread sleeps when the balancer finds nothing to do. Short enough that
@@ -41,6 +44,8 @@ pub struct Master {
     ownership: TabletOwnership,
     wall_clock: Arc<dyn WallClock>,
     requests_served: AtomicU64,
+    /// Present when this master may be asked to recover a crashed master's tablets.
+    recovery: Option<RecoveryReader>,
 }
 
 /// Appends the value bytes the store copies out of the log directly to the response frame.
@@ -69,6 +74,7 @@ impl Master {
             ownership: TabletOwnership::default(),
             wall_clock,
             requests_served: AtomicU64::new(0),
+            recovery: None,
         })
     }
 
@@ -86,6 +92,11 @@ impl Master {
     /// `replication` holds the log up to it on every replica.
     pub fn set_replication(&mut self, replication: ReplicaManager) {
         self.replication = Some(replication);
+    }
+
+    /// Lets this master serve RECOVER_TABLETS, reading replicas through `reader`.
+    pub fn set_recovery_reader(&mut self, reader: RecoveryReader) {
+        self.recovery = Some(reader);
     }
 
     /// Starts the log cleaner on `threads` threads of its own, concurrent with requests: each
@@ -429,6 +440,9 @@ impl Service for Master {
     fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
         self.requests_served.fetch_add(1, Ordering::Relaxed);
         match decode_request(header.opcode_code, body) {
+            Ok(Request::RecoverTablets { crashed_master, tablets, segments, backups }) => {
+                return self.recover(header.request_id, crashed_master, tablets, segments, backups)
+            }
             Ok(request) => match &self.replication {
                 Some(replication) if changes_log(&request) => {
                     return self.handle_then_sync(header.request_id, request, replication.clone())
@@ -448,6 +462,54 @@ impl Service for Master {
 }
 
 impl Master {
+    /// RECOVER_TABLETS: replays the partition in the background and answers when it is
+    /// durable here.
+    fn recover(
+        &self,
+        request_id: u64,
+        crashed_master: ServerId,
+        tablets: Vec<RecoveryTablet>,
+        segments: Vec<SegmentId>,
+        backups: Vec<String>,
+    ) -> Handled {
+        let Some(reader) = self.recovery.clone() else {
+            let mut out = BytesMut::new();
+            encode_error_response(
+                &mut out,
+                request_id,
+                Opcode::RecoverTablets.code(),
+                Status::UnimplementedRequest,
+                "this master does not take part in recovery",
+            );
+            return Handled::Later(Box::pin(async move { out }));
+        };
+        let context = RecoveryContext {
+            store: self.store.clone(),
+            replication: self.replication.clone(),
+            reader,
+            wall_clock: self.wall_clock.clone(),
+        };
+        Handled::Later(Box::pin(async move {
+            let outcome =
+                recover_partition(context, crashed_master, tablets, segments, backups).await;
+            let mut out = BytesMut::new();
+            match outcome {
+                Ok(response) => encode_response(&mut out, request_id, Status::Ok, &response),
+                Err((status, message)) => {
+                    tracing::warn!(%crashed_master, %status, %message, "recovery of a partition failed");
+                    encode_error_response(
+                        &mut out,
+                        request_id,
+                        Opcode::RecoverTablets.code(),
+                        status,
+                        &message,
+                    )
+                }
+            }
+            out
+        }))
+    }
+
     /// Handles a request that may have appended to the log, and answers only after the log up
     /// to the append is on every replica. The response is built now (the store's work is
     /// done) and released by the future.

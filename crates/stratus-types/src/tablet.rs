@@ -40,13 +40,20 @@ impl HashRange {
     /// ascending order. `parts` must be at least 1.
     pub fn split_evenly(parts: u32) -> Vec<HashRange> {
         assert!(parts >= 1, "a table needs at least one tablet");
-        let parts = u128::from(parts);
-        let space: u128 = 1 << 64;
+        HashRange::FULL.split(parts)
+    }
+
+    /// Splits this range into at most `parts` contiguous ranges of (nearly) equal size, in
+    /// ascending order (fewer when the range holds fewer hashes). `parts` must be at least 1.
+    pub fn split(&self, parts: u32) -> Vec<HashRange> {
+        assert!(parts >= 1, "a range splits into at least one part");
+        let width = u128::from(self.end - self.start) + 1;
+        let parts = u128::from(parts).min(width);
         (0..parts)
             .map(|index| {
-                let start = space * index / parts;
-                let end = space * (index + 1) / parts - 1;
-                // Both fit in u64: start < 2^64 and end <= 2^64 - 1.
+                let start = u128::from(self.start) + width * index / parts;
+                let end = u128::from(self.start) + width * (index + 1) / parts - 1;
+                // Both lie in [self.start, self.end], so they fit in u64.
                 HashRange { start: start as u64, end: end as u64 }
             })
             .collect()
@@ -78,6 +85,24 @@ mod tests {
             }
         }
         assert_eq!(HashRange::split_evenly(2)[1].start, 1 << 63);
+        let part = HashRange { start: 10, end: 19 };
+        assert_eq!(part.split(1), vec![part]);
+        let halves = part.split(2);
+        assert_eq!(
+            halves,
+            vec![HashRange { start: 10, end: 14 }, HashRange { start: 15, end: 19 }]
+        );
+        // More parts than hashes: one part per hash.
+        assert_eq!(HashRange { start: 5, end: 6 }.split(4).len(), 2);
+        for parts in [1u32, 3, 7] {
+            let pieces = HashRange { start: 1 << 40, end: u64::MAX }.split(parts);
+            assert_eq!(pieces.len(), parts as usize);
+            assert_eq!(pieces[0].start, 1 << 40);
+            assert_eq!(pieces[pieces.len() - 1].end, u64::MAX);
+            for pair in pieces.windows(2) {
+                assert_eq!(pair[0].end + 1, pair[1].start);
+            }
+        }
     }
 
     #[test]

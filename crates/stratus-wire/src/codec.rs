@@ -23,8 +23,9 @@ use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
-    ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
-    ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult, WriteItem,
+    RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry,
+    ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult,
+    WriteItem,
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
@@ -69,6 +70,23 @@ const REPLICA_CLOSED: u8 = 1 << 0;
 const REPLICA_PRIMARY: u8 = 1 << 1;
 /// Every defined replica flag bit.
 const REPLICA_FLAGS_KNOWN: u8 = REPLICA_CLOSED | REPLICA_PRIMARY;
+
+/// Most tablets one RECOVER_TABLETS request hands a recovery master (a crashed master's tablets,
+/// each cut into at most one part per recovery master).
+pub const RECOVERY_TABLETS_MAX: usize = 65_536;
+
+/// Most segments one RECOVER_TABLETS request lists: as many as a backup may hold replicas of.
+pub const RECOVERY_SEGMENTS_MAX: usize = BACKUP_REPLICAS_MAX;
+
+// A RECOVER_TABLETS request at every maximum (tablets, segments, backups of the longest
+// address) fits a frame.
+const _: () = assert!(
+    RECOVERY_TABLETS_MAX * RECOVERY_TABLET_BYTES
+        + RECOVERY_SEGMENTS_MAX * 8
+        + SERVERS_MAX * (2 + SERVER_ADDRESS_BYTES_MAX)
+        + 4_096
+        < FRAME_BYTES_MAX
+);
 
 const _: () = assert!(REPLICA_BYTES_MAX + 4_096 < FRAME_BYTES_MAX);
 const _: () = assert!(BACKUP_REPLICAS_MAX * REPLICA_ENTRY_BYTES + 4_096 < FRAME_BYTES_MAX);
@@ -300,6 +318,22 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, segment_id.0);
         }
         Request::BackupListReplicas { master_id } => put_u64(out, master_id.0),
+        Request::RecoverTablets { crashed_master, tablets, segments, backups } => {
+            put_u64(out, crashed_master.0);
+            put_count(out, tablets.len());
+            for tablet in tablets {
+                put_u64(out, tablet.table_id.0);
+                put_range(out, &tablet.range);
+            }
+            put_count(out, segments.len());
+            for segment in segments {
+                put_u64(out, segment.0);
+            }
+            put_count(out, backups.len());
+            for backup in backups {
+                put_string(out, backup);
+            }
+        }
     }
 }
 
@@ -320,6 +354,11 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_certificate(out, &replica.certificate);
                 put_u8(out, replica_flags(replica.closed, replica.primary));
             }
+        }
+        Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed } => {
+            put_u64(out, *segments_replayed);
+            put_u64(out, *replica_bytes_read);
+            put_u64(out, *objects_replayed);
         }
         Response::BackupReadReplica { epoch, certificate, closed, primary, data } => {
             put_u64(out, *epoch);
@@ -815,6 +854,7 @@ const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
 const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8;
 /// Bytes of one BACKUP_LIST_REPLICAS entry (fixed size).
 const REPLICA_ENTRY_BYTES: usize = 8 + 8 + 8 + 8 + 1;
+const RECOVERY_TABLET_BYTES: usize = 8 + 16;
 
 fn key_item(reader: &mut Reader) -> Result<KeyItem, DecodeError> {
     Ok(KeyItem { table_id: reader.table_id()?, key: reader.key()?, rules: reader.rules()? })
@@ -920,6 +960,16 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             segment_id: reader.segment_id()?,
         },
         Opcode::BackupGetStatistics => Request::BackupGetStatistics,
+        Opcode::RecoverTablets => Request::RecoverTablets {
+            crashed_master: reader.server_id()?,
+            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
+                Ok(RecoveryTablet { table_id: reader.table_id()?, range: reader.range()? })
+            })?,
+            segments: reader.list(RECOVERY_SEGMENTS_MAX, 8, |reader| reader.segment_id())?,
+            backups: reader.list(SERVERS_MAX, 2, |reader| {
+                reader.string(SERVER_ADDRESS_BYTES_MAX, "backup address")
+            })?,
+        },
     })
 }
 
@@ -1027,6 +1077,11 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 compactions: reader.u64()?,
                 bytes_compacted: reader.u64()?,
             },
+        },
+        Opcode::RecoverTablets => Response::RecoverTablets {
+            segments_replayed: reader.u64()?,
+            replica_bytes_read: reader.u64()?,
+            objects_replayed: reader.u64()?,
         },
         Opcode::BackupWrite => Response::BackupWrite,
         Opcode::BackupFree => Response::BackupFree,

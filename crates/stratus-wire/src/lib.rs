@@ -24,7 +24,8 @@ pub mod status;
 
 pub use codec::{
     decode_request, decode_response, encode_error_response, encode_request, encode_response,
-    DecodeError, ResponseBody, BACKUP_REPLICAS_MAX, ERROR_MESSAGE_BYTES_MAX, REPLICA_BYTES_MAX,
+    DecodeError, ResponseBody, BACKUP_REPLICAS_MAX, ERROR_MESSAGE_BYTES_MAX, RECOVERY_SEGMENTS_MAX,
+    RECOVERY_TABLETS_MAX, REPLICA_BYTES_MAX,
 };
 pub use frame::{
     begin_request, begin_response, body_offset, decode_frame_header, finish_frame, frame_length,
@@ -34,7 +35,8 @@ pub use frame::{
 pub use message::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
-    ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
-    ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult, WriteItem,
+    RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry,
+    ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult,
+    WriteItem,
 };
 pub use status::Status;

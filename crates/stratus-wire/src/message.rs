@@ -53,6 +53,8 @@ pub enum Opcode {
     DropTabletOwnership = 41,
     /// Master: statistics for `stratus status`.
     GetServerStatistics = 42,
+    /// Master (from the coordinator): replay a crashed master's tablets from its replicas.
+    RecoverTablets = 43,
     /// Backup: append to a replica of a master's segment (opening or closing it), then store
     /// the certificate that commits it.
     BackupWrite = 50,
@@ -68,7 +70,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 25] = [
+    pub const ALL: [Opcode; 26] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -89,6 +91,7 @@ impl Opcode {
         Opcode::TakeTabletOwnership,
         Opcode::DropTabletOwnership,
         Opcode::GetServerStatistics,
+        Opcode::RecoverTablets,
         Opcode::BackupWrite,
         Opcode::BackupFree,
         Opcode::BackupListReplicas,
@@ -552,6 +555,18 @@ pub enum Request {
     },
     /// GET_SERVER_STATISTICS.
     GetServerStatistics,
+    /// RECOVER_TABLETS: become the owner-to-be of `tablets` of the crashed master by replaying
+    /// the segments of its log (the newest digest's members) read from `backups`.
+    RecoverTablets {
+        /// The crashed master (the log id in its segments' headers).
+        crashed_master: ServerId,
+        /// The partition this master recovers: (table, hash range) pairs.
+        tablets: Vec<RecoveryTablet>,
+        /// Every segment of the crashed master's log, from its newest digest.
+        segments: Vec<SegmentId>,
+        /// Addresses of the backups that may hold replicas of them.
+        backups: Vec<String>,
+    },
     /// BACKUP_WRITE: append `data` at `offset` of the replica of (`master_id`, `segment_id`),
     /// then store `certificate`.
     BackupWrite {
@@ -592,6 +607,15 @@ pub enum Request {
     },
     /// BACKUP_GET_STATISTICS.
     BackupGetStatistics,
+}
+
+/// One part of a crashed master's tablets, recovered by one recovery master.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecoveryTablet {
+    /// Table.
+    pub table_id: TableId,
+    /// Part of the table's hash space.
+    pub range: HashRange,
 }
 
 /// A response body for a status that carries the operation's body (see
@@ -692,6 +716,15 @@ pub enum Response {
         /// Statistics.
         statistics: ServerStatistics,
     },
+    /// RECOVER_TABLETS: the partition is replayed and durable on this master's backups.
+    RecoverTablets {
+        /// Segments verified and replayed.
+        segments_replayed: u64,
+        /// Bytes of replicas read from backups.
+        replica_bytes_read: u64,
+        /// Objects written into this master's store.
+        objects_replayed: u64,
+    },
     /// BACKUP_WRITE.
     BackupWrite,
     /// BACKUP_FREE.
@@ -745,6 +778,7 @@ impl Request {
             Request::TakeTabletOwnership { .. } => Opcode::TakeTabletOwnership,
             Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
             Request::GetServerStatistics => Opcode::GetServerStatistics,
+            Request::RecoverTablets { .. } => Opcode::RecoverTablets,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
             Request::BackupListReplicas { .. } => Opcode::BackupListReplicas,
@@ -778,6 +812,7 @@ impl Response {
             Response::TakeTabletOwnership => Opcode::TakeTabletOwnership,
             Response::DropTabletOwnership => Opcode::DropTabletOwnership,
             Response::GetServerStatistics { .. } => Opcode::GetServerStatistics,
+            Response::RecoverTablets { .. } => Opcode::RecoverTablets,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,
             Response::BackupListReplicas { .. } => Opcode::BackupListReplicas,

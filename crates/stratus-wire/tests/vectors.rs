@@ -10,8 +10,9 @@ use stratus_types::{
 use stratus_wire::{
     body_offset, decode_frame_header, decode_request, decode_response, encode_error_response,
     encode_request, encode_response, frame_length, BackupDurability, BackupServiceStatistics,
-    BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, ReplicaCertificate,
-    ReplicaEntry, Request, Response, ResponseBody, Status, TabletEntry, WriteItem, HELLO_BYTES,
+    BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, RecoveryTablet,
+    ReplicaCertificate, ReplicaEntry, Request, Response, ResponseBody, Status, TabletEntry,
+    WriteItem, HELLO_BYTES,
 };
 
 const SPEC: &str = include_str!("../../../docs/design/wire-protocol.md");
@@ -199,6 +200,26 @@ fn expected(name: &str) -> Expected {
                 closed: true,
                 primary: false,
                 data: Bytes::from_static(&[0x01, 0x20, 0x53, 0x47]),
+            },
+        ),
+        "recover-tablets-request" => Expected::Request {
+            request_id: 16,
+            request: Request::RecoverTablets {
+                crashed_master: ServerId(2),
+                tablets: vec![RecoveryTablet {
+                    table_id: TableId(1),
+                    range: HashRange { start: 0, end: 0x7fff_ffff_ffff_ffff },
+                }],
+                segments: vec![SegmentId(1), SegmentId(3)],
+                backups: vec!["b:1".to_string()],
+            },
+        },
+        "recover-tablets-response" => ok(
+            16,
+            Response::RecoverTablets {
+                segments_replayed: 2,
+                replica_bytes_read: 131_072,
+                objects_replayed: 1000,
             },
         ),
         "backup-get-statistics-response" => ok(

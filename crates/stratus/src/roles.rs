@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use clap::Args;
 use stratus_backup::{BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage};
-use stratus_coordinator::Coordinator;
+use stratus_coordinator::{Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
-use stratus_master::{Master, MasterConfig, Placement, ReplicaManager, ReplicationConfig};
+use stratus_master::{
+    Master, MasterConfig, Placement, RecoveryReader, ReplicaManager, ReplicationConfig,
+};
 use stratus_meta::FileMetaStore;
 use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig};
 use stratus_store::StoreConfig;
@@ -27,6 +29,16 @@ pub struct CoordinatorArguments {
     /// Stop when the process that started this one dies (used by `stratus up`).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
+    /// Milliseconds between two rounds of failure-detection pings.
+    #[arg(long, default_value_t = 200)]
+    pub probe_interval_ms: u64,
+    /// Milliseconds a ping may take before it counts as missed.
+    #[arg(long, default_value_t = 250)]
+    pub probe_timeout_ms: u64,
+    /// Pings a server must miss in a row to be declared crashed (its tablets are then
+    /// recovered on the other masters). 0 turns failure detection off.
+    #[arg(long, default_value_t = 3)]
+    pub probe_misses: u32,
 }
 
 /// `stratus server`.
@@ -188,6 +200,15 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
         println!("coordinator listening on {address}");
         let background = coordinator.clone();
         tokio::spawn(async move { background.verify_servers_and_redeliver().await });
+        if arguments.probe_misses > 0 {
+            let detector = coordinator.clone();
+            let config = FailureDetectorConfig {
+                probe_interval: Duration::from_millis(arguments.probe_interval_ms.max(1)),
+                probe_timeout: Duration::from_millis(arguments.probe_timeout_ms.max(1)),
+                misses_to_declare: arguments.probe_misses,
+            };
+            tokio::spawn(async move { detector.run_failure_detector(config).await });
+        }
         tokio::select! {
             result = serve(listener, Arc::new(coordinator)) => result.map_err(|error| error.to_string()),
             _ = termination(arguments.exit_with_parent) => {
@@ -253,6 +274,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             );
             master.set_replication(replication);
         }
+        master.set_recovery_reader(RecoveryReader::new(environment.network.clone()));
         // One combined cleaner, plus a compactor when there are replicas to save bandwidth on.
         let cleaner_threads = if arguments.replicas > 0 { 2 } else { 1 };
         master

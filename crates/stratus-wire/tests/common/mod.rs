@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
 use stratus_wire::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, ReadItemResult,
+    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, ReadItemResult, RecoveryTablet,
     ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
     ServerStatus, ServiceMask, Status, TableEntry, TabletEntry, VersionItemResult, WriteItem,
 };
@@ -195,6 +195,19 @@ pub fn request() -> impl Strategy<Value = Request> {
             Request::BackupReadReplica { master_id, segment_id }
         }),
         Just(Request::BackupGetStatistics),
+        (
+            server_id(),
+            vec(
+                (table_id(), range())
+                    .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
+                0..4
+            ),
+            vec(segment_id(), 0..6),
+            vec(name(), 0..3)
+        )
+            .prop_map(|(crashed_master, tablets, segments, backups)| {
+                Request::RecoverTablets { crashed_master, tablets, segments, backups }
+            }),
     ]
 }
 
@@ -332,6 +345,9 @@ pub fn response() -> impl Strategy<Value = Response> {
             }
         ),
         backup_statistics().prop_map(|statistics| Response::BackupGetStatistics { statistics }),
+        any::<[u64; 3]>().prop_map(|[segments_replayed, replica_bytes_read, objects_replayed]| {
+            Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed }
+        }),
     ]
 }
 

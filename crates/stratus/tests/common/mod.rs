@@ -105,6 +105,9 @@ pub struct TestCluster {
     pub directory: tempfile::TempDir,
     pub coordinator: Process,
     pub servers: Vec<Process>,
+    /// Server arguments besides the common ones, kept for restarts.
+    replicas: usize,
+    extra: Vec<String>,
 }
 
 /// Server arguments used by the tests: a small log with 1 MiB segments and 128 KiB values,
@@ -156,17 +159,36 @@ impl TestCluster {
         let directory = tempfile::tempdir().expect("temporary directory");
         let coordinator_address = free_address();
         let coordinator = Self::start_coordinator(&coordinator_address, &directory);
-        let mut servers = Vec::new();
-        for index in 0..server_count {
-            let backup_directory = directory.path().join(format!("backup-{index}"));
-            let mut arguments = server_arguments(&coordinator_address, replicas, &backup_directory);
-            arguments.extend(extra.iter().map(|argument| argument.to_string()));
-            let mut server = Process::start(&arguments);
-            let line = server.wait_for_line("listening on", Duration::from_secs(30));
-            server.address = line.split_whitespace().last().map(str::to_string);
-            servers.push(server);
-        }
-        TestCluster { coordinator_address, directory, coordinator, servers }
+        let mut cluster = TestCluster {
+            coordinator_address,
+            directory,
+            coordinator,
+            servers: Vec::new(),
+            replicas,
+            extra: extra.iter().map(|argument| argument.to_string()).collect(),
+        };
+        cluster.servers = (0..server_count).map(|index| cluster.start_server(index)).collect();
+        cluster
+    }
+
+    /// Starts server `index` (its backup directory is `backup-<index>`) and waits until it
+    /// listens.
+    fn start_server(&self, index: usize) -> Process {
+        let backup_directory = self.directory.path().join(format!("backup-{index}"));
+        let mut arguments =
+            server_arguments(&self.coordinator_address, self.replicas, &backup_directory);
+        arguments.extend(self.extra.iter().cloned());
+        let mut server = Process::start(&arguments);
+        let line = server.wait_for_line("listening on", Duration::from_secs(30));
+        server.address = line.split_whitespace().last().map(str::to_string);
+        server
+    }
+
+    /// Starts the coordinator and every server again on their directories, after they were
+    /// all stopped (a cold start).
+    pub fn restart_all(&mut self) {
+        self.coordinator = Self::start_coordinator(&self.coordinator_address, &self.directory);
+        self.servers = (0..self.servers.len()).map(|index| self.start_server(index)).collect();
     }
 
     pub fn start_coordinator(address: &str, directory: &tempfile::TempDir) -> Process {

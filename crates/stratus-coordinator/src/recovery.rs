@@ -1,0 +1,536 @@
+//! Failure detection and master crash recovery, the coordinator's side
+//! (docs/design/recovery.md).
+//!
+//! The failure detector pings every server that is up; a server that misses
+//! [`FailureDetectorConfig::misses_to_declare`] pings in a row is declared crashed (one late
+//! reply never is). Declaring a master crashed starts its recovery: the coordinator finds the
+//! crashed log's newest digest among the replicas the backups hold, checks that every segment
+//! it lists has a replica, cuts the crashed master's tablets into one partition per live master,
+//! and sends each partition to its recovery master (RECOVER_TABLETS). A partition that comes
+//! back OK is durable on its new master: the tablet map changes (persisted first), then the new
+//! owner is told to serve it. Partitions that failed stay with the crashed master — clients see
+//! them as recovering — and the next attempt tries them again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use stratus_log::{verify_replica, Certificate};
+use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
+use stratus_types::{HashRange, SegmentId, ServerId, TableId};
+use stratus_wire::{
+    RecoveryTablet, Request, Response, ResponseBody, ServerEntry, ServerStatus, Status,
+};
+
+use crate::records::{put_server, put_table, TabletRecord};
+use crate::service::Inner;
+
+/// How the coordinator decides that a server crashed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailureDetectorConfig {
+    /// Time between two rounds of pings.
+    pub probe_interval: Duration,
+    /// How long one ping may take before it counts as missed.
+    pub probe_timeout: Duration,
+    /// Missed pings in a row that declare a server crashed.
+    pub misses_to_declare: u32,
+}
+
+impl Default for FailureDetectorConfig {
+    /// Detection within about a second (3 × 200 ms + a 250 ms timeout), and a server must miss
+    /// three pings in a row: one slow reply (a long pause, a busy core) is not a crash.
+    fn default() -> FailureDetectorConfig {
+        FailureDetectorConfig {
+            probe_interval: Duration::from_millis(200),
+            probe_timeout: Duration::from_millis(250),
+            misses_to_declare: 3,
+        }
+    }
+}
+
+/// How long one RECOVER_TABLETS may run: reading and replaying a whole partition.
+const RECOVER_TABLETS_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long one replica read by the coordinator (looking for the newest digest) may take.
+const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Recovery attempts for one crashed master before the coordinator gives up until it restarts
+/// (with the backoff below, well over half an hour of retrying).
+const RECOVERY_ATTEMPTS_MAX: u32 = 1_000;
+
+/// Attempts that may find no replica at all of the crashed master before its tablets are
+/// handed over empty. A master that never appended has no segment anywhere; one that did has
+/// replicas on R backups, which may be restarting: wait for them a few seconds first.
+const NO_REPLICA_ATTEMPTS_MAX: u32 = 20;
+
+/// Parts one crashed tablet is cut into at most (each is recovered by a different master).
+const PARTS_PER_TABLET_MAX: u32 = 64;
+
+/// The pools recovery uses: long timeouts, separate from the coordinator's quick calls.
+#[derive(Debug)]
+pub(crate) struct RecoveryPools {
+    /// For RECOVER_TABLETS.
+    masters: ChannelPool,
+    /// For listing and reading replicas on backups.
+    backups: ChannelPool,
+}
+
+impl RecoveryPools {
+    pub(crate) fn new(network: Arc<dyn stratus_env::Network>) -> RecoveryPools {
+        let masters =
+            RpcConfig { request_timeout: RECOVER_TABLETS_TIMEOUT, ..RpcConfig::default() };
+        let backups = RpcConfig { request_timeout: REPLICA_READ_TIMEOUT, ..RpcConfig::default() };
+        RecoveryPools {
+            masters: ChannelPool::new(network.clone(), masters),
+            backups: ChannelPool::new(network, backups),
+        }
+    }
+}
+
+/// What one recovery attempt concluded.
+enum Attempt {
+    /// Every tablet of the crashed master is served elsewhere.
+    Finished,
+    /// Try again later, for this reason.
+    Again(String),
+}
+
+/// A replica some backup listed.
+#[derive(Clone, Debug)]
+struct Location {
+    backup: String,
+    epoch: u64,
+    length: u32,
+}
+
+impl Inner {
+    /// Pings every server that is up, forever; declares crashed those that miss enough pings
+    /// in a row.
+    pub(crate) async fn run_failure_detector(self: Arc<Self>, config: FailureDetectorConfig) {
+        let mut misses: HashMap<ServerId, u32> = HashMap::new();
+        loop {
+            tokio::time::sleep(config.probe_interval).await;
+            let servers: Vec<ServerEntry> = {
+                let state = self.state.lock().await;
+                state
+                    .servers
+                    .values()
+                    .filter(|server| server.status == ServerStatus::Up)
+                    .cloned()
+                    .collect()
+            };
+            misses.retain(|id, _| servers.iter().any(|server| server.server_id == *id));
+            let mut probes = tokio::task::JoinSet::new();
+            for server in servers {
+                let inner = self.clone();
+                probes.spawn(async move {
+                    let ping = inner.pool.call(&server.address, &Request::Ping);
+                    let answered = matches!(
+                        tokio::time::timeout(config.probe_timeout, ping).await,
+                        Ok(Ok((Status::Ok, _)))
+                    );
+                    if !answered {
+                        inner.pool.forget(&server.address);
+                    }
+                    (server.server_id, answered)
+                });
+            }
+            while let Some(joined) = probes.join_next().await {
+                let Ok((server_id, answered)) = joined else { continue };
+                if answered {
+                    misses.remove(&server_id);
+                    continue;
+                }
+                let missed = misses.entry(server_id).or_insert(0);
+                *missed += 1;
+                if *missed >= config.misses_to_declare {
+                    misses.remove(&server_id);
+                    self.declare_crashed(server_id, "missed pings").await;
+                }
+            }
+        }
+    }
+
+    /// Marks `server_id` crashed (persisted first) and starts recovering its tablets.
+    pub(crate) async fn declare_crashed(self: &Arc<Self>, server_id: ServerId, why: &str) {
+        {
+            let mut state = self.state.lock().await;
+            let Some(server) = state.servers.get(&server_id).cloned() else { return };
+            if server.status != ServerStatus::Up {
+                return;
+            }
+            let crashed = ServerEntry { status: ServerStatus::Crashed, ..server };
+            if self.persist(vec![put_server(&crashed)]).await.is_err() {
+                return;
+            }
+            tracing::warn!(%server_id, address = %crashed.address, why, "server declared crashed");
+            state.servers.insert(server_id, crashed);
+        }
+        self.start_recovery(server_id).await;
+    }
+
+    /// Starts recovering the tablets of crashed master `crashed` unless a recovery of it is
+    /// already running.
+    pub(crate) async fn start_recovery(self: &Arc<Self>, crashed: ServerId) {
+        {
+            let mut running = self.recoveries.lock().await;
+            if !running.insert(crashed) {
+                return;
+            }
+        }
+        let inner = self.clone();
+        tokio::spawn(async move {
+            inner.recover_master(crashed).await;
+            inner.recoveries.lock().await.remove(&crashed);
+        });
+    }
+
+    /// Starts recoveries for every crashed server that still owns tablets (after a restart of
+    /// the coordinator, or after servers were found gone).
+    pub(crate) async fn resume_recoveries(self: &Arc<Self>) {
+        let crashed: Vec<ServerId> = {
+            let state = self.state.lock().await;
+            state
+                .servers
+                .values()
+                .filter(|server| server.status == ServerStatus::Crashed)
+                .map(|server| server.server_id)
+                .filter(|id| {
+                    state.tables.values().any(|table| table.tablets.iter().any(|t| t.owner == *id))
+                })
+                .collect()
+        };
+        for server_id in crashed {
+            self.start_recovery(server_id).await;
+        }
+    }
+
+    async fn recover_master(self: &Arc<Self>, crashed: ServerId) {
+        let started = tokio::time::Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut no_replica_attempts = 0;
+        for attempt in 1..=RECOVERY_ATTEMPTS_MAX {
+            match self.recovery_attempt(crashed, &mut no_replica_attempts).await {
+                Attempt::Finished => {
+                    tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
+                    return;
+                }
+                Attempt::Again(reason) => {
+                    tracing::warn!(%crashed, attempt, %reason, "recovery attempt incomplete; retrying");
+                }
+            }
+            tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
+        }
+        tracing::error!(%crashed, "recovery gave up after {RECOVERY_ATTEMPTS_MAX} attempts; its tablets stay unavailable until the coordinator restarts");
+    }
+
+    async fn recovery_attempt(
+        self: &Arc<Self>,
+        crashed: ServerId,
+        no_replica_attempts: &mut u32,
+    ) -> Attempt {
+        let (tablets, masters, backups) = {
+            let state = self.state.lock().await;
+            let tablets: Vec<(TableId, HashRange)> = state
+                .tables
+                .values()
+                .flat_map(|table| {
+                    table
+                        .tablets
+                        .iter()
+                        .filter(|tablet| tablet.owner == crashed)
+                        .map(|tablet| (table.table_id, tablet.range))
+                })
+                .collect();
+            let up = |server: &&ServerEntry| server.status == ServerStatus::Up;
+            let masters: Vec<(ServerId, String)> = state
+                .servers
+                .values()
+                .filter(up)
+                .filter(|server| server.services.has_master())
+                .map(|server| (server.server_id, server.address.clone()))
+                .collect();
+            let backups: Vec<String> = state
+                .servers
+                .values()
+                .filter(up)
+                .filter(|server| server.services.has_backup())
+                .map(|server| server.address.clone())
+                .collect();
+            (tablets, masters, backups)
+        };
+        if tablets.is_empty() {
+            return Attempt::Finished;
+        }
+        if masters.is_empty() {
+            return Attempt::Again("no master is up to recover onto".to_string());
+        }
+        let locations = self.locate_replicas(crashed, &backups).await;
+        let segments = if locations.is_empty() {
+            *no_replica_attempts += 1;
+            if *no_replica_attempts < NO_REPLICA_ATTEMPTS_MAX {
+                return Attempt::Again(format!(
+                    "no backup lists a replica of the crashed master (of {} backups up)",
+                    backups.len()
+                ));
+            }
+            tracing::warn!(%crashed, "no replica of the crashed master anywhere: it never wrote (or ran without replicas); its tablets are handed over empty");
+            Vec::new()
+        } else {
+            match self.newest_digest(crashed, &locations).await {
+                Ok(listed) => listed,
+                Err(reason) => return Attempt::Again(reason),
+            }
+        };
+        if let Some(missing) = segments.iter().find(|id| !locations.contains_key(id)) {
+            return Attempt::Again(format!(
+                "the log is incomplete: no live backup holds segment {missing} of the digest"
+            ));
+        }
+
+        // One part per master in all, spread over the tablets.
+        let parts_per_tablet = (masters.len().div_ceil(tablets.len()) as u32)
+            .clamp(1, PARTS_PER_TABLET_MAX.min(masters.len() as u32));
+        let first = self.environment.entropy.below(masters.len() as u64) as usize;
+        let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange)>> = BTreeMap::new();
+        let mut slot = first;
+        for &(table_id, range) in &tablets {
+            for part in range.split(parts_per_tablet) {
+                partitions.entry(slot % masters.len()).or_default().push((table_id, range, part));
+                slot += 1;
+            }
+        }
+        tracing::info!(
+            %crashed,
+            tablets = tablets.len(),
+            segments = segments.len(),
+            recovery_masters = partitions.len(),
+            "recovering"
+        );
+
+        let mut calls = tokio::task::JoinSet::new();
+        for (index, parts) in partitions {
+            let (master_id, address) = masters[index].clone();
+            let request = Request::RecoverTablets {
+                crashed_master: crashed,
+                tablets: parts
+                    .iter()
+                    .map(|&(table_id, _, range)| RecoveryTablet { table_id, range })
+                    .collect(),
+                segments: segments.clone(),
+                backups: backups.clone(),
+            };
+            let inner = self.clone();
+            calls.spawn(async move {
+                let outcome = inner.recovery_pools.masters.call(&address, &request).await;
+                if outcome.is_err() {
+                    inner.recovery_pools.masters.forget(&address);
+                }
+                (master_id, address, parts, outcome)
+            });
+        }
+        let mut recovered: Vec<(TableId, HashRange, HashRange, ServerId)> = Vec::new();
+        let mut failures = Vec::new();
+        while let Some(joined) = calls.join_next().await {
+            let Ok((master_id, address, parts, outcome)) = joined else { continue };
+            match outcome {
+                Ok((Status::Ok, ResponseBody::Operation(Response::RecoverTablets { .. }))) => {
+                    recovered.extend(
+                        parts
+                            .into_iter()
+                            .map(|(table, tablet, part)| (table, tablet, part, master_id)),
+                    );
+                }
+                Ok((status, body)) => failures.push(format!("{address}: {status} {body:?}")),
+                Err(error) => failures.push(format!("{address}: {error}")),
+            }
+        }
+        self.commit_recovered(crashed, &recovered).await;
+        if failures.is_empty() {
+            Attempt::Finished
+        } else {
+            Attempt::Again(format!("some partitions failed: {}", failures.join("; ")))
+        }
+    }
+
+    /// Asks every backup which replicas of `crashed` it holds.
+    async fn locate_replicas(
+        &self,
+        crashed: ServerId,
+        backups: &[String],
+    ) -> HashMap<SegmentId, Vec<Location>> {
+        let mut locations: HashMap<SegmentId, Vec<Location>> = HashMap::new();
+        for backup in backups {
+            let request = Request::BackupListReplicas { master_id: crashed };
+            match self.recovery_pools.backups.call(backup, &request).await {
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::BackupListReplicas { replicas }),
+                )) => {
+                    for replica in replicas.into_iter().filter(|r| r.master_id == crashed) {
+                        locations.entry(replica.segment_id).or_default().push(Location {
+                            backup: backup.clone(),
+                            epoch: replica.epoch,
+                            length: replica.certificate.segment_length,
+                        });
+                    }
+                }
+                Ok((status, _)) => {
+                    tracing::warn!(%backup, %status, "backup refused to list replicas")
+                }
+                Err(error) => {
+                    self.recovery_pools.backups.forget(backup);
+                    tracing::warn!(%backup, %error, "backup did not list its replicas");
+                }
+            }
+        }
+        for replicas in locations.values_mut() {
+            // Newest epoch first (an older one may miss acknowledged data), then the longest.
+            replicas.sort_by(|a, b| b.epoch.cmp(&a.epoch).then(b.length.cmp(&a.length)));
+        }
+        locations
+    }
+
+    /// The members of the crashed log's newest digest: the highest-numbered segment whose
+    /// replica holds a digest is the last head (survivor segments, which may have higher
+    /// numbers, hold none). Segments are read newest first until a head is found.
+    async fn newest_digest(
+        &self,
+        crashed: ServerId,
+        locations: &HashMap<SegmentId, Vec<Location>>,
+    ) -> Result<Vec<SegmentId>, String> {
+        let mut ids: Vec<SegmentId> = locations.keys().copied().collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        for segment_id in ids {
+            let mut verified = None;
+            for location in &locations[&segment_id] {
+                match self.read_replica(crashed, segment_id, &location.backup).await {
+                    Ok(digest) => {
+                        verified = Some(digest);
+                        break;
+                    }
+                    Err(reason) => {
+                        tracing::warn!(backup = %location.backup, %segment_id, %reason, "replica unusable")
+                    }
+                }
+            }
+            match verified {
+                Some(Some(digest)) => return Ok(digest),
+                Some(None) => continue,
+                None => {
+                    return Err(format!(
+                        "no replica of segment {segment_id} could be read and verified"
+                    ))
+                }
+            }
+        }
+        Err("no replica holds a log digest".to_string())
+    }
+
+    /// Reads and verifies one replica; returns the digest it holds, if any.
+    async fn read_replica(
+        &self,
+        crashed: ServerId,
+        segment_id: SegmentId,
+        backup: &str,
+    ) -> Result<Option<Vec<SegmentId>>, String> {
+        let request = Request::BackupReadReplica { master_id: crashed, segment_id };
+        let (certificate, data): (Certificate, Bytes) =
+            match self.recovery_pools.backups.call(backup, &request).await {
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::BackupReadReplica {
+                        certificate, data, ..
+                    }),
+                )) => (
+                    Certificate {
+                        segment_length: certificate.segment_length,
+                        checksum: certificate.checksum,
+                    },
+                    data,
+                ),
+                Ok((status, _)) => return Err(status.to_string()),
+                Err(error) => {
+                    self.recovery_pools.backups.forget(backup);
+                    return Err(error.to_string());
+                }
+            };
+        verify_replica(&data, &certificate, crashed, segment_id).map(|verified| verified.digest)
+    }
+
+    /// Hands recovered parts to their new masters: the tablet map changes first (one durable
+    /// batch), then each new owner is told to serve its parts.
+    async fn commit_recovered(
+        self: &Arc<Self>,
+        crashed: ServerId,
+        recovered: &[(TableId, HashRange, HashRange, ServerId)],
+    ) {
+        if recovered.is_empty() {
+            return;
+        }
+        let mut state = self.state.lock().await;
+        let mut changed = Vec::new();
+        for (name, table) in &state.tables {
+            let mine: Vec<_> =
+                recovered.iter().filter(|(table_id, ..)| *table_id == table.table_id).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let mut updated = table.clone();
+            let mut tablets = Vec::with_capacity(table.tablets.len() + mine.len());
+            for tablet in &table.tablets {
+                let parts: Vec<_> = mine
+                    .iter()
+                    .filter(|(_, whole, ..)| tablet.owner == crashed && *whole == tablet.range)
+                    .collect();
+                if parts.is_empty() {
+                    tablets.push(tablet.clone());
+                    continue;
+                }
+                // Cover the tablet with its recovered parts; hashes not in any recovered part
+                // stay with the crashed master (recovered by a later attempt).
+                let mut cursor = Some(tablet.range.start);
+                let mut sorted: Vec<_> =
+                    parts.iter().map(|(_, _, part, owner)| (*part, *owner)).collect();
+                sorted.sort_by_key(|(part, _)| part.start);
+                for (part, owner) in sorted {
+                    let Some(start) = cursor else { break };
+                    if start < part.start {
+                        tablets.push(TabletRecord {
+                            range: HashRange { start, end: part.start - 1 },
+                            owner: crashed,
+                        });
+                    }
+                    tablets.push(TabletRecord { range: part, owner });
+                    cursor = part.end.checked_add(1);
+                }
+                if let Some(start) = cursor.filter(|start| *start <= tablet.range.end) {
+                    tablets.push(TabletRecord {
+                        range: HashRange { start, end: tablet.range.end },
+                        owner: crashed,
+                    });
+                }
+            }
+            updated.tablets = tablets;
+            changed.push((name.clone(), updated));
+        }
+        let batch = changed.iter().map(|(name, table)| put_table(name, table)).collect();
+        if self.persist(batch).await.is_err() {
+            // Nothing changed: the next attempt replays again (harmless: versions decide).
+            return;
+        }
+        for (name, table) in changed {
+            state.tables.insert(name, table);
+        }
+        drop(state);
+        for &(table_id, _, part, owner) in recovered {
+            let inner = self.clone();
+            tokio::spawn(async move {
+                crate::service::deliver(inner, table_id, TabletRecord { range: part, owner }, true)
+                    .await
+            });
+        }
+        tracing::info!(%crashed, parts = recovered.len(), "recovered tablets handed over");
+    }
+}

@@ -1,0 +1,244 @@
+//! The recovery master's side of crash recovery (docs/design/recovery.md): given a partition of
+//! a crashed master's tablets and the segments of its log, read one good replica of every
+//! segment from the backups, replay the partition's objects into this master's store, and make
+//! them durable on this master's own backups. The coordinator then hands the tablets over.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use stratus_env::WallClock;
+use stratus_log::{verify_replica, Certificate};
+use stratus_rpc::{ChannelPool, RpcConfig};
+use stratus_store::{ObjectStore, ReplayError};
+use stratus_types::{SegmentId, ServerId};
+use stratus_wire::{RecoveryTablet, Request, Response, ResponseBody, Status};
+use tokio::sync::Semaphore;
+
+use crate::replication::ReplicaManager;
+
+/// Replica reads in flight at once on one recovery master: enough to keep several backups'
+/// disks and the network busy, few enough that the bytes in flight stay bounded (each read
+/// carries one segment, at most 8 MiB).
+pub const RECOVERY_READS_IN_FLIGHT_MAX: usize = 8;
+
+/// How long one replica read may take before the next replica of the segment is tried (a whole
+/// segment read from a backup's disk).
+const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A failed recovery: the status and message the coordinator receives.
+pub type RecoveryFailure = (Status, String);
+
+/// Where a recovery master reads replicas from.
+#[derive(Debug, Clone)]
+pub struct RecoveryReader {
+    pool: Arc<ChannelPool>,
+}
+
+impl RecoveryReader {
+    /// A reader whose connections go through `network`.
+    pub fn new(network: Arc<dyn stratus_env::Network>) -> RecoveryReader {
+        let config = RpcConfig { request_timeout: REPLICA_READ_TIMEOUT, ..RpcConfig::default() };
+        RecoveryReader { pool: Arc::new(ChannelPool::new(network, config)) }
+    }
+}
+
+/// One replica a backup listed: where it is and how good it is.
+#[derive(Debug, Clone)]
+struct ReplicaLocation {
+    backup: String,
+    epoch: u64,
+    length: u32,
+}
+
+/// What recovering a partition needs besides the request.
+pub(crate) struct RecoveryContext {
+    pub(crate) store: Arc<ObjectStore>,
+    pub(crate) replication: Option<ReplicaManager>,
+    pub(crate) reader: RecoveryReader,
+    pub(crate) wall_clock: Arc<dyn WallClock>,
+}
+
+/// Recovers one partition; answers RECOVER_TABLETS.
+pub(crate) async fn recover_partition(
+    context: RecoveryContext,
+    crashed_master: ServerId,
+    tablets: Vec<RecoveryTablet>,
+    segments: Vec<SegmentId>,
+    backups: Vec<String>,
+) -> Result<Response, RecoveryFailure> {
+    if tablets.is_empty() {
+        return Err((Status::InvalidParameter, "no tablet to recover".to_string()));
+    }
+    tracing::info!(%crashed_master, tablets = tablets.len(), segments = segments.len(), "recovering a partition");
+    let locations = locate_replicas(&context.reader, crashed_master, &backups).await;
+    let mut plan = Vec::with_capacity(segments.len());
+    for &segment_id in &segments {
+        let mut replicas = locations.get(&segment_id).cloned().unwrap_or_default();
+        if replicas.is_empty() {
+            return Err((
+                Status::Retry,
+                format!("no live backup holds a replica of segment {segment_id}"),
+            ));
+        }
+        // Newest epoch first (an older epoch may miss acknowledged data), then the longest.
+        replicas.sort_by(|a, b| b.epoch.cmp(&a.epoch).then(b.length.cmp(&a.length)));
+        plan.push((segment_id, replicas));
+    }
+
+    let permits = Arc::new(Semaphore::new(RECOVERY_READS_IN_FLIGHT_MAX));
+    let mut reads = tokio::task::JoinSet::new();
+    for (segment_id, replicas) in plan {
+        let reader = context.reader.clone();
+        let permits = permits.clone();
+        reads.spawn(async move {
+            let _permit = permits.acquire_owned().await.expect("semaphore never closed");
+            read_good_replica(&reader, crashed_master, segment_id, &replicas).await
+        });
+    }
+    let mut read: Vec<(Bytes, Certificate)> = Vec::with_capacity(segments.len());
+    let mut replica_bytes_read = 0u64;
+    while let Some(joined) = reads.join_next().await {
+        let (bytes, certificate) = joined
+            .map_err(|error| (Status::InternalError, format!("replica read task: {error}")))??;
+        replica_bytes_read += bytes.len() as u64;
+        read.push((bytes, certificate));
+    }
+
+    let store = context.store.clone();
+    let now_seconds = context.wall_clock.now_seconds();
+    let partition = tablets.clone();
+    let replayed = tokio::task::spawn_blocking(move || {
+        let segments: Vec<(&[u8], Certificate)> =
+            read.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let accept = |table, hash| {
+            partition.iter().any(|tablet| tablet.table_id == table && tablet.range.contains(hash))
+        };
+        store.replay(&segments, &accept, now_seconds)
+    })
+    .await
+    .map_err(|error| (Status::InternalError, format!("replay task: {error}")))?;
+    // On failure, leave nothing behind that no tablet owns: the partition may go elsewhere.
+    let abandon = |status: Status, message: String| {
+        for tablet in &tablets {
+            context.store.drop_range(tablet.table_id, tablet.range);
+        }
+        Err((status, message))
+    };
+    let statistics = match replayed {
+        Ok(statistics) => statistics,
+        Err(error) => {
+            let status = match error {
+                ReplayError::StoreFull => Status::NoTableSpace,
+                ReplayError::CorruptSegment { .. } => Status::Retry,
+            };
+            return abandon(status, format!("replay: {error}"));
+        }
+    };
+    // The replayed objects are in this master's log: make them durable before the tablets are
+    // handed over, or a crash of this master would lose them.
+    if let Some(replication) = &context.replication {
+        if let Err(error) = replication.sync(replication.position_to_sync()).await {
+            return abandon(
+                Status::Retry,
+                format!("replicating the replayed objects: {}", error.message),
+            );
+        }
+    }
+    tracing::info!(
+        %crashed_master,
+        segments = statistics.segments,
+        objects = statistics.objects_replayed,
+        replica_bytes_read,
+        "partition replayed and durable"
+    );
+    Ok(Response::RecoverTablets {
+        segments_replayed: statistics.segments,
+        replica_bytes_read,
+        objects_replayed: statistics.objects_replayed,
+    })
+}
+
+/// Asks every backup which replicas of `crashed_master` it holds. A backup that does not answer
+/// is skipped: if it held the only replica of a segment, recovery fails with RETRY and the
+/// coordinator tries again.
+async fn locate_replicas(
+    reader: &RecoveryReader,
+    crashed_master: ServerId,
+    backups: &[String],
+) -> HashMap<SegmentId, Vec<ReplicaLocation>> {
+    let mut listings = tokio::task::JoinSet::new();
+    for backup in backups {
+        let pool = reader.pool.clone();
+        let backup = backup.clone();
+        listings.spawn(async move {
+            let request = Request::BackupListReplicas { master_id: crashed_master };
+            let outcome = pool.call(&backup, &request).await;
+            if outcome.is_err() {
+                pool.forget(&backup);
+            }
+            (backup, outcome)
+        });
+    }
+    let mut locations: HashMap<SegmentId, Vec<ReplicaLocation>> = HashMap::new();
+    while let Some(joined) = listings.join_next().await {
+        let Ok((backup, outcome)) = joined else { continue };
+        match outcome {
+            Ok((
+                Status::Ok,
+                ResponseBody::Operation(Response::BackupListReplicas { replicas }),
+            )) => {
+                for replica in replicas.into_iter().filter(|r| r.master_id == crashed_master) {
+                    locations.entry(replica.segment_id).or_default().push(ReplicaLocation {
+                        backup: backup.clone(),
+                        epoch: replica.epoch,
+                        length: replica.certificate.segment_length,
+                    });
+                }
+            }
+            other => tracing::warn!(%backup, ?other, "backup did not list its replicas"),
+        }
+    }
+    locations
+}
+
+/// Reads replicas of one segment in order until one verifies.
+async fn read_good_replica(
+    reader: &RecoveryReader,
+    crashed_master: ServerId,
+    segment_id: SegmentId,
+    replicas: &[ReplicaLocation],
+) -> Result<(Bytes, Certificate), RecoveryFailure> {
+    let mut problems = Vec::new();
+    for replica in replicas {
+        let request = Request::BackupReadReplica { master_id: crashed_master, segment_id };
+        match reader.pool.call(&replica.backup, &request).await {
+            Ok((
+                Status::Ok,
+                ResponseBody::Operation(Response::BackupReadReplica { certificate, data, .. }),
+            )) => {
+                let certificate = Certificate {
+                    segment_length: certificate.segment_length,
+                    checksum: certificate.checksum,
+                };
+                match verify_replica(&data, &certificate, crashed_master, segment_id) {
+                    Ok(_) => return Ok((data, certificate)),
+                    Err(reason) => {
+                        tracing::warn!(backup = %replica.backup, %segment_id, %reason, "replica failed verification");
+                        problems.push(format!("{}: {reason}", replica.backup));
+                    }
+                }
+            }
+            Ok((status, _)) => problems.push(format!("{}: {status}", replica.backup)),
+            Err(error) => {
+                reader.pool.forget(&replica.backup);
+                problems.push(format!("{}: {error}", replica.backup));
+            }
+        }
+    }
+    Err((
+        Status::Retry,
+        format!("no good replica of segment {segment_id}: {}", problems.join("; ")),
+    ))
+}

@@ -1,0 +1,205 @@
+//! Master crash recovery with real processes: a master is killed with SIGKILL under write load;
+//! the coordinator detects the crash, the other masters replay its tablets from the replicas on
+//! the backups, and every acknowledged write is readable afterwards — while the writers, which
+//! never stopped, keep going once their tablets are served again.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::TestCluster;
+use stratus_client::{Client, ClientConfig, TableId};
+use stratus_types::{TabletState, Version};
+
+/// Per key: the newest acknowledged (version, writer sequence).
+type Acknowledged = Arc<Mutex<HashMap<Vec<u8>, (Version, u32)>>>;
+
+/// A value that names its key and the writer's sequence number, padded to a size that varies.
+fn value_for(key: &[u8], sequence: u32) -> Vec<u8> {
+    let mut value = format!("{} {sequence} ", String::from_utf8_lossy(key)).into_bytes();
+    value.resize(64 + (sequence as usize * 131) % 3_000, b'.');
+    value
+}
+
+/// The sequence number a value was written with.
+fn sequence_of(key: &[u8], value: &[u8]) -> u32 {
+    let text = String::from_utf8_lossy(value);
+    let mut words = text.split(' ');
+    assert_eq!(words.next().map(str::as_bytes), Some(key), "value of another key: {text:.40}");
+    words.next().and_then(|word| word.parse().ok()).expect("a sequence number")
+}
+
+/// Writers that overwrite their own keys until `stop`; each records what was acknowledged.
+fn start_writers(
+    client: &Client,
+    table: TableId,
+    writers: u32,
+    acknowledged: &Acknowledged,
+    stop: &Arc<AtomicBool>,
+) -> tokio::task::JoinSet<u32> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for writer in 0..writers {
+        let client = client.clone();
+        let acknowledged = acknowledged.clone();
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            let mut failures = 0;
+            let mut sequence = 0u32;
+            while !stop.load(Ordering::SeqCst) && sequence < 100_000 {
+                let key = format!("w{writer}-k{}", sequence % 40).into_bytes();
+                match client.write(table, &key, &value_for(&key, sequence)).await {
+                    Ok(version) => {
+                        acknowledged.lock().unwrap().insert(key, (version, sequence));
+                    }
+                    // Outcome unknown (the operation timed out): not counted as acknowledged.
+                    Err(_) => failures += 1,
+                }
+                sequence += 1;
+            }
+            failures
+        });
+    }
+    tasks
+}
+
+async fn wait_for_acknowledged(acknowledged: &Acknowledged, count: usize, patience: Duration) {
+    let deadline = tokio::time::Instant::now() + patience;
+    while acknowledged.lock().unwrap().len() < count {
+        assert!(tokio::time::Instant::now() < deadline, "writers made no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every acknowledged write is readable: the version read is at least the acknowledged one, and
+/// the value is the one acknowledged or a later write of the same writer.
+async fn check_acknowledged(client: &Client, table: TableId, acknowledged: &Acknowledged) {
+    let expected = acknowledged.lock().unwrap().clone();
+    assert!(!expected.is_empty());
+    for (key, (version, sequence)) in expected {
+        let (value, found) = client
+            .read(table, &key)
+            .await
+            .unwrap_or_else(|error| panic!("acknowledged {key:?} unreadable: {error}"));
+        assert!(found >= version, "{key:?}: read {found:?} < acknowledged {version:?}");
+        let found_sequence = sequence_of(&key, &value);
+        assert!(found_sequence >= sequence, "{key:?}: sequence {found_sequence} < {sequence}");
+        if found == version {
+            assert_eq!(found_sequence, sequence, "{key:?}: same version, another value");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_master_is_recovered_and_no_acknowledged_write_is_lost() {
+    let mut cluster = TestCluster::start_with_replicas(4, 2);
+    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
+    // Writers to the crashed tablets wait through detection and recovery.
+    config.operation_timeout = Duration::from_secs(60);
+    let client = Client::new(config);
+    let table = client.create_table("recovered", 4).await.unwrap();
+    let map = client.tablet_map(table).await.unwrap();
+    let victim_address = map[0].owner_address.clone();
+    let victim_id = map[0].owner;
+
+    let acknowledged: Acknowledged = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = start_writers(&client, table, 6, &acknowledged, &stop);
+    wait_for_acknowledged(&acknowledged, 240, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let victim = cluster
+        .servers
+        .iter_mut()
+        .find(|process| process.address.as_deref() == Some(victim_address.as_str()))
+        .unwrap();
+    victim.signal(libc::SIGKILL);
+    assert!(victim.wait_exit(Duration::from_secs(10)).is_some());
+    let acknowledged_at_kill = acknowledged.lock().unwrap().len();
+
+    // The crashed tablets come back on other masters.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        let healed = map
+            .iter()
+            .all(|tablet| tablet.owner != victim_id && tablet.state == TabletState::Normal);
+        if healed {
+            // The whole hash space is still covered, without overlap.
+            assert_eq!(map[0].range.start, 0);
+            assert_eq!(map[map.len() - 1].range.end, u64::MAX);
+            for pair in map.windows(2) {
+                assert_eq!(pair[0].range.end + 1, pair[1].range.start, "{map:?}");
+            }
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Writers go on, including to the recovered tablets.
+    let before = acknowledged.lock().unwrap().values().map(|(_, sequence)| *sequence).sum::<u32>();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = acknowledged.lock().unwrap().values().map(|(_, sequence)| *sequence).sum::<u32>();
+        if now > before + 500 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut failures = 0;
+    let mut writers = writers;
+    while let Some(joined) = writers.join_next().await {
+        failures += joined.unwrap();
+    }
+    // With a 60 s operation timeout, no write should have given up during recovery.
+    assert_eq!(failures, 0, "writes failed during recovery");
+    assert!(acknowledged.lock().unwrap().len() >= acknowledged_at_kill);
+    check_acknowledged(&client, table, &acknowledged).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_cluster_killed_and_restarted_keeps_every_acknowledged_write() {
+    // fsync durability: a backup acknowledges a replica write once it is on its disk. With
+    // buffered durability (the default) a write is acknowledged in the backups' RAM, which
+    // survives any one server's crash but not every backup dying at once.
+    let mut cluster = TestCluster::start_with(3, 2, &["--durability", "fsync"]);
+    let client = cluster.client();
+    let table = client.create_table("cold", 3).await.unwrap();
+    let acknowledged: Acknowledged = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = start_writers(&client, table, 3, &acknowledged, &stop);
+    wait_for_acknowledged(&acknowledged, 120, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Every process at once, with SIGKILL: nothing gets to flush or say goodbye.
+    for server in &mut cluster.servers {
+        server.signal(libc::SIGKILL);
+    }
+    cluster.coordinator.signal(libc::SIGKILL);
+    for server in &mut cluster.servers {
+        assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    }
+    assert!(cluster.coordinator.wait_exit(Duration::from_secs(10)).is_some());
+    stop.store(true, Ordering::SeqCst);
+    writers.abort_all();
+    while writers.join_next().await.is_some() {}
+
+    // Restart on the same directories: the backups find their replicas on disk, the servers
+    // enlist with new ids, the coordinator recovers the old masters' tablets onto them.
+    cluster.restart_all();
+    let client = cluster.client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        if map.iter().all(|tablet| tablet.state == TabletState::Normal) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check_acknowledged(&client, table, &acknowledged).await;
+}

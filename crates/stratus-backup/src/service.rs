@@ -1,7 +1,7 @@
 //! The backup service: replica state, RAM buffers, durability modes, and the RPC handlers.
 
 use std::collections::btree_map::Entry as MapEntry;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
@@ -316,7 +316,17 @@ struct State {
     replicas: BTreeMap<(ServerId, SegmentId), Replica>,
     /// Free frames, taken from the end.
     free_frames: Vec<u32>,
+    /// Masters the coordinator declared crashed: their writes are refused, so a master that is
+    /// still running (a zombie) can complete no write once its recovery has begun. Checked
+    /// under the same lock as writes are applied, so a write is either applied before the
+    /// fence (and seen by recovery, which reads after fencing) or refused. Bounded by
+    /// [`FENCED_MASTERS_MAX`]; the oldest ids (the longest dead) are forgotten first.
+    fenced_masters: BTreeSet<ServerId>,
 }
+
+/// Crashed masters a backup remembers refusing (server ids are never reused, so the set only
+/// grows; the oldest are dropped past this many).
+pub const FENCED_MASTERS_MAX: usize = stratus_types::limits::SERVERS_MAX;
 
 #[derive(Debug)]
 struct Shared {
@@ -606,6 +616,17 @@ impl BackupService {
         self.begin_read(master_id, segment_id).wait().await
     }
 
+    /// Refuses every later write of `master_id` (BACKUP_FENCE_MASTER; idempotent).
+    pub fn fence_master(&self, master_id: ServerId) {
+        let mut state = self.state();
+        if state.fenced_masters.insert(master_id) {
+            tracing::warn!(%master_id, "master declared crashed: refusing its writes");
+        }
+        while state.fenced_masters.len() > FENCED_MASTERS_MAX {
+            state.fenced_masters.pop_first();
+        }
+    }
+
     /// Applies a write; the outcome is ready at once unless it waits for the disk.
     pub fn begin_write(&self, write: ReplicaWrite) -> Pending<()> {
         match self.apply_write(write) {
@@ -635,7 +656,13 @@ impl BackupService {
         // At most the capacity, a u32.
         let end = end as u32;
         let mut state = self.state();
-        let State { replicas, free_frames } = &mut *state;
+        if state.fenced_masters.contains(&write.master_id) {
+            return Err(BackupError::new(
+                Status::ServerCrashed,
+                format!("master {} was declared crashed: its writes are refused", write.master_id),
+            ));
+        }
+        let State { replicas, free_frames, .. } = &mut *state;
         let replica = match replicas.entry(key) {
             MapEntry::Occupied(entry) => entry.into_mut(),
             MapEntry::Vacant(entry) => {
@@ -980,6 +1007,11 @@ impl Service for BackupService {
                 encode_response(out, request_id, Status::Ok, &response);
                 Handled::Done
             }
+            Request::BackupFenceMaster { master_id } => {
+                self.fence_master(master_id);
+                encode_response(out, request_id, Status::Ok, &Response::BackupFenceMaster);
+                Handled::Done
+            }
             Request::BackupReadReplica { master_id, segment_id } => {
                 let pending = self.begin_read(master_id, segment_id);
                 answer(out, request_id, Opcode::BackupReadReplica, pending, |contents| {
@@ -1018,6 +1050,7 @@ pub fn is_backup_opcode(code: u16) -> bool {
                 | Opcode::BackupListReplicas
                 | Opcode::BackupReadReplica
                 | Opcode::BackupGetStatistics
+                | Opcode::BackupFenceMaster
         )
     )
 }

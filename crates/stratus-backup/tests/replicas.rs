@@ -450,3 +450,33 @@ async fn empty_replica_survives_a_restart() {
     assert_eq!(backup.list(ServerId(8)).len(), 1);
     assert!(backup.read(ServerId(8), SegmentId(1)).await.unwrap().data.is_empty());
 }
+
+/// A master declared crashed can complete no write: once fenced, its writes are refused (new
+/// replicas and appends alike), while what it wrote before stays readable for its recovery and
+/// other masters are unaffected.
+#[tokio::test]
+async fn a_fenced_master_writes_nothing_more_and_its_replicas_stay_readable() {
+    let (backup, _storage) = memory_backup(config(Durability::Buffered));
+    let mut built = segment(2, 3, 0);
+    backup.write(built.write_from(0, OPEN)).await.unwrap();
+    let sent = built.length();
+    built.append_object(b"before", 100);
+    backup.write(built.write_from(sent, APPEND)).await.unwrap();
+    let certified = built.certificate();
+
+    backup.fence_master(ServerId(2));
+    backup.fence_master(ServerId(2)); // idempotent
+    let sent = built.length();
+    built.append_object(b"after", 100);
+    let error = backup.write(built.write_from(sent, APPEND)).await.unwrap_err();
+    assert_eq!(error.status, Status::ServerCrashed);
+    let error = backup.write(segment(2, 4, 0).write_from(0, OPEN)).await.unwrap_err();
+    assert_eq!(error.status, Status::ServerCrashed);
+
+    // Recovery still reads exactly what was written before the fence.
+    assert_eq!(backup.list(ServerId(2))[0].certificate, certified);
+    let contents = backup.read(ServerId(2), SegmentId(3)).await.unwrap();
+    assert_eq!(contents.certificate, certified);
+    // Another master writes as before.
+    backup.write(segment(5, 1, 0).write_from(0, OPEN)).await.unwrap();
+}

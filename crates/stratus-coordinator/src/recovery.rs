@@ -49,6 +49,16 @@ impl Default for FailureDetectorConfig {
     }
 }
 
+/// How long a master may serve after asking for its lease. Shorter than detection (three
+/// missed 200 ms probes), so a master's lease has ended by the time it would be declared
+/// crashed anyway; long against the renewal interval (150 ms), so one slow renewal costs
+/// nothing.
+pub const LEASE_DURATION: Duration = Duration::from_millis(750);
+
+/// Extra time a crash declaration waits past the end of the last lease: covers the two clocks
+/// running at slightly different rates.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(50);
+
 /// How long one RECOVER_TABLETS may run: reading and replaying a whole partition.
 const RECOVER_TABLETS_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -144,7 +154,9 @@ impl Inner {
                 }
                 let missed = misses.entry(server_id).or_insert(0);
                 *missed += 1;
-                if *missed >= config.misses_to_declare {
+                // A server whose lease may still run could still be serving: wait for the
+                // lease to end before declaring it crashed (it keeps missing pings meanwhile).
+                if *missed >= config.misses_to_declare && self.lease_expired(server_id) {
                     misses.remove(&server_id);
                     self.declare_crashed(server_id, "missed pings").await;
                 }
@@ -266,6 +278,11 @@ impl Inner {
         if masters.is_empty() {
             return Attempt::Again("no master is up to recover onto".to_string());
         }
+        // Fence first: from here on no backup accepts a write of the crashed master, so the
+        // replicas read below hold every write it could ever have had acknowledged.
+        if let Err(reason) = self.fence(crashed, &backups).await {
+            return Attempt::Again(reason);
+        }
         let locations = self.locate_replicas(crashed, &backups).await;
         let segments = if locations.is_empty() {
             *no_replica_attempts += 1;
@@ -351,6 +368,36 @@ impl Inner {
             Attempt::Finished
         } else {
             Attempt::Again(format!("some partitions failed: {}", failures.join("; ")))
+        }
+    }
+
+    /// Tells every backup to refuse `crashed`'s writes (idempotent); fails unless all did.
+    async fn fence(self: &Arc<Self>, crashed: ServerId, backups: &[String]) -> Result<(), String> {
+        let mut fences = tokio::task::JoinSet::new();
+        for backup in backups {
+            let inner = self.clone();
+            let backup = backup.clone();
+            fences.spawn(async move {
+                let request = Request::BackupFenceMaster { master_id: crashed };
+                let outcome = inner.pool.call(&backup, &request).await;
+                if outcome.is_err() {
+                    inner.pool.forget(&backup);
+                }
+                (backup, outcome)
+            });
+        }
+        let mut unfenced = Vec::new();
+        while let Some(joined) = fences.join_next().await {
+            match joined {
+                Ok((_, Ok((Status::Ok, _)))) => {}
+                Ok((backup, outcome)) => unfenced.push(format!("{backup}: {outcome:?}")),
+                Err(error) => unfenced.push(error.to_string()),
+            }
+        }
+        if unfenced.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("backups not fenced yet: {}", unfenced.join("; ")))
         }
     }
 

@@ -1,6 +1,6 @@
 //! Request handling and the tasks that tell masters about their tablets.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +23,7 @@ use crate::records::{
     put_counter, put_server, put_table, table_key, CoordinatorState, TableRecord, TabletRecord,
     NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
 };
-use crate::recovery::{FailureDetectorConfig, RecoveryPools};
+use crate::recovery::{FailureDetectorConfig, RecoveryPools, LEASE_DURATION, LEASE_MARGIN};
 
 /// How long a CREATE_TABLE or DROP_TABLE waits for its masters' first acknowledgement before
 /// answering; delivery continues in the background after that.
@@ -51,6 +51,11 @@ pub(crate) struct Inner {
     /// Crashed masters whose recovery is running (at most one recovery per crashed master).
     pub(crate) recoveries: Mutex<HashSet<ServerId>>,
     pub(crate) recovery_pools: RecoveryPools,
+    /// When each server's last lease was granted (when its request arrived).
+    pub(crate) leases_granted: std::sync::Mutex<HashMap<ServerId, tokio::time::Instant>>,
+    /// When this coordinator started: a lease granted by an earlier incarnation ends at most
+    /// [`LEASE_DURATION`] after this.
+    pub(crate) started_at: tokio::time::Instant,
 }
 
 /// A failed request: status and message for the error response.
@@ -78,6 +83,8 @@ impl Coordinator {
             environment,
             placement_cursor: AtomicU64::new(0),
             recoveries: Mutex::new(HashSet::new()),
+            leases_granted: std::sync::Mutex::new(HashMap::new()),
+            started_at: tokio::time::Instant::now(),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -222,6 +229,7 @@ impl Inner {
                 Ok(Response::ListTables { tables })
             }
             Request::GetTabletMap { table_id } => self.tablet_map(table_id).await,
+            Request::RenewLease { server_id } => self.renew_lease(server_id).await,
             other => Err((
                 Status::UnimplementedRequest,
                 format!("{:?} is served by masters, not the coordinator", other.opcode()),
@@ -393,6 +401,41 @@ impl Inner {
         })
         .await;
         deliveries.detach_all();
+    }
+
+    /// RENEW_LEASE: a server that is up gets [`LEASE_DURATION`] more; one declared crashed is
+    /// told so (it then stops serving and exits). The grant is recorded under the state lock,
+    /// so no lease is granted after a crash is declared.
+    async fn renew_lease(&self, server_id: ServerId) -> Result<Response, Failure> {
+        let state = self.state.lock().await;
+        match state.servers.get(&server_id).map(|server| server.status) {
+            Some(ServerStatus::Up) => {
+                self.leases_granted
+                    .lock()
+                    .unwrap_or_else(|poison| poison.into_inner())
+                    .insert(server_id, tokio::time::Instant::now());
+                let lease_ms = u32::try_from(LEASE_DURATION.as_millis()).unwrap_or(u32::MAX);
+                Ok(Response::RenewLease { lease_ms })
+            }
+            Some(_) => {
+                Err((Status::ServerCrashed, format!("server {server_id} was declared crashed")))
+            }
+            None => Err((Status::InvalidParameter, format!("no server {server_id} is known"))),
+        }
+    }
+
+    /// True once no lease of `server_id` can still be running: the last one granted (or any an
+    /// earlier coordinator granted) has ended, with a margin for clock rates.
+    pub(crate) fn lease_expired(&self, server_id: ServerId) -> bool {
+        let last = self
+            .leases_granted
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(&server_id)
+            .copied()
+            .unwrap_or(self.started_at)
+            .max(self.started_at);
+        tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
     }
 
     async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {

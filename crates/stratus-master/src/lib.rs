@@ -11,11 +11,13 @@
 //! Reads copy the value straight from the log into the response frame: one copy, no
 //! intermediate buffer.
 
+mod lease;
 mod ownership;
 mod recovery;
 mod replication;
 mod service;
 
+pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use ownership::TabletOwnership;
 pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{

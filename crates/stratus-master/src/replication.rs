@@ -143,6 +143,9 @@ struct Shared {
     statistics: std::sync::Mutex<ReplicationStatistics>,
     /// The last problem that kept replication from progressing, for error messages.
     last_problem: std::sync::Mutex<String>,
+    /// A backup refused a write because the coordinator declared this master crashed: it is
+    /// a zombie and nothing it writes can become durable any more.
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl ReplicaManager {
@@ -163,6 +166,7 @@ impl ReplicaManager {
             durable,
             statistics: std::sync::Mutex::new(ReplicationStatistics::default()),
             last_problem: std::sync::Mutex::new(String::new()),
+            fenced: std::sync::atomic::AtomicBool::new(false),
         });
         let (survivor_sender, survivor_receiver) = mpsc::channel(SURVIVORS_QUEUED_MAX);
         let pump = Pump::new(server_id, shared.clone(), environment, survivor_receiver);
@@ -187,6 +191,9 @@ impl ReplicaManager {
 
     /// Waits until the log up to `position` is on every replica, or the sync timeout passes.
     pub async fn sync(&self, position: LogPosition) -> Result<(), SyncError> {
+        if self.is_fenced() {
+            return Err(SyncError { message: "this master was declared crashed".to_string() });
+        }
         let mut durable = self.shared.durable.subscribe();
         if *durable.borrow() >= position {
             return Ok(());
@@ -211,6 +218,11 @@ impl ReplicaManager {
                 })
             }
         }
+    }
+
+    /// True once a backup refused a write because this master was declared crashed.
+    pub fn is_fenced(&self) -> bool {
+        self.shared.fenced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The position known durable.
@@ -327,8 +339,13 @@ struct SurvivorRequest {
 
 /// The outcome of one BACKUP_WRITE.
 enum WriteOutcome {
-    Held { bytes_held: u32, closed: bool },
+    Held {
+        bytes_held: u32,
+        closed: bool,
+    },
     Failed(String),
+    /// The backup refused: this master was declared crashed.
+    Fenced,
 }
 
 impl Pump {
@@ -603,6 +620,12 @@ impl Pump {
                         }
                     }
                     WriteOutcome::Failed(reason) => failed.push((server_id, reason)),
+                    WriteOutcome::Fenced => {
+                        if !self.shared.fenced.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                            tracing::error!(backup = %server_id, "a backup refused a write: this master was declared crashed");
+                        }
+                        return Err("this master was declared crashed".to_string());
+                    }
                 }
             }
             if failed.is_empty() {
@@ -934,6 +957,7 @@ impl BackupCall {
         };
         match pool.call(&holder.address, &request).await {
             Ok((Status::Ok, _)) => WriteOutcome::Held { bytes_held: length, closed: self.close },
+            Ok((Status::ServerCrashed, _)) => WriteOutcome::Fenced,
             Ok((status, body)) => WriteOutcome::Failed(format!("{status}: {body:?}")),
             Err(error) => {
                 pool.forget(&holder.address);

@@ -18,9 +18,10 @@ use stratus_wire::{
     VersionItemResult, WriteItem,
 };
 
+use crate::lease::Lease;
 use crate::ownership::TabletOwnership;
 use crate::recovery::{recover_partition, RecoveryContext, RecoveryReader};
-use crate::replication::ReplicaManager;
+use crate::replication::{ReplicaManager, SyncError};
 
 /// How long a cleaner thread sleeps when the balancer finds nothing to do. Short enough that
 /// the cleaner reacts long before the free seglets (at least the cleaning threshold of the log)
@@ -46,6 +47,9 @@ pub struct Master {
     requests_served: AtomicU64,
     /// Present when this master may be asked to recover a crashed master's tablets.
     recovery: Option<RecoveryReader>,
+    /// Present when this master is a member of a cluster: it serves only while the lease is
+    /// valid (see `lease.rs`). Absent in tests that drive a master alone.
+    lease: Option<Arc<Lease>>,
 }
 
 /// Appends the value bytes the store copies out of the log directly to the response frame.
@@ -75,6 +79,7 @@ impl Master {
             wall_clock,
             requests_served: AtomicU64::new(0),
             recovery: None,
+            lease: None,
         })
     }
 
@@ -92,6 +97,17 @@ impl Master {
     /// `replication` holds the log up to it on every replica.
     pub fn set_replication(&mut self, replication: ReplicaManager) {
         self.replication = Some(replication);
+    }
+
+    /// From now on, serves object requests only while `lease` is valid.
+    pub fn set_lease(&mut self, lease: Arc<Lease>) {
+        self.lease = Some(lease);
+    }
+
+    /// True unless a lease is required and not held (expired, or the server was declared
+    /// crashed).
+    fn may_serve(&self) -> bool {
+        self.lease.as_ref().is_none_or(|lease| lease.valid())
     }
 
     /// Lets this master serve RECOVER_TABLETS, reading replicas through `reader`.
@@ -134,9 +150,14 @@ impl Master {
         self.wall_clock.now_seconds()
     }
 
-    /// Checks what every object request must satisfy before the store sees it: a valid key and
-    /// an owned tablet.
+    /// Checks what every object request must satisfy before the store sees it: a valid lease,
+    /// a valid key and an owned tablet. Without a lease the answer is RETRY: the coordinator
+    /// may be slow (the lease comes back), or this master was declared crashed (it exits, and
+    /// the client's retry then finds the tablet's new owner).
     fn admit(&self, table: TableId, key: &[u8]) -> Result<stratus_types::KeyHash, Status> {
+        if !self.may_serve() {
+            return Err(Status::Retry);
+        }
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
             return Err(Status::InvalidKey);
         }
@@ -370,6 +391,16 @@ impl Master {
         bytes_max: u32,
         out: &mut BytesMut,
     ) {
+        if !self.may_serve() {
+            let message = "no lease from the coordinator";
+            return encode_error_response(
+                out,
+                request_id,
+                Opcode::Enumerate.code(),
+                Status::Retry,
+                message,
+            );
+        }
         if !self.ownership.covers(table, &range) {
             let message = "the range is not within one tablet this server owns";
             return encode_error_response(
@@ -524,8 +555,16 @@ impl Master {
         self.handle_request(request_id, request, &mut frame);
         // Taken after the append: the head's end is at or past it.
         let position = replication.position_to_sync();
+        let lease = self.lease.clone();
         Handled::Later(Box::pin(async move {
-            match replication.sync(position).await {
+            let mut outcome = replication.sync(position).await;
+            // Acknowledge only while still a member: a master declared crashed while this
+            // write waited for its backups must not report success (its tablets may already
+            // be recovered elsewhere, from replicas read before this write reached them).
+            if outcome.is_ok() && lease.as_ref().is_some_and(|lease| !lease.valid()) {
+                outcome = Err(SyncError { message: "lease lost while replicating".to_string() });
+            }
+            match outcome {
                 Ok(()) => frame,
                 Err(error) => {
                     // The change is in memory but not known durable. RETRY tells the client

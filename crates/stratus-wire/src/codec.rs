@@ -317,7 +317,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, master_id.0);
             put_u64(out, segment_id.0);
         }
-        Request::BackupListReplicas { master_id } => put_u64(out, master_id.0),
+        Request::BackupListReplicas { master_id } | Request::BackupFenceMaster { master_id } => {
+            put_u64(out, master_id.0)
+        }
+        Request::RenewLease { server_id } => put_u64(out, server_id.0),
         Request::RecoverTablets { crashed_master, tablets, segments, backups } => {
             put_u64(out, crashed_master.0);
             put_count(out, tablets.len());
@@ -344,7 +347,9 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::TakeTabletOwnership
         | Response::DropTabletOwnership
         | Response::BackupWrite
-        | Response::BackupFree => {}
+        | Response::BackupFree
+        | Response::BackupFenceMaster => {}
+        Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupListReplicas { replicas } => {
             put_count(out, replicas.len());
             for replica in replicas {
@@ -960,6 +965,8 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             segment_id: reader.segment_id()?,
         },
         Opcode::BackupGetStatistics => Request::BackupGetStatistics,
+        Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
+        Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
         Opcode::RecoverTablets => Request::RecoverTablets {
             crashed_master: reader.server_id()?,
             tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
@@ -1085,6 +1092,8 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         },
         Opcode::BackupWrite => Response::BackupWrite,
         Opcode::BackupFree => Response::BackupFree,
+        Opcode::BackupFenceMaster => Response::BackupFenceMaster,
+        Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
         Opcode::BackupListReplicas => Response::BackupListReplicas {
             replicas: reader.list(BACKUP_REPLICAS_MAX, REPLICA_ENTRY_BYTES, |reader| {
                 let master_id = reader.server_id()?;

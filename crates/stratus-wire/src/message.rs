@@ -29,6 +29,8 @@ pub enum Opcode {
     ListTables = 15,
     /// Coordinator: the tablets of one table (or of all tables).
     GetTabletMap = 16,
+    /// Coordinator (from a master): extend the master's lease to serve requests.
+    RenewLease = 17,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -66,11 +68,13 @@ pub enum Opcode {
     BackupReadReplica = 53,
     /// Backup: its durability mode and counters, for `stratus status`.
     BackupGetStatistics = 54,
+    /// Backup (from the coordinator): refuse every further write of a master declared crashed.
+    BackupFenceMaster = 55,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 26] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -79,6 +83,7 @@ impl Opcode {
         Opcode::GetTableId,
         Opcode::ListTables,
         Opcode::GetTabletMap,
+        Opcode::RenewLease,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -97,6 +102,7 @@ impl Opcode {
         Opcode::BackupListReplicas,
         Opcode::BackupReadReplica,
         Opcode::BackupGetStatistics,
+        Opcode::BackupFenceMaster,
     ];
 
     /// The wire code.
@@ -607,6 +613,16 @@ pub enum Request {
     },
     /// BACKUP_GET_STATISTICS.
     BackupGetStatistics,
+    /// BACKUP_FENCE_MASTER: refuse every further BACKUP_WRITE of `master_id`.
+    BackupFenceMaster {
+        /// The master the coordinator declared crashed.
+        master_id: ServerId,
+    },
+    /// RENEW_LEASE: the master `server_id` asks to keep serving.
+    RenewLease {
+        /// The asking master.
+        server_id: ServerId,
+    },
 }
 
 /// One part of a crashed master's tablets, recovered by one recovery master.
@@ -716,6 +732,14 @@ pub enum Response {
         /// Statistics.
         statistics: ServerStatistics,
     },
+    /// BACKUP_FENCE_MASTER.
+    BackupFenceMaster,
+    /// RENEW_LEASE: the master may serve for `lease_ms` milliseconds from when it sent the
+    /// request.
+    RenewLease {
+        /// Lease length in milliseconds.
+        lease_ms: u32,
+    },
     /// RECOVER_TABLETS: the partition is replayed and durable on this master's backups.
     RecoverTablets {
         /// Segments verified and replayed.
@@ -779,6 +803,8 @@ impl Request {
             Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
             Request::GetServerStatistics => Opcode::GetServerStatistics,
             Request::RecoverTablets { .. } => Opcode::RecoverTablets,
+            Request::BackupFenceMaster { .. } => Opcode::BackupFenceMaster,
+            Request::RenewLease { .. } => Opcode::RenewLease,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
             Request::BackupListReplicas { .. } => Opcode::BackupListReplicas,
@@ -813,6 +839,8 @@ impl Response {
             Response::DropTabletOwnership => Opcode::DropTabletOwnership,
             Response::GetServerStatistics { .. } => Opcode::GetServerStatistics,
             Response::RecoverTablets { .. } => Opcode::RecoverTablets,
+            Response::BackupFenceMaster => Opcode::BackupFenceMaster,
+            Response::RenewLease { .. } => Opcode::RenewLease,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,
             Response::BackupListReplicas { .. } => Opcode::BackupListReplicas,

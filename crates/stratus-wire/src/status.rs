@@ -66,11 +66,14 @@ pub enum Status {
     /// The backup's storage failed (for example an fsync error); it refuses every write until
     /// it is restarted, rather than acknowledge data it may not hold.
     BackupStorageFailed = 26,
+    /// The coordinator declared the calling server crashed: the coordinator refuses its lease
+    /// and backups refuse its writes. A master that receives it must stop serving and exit.
+    ServerCrashed = 27,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 27] = [
+    pub const ALL: [Status; 28] = [
         Status::Ok,
         Status::UnknownTablet,
         Status::TableDoesntExist,
@@ -98,6 +101,7 @@ impl Status {
         Status::BackupOffsetMismatch,
         Status::BackupReplicaClosed,
         Status::BackupStorageFailed,
+        Status::ServerCrashed,
     ];
 
     /// The wire code.
@@ -149,6 +153,7 @@ impl Status {
             Status::BackupOffsetMismatch => "write offset does not match the replica's length",
             Status::BackupReplicaClosed => "replica is closed",
             Status::BackupStorageFailed => "backup storage failed",
+            Status::ServerCrashed => "server declared crashed",
         }
     }
 }

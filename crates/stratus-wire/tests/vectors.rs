@@ -214,6 +214,15 @@ fn expected(name: &str) -> Expected {
                 backups: vec!["b:1".to_string()],
             },
         },
+        "renew-lease-request" => Expected::Request {
+            request_id: 17,
+            request: Request::RenewLease { server_id: ServerId(3) },
+        },
+        "renew-lease-response" => ok(17, Response::RenewLease { lease_ms: 750 }),
+        "backup-fence-master-request" => Expected::Request {
+            request_id: 18,
+            request: Request::BackupFenceMaster { master_id: ServerId(2) },
+        },
         "recover-tablets-response" => ok(
             16,
             Response::RecoverTablets {

@@ -9,7 +9,8 @@ use stratus_backup::{BackupConfig, BackupRouter, BackupService, Durability, Memo
 use stratus_coordinator::{Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
-    Master, MasterConfig, Placement, RecoveryReader, ReplicaManager, ReplicationConfig,
+    keep_lease, Lease, Master, MasterConfig, Placement, RecoveryReader, ReplicaManager,
+    ReplicationConfig,
 };
 use stratus_meta::FileMetaStore;
 use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig};
@@ -146,6 +147,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|error| error.to_string())
 }
 
+/// How often a server checks whether the coordinator declared it crashed (then it exits).
+const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
 /// How often a role started with `--exit-with-parent` checks that its parent still lives.
 const PARENT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -275,6 +279,24 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             master.set_replication(replication);
         }
         master.set_recovery_reader(RecoveryReader::new(environment.network.clone()));
+        // The master serves only while the coordinator renews its lease.
+        let lease = Lease::new();
+        master.set_lease(lease.clone());
+        tokio::spawn(keep_lease(
+            lease.clone(),
+            server_id,
+            coordinator.clone(),
+            environment.network.clone(),
+        ));
+        let replication = master.replication().cloned();
+        let declared_crashed = async move {
+            loop {
+                tokio::time::sleep(DECLARED_CRASHED_CHECK_INTERVAL).await;
+                if lease.is_crashed() || replication.as_ref().is_some_and(|r| r.is_fenced()) {
+                    return;
+                }
+            }
+        };
         // One combined cleaner, plus a compactor when there are replicas to save bandwidth on.
         let cleaner_threads = if arguments.replicas > 0 { 2 } else { 1 };
         master
@@ -296,6 +318,11 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             _ = termination(arguments.exit_with_parent) => {
                 tracing::info!("server stopping");
                 Ok(())
+            }
+            _ = declared_crashed => {
+                // A zombie: its tablets are being recovered elsewhere. Serving on could only
+                // hand out stale data.
+                Err(format!("server {server_id} was declared crashed by the coordinator; exiting"))
             }
         }
     })

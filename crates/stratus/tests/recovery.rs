@@ -10,9 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use common::TestCluster;
 use stratus_client::{Client, ClientConfig, TableId};
-use stratus_types::{TabletState, Version};
+use stratus_env::TcpNetwork;
+use stratus_rpc::{ChannelPool, RpcConfig};
+use stratus_types::{RejectRules, TabletState, Version};
+use stratus_wire::{Request, Status};
 
 /// Per key: the newest acknowledged (version, writer sequence).
 type Acknowledged = Arc<Mutex<HashMap<Vec<u8>, (Version, u32)>>>;
@@ -202,4 +206,88 @@ async fn a_whole_cluster_killed_and_restarted_keeps_every_acknowledged_write() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     check_acknowledged(&client, table, &acknowledged).await;
+}
+
+/// SIGSTOP a master until it is declared crashed and its tablet recovered elsewhere, then
+/// SIGCONT: requests that were waiting in its sockets meanwhile get no stale read and no
+/// acknowledged write, and the process exits on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
+    // Four servers: with one paused, each of the others still has two backups besides itself.
+    let mut cluster = TestCluster::start_with_replicas(4, 2);
+    let client = cluster.client();
+    let table = client.create_table("zombie", 1).await.unwrap();
+    let map = client.tablet_map(table).await.unwrap();
+    let zombie_address = map[0].owner_address.clone();
+    let zombie_id = map[0].owner;
+    let old_version = client.write(table, b"key", b"old value").await.unwrap();
+
+    // A connection to the master, opened while it runs (the handshake needs it awake).
+    let pool = ChannelPool::new(
+        Arc::new(TcpNetwork),
+        RpcConfig { request_timeout: Duration::from_secs(30), ..RpcConfig::default() },
+    );
+    assert!(matches!(pool.call(&zombie_address, &Request::Ping).await, Ok((Status::Ok, _))));
+
+    let zombie = cluster
+        .servers
+        .iter_mut()
+        .find(|process| process.address.as_deref() == Some(zombie_address.as_str()))
+        .unwrap();
+    zombie.signal(libc::SIGSTOP);
+    // Recovered elsewhere, then overwritten there.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        if map.iter().all(|tablet| tablet.owner != zombie_id && tablet.state == TabletState::Normal)
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (value, version) = client.read(table, b"key").await.unwrap();
+    assert_eq!((&value[..], version), (&b"old value"[..], old_version));
+    let new_version = client.write(table, b"key", b"new value").await.unwrap();
+    assert!(new_version > old_version);
+
+    // Requests to the paused master wait in its socket until it resumes.
+    let pool = Arc::new(pool);
+    let read = {
+        let pool = pool.clone();
+        let address = zombie_address.clone();
+        tokio::spawn(async move {
+            let request = Request::Read {
+                table_id: table,
+                key: Bytes::from_static(b"key"),
+                rules: RejectRules::NONE,
+            };
+            pool.call(&address, &request).await
+        })
+    };
+    let write = {
+        let pool = pool.clone();
+        let address = zombie_address.clone();
+        tokio::spawn(async move {
+            let request = Request::Write {
+                table_id: table,
+                key: Bytes::from_static(b"key"),
+                value: Bytes::from_static(b"zombie value"),
+                rules: RejectRules::NONE,
+            };
+            pool.call(&address, &request).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    zombie.signal(libc::SIGCONT);
+    let read = read.await.unwrap();
+    let write = write.await.unwrap();
+    assert!(!matches!(read, Ok((Status::Ok, _))), "the zombie served a stale read: {read:?}");
+    assert!(!matches!(write, Ok((Status::Ok, _))), "the zombie acknowledged a write: {write:?}");
+    let status = zombie.wait_exit(Duration::from_secs(30)).expect("the zombie exits");
+    assert!(!status.success(), "the zombie exits with an error: {status:?}");
+
+    // The cluster's value is the one written after recovery.
+    let (value, version) = client.read(table, b"key").await.unwrap();
+    assert_eq!((&value[..], version), (&b"new value"[..], new_version));
 }

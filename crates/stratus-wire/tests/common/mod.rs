@@ -195,6 +195,8 @@ pub fn request() -> impl Strategy<Value = Request> {
             Request::BackupReadReplica { master_id, segment_id }
         }),
         Just(Request::BackupGetStatistics),
+        server_id().prop_map(|master_id| Request::BackupFenceMaster { master_id }),
+        server_id().prop_map(|server_id| Request::RenewLease { server_id }),
         (
             server_id(),
             vec(
@@ -345,6 +347,8 @@ pub fn response() -> impl Strategy<Value = Response> {
             }
         ),
         backup_statistics().prop_map(|statistics| Response::BackupGetStatistics { statistics }),
+        Just(Response::BackupFenceMaster),
+        any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
         any::<[u64; 3]>().prop_map(|[segments_replayed, replica_bytes_read, objects_replayed]| {
             Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed }
         }),

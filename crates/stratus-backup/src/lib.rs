@@ -16,11 +16,13 @@
 //! BACKUP_STORAGE_FAILED instead of acknowledging data it may not hold.
 
 pub mod format;
+mod garbage;
 mod io;
 mod scan;
 mod service;
 pub mod storage;
 
+pub use garbage::{collect_garbage, collect_once, GARBAGE_COLLECTION_INTERVAL};
 pub use scan::validate_replica;
 pub use service::{
     is_backup_opcode, BackupConfig, BackupError, BackupRouter, BackupService, BackupStatistics,

@@ -226,6 +226,7 @@ impl Inner {
             match self.recovery_attempt(crashed, &mut no_replica_attempts).await {
                 Attempt::Finished => {
                     tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
+                    self.mark_removed(crashed).await;
                     return;
                 }
                 Attempt::Again(reason) => {
@@ -235,6 +236,20 @@ impl Inner {
             tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
         }
         tracing::error!(%crashed, "recovery gave up after {RECOVERY_ATTEMPTS_MAX} attempts; its tablets stay unavailable until the coordinator restarts");
+    }
+
+    /// A recovered master is *removed*: nothing of it is needed any more, and backups free its
+    /// replicas (their garbage collection looks for removed masters).
+    async fn mark_removed(&self, server_id: ServerId) {
+        let mut state = self.state.lock().await;
+        let Some(server) = state.servers.get(&server_id).cloned() else { return };
+        if server.status != ServerStatus::Crashed {
+            return;
+        }
+        let removed = ServerEntry { status: ServerStatus::Removed, ..server };
+        if self.persist(vec![put_server(&removed)]).await.is_ok() {
+            state.servers.insert(server_id, removed);
+        }
     }
 
     async fn recovery_attempt(

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use stratus_backup::{BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage};
+use stratus_backup::{
+    collect_garbage, BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage,
+};
 use stratus_coordinator::{Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
@@ -310,7 +312,11 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
         let master: Arc<dyn stratus_rpc::Service> = Arc::new(master);
         let service: Arc<dyn stratus_rpc::Service> = match backup {
-            Some(backup) => Arc::new(BackupRouter::new(backup, master)),
+            Some(backup) => {
+                let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
+                tokio::spawn(collect_garbage(backup.clone(), coordinator.clone(), pool));
+                Arc::new(BackupRouter::new(backup, master))
+            }
             None => master,
         };
         tokio::select! {

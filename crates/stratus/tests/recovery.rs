@@ -16,7 +16,7 @@ use stratus_client::{Client, ClientConfig, TableId};
 use stratus_env::TcpNetwork;
 use stratus_rpc::{ChannelPool, RpcConfig};
 use stratus_types::{RejectRules, TabletState, Version};
-use stratus_wire::{Request, Status};
+use stratus_wire::{Request, Response, ResponseBody, ServerStatus, Status};
 
 /// Per key: the newest acknowledged (version, writer sequence).
 type Acknowledged = Arc<Mutex<HashMap<Vec<u8>, (Version, u32)>>>;
@@ -67,6 +67,12 @@ fn start_writers(
         });
     }
     tasks
+}
+
+/// How far the writers got: the sum of the sequence numbers acknowledged per key (grows with
+/// every acknowledged write, unlike the number of keys).
+fn progress(acknowledged: &Acknowledged) -> u64 {
+    acknowledged.lock().unwrap().values().map(|(_, sequence)| u64::from(*sequence)).sum()
 }
 
 async fn wait_for_acknowledged(acknowledged: &Acknowledged, count: usize, patience: Duration) {
@@ -143,13 +149,9 @@ async fn a_killed_master_is_recovered_and_no_acknowledged_write_is_lost() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Writers go on, including to the recovered tablets.
-    let before = acknowledged.lock().unwrap().values().map(|(_, sequence)| *sequence).sum::<u32>();
+    let before = progress(&acknowledged);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = acknowledged.lock().unwrap().values().map(|(_, sequence)| *sequence).sum::<u32>();
-        if now > before + 500 {
-            break;
-        }
+    while progress(&acknowledged) < before + 500 {
         assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -163,6 +165,30 @@ async fn a_killed_master_is_recovered_and_no_acknowledged_write_is_lost() {
     assert_eq!(failures, 0, "writes failed during recovery");
     assert!(acknowledged.lock().unwrap().len() >= acknowledged_at_kill);
     check_acknowledged(&client, table, &acknowledged).await;
+
+    // Recovered, the victim is removed, and the backups free its replicas.
+    let servers = client.server_list().await.unwrap();
+    let victim = servers.iter().find(|server| server.server_id == victim_id).unwrap();
+    assert_eq!(victim.status, ServerStatus::Removed);
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for server in servers.iter().filter(|server| server.status == ServerStatus::Up) {
+        loop {
+            let request = Request::BackupListReplicas { master_id: victim_id };
+            match pool.call(&server.address, &request).await {
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::BackupListReplicas { replicas }),
+                )) if replicas.is_empty() => break,
+                other => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} still holds replicas of the removed master: {other:?}",
+                    server.address
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -290,4 +316,57 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
     // The cluster's value is the one written after recovery.
     let (value, version) = client.read(table, b"key").await.unwrap();
     assert_eq!((&value[..], version), (&b"new value"[..], new_version));
+}
+
+/// Two masters SIGKILLed at the same moment under write load: both are recovered (each may be
+/// chosen as a recovery master of the other until it is declared crashed too), and no
+/// acknowledged write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_masters_killed_together_are_both_recovered() {
+    let mut cluster = TestCluster::start_with_replicas(5, 2);
+    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
+    config.operation_timeout = Duration::from_secs(60);
+    let client = Client::new(config);
+    let table = client.create_table("double", 5).await.unwrap();
+    let map = client.tablet_map(table).await.unwrap();
+    let mut victims: Vec<String> = map.iter().map(|tablet| tablet.owner_address.clone()).collect();
+    victims.sort();
+    victims.dedup();
+    victims.truncate(2);
+    assert_eq!(victims.len(), 2);
+
+    let acknowledged: Acknowledged = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = start_writers(&client, table, 6, &acknowledged, &stop);
+    wait_for_acknowledged(&acknowledged, 240, Duration::from_secs(60)).await;
+    for process in cluster.servers.iter_mut() {
+        if victims.iter().any(|victim| process.address.as_deref() == Some(victim.as_str())) {
+            process.signal(libc::SIGKILL);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        let healed = map.iter().all(|tablet| {
+            !victims.contains(&tablet.owner_address) && tablet.state == TabletState::Normal
+        });
+        if healed {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = progress(&acknowledged);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while progress(&acknowledged) < before + 500 {
+        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut failures = 0;
+    while let Some(joined) = writers.join_next().await {
+        failures += joined.unwrap();
+    }
+    assert_eq!(failures, 0, "writes failed during recovery");
+    check_acknowledged(&client, table, &acknowledged).await;
 }

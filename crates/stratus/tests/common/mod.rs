@@ -108,6 +108,8 @@ pub struct TestCluster {
     /// Server arguments besides the common ones, kept for restarts.
     replicas: usize,
     extra: Vec<String>,
+    /// Coordinator arguments besides the common ones, kept for restarts.
+    coordinator_extra: Vec<String>,
 }
 
 /// Server arguments used by the tests: a small log with 1 MiB segments and 128 KiB values,
@@ -156,9 +158,22 @@ impl TestCluster {
     /// `server_count` servers with `replicas` copies of every segment and `extra` server
     /// arguments.
     pub fn start_with(server_count: usize, replicas: usize, extra: &[&str]) -> TestCluster {
+        Self::start_with_coordinator(server_count, replicas, extra, &[])
+    }
+
+    /// Like [`TestCluster::start_with`], with `coordinator_extra` coordinator arguments.
+    pub fn start_with_coordinator(
+        server_count: usize,
+        replicas: usize,
+        extra: &[&str],
+        coordinator_extra: &[&str],
+    ) -> TestCluster {
         let directory = tempfile::tempdir().expect("temporary directory");
         let coordinator_address = free_address();
-        let coordinator = Self::start_coordinator(&coordinator_address, &directory);
+        let coordinator_extra: Vec<String> =
+            coordinator_extra.iter().map(|argument| argument.to_string()).collect();
+        let coordinator =
+            Self::start_coordinator_with(&coordinator_address, &directory, &coordinator_extra);
         let mut cluster = TestCluster {
             coordinator_address,
             directory,
@@ -166,6 +181,7 @@ impl TestCluster {
             servers: Vec::new(),
             replicas,
             extra: extra.iter().map(|argument| argument.to_string()).collect(),
+            coordinator_extra,
         };
         cluster.servers = (0..server_count).map(|index| cluster.start_server(index)).collect();
         cluster
@@ -187,18 +203,32 @@ impl TestCluster {
     /// Starts the coordinator and every server again on their directories, after they were
     /// all stopped (a cold start).
     pub fn restart_all(&mut self) {
-        self.coordinator = Self::start_coordinator(&self.coordinator_address, &self.directory);
+        self.coordinator = Self::start_coordinator_with(
+            &self.coordinator_address,
+            &self.directory,
+            &self.coordinator_extra,
+        );
         self.servers = (0..self.servers.len()).map(|index| self.start_server(index)).collect();
     }
 
     pub fn start_coordinator(address: &str, directory: &tempfile::TempDir) -> Process {
-        let coordinator = Process::start(&[
+        Self::start_coordinator_with(address, directory, &[])
+    }
+
+    pub fn start_coordinator_with(
+        address: &str,
+        directory: &tempfile::TempDir,
+        extra: &[String],
+    ) -> Process {
+        let mut arguments = vec![
             "coordinator".to_string(),
             "--listen".to_string(),
             address.to_string(),
             "--dir".to_string(),
             directory.path().join("coordinator").display().to_string(),
-        ]);
+        ];
+        arguments.extend(extra.iter().cloned());
+        let coordinator = Process::start(&arguments);
         coordinator.wait_for_line("listening on", Duration::from_secs(30));
         coordinator
     }
@@ -207,7 +237,11 @@ impl TestCluster {
     pub fn restart_coordinator_after_sigkill(&mut self) {
         self.coordinator.signal(libc::SIGKILL);
         assert!(self.coordinator.wait_exit(Duration::from_secs(10)).is_some());
-        self.coordinator = Self::start_coordinator(&self.coordinator_address, &self.directory);
+        self.coordinator = Self::start_coordinator_with(
+            &self.coordinator_address,
+            &self.directory,
+            &self.coordinator_extra,
+        );
     }
 
     pub fn client(&self) -> Client {

@@ -10,12 +10,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use bytes::{Bytes, BytesMut};
+use stratus_log::Entry;
 use stratus_rpc::{Handled, Service};
-use stratus_types::{SegmentId, ServerId};
+use stratus_types::{key_hash, SegmentId, ServerId};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, BackupDurability,
-    BackupServiceStatistics, BackupWriteFlags, FrameHeader, Opcode, ReplicaCertificate,
-    ReplicaEntry, Request, Response, Status, BACKUP_REPLICAS_MAX, REPLICA_BYTES_MAX,
+    BackupServiceStatistics, BackupWriteFlags, FrameHeader, Opcode, RecoveryTablet,
+    ReplicaCertificate, ReplicaEntry, Request, Response, Status, BACKUP_REPLICAS_MAX,
+    REPLICA_BYTES_MAX,
 };
 use tokio::sync::oneshot;
 
@@ -934,6 +936,44 @@ fn encode_outcome(
 }
 
 /// Answers now if the outcome is ready, or later from a future that waits for it.
+/// BACKUP_GET_RECOVERY_DATA: the replica reduced to what a recovery master of `tablets` needs
+/// (verified and filtered off the async runtime: a whole segment's checksums).
+async fn recovery_data(
+    contents: ReplicaContents,
+    tablets: Vec<RecoveryTablet>,
+) -> Result<Response, BackupError> {
+    let filtered = tokio::task::spawn_blocking(move || {
+        let certificate = stratus_log::Certificate {
+            segment_length: contents.certificate.segment_length,
+            checksum: contents.certificate.checksum,
+        };
+        let in_partition = |table, hash| {
+            tablets.iter().any(|tablet| tablet.table_id == table && tablet.range.contains(hash))
+        };
+        let keep = |entry: &Entry<'_>| match entry {
+            Entry::Object(object) => in_partition(object.table, key_hash(object.table, object.key)),
+            Entry::Tombstone(tombstone) => {
+                in_partition(tombstone.table, key_hash(tombstone.table, tombstone.key))
+            }
+            Entry::SafeVersion(_) => true,
+            _ => false,
+        };
+        stratus_log::filter_segment(&contents.data, &certificate, &keep)
+    })
+    .await
+    .map_err(|error| BackupError::new(Status::InternalError, format!("filter task: {error}")))?;
+    let (data, certificate) = filtered.map_err(|error| {
+        BackupError::new(Status::InternalError, format!("the replica failed verification: {error}"))
+    })?;
+    Ok(Response::BackupGetRecoveryData {
+        certificate: ReplicaCertificate {
+            segment_length: certificate.segment_length,
+            checksum: certificate.checksum,
+        },
+        data: Bytes::from(data),
+    })
+}
+
 fn answer<T: Send + 'static>(
     out: &mut BytesMut,
     request_id: u64,
@@ -1012,6 +1052,18 @@ impl Service for BackupService {
                 encode_response(out, request_id, Status::Ok, &Response::BackupFenceMaster);
                 Handled::Done
             }
+            Request::BackupGetRecoveryData { master_id, segment_id, tablets } => {
+                let pending = self.begin_read(master_id, segment_id);
+                Handled::Later(Box::pin(async move {
+                    let outcome = match pending.wait().await {
+                        Ok(contents) => recovery_data(contents, tablets).await,
+                        Err(error) => Err(error),
+                    };
+                    let mut frame = BytesMut::new();
+                    encode_outcome(&mut frame, request_id, Opcode::BackupGetRecoveryData, outcome);
+                    frame
+                }))
+            }
             Request::BackupReadReplica { master_id, segment_id } => {
                 let pending = self.begin_read(master_id, segment_id);
                 answer(out, request_id, Opcode::BackupReadReplica, pending, |contents| {
@@ -1051,6 +1103,7 @@ pub fn is_backup_opcode(code: u16) -> bool {
                 | Opcode::BackupReadReplica
                 | Opcode::BackupGetStatistics
                 | Opcode::BackupFenceMaster
+                | Opcode::BackupGetRecoveryData
         )
     )
 }

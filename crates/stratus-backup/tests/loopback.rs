@@ -169,3 +169,54 @@ async fn router_serves_backup_and_master_on_one_port() {
     let (status, message) = expect_status(&channel, &Request::Ping).await;
     assert_eq!((status, message.as_str()), (Status::WrongServer, "master"));
 }
+
+/// BACKUP_GET_RECOVERY_DATA sends a verifiable segment holding the header and exactly the
+/// objects whose key hash lies in the partition.
+#[tokio::test]
+async fn recovery_data_holds_exactly_the_partition() {
+    let channel = start(backup(Durability::Buffered, 4)).await;
+    let built = segment(2, 3, 40);
+    expect_ok(
+        &channel,
+        &write_request(&built, 0, BackupWriteFlags { open: true, close: true, primary: false }),
+    )
+    .await;
+    let lower_half = stratus_types::HashRange { start: 0, end: u64::MAX / 2 };
+    let request = Request::BackupGetRecoveryData {
+        master_id: ServerId(2),
+        segment_id: SegmentId(3),
+        tablets: vec![stratus_wire::RecoveryTablet {
+            table_id: stratus_types::TableId(1),
+            range: lower_half,
+        }],
+    };
+    let Response::BackupGetRecoveryData { certificate, data } = expect_ok(&channel, &request).await
+    else {
+        panic!("wrong response");
+    };
+    let certificate = stratus_log::Certificate {
+        segment_length: certificate.segment_length,
+        checksum: certificate.checksum,
+    };
+    stratus_log::verify_replica(&data, &certificate, ServerId(2), SegmentId(3)).unwrap();
+    let kept: Vec<Vec<u8>> = stratus_log::SegmentIterator::new(&data, &certificate)
+        .unwrap()
+        .filter_map(|entry| match entry.unwrap().entry {
+            stratus_log::Entry::Object(object) => Some(object.key.to_vec()),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<Vec<u8>> = (0..40)
+        .map(|index| format!("key-2-3-{index}").into_bytes())
+        .filter(|key| lower_half.contains(stratus_types::key_hash(stratus_types::TableId(1), key)))
+        .collect();
+    assert!(!expected.is_empty() && expected.len() < 40, "the partition splits the keys");
+    assert_eq!(kept, expected);
+    // A replica the backup does not hold.
+    let missing = Request::BackupGetRecoveryData {
+        master_id: ServerId(2),
+        segment_id: SegmentId(99),
+        tablets: Vec::new(),
+    };
+    assert_eq!(expect_status(&channel, &missing).await.0, Status::BackupBadSegmentId);
+}

@@ -62,6 +62,32 @@ impl<'a> SegmentIterator<'a> {
     }
 }
 
+/// Builds the segment a recovery master needs from a replica: the segment header, then the
+/// entries `keep` accepts, in their order and with their bytes unchanged, and the certificate
+/// of the result. The replica is verified on the way (certificate and every entry's checksum);
+/// a replica that fails is refused whole.
+pub fn filter_segment(
+    bytes: &[u8],
+    certificate: &Certificate,
+    keep: &dyn Fn(&Entry<'_>) -> bool,
+) -> Result<(Vec<u8>, Certificate), FormatError> {
+    let mut filtered = Vec::new();
+    let mut builder = CertificateBuilder::default();
+    for entry in SegmentIterator::new(bytes, certificate)? {
+        let entry = entry?;
+        if entry.entry_type != EntryType::SegmentHeader && !keep(&entry.entry) {
+            continue;
+        }
+        let start = entry.offset as usize;
+        let whole = &bytes[start..start + entry.entry_bytes as usize];
+        let header_bytes = crate::format::entry_header_bytes_from_first_byte(whole[0]);
+        builder.add_header(&whole[..header_bytes]);
+        filtered.extend_from_slice(whole);
+    }
+    let length = u32::try_from(filtered.len()).map_err(|_| FormatError::Truncated)?;
+    Ok((filtered, builder.certificate(length)))
+}
+
 /// What a verified replica of a segment says about its log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifiedReplica {

@@ -17,7 +17,9 @@ pub mod log;
 pub mod seglet_memory;
 
 pub use format::{Certificate, Entry, EntryType, FormatError, ObjectView, TombstoneView};
-pub use iterator::{verify_replica, IteratedEntry, SegmentIterator, VerifiedReplica};
+pub use iterator::{
+    filter_segment, verify_replica, IteratedEntry, SegmentIterator, VerifiedReplica,
+};
 pub use log::{
     AppendEntry, AppendError, AppendPriority, Appended, CleaningCandidate, Log, LogConfig,
     LogStatistics, Reference, SegmentStatistics, DISK_EXPANSION_FACTOR,

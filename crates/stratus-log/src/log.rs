@@ -1357,6 +1357,35 @@ mod tests {
     }
 
     #[test]
+    fn a_filtered_segment_keeps_its_header_and_the_chosen_entries() {
+        let log = Log::new(small_config(), ServerId(7));
+        let keep = encode_object(TableId(1), Version(1), 10, b"keep", b"v1");
+        let drop = encode_object(TableId(2), Version(2), 10, b"drop", b"v2");
+        log.append(&[object_entry(&keep), object_entry(&drop)], AppendPriority::Normal).unwrap();
+        let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
+        let only_table_one = |entry: &Entry<'_>| matches!(entry, Entry::Object(object) if object.table == TableId(1));
+        let (filtered, filtered_certificate) =
+            crate::filter_segment(&bytes, &certificate, &only_table_one).unwrap();
+        let entries: Vec<_> = SegmentIterator::new(&filtered, &filtered_certificate)
+            .unwrap()
+            .map(|entry| entry.unwrap().entry)
+            .collect();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert!(matches!(entries[0], Entry::SegmentHeader(header) if header.log_id == ServerId(7)));
+        assert!(matches!(entries[1], Entry::Object(object) if object.key == b"keep"));
+        // The result is a verifiable replica of the same segment.
+        let verified =
+            crate::verify_replica(&filtered, &filtered_certificate, ServerId(7), SegmentId(1))
+                .unwrap();
+        assert_eq!(verified.digest, None);
+        // A corrupt replica is refused rather than filtered.
+        let mut corrupt = bytes.to_vec();
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 1;
+        assert!(crate::filter_segment(&corrupt, &certificate, &only_table_one).is_err());
+    }
+
+    #[test]
     fn verify_replica_checks_identity_and_reports_the_digest() {
         let log = Log::new(small_config(), ServerId(7));
         let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");

@@ -89,12 +89,14 @@ pub(crate) async fn recover_partition(
 
     let permits = Arc::new(Semaphore::new(RECOVERY_READS_IN_FLIGHT_MAX));
     let mut reads = tokio::task::JoinSet::new();
+    let partition = Arc::new(tablets.clone());
     for (segment_id, replicas) in plan {
         let reader = context.reader.clone();
         let permits = permits.clone();
+        let partition = partition.clone();
         reads.spawn(async move {
             let _permit = permits.acquire_owned().await.expect("semaphore never closed");
-            read_good_replica(&reader, crashed_master, segment_id, &replicas).await
+            read_good_replica(&reader, crashed_master, segment_id, &replicas, &partition).await
         });
     }
     let mut read: Vec<(Bytes, Certificate)> = Vec::with_capacity(segments.len());
@@ -203,20 +205,27 @@ async fn locate_replicas(
     locations
 }
 
-/// Reads replicas of one segment in order until one verifies.
+/// Reads this partition's part of one segment from its replicas, in order, until one verifies.
+/// The backup sends only the partition's entries (BACKUP_GET_RECOVERY_DATA): each recovery
+/// master receives and holds its share of the crashed log, not all of it.
 async fn read_good_replica(
     reader: &RecoveryReader,
     crashed_master: ServerId,
     segment_id: SegmentId,
     replicas: &[ReplicaLocation],
+    partition: &[RecoveryTablet],
 ) -> Result<(Bytes, Certificate), RecoveryFailure> {
     let mut problems = Vec::new();
     for replica in replicas {
-        let request = Request::BackupReadReplica { master_id: crashed_master, segment_id };
+        let request = Request::BackupGetRecoveryData {
+            master_id: crashed_master,
+            segment_id,
+            tablets: partition.to_vec(),
+        };
         match reader.pool.call(&replica.backup, &request).await {
             Ok((
                 Status::Ok,
-                ResponseBody::Operation(Response::BackupReadReplica { certificate, data, .. }),
+                ResponseBody::Operation(Response::BackupGetRecoveryData { certificate, data }),
             )) => {
                 let certificate = Certificate {
                     segment_length: certificate.segment_length,

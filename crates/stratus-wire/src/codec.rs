@@ -321,6 +321,15 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, master_id.0)
         }
         Request::RenewLease { server_id } => put_u64(out, server_id.0),
+        Request::BackupGetRecoveryData { master_id, segment_id, tablets } => {
+            put_u64(out, master_id.0);
+            put_u64(out, segment_id.0);
+            put_count(out, tablets.len());
+            for tablet in tablets {
+                put_u64(out, tablet.table_id.0);
+                put_range(out, &tablet.range);
+            }
+        }
         Request::RecoverTablets { crashed_master, tablets, segments, backups } => {
             put_u64(out, crashed_master.0);
             put_count(out, tablets.len());
@@ -350,6 +359,10 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::BackupFree
         | Response::BackupFenceMaster => {}
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
+        Response::BackupGetRecoveryData { certificate, data } => {
+            put_certificate(out, certificate);
+            put_value(out, data);
+        }
         Response::BackupListReplicas { replicas } => {
             put_count(out, replicas.len());
             for replica in replicas {
@@ -967,6 +980,13 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupGetStatistics => Request::BackupGetStatistics,
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
+        Opcode::BackupGetRecoveryData => Request::BackupGetRecoveryData {
+            master_id: reader.server_id()?,
+            segment_id: reader.segment_id()?,
+            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
+                Ok(RecoveryTablet { table_id: reader.table_id()?, range: reader.range()? })
+            })?,
+        },
         Opcode::RecoverTablets => Request::RecoverTablets {
             crashed_master: reader.server_id()?,
             tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
@@ -1094,6 +1114,14 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::BackupFree => Response::BackupFree,
         Opcode::BackupFenceMaster => Response::BackupFenceMaster,
         Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
+        Opcode::BackupGetRecoveryData => {
+            let certificate = reader.certificate()?;
+            let data = reader.value()?;
+            if data.len() != certificate.segment_length as usize {
+                return Err(DecodeError::InvalidField("recovery data length"));
+            }
+            Response::BackupGetRecoveryData { certificate, data }
+        }
         Opcode::BackupListReplicas => Response::BackupListReplicas {
             replicas: reader.list(BACKUP_REPLICAS_MAX, REPLICA_ENTRY_BYTES, |reader| {
                 let master_id = reader.server_id()?;

@@ -70,11 +70,13 @@ pub enum Opcode {
     BackupGetStatistics = 54,
     /// Backup (from the coordinator): refuse every further write of a master declared crashed.
     BackupFenceMaster = 55,
+    /// Backup (from a recovery master): the entries of one replica that fall in a partition.
+    BackupGetRecoveryData = 56,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 29] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -103,6 +105,7 @@ impl Opcode {
         Opcode::BackupReadReplica,
         Opcode::BackupGetStatistics,
         Opcode::BackupFenceMaster,
+        Opcode::BackupGetRecoveryData,
     ];
 
     /// The wire code.
@@ -623,6 +626,16 @@ pub enum Request {
         /// The asking master.
         server_id: ServerId,
     },
+    /// BACKUP_GET_RECOVERY_DATA: the replica of (`master_id`, `segment_id`) reduced to the
+    /// entries a recovery master of `tablets` needs.
+    BackupGetRecoveryData {
+        /// The crashed master.
+        master_id: ServerId,
+        /// The segment.
+        segment_id: SegmentId,
+        /// The recovery master's partition.
+        tablets: Vec<RecoveryTablet>,
+    },
 }
 
 /// One part of a crashed master's tablets, recovered by one recovery master.
@@ -734,6 +747,14 @@ pub enum Response {
     },
     /// BACKUP_FENCE_MASTER.
     BackupFenceMaster,
+    /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
+    /// tombstones of the partition, with the certificate that commits it.
+    BackupGetRecoveryData {
+        /// Certificate of `data`; `data` is exactly its length.
+        certificate: ReplicaCertificate,
+        /// The filtered segment.
+        data: Bytes,
+    },
     /// RENEW_LEASE: the master may serve for `lease_ms` milliseconds from when it sent the
     /// request.
     RenewLease {
@@ -744,7 +765,8 @@ pub enum Response {
     RecoverTablets {
         /// Segments verified and replayed.
         segments_replayed: u64,
-        /// Bytes of replicas read from backups.
+        /// Bytes of recovery data received from backups (the partition's share of the
+        /// replicas).
         replica_bytes_read: u64,
         /// Objects written into this master's store.
         objects_replayed: u64,
@@ -805,6 +827,7 @@ impl Request {
             Request::RecoverTablets { .. } => Opcode::RecoverTablets,
             Request::BackupFenceMaster { .. } => Opcode::BackupFenceMaster,
             Request::RenewLease { .. } => Opcode::RenewLease,
+            Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
             Request::BackupListReplicas { .. } => Opcode::BackupListReplicas,
@@ -841,6 +864,7 @@ impl Response {
             Response::RecoverTablets { .. } => Opcode::RecoverTablets,
             Response::BackupFenceMaster => Opcode::BackupFenceMaster,
             Response::RenewLease { .. } => Opcode::RenewLease,
+            Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,
             Response::BackupListReplicas { .. } => Opcode::BackupListReplicas,

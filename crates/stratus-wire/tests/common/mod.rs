@@ -199,6 +199,20 @@ pub fn request() -> impl Strategy<Value = Request> {
         server_id().prop_map(|server_id| Request::RenewLease { server_id }),
         (
             server_id(),
+            segment_id(),
+            vec(
+                (table_id(), range())
+                    .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
+                0..4
+            )
+        )
+            .prop_map(|(master_id, segment_id, tablets)| Request::BackupGetRecoveryData {
+                master_id,
+                segment_id,
+                tablets
+            }),
+        (
+            server_id(),
             vec(
                 (table_id(), range())
                     .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
@@ -349,6 +363,10 @@ pub fn response() -> impl Strategy<Value = Response> {
         backup_statistics().prop_map(|statistics| Response::BackupGetStatistics { statistics }),
         Just(Response::BackupFenceMaster),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
+        (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
+            certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },
+            data,
+        }),
         any::<[u64; 3]>().prop_map(|[segments_replayed, replica_bytes_read, objects_replayed]| {
             Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed }
         }),

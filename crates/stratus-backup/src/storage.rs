@@ -124,26 +124,32 @@ pub struct DirectFileStorage {
     read_modify_write: Mutex<()>,
 }
 
-/// A zeroed, block-aligned byte region of `length` bytes (a multiple of the block size).
-struct AlignedBuffer {
+/// A zeroed, block-aligned byte region of `length` bytes (a multiple of the block size), as
+/// O_DIRECT needs, without unsafe code: an over-allocated vector used from its first aligned
+/// byte. Also used by the benchmarks that read backup files directly.
+#[derive(Debug)]
+pub struct AlignedBuffer {
     bytes: Vec<u8>,
     start: usize,
     length: usize,
 }
 
 impl AlignedBuffer {
-    fn new(length: usize) -> AlignedBuffer {
+    /// A zeroed buffer of `length` bytes starting on a [`DIRECT_IO_BLOCK_BYTES`] boundary.
+    pub fn new(length: usize) -> AlignedBuffer {
         let bytes = vec![0u8; length + DIRECT_IO_BLOCK_BYTES];
         let start = bytes.as_ptr().align_offset(DIRECT_IO_BLOCK_BYTES);
         assert!(start < DIRECT_IO_BLOCK_BYTES, "no aligned byte in the buffer");
         AlignedBuffer { bytes, start, length }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
         &self.bytes[self.start..self.start + self.length]
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.bytes[self.start..self.start + self.length]
     }
 }

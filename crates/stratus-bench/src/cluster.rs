@@ -1,22 +1,75 @@
 //! Starting the systems a benchmark measures, as child processes that are stopped on drop.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// A child process stopped (killed and reaped) when dropped.
+/// A child process stopped (SIGTERM, then killed, and reaped) when dropped.
 #[derive(Debug)]
 pub struct ChildProcess {
     child: Child,
+    /// True once the child was waited for: its pid may belong to another process by now, so
+    /// no signal may be sent to it any more.
+    reaped: bool,
 }
 
 /// How long a benchmark's child gets to stop after SIGTERM (`stratus up` stops its own children
 /// in that time) before it is killed.
 const CHILD_STOP_GRACE: Duration = Duration::from_secs(10);
 
+impl ChildProcess {
+    /// Starts `command`; `description` names it in errors.
+    pub fn spawn(command: &mut Command, description: &str) -> Result<ChildProcess, String> {
+        let child = command.spawn().map_err(|error| format!("starting {description}: {error}"))?;
+        Ok(ChildProcess { child, reaped: false })
+    }
+
+    /// Kills the child with SIGKILL at once and reaps it: a crash, not a shutdown.
+    pub fn kill_now(&mut self) -> Result<(), String> {
+        if self.reaped {
+            return Ok(());
+        }
+        self.child.kill().map_err(|error| format!("SIGKILL: {error}"))?;
+        self.child.wait().map_err(|error| format!("reaping a killed child: {error}"))?;
+        self.reaped = true;
+        Ok(())
+    }
+
+    /// Waits (at most `patience`) for the child to exit on its own, and reaps it.
+    pub fn wait_for_exit(&mut self, patience: Duration) -> Result<ExitStatus, String> {
+        let deadline = Instant::now() + patience;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.reaped = true;
+                    return Ok(status);
+                }
+                Ok(None) if Instant::now() >= deadline => {
+                    return Err(format!("did not exit within {} s", patience.as_secs()))
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(error) => return Err(format!("waiting for a child: {error}")),
+            }
+        }
+    }
+
+    /// The exit status if the child has exited (it is then reaped).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.try_wait().ok().flatten();
+        if status.is_some() {
+            self.reaped = true;
+        }
+        status
+    }
+}
+
 impl Drop for ChildProcess {
     fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
         // SIGTERM first, so `stratus up` stops its servers; `kill` the command keeps this crate
         // free of unsafe code. The children also stop on their own when `up` dies.
         let _ = Command::new("kill")
@@ -25,8 +78,8 @@ impl Drop for ChildProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        let deadline = std::time::Instant::now() + CHILD_STOP_GRACE;
-        while std::time::Instant::now() < deadline {
+        let deadline = Instant::now() + CHILD_STOP_GRACE;
+        while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
@@ -38,37 +91,68 @@ impl Drop for ChildProcess {
 }
 
 /// Starts `stratus ARGUMENTS...` and waits (at most `patience`) for a line of its standard
-/// output that contains `marker`; returns the child and that line.
+/// output that contains `marker`; returns the child and that line. Its standard error is
+/// discarded.
 pub fn start_stratus(
     arguments: &[&str],
     marker: &str,
     patience: Duration,
 ) -> Result<(ChildProcess, String), String> {
+    let mut command = stratus_command(arguments)?;
+    command.stderr(Stdio::null());
+    start_and_wait_for_marker(&mut command, arguments, marker, patience)
+}
+
+/// [`start_stratus`], with the child's standard error (its log) appended to `error_log`: with
+/// info lines and without colour codes, because the benchmark reads it (the coordinator's
+/// crash declarations) and people read it after a failure.
+pub fn start_stratus_logged(
+    arguments: &[&str],
+    marker: &str,
+    patience: Duration,
+    error_log: &Path,
+) -> Result<(ChildProcess, String), String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(error_log)
+        .map_err(|error| format!("{}: {error}", error_log.display()))?;
+    let mut command = stratus_command(arguments)?;
+    command.stderr(log).env("STRATUS_LOG", "info").env("NO_COLOR", "1");
+    start_and_wait_for_marker(&mut command, arguments, marker, patience)
+        .map_err(|error| format!("{error} (its log: {})", error_log.display()))
+}
+
+/// `stratus ARGUMENTS...` with this process's own executable, standard output piped.
+fn stratus_command(arguments: &[&str]) -> Result<Command, String> {
     let executable = std::env::current_exe().map_err(|error| error.to_string())?;
-    let mut child = Command::new(executable)
-        .args(arguments)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|error| format!("starting stratus {arguments:?}: {error}"))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let process = ChildProcess { child };
+    let mut command = Command::new(executable);
+    command.args(arguments).stdin(Stdio::null()).stdout(Stdio::piped());
+    Ok(command)
+}
+
+fn start_and_wait_for_marker(
+    command: &mut Command,
+    arguments: &[&str],
+    marker: &str,
+    patience: Duration,
+) -> Result<(ChildProcess, String), String> {
+    let mut process = ChildProcess::spawn(command, &format!("stratus {arguments:?}"))?;
+    let stdout = process.child.stdout.take().ok_or("no stdout")?;
     let (sender, receiver) = mpsc::channel();
-    let marker = marker.to_string();
+    let marker_text = marker.to_string();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if line.contains(&marker) {
+            if line.contains(&marker_text) {
                 let _ = sender.send(line);
-                // Keep draining so the child never blocks on a full pipe.
-                continue;
             }
+            // Keep draining so the child never blocks on a full pipe.
         }
     });
     match receiver.recv_timeout(patience) {
         Ok(line) => Ok((process, line)),
-        Err(_) => Err(format!("stratus {arguments:?} did not print {:?} in time", "ready")),
+        Err(_) => Err(format!("stratus {arguments:?} did not print {marker:?} in time")),
     }
 }
 

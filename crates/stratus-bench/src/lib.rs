@@ -7,8 +7,12 @@
 mod backup;
 mod cluster;
 mod latency;
+mod recovery;
+mod redis_reference;
+mod replica_files;
 mod report;
 mod rpc;
+mod server_logs;
 mod utilization;
 
 use clap::Subcommand;
@@ -28,6 +32,11 @@ pub enum BenchCommand {
     /// Storage-engine write throughput as live data fills the log (30..90 %), with the
     /// cleaner running, and the cleaner's bytes moved per byte written; one- vs two-level.
     Utilization(utilization::UtilizationArguments),
+    /// Time from a master's SIGKILL until its data is served again by the other masters, with
+    /// the recovery bandwidth and a check that no acknowledged write was lost, against reading
+    /// its replicas straight from the backups' disks and against Redis restarting from an AOF
+    /// of the same objects.
+    Recovery(recovery::RecoveryArguments),
     /// (Internal) a TCP echo server, the reference for `bench rpc`.
     #[command(hide = true)]
     EchoServer {
@@ -44,6 +53,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Latency(arguments) => latency::run(arguments),
         BenchCommand::Backup(arguments) => backup::run(arguments),
         BenchCommand::Utilization(arguments) => utilization::run(arguments),
+        BenchCommand::Recovery(arguments) => recovery::run(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),
     }
 }

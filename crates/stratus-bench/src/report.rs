@@ -28,10 +28,24 @@ pub enum Field {
     Text(String),
     /// A number.
     Number(f64),
+    /// No value: a measurement that could not be taken in this run (its reference is absent).
+    Null,
+}
+
+impl Field {
+    /// A number, or null when absent.
+    pub fn optional_number(value: Option<f64>) -> Field {
+        value.map_or(Field::Null, Field::Number)
+    }
 }
 
 /// Prints one result as a JSON object on its own line.
 pub fn print_json(fields: &[(&str, Field)]) {
+    println!("{}", json_object(fields));
+}
+
+/// One result as a flat JSON object.
+pub fn json_object(fields: &[(&str, Field)]) -> String {
     let body: Vec<String> = fields
         .iter()
         .map(|(name, value)| match value {
@@ -41,13 +55,36 @@ pub fn print_json(fields: &[(&str, Field)]) {
             Field::Number(number) if number.fract() == 0.0 && number.abs() < 1e15 => {
                 format!("\"{name}\":{}", *number as i64)
             }
-            Field::Number(number) => format!("\"{name}\":{number:.3}"),
+            Field::Number(number) if number.is_finite() => format!("\"{name}\":{number:.3}"),
+            // JSON has no NaN or infinity.
+            Field::Number(_) | Field::Null => format!("\"{name}\":null"),
         })
         .collect();
-    println!("{{{}}}", body.join(","));
+    format!("{{{}}}", body.join(","))
 }
 
 /// A new latency histogram in nanoseconds (1 ns .. 60 s, 3 significant digits).
 pub fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_written_as_json() {
+        let line = json_object(&[
+            ("bench", Field::Text("say \"hi\"".into())),
+            ("count", Field::Number(3.0)),
+            ("rate", Field::Number(1.23456)),
+            ("absent", Field::optional_number(None)),
+            ("present", Field::optional_number(Some(2.0))),
+            ("not_a_number", Field::Number(f64::NAN)),
+        ]);
+        assert_eq!(
+            line,
+            r#"{"bench":"say \"hi\"","count":3,"rate":1.235,"absent":null,"present":2,"not_a_number":null}"#
+        );
+    }
 }

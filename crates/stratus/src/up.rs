@@ -19,8 +19,10 @@ pub struct UpArguments {
     /// Directory for all of the cluster's data and logs.
     #[arg(long, default_value = "stratus-data")]
     pub dir: PathBuf,
-    /// Number of storage servers.
-    #[arg(long, default_value_t = 3)]
+    /// Number of storage servers. Four by default: with two replicas per segment the cluster
+    /// then stays writable and recovers a crashed master (each survivor still has two backups
+    /// besides itself).
+    #[arg(long, default_value_t = 4)]
     pub servers: u32,
     /// Log memory per server, in MiB. The log keeps about three segments in reserve for the
     /// cleaner and for removes, so small logs fill early; 256 MiB of 8 MiB segments admits
@@ -30,8 +32,8 @@ pub struct UpArguments {
     /// Segment size per server, in MiB.
     #[arg(long, default_value_t = 8)]
     pub segment_mib: u32,
-    /// Copies of every segment on other servers (default: 3, or fewer when the cluster has
-    /// fewer other servers; 0 runs memory-only).
+    /// Copies of every segment on other servers (default: 3, or servers − 2 if fewer, so that
+    /// after one crash every master still finds R backups besides itself; 0 runs memory-only).
     #[arg(long)]
     pub replicas: Option<usize>,
     /// Placement of replicas: random or copyset.
@@ -136,7 +138,9 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     if arguments.servers == 0 {
         return Err("--servers must be at least 1".to_string());
     }
-    let replicas = arguments.replicas.unwrap_or(3.min(arguments.servers as usize - 1));
+    let servers = arguments.servers as usize;
+    let replicas =
+        arguments.replicas.unwrap_or(if servers >= 3 { 3.min(servers - 2) } else { servers - 1 });
     if replicas >= arguments.servers as usize {
         return Err(format!(
             "{replicas} replicas need at least {} servers (a master never backs itself up)",

@@ -618,6 +618,11 @@ impl BackupService {
         self.begin_read(master_id, segment_id).wait().await
     }
 
+    /// True once `master_id` was fenced.
+    pub fn is_fenced(&self, master_id: ServerId) -> bool {
+        self.state().fenced_masters.contains(&master_id)
+    }
+
     /// Refuses every later write of `master_id` (BACKUP_FENCE_MASTER; idempotent).
     pub fn fence_master(&self, master_id: ServerId) {
         let mut state = self.state();
@@ -1033,7 +1038,18 @@ impl Service for BackupService {
                 answer(out, request_id, Opcode::BackupWrite, pending, |()| Response::BackupWrite)
             }
             Request::BackupFree { master_id, segment_id } => {
-                let outcome = self.free(master_id, segment_id).map(|()| Response::BackupFree);
+                // A fenced master may be a zombie that thinks its backups died: the replicas it
+                // would free are what its recovery reads. (Garbage collection frees through
+                // `free` directly, once the master is removed.)
+                let outcome = if self.is_fenced(master_id) {
+                    Err(BackupError::new(
+                        Status::ServerCrashed,
+                        format!("master {master_id} was declared crashed: it frees nothing"),
+                    ))
+                } else {
+                    self.free(master_id, segment_id)
+                }
+                .map(|()| Response::BackupFree);
                 encode_outcome(out, request_id, Opcode::BackupFree, outcome);
                 Handled::Done
             }

@@ -118,7 +118,8 @@ impl Inner {
     /// Pings every server that is up, forever; declares crashed those that miss enough pings
     /// in a row.
     pub(crate) async fn run_failure_detector(self: Arc<Self>, config: FailureDetectorConfig) {
-        let mut misses: HashMap<ServerId, u32> = HashMap::new();
+        self.misses_to_declare
+            .store(config.misses_to_declare, std::sync::atomic::Ordering::Relaxed);
         loop {
             tokio::time::sleep(config.probe_interval).await;
             let servers: Vec<ServerEntry> = {
@@ -130,7 +131,7 @@ impl Inner {
                     .cloned()
                     .collect()
             };
-            misses.retain(|id, _| servers.iter().any(|server| server.server_id == *id));
+            self.ping_misses().retain(|id, _| servers.iter().any(|server| server.server_id == *id));
             let mut probes = tokio::task::JoinSet::new();
             for server in servers {
                 let inner = self.clone();
@@ -149,37 +150,60 @@ impl Inner {
             while let Some(joined) = probes.join_next().await {
                 let Ok((server_id, answered)) = joined else { continue };
                 if answered {
-                    misses.remove(&server_id);
+                    self.ping_misses().remove(&server_id);
                     continue;
                 }
-                let missed = misses.entry(server_id).or_insert(0);
-                *missed += 1;
-                // A server whose lease may still run could still be serving: wait for the
-                // lease to end before declaring it crashed (it keeps missing pings meanwhile).
-                if *missed >= config.misses_to_declare && self.lease_expired(server_id) {
-                    misses.remove(&server_id);
-                    self.declare_crashed(server_id, "missed pings").await;
+                let missed = {
+                    let mut misses = self.ping_misses();
+                    let missed = misses.entry(server_id).or_insert(0);
+                    *missed += 1;
+                    *missed
+                };
+                // A server whose lease may still run could still be serving: the declaration
+                // waits for the lease to end (checked again under the state lock). Meanwhile
+                // its renewals are refused (see `renew_lease`), so the lease does end.
+                if missed >= config.misses_to_declare
+                    && self.declare_crashed(server_id, "missed pings", true).await
+                {
+                    self.ping_misses().remove(&server_id);
                 }
             }
         }
     }
 
-    /// Marks `server_id` crashed (persisted first) and starts recovering its tablets.
-    pub(crate) async fn declare_crashed(self: &Arc<Self>, server_id: ServerId, why: &str) {
+    /// Missed pings per server, shared with `renew_lease`.
+    pub(crate) fn ping_misses(&self) -> std::sync::MutexGuard<'_, HashMap<ServerId, u32>> {
+        self.ping_misses.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Marks `server_id` crashed (persisted first) and starts recovering its tablets. With
+    /// `require_lease_expired`, only if no lease it was granted can still run — checked under
+    /// the state lock, which lease grants also take, so no renewal slips in between. Returns
+    /// whether the server is now crashed.
+    pub(crate) async fn declare_crashed(
+        self: &Arc<Self>,
+        server_id: ServerId,
+        why: &str,
+        require_lease_expired: bool,
+    ) -> bool {
         {
             let mut state = self.state.lock().await;
-            let Some(server) = state.servers.get(&server_id).cloned() else { return };
+            let Some(server) = state.servers.get(&server_id).cloned() else { return false };
             if server.status != ServerStatus::Up {
-                return;
+                return true;
+            }
+            if require_lease_expired && !self.lease_expired(server_id) {
+                return false;
             }
             let crashed = ServerEntry { status: ServerStatus::Crashed, ..server };
             if self.persist(vec![put_server(&crashed)]).await.is_err() {
-                return;
+                return false;
             }
             tracing::warn!(%server_id, address = %crashed.address, why, "server declared crashed");
             state.servers.insert(server_id, crashed);
         }
         self.start_recovery(server_id).await;
+        true
     }
 
     /// Starts recovering the tablets of crashed master `crashed` unless a recovery of it is
@@ -220,6 +244,12 @@ impl Inner {
 
     async fn recover_master(self: &Arc<Self>, crashed: ServerId) {
         let started = tokio::time::Instant::now();
+        // Whatever path declared the crash, the master may still hold a lease granted just
+        // before: nothing is read from its backups until that lease has ended. No lease is
+        // granted after the declaration, so this ends within one lease.
+        while !self.lease_expired(crashed) {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         let mut no_replica_attempts = 0;
         for attempt in 1..=RECOVERY_ATTEMPTS_MAX {
@@ -244,6 +274,15 @@ impl Inner {
         let mut state = self.state.lock().await;
         let Some(server) = state.servers.get(&server_id).cloned() else { return };
         if server.status != ServerStatus::Crashed {
+            return;
+        }
+        // Its replicas are freed once it is removed: never while it still owns a tablet.
+        let owns_tablets = state
+            .tables
+            .values()
+            .any(|table| table.tablets.iter().any(|tablet| tablet.owner == server_id));
+        if owns_tablets {
+            tracing::warn!(%server_id, "not removing a crashed master that still owns tablets");
             return;
         }
         let removed = ServerEntry { status: ServerStatus::Removed, ..server };
@@ -365,7 +404,13 @@ impl Inner {
         let mut recovered: Vec<(TableId, HashRange, HashRange, ServerId)> = Vec::new();
         let mut failures = Vec::new();
         while let Some(joined) = calls.join_next().await {
-            let Ok((master_id, address, parts, outcome)) = joined else { continue };
+            let (master_id, address, parts, outcome) = match joined {
+                Ok(call) => call,
+                Err(error) => {
+                    failures.push(format!("a recovery call task failed: {error}"));
+                    continue;
+                }
+            };
             match outcome {
                 Ok((Status::Ok, ResponseBody::Operation(Response::RecoverTablets { .. }))) => {
                     recovered.extend(
@@ -378,9 +423,21 @@ impl Inner {
                 Err(error) => failures.push(format!("{address}: {error}")),
             }
         }
-        self.commit_recovered(crashed, &recovered).await;
+        if let Err(reason) = self.commit_recovered(crashed, &recovered).await {
+            failures.push(reason);
+        }
         if failures.is_empty() {
-            Attempt::Finished
+            // Finished only if the map agrees that no tablet is left with `crashed`.
+            let state = self.state.lock().await;
+            let left = state
+                .tables
+                .values()
+                .any(|table| table.tablets.iter().any(|tablet| tablet.owner == crashed));
+            if left {
+                Attempt::Again("tablets are left after the commit".to_string())
+            } else {
+                Attempt::Finished
+            }
         } else {
             Attempt::Again(format!("some partitions failed: {}", failures.join("; ")))
         }
@@ -527,11 +584,22 @@ impl Inner {
         self: &Arc<Self>,
         crashed: ServerId,
         recovered: &[(TableId, HashRange, HashRange, ServerId)],
-    ) {
-        if recovered.is_empty() {
-            return;
-        }
+    ) -> Result<(), String> {
         let mut state = self.state.lock().await;
+        // A recovery master that crashed since it answered holds the part nowhere durable
+        // that anyone will recover from its log's point of view (it owned nothing then): its
+        // parts stay with `crashed` and are recovered again.
+        let (recovered, lost): (Vec<_>, Vec<_>) = recovered.iter().copied().partition(|part| {
+            state.servers.get(&part.3).is_some_and(|server| server.status == ServerStatus::Up)
+        });
+        if recovered.is_empty() {
+            return if lost.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} recovered parts lost their new master", lost.len()))
+            };
+        }
+        let recovered = &recovered[..];
         let mut changed = Vec::new();
         for (name, table) in &state.tables {
             let mine: Vec<_> =
@@ -578,9 +646,9 @@ impl Inner {
             changed.push((name.clone(), updated));
         }
         let batch = changed.iter().map(|(name, table)| put_table(name, table)).collect();
-        if self.persist(batch).await.is_err() {
+        if let Err((_, message)) = self.persist(batch).await {
             // Nothing changed: the next attempt replays again (harmless: versions decide).
-            return;
+            return Err(format!("the new owners could not be persisted: {message}"));
         }
         for (name, table) in changed {
             state.tables.insert(name, table);
@@ -594,5 +662,10 @@ impl Inner {
             });
         }
         tracing::info!(%crashed, parts = recovered.len(), "recovered tablets handed over");
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} recovered parts lost their new master", lost.len()))
+        }
     }
 }

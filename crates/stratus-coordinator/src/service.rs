@@ -56,6 +56,10 @@ pub(crate) struct Inner {
     /// When this coordinator started: a lease granted by an earlier incarnation ends at most
     /// [`LEASE_DURATION`] after this.
     pub(crate) started_at: tokio::time::Instant,
+    /// Pings each server missed in a row (the failure detector's count).
+    pub(crate) ping_misses: std::sync::Mutex<HashMap<ServerId, u32>>,
+    /// The detector's threshold; 0 while it does not run.
+    pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
 }
 
 /// A failed request: status and message for the error response.
@@ -85,6 +89,8 @@ impl Coordinator {
             recoveries: Mutex::new(HashSet::new()),
             leases_granted: std::sync::Mutex::new(HashMap::new()),
             started_at: tokio::time::Instant::now(),
+            ping_misses: std::sync::Mutex::new(HashMap::new()),
+            misses_to_declare: std::sync::atomic::AtomicU32::new(0),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -159,7 +165,7 @@ impl Coordinator {
 
     /// Declares `server_id` crashed now and starts recovering its tablets (tests and tools).
     pub async fn declare_crashed(&self, server_id: ServerId) {
-        self.inner.declare_crashed(server_id, "requested").await
+        self.inner.declare_crashed(server_id, "requested", false).await;
     }
 
     /// A snapshot of the state (for tests and status).
@@ -408,6 +414,16 @@ impl Inner {
     /// so no lease is granted after a crash is declared.
     async fn renew_lease(&self, server_id: ServerId) -> Result<Response, Failure> {
         let state = self.state.lock().await;
+        let threshold = self.misses_to_declare.load(std::sync::atomic::Ordering::Relaxed);
+        let missed = self.ping_misses().get(&server_id).copied().unwrap_or(0);
+        if threshold > 0 && missed >= threshold {
+            // It asks but does not answer pings (a one-way partition): let its lease run out,
+            // so it stops serving and can be declared crashed and recovered.
+            return Err((
+                Status::Retry,
+                format!("server {server_id} does not answer the coordinator's pings"),
+            ));
+        }
         match state.servers.get(&server_id).map(|server| server.status) {
             Some(ServerStatus::Up) => {
                 self.leases_granted

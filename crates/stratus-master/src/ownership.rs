@@ -25,6 +25,14 @@ impl TabletOwnership {
         tablets.get(&table).is_some_and(|ranges| ranges.iter().any(|owned| owned.covers(range)))
     }
 
+    /// True if any hash of `range` lies in an owned tablet of `table`.
+    pub fn overlaps(&self, table: TableId, range: &HashRange) -> bool {
+        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
+        tablets
+            .get(&table)
+            .is_some_and(|ranges| ranges.iter().any(|owned| owned.intersection(range).is_some()))
+    }
+
     /// Starts owning `range` of `table`. Idempotent: the coordinator re-sends assignments after
     /// it restarts.
     pub fn take(&self, table: TableId, range: HashRange) {

@@ -23,6 +23,10 @@ use crate::replication::ReplicaManager;
 /// carries one segment, at most 8 MiB).
 pub const RECOVERY_READS_IN_FLIGHT_MAX: usize = 8;
 
+/// Times a recovery master asks a busy backup (RETRY) again for the same replica, with
+/// backoff up to 250 ms, before it tries the next replica: about 8 s in all.
+const BUSY_BACKUP_RETRIES_MAX: u32 = 40;
+
 /// How long one replica read may take before the next replica of the segment is tried (a whole
 /// segment read from a backup's disk).
 const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -72,7 +76,7 @@ pub(crate) async fn recover_partition(
         return Err((Status::InvalidParameter, "no tablet to recover".to_string()));
     }
     tracing::info!(%crashed_master, tablets = tablets.len(), segments = segments.len(), "recovering a partition");
-    let locations = locate_replicas(&context.reader, crashed_master, &backups).await;
+    let locations = locate_replicas(&context.reader, crashed_master, &backups).await?;
     let mut plan = Vec::with_capacity(segments.len());
     for &segment_id in &segments {
         let mut replicas = locations.get(&segment_id).cloned().unwrap_or_default();
@@ -82,8 +86,11 @@ pub(crate) async fn recover_partition(
                 format!("no live backup holds a replica of segment {segment_id}"),
             ));
         }
-        // Newest epoch first (an older epoch may miss acknowledged data), then the longest.
-        replicas.sort_by(|a, b| b.epoch.cmp(&a.epoch).then(b.length.cmp(&a.length)));
+        // Only replicas of the newest epoch: an older one is a copy the master abandoned when
+        // it re-replicated the segment, and may miss writes acknowledged since. Longest first.
+        let newest = replicas.iter().map(|replica| replica.epoch).max().unwrap_or(0);
+        replicas.retain(|replica| replica.epoch == newest);
+        replicas.sort_by_key(|replica| std::cmp::Reverse(replica.length));
         plan.push((segment_id, replicas));
     }
 
@@ -119,9 +126,10 @@ pub(crate) async fn recover_partition(
         };
         store.replay(&segments, &accept, now_seconds)
     })
-    .await
-    .map_err(|error| (Status::InternalError, format!("replay task: {error}")))?;
+    .await;
     // On failure, leave nothing behind that no tablet owns: the partition may go elsewhere.
+    // (The master refuses to recover into a range it serves, and runs no two recoveries of
+    // overlapping ranges at once, so this drops only what this recovery replayed.)
     let abandon = |status: Status, message: String| {
         for tablet in &tablets {
             context.store.drop_range(tablet.table_id, tablet.range);
@@ -129,10 +137,11 @@ pub(crate) async fn recover_partition(
         Err((status, message))
     };
     let statistics = match replayed {
-        Ok(statistics) => statistics,
-        Err(error) => {
+        Err(error) => return abandon(Status::InternalError, format!("replay task: {error}")),
+        Ok(Ok(statistics)) => statistics,
+        Ok(Err(error)) => {
             let status = match error {
-                ReplayError::StoreFull => Status::NoTableSpace,
+                ReplayError::StoreFull | ReplayError::ObjectTooLarge { .. } => Status::NoTableSpace,
                 ReplayError::CorruptSegment { .. } => Status::Retry,
             };
             return abandon(status, format!("replay: {error}"));
@@ -162,14 +171,15 @@ pub(crate) async fn recover_partition(
     })
 }
 
-/// Asks every backup which replicas of `crashed_master` it holds. A backup that does not answer
-/// is skipped: if it held the only replica of a segment, recovery fails with RETRY and the
-/// coordinator tries again.
+/// Asks every backup which replicas of `crashed_master` it holds. Every backup must answer: one
+/// that does not may hold the only replica of the newest epoch, and reading an older one could
+/// lose acknowledged writes. Then this recovery fails with RETRY and the coordinator tries
+/// again (with the backups then up).
 async fn locate_replicas(
     reader: &RecoveryReader,
     crashed_master: ServerId,
     backups: &[String],
-) -> HashMap<SegmentId, Vec<ReplicaLocation>> {
+) -> Result<HashMap<SegmentId, Vec<ReplicaLocation>>, RecoveryFailure> {
     let mut listings = tokio::task::JoinSet::new();
     for backup in backups {
         let pool = reader.pool.clone();
@@ -185,7 +195,9 @@ async fn locate_replicas(
     }
     let mut locations: HashMap<SegmentId, Vec<ReplicaLocation>> = HashMap::new();
     while let Some(joined) = listings.join_next().await {
-        let Ok((backup, outcome)) = joined else { continue };
+        let (backup, outcome) = joined.map_err(|error| {
+            (Status::InternalError, format!("replica listing task failed: {error}"))
+        })?;
         match outcome {
             Ok((
                 Status::Ok,
@@ -199,10 +211,15 @@ async fn locate_replicas(
                     });
                 }
             }
-            other => tracing::warn!(%backup, ?other, "backup did not list its replicas"),
+            other => {
+                return Err((
+                    Status::Retry,
+                    format!("backup {backup} did not list its replicas: {other:?}"),
+                ))
+            }
         }
     }
-    locations
+    Ok(locations)
 }
 
 /// Reads this partition's part of one segment from its replicas, in order, until one verifies.
@@ -222,7 +239,19 @@ async fn read_good_replica(
             segment_id,
             tablets: partition.to_vec(),
         };
-        match reader.pool.call(&replica.backup, &request).await {
+        // A busy backup (its disk reads all in flight) answers RETRY: ask it again, with
+        // backoff, rather than move on at once.
+        let mut backoff = std::time::Duration::from_millis(10);
+        let mut outcome = reader.pool.call(&replica.backup, &request).await;
+        for _ in 0..BUSY_BACKUP_RETRIES_MAX {
+            if !matches!(outcome, Ok((Status::Retry, _))) {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(std::time::Duration::from_millis(250));
+            outcome = reader.pool.call(&replica.backup, &request).await;
+        }
+        match outcome {
             Ok((
                 Status::Ok,
                 ResponseBody::Operation(Response::BackupGetRecoveryData { certificate, data }),

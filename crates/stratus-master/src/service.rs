@@ -50,6 +50,10 @@ pub struct Master {
     /// Present when this master is a member of a cluster: it serves only while the lease is
     /// valid (see `lease.rs`). Absent in tests that drive a master alone.
     lease: Option<Arc<Lease>>,
+    /// Partitions being recovered here now. Two recoveries of overlapping ranges never run at
+    /// once (a late one failing would drop what the other replayed), and no range this master
+    /// serves is recovered into (replay's removals are not atomic with client writes).
+    recoveries_in_flight: Arc<std::sync::Mutex<Vec<RecoveryTablet>>>,
 }
 
 /// Appends the value bytes the store copies out of the log directly to the response frame.
@@ -80,6 +84,7 @@ impl Master {
             requests_served: AtomicU64::new(0),
             recovery: None,
             lease: None,
+            recoveries_in_flight: Arc::default(),
         })
     }
 
@@ -514,15 +519,50 @@ impl Master {
             );
             return Handled::Later(Box::pin(async move { out }));
         };
+        let refusal = {
+            let mut in_flight =
+                self.recoveries_in_flight.lock().unwrap_or_else(|poison| poison.into_inner());
+            let overlapping = |tablet: &RecoveryTablet| {
+                in_flight.iter().any(|other| {
+                    other.table_id == tablet.table_id
+                        && other.range.intersection(&tablet.range).is_some()
+                })
+            };
+            if tablets.iter().any(overlapping) {
+                Some((Status::Retry, "a recovery of an overlapping range is running here"))
+            } else if tablets
+                .iter()
+                .any(|tablet| self.ownership.overlaps(tablet.table_id, &tablet.range))
+            {
+                Some((Status::InvalidParameter, "this master already serves part of the range"))
+            } else {
+                in_flight.extend(tablets.iter().copied());
+                None
+            }
+        };
+        if let Some((status, message)) = refusal {
+            let mut out = BytesMut::new();
+            encode_error_response(
+                &mut out,
+                request_id,
+                Opcode::RecoverTablets.code(),
+                status,
+                message,
+            );
+            return Handled::Later(Box::pin(async move { out }));
+        }
         let context = RecoveryContext {
             store: self.store.clone(),
             replication: self.replication.clone(),
             reader,
             wall_clock: self.wall_clock.clone(),
         };
+        let in_flight =
+            InFlight { registry: self.recoveries_in_flight.clone(), tablets: tablets.clone() };
         Handled::Later(Box::pin(async move {
             let outcome =
                 recover_partition(context, crashed_master, tablets, segments, backups).await;
+            drop(in_flight);
             let mut out = BytesMut::new();
             match outcome {
                 Ok(response) => encode_response(&mut out, request_id, Status::Ok, &response),
@@ -582,6 +622,23 @@ impl Master {
                 }
             }
         }))
+    }
+}
+
+/// Removes a recovery's ranges from the in-flight registry when it ends, however it ends.
+struct InFlight {
+    registry: Arc<std::sync::Mutex<Vec<RecoveryTablet>>>,
+    tablets: Vec<RecoveryTablet>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut registry = self.registry.lock().unwrap_or_else(|poison| poison.into_inner());
+        for tablet in &self.tablets {
+            if let Some(position) = registry.iter().position(|other| other == tablet) {
+                registry.swap_remove(position);
+            }
+        }
     }
 }
 

@@ -33,6 +33,12 @@ pub enum ReplayError {
     },
     /// The store is out of memory for the replayed objects (a recovery master sized too small).
     StoreFull,
+    /// A replayed object is larger than this store admits (its value limit, set by its segment
+    /// size, is below the crashed master's): it cannot hold this partition.
+    ObjectTooLarge {
+        /// The object's value length.
+        value_bytes: usize,
+    },
 }
 
 impl std::fmt::Display for ReplayError {
@@ -42,6 +48,10 @@ impl std::fmt::Display for ReplayError {
                 write!(f, "segment {index} of the replayed set is corrupt: {reason}")
             }
             ReplayError::StoreFull => f.write_str("the store is full"),
+            ReplayError::ObjectTooLarge { value_bytes } => write!(
+                f,
+                "a replayed value of {value_bytes} bytes is larger than this store admits"
+            ),
         }
     }
 }
@@ -126,6 +136,16 @@ impl ObjectStore {
                 } else {
                     statistics.objects_skipped += 1;
                 }
+            }
+        }
+        // Checked before anything is written: an object this store cannot hold would otherwise
+        // break the log's invariants half-way through.
+        for ((_, key), (_, _, value)) in &winners {
+            if key.is_empty()
+                || key.len() > stratus_types::limits::KEY_BYTES_MAX
+                || value.len() > self.config.value_bytes_max as usize
+            {
+                return Err(ReplayError::ObjectTooLarge { value_bytes: value.len() });
             }
         }
         self.log.observe_time(now_seconds);

@@ -15,6 +15,6 @@ mod records;
 mod recovery;
 mod service;
 
-pub use records::{CoordinatorState, TableRecord, TabletRecord};
+pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord};
 pub use recovery::FailureDetectorConfig;
 pub use service::Coordinator;

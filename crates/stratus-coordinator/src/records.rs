@@ -4,11 +4,12 @@
 //! - `counter/next-server-id`, `counter/next-table-id`: u64 little-endian.
 //! - `server/<id, 20 decimal digits>`: a [`ServerEntry`].
 //! - `table/<name>`: a [`TableRecord`] with its tablets.
+//! - `loghead/<id, 20 decimal digits>`: a master's [`LogHead`].
 
 use std::collections::BTreeMap;
 
 use stratus_meta::{MetaError, MetaOperation, MetaStore};
-use stratus_types::{HashRange, ServerId, TableId};
+use stratus_types::{HashRange, SegmentId, ServerId, TableId};
 use stratus_wire::{ServerEntry, ServerStatus, ServiceMask};
 
 /// Key of the next server id counter.
@@ -17,6 +18,7 @@ pub const NEXT_SERVER_ID_KEY: &str = "counter/next-server-id";
 pub const NEXT_TABLE_ID_KEY: &str = "counter/next-table-id";
 const SERVER_PREFIX: &str = "server/";
 const TABLE_PREFIX: &str = "table/";
+const LOG_HEAD_PREFIX: &str = "loghead/";
 const RECORD_FORMAT_VERSION: u8 = 1;
 
 /// One tablet of a table.
@@ -37,6 +39,16 @@ pub struct TableRecord {
     pub tablets: Vec<TabletRecord>,
 }
 
+/// The newest log head a master reported before acknowledging any write in it: recovery must
+/// find this segment, at this replica epoch or newer, or the log it sees is not the whole log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LogHead {
+    /// The head segment.
+    pub segment_id: SegmentId,
+    /// Its replica epoch.
+    pub epoch: u64,
+}
+
 /// Everything the coordinator keeps, as loaded from the MetaStore.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoordinatorState {
@@ -48,6 +60,31 @@ pub struct CoordinatorState {
     pub servers: BTreeMap<ServerId, ServerEntry>,
     /// Tables by name.
     pub tables: BTreeMap<String, TableRecord>,
+    /// Masters' newest reported log heads (none: the master never replicated a write).
+    pub log_heads: BTreeMap<ServerId, LogHead>,
+}
+
+/// The operation that stores `server_id`'s log head.
+pub fn put_log_head(server_id: ServerId, head: LogHead) -> MetaOperation {
+    let mut value = vec![RECORD_FORMAT_VERSION];
+    value.extend_from_slice(&head.segment_id.0.to_le_bytes());
+    value.extend_from_slice(&head.epoch.to_le_bytes());
+    MetaOperation::Put { key: format!("{LOG_HEAD_PREFIX}{:020}", server_id.0), value }
+}
+
+fn decode_log_head(key: &str, bytes: &[u8]) -> Result<(ServerId, LogHead), MetaError> {
+    let server_id = key
+        .strip_prefix(LOG_HEAD_PREFIX)
+        .and_then(|digits| digits.parse::<u64>().ok())
+        .map(ServerId)
+        .ok_or_else(|| corrupt(key, "log head key without a server id"))?;
+    let mut reader = RecordReader { bytes, key };
+    if reader.u8()? != RECORD_FORMAT_VERSION {
+        return Err(corrupt(key, "unknown record version"));
+    }
+    let head = LogHead { segment_id: SegmentId(reader.u64()?), epoch: reader.u64()? };
+    reader.finish()?;
+    Ok((server_id, head))
 }
 
 /// The MetaStore key of a server.
@@ -216,6 +253,10 @@ impl CoordinatorState {
             let name = key.strip_prefix(TABLE_PREFIX).unwrap_or_default().to_string();
             state.tables.insert(name, table);
         }
+        for (key, bytes) in store.scan_prefix(LOG_HEAD_PREFIX)? {
+            let (server_id, head) = decode_log_head(&key, &bytes)?;
+            state.log_heads.insert(server_id, head);
+        }
         Ok(state)
     }
 }
@@ -247,9 +288,14 @@ mod tests {
                 put_counter(NEXT_TABLE_ID_KEY, 10),
                 put_server(&server),
                 put_table("users", &table),
+                put_log_head(ServerId(3), LogHead { segment_id: SegmentId(12), epoch: 2 }),
             ])
             .unwrap();
         let state = CoordinatorState::load(&store).unwrap();
+        assert_eq!(
+            state.log_heads.get(&ServerId(3)),
+            Some(&LogHead { segment_id: SegmentId(12), epoch: 2 })
+        );
         assert_eq!(state.next_server_id, 4);
         assert_eq!(state.next_table_id, 10);
         assert_eq!(state.servers.get(&ServerId(3)), Some(&server));

@@ -23,7 +23,7 @@ use stratus_wire::{
     RecoveryTablet, Request, Response, ResponseBody, ServerEntry, ServerStatus, Status,
 };
 
-use crate::records::{put_server, put_table, TabletRecord};
+use crate::records::{put_server, put_table, LogHead, TabletRecord};
 use crate::service::Inner;
 
 /// How the coordinator decides that a server crashed.
@@ -68,11 +68,6 @@ const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Recovery attempts for one crashed master before the coordinator gives up until it restarts
 /// (with the backoff below, well over half an hour of retrying).
 const RECOVERY_ATTEMPTS_MAX: u32 = 1_000;
-
-/// Attempts that may find no replica at all of the crashed master before its tablets are
-/// handed over empty. A master that never appended has no segment anywhere; one that did has
-/// replicas on R backups, which may be restarting: wait for them a few seconds first.
-const NO_REPLICA_ATTEMPTS_MAX: u32 = 20;
 
 /// Parts one crashed tablet is cut into at most (each is recovered by a different master).
 const PARTS_PER_TABLET_MAX: u32 = 64;
@@ -251,9 +246,8 @@ impl Inner {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-        let mut no_replica_attempts = 0;
         for attempt in 1..=RECOVERY_ATTEMPTS_MAX {
-            match self.recovery_attempt(crashed, &mut no_replica_attempts).await {
+            match self.recovery_attempt(crashed).await {
                 Attempt::Finished => {
                     tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
                     self.mark_removed(crashed).await;
@@ -291,11 +285,7 @@ impl Inner {
         }
     }
 
-    async fn recovery_attempt(
-        self: &Arc<Self>,
-        crashed: ServerId,
-        no_replica_attempts: &mut u32,
-    ) -> Attempt {
+    async fn recovery_attempt(self: &Arc<Self>, crashed: ServerId) -> Attempt {
         let (tablets, masters, backups) = {
             let state = self.state.lock().await;
             let tablets: Vec<(TableId, HashRange)> = state
@@ -337,21 +327,32 @@ impl Inner {
         if let Err(reason) = self.fence(crashed, &backups).await {
             return Attempt::Again(reason);
         }
-        let locations = self.locate_replicas(crashed, &backups).await;
-        let segments = if locations.is_empty() {
-            *no_replica_attempts += 1;
-            if *no_replica_attempts < NO_REPLICA_ATTEMPTS_MAX {
-                return Attempt::Again(format!(
-                    "no backup lists a replica of the crashed master (of {} backups up)",
-                    backups.len()
-                ));
+        let locations = match self.locate_replicas(crashed, &backups).await {
+            Ok(locations) => locations,
+            Err(reason) => return Attempt::Again(reason),
+        };
+        let head = self.state.lock().await.log_heads.get(&crashed).copied();
+        let segments = match head {
+            // It never reported a head, so it never had a replicated write acknowledged (or it
+            // ran without replicas, and its data died with it): nothing to replay.
+            None => {
+                tracing::warn!(%crashed, "the crashed master never reported a log head: its tablets are handed over empty");
+                Vec::new()
             }
-            tracing::warn!(%crashed, "no replica of the crashed master anywhere: it never wrote (or ran without replicas); its tablets are handed over empty");
-            Vec::new()
-        } else {
-            match self.newest_digest(crashed, &locations).await {
-                Ok(listed) => listed,
-                Err(reason) => return Attempt::Again(reason),
+            Some(head) => {
+                let head_found = locations
+                    .get(&head.segment_id)
+                    .is_some_and(|replicas| replicas.iter().any(|r| r.epoch >= head.epoch));
+                if !head_found {
+                    return Attempt::Again(format!(
+                        "no backup that is up holds head segment {} at epoch {} or newer",
+                        head.segment_id, head.epoch
+                    ));
+                }
+                match self.newest_digest(crashed, &locations, head).await {
+                    Ok(listed) => listed,
+                    Err(reason) => return Attempt::Again(reason),
+                }
             }
         };
         if let Some(missing) = segments.iter().find(|id| !locations.contains_key(id)) {
@@ -473,12 +474,13 @@ impl Inner {
         }
     }
 
-    /// Asks every backup which replicas of `crashed` it holds.
+    /// Asks every backup which replicas of `crashed` it holds. Every backup that is up must
+    /// answer: one that does not may hold what makes the log complete.
     async fn locate_replicas(
         &self,
         crashed: ServerId,
         backups: &[String],
-    ) -> HashMap<SegmentId, Vec<Location>> {
+    ) -> Result<HashMap<SegmentId, Vec<Location>>, String> {
         let mut locations: HashMap<SegmentId, Vec<Location>> = HashMap::new();
         for backup in backups {
             let request = Request::BackupListReplicas { master_id: crashed };
@@ -496,11 +498,11 @@ impl Inner {
                     }
                 }
                 Ok((status, _)) => {
-                    tracing::warn!(%backup, %status, "backup refused to list replicas")
+                    return Err(format!("backup {backup} refused to list replicas: {status}"))
                 }
                 Err(error) => {
                     self.recovery_pools.backups.forget(backup);
-                    tracing::warn!(%backup, %error, "backup did not list its replicas");
+                    return Err(format!("backup {backup} did not list its replicas: {error}"));
                 }
             }
         }
@@ -508,43 +510,35 @@ impl Inner {
             // Newest epoch first (an older one may miss acknowledged data), then the longest.
             replicas.sort_by(|a, b| b.epoch.cmp(&a.epoch).then(b.length.cmp(&a.length)));
         }
-        locations
+        Ok(locations)
     }
 
-    /// The members of the crashed log's newest digest: the highest-numbered segment whose
-    /// replica holds a digest is the last head (survivor segments, which may have higher
-    /// numbers, hold none). Segments are read newest first until a head is found.
+    /// The members of the crashed log's newest digest: the one in its last head, the segment it
+    /// reported with SET_LOG_HEAD before acknowledging any write there. Only a replica at the
+    /// reported epoch or newer is read (an older one may lack the end of the head). Earlier
+    /// heads hold digests too, but older ones: looking for "the highest segment with a digest"
+    /// among the replicas that happen to be visible could pick one of those.
     async fn newest_digest(
         &self,
         crashed: ServerId,
         locations: &HashMap<SegmentId, Vec<Location>>,
+        head: LogHead,
     ) -> Result<Vec<SegmentId>, String> {
-        let mut ids: Vec<SegmentId> = locations.keys().copied().collect();
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        for segment_id in ids {
-            let mut verified = None;
-            for location in &locations[&segment_id] {
-                match self.read_replica(crashed, segment_id, &location.backup).await {
-                    Ok(digest) => {
-                        verified = Some(digest);
-                        break;
-                    }
-                    Err(reason) => {
-                        tracing::warn!(backup = %location.backup, %segment_id, %reason, "replica unusable")
-                    }
-                }
-            }
-            match verified {
-                Some(Some(digest)) => return Ok(digest),
-                Some(None) => continue,
-                None => {
-                    return Err(format!(
-                        "no replica of segment {segment_id} could be read and verified"
-                    ))
-                }
+        let replicas = locations.get(&head.segment_id).map(Vec::as_slice).unwrap_or_default();
+        let mut problems = Vec::new();
+        for location in replicas.iter().filter(|location| location.epoch >= head.epoch) {
+            match self.read_replica(crashed, head.segment_id, &location.backup).await {
+                Ok(Some(digest)) => return Ok(digest),
+                Ok(None) => problems.push(format!("{}: no digest in the head", location.backup)),
+                Err(reason) => problems.push(format!("{}: {reason}", location.backup)),
             }
         }
-        Err("no replica holds a log digest".to_string())
+        Err(format!(
+            "no good replica of head segment {} at epoch {} or newer: {}",
+            head.segment_id,
+            head.epoch,
+            problems.join("; ")
+        ))
     }
 
     /// Reads and verifies one replica; returns the digest it holds, if any.

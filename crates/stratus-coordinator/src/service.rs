@@ -20,8 +20,8 @@ use stratus_wire::{
 use tokio::sync::Mutex;
 
 use crate::records::{
-    put_counter, put_server, put_table, table_key, CoordinatorState, TableRecord, TabletRecord,
-    NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
+    put_counter, put_log_head, put_server, put_table, table_key, CoordinatorState, LogHead,
+    TableRecord, TabletRecord, NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
 };
 use crate::recovery::{FailureDetectorConfig, RecoveryPools, LEASE_DURATION, LEASE_MARGIN};
 
@@ -236,6 +236,9 @@ impl Inner {
             }
             Request::GetTabletMap { table_id } => self.tablet_map(table_id).await,
             Request::RenewLease { server_id } => self.renew_lease(server_id).await,
+            Request::SetLogHead { server_id, segment_id, epoch } => {
+                self.set_log_head(server_id, LogHead { segment_id, epoch }).await
+            }
             other => Err((
                 Status::UnimplementedRequest,
                 format!("{:?} is served by masters, not the coordinator", other.opcode()),
@@ -438,6 +441,30 @@ impl Inner {
             }
             None => Err((Status::InvalidParameter, format!("no server {server_id} is known"))),
         }
+    }
+
+    /// SET_LOG_HEAD: records a master's newer log head durably before it acknowledges writes
+    /// there. Refused to a server declared crashed (the heads recovery relies on are final).
+    async fn set_log_head(&self, server_id: ServerId, head: LogHead) -> Result<Response, Failure> {
+        let mut state = self.state.lock().await;
+        match state.servers.get(&server_id).map(|server| server.status) {
+            Some(ServerStatus::Up) => {}
+            Some(_) => {
+                return Err((
+                    Status::ServerCrashed,
+                    format!("server {server_id} was declared crashed"),
+                ))
+            }
+            None => {
+                return Err((Status::InvalidParameter, format!("no server {server_id} is known")))
+            }
+        }
+        if state.log_heads.get(&server_id).is_some_and(|recorded| *recorded >= head) {
+            return Ok(Response::SetLogHead);
+        }
+        self.persist(vec![put_log_head(server_id, head)]).await?;
+        state.log_heads.insert(server_id, head);
+        Ok(Response::SetLogHead)
     }
 
     /// True once no lease of `server_id` can still be running: the last one granted (or any an

@@ -319,6 +319,10 @@ struct SegmentRecord {
     /// Creation time (seconds), for the cleaner's age.
     creation_seconds: u32,
     membership: Membership,
+    /// Opened as the log head (it starts with a digest), not as a cleaner's survivor. Kept by
+    /// compaction. Replication reports such segments to the coordinator before acknowledging
+    /// writes in them: recovery needs to know the last one.
+    opened_as_head: bool,
     /// A cleaner has chosen it.
     cleaning: bool,
     /// When its tombstones were last scanned for dead ones.
@@ -622,6 +626,7 @@ impl Log {
             statistics: SegmentStatistics::default(),
             creation_seconds: now,
             membership,
+            opened_as_head: false,
             cleaning: false,
             tombstone_scan_seconds: now,
             compaction: None,
@@ -641,7 +646,9 @@ impl Log {
             members.len() <= self.config.segment_count_max(),
             "more segments than the digest was sized for"
         );
-        state.segments.insert(segment_id, self.new_record(Membership::InLog));
+        let mut record = self.new_record(Membership::InLog);
+        record.opened_as_head = true;
+        state.segments.insert(segment_id, record);
         state.head = Some(segment_id);
         let header = SegmentHeader {
             log_id: self.log_id,
@@ -980,6 +987,7 @@ impl Log {
         let mut copy = self.new_record(Membership::InLog);
         let segment = state.segments.get_mut(&segment_id).expect("checked above");
         copy.creation_seconds = segment.creation_seconds;
+        copy.opened_as_head = segment.opened_as_head;
         segment.cleaning = true;
         segment.compaction = Some(Box::new(Compaction { copy, spare_seglets }));
         true
@@ -1183,6 +1191,11 @@ impl Log {
     /// The current head, if any append happened yet.
     pub fn head_segment_id(&self) -> Option<SegmentId> {
         self.lock().head
+    }
+
+    /// True if `segment_id` is in memory and was opened as a log head (it holds a digest).
+    pub fn opened_as_head(&self, segment_id: SegmentId) -> bool {
+        self.lock().segments.get(&segment_id).is_some_and(|segment| segment.opened_as_head)
     }
 
     /// A segment's current certificate.

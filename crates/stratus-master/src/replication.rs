@@ -319,6 +319,8 @@ struct Pump {
     survivors: mpsc::Receiver<SurvivorRequest>,
     /// A survivor whose replication failed, tried again first in the next round.
     pending_survivor: Option<SurvivorRequest>,
+    /// The newest (head segment, epoch) the coordinator has recorded (SET_LOG_HEAD).
+    recorded_head: Option<(u64, u64)>,
 }
 
 /// Where the bytes of a segment being replicated come from.
@@ -373,6 +375,7 @@ impl Pump {
             orphans: Vec::new(),
             survivors,
             pending_survivor: None,
+            recorded_head: None,
         }
     }
 
@@ -556,8 +559,16 @@ impl Pump {
         // candidate backups is finite and failed ones are excluded.
         for _attempt in 0..=self.backups.len() + replicas + 1 {
             self.fill_holders(segment_id).await?;
+            let epoch = self.segments.get(&segment_id).expect("filled above").epoch;
+            // A head (segment opened with a digest) is reported to the coordinator before any
+            // of its bytes at this epoch go out, so before any write in it is acknowledged:
+            // recovery then knows which head and epoch it must find.
+            let is_head = matches!(source, Source::Log)
+                && self.shared.store.log().opened_as_head(SegmentId(segment_id));
+            if is_head && self.recorded_head.is_none_or(|recorded| recorded < (segment_id, epoch)) {
+                self.record_head(segment_id, epoch).await?;
+            }
             let segment = self.segments.get(&segment_id).expect("filled above");
-            let epoch = segment.epoch;
             let pending: Vec<(usize, ReplicaHolder)> = segment
                 .holders
                 .iter()
@@ -842,6 +853,37 @@ impl Pump {
             });
         }
         Ok(())
+    }
+
+    /// SET_LOG_HEAD: records (segment, epoch) at the coordinator and waits for it.
+    async fn record_head(&mut self, segment_id: u64, epoch: u64) -> Result<(), String> {
+        let coordinator = self.shared.config.coordinator_address.clone();
+        let request = Request::SetLogHead {
+            server_id: self.server_id,
+            segment_id: SegmentId(segment_id),
+            epoch,
+        };
+        match self.pool.call(&coordinator, &request).await {
+            Ok((Status::Ok, _)) => {
+                self.recorded_head = Some((segment_id, epoch));
+                Ok(())
+            }
+            Ok((Status::ServerCrashed, _)) => {
+                if !self.shared.fenced.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    tracing::error!(
+                        "the coordinator refused the log head: this master was declared crashed"
+                    );
+                }
+                Err("this master was declared crashed".to_string())
+            }
+            Ok((status, body)) => {
+                Err(format!("the coordinator refused the log head: {status} {body:?}"))
+            }
+            Err(error) => {
+                self.pool.forget(&coordinator);
+                Err(format!("the log head was not recorded: {error}"))
+            }
+        }
     }
 
     /// Fetches the list of backups from the coordinator when it is old.

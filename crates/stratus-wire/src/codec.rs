@@ -321,6 +321,11 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, master_id.0)
         }
         Request::RenewLease { server_id } => put_u64(out, server_id.0),
+        Request::SetLogHead { server_id, segment_id, epoch } => {
+            put_u64(out, server_id.0);
+            put_u64(out, segment_id.0);
+            put_u64(out, *epoch);
+        }
         Request::BackupGetRecoveryData { master_id, segment_id, tablets } => {
             put_u64(out, master_id.0);
             put_u64(out, segment_id.0);
@@ -357,7 +362,8 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::DropTabletOwnership
         | Response::BackupWrite
         | Response::BackupFree
-        | Response::BackupFenceMaster => {}
+        | Response::BackupFenceMaster
+        | Response::SetLogHead => {}
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupGetRecoveryData { certificate, data } => {
             put_certificate(out, certificate);
@@ -980,6 +986,11 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupGetStatistics => Request::BackupGetStatistics,
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
+        Opcode::SetLogHead => Request::SetLogHead {
+            server_id: reader.server_id()?,
+            segment_id: reader.segment_id()?,
+            epoch: reader.u64()?,
+        },
         Opcode::BackupGetRecoveryData => Request::BackupGetRecoveryData {
             master_id: reader.server_id()?,
             segment_id: reader.segment_id()?,
@@ -1114,6 +1125,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::BackupFree => Response::BackupFree,
         Opcode::BackupFenceMaster => Response::BackupFenceMaster,
         Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
+        Opcode::SetLogHead => Response::SetLogHead,
         Opcode::BackupGetRecoveryData => {
             let certificate = reader.certificate()?;
             let data = reader.value()?;

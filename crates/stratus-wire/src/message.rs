@@ -31,6 +31,8 @@ pub enum Opcode {
     GetTabletMap = 16,
     /// Coordinator (from a master): extend the master's lease to serve requests.
     RenewLease = 17,
+    /// Coordinator (from a master): the master's log head, before writes in it are acknowledged.
+    SetLogHead = 18,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -76,7 +78,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 29] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -86,6 +88,7 @@ impl Opcode {
         Opcode::ListTables,
         Opcode::GetTabletMap,
         Opcode::RenewLease,
+        Opcode::SetLogHead,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -626,6 +629,16 @@ pub enum Request {
         /// The asking master.
         server_id: ServerId,
     },
+    /// SET_LOG_HEAD: the master `server_id` is about to acknowledge writes in `segment_id`
+    /// replicated at `epoch`.
+    SetLogHead {
+        /// The master.
+        server_id: ServerId,
+        /// Its head segment.
+        segment_id: SegmentId,
+        /// The replica epoch the head is written at.
+        epoch: u64,
+    },
     /// BACKUP_GET_RECOVERY_DATA: the replica of (`master_id`, `segment_id`) reduced to the
     /// entries a recovery master of `tablets` needs.
     BackupGetRecoveryData {
@@ -747,6 +760,8 @@ pub enum Response {
     },
     /// BACKUP_FENCE_MASTER.
     BackupFenceMaster,
+    /// SET_LOG_HEAD: recorded durably.
+    SetLogHead,
     /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
     /// tombstones of the partition, with the certificate that commits it.
     BackupGetRecoveryData {
@@ -827,6 +842,7 @@ impl Request {
             Request::RecoverTablets { .. } => Opcode::RecoverTablets,
             Request::BackupFenceMaster { .. } => Opcode::BackupFenceMaster,
             Request::RenewLease { .. } => Opcode::RenewLease,
+            Request::SetLogHead { .. } => Opcode::SetLogHead,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
@@ -864,6 +880,7 @@ impl Response {
             Response::RecoverTablets { .. } => Opcode::RecoverTablets,
             Response::BackupFenceMaster => Opcode::BackupFenceMaster,
             Response::RenewLease { .. } => Opcode::RenewLease,
+            Response::SetLogHead => Opcode::SetLogHead,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,

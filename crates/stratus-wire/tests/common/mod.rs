@@ -197,6 +197,9 @@ pub fn request() -> impl Strategy<Value = Request> {
         Just(Request::BackupGetStatistics),
         server_id().prop_map(|master_id| Request::BackupFenceMaster { master_id }),
         server_id().prop_map(|server_id| Request::RenewLease { server_id }),
+        (server_id(), segment_id(), any::<u64>()).prop_map(|(server_id, segment_id, epoch)| {
+            Request::SetLogHead { server_id, segment_id, epoch }
+        }),
         (
             server_id(),
             segment_id(),
@@ -362,6 +365,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         ),
         backup_statistics().prop_map(|statistics| Response::BackupGetStatistics { statistics }),
         Just(Response::BackupFenceMaster),
+        Just(Response::SetLogHead),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
         (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
             certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },

@@ -217,8 +217,9 @@ impl Inner {
         });
     }
 
-    /// Starts recoveries for every crashed server that still owns tablets (after a restart of
-    /// the coordinator, or after servers were found gone).
+    /// Starts recoveries for every crashed server (after a restart of the coordinator, or after
+    /// servers were found gone). One that owns no tablet is simply marked removed, so backups
+    /// free its replicas.
     pub(crate) async fn resume_recoveries(self: &Arc<Self>) {
         let crashed: Vec<ServerId> = {
             let state = self.state.lock().await;
@@ -227,9 +228,6 @@ impl Inner {
                 .values()
                 .filter(|server| server.status == ServerStatus::Crashed)
                 .map(|server| server.server_id)
-                .filter(|id| {
-                    state.tables.values().any(|table| table.tablets.iter().any(|t| t.owner == *id))
-                })
                 .collect()
         };
         for server_id in crashed {

@@ -324,6 +324,9 @@ struct State {
     /// fence (and seen by recovery, which reads after fencing) or refused. Bounded by
     /// [`FENCED_MASTERS_MAX`]; the oldest ids (the longest dead) are forgotten first.
     fenced_masters: BTreeSet<ServerId>,
+    /// The server is stopping: open replicas are being written to disk, and no write is
+    /// applied any more (it would miss that copy and be lost, though acknowledged).
+    stopping: bool,
 }
 
 /// Crashed masters a backup remembers refusing (server ids are never reused, so the set only
@@ -618,6 +621,71 @@ impl BackupService {
         self.begin_read(master_id, segment_id).wait().await
     }
 
+    /// On a graceful stop in buffered mode: writes every open replica held only in RAM to its
+    /// storage frame (bytes and metadata, as fsync mode keeps them), and waits until they are
+    /// on disk, at most `patience`. A restarted backup then finds them, so the crashed
+    /// masters' heads can be recovered after a whole-cluster restart; only a crash of the
+    /// backup process (or the machine) loses them, as buffered durability says. Returns how
+    /// many replicas were written.
+    pub async fn flush_open_replicas(&self, patience: std::time::Duration) -> usize {
+        if self.shared.config.durability != Durability::Buffered {
+            return 0;
+        }
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut waiting = Vec::new();
+        let open: Vec<(ServerId, SegmentId)> = {
+            let mut state = self.state();
+            state.stopping = true;
+            state
+                .replicas
+                .iter()
+                .filter(|(_, replica)| !replica.closed && replica.buffer.is_some())
+                .map(|(key, _)| *key)
+                .collect()
+        };
+        for key in open {
+            loop {
+                let pushed = {
+                    let state = self.state();
+                    let Some(replica) = state.replicas.get(&key) else { break };
+                    let Some(buffer) = &replica.buffer else { break };
+                    if !self.shared.queue.has_room() {
+                        false
+                    } else {
+                        let (sender, receiver) = oneshot::channel();
+                        let completion = Box::new(move |result: Result<(), String>| {
+                            let _ = sender.send(result);
+                        });
+                        let data: Box<dyn AsRef<[u8]> + Send> =
+                            Box::new(Bytes::copy_from_slice(&buffer.bytes));
+                        let job = Job::Write {
+                            frame: replica.frame,
+                            data_offset: 0,
+                            data,
+                            metadata: replica.metadata(key),
+                            completion,
+                        };
+                        if self.push(job).is_ok() {
+                            waiting.push(receiver);
+                        }
+                        true
+                    }
+                };
+                if pushed || tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+        let mut written = 0;
+        for receiver in waiting {
+            if let Ok(Ok(Ok(()))) = tokio::time::timeout_at(deadline, receiver).await {
+                written += 1;
+            }
+        }
+        written
+    }
+
     /// True once `master_id` was fenced.
     pub fn is_fenced(&self, master_id: ServerId) -> bool {
         self.state().fenced_masters.contains(&master_id)
@@ -663,6 +731,9 @@ impl BackupService {
         // At most the capacity, a u32.
         let end = end as u32;
         let mut state = self.state();
+        if state.stopping {
+            return Err(BackupError::new(Status::Retry, "the backup is stopping"));
+        }
         if state.fenced_masters.contains(&write.master_id) {
             return Err(BackupError::new(
                 Status::ServerCrashed,

@@ -149,6 +149,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|error| error.to_string())
 }
 
+/// How long a stopping server waits for its backup's open replicas to reach the disk.
+const STOP_FLUSH_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How often a server checks whether the coordinator declared it crashed (then it exits).
 const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -311,6 +314,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         println!("server {server_id} listening on {address}");
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
         let master: Arc<dyn stratus_rpc::Service> = Arc::new(master);
+        let backup_at_stop = backup.clone();
         let service: Arc<dyn stratus_rpc::Service> = match backup {
             Some(backup) => {
                 let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
@@ -323,6 +327,12 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             result = serve(listener, service) => result.map_err(|error| error.to_string()),
             _ = termination(arguments.exit_with_parent) => {
                 tracing::info!("server stopping");
+                // Buffered replicas of open heads exist only in this process's memory: put
+                // them on disk, so a cluster stopped and started again recovers them.
+                if let Some(backup) = backup_at_stop {
+                    let written = backup.flush_open_replicas(STOP_FLUSH_PATIENCE).await;
+                    tracing::info!(written, "open replicas written to disk");
+                }
                 Ok(())
             }
             _ = declared_crashed => {

@@ -559,16 +559,8 @@ impl Pump {
         // candidate backups is finite and failed ones are excluded.
         for _attempt in 0..=self.backups.len() + replicas + 1 {
             self.fill_holders(segment_id).await?;
-            let epoch = self.segments.get(&segment_id).expect("filled above").epoch;
-            // A head (segment opened with a digest) is reported to the coordinator before any
-            // of its bytes at this epoch go out, so before any write in it is acknowledged:
-            // recovery then knows which head and epoch it must find.
-            let is_head = matches!(source, Source::Log)
-                && self.shared.store.log().opened_as_head(SegmentId(segment_id));
-            if is_head && self.recorded_head.is_none_or(|recorded| recorded < (segment_id, epoch)) {
-                self.record_head(segment_id, epoch).await?;
-            }
             let segment = self.segments.get(&segment_id).expect("filled above");
+            let epoch = segment.epoch;
             let pending: Vec<(usize, ReplicaHolder)> = segment
                 .holders
                 .iter()
@@ -579,6 +571,19 @@ impl Pump {
                 .map(|(index, holder)| (index, holder.clone()))
                 .collect();
             if pending.is_empty() {
+                // Every replica holds the segment at this epoch. A head (opened with a digest)
+                // is now reported to the coordinator, before the caller counts anything in it
+                // as durable, so before any write there is acknowledged: recovery then looks
+                // for exactly this head at this epoch or newer, which exists on R backups. (Had
+                // it been reported before the writes, a crash in between would leave a record
+                // no replica matches, and recovery would wait forever.)
+                let is_head = matches!(source, Source::Log)
+                    && self.shared.store.log().opened_as_head(SegmentId(segment_id));
+                if is_head
+                    && self.recorded_head.is_none_or(|recorded| recorded < (segment_id, epoch))
+                {
+                    self.record_head(segment_id, epoch).await?;
+                }
                 return Ok(());
             }
             let mut calls: Vec<BoxFuture<'static, (ServerId, WriteOutcome)>> = Vec::new();

@@ -60,7 +60,8 @@ pub struct CoordinatorState {
     pub servers: BTreeMap<ServerId, ServerEntry>,
     /// Tables by name.
     pub tables: BTreeMap<String, TableRecord>,
-    /// Masters' newest reported log heads (none: the master never replicated a write).
+    /// Masters' newest reported log heads (none: the master never replicated a write). The
+    /// coordinator moves them under a lock of their own when it opens.
     pub log_heads: BTreeMap<ServerId, LogHead>,
 }
 

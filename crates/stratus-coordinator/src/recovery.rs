@@ -187,11 +187,17 @@ impl Inner {
             if server.status != ServerStatus::Up {
                 return true;
             }
-            if require_lease_expired && !self.lease_expired(server_id) {
-                return false;
+            {
+                // No lease is granted from here on (renewals check membership under this lock).
+                let mut leases = self.leases();
+                if require_lease_expired && !self.lease_expired_in(&leases, server_id) {
+                    return false;
+                }
+                leases.members.remove(&server_id);
             }
             let crashed = ServerEntry { status: ServerStatus::Crashed, ..server };
             if self.persist(vec![put_server(&crashed)]).await.is_err() {
+                self.leases().members.insert(server_id);
                 return false;
             }
             tracing::warn!(%server_id, address = %crashed.address, why, "server declared crashed");
@@ -329,7 +335,7 @@ impl Inner {
             Ok(locations) => locations,
             Err(reason) => return Attempt::Again(reason),
         };
-        let head = self.state.lock().await.log_heads.get(&crashed).copied();
+        let head = self.log_heads.lock().await.get(&crashed).copied();
         let segments = match head {
             // It never reported a head, so it never had a replicated write acknowledged (or it
             // ran without replicas, and its data died with it): nothing to replay.

@@ -1,6 +1,6 @@
 //! Request handling and the tasks that tell masters about their tablets.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,8 +51,13 @@ pub(crate) struct Inner {
     /// Crashed masters whose recovery is running (at most one recovery per crashed master).
     pub(crate) recoveries: Mutex<HashSet<ServerId>>,
     pub(crate) recovery_pools: RecoveryPools,
-    /// When each server's last lease was granted (when its request arrived).
-    pub(crate) leases_granted: std::sync::Mutex<HashMap<ServerId, tokio::time::Instant>>,
+    /// Who may hold a lease, and when each last got one. Its own short lock, never held across
+    /// I/O: renewals must not wait behind metadata fsyncs under the state lock, or a slow
+    /// disk would let every master's lease run out.
+    pub(crate) leases: std::sync::Mutex<LeaseTable>,
+    /// Masters' newest reported log heads. Its own lock, held across the persist of a new
+    /// head, so a recovery that reads a head waits for a report in flight.
+    pub(crate) log_heads: Mutex<BTreeMap<ServerId, LogHead>>,
     /// When this coordinator started: a lease granted by an earlier incarnation ends at most
     /// [`LEASE_DURATION`] after this.
     pub(crate) started_at: tokio::time::Instant,
@@ -60,6 +65,16 @@ pub(crate) struct Inner {
     pub(crate) ping_misses: std::sync::Mutex<HashMap<ServerId, u32>>,
     /// The detector's threshold; 0 while it does not run.
     pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
+}
+
+/// Which servers may hold a lease, and when each was last granted one.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseTable {
+    /// Servers that are up. A server leaves before its crash is persisted, so no lease is
+    /// granted from the moment a declaration begins.
+    pub(crate) members: HashSet<ServerId>,
+    /// When each server's last lease was granted (when its request arrived).
+    pub(crate) granted: HashMap<ServerId, tokio::time::Instant>,
 }
 
 /// A failed request: status and message for the error response.
@@ -71,7 +86,14 @@ impl Coordinator {
         meta: Arc<dyn MetaStore>,
         environment: Environment,
     ) -> Result<Coordinator, MetaError> {
-        let state = CoordinatorState::load(&*meta)?;
+        let mut state = CoordinatorState::load(&*meta)?;
+        let members = state
+            .servers
+            .values()
+            .filter(|server| server.status == ServerStatus::Up)
+            .map(|server| server.server_id)
+            .collect();
+        let log_heads = std::mem::take(&mut state.log_heads);
         tracing::info!(
             servers = state.servers.len(),
             tables = state.tables.len(),
@@ -87,7 +109,8 @@ impl Coordinator {
             environment,
             placement_cursor: AtomicU64::new(0),
             recoveries: Mutex::new(HashSet::new()),
-            leases_granted: std::sync::Mutex::new(HashMap::new()),
+            leases: std::sync::Mutex::new(LeaseTable { members, granted: HashMap::new() }),
+            log_heads: Mutex::new(log_heads),
             started_at: tokio::time::Instant::now(),
             ping_misses: std::sync::Mutex::new(HashMap::new()),
             misses_to_declare: std::sync::atomic::AtomicU32::new(0),
@@ -147,6 +170,7 @@ impl Coordinator {
             let batch = gone.iter().map(put_server).collect();
             if self.inner.persist(batch).await.is_ok() {
                 for server in gone {
+                    self.inner.leases().members.remove(&server.server_id);
                     tracing::warn!(server_id = %server.server_id, address = %server.address, "server did not answer after coordinator start; marked crashed");
                     state.servers.insert(server.server_id, server);
                 }
@@ -311,6 +335,13 @@ impl Inner {
         batch.extend(replaced.iter().map(put_server));
         self.persist(batch).await?;
         state.next_server_id = server_id.0 + 1;
+        {
+            let mut leases = self.leases();
+            for old in &replaced {
+                leases.members.remove(&old.server_id);
+            }
+            leases.members.insert(server_id);
+        }
         for old in &replaced {
             tracing::warn!(old = %old.server_id, new = %server_id, %address, "server replaced at its address");
             state.servers.insert(old.server_id, old.clone());
@@ -412,11 +443,16 @@ impl Inner {
         deliveries.detach_all();
     }
 
-    /// RENEW_LEASE: a server that is up gets [`LEASE_DURATION`] more; one declared crashed is
-    /// told so (it then stops serving and exits). The grant is recorded under the state lock,
-    /// so no lease is granted after a crash is declared.
+    /// The lease table.
+    pub(crate) fn leases(&self) -> std::sync::MutexGuard<'_, LeaseTable> {
+        self.leases.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// RENEW_LEASE: a server that is up gets [`LEASE_DURATION`] more; any other (declared
+    /// crashed, removed, or unknown) is told it crashed: it then stops serving and exits. The
+    /// grant and the membership check happen under the lease table's lock, which a crash
+    /// declaration takes to remove the member, so no lease is granted after one begins.
     async fn renew_lease(&self, server_id: ServerId) -> Result<Response, Failure> {
-        let state = self.state.lock().await;
         let threshold = self.misses_to_declare.load(std::sync::atomic::Ordering::Relaxed);
         let missed = self.ping_misses().get(&server_id).copied().unwrap_or(0);
         if threshold > 0 && missed >= threshold {
@@ -427,57 +463,41 @@ impl Inner {
                 format!("server {server_id} does not answer the coordinator's pings"),
             ));
         }
-        match state.servers.get(&server_id).map(|server| server.status) {
-            Some(ServerStatus::Up) => {
-                self.leases_granted
-                    .lock()
-                    .unwrap_or_else(|poison| poison.into_inner())
-                    .insert(server_id, tokio::time::Instant::now());
-                let lease_ms = u32::try_from(LEASE_DURATION.as_millis()).unwrap_or(u32::MAX);
-                Ok(Response::RenewLease { lease_ms })
-            }
-            Some(_) => {
-                Err((Status::ServerCrashed, format!("server {server_id} was declared crashed")))
-            }
-            None => Err((Status::InvalidParameter, format!("no server {server_id} is known"))),
+        let mut leases = self.leases();
+        if !leases.members.contains(&server_id) {
+            return Err((Status::ServerCrashed, format!("server {server_id} is not up")));
         }
+        leases.granted.insert(server_id, tokio::time::Instant::now());
+        let lease_ms = u32::try_from(LEASE_DURATION.as_millis()).unwrap_or(u32::MAX);
+        Ok(Response::RenewLease { lease_ms })
     }
 
     /// SET_LOG_HEAD: records a master's newer log head durably before it acknowledges writes
     /// there. Refused to a server declared crashed (the heads recovery relies on are final).
     async fn set_log_head(&self, server_id: ServerId, head: LogHead) -> Result<Response, Failure> {
-        let mut state = self.state.lock().await;
-        match state.servers.get(&server_id).map(|server| server.status) {
-            Some(ServerStatus::Up) => {}
-            Some(_) => {
-                return Err((
-                    Status::ServerCrashed,
-                    format!("server {server_id} was declared crashed"),
-                ))
-            }
-            None => {
-                return Err((Status::InvalidParameter, format!("no server {server_id} is known")))
-            }
+        let mut log_heads = self.log_heads.lock().await;
+        if !self.leases().members.contains(&server_id) {
+            return Err((Status::ServerCrashed, format!("server {server_id} is not up")));
         }
-        if state.log_heads.get(&server_id).is_some_and(|recorded| *recorded >= head) {
+        if log_heads.get(&server_id).is_some_and(|recorded| *recorded >= head) {
             return Ok(Response::SetLogHead);
         }
         self.persist(vec![put_log_head(server_id, head)]).await?;
-        state.log_heads.insert(server_id, head);
+        log_heads.insert(server_id, head);
         Ok(Response::SetLogHead)
     }
 
     /// True once no lease of `server_id` can still be running: the last one granted (or any an
     /// earlier coordinator granted) has ended, with a margin for clock rates.
     pub(crate) fn lease_expired(&self, server_id: ServerId) -> bool {
-        let last = self
-            .leases_granted
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .get(&server_id)
-            .copied()
-            .unwrap_or(self.started_at)
-            .max(self.started_at);
+        let leases = self.leases();
+        self.lease_expired_in(&leases, server_id)
+    }
+
+    /// [`Inner::lease_expired`] with the lease table already locked.
+    pub(crate) fn lease_expired_in(&self, leases: &LeaseTable, server_id: ServerId) -> bool {
+        let last =
+            leases.granted.get(&server_id).copied().unwrap_or(self.started_at).max(self.started_at);
         tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
     }
 

@@ -384,3 +384,74 @@ async fn two_masters_killed_together_are_both_recovered() {
     assert_eq!(failures, 0, "writes failed during recovery");
     check_acknowledged(&client, table, &acknowledged).await;
 }
+
+/// A master is killed, and as soon as its crash is declared (its tablets show as recovering)
+/// a second master — likely one of its recovery masters — is killed too. Whatever the second
+/// kill interrupts, both masters' tablets end up served and no acknowledged write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_during_a_recovery_is_recovered_too() {
+    let mut cluster = TestCluster::start_with_replicas(5, 2);
+    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
+    config.operation_timeout = Duration::from_secs(60);
+    let client = Client::new(config);
+    let table = client.create_table("cascade", 5).await.unwrap();
+    let map = client.tablet_map(table).await.unwrap();
+    let first = map[0].owner_address.clone();
+    let second = map
+        .iter()
+        .map(|tablet| tablet.owner_address.clone())
+        .find(|address| *address != first)
+        .unwrap();
+
+    let acknowledged: Acknowledged = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = start_writers(&client, table, 6, &acknowledged, &stop);
+    wait_for_acknowledged(&acknowledged, 240, Duration::from_secs(60)).await;
+    let kill = |cluster: &mut TestCluster, address: &str| {
+        let process = cluster
+            .servers
+            .iter_mut()
+            .find(|process| process.address.as_deref() == Some(address))
+            .unwrap();
+        process.signal(libc::SIGKILL);
+    };
+    kill(&mut cluster, &first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        if map.iter().any(|tablet| tablet.state == TabletState::Recovering) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the crash was never declared");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    kill(&mut cluster, &second);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        let healed = map.iter().all(|tablet| {
+            tablet.owner_address != first
+                && tablet.owner_address != second
+                && tablet.state == TabletState::Normal
+        });
+        if healed {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = progress(&acknowledged);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while progress(&acknowledged) < before + 500 {
+        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut failures = 0;
+    while let Some(joined) = writers.join_next().await {
+        failures += joined.unwrap();
+    }
+    assert_eq!(failures, 0, "writes failed during recovery");
+    check_acknowledged(&client, table, &acknowledged).await;
+}

@@ -75,6 +75,21 @@ pub(crate) async fn recover_partition(
     if tablets.is_empty() {
         return Err((Status::InvalidParameter, "no tablet to recover".to_string()));
     }
+    // Replayed objects must become durable here before the partition is handed over; with
+    // fewer backups than replicas they never can, and a replay would only fill the log with
+    // objects dropped again. Let the coordinator try another master, or later.
+    if let Some(replication) = &context.replication {
+        if replication.backups_available() < replication.replicas() {
+            return Err((
+                Status::Retry,
+                format!(
+                    "only {} backups besides this master for {} replicas",
+                    replication.backups_available(),
+                    replication.replicas()
+                ),
+            ));
+        }
+    }
     tracing::info!(%crashed_master, tablets = tablets.len(), segments = segments.len(), "recovering a partition");
     let locations = locate_replicas(&context.reader, crashed_master, &backups).await?;
     let mut plan = Vec::with_capacity(segments.len());

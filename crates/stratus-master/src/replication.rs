@@ -146,6 +146,9 @@ struct Shared {
     /// A backup refused a write because the coordinator declared this master crashed: it is
     /// a zombie and nothing it writes can become durable any more.
     fenced: std::sync::atomic::AtomicBool,
+    /// Backups other than this master in the last server list (`usize::MAX` before the first
+    /// list arrives: unknown is not "too few").
+    backups_available: std::sync::atomic::AtomicUsize,
 }
 
 impl ReplicaManager {
@@ -167,6 +170,7 @@ impl ReplicaManager {
             statistics: std::sync::Mutex::new(ReplicationStatistics::default()),
             last_problem: std::sync::Mutex::new(String::new()),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            backups_available: std::sync::atomic::AtomicUsize::new(usize::MAX),
         });
         let (survivor_sender, survivor_receiver) = mpsc::channel(SURVIVORS_QUEUED_MAX);
         let pump = Pump::new(server_id, shared.clone(), environment, survivor_receiver);
@@ -218,6 +222,13 @@ impl ReplicaManager {
                 })
             }
         }
+    }
+
+    /// Backups other than this master in the last server list it fetched (`usize::MAX` before
+    /// the first). Fewer than [`ReplicaManager::replicas`] means nothing new can become
+    /// durable until more backups join.
+    pub fn backups_available(&self) -> usize {
+        self.shared.backups_available.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// True once a backup refused a write because this master was declared crashed.
@@ -909,6 +920,9 @@ impl Pump {
                             && entry.services.0 & ServiceMask::BACKUP != 0
                     })
                     .collect();
+                let others =
+                    self.backups.iter().filter(|entry| entry.server_id != self.server_id).count();
+                self.shared.backups_available.store(others, std::sync::atomic::Ordering::Relaxed);
                 self.backups_fetched_at = Some(tokio::time::Instant::now());
                 Ok(())
             }

@@ -65,6 +65,20 @@ pub struct CoordinatorState {
     pub log_heads: BTreeMap<ServerId, LogHead>,
 }
 
+impl CoordinatorState {
+    /// The servers in `status`.
+    pub fn servers_in(&self, status: ServerStatus) -> impl Iterator<Item = &ServerEntry> {
+        self.servers.values().filter(move |server| server.status == status)
+    }
+
+    /// True if `server_id` owns a tablet of any table.
+    pub fn owns_tablets(&self, server_id: ServerId) -> bool {
+        self.tables
+            .values()
+            .any(|table| table.tablets.iter().any(|tablet| tablet.owner == server_id))
+    }
+}
+
 /// The operation that stores `server_id`'s log head.
 pub fn put_log_head(server_id: ServerId, head: LogHead) -> MetaOperation {
     let mut value = vec![RECORD_FORMAT_VERSION];

@@ -117,15 +117,8 @@ impl Inner {
             .store(config.misses_to_declare, std::sync::atomic::Ordering::Relaxed);
         loop {
             tokio::time::sleep(config.probe_interval).await;
-            let servers: Vec<ServerEntry> = {
-                let state = self.state.lock().await;
-                state
-                    .servers
-                    .values()
-                    .filter(|server| server.status == ServerStatus::Up)
-                    .cloned()
-                    .collect()
-            };
+            let servers: Vec<ServerEntry> =
+                self.state.lock().await.servers_in(ServerStatus::Up).cloned().collect();
             self.ping_misses().retain(|id, _| servers.iter().any(|server| server.server_id == *id));
             let mut probes = tokio::task::JoinSet::new();
             for server in servers {
@@ -227,15 +220,13 @@ impl Inner {
     /// servers were found gone). One that owns no tablet is simply marked removed, so backups
     /// free its replicas.
     pub(crate) async fn resume_recoveries(self: &Arc<Self>) {
-        let crashed: Vec<ServerId> = {
-            let state = self.state.lock().await;
-            state
-                .servers
-                .values()
-                .filter(|server| server.status == ServerStatus::Crashed)
-                .map(|server| server.server_id)
-                .collect()
-        };
+        let crashed: Vec<ServerId> = self
+            .state
+            .lock()
+            .await
+            .servers_in(ServerStatus::Crashed)
+            .map(|server| server.server_id)
+            .collect();
         for server_id in crashed {
             self.start_recovery(server_id).await;
         }
@@ -275,11 +266,7 @@ impl Inner {
             return;
         }
         // Its replicas are freed once it is removed: never while it still owns a tablet.
-        let owns_tablets = state
-            .tables
-            .values()
-            .any(|table| table.tablets.iter().any(|tablet| tablet.owner == server_id));
-        if owns_tablets {
+        if state.owns_tablets(server_id) {
             tracing::warn!(%server_id, "not removing a crashed master that still owns tablets");
             return;
         }
@@ -303,18 +290,13 @@ impl Inner {
                         .map(|tablet| (table.table_id, tablet.range))
                 })
                 .collect();
-            let up = |server: &&ServerEntry| server.status == ServerStatus::Up;
             let masters: Vec<(ServerId, String)> = state
-                .servers
-                .values()
-                .filter(up)
+                .servers_in(ServerStatus::Up)
                 .filter(|server| server.services.has_master())
                 .map(|server| (server.server_id, server.address.clone()))
                 .collect();
             let backups: Vec<String> = state
-                .servers
-                .values()
-                .filter(up)
+                .servers_in(ServerStatus::Up)
                 .filter(|server| server.services.has_backup())
                 .map(|server| server.address.clone())
                 .collect();
@@ -433,12 +415,7 @@ impl Inner {
         }
         if failures.is_empty() {
             // Finished only if the map agrees that no tablet is left with `crashed`.
-            let state = self.state.lock().await;
-            let left = state
-                .tables
-                .values()
-                .any(|table| table.tablets.iter().any(|tablet| tablet.owner == crashed));
-            if left {
+            if self.state.lock().await.owns_tablets(crashed) {
                 Attempt::Again("tablets are left after the commit".to_string())
             } else {
                 Attempt::Finished

@@ -87,12 +87,7 @@ impl Coordinator {
         environment: Environment,
     ) -> Result<Coordinator, MetaError> {
         let mut state = CoordinatorState::load(&*meta)?;
-        let members = state
-            .servers
-            .values()
-            .filter(|server| server.status == ServerStatus::Up)
-            .map(|server| server.server_id)
-            .collect();
+        let members = state.servers_in(ServerStatus::Up).map(|server| server.server_id).collect();
         let log_heads = std::mem::take(&mut state.log_heads);
         tracing::info!(
             servers = state.servers.len(),
@@ -142,15 +137,8 @@ impl Coordinator {
     /// coordinator was down, for example when a local cluster is restarted), then re-sends
     /// every tablet assignment. Full failure detection arrives with crash recovery.
     pub async fn verify_servers_and_redeliver(&self) {
-        let servers: Vec<ServerEntry> = {
-            let state = self.inner.state.lock().await;
-            state
-                .servers
-                .values()
-                .filter(|server| server.status == ServerStatus::Up)
-                .cloned()
-                .collect()
-        };
+        let servers: Vec<ServerEntry> =
+            self.inner.state.lock().await.servers_in(ServerStatus::Up).cloned().collect();
         let mut checks = tokio::task::JoinSet::new();
         for server in servers {
             let inner = self.inner.clone();

@@ -72,9 +72,6 @@ pub(crate) async fn recover_partition(
     segments: Vec<SegmentId>,
     backups: Vec<String>,
 ) -> Result<Response, RecoveryFailure> {
-    if tablets.is_empty() {
-        return Err((Status::InvalidParameter, "no tablet to recover".to_string()));
-    }
     // Replayed objects must become durable here before the partition is handed over; with
     // fewer backups than replicas they never can, and a replay would only fill the log with
     // objects dropped again. Let the coordinator try another master, or later.

@@ -477,7 +477,14 @@ impl Service for Master {
         self.requests_served.fetch_add(1, Ordering::Relaxed);
         match decode_request(header.opcode_code, body) {
             Ok(Request::RecoverTablets { crashed_master, tablets, segments, backups }) => {
-                return self.recover(header.request_id, crashed_master, tablets, segments, backups)
+                return self.recover(
+                    header.request_id,
+                    crashed_master,
+                    tablets,
+                    segments,
+                    backups,
+                    out,
+                )
             }
             Ok(request) => match &self.replication {
                 Some(replication) if changes_log(&request) => {
@@ -507,18 +514,20 @@ impl Master {
         tablets: Vec<RecoveryTablet>,
         segments: Vec<SegmentId>,
         backups: Vec<String>,
+        out: &mut BytesMut,
     ) -> Handled {
-        let Some(reader) = self.recovery.clone() else {
-            let mut out = BytesMut::new();
-            encode_error_response(
-                &mut out,
-                request_id,
-                Opcode::RecoverTablets.code(),
-                Status::UnimplementedRequest,
-                "this master does not take part in recovery",
-            );
-            return Handled::Later(Box::pin(async move { out }));
+        let refuse = |out: &mut BytesMut, status: Status, message: &str| {
+            let opcode = Opcode::RecoverTablets.code();
+            encode_error_response(out, request_id, opcode, status, message);
+            Handled::Done
         };
+        let Some(reader) = self.recovery.clone() else {
+            let message = "this master does not take part in recovery";
+            return refuse(out, Status::UnimplementedRequest, message);
+        };
+        if tablets.is_empty() {
+            return refuse(out, Status::InvalidParameter, "no tablet to recover");
+        }
         let refusal = {
             let mut in_flight =
                 self.recoveries_in_flight.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -541,15 +550,7 @@ impl Master {
             }
         };
         if let Some((status, message)) = refusal {
-            let mut out = BytesMut::new();
-            encode_error_response(
-                &mut out,
-                request_id,
-                Opcode::RecoverTablets.code(),
-                status,
-                message,
-            );
-            return Handled::Later(Box::pin(async move { out }));
+            return refuse(out, status, message);
         }
         let context = RecoveryContext {
             store: self.store.clone(),

@@ -7,9 +7,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use common::TestCluster;
 use stratus_client::{RejectRules, Status, TableId};
+use stratus_types::{HashRange, SegmentId, ServerId};
 use stratus_wire::{
-    decode_frame_header, encode_request, frame_length, FrameKind, Hello, Request, HELLO_BYTES,
-    PROTOCOL_VERSION,
+    decode_frame_header, encode_request, frame_length, FrameKind, Hello, RecoveryTablet, Request,
+    HELLO_BYTES, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -127,6 +128,60 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     truncated[0..4].copy_from_slice(&length.to_le_bytes());
     stream.write_all(&truncated).await.unwrap();
     assert_eq!(read_response(&mut stream, &mut received).await, (4, Status::RequestFormatError));
+
+    // Recovery requests a master cannot act on: no tablet, a range it serves, a replica no
+    // backup holds. Clear statuses; nothing of the master's own data changes.
+    let mut recovery = BytesMut::new();
+    let recover = |tablets| Request::RecoverTablets {
+        crashed_master: ServerId(999),
+        tablets,
+        segments: vec![SegmentId(1)],
+        backups: vec![master.clone()],
+    };
+    encode_request(&mut recovery, 10, &recover(Vec::new()));
+    let owned = RecoveryTablet { table_id: table, range: HashRange::FULL };
+    encode_request(&mut recovery, 11, &recover(vec![owned]));
+    encode_request(
+        &mut recovery,
+        12,
+        &Request::BackupGetRecoveryData {
+            master_id: ServerId(999),
+            segment_id: SegmentId(1),
+            tablets: vec![owned],
+        },
+    );
+    stream.write_all(&recovery).await.unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(read_response(&mut stream, &mut received).await);
+    }
+    answers.sort_unstable_by_key(|(request_id, _)| *request_id);
+    assert_eq!(
+        answers,
+        vec![
+            (10, Status::InvalidParameter),
+            (11, Status::InvalidParameter),
+            (12, Status::BackupBadSegmentId)
+        ]
+    );
+    // Lease and log-head requests for a server the coordinator does not know: told it is not
+    // up (a master would stop serving).
+    let mut coordinator = handshaken(&cluster.coordinator_address).await;
+    let mut coordinator_received = BytesMut::new();
+    let mut membership = BytesMut::new();
+    encode_request(&mut membership, 20, &Request::RenewLease { server_id: ServerId(999) });
+    encode_request(
+        &mut membership,
+        21,
+        &Request::SetLogHead { server_id: ServerId(999), segment_id: SegmentId(1), epoch: 1 },
+    );
+    coordinator.write_all(&membership).await.unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        answers.push(read_response(&mut coordinator, &mut coordinator_received).await);
+    }
+    answers.sort_unstable_by_key(|(request_id, _)| *request_id);
+    assert_eq!(answers, vec![(20, Status::ServerCrashed), (21, Status::ServerCrashed)]);
 
     // A frame claiming a huge length: REQUEST_TOO_LARGE for its request id, then the
     // connection closes.

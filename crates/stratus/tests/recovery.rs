@@ -102,13 +102,80 @@ async fn check_acknowledged(client: &Client, table: TableId, acknowledged: &Ackn
     }
 }
 
+/// A client whose operations wait through detection and recovery (a 60 s deadline).
+fn patient_client(cluster: &TestCluster) -> Client {
+    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
+    config.operation_timeout = Duration::from_secs(60);
+    Client::new(config)
+}
+
+/// Sends `signal` to the server listening at `address`.
+fn signal_server<'a>(
+    cluster: &'a mut TestCluster,
+    address: &str,
+    signal: i32,
+) -> &'a mut common::Process {
+    let process = cluster
+        .servers
+        .iter_mut()
+        .find(|process| process.address.as_deref() == Some(address))
+        .unwrap_or_else(|| panic!("no server at {address}"));
+    process.signal(signal);
+    process
+}
+
+/// Waits until every tablet of `table` is served, by none of the masters at `gone`, and checks
+/// that the tablets still cover the hash space without overlap.
+async fn wait_until_served_without(
+    client: &Client,
+    table: TableId,
+    gone: &[String],
+    patience: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let map = client.tablet_map(table).await.unwrap();
+        let served = map.iter().all(|tablet| {
+            !gone.contains(&tablet.owner_address) && tablet.state == TabletState::Normal
+        });
+        if served {
+            assert_eq!(map[0].range.start, 0);
+            assert_eq!(map[map.len() - 1].range.end, u64::MAX);
+            for pair in map.windows(2) {
+                assert_eq!(pair[0].range.end + 1, pair[1].range.start, "{map:?}");
+            }
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Checks that the writers go on (500 more writes' worth of progress), stops them, and checks
+/// that none gave up: with a 60 s operation timeout no write should fail during recovery.
+async fn writers_continue_then_stop(
+    acknowledged: &Acknowledged,
+    stop: &AtomicBool,
+    mut writers: tokio::task::JoinSet<u32>,
+) {
+    let before = progress(acknowledged);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while progress(acknowledged) < before + 500 {
+        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut failures = 0;
+    while let Some(joined) = writers.join_next().await {
+        failures += joined.unwrap();
+    }
+    assert_eq!(failures, 0, "writes failed during recovery");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_master_is_recovered_and_no_acknowledged_write_is_lost() {
     let mut cluster = TestCluster::start_with_replicas(4, 2);
-    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
-    // Writers to the crashed tablets wait through detection and recovery.
-    config.operation_timeout = Duration::from_secs(60);
-    let client = Client::new(config);
+    let client = patient_client(&cluster);
     let table = client.create_table("recovered", 4).await.unwrap();
     let map = client.tablet_map(table).await.unwrap();
     let victim_address = map[0].owner_address.clone();
@@ -120,49 +187,15 @@ async fn a_killed_master_is_recovered_and_no_acknowledged_write_is_lost() {
     wait_for_acknowledged(&acknowledged, 240, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let victim = cluster
-        .servers
-        .iter_mut()
-        .find(|process| process.address.as_deref() == Some(victim_address.as_str()))
-        .unwrap();
-    victim.signal(libc::SIGKILL);
+    let victim = signal_server(&mut cluster, &victim_address, libc::SIGKILL);
     assert!(victim.wait_exit(Duration::from_secs(10)).is_some());
     let acknowledged_at_kill = acknowledged.lock().unwrap().len();
 
-    // The crashed tablets come back on other masters.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let map = client.tablet_map(table).await.unwrap();
-        let healed = map
-            .iter()
-            .all(|tablet| tablet.owner != victim_id && tablet.state == TabletState::Normal);
-        if healed {
-            // The whole hash space is still covered, without overlap.
-            assert_eq!(map[0].range.start, 0);
-            assert_eq!(map[map.len() - 1].range.end, u64::MAX);
-            for pair in map.windows(2) {
-                assert_eq!(pair[0].range.end + 1, pair[1].range.start, "{map:?}");
-            }
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Writers go on, including to the recovered tablets.
-    let before = progress(&acknowledged);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while progress(&acknowledged) < before + 500 {
-        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::SeqCst);
-    let mut failures = 0;
-    let mut writers = writers;
-    while let Some(joined) = writers.join_next().await {
-        failures += joined.unwrap();
-    }
-    // With a 60 s operation timeout, no write should have given up during recovery.
-    assert_eq!(failures, 0, "writes failed during recovery");
+    // The crashed tablets come back on other masters, and the writers go on, including to
+    // the recovered tablets.
+    let gone = [victim_address.clone()];
+    wait_until_served_without(&client, table, &gone, Duration::from_secs(60)).await;
+    writers_continue_then_stop(&acknowledged, &stop, writers).await;
     assert!(acknowledged.lock().unwrap().len() >= acknowledged_at_kill);
     check_acknowledged(&client, table, &acknowledged).await;
 
@@ -259,7 +292,6 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
     let table = client.create_table("zombie", 1).await.unwrap();
     let map = client.tablet_map(table).await.unwrap();
     let zombie_address = map[0].owner_address.clone();
-    let zombie_id = map[0].owner;
     let old_version = client.write(table, b"key", b"old value").await.unwrap();
 
     // A connection to the master, opened while it runs (the handshake needs it awake).
@@ -269,23 +301,10 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
     );
     assert!(matches!(pool.call(&zombie_address, &Request::Ping).await, Ok((Status::Ok, _))));
 
-    let zombie = cluster
-        .servers
-        .iter_mut()
-        .find(|process| process.address.as_deref() == Some(zombie_address.as_str()))
-        .unwrap();
-    zombie.signal(libc::SIGSTOP);
+    signal_server(&mut cluster, &zombie_address, libc::SIGSTOP);
     // Recovered elsewhere, then overwritten there.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let map = client.tablet_map(table).await.unwrap();
-        if map.iter().all(|tablet| tablet.owner != zombie_id && tablet.state == TabletState::Normal)
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let gone = [zombie_address.clone()];
+    wait_until_served_without(&client, table, &gone, Duration::from_secs(60)).await;
     let (value, version) = client.read(table, b"key").await.unwrap();
     assert_eq!((&value[..], version), (&b"old value"[..], old_version));
     let new_version = client.write(table, b"key", b"new value").await.unwrap();
@@ -319,7 +338,7 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    zombie.signal(libc::SIGCONT);
+    let zombie = signal_server(&mut cluster, &zombie_address, libc::SIGCONT);
     let read = read.await.unwrap();
     let write = write.await.unwrap();
     assert!(!matches!(read, Ok((Status::Ok, _))), "the zombie served a stale read: {read:?}");
@@ -338,9 +357,7 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_masters_killed_together_are_both_recovered() {
     let mut cluster = TestCluster::start_with_replicas(5, 2);
-    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
-    config.operation_timeout = Duration::from_secs(60);
-    let client = Client::new(config);
+    let client = patient_client(&cluster);
     let table = client.create_table("double", 5).await.unwrap();
     let map = client.tablet_map(table).await.unwrap();
     let mut victims: Vec<String> = map.iter().map(|tablet| tablet.owner_address.clone()).collect();
@@ -351,37 +368,13 @@ async fn two_masters_killed_together_are_both_recovered() {
 
     let acknowledged: Acknowledged = Arc::new(Mutex::new(HashMap::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut writers = start_writers(&client, table, 6, &acknowledged, &stop);
+    let writers = start_writers(&client, table, 6, &acknowledged, &stop);
     wait_for_acknowledged(&acknowledged, 240, Duration::from_secs(60)).await;
-    for process in cluster.servers.iter_mut() {
-        if victims.iter().any(|victim| process.address.as_deref() == Some(victim.as_str())) {
-            process.signal(libc::SIGKILL);
-        }
+    for victim in &victims {
+        signal_server(&mut cluster, victim, libc::SIGKILL);
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let map = client.tablet_map(table).await.unwrap();
-        let healed = map.iter().all(|tablet| {
-            !victims.contains(&tablet.owner_address) && tablet.state == TabletState::Normal
-        });
-        if healed {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let before = progress(&acknowledged);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while progress(&acknowledged) < before + 500 {
-        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::SeqCst);
-    let mut failures = 0;
-    while let Some(joined) = writers.join_next().await {
-        failures += joined.unwrap();
-    }
-    assert_eq!(failures, 0, "writes failed during recovery");
+    wait_until_served_without(&client, table, &victims, Duration::from_secs(90)).await;
+    writers_continue_then_stop(&acknowledged, &stop, writers).await;
     check_acknowledged(&client, table, &acknowledged).await;
 }
 
@@ -391,9 +384,7 @@ async fn two_masters_killed_together_are_both_recovered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_during_a_recovery_is_recovered_too() {
     let mut cluster = TestCluster::start_with_replicas(5, 2);
-    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
-    config.operation_timeout = Duration::from_secs(60);
-    let client = Client::new(config);
+    let client = patient_client(&cluster);
     let table = client.create_table("cascade", 5).await.unwrap();
     let map = client.tablet_map(table).await.unwrap();
     let first = map[0].owner_address.clone();
@@ -405,17 +396,9 @@ async fn a_master_killed_during_a_recovery_is_recovered_too() {
 
     let acknowledged: Acknowledged = Arc::new(Mutex::new(HashMap::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut writers = start_writers(&client, table, 6, &acknowledged, &stop);
+    let writers = start_writers(&client, table, 6, &acknowledged, &stop);
     wait_for_acknowledged(&acknowledged, 240, Duration::from_secs(60)).await;
-    let kill = |cluster: &mut TestCluster, address: &str| {
-        let process = cluster
-            .servers
-            .iter_mut()
-            .find(|process| process.address.as_deref() == Some(address))
-            .unwrap();
-        process.signal(libc::SIGKILL);
-    };
-    kill(&mut cluster, &first);
+    signal_server(&mut cluster, &first, libc::SIGKILL);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let map = client.tablet_map(table).await.unwrap();
@@ -425,33 +408,9 @@ async fn a_master_killed_during_a_recovery_is_recovered_too() {
         assert!(tokio::time::Instant::now() < deadline, "the crash was never declared");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    kill(&mut cluster, &second);
-
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let map = client.tablet_map(table).await.unwrap();
-        let healed = map.iter().all(|tablet| {
-            tablet.owner_address != first
-                && tablet.owner_address != second
-                && tablet.state == TabletState::Normal
-        });
-        if healed {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not recovered: {map:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let before = progress(&acknowledged);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while progress(&acknowledged) < before + 500 {
-        assert!(tokio::time::Instant::now() < deadline, "writes stalled after recovery");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::SeqCst);
-    let mut failures = 0;
-    while let Some(joined) = writers.join_next().await {
-        failures += joined.unwrap();
-    }
-    assert_eq!(failures, 0, "writes failed during recovery");
+    signal_server(&mut cluster, &second, libc::SIGKILL);
+    let gone = [first, second];
+    wait_until_served_without(&client, table, &gone, Duration::from_secs(120)).await;
+    writers_continue_then_stop(&acknowledged, &stop, writers).await;
     check_acknowledged(&client, table, &acknowledged).await;
 }

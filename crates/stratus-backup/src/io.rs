@@ -82,7 +82,10 @@ struct QueueState {
 /// The bounded job queue between request handlers and the I/O thread.
 pub(crate) struct IoQueue {
     state: Mutex<QueueState>,
+    /// Wakes the I/O thread.
     ready: Condvar,
+    /// Wakes the I/O task instead, when the jobs run on the runtime (`io_on_runtime`).
+    ready_task: tokio::sync::Notify,
     capacity: usize,
 }
 
@@ -94,7 +97,12 @@ impl std::fmt::Debug for IoQueue {
 
 impl IoQueue {
     pub(crate) fn new(capacity: usize) -> IoQueue {
-        IoQueue { state: Mutex::new(QueueState::default()), ready: Condvar::new(), capacity }
+        IoQueue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+            ready_task: tokio::sync::Notify::new(),
+            capacity,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -117,6 +125,7 @@ impl IoQueue {
         state.jobs.push_back(job);
         drop(state);
         self.ready.notify_one();
+        self.ready_task.notify_one();
         Ok(())
     }
 
@@ -124,6 +133,20 @@ impl IoQueue {
     pub(crate) fn shut_down(&self) {
         self.lock().shutdown = true;
         self.ready.notify_all();
+        self.ready_task.notify_one();
+    }
+
+    /// Every queued job without waiting: `Ok(None)` if there is none yet, `Err(())` once shut
+    /// down and drained.
+    fn try_take_batch(&self) -> Result<Option<Vec<Job>>, ()> {
+        let mut state = self.lock();
+        if !state.jobs.is_empty() {
+            return Ok(Some(state.jobs.drain(..).collect()));
+        }
+        if state.shutdown {
+            return Err(());
+        }
+        Ok(None)
     }
 
     /// Every queued job, waiting for one; `None` once shut down and drained.
@@ -174,6 +197,20 @@ impl IoThread {
     pub(crate) fn run(mut self) {
         while let Some(batch) = self.queue.take_batch() {
             self.process(batch);
+        }
+    }
+
+    /// The same loop as a task of the runtime (`io_on_runtime`): each batch is processed
+    /// without yielding, as the thread would.
+    pub(crate) async fn run_on_runtime(mut self) {
+        let queue = self.queue.clone();
+        loop {
+            match queue.try_take_batch() {
+                Ok(Some(batch)) => self.process(batch),
+                // Notify keeps one permit for a push that came before this wait.
+                Ok(None) => queue.ready_task.notified().await,
+                Err(()) => return,
+            }
         }
     }
 

@@ -21,7 +21,9 @@ use stratus_wire::{
 };
 use tokio::sync::oneshot;
 
-use crate::format::{Geometry, ReplicaMetadata, FILE_HEADER_BYTES, METADATA_BLOCK_BYTES};
+use crate::format::{
+    Geometry, ReplicaMetadata, FILE_HEADER_BYTES, FILE_MAGIC, METADATA_BLOCK_BYTES,
+};
 use crate::io::{IoCounters, IoQueue, IoThread, Job, Poison};
 use crate::scan::scan;
 use crate::storage::{DirectFileStorage, FileStorage, ReplicaStorage};
@@ -91,6 +93,12 @@ pub struct BackupConfig {
     /// Open the storage file with O_DIRECT ([`crate::DirectFileStorage`]): replica writes
     /// bypass the page cache.
     pub direct_io: bool,
+    /// Run the disk jobs on a task of the tokio runtime that opens the backup instead of on a
+    /// dedicated I/O thread. Only for the deterministic simulator, whose storage is memory and
+    /// whose nodes each run on one thread: a second OS thread would make the order of events
+    /// depend on the operating system's scheduler. Real disks need the thread (a blocking
+    /// write or sync must not stall the requests of every other task).
+    pub io_on_runtime: bool,
 }
 
 impl BackupConfig {
@@ -110,6 +118,7 @@ impl BackupConfig {
             durability: Durability::Buffered,
             io_queue_jobs_max: Self::IO_QUEUE_JOBS_MAX_DEFAULT,
             direct_io: false,
+            io_on_runtime: false,
         }
     }
 
@@ -404,8 +413,24 @@ fn certificate_too_long(certified: u32, held: u32) -> BackupError {
 /// Checks a storage header against the configured geometry: `Ok(true)` if it matches,
 /// `Ok(false)` if the storage is new (zero header), `Err` if it is foreign or of another
 /// geometry.
+///
+/// A header whose magic is ours but for a few flipped bits, and that fails its checksum, was
+/// damaged on the disk (a bad sector, a torn first write): it is reported as new, with a
+/// warning, and rewritten from the configuration. The header holds nothing but the geometry,
+/// which the configuration supplies, and every frame is validated on its own (metadata
+/// checksum, certificate), so a frame the configured geometry does not fit is discarded, never
+/// misread. Refusing to start instead would take every good replica on the disk offline over
+/// one bad sector. A magic that is not nearly ours means a foreign file: refused.
 fn check_header(header: &[u8], geometry: Geometry) -> Result<bool, String> {
-    match Geometry::decode_header(header)? {
+    let decoded = match Geometry::decode_header(header) {
+        Ok(decoded) => decoded,
+        Err(reason) if is_damaged_header_of_ours(header) => {
+            tracing::warn!(%reason, "backup storage header is damaged; rewriting it");
+            return Ok(false);
+        }
+        Err(reason) => return Err(reason),
+    };
+    match decoded {
         Some(found) if found == geometry => Ok(true),
         Some(found) => Err(format!(
             "backup storage was made for {} frames of {} bytes, but is configured for {} frames \
@@ -414,6 +439,19 @@ fn check_header(header: &[u8], geometry: Geometry) -> Result<bool, String> {
         )),
         None => Ok(false),
     }
+}
+
+/// Most bits in which a damaged header's magic may differ from ours.
+const DAMAGED_MAGIC_BITS_MAX: u32 = 2;
+
+/// True if `header` starts with our magic but for at most `DAMAGED_MAGIC_BITS_MAX` bits.
+fn is_damaged_header_of_ours(header: &[u8]) -> bool {
+    let Some(magic) = header.get(..FILE_MAGIC.len()) else {
+        return false;
+    };
+    let differing: u32 =
+        magic.iter().zip(FILE_MAGIC.iter()).map(|(a, b)| (a ^ b).count_ones()).sum();
+    differing <= DAMAGED_MAGIC_BITS_MAX
 }
 
 impl BackupService {
@@ -467,6 +505,8 @@ impl BackupService {
         let mut header = [0u8; FILE_HEADER_BYTES];
         storage.read_at(0, &mut header).map_err(|error| format!("reading the header: {error}"))?;
         if !check_header(&header, geometry)? {
+            // New storage, or a header of ours that a bad sector damaged: write it afresh
+            // (the configuration says what it holds).
             storage
                 .write_at(0, &geometry.encode_header())
                 .and_then(|()| storage.sync())
@@ -519,10 +559,18 @@ impl BackupService {
             poison: poison.clone(),
             counters: counters.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name("backup-io".to_string())
-            .spawn(move || io.run())
-            .map_err(|error| format!("starting the backup I/O thread: {error}"))?;
+        let thread = if config.io_on_runtime {
+            let runtime = tokio::runtime::Handle::try_current()
+                .map_err(|_| "io_on_runtime needs a tokio runtime to open the backup on")?;
+            runtime.spawn(io.run_on_runtime());
+            None
+        } else {
+            let thread = std::thread::Builder::new()
+                .name("backup-io".to_string())
+                .spawn(move || io.run())
+                .map_err(|error| format!("starting the backup I/O thread: {error}"))?;
+            Some(thread)
+        };
         let shared = Arc::new(Shared {
             config,
             state: Mutex::new(state),
@@ -533,7 +581,7 @@ impl BackupService {
             disk_reads_in_flight: Arc::new(AtomicUsize::new(0)),
             requests_served: AtomicU64::new(0),
         });
-        Ok((BackupService { shared, io_thread: Mutex::new(Some(thread)) }, report))
+        Ok((BackupService { shared, io_thread: Mutex::new(thread) }, report))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -1018,7 +1066,7 @@ async fn recovery_data(
     contents: ReplicaContents,
     tablets: Vec<RecoveryTablet>,
 ) -> Result<Response, BackupError> {
-    let filtered = tokio::task::spawn_blocking(move || {
+    let filtered = stratus_env::run_blocking(move || {
         let certificate = stratus_log::Certificate {
             segment_length: contents.certificate.segment_length,
             checksum: contents.certificate.checksum,

@@ -1,12 +1,12 @@
 //! The async client.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_env::Environment;
-use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
+use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::{KEY_BYTES_MAX, MULTI_OP_ITEMS_MAX};
 use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
 use stratus_wire::{
@@ -28,6 +28,16 @@ pub struct ClientConfig {
     /// How long one operation may take, retries included, before it fails with TIMEOUT (or the
     /// last error seen).
     pub operation_timeout: Duration,
+    /// Whether a write, remove or increment is sent again after an attempt whose outcome is
+    /// unknown (the request timed out, the connection broke after it was sent, or the master
+    /// answered RETRY because replication did not confirm in time). The attempt may have taken
+    /// effect, so a retry may apply it twice: a second version of a blind write, a second
+    /// delta of an increment, or a conditional write reported refused by its own first
+    /// attempt's effect. Until exactly-once RPCs exist, `true` (the default) trades that for
+    /// availability; `false` returns the ambiguous error to the caller instead, so every
+    /// operation takes effect at most once (the deterministic simulation checks histories
+    /// this way).
+    pub retry_ambiguous_mutations: bool,
 }
 
 impl ClientConfig {
@@ -37,6 +47,7 @@ impl ClientConfig {
             coordinator_address: coordinator_address.into(),
             rpc: RpcConfig::default(),
             operation_timeout: Duration::from_secs(10),
+            retry_ambiguous_mutations: true,
         }
     }
 }
@@ -66,6 +77,11 @@ fn check_key(key: &[u8]) -> Result<()> {
         return Err(Error::new(Status::InvalidKey, format!("key of {} bytes", key.len())));
     }
     Ok(())
+}
+
+/// True for a single-object request that changes the object.
+fn is_mutation(request: &Request) -> bool {
+    matches!(request, Request::Write { .. } | Request::Remove { .. } | Request::Increment { .. })
 }
 
 fn unexpected(response: &ResponseBody) -> Error {
@@ -513,15 +529,29 @@ impl Inner {
                         self.forget_table(table_id);
                         failure(status, body)
                     }
-                    Ok((Status::Retry, body)) => failure(Status::Retry, body),
+                    Ok((Status::Retry, body)) => {
+                        let error = failure(Status::Retry, body);
+                        if !self.config.retry_ambiguous_mutations && is_mutation(request) {
+                            return Err(error);
+                        }
+                        error
+                    }
                     Ok(outcome) => return Ok(outcome),
                     Err(error) => {
                         self.pool.forget(&tablet.owner_address);
                         self.forget_table(table_id);
-                        Error::new(
+                        let may_have_run = !matches!(error, RpcError::Connect(_));
+                        let error = Error::new(
                             error.status(),
                             format!("master {}: {error}", tablet.owner_address),
-                        )
+                        );
+                        if may_have_run
+                            && !self.config.retry_ambiguous_mutations
+                            && is_mutation(request)
+                        {
+                            return Err(error);
+                        }
+                        error
                     }
                 },
             };
@@ -548,7 +578,7 @@ impl Inner {
         let mut backoff = Backoff::for_client();
         let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
         while !pending.is_empty() {
-            let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+            let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for &index in &pending {
                 let (table_id, key) = items[index].table_and_key();
                 match self.locate(table_id, key_hash(table_id, key)).await {

@@ -11,7 +11,7 @@
 //! owner is told to serve it. Partitions that failed stay with the crashed master — clients see
 //! them as recovering — and the next attempt tries them again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -160,7 +160,7 @@ impl Inner {
     }
 
     /// Missed pings per server, shared with `renew_lease`.
-    pub(crate) fn ping_misses(&self) -> std::sync::MutexGuard<'_, HashMap<ServerId, u32>> {
+    pub(crate) fn ping_misses(&self) -> std::sync::MutexGuard<'_, BTreeMap<ServerId, u32>> {
         self.ping_misses.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
@@ -461,8 +461,8 @@ impl Inner {
         &self,
         crashed: ServerId,
         backups: &[String],
-    ) -> Result<HashMap<SegmentId, Vec<Location>>, String> {
-        let mut locations: HashMap<SegmentId, Vec<Location>> = HashMap::new();
+    ) -> Result<BTreeMap<SegmentId, Vec<Location>>, String> {
+        let mut locations: BTreeMap<SegmentId, Vec<Location>> = BTreeMap::new();
         for backup in backups {
             let request = Request::BackupListReplicas { master_id: crashed };
             match self.recovery_pools.backups.call(backup, &request).await {
@@ -502,7 +502,7 @@ impl Inner {
     async fn newest_digest(
         &self,
         crashed: ServerId,
-        locations: &HashMap<SegmentId, Vec<Location>>,
+        locations: &BTreeMap<SegmentId, Vec<Location>>,
         head: LogHead,
     ) -> Result<Vec<SegmentId>, String> {
         let replicas = locations.get(&head.segment_id).map(Vec::as_slice).unwrap_or_default();

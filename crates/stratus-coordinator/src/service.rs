@@ -1,6 +1,6 @@
 //! Request handling and the tasks that tell masters about their tablets.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +49,7 @@ pub(crate) struct Inner {
     pub(crate) environment: Environment,
     placement_cursor: AtomicU64,
     /// Crashed masters whose recovery is running (at most one recovery per crashed master).
-    pub(crate) recoveries: Mutex<HashSet<ServerId>>,
+    pub(crate) recoveries: Mutex<BTreeSet<ServerId>>,
     pub(crate) recovery_pools: RecoveryPools,
     /// Who may hold a lease, and when each last got one. Its own short lock, never held across
     /// I/O: renewals must not wait behind metadata fsyncs under the state lock, or a slow
@@ -62,7 +62,7 @@ pub(crate) struct Inner {
     /// [`LEASE_DURATION`] after this.
     pub(crate) started_at: tokio::time::Instant,
     /// Pings each server missed in a row (the failure detector's count).
-    pub(crate) ping_misses: std::sync::Mutex<HashMap<ServerId, u32>>,
+    pub(crate) ping_misses: std::sync::Mutex<BTreeMap<ServerId, u32>>,
     /// The detector's threshold; 0 while it does not run.
     pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
 }
@@ -72,9 +72,9 @@ pub(crate) struct Inner {
 pub(crate) struct LeaseTable {
     /// Servers that are up. A server leaves before its crash is persisted, so no lease is
     /// granted from the moment a declaration begins.
-    pub(crate) members: HashSet<ServerId>,
+    pub(crate) members: BTreeSet<ServerId>,
     /// When each server's last lease was granted (when its request arrived).
-    pub(crate) granted: HashMap<ServerId, tokio::time::Instant>,
+    pub(crate) granted: BTreeMap<ServerId, tokio::time::Instant>,
 }
 
 /// A failed request: status and message for the error response.
@@ -103,11 +103,11 @@ impl Coordinator {
             recovery_pools: RecoveryPools::new(environment.network.clone()),
             environment,
             placement_cursor: AtomicU64::new(0),
-            recoveries: Mutex::new(HashSet::new()),
-            leases: std::sync::Mutex::new(LeaseTable { members, granted: HashMap::new() }),
+            recoveries: Mutex::new(BTreeSet::new()),
+            leases: std::sync::Mutex::new(LeaseTable { members, granted: BTreeMap::new() }),
             log_heads: Mutex::new(log_heads),
             started_at: tokio::time::Instant::now(),
-            ping_misses: std::sync::Mutex::new(HashMap::new()),
+            ping_misses: std::sync::Mutex::new(BTreeMap::new()),
             misses_to_declare: std::sync::atomic::AtomicU32::new(0),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
@@ -262,7 +262,7 @@ impl Inner {
     /// never runs ahead of what a restarted coordinator would load.
     pub(crate) async fn persist(&self, batch: Vec<MetaOperation>) -> Result<(), Failure> {
         let meta = self.meta.clone();
-        let outcome = tokio::task::spawn_blocking(move || meta.apply(&batch)).await;
+        let outcome = stratus_env::run_blocking(move || meta.apply(&batch)).await;
         match outcome {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => {

@@ -105,6 +105,28 @@ impl Environment {
     }
 }
 
+/// Runs CPU-heavy work (a metadata fsync, a segment replay, a replica's checksum pass) without
+/// stalling the other tasks of a multi-threaded runtime: on tokio's blocking pool there, and
+/// inline on a current-thread runtime. A current-thread runtime is what the deterministic
+/// simulator runs every node on: handing work to another OS thread there would make the order
+/// of events depend on the operating system's scheduler, and the run would no longer be
+/// reproducible from its seed. (Single-threaded tests get the same inline behaviour.)
+///
+/// An error means the work panicked on the blocking pool.
+pub async fn run_blocking<T, F>(work: F) -> Result<T, String>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let flavor = tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor());
+    match flavor {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+            tokio::task::spawn_blocking(work).await.map_err(|error| error.to_string())
+        }
+        _ => Ok(work()),
+    }
+}
+
 /// TCP with `TCP_NODELAY` set on every connection: requests are small and latency-bound, and
 /// the RPC layer batches writes itself.
 #[derive(Debug, Default, Clone, Copy)]

@@ -27,6 +27,7 @@ mod checker;
 mod history;
 mod model;
 mod recorder;
+pub mod workload;
 
 pub use checker::{check, check_key, CheckOptions, KeyReport, Report, Verdict, Violation};
 pub use history::{History, Operation, OperationRecord, Outcome};

@@ -60,6 +60,17 @@ impl TabletOwnership {
         let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
         tablets.values().map(Vec::len).sum()
     }
+
+    /// Every owned (table, range), ordered (for invariant checks and reports).
+    pub fn tablets(&self) -> Vec<(TableId, HashRange)> {
+        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
+        let mut all: Vec<(TableId, HashRange)> = tablets
+            .iter()
+            .flat_map(|(&table, ranges)| ranges.iter().map(move |&range| (table, range)))
+            .collect();
+        all.sort_by_key(|(table, range)| (table.0, range.start));
+        all
+    }
 }
 
 #[cfg(test)]

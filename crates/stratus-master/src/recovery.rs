@@ -3,7 +3,7 @@
 //! segment from the backups, replay the partition's objects into this master's store, and make
 //! them durable on this master's own backups. The coordinator then hands the tablets over.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,7 +130,7 @@ pub(crate) async fn recover_partition(
     let store = context.store.clone();
     let now_seconds = context.wall_clock.now_seconds();
     let partition = tablets.clone();
-    let replayed = tokio::task::spawn_blocking(move || {
+    let replayed = stratus_env::run_blocking(move || {
         let segments: Vec<(&[u8], Certificate)> =
             read.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let accept = |table, hash| {
@@ -191,7 +191,7 @@ async fn locate_replicas(
     reader: &RecoveryReader,
     crashed_master: ServerId,
     backups: &[String],
-) -> Result<HashMap<SegmentId, Vec<ReplicaLocation>>, RecoveryFailure> {
+) -> Result<BTreeMap<SegmentId, Vec<ReplicaLocation>>, RecoveryFailure> {
     let mut listings = tokio::task::JoinSet::new();
     for backup in backups {
         let pool = reader.pool.clone();
@@ -205,7 +205,7 @@ async fn locate_replicas(
             (backup, outcome)
         });
     }
-    let mut locations: HashMap<SegmentId, Vec<ReplicaLocation>> = HashMap::new();
+    let mut locations: BTreeMap<SegmentId, Vec<ReplicaLocation>> = BTreeMap::new();
     while let Some(joined) = listings.join_next().await {
         let (backup, outcome) = joined.map_err(|error| {
             (Status::InternalError, format!("replica listing task failed: {error}"))

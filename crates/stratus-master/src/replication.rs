@@ -19,7 +19,7 @@
 //! another that receives the whole segment from its start; the segment's epoch is raised so
 //! that a stale copy of an open segment can be told apart (recovery's use of epochs is issue 5).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use stratus_wire::{
     BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody, ServerEntry,
     ServerStatus, ServiceMask, Status,
 };
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, Notify};
 
 /// How often the pump looks at the log even when nobody woke it (to free replicas of cleaned
 /// segments and to replicate segments the cleaner wrote).
@@ -139,7 +139,7 @@ struct Shared {
     config: ReplicationConfig,
     store: Arc<ObjectStore>,
     wake: Notify,
-    durable: watch::Sender<LogPosition>,
+    durable: DurablePosition,
     statistics: std::sync::Mutex<ReplicationStatistics>,
     /// The last problem that kept replication from progressing, for error messages.
     last_problem: std::sync::Mutex<String>,
@@ -149,6 +149,49 @@ struct Shared {
     /// Backups other than this master in the last server list (`usize::MAX` before the first
     /// list arrives: unknown is not "too few").
     backups_available: std::sync::atomic::AtomicUsize,
+}
+
+/// The log position known durable, and the writers waiting for it to pass theirs.
+///
+/// Not tokio's watch channel: its waiters are spread over several `Notify` instances chosen
+/// with tokio's own unseeded randomness, so the order in which waiting writers are answered
+/// would differ from run to run, and a simulation run would no longer be a function of its
+/// seed. Here every waiter waits on one `Notify`, woken in a fixed order.
+#[derive(Debug, Default)]
+struct DurablePosition {
+    position: std::sync::Mutex<LogPosition>,
+    advanced: Notify,
+}
+
+impl DurablePosition {
+    fn get(&self) -> LogPosition {
+        *self.position.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Raises the position (never lowers it) and wakes the waiters.
+    fn advance_to(&self, position: LogPosition) {
+        let mut current = self.position.lock().unwrap_or_else(|poison| poison.into_inner());
+        if position > *current {
+            *current = position;
+            drop(current);
+            self.advanced.notify_waiters();
+        }
+    }
+
+    /// Returns once the position is at least `position`.
+    async fn wait_for(&self, position: LogPosition) {
+        loop {
+            let notified = self.advanced.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an advance between the check and the wait is
+            // not missed.
+            notified.as_mut().enable();
+            if self.get() >= position {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 impl ReplicaManager {
@@ -161,7 +204,7 @@ impl ReplicaManager {
         environment: Environment,
     ) -> ReplicaManager {
         assert!(config.replicas >= 1, "a replica manager needs at least one replica");
-        let (durable, _) = watch::channel(LogPosition::default());
+        let durable = DurablePosition::default();
         let shared = Arc::new(Shared {
             config,
             store,
@@ -198,19 +241,17 @@ impl ReplicaManager {
         if self.is_fenced() {
             return Err(SyncError { message: "this master was declared crashed".to_string() });
         }
-        let mut durable = self.shared.durable.subscribe();
-        if *durable.borrow() >= position {
+        if self.shared.durable.get() >= position {
             return Ok(());
         }
         self.shared.wake.notify_one();
         let waited = tokio::time::timeout(
             self.shared.config.sync_timeout,
-            durable.wait_for(|durable| *durable >= position),
+            self.shared.durable.wait_for(position),
         )
         .await;
         match waited {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(SyncError { message: "replication stopped".to_string() }),
+            Ok(()) => Ok(()),
             Err(_) => {
                 let problem =
                     self.shared.last_problem.lock().map(|p| p.clone()).unwrap_or_default();
@@ -238,7 +279,7 @@ impl ReplicaManager {
 
     /// The position known durable.
     pub fn durable_position(&self) -> LogPosition {
-        *self.shared.durable.borrow()
+        self.shared.durable.get()
     }
 
     /// Counters.
@@ -300,7 +341,7 @@ struct SegmentReplicas {
     epoch: u64,
     holders: Vec<ReplicaHolder>,
     /// Backups that failed for this segment: not chosen again for it.
-    excluded: HashSet<ServerId>,
+    excluded: BTreeSet<ServerId>,
     /// When the segment left the log: the head at that moment. Its replicas are freed once a
     /// later head (whose digest no longer lists it) is durable.
     dropped_under_head: Option<u64>,
@@ -320,9 +361,9 @@ struct Pump {
     backups: Vec<ServerEntry>,
     backups_fetched_at: Option<tokio::time::Instant>,
     /// Replicas this master placed on each backup: the load for power-of-two choices.
-    load: HashMap<ServerId, usize>,
+    load: BTreeMap<ServerId, usize>,
     /// Backups found dead, and since when: not chosen again for a while.
-    dead_backups: HashMap<ServerId, tokio::time::Instant>,
+    dead_backups: BTreeMap<ServerId, tokio::time::Instant>,
     holders_checked_at: Option<tokio::time::Instant>,
     /// Replicas no longer part of their segment's replica set, to free on their backups.
     orphans: Vec<(String, SegmentId)>,
@@ -380,8 +421,8 @@ impl Pump {
             segments: BTreeMap::new(),
             backups: Vec::new(),
             backups_fetched_at: None,
-            load: HashMap::new(),
-            dead_backups: HashMap::new(),
+            load: BTreeMap::new(),
+            dead_backups: BTreeMap::new(),
             holders_checked_at: None,
             orphans: Vec::new(),
             survivors,
@@ -472,14 +513,7 @@ impl Pump {
         }
         if let Some(bytes) = durable_head_bytes {
             let position = LogPosition { segment_id: head.0, bytes };
-            self.shared.durable.send_if_modified(|durable| {
-                if position > *durable {
-                    *durable = position;
-                    true
-                } else {
-                    false
-                }
-            });
+            self.shared.durable.advance_to(position);
         }
         let mut complete = true;
         for segment_id in lost_copies {
@@ -755,7 +789,7 @@ impl Pump {
         self.segments.entry(segment_id).or_insert_with(|| SegmentReplicas {
             epoch: 1,
             holders: Vec::new(),
-            excluded: HashSet::new(),
+            excluded: BTreeSet::new(),
             dropped_under_head: None,
             complete: false,
             ever_complete: false,
@@ -961,7 +995,7 @@ impl Pump {
     /// Frees, on their backups, the replicas of segments the cleaner dropped, once a head that
     /// no longer lists them is durable.
     async fn free_dropped_segments(&mut self) {
-        let durable = *self.shared.durable.borrow();
+        let durable = self.shared.durable.get();
         let ready: Vec<u64> = self
             .segments
             .iter()

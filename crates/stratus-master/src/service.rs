@@ -110,8 +110,9 @@ impl Master {
     }
 
     /// True unless a lease is required and not held (expired, or the server was declared
-    /// crashed).
-    fn may_serve(&self) -> bool {
+    /// crashed): the check every object request passes first (public for invariant checkers
+    /// such as the simulation's single-owner check).
+    pub fn may_serve(&self) -> bool {
         self.lease.as_ref().is_none_or(|lease| lease.valid())
     }
 

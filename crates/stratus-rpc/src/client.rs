@@ -6,7 +6,7 @@
 //! system call (so concurrent callers share writes), and a reader task splits the incoming byte
 //! stream into frames and completes the slots. Responses may arrive in any order.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -96,7 +96,7 @@ type Completion = oneshot::Sender<Result<Bytes, RpcError>>;
 struct Shared {
     output: Mutex<BytesMut>,
     output_ready: Notify,
-    pending: Mutex<HashMap<u64, Completion>>,
+    pending: Mutex<BTreeMap<u64, Completion>>,
     next_request_id: AtomicU64,
     in_flight: Semaphore,
     closed: AtomicBool,
@@ -109,7 +109,7 @@ impl Shared {
         self.output_ready.notify_one();
         let drained: Vec<Completion> = {
             let mut pending = self.pending.lock().unwrap_or_else(|poison| poison.into_inner());
-            pending.drain().map(|(_, completion)| completion).collect()
+            std::mem::take(&mut *pending).into_values().collect()
         };
         for completion in drained {
             let _ = completion.send(Err(RpcError::ConnectionLost(reason.to_string())));
@@ -161,7 +161,7 @@ impl Channel {
         let shared = Arc::new(Shared {
             output: Mutex::new(BytesMut::with_capacity(64 << 10)),
             output_ready: Notify::new(),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(BTreeMap::new()),
             next_request_id: AtomicU64::new(1),
             in_flight: Semaphore::new(REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX),
             closed: AtomicBool::new(false),
@@ -350,7 +350,7 @@ pub(crate) async fn next_frame(
 pub struct ChannelPool {
     network: Arc<dyn Network>,
     config: RpcConfig,
-    channels: Mutex<HashMap<String, Vec<Arc<Channel>>>>,
+    channels: Mutex<BTreeMap<String, Vec<Arc<Channel>>>>,
     round_robin: AtomicU64,
 }
 
@@ -361,7 +361,7 @@ impl ChannelPool {
         ChannelPool {
             network,
             config,
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new(BTreeMap::new()),
             round_robin: AtomicU64::new(0),
         }
     }

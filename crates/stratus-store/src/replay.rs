@@ -14,6 +14,7 @@
 //! recovery master, not a whole cluster.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use stratus_log::{Certificate, Entry, SegmentIterator};
 use stratus_types::{key_hash, KeyHash, TableId, Version};
@@ -71,6 +72,12 @@ pub struct ReplayStatistics {
     pub objects_removed: u64,
 }
 
+/// Hashing with fixed keys, so the maps iterate in the same order on every run: the winners
+/// are appended to the log in that order, and a replay must be a function of its input (the
+/// deterministic simulation replays and compares). The keys are the objects' own keys, already
+/// verified; a client that chose keys to collide could slow one recovery, not corrupt it.
+type FixedKeys = BuildHasherDefault<DefaultHasher>;
+
 type ObjectKey = (TableId, Vec<u8>);
 
 impl ObjectStore {
@@ -85,7 +92,7 @@ impl ObjectStore {
     ) -> Result<ReplayStatistics, ReplayError> {
         let mut statistics = ReplayStatistics::default();
         // Pass 1: verify every segment, and collect tombstones and the highest safe version.
-        let mut dead: HashMap<ObjectKey, Version> = HashMap::new();
+        let mut dead: HashMap<ObjectKey, Version, FixedKeys> = HashMap::default();
         let mut highest_version = Version(0);
         for (index, (bytes, certificate)) in segments.iter().enumerate() {
             let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
@@ -109,7 +116,7 @@ impl ObjectStore {
             statistics.segments += 1;
         }
         // Pass 2: the newest live object of each key (borrowed from the segments).
-        let mut winners: HashMap<ObjectKey, (Version, u32, &[u8])> = HashMap::new();
+        let mut winners: HashMap<ObjectKey, (Version, u32, &[u8]), FixedKeys> = HashMap::default();
         for (bytes, certificate) in segments {
             let iterator = SegmentIterator::new(bytes, certificate).expect("verified in pass 1");
             for entry in iterator {

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::TestCluster;
-use stratus_client::{Client, ClientConfig, RejectRules, Status, TableId, Version};
+use stratus_client::{Client, ClientConfig, Status, TableId, Version};
+use stratus_history::workload::{mixed_operation, unique_value, Choices};
 use stratus_history::{check, CheckOptions, History, Outcome, Recorder, RecordingClient};
 
 /// Concurrent clients; with the operations per client this bounds the run to a few thousand
@@ -45,23 +46,6 @@ fn start_cluster() -> TestCluster {
 /// Client i's choices come from seed `CLIENT_SEED_BASE + i`.
 const CLIENT_SEED_BASE: u64 = 0x5EED_0000;
 
-/// SplitMix64: a client's deterministic choices.
-struct Choices(u64);
-
-impl Choices {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-}
-
 fn fresh_client(coordinator_address: &str) -> Client {
     let mut config = ClientConfig::new(coordinator_address.to_string());
     // Long enough to ride out a coordinator restart, short enough to bound the test.
@@ -77,7 +61,7 @@ async fn run_client(
     table: TableId,
     client_id: u32,
 ) {
-    let mut choices = Choices(CLIENT_SEED_BASE + u64::from(client_id));
+    let mut choices = Choices::new(CLIENT_SEED_BASE + u64::from(client_id));
     let mut last_seen = [Version(0); KEYS as usize];
     let mut client =
         RecordingClient::new(fresh_client(&coordinator_address), recorder.clone(), client_id);
@@ -91,25 +75,16 @@ async fn run_client(
         }
         let key_index = choices.below(KEYS) as usize;
         let key = format!("key-{key_index}");
-        let key = key.as_bytes();
-        // Unique per write, and an 8-byte integer so that increments apply to it.
-        let value = Bytes::copy_from_slice(
-            &((i64::from(client_id) << 32) | i64::from(sequence)).to_le_bytes(),
-        );
-        let seen = match choices.below(100) {
-            0..=34 => client.read(table, key).await.ok().map(|(_, version)| version),
-            35..=54 => client.write_with(table, key, value, RejectRules::NONE).await.ok(),
-            55..=64 => {
-                let rules = RejectRules::version_equals(last_seen[key_index]);
-                client.write_with(table, key, value, rules).await.ok()
-            }
-            65..=69 => client.write_with(table, key, value, RejectRules::create_only()).await.ok(),
-            70..=79 => client.remove(table, key).await.ok().map(|_| Version(0)),
-            _ => {
-                let delta = choices.below(19) as i64 - 9;
-                client.increment(table, key, delta).await.ok().map(|(_, version)| version)
-            }
-        };
+        let value = unique_value(client_id, sequence);
+        let seen = mixed_operation(
+            &client,
+            table,
+            key.as_bytes(),
+            value,
+            last_seen[key_index],
+            &mut choices,
+        )
+        .await;
         if let Some(version) = seen {
             last_seen[key_index] = version;
         }

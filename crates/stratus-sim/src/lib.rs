@@ -1,0 +1,604 @@
+//! Deterministic simulation of a whole Stratus cluster.
+//!
+//! The coordinator, every storage server (master, backup, replica manager, cleaner, lease) and
+//! the clients run in one process, one thread, on turmoil's simulated network and clock, with
+//! a simulated disk under each backup. The services are the production ones: they reach the
+//! outside world only through stratus-env's `Environment`, `tokio::time` and the backup's
+//! `ReplicaStorage`, so nothing in them knows it is simulated. A seed decides everything:
+//! message latencies, the fault schedule (crashes and restarts of servers and of the
+//! coordinator, partitions, stalled links, lost and torn unsynced writes, flipped bits, failing
+//! syncs), the clients' operations and every random choice inside the services. A failing seed
+//! therefore fails the same way every time it is run.
+//!
+//! Invariants, checked throughout and at the end:
+//! - no acknowledged write is lost, and the whole history of reads, writes, conditional
+//!   writes, removes and increments is linearizable per key (stratus-history's checker);
+//! - at most one master serves a tablet at any time (every server samples, every 10 ms of
+//!   simulated time, the tablets it owns while its lease is valid);
+//! - liveness: once the faults stop, every key can be read again (recovery finishes), within
+//!   the run's time limit;
+//! - no panic anywhere (a broken storage invariant panics).
+//!
+//! `docs/design/simulation.md` describes the model and what it leaves out.
+
+pub mod disk;
+pub mod network;
+pub mod nodes;
+pub mod schedule;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use stratus_backup::Durability;
+use stratus_client::{Client, ClientConfig, TableId, Version};
+use stratus_history::workload::{mixed_operation, unique_value};
+use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
+use stratus_meta::MemoryMetaStore;
+use stratus_wire::ServerStatus;
+
+use crate::disk::SimulatedDisk;
+use crate::nodes::{server_host, ServerSetup, ServingObservations, COORDINATOR_ADDRESS};
+use crate::schedule::{Choices, Fault, ScheduledFault};
+
+/// What one simulation runs.
+#[derive(Clone, Debug)]
+pub struct SimulationOptions {
+    /// Storage servers.
+    pub servers: usize,
+    /// Replicas of every segment (at most servers − 2, so a crashed server's data can be
+    /// recovered and re-replicated while another is down).
+    pub replicas: usize,
+    /// Concurrent clients.
+    pub clients: u32,
+    /// Operations each client issues.
+    pub operations_per_client: u32,
+    /// Keys shared by the clients (few, so operations on a key overlap).
+    pub keys: u64,
+    /// A client waits up to this long between two operations, so the workload spans the
+    /// faults.
+    pub think_time_max: Duration,
+    /// Whether to inject faults.
+    pub faults: bool,
+    /// Faults begin within this much simulated time from the start.
+    pub fault_window: Duration,
+    /// Simulated time the whole run may take: liveness is violated past it.
+    pub time_limit: Duration,
+}
+
+impl SimulationOptions {
+    /// The shape the seed picks: 4 servers with 2 replicas, or 5 with 2 or 3, and 2 to 4
+    /// clients; everything else as the defaults.
+    pub fn for_seed(seed: u64) -> SimulationOptions {
+        let mut choices = Choices::new(seed ^ 0x5A4E_0000);
+        let mut options = SimulationOptions::default();
+        match choices.below(3) {
+            0 => {}
+            1 => options.servers = 5,
+            _ => {
+                options.servers = 5;
+                options.replicas = 3;
+            }
+        }
+        options.clients = 2 + choices.below(3) as u32;
+        options
+    }
+}
+
+impl Default for SimulationOptions {
+    fn default() -> SimulationOptions {
+        SimulationOptions {
+            servers: 4,
+            replicas: 2,
+            clients: 3,
+            operations_per_client: 150,
+            keys: 6,
+            think_time_max: Duration::from_millis(120),
+            faults: true,
+            fault_window: Duration::from_secs(12),
+            time_limit: Duration::from_secs(150),
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct SimulationReport {
+    /// The seed.
+    pub seed: u64,
+    /// The backups' durability mode the seed chose.
+    pub durability: String,
+    /// Storage servers, replicas per segment and clients.
+    pub shape: (usize, usize, u32),
+    /// Servers the coordinator declared crashed and whose tablets were recovered.
+    pub servers_recovered: usize,
+    /// The faults injected.
+    pub faults: Vec<ScheduledFault>,
+    /// What the disks' faults did (per server).
+    pub disk_faults: Vec<String>,
+    /// Operations in the history.
+    pub operations: usize,
+    /// Operations with a known outcome (acknowledged or refused).
+    pub known_outcomes: usize,
+    /// Simulated time the run took.
+    pub simulated: Duration,
+    /// Simulation steps (of 1 ms).
+    pub steps: u64,
+    /// Single-owner samples taken.
+    pub serving_samples: u64,
+    /// A digest of everything observable: two runs of one seed must agree on it.
+    pub fingerprint: u64,
+    /// The history, one operation per line (to show where two runs of a seed diverge).
+    pub history: Vec<String>,
+}
+
+impl fmt::Display for SimulationReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes), {} \
+             faults, {} servers recovered, {:.1} s simulated, {} serving samples, fingerprint \
+             {:016x}",
+            self.seed,
+            self.shape.0,
+            self.shape.1,
+            self.shape.2,
+            self.durability,
+            self.operations,
+            self.known_outcomes,
+            self.faults.len(),
+            self.servers_recovered,
+            self.simulated.as_secs_f64(),
+            self.serving_samples,
+            self.fingerprint
+        )?;
+        for fault in &self.faults {
+            writeln!(f, "  {fault}")?;
+        }
+        for fault in &self.disk_faults {
+            writeln!(f, "  disk: {fault}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A run that broke an invariant.
+#[derive(Clone, Debug)]
+pub struct SimulationFailure {
+    /// Which invariant, and the evidence (for a history violation: the smallest offending
+    /// history the checker found).
+    pub reason: String,
+    /// What the run did up to the failure.
+    pub report: Box<SimulationReport>,
+}
+
+impl fmt::Display for SimulationFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "simulation seed {} failed: {}", self.report.seed, self.reason)?;
+        write!(f, "{}", self.report)?;
+        write!(
+            f,
+            "reproduce: STRATUS_SIM_SEED={} cargo test -p stratus-sim --test seeds one_seed -- \
+             --ignored --nocapture",
+            self.report.seed
+        )
+    }
+}
+
+thread_local! {
+    /// Panics on this thread (every node of a simulation runs on the thread that runs it).
+    static PANICS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records every panic on the thread that raised it, so the simulation fails at once with the
+/// message (a panic in a spawned task would otherwise only end that task).
+fn record_panics() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let location = info.location().map(|location| location.to_string()).unwrap_or_default();
+            let message = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|text| text.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            PANICS.with(|panics| panics.borrow_mut().push(format!("{message} at {location}")));
+            previous(info);
+        }));
+    });
+}
+
+/// One step of the fault timeline.
+#[derive(Clone, Debug)]
+enum Action {
+    CrashServer { server: usize, flip_bit: bool },
+    RestartServer { server: usize },
+    RestartServerIfStopped { server: usize },
+    CrashCoordinator,
+    RestartCoordinator,
+    Partition { server: usize },
+    Repair { server: usize },
+    PartitionOneWay { server: usize, outbound: bool },
+    RepairOneWay { server: usize, outbound: bool },
+    Hold { server: usize },
+    Release { server: usize },
+    FailSyncs { server: usize },
+}
+
+/// Time after a partition heals or a stall ends before a server that stopped itself (it was
+/// declared crashed meanwhile) is started again.
+const RESTART_AFTER_HEAL: Duration = Duration::from_millis(1_500);
+
+fn timeline(faults: &[ScheduledFault]) -> Vec<(Duration, Action)> {
+    let mut actions = Vec::new();
+    for scheduled in faults {
+        let at = scheduled.at;
+        match scheduled.fault {
+            Fault::CrashServer { server, down_for, flip_bit } => {
+                actions.push((at, Action::CrashServer { server, flip_bit }));
+                actions.push((at + down_for, Action::RestartServer { server }));
+            }
+            Fault::CrashCoordinator { down_for } => {
+                actions.push((at, Action::CrashCoordinator));
+                actions.push((at + down_for, Action::RestartCoordinator));
+            }
+            Fault::PartitionServer { server, heal_after } => {
+                actions.push((at, Action::Partition { server }));
+                actions.push((at + heal_after, Action::Repair { server }));
+                actions.push((
+                    at + heal_after + RESTART_AFTER_HEAL,
+                    Action::RestartServerIfStopped { server },
+                ));
+            }
+            Fault::PartitionServerOneWay { server, heal_after, outbound } => {
+                actions.push((at, Action::PartitionOneWay { server, outbound }));
+                actions.push((at + heal_after, Action::RepairOneWay { server, outbound }));
+                actions.push((
+                    at + heal_after + RESTART_AFTER_HEAL,
+                    Action::RestartServerIfStopped { server },
+                ));
+            }
+            Fault::CrashTwoServers { first, second, gap, down_for } => {
+                actions.push((at, Action::CrashServer { server: first, flip_bit: false }));
+                actions.push((at + gap, Action::CrashServer { server: second, flip_bit: false }));
+                actions.push((at + gap + down_for, Action::RestartServer { server: first }));
+                actions.push((at + gap + down_for, Action::RestartServer { server: second }));
+            }
+            Fault::StallServer { server, release_after } => {
+                actions.push((at, Action::Hold { server }));
+                actions.push((at + release_after, Action::Release { server }));
+                actions.push((
+                    at + release_after + RESTART_AFTER_HEAL,
+                    Action::RestartServerIfStopped { server },
+                ));
+            }
+            Fault::FailSyncs { server, restart_after } => {
+                actions.push((at, Action::FailSyncs { server }));
+                actions.push((at + restart_after, Action::CrashServer { server, flip_bit: false }));
+                actions.push((
+                    at + restart_after + Duration::from_millis(100),
+                    Action::RestartServer { server },
+                ));
+            }
+        }
+    }
+    actions.sort_by_key(|(at, _)| *at);
+    actions
+}
+
+/// Shared between the harness and the simulated clients.
+struct Workload {
+    recorder: Arc<Recorder>,
+    clients_done: AtomicU32,
+    faults_over: AtomicBool,
+    verified: AtomicBool,
+}
+
+fn client_config() -> ClientConfig {
+    let mut config = ClientConfig::new(COORDINATOR_ADDRESS);
+    // Long enough to ride out a recovery, short enough that a stuck operation shows.
+    config.operation_timeout = Duration::from_secs(8);
+    // Every operation takes effect at most once, so the history is exact (see the option).
+    config.retry_ambiguous_mutations = false;
+    config
+}
+
+/// The table every client uses: created by whichever client gets there first.
+async fn table_id(client: &Client, span: u32) -> Option<TableId> {
+    for _ in 0..200 {
+        if let Ok(table) = client.create_table("simulation", span).await {
+            return Some(table);
+        }
+        if let Ok(table) = client.get_table_id("simulation").await {
+            return Some(table);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// One client's operations: reads, blind writes, conditional writes, creates, removes and
+/// increments, on a few shared keys. Failures are part of the history, never a reason to stop.
+async fn run_client(
+    seed: u64,
+    client_id: u32,
+    options: SimulationOptions,
+    workload: Arc<Workload>,
+) -> nodes::HostResult {
+    let mut choices = Choices::new(seed ^ 0xC11E_0000 ^ u64::from(client_id));
+    let client = Client::with_environment(
+        client_config(),
+        network::node_environment(seed, &format!("client-{client_id}"), 0),
+    );
+    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let client = RecordingClient::new(client, workload.recorder.clone(), client_id);
+    let mut last_seen = vec![Version(0); options.keys as usize];
+    for sequence in 0..options.operations_per_client {
+        let key_index = choices.below(options.keys) as usize;
+        let key = format!("key-{key_index}");
+        let value = unique_value(client_id, sequence);
+        let seen = mixed_operation(
+            &client,
+            table,
+            key.as_bytes(),
+            value,
+            last_seen[key_index],
+            &mut choices,
+        )
+        .await;
+        if let Some(version) = seen {
+            last_seen[key_index] = version;
+        }
+        tokio::time::sleep(Duration::from_millis(
+            choices.below(options.think_time_max.as_millis() as u64 + 1),
+        ))
+        .await;
+    }
+    workload.clients_done.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// After the workload and the faults: the last word on every key, from a fresh client. Each
+/// read must have a known outcome (liveness: recovery finished).
+async fn verify(
+    seed: u64,
+    options: SimulationOptions,
+    workload: Arc<Workload>,
+) -> nodes::HostResult {
+    while workload.clients_done.load(Ordering::Acquire) < options.clients
+        || !workload.faults_over.load(Ordering::Acquire)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut config = client_config();
+    config.operation_timeout = Duration::from_secs(30);
+    let client = Client::with_environment(config, network::node_environment(seed, "verifier", 0));
+    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let client = RecordingClient::new(client, workload.recorder.clone(), options.clients);
+    for key_index in 0..options.keys {
+        let key = format!("key-{key_index}");
+        if let Err(error) = client.read(table, key.as_bytes()).await {
+            if !Outcome::is_refusal(error.status) {
+                return Err(format!(
+                    "liveness: the final read of {key} failed after the faults stopped: {error}"
+                )
+                .into());
+            }
+        }
+    }
+    workload.verified.store(true, Ordering::Release);
+    Ok(())
+}
+
+fn fnv1a(hash: &mut u64, bytes: &[u8]) {
+    for &byte in bytes {
+        *hash ^= u64::from(byte);
+        *hash = hash.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+}
+
+/// Runs one simulation from `seed`.
+pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, SimulationFailure> {
+    record_panics();
+    PANICS.with(|panics| panics.borrow_mut().clear());
+    let mut report = SimulationReport {
+        seed,
+        shape: (options.servers, options.replicas, options.clients),
+        ..SimulationReport::default()
+    };
+    let mut schedule_choices = Choices::new(seed ^ 0x5C4E_D01E);
+    let mut disk_choices = Choices::new(seed ^ 0xD15C_0000);
+    let durability = if schedule::percent(&mut schedule_choices, 50) {
+        Durability::Buffered
+    } else {
+        Durability::Fsync
+    };
+    report.durability = durability.to_string();
+    if options.faults {
+        report.faults = schedule::generate(
+            &mut schedule_choices,
+            options.servers,
+            options.replicas,
+            options.fault_window,
+        );
+    }
+    let mut actions = timeline(&report.faults).into_iter().peekable();
+
+    let mut simulation = turmoil::Builder::new()
+        .simulation_duration(options.time_limit)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_micros(100))
+        .max_message_latency(Duration::from_millis(4))
+        .tcp_capacity(1024)
+        .rng_seed(seed)
+        .build();
+
+    let meta = Arc::new(MemoryMetaStore::new());
+    simulation
+        .host("coordinator", nodes::coordinator(seed, meta.clone(), Arc::new(AtomicU64::new(0))));
+    let observations = Arc::new(Mutex::new(ServingObservations::default()));
+    let geometry_bytes = nodes::backup_config(durability).geometry().total_bytes();
+    let disks: Vec<Arc<SimulatedDisk>> =
+        (0..options.servers).map(|_| Arc::new(SimulatedDisk::new(geometry_bytes))).collect();
+    for (index, disk) in disks.iter().enumerate() {
+        let setup = ServerSetup {
+            seed,
+            index,
+            replicas: options.replicas,
+            durability,
+            disk: disk.clone(),
+            observations: observations.clone(),
+            incarnations: Arc::new(AtomicU64::new(0)),
+        };
+        simulation.host(server_host(index), nodes::server(setup));
+    }
+    let workload = Arc::new(Workload {
+        recorder: Recorder::new(),
+        clients_done: AtomicU32::new(0),
+        faults_over: AtomicBool::new(false),
+        verified: AtomicBool::new(false),
+    });
+    let mut hosts: Vec<String> = vec!["coordinator".to_string()];
+    hosts.extend((0..options.servers).map(server_host));
+    for client_id in 0..options.clients {
+        let name = format!("client-{client_id}");
+        hosts.push(name.clone());
+        simulation.client(name, run_client(seed, client_id, options.clone(), workload.clone()));
+    }
+    hosts.push("verifier".to_string());
+    simulation.client("verifier", verify(seed, options.clone(), workload.clone()));
+
+    let fail = |reason: String, report: &SimulationReport| SimulationFailure {
+        reason,
+        report: Box::new(report.clone()),
+    };
+    let others = |server: usize| -> Vec<String> {
+        hosts.iter().filter(|host| **host != server_host(server)).cloned().collect()
+    };
+    loop {
+        let now = simulation.elapsed();
+        while let Some((_, action)) = actions.next_if(|(at, _)| *at <= now) {
+            match action {
+                Action::CrashServer { server, flip_bit } => {
+                    simulation.crash(server_host(server));
+                    disks[server].crash(&mut disk_choices);
+                    if flip_bit {
+                        disks[server].flip_bit(&mut disk_choices);
+                    }
+                }
+                Action::RestartServer { server } => simulation.bounce(server_host(server)),
+                Action::RestartServerIfStopped { server } => {
+                    if !simulation.is_host_running(server_host(server)) {
+                        simulation.bounce(server_host(server));
+                    }
+                }
+                Action::CrashCoordinator => simulation.crash("coordinator"),
+                Action::RestartCoordinator => simulation.bounce("coordinator"),
+                Action::Partition { server } => {
+                    for other in others(server) {
+                        simulation.partition(server_host(server), other);
+                    }
+                }
+                Action::Repair { server } => {
+                    for other in others(server) {
+                        simulation.repair(server_host(server), other);
+                    }
+                }
+                Action::PartitionOneWay { server, outbound } => {
+                    for other in others(server) {
+                        if outbound {
+                            simulation.partition_oneway(server_host(server), other);
+                        } else {
+                            simulation.partition_oneway(other, server_host(server));
+                        }
+                    }
+                }
+                Action::RepairOneWay { server, outbound } => {
+                    for other in others(server) {
+                        if outbound {
+                            simulation.repair_oneway(server_host(server), other);
+                        } else {
+                            simulation.repair_oneway(other, server_host(server));
+                        }
+                    }
+                }
+                Action::Hold { server } => {
+                    for other in others(server) {
+                        simulation.hold(server_host(server), other);
+                    }
+                }
+                Action::Release { server } => {
+                    for other in others(server) {
+                        simulation.release(server_host(server), other);
+                    }
+                }
+                Action::FailSyncs { server } => disks[server].fail_syncs(3),
+            }
+        }
+        if actions.peek().is_none() {
+            workload.faults_over.store(true, Ordering::Release);
+        }
+        let stepped = simulation.step();
+        report.steps += 1;
+        report.simulated = simulation.elapsed();
+        if let Some(panic) = PANICS.with(|panics| panics.borrow().first().cloned()) {
+            return Err(fail(format!("a node panicked: {panic}"), &report));
+        }
+        {
+            let observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+            if let Some(violation) = observations.violations.first() {
+                return Err(fail(format!("single owner: {violation}"), &report));
+            }
+            report.serving_samples = observations.sample_count;
+        }
+        match stepped {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => return Err(fail(format!("{error}"), &report)),
+        }
+    }
+    report.disk_faults = disks
+        .iter()
+        .enumerate()
+        .flat_map(|(index, disk)| {
+            disk.faults().into_iter().map(move |fault| format!("server-{index}: {fault}"))
+        })
+        .collect();
+    if let Ok(state) = stratus_coordinator::CoordinatorState::load(&*meta) {
+        report.servers_recovered = state.servers_in(ServerStatus::Removed).count();
+    }
+    if !workload.verified.load(Ordering::Acquire) {
+        return Err(fail("the verifier did not finish".to_string(), &report));
+    }
+    let history = workload.recorder.history();
+    report.operations = history.len();
+    report.known_outcomes =
+        history.operations.iter().filter(|operation| !operation.outcome.is_unknown()).count();
+    report.history = history.operations.iter().map(|operation| operation.to_string()).collect();
+    let mut fingerprint = 0xCBF2_9CE4_8422_2325u64;
+    fnv1a(&mut fingerprint, format!("{:?}", history.operations).as_bytes());
+    fnv1a(&mut fingerprint, &report.steps.to_le_bytes());
+    fnv1a(&mut fingerprint, &report.serving_samples.to_le_bytes());
+    report.fingerprint = fingerprint;
+    let verdict = check(&history, &CheckOptions::default());
+    if !verdict.is_linearizable() {
+        let mut reason = format!("history check: {verdict}");
+        // The whole history of each violating key, on request (it can be long).
+        if std::env::var_os("STRATUS_SIM_VERBOSE").is_some() {
+            for key in verdict.violations() {
+                reason.push_str(&format!("\nwhole history of {:?}:\n", key.key.escape_ascii()));
+                for operation in &history.operations {
+                    if operation.table == key.table && operation.key == key.key {
+                        reason.push_str(&format!("  {operation}\n"));
+                    }
+                }
+            }
+        }
+        return Err(fail(reason, &report));
+    }
+    Ok(report)
+}

@@ -1,0 +1,91 @@
+//! The simulated world behind stratus-env's narrow interfaces: turmoil's TCP for the network,
+//! the simulated wall clock, and seeded randomness.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stratus_env::{
+    BoxFuture, Connection, Environment, Listener, Network, SeededEntropy, WallClock,
+};
+
+/// Connections through turmoil's simulated TCP: byte streams between simulated hosts whose
+/// segments turmoil delays, holds (a stalled link) or drops (a partition: the stream stalls for
+/// good, as a TCP connection whose retransmissions never arrive), deterministically from the
+/// simulation's seed. Only usable inside a simulation step.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimulatedNetwork;
+
+fn connection(stream: turmoil::net::TcpStream) -> Connection {
+    let peer_address = stream.peer_addr().map(|address| address.to_string()).unwrap_or_default();
+    let (reader, writer) = stream.into_split();
+    Connection { reader: Box::new(reader), writer: Box::new(writer), peer_address }
+}
+
+impl Network for SimulatedNetwork {
+    fn connect<'a>(&'a self, address: &'a str) -> BoxFuture<'a, io::Result<Connection>> {
+        Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect(address).await?;
+            Ok(connection(stream))
+        })
+    }
+
+    fn bind<'a>(&'a self, address: &'a str) -> BoxFuture<'a, io::Result<Box<dyn Listener>>> {
+        Box::pin(async move {
+            let listener = turmoil::net::TcpListener::bind(address).await?;
+            Ok(Box::new(SimulatedListener { listener }) as Box<dyn Listener>)
+        })
+    }
+}
+
+struct SimulatedListener {
+    listener: turmoil::net::TcpListener,
+}
+
+impl std::fmt::Debug for SimulatedListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimulatedListener").field("address", &self.local_address()).finish()
+    }
+}
+
+impl Listener for SimulatedListener {
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<Connection>> {
+        Box::pin(async move {
+            let (stream, _) = self.listener.accept().await?;
+            Ok(connection(stream))
+        })
+    }
+
+    fn local_address(&self) -> String {
+        self.listener.local_addr().map(|address| address.to_string()).unwrap_or_default()
+    }
+}
+
+/// The simulation's wall clock: a fixed epoch plus simulated time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimulatedWallClock;
+
+/// 2026-01-01T00:00:00Z: object timestamps in a simulation start here.
+const SIMULATION_EPOCH_SECONDS: u64 = 1_767_225_600;
+
+impl WallClock for SimulatedWallClock {
+    fn now_seconds(&self) -> u32 {
+        let elapsed = turmoil::sim_elapsed().unwrap_or(Duration::ZERO);
+        u32::try_from(SIMULATION_EPOCH_SECONDS + elapsed.as_secs()).unwrap_or(u32::MAX)
+    }
+}
+
+/// The environment of one incarnation of one simulated node: its randomness depends on the
+/// simulation's seed, the node and the incarnation, so a restarted node does not replay its
+/// previous life's choices, and the whole run is still a function of the seed.
+pub fn node_environment(seed: u64, node: &str, incarnation: u64) -> Environment {
+    let mut mixed = seed ^ incarnation.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    for byte in node.bytes() {
+        mixed = (mixed ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    Environment {
+        network: Arc::new(SimulatedNetwork),
+        wall_clock: Arc::new(SimulatedWallClock),
+        entropy: Arc::new(SeededEntropy::new(mixed)),
+    }
+}

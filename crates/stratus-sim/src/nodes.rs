@@ -1,0 +1,286 @@
+//! The software of each simulated node: the same services the `stratus` binary runs, wired to
+//! the simulated network, clock and disk, each node on one thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stratus_backup::{collect_garbage, BackupConfig, BackupRouter, BackupService, Durability};
+use stratus_coordinator::{Coordinator, FailureDetectorConfig};
+use stratus_env::Environment;
+use stratus_master::{
+    keep_lease, Lease, Master, MasterConfig, RecoveryReader, ReplicaManager, ReplicationConfig,
+};
+use stratus_meta::MemoryMetaStore;
+use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig, Service};
+use stratus_store::{CleanOutcome, StoreConfig};
+use stratus_types::{HashRange, ServerId, TableId};
+use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
+
+use crate::disk::SimulatedDisk;
+use crate::network::node_environment;
+
+/// The coordinator's host name and port.
+pub const COORDINATOR_ADDRESS: &str = "coordinator:7400";
+/// Every server listens on this port of its own host.
+const SERVER_PORT: u16 = 7100;
+
+/// A simulated host's result (turmoil's).
+pub type HostResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The name of server `index`'s host.
+pub fn server_host(index: usize) -> String {
+    format!("server-{index}")
+}
+
+/// How often a server samples what it serves, for the single-owner invariant.
+const SERVING_SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
+/// How often the cleaner task looks for work when it found none.
+const CLEANER_IDLE_INTERVAL: Duration = Duration::from_millis(20);
+/// How often a server checks whether the coordinator declared it crashed.
+const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Sizes of the simulated servers: small, so that the cleaner and segment rolls happen within a
+/// short run.
+pub fn store_config() -> StoreConfig {
+    let mut store = StoreConfig::for_testing();
+    store.log_bytes = 8 << 20;
+    store.segment_bytes = 256 << 10;
+    store.seglet_bytes = 16 << 10;
+    store.value_bytes_max = 4 << 10;
+    store
+}
+
+/// The backup configuration of every simulated server.
+pub fn backup_config(durability: Durability) -> BackupConfig {
+    let mut config = BackupConfig::new(store_config().segment_bytes);
+    config.frame_count = 96;
+    config.buffer_count = 24;
+    config.durability = durability;
+    config.io_on_runtime = true;
+    config
+}
+
+/// What a server serves at one moment (simulated milliseconds since the start).
+#[derive(Clone, Debug)]
+struct ServingSample {
+    server_id: ServerId,
+    host: String,
+    tablets: Vec<(TableId, HashRange)>,
+}
+
+/// The single-owner invariant, checked as samples arrive: within one sampling period no two
+/// servers may both hold a valid lease and own overlapping ranges of a table.
+#[derive(Debug, Default)]
+pub struct ServingObservations {
+    /// The samples of the current period, by period number.
+    period: u64,
+    samples: Vec<ServingSample>,
+    /// Every violation seen.
+    pub violations: Vec<String>,
+    /// Samples taken in all.
+    pub sample_count: u64,
+}
+
+fn overlaps(first: &HashRange, second: &HashRange) -> bool {
+    first.start <= second.end && second.start <= first.end
+}
+
+impl ServingObservations {
+    fn record(&mut self, elapsed: Duration, sample: ServingSample) {
+        let period = elapsed.as_millis() as u64 / SERVING_SAMPLE_INTERVAL.as_millis() as u64;
+        if period != self.period {
+            self.period = period;
+            self.samples.clear();
+        }
+        self.sample_count += 1;
+        for other in &self.samples {
+            if other.server_id == sample.server_id {
+                continue;
+            }
+            for (table, range) in &sample.tablets {
+                for (other_table, other_range) in &other.tablets {
+                    if table == other_table && overlaps(range, other_range) {
+                        self.violations.push(format!(
+                            "at {} ms two masters serve table {}: server {} ({}) {:?} and \
+                             server {} ({}) {:?}",
+                            elapsed.as_millis(),
+                            table.0,
+                            sample.server_id,
+                            sample.host,
+                            range,
+                            other.server_id,
+                            other.host,
+                            other_range
+                        ));
+                    }
+                }
+            }
+        }
+        self.samples.push(sample);
+    }
+}
+
+/// The coordinator's software. Its metadata store outlives its incarnations (it is the disk).
+pub fn coordinator(
+    seed: u64,
+    meta: Arc<MemoryMetaStore>,
+    incarnations: Arc<AtomicU64>,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = HostResult>>> {
+    move || {
+        let meta = meta.clone();
+        let incarnation = incarnations.fetch_add(1, Ordering::Relaxed);
+        Box::pin(async move {
+            let environment = node_environment(seed, "coordinator", incarnation);
+            let coordinator = Coordinator::open(meta, environment.clone())?;
+            let listener = environment.network.bind("0.0.0.0:7400").await?;
+            let background = coordinator.clone();
+            tokio::spawn(async move { background.verify_servers_and_redeliver().await });
+            let detector = coordinator.clone();
+            tokio::spawn(async move {
+                detector.run_failure_detector(FailureDetectorConfig::default()).await
+            });
+            serve(listener, Arc::new(coordinator)).await?;
+            Ok(())
+        })
+    }
+}
+
+/// Everything a server needs that outlives one incarnation.
+#[derive(Clone, Debug)]
+pub struct ServerSetup {
+    /// The simulation's seed.
+    pub seed: u64,
+    /// Index of the server.
+    pub index: usize,
+    /// Replicas per segment.
+    pub replicas: usize,
+    /// When backups acknowledge.
+    pub durability: Durability,
+    /// Its disk.
+    pub disk: Arc<SimulatedDisk>,
+    /// Where it reports what it serves.
+    pub observations: Arc<Mutex<ServingObservations>>,
+    /// Incarnations so far.
+    pub incarnations: Arc<AtomicU64>,
+}
+
+/// A storage server's software: backup on the node's disk, master, replica manager, lease,
+/// cleaner (as a task: one thread per node), and the probe for the single-owner invariant.
+pub fn server(
+    setup: ServerSetup,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = HostResult>>> {
+    move || {
+        let setup = setup.clone();
+        Box::pin(async move { run_server(setup).await })
+    }
+}
+
+async fn run_server(setup: ServerSetup) -> HostResult {
+    let host = server_host(setup.index);
+    let incarnation = setup.incarnations.fetch_add(1, Ordering::Relaxed);
+    let environment = node_environment(setup.seed, &host, incarnation);
+    let listener = environment.network.bind(&format!("0.0.0.0:{SERVER_PORT}")).await?;
+    let address = format!("{host}:{SERVER_PORT}");
+    let store = store_config();
+    let (backup, _report) =
+        BackupService::open(backup_config(setup.durability), setup.disk.clone())?;
+    let backup = Arc::new(backup);
+    let services = ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP);
+    let Some(server_id) = enlist(&environment, &address, services).await else {
+        return Ok(());
+    };
+    let mut master =
+        Master::new(server_id, MasterConfig { store }, environment.wall_clock.clone())?;
+    let config = ReplicationConfig::new(setup.replicas, COORDINATOR_ADDRESS.to_string());
+    let replication =
+        ReplicaManager::start(server_id, config, master.store_handle(), environment.clone());
+    master.set_replication(replication.clone());
+    master.set_recovery_reader(RecoveryReader::new(environment.network.clone()));
+    let lease = Lease::new();
+    master.set_lease(lease.clone());
+    tokio::spawn(keep_lease(
+        lease.clone(),
+        server_id,
+        COORDINATOR_ADDRESS.to_string(),
+        environment.network.clone(),
+    ));
+    let master = Arc::new(master);
+    tokio::spawn(clean(master.clone(), environment.clone()));
+    tokio::spawn(sample_serving(master.clone(), server_id, host, setup.observations));
+    let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
+    tokio::spawn(collect_garbage(backup.clone(), COORDINATOR_ADDRESS.to_string(), pool));
+    let service: Arc<dyn Service> = Arc::new(BackupRouter::new(backup, master));
+    let serving = tokio::spawn(serve(listener, service));
+    // A zombie stops itself once it learns it was declared crashed (its tablets are served
+    // elsewhere); the schedule starts it again as a new server.
+    loop {
+        tokio::time::sleep(DECLARED_CRASHED_CHECK_INTERVAL).await;
+        if lease.is_crashed() || replication.is_fenced() {
+            serving.abort();
+            return Ok(());
+        }
+        if serving.is_finished() {
+            return Err("the server's accept loop ended".into());
+        }
+    }
+}
+
+/// The cleaner, one unit of work at a time on the node's thread.
+async fn clean(master: Arc<Master>, environment: Environment) {
+    loop {
+        let outcome = master.store().clean_once(environment.wall_clock.now_seconds());
+        if matches!(outcome, CleanOutcome::Idle | CleanOutcome::NothingToClean) {
+            tokio::time::sleep(CLEANER_IDLE_INTERVAL).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+async fn sample_serving(
+    master: Arc<Master>,
+    server_id: ServerId,
+    host: String,
+    observations: Arc<Mutex<ServingObservations>>,
+) {
+    loop {
+        tokio::time::sleep(SERVING_SAMPLE_INTERVAL).await;
+        // What the request path checks: a master that would refuse every object request
+        // serves nothing.
+        if !master.may_serve() {
+            continue;
+        }
+        let tablets = master.ownership().tablets();
+        if tablets.is_empty() {
+            continue;
+        }
+        let elapsed = turmoil::sim_elapsed().unwrap_or_default();
+        let sample = ServingSample { server_id, host: host.clone(), tablets };
+        observations.lock().unwrap_or_else(|poison| poison.into_inner()).record(elapsed, sample);
+    }
+}
+
+/// Joins the cluster; `None` if the coordinator refused (the node then stops).
+async fn enlist(
+    environment: &Environment,
+    address: &str,
+    services: ServiceMask,
+) -> Option<ServerId> {
+    let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
+    let request = Request::EnlistServer { address: address.to_string(), services };
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+    loop {
+        match pool.call(COORDINATOR_ADDRESS, &request).await {
+            Ok((Status::Ok, ResponseBody::Operation(Response::EnlistServer { server_id }))) => {
+                return Some(server_id)
+            }
+            Ok((status, body)) => {
+                tracing::error!(%status, ?body, "the coordinator refused enlistment");
+                return None;
+            }
+            Err(_) => pool.forget(COORDINATOR_ADDRESS),
+        }
+        tokio::time::sleep(backoff.next_delay(&*environment.entropy)).await;
+    }
+}

@@ -1,0 +1,597 @@
+"""The client: tables, objects, multi-operations and enumeration over a Stratus cluster.
+
+Routing works like the Rust client (crates/stratus-client). The coordinator is asked once for a
+table's tablet map (GET_TABLET_MAP), which is cached; each object request goes straight to the
+master owning the key's hash. When a master answers UNKNOWN_TABLET or WRONG_SERVER, or cannot
+be reached, the cached map is dropped and fetched again; RETRY (and a tablet whose master is
+being recovered) means waiting and trying again. Waits follow a bounded exponential backoff with
+jitter, and every operation has one deadline, ``timeout`` seconds after it starts, that bounds
+all of its attempts together: when it passes the operation fails with ``Timeout``, whose
+``last_error`` says what the last attempt saw.
+
+Until the cluster has exactly-once RPCs, a request retried after a lost connection or a timeout
+may run twice; for ``increment`` that means the delta may be applied twice (as in the Rust
+client; see the README's "Status").
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from . import codec
+from .codec import MultiItemResult, Opcode
+from .connection import Connection, parse_address
+from .enumeration import Enumeration, EnumerationPosition
+from .errors import (
+    InvalidKey,
+    InvalidParameter,
+    ProtocolError,
+    RetryLater,
+    StratusError,
+    TableDoesNotExist,
+    Unavailable,
+    UnknownTablet,
+    WrongServer,
+    error_for_status,
+)
+from .key_hash import key_hash
+from .model import (
+    HASH_MAX,
+    IncrementItem,
+    KeyItem,
+    RejectRules,
+    ServerEntry,
+    TableEntry,
+    TabletEntry,
+    WriteItem,
+)
+from .retry import Attempts, failure_from_response
+from .status import Status
+
+__all__ = ["Client"]
+
+_Result = TypeVar("_Result")
+
+# Statuses after which the same request may succeed once the tablet map has been refreshed.
+_STALE_MAP_STATUSES = frozenset({Status.UNKNOWN_TABLET, Status.WRONG_SERVER})
+# Statuses after which the same request may succeed after a short wait.
+_TRANSIENT_STATUSES = frozenset({Status.RETRY, Status.SERVICE_NOT_AVAILABLE})
+# Failures of an attempt that the next attempt may not see: the map was stale, or the cluster
+# was busy, recovering or unreachable. Everything else is the operation's answer.
+_RETRYABLE_ERRORS = (Unavailable, UnknownTablet, WrongServer)
+
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+
+def _as_bytes(data: bytes | bytearray | memoryview | str, what: str) -> bytes:
+    """Keys and values are bytes; ``str`` is accepted for convenience and encoded as UTF-8."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"{what} must be bytes or str, not {type(data).__name__}")
+
+
+def _checked_key(key: bytes | str) -> bytes:
+    key = _as_bytes(key, "key")
+    if not 1 <= len(key) <= codec.KEY_BYTES_MAX:
+        raise InvalidKey(f"key of {len(key)} bytes (keys are 1..{codec.KEY_BYTES_MAX} bytes)")
+    return key
+
+
+def _checked_table_id(table_id: int) -> int:
+    if isinstance(table_id, bool) or not isinstance(table_id, int):
+        raise TypeError(f"table id must be an int, not {type(table_id).__name__}")
+    if not 0 <= table_id <= HASH_MAX:
+        raise ValueError(f"table id {table_id} is not a 64-bit id")
+    if table_id == 0:
+        # 0 means "no table" on the wire (and "every table" to GET_TABLET_MAP).
+        raise TableDoesNotExist("table id 0 names no table")
+    return table_id
+
+
+def _checked_delta(delta: int) -> int:
+    if isinstance(delta, bool) or not isinstance(delta, int):
+        raise TypeError(f"delta must be an int, not {type(delta).__name__}")
+    if not _I64_MIN <= delta <= _I64_MAX:
+        raise ValueError(f"delta {delta} does not fit a signed 64-bit integer")
+    return delta
+
+
+def _checked_rules(rules: RejectRules | None) -> RejectRules | None:
+    if rules is not None and not isinstance(rules, RejectRules):
+        raise TypeError(f"reject_rules must be RejectRules, not {type(rules).__name__}")
+    return rules
+
+
+def _checked_table_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"table name must be str, not {type(name).__name__}")
+    length = len(name.encode("utf-8"))
+    if not 1 <= length <= codec.TABLE_NAME_BYTES_MAX:
+        raise InvalidParameter(
+            f"table name of {length} bytes (names are 1..{codec.TABLE_NAME_BYTES_MAX} bytes "
+            "of UTF-8)"
+        )
+    return name
+
+
+class Client:
+    """A connection to a Stratus cluster through its coordinator.
+
+    ``timeout`` bounds each operation, retries included (seconds); ``request_timeout`` bounds
+    one request to one server and ``connect_timeout`` one connection attempt (handshake
+    included), both within the operation's timeout. One socket is kept per server.
+
+    A client may be shared by threads: requests to the same server take turns on its one
+    connection. Use it as a context manager, or call ``close()``, to close its sockets.
+    """
+
+    def __init__(
+        self,
+        coordinator: str = "127.0.0.1:7400",
+        timeout: float = 10.0,
+        *,
+        request_timeout: float = 2.0,
+        connect_timeout: float = 2.0,
+    ) -> None:
+        parse_address(coordinator)  # refuse a malformed address now, not at the first call
+        for name, seconds in (
+            ("timeout", timeout),
+            ("request_timeout", request_timeout),
+            ("connect_timeout", connect_timeout),
+        ):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, not {seconds!r}")
+        self.coordinator = coordinator
+        self.timeout = float(timeout)
+        self.request_timeout = float(request_timeout)
+        self.connect_timeout = float(connect_timeout)
+        self._lock = threading.Lock()
+        self._connections: dict[str, Connection] = {}
+        self._tablet_maps: dict[int, tuple[list[int], list[TabletEntry]]] = {}
+        self._closed = False
+
+    # -----------------------------------------------------------------------------------------
+    # Lifetime.
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exception_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes every connection. Further calls raise ``RuntimeError``."""
+        with self._lock:
+            self._closed = True
+            connections = list(self._connections.values())
+            self._connections.clear()
+            self._tablet_maps.clear()
+        for connection in connections:
+            connection.close()
+
+    # -----------------------------------------------------------------------------------------
+    # Tables (coordinator).
+
+    def create_table(self, name: str, span: int = 1) -> int:
+        """Creates a table spread over ``span`` masters (1..1024); returns its id.
+
+        Creating a table whose name exists returns the existing table's id.
+        """
+        name = _checked_table_name(name)
+        if isinstance(span, bool) or not isinstance(span, int) or not 0 <= span < 1 << 32:
+            raise ValueError(f"span {span!r} is not a server count")
+        body = codec.create_table_body(name, span)
+        return self._coordinator_operation(f"create_table({name!r})", Opcode.CREATE_TABLE, body)
+
+    def drop_table(self, name: str) -> None:
+        """Drops a table and all its objects."""
+        name = _checked_table_name(name)
+        self._coordinator_operation(
+            f"drop_table({name!r})", Opcode.DROP_TABLE, codec.table_name_body(name)
+        )
+        # As the Rust client: forget every map, since the dropped table's id is not known here.
+        with self._lock:
+            self._tablet_maps.clear()
+
+    def get_table_id(self, name: str) -> int:
+        """The id of the table named ``name``; ``TableDoesNotExist`` if there is none."""
+        name = _checked_table_name(name)
+        return self._coordinator_operation(
+            f"get_table_id({name!r})", Opcode.GET_TABLE_ID, codec.table_name_body(name)
+        )
+
+    def list_tables(self) -> list[TableEntry]:
+        """Every table: name, id and number of tablets."""
+        return self._coordinator_operation("list_tables()", Opcode.LIST_TABLES, b"")
+
+    def server_list(self) -> list[ServerEntry]:
+        """Every server the coordinator knows: id, address, services and status."""
+        return self._coordinator_operation("server_list()", Opcode.GET_SERVER_LIST, b"")
+
+    def tablet_map(self, table_id: int) -> list[TabletEntry]:
+        """The tablets of a table, fresh from the coordinator (and now cached)."""
+        table_id = _checked_table_id(table_id)
+        attempts = Attempts(f"tablet_map({table_id})", self.timeout)
+        return self._retrying(attempts, lambda: list(self._fetch_tablet_map(table_id, attempts)))
+
+    # -----------------------------------------------------------------------------------------
+    # Objects (masters).
+
+    def read(
+        self, table_id: int, key: bytes | str, reject_rules: RejectRules | None = None
+    ) -> tuple[bytes, int]:
+        """The value and version of an object; ``ObjectDoesNotExist`` if it is missing."""
+        table_id, key = _checked_table_id(table_id), _checked_key(key)
+        body = codec.read_body(table_id, key, _checked_rules(reject_rules))
+        version, value = self._object_operation("read", Opcode.READ, table_id, key, body)
+        return value, version
+
+    def write(
+        self,
+        table_id: int,
+        key: bytes | str,
+        value: bytes | str,
+        reject_rules: RejectRules | None = None,
+    ) -> int:
+        """Writes an object (creating or overwriting it); returns its new version."""
+        table_id, key = _checked_table_id(table_id), _checked_key(key)
+        body = codec.write_body(
+            table_id, key, _as_bytes(value, "value"), _checked_rules(reject_rules)
+        )
+        return self._object_operation("write", Opcode.WRITE, table_id, key, body)
+
+    def remove(
+        self, table_id: int, key: bytes | str, reject_rules: RejectRules | None = None
+    ) -> int:
+        """Removes an object; returns the removed version, 0 if it was missing."""
+        table_id, key = _checked_table_id(table_id), _checked_key(key)
+        body = codec.read_body(table_id, key, _checked_rules(reject_rules))
+        return self._object_operation("remove", Opcode.REMOVE, table_id, key, body)
+
+    def increment(
+        self,
+        table_id: int,
+        key: bytes | str,
+        delta: int,
+        reject_rules: RejectRules | None = None,
+    ) -> tuple[int, int]:
+        """Adds ``delta`` to an 8-byte little-endian signed integer object (a missing object
+        counts as 0); returns (new value, new version). ``InvalidObject`` if the object is not
+        8 bytes long or the sum would overflow."""
+        table_id, key = _checked_table_id(table_id), _checked_key(key)
+        body = codec.increment_body(
+            table_id, key, _checked_delta(delta), _checked_rules(reject_rules)
+        )
+        version, value = self._object_operation("increment", Opcode.INCREMENT, table_id, key, body)
+        return value, version
+
+    # -----------------------------------------------------------------------------------------
+    # Multi-operations: one result per item, in the caller's order. A result is the value the
+    # single-object call would return, or the StratusError it would raise. Items are grouped by
+    # master and sent one request per master (sequentially); a protocol violation by a master
+    # is raised, not returned per item, since it puts every answer in doubt.
+
+    def multi_read(
+        self, items: Iterable[KeyItem | tuple]
+    ) -> list[tuple[bytes, int] | StratusError]:
+        """Reads many objects; each result is (value, version) or an error."""
+        normalized = [self._normalize_item(item, KeyItem) for item in items]
+        return self._multi_operation(
+            "multi_read",
+            Opcode.MULTI_READ,
+            normalized,
+            lambda result: (result.value, result.version),
+        )
+
+    def multi_write(self, items: Iterable[WriteItem | tuple]) -> list[int | StratusError]:
+        """Writes many objects; each result is the new version or an error."""
+        normalized = [self._normalize_item(item, WriteItem) for item in items]
+        return self._multi_operation(
+            "multi_write", Opcode.MULTI_WRITE, normalized, lambda result: result.version
+        )
+
+    def multi_remove(self, items: Iterable[KeyItem | tuple]) -> list[int | StratusError]:
+        """Removes many objects; each result is the removed version (0 if missing) or an
+        error."""
+        normalized = [self._normalize_item(item, KeyItem) for item in items]
+        return self._multi_operation(
+            "multi_remove", Opcode.MULTI_REMOVE, normalized, lambda result: result.version
+        )
+
+    def multi_increment(
+        self, items: Iterable[IncrementItem | tuple]
+    ) -> list[tuple[int, int] | StratusError]:
+        """Increments many objects; each result is (new value, new version) or an error."""
+        normalized = [self._normalize_item(item, IncrementItem) for item in items]
+        return self._multi_operation(
+            "multi_increment",
+            Opcode.MULTI_INCREMENT,
+            normalized,
+            lambda result: (result.integer, result.version),
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Enumeration.
+
+    def enumerate(
+        self,
+        table_id: int,
+        *,
+        batch_bytes: int = codec.ENUMERATE_RESPONSE_BYTES_MAX,
+        resume_from: EnumerationPosition | None = None,
+    ) -> Enumeration:
+        """Iterates over every object of a table as (key, value, version).
+
+        Objects present for the whole enumeration are returned exactly once, even if tablets
+        move meanwhile; objects written or removed meanwhile may or may not be. Masters return
+        at most ``batch_bytes`` of objects per request (at least one object). The
+        enumeration's ``position`` can be kept and passed as ``resume_from`` to continue later.
+        """
+        table_id = _checked_table_id(table_id)
+        if isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int):
+            raise TypeError("batch_bytes must be an int")
+        if not 1 <= batch_bytes <= codec.ENUMERATE_RESPONSE_BYTES_MAX:
+            raise ValueError(
+                f"batch_bytes must be 1..{codec.ENUMERATE_RESPONSE_BYTES_MAX}, not {batch_bytes}"
+            )
+        return Enumeration(self, table_id, batch_bytes, resume_from)
+
+    # -----------------------------------------------------------------------------------------
+    # Internals shared with Enumeration.
+
+    def _connection(self, address: str, attempts: Attempts) -> Connection:
+        """The open connection to ``address``, opened (within the operation's deadline and the
+        connect timeout) if there is none."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        deadline = min(time.monotonic() + self.connect_timeout, attempts.deadline)
+        connection = Connection(address, deadline)
+        with self._lock:
+            if self._closed:
+                connection.close()
+                raise RuntimeError("the client is closed")
+            existing = self._connections.get(address)
+            if existing is not None and not existing.closed:
+                # Another thread connected meanwhile; keep one socket per server.
+                connection.close()
+                return existing
+            self._connections[address] = connection
+        return connection
+
+    def _send(
+        self, address: str, opcode: Opcode, body: bytes, attempts: Attempts
+    ) -> tuple[Status, object]:
+        """One request to one server: (status, decoded body). Connection failures raise
+        ``CouldNotConnect`` or ``Timeout`` (retryable); the broken connection is dropped."""
+        connection = self._connection(address, attempts)
+        deadline = min(time.monotonic() + self.request_timeout, attempts.deadline)
+        try:
+            return connection.call(opcode, body, deadline)
+        except (Unavailable, ProtocolError):
+            with self._lock:
+                if self._connections.get(address) is connection:
+                    del self._connections[address]
+            raise
+
+    def _retrying(self, attempts: Attempts, attempt: Callable[[], _Result]) -> _Result:
+        """Runs ``attempt`` until it returns, raises a non-retryable error, or the deadline
+        passes."""
+        while True:
+            try:
+                return attempt()
+            except _RETRYABLE_ERRORS as error:
+                attempts.wait_before_retry(error)
+
+    def _coordinator_request(self, opcode: Opcode, body: bytes, attempts: Attempts) -> object:
+        """One request to the coordinator: its decoded body, or its status as a typed error."""
+        status, decoded = self._send(self.coordinator, opcode, body, attempts)
+        if status is Status.OK:
+            return decoded
+        raise failure_from_response(status, decoded)
+
+    def _coordinator_operation(self, description: str, opcode: Opcode, body: bytes):
+        attempts = Attempts(description, self.timeout)
+        return self._retrying(attempts, lambda: self._coordinator_request(opcode, body, attempts))
+
+    def _fetch_tablet_map(self, table_id: int, attempts: Attempts) -> list[TabletEntry]:
+        """Asks the coordinator for a table's tablets (one attempt) and caches them."""
+        tablets = self._coordinator_request(
+            Opcode.GET_TABLET_MAP, codec.table_id_body(table_id), attempts
+        )
+        # Only this table's tablets, ordered by range start, so lookups can bisect.
+        tablets = sorted(
+            (tablet for tablet in tablets if tablet.table_id == table_id),
+            key=lambda tablet: tablet.range.start,
+        )
+        starts = [tablet.range.start for tablet in tablets]
+        with self._lock:
+            if not self._closed:
+                self._tablet_maps[table_id] = (starts, tablets)
+        return tablets
+
+    def _forget_tablet_map(self, table_id: int) -> None:
+        with self._lock:
+            self._tablet_maps.pop(table_id, None)
+
+    def _locate(self, table_id: int, hash_value: int, attempts: Attempts) -> TabletEntry:
+        """The tablet holding ``hash_value``, from the cache or a fresh map (one attempt).
+
+        ``UnknownTablet`` when no tablet holds it (the map is being changed: retryable), and
+        ``RetryLater`` when the tablet's master is being recovered.
+        """
+        with self._lock:
+            cached = self._tablet_maps.get(table_id)
+        if cached is None:
+            self._fetch_tablet_map(table_id, attempts)
+            with self._lock:
+                cached = self._tablet_maps.get(table_id)
+            if cached is None:
+                raise RuntimeError("the client is closed")
+        starts, tablets = cached
+        index = bisect.bisect_right(starts, hash_value) - 1
+        if index < 0 or not tablets[index].range.contains(hash_value):
+            self._forget_tablet_map(table_id)
+            raise UnknownTablet(f"no tablet of table {table_id} holds hash {hash_value:#x}")
+        tablet = tablets[index]
+        if tablet.recovering:
+            self._forget_tablet_map(table_id)
+            raise RetryLater(f"the tablet of table {table_id} holding the key is recovering")
+        return tablet
+
+    def _object_operation(
+        self, name: str, opcode: Opcode, table_id: int, key: bytes, body: bytes
+    ) -> object:
+        """Sends a single-object request to the key's master, refreshing the map and retrying
+        as needed; returns the decoded OK body or raises the operation's typed error."""
+        hash_value = key_hash(table_id, key)
+        attempts = Attempts(f"{name}(table {table_id}, key {key[:64]!r})", self.timeout)
+        while True:
+            try:
+                tablet = self._locate(table_id, hash_value, attempts)
+            except (TableDoesNotExist, ProtocolError):
+                raise
+            except StratusError as error:
+                # Any other failure to find the tablet is retried, as the Rust client does:
+                # the coordinator may be restarting or the map changing under a recovery.
+                attempts.wait_before_retry(error)
+                continue
+            try:
+                status, decoded = self._send(tablet.owner_address, opcode, body, attempts)
+            except Unavailable as error:
+                # The master may have crashed: its tablets will have new owners.
+                self._forget_tablet_map(table_id)
+                attempts.wait_before_retry(error)
+                continue
+            if status is Status.OK:
+                return decoded
+            error = failure_from_response(status, decoded)
+            if status in _STALE_MAP_STATUSES:
+                self._forget_tablet_map(table_id)
+            elif status not in _TRANSIENT_STATUSES:
+                raise error
+            attempts.wait_before_retry(error)
+
+    def _normalize_item(self, item, item_type):
+        """An item with a checked table id, bytes key and value, from an item or a tuple."""
+        if isinstance(item, tuple):
+            item = item_type(*item)
+        if not isinstance(item, item_type):
+            raise TypeError(f"expected {item_type.__name__} or a tuple, not {type(item).__name__}")
+        fields = {
+            "table_id": item.table_id,
+            "key": _as_bytes(item.key, "key"),
+            "reject_rules": _checked_rules(item.reject_rules),
+        }
+        if isinstance(item, WriteItem):
+            fields["value"] = _as_bytes(item.value, "value")
+        if isinstance(item, IncrementItem):
+            fields["delta"] = _checked_delta(item.delta)
+        return item_type(**fields)
+
+    def _multi_operation(
+        self,
+        name: str,
+        opcode: Opcode,
+        items: list,
+        success: Callable[[MultiItemResult], object],
+    ) -> list:
+        """Runs a multi-operation: groups pending items by master, sends one request per master
+        (in chunks of at most 4096 items), keeps the items whose status says "retry" pending,
+        and repeats with backoff until every item has an outcome or the deadline passes."""
+        outcomes: list[object] = [None] * len(items)
+        hashes: list[int] = [0] * len(items)
+        pending: list[int] = []
+        for index, item in enumerate(items):
+            try:
+                _checked_table_id(item.table_id)
+                _checked_key(item.key)
+            except StratusError as error:
+                outcomes[index] = error
+                continue
+            hashes[index] = key_hash(item.table_id, item.key)
+            pending.append(index)
+        attempts = Attempts(f"{name} of {len(items)} items", self.timeout)
+        last_error: StratusError | None = None
+        while pending:
+            groups: dict[str, list[int]] = defaultdict(list)
+            # Tables whose map could not be fetched this round: one failed request to the
+            # coordinator is enough to know, rather than one per item.
+            unlocatable_tables: set[int] = set()
+            for index in pending:
+                table_id = items[index].table_id
+                if table_id in unlocatable_tables:
+                    continue
+                try:
+                    tablet = self._locate(table_id, hashes[index], attempts)
+                except TableDoesNotExist as error:
+                    outcomes[index] = error
+                    continue
+                except ProtocolError:
+                    raise
+                except StratusError as error:
+                    if not isinstance(error, (UnknownTablet, RetryLater)):
+                        unlocatable_tables.add(table_id)
+                    last_error = error
+                    continue
+                groups[tablet.owner_address].append(index)
+            for address, indices in groups.items():
+                for first in range(0, len(indices), codec.MULTI_OP_ITEMS_MAX):
+                    chunk = indices[first : first + codec.MULTI_OP_ITEMS_MAX]
+                    body = codec.multi_body([items[index] for index in chunk])
+                    try:
+                        status, decoded = self._send(address, opcode, body, attempts)
+                    except Unavailable as error:
+                        for index in chunk:
+                            self._forget_tablet_map(items[index].table_id)
+                        last_error = error
+                        continue
+                    if status is not Status.OK:
+                        error = failure_from_response(status, decoded)
+                        if status in _STALE_MAP_STATUSES:
+                            for index in chunk:
+                                self._forget_tablet_map(items[index].table_id)
+                            last_error = error
+                        elif status in _TRANSIENT_STATUSES:
+                            last_error = error
+                        else:
+                            # The master refused the whole batch: sending it again cannot help.
+                            for index in chunk:
+                                outcomes[index] = failure_from_response(status, decoded)
+                        continue
+                    if len(decoded) != len(chunk):
+                        raise ProtocolError(
+                            f"{address} answered {len(decoded)} results to a {opcode.name} of "
+                            f"{len(chunk)} items"
+                        )
+                    for index, result in zip(chunk, decoded, strict=True):
+                        if result.status is Status.OK:
+                            outcomes[index] = success(result)
+                        elif result.status in _STALE_MAP_STATUSES:
+                            self._forget_tablet_map(items[index].table_id)
+                            last_error = error_for_status(result.status)
+                        elif result.status in _TRANSIENT_STATUSES:
+                            last_error = error_for_status(result.status)
+                        else:
+                            outcomes[index] = error_for_status(
+                                result.status, version=result.version
+                            )
+            pending = [index for index in pending if outcomes[index] is None]
+            if not pending or not attempts.pause_before_retry():
+                break
+        for index in pending:
+            outcomes[index] = attempts.timeout_error(last_error)
+        return outcomes

@@ -1,0 +1,268 @@
+"""The values the client exchanges with its caller and with the cluster.
+
+Everything here is immutable: items, rules and tablet maps are shared between the caller, the
+tablet-map cache and requests being retried, and none of them may change under another.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .status import Status
+
+__all__ = [
+    "EnumeratedObject",
+    "EnumerationCursor",
+    "HashRange",
+    "IncrementItem",
+    "KeyItem",
+    "RejectRules",
+    "ServerEntry",
+    "ServerStatus",
+    "TableEntry",
+    "TabletEntry",
+    "TabletState",
+    "WriteItem",
+]
+
+HASH_MAX = (1 << 64) - 1
+
+REJECT_DOESNT_EXIST = 1 << 0
+REJECT_EXISTS = 1 << 1
+REJECT_VERSION_LE_GIVEN = 1 << 2
+REJECT_VERSION_NE_GIVEN = 1 << 3
+REJECT_FLAGS_KNOWN = (
+    REJECT_DOESNT_EXIST | REJECT_EXISTS | REJECT_VERSION_LE_GIVEN | REJECT_VERSION_NE_GIVEN
+)
+
+
+@dataclass(frozen=True)
+class RejectRules:
+    """Conditions under which the server refuses an operation; all false means unconditional.
+
+    The names are the wire specification's ("reject rules" in docs/design/wire-protocol.md).
+    The server checks them in this order against the object's current version, 0 when the
+    object is missing, and the first that matches decides:
+
+    - ``doesnt_exist``: refuse if the object is missing (``ObjectDoesNotExist``);
+    - ``exists``: refuse if the object exists (``ObjectExists``);
+    - ``version_le_given``: refuse if current version <= ``given_version`` (``WrongVersion``);
+    - ``version_ne_given``: refuse if current version != ``given_version`` (``WrongVersion``).
+
+    A READ of a missing object answers ``ObjectDoesNotExist`` before any rule is checked.
+    """
+
+    given_version: int = 0
+    doesnt_exist: bool = False
+    exists: bool = False
+    version_le_given: bool = False
+    version_ne_given: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.given_version, int) or not 0 <= self.given_version <= HASH_MAX:
+            raise ValueError(f"given_version {self.given_version!r} is not a 64-bit version")
+
+    @classmethod
+    def only_if_missing(cls) -> RejectRules:
+        """Proceed only if the object does not exist yet (create, never overwrite)."""
+        return cls(exists=True)
+
+    @classmethod
+    def only_if_exists(cls) -> RejectRules:
+        """Proceed only if the object exists (update, never create)."""
+        return cls(doesnt_exist=True)
+
+    @classmethod
+    def only_if_version(cls, version: int) -> RejectRules:
+        """Proceed only if the object's current version is ``version`` (0: only if missing)."""
+        return cls(given_version=version, version_ne_given=True)
+
+    @classmethod
+    def only_if_newer_than(cls, version: int) -> RejectRules:
+        """Proceed only if the object's current version is greater than ``version``."""
+        return cls(given_version=version, version_le_given=True)
+
+    @property
+    def flags(self) -> int:
+        """The flags byte on the wire: bit 0 doesnt_exist, 1 exists, 2 version_le_given,
+        3 version_ne_given."""
+        return (
+            (REJECT_DOESNT_EXIST if self.doesnt_exist else 0)
+            | (REJECT_EXISTS if self.exists else 0)
+            | (REJECT_VERSION_LE_GIVEN if self.version_le_given else 0)
+            | (REJECT_VERSION_NE_GIVEN if self.version_ne_given else 0)
+        )
+
+    @classmethod
+    def from_wire(cls, given_version: int, flags: int) -> RejectRules:
+        """The rules for a wire (given version, flags byte) pair; unknown flag bits are refused."""
+        if flags & ~REJECT_FLAGS_KNOWN:
+            raise ValueError(f"reject rule flags {flags:#04x} have undefined bits set")
+        return cls(
+            given_version=given_version,
+            doesnt_exist=bool(flags & REJECT_DOESNT_EXIST),
+            exists=bool(flags & REJECT_EXISTS),
+            version_le_given=bool(flags & REJECT_VERSION_LE_GIVEN),
+            version_ne_given=bool(flags & REJECT_VERSION_NE_GIVEN),
+        )
+
+    def check(self, current_version: int) -> Status:
+        """The status the server answers for an object at ``current_version`` (0: missing).
+
+        The client never needs this to talk to the cluster; it states the rules' semantics in
+        code so that they can be tested and read in one place.
+        """
+        exists = current_version != 0
+        if self.doesnt_exist and not exists:
+            return Status.OBJECT_DOESNT_EXIST
+        if self.exists and exists:
+            return Status.OBJECT_EXISTS
+        if self.version_le_given and current_version <= self.given_version:
+            return Status.WRONG_VERSION
+        if self.version_ne_given and current_version != self.given_version:
+            return Status.WRONG_VERSION
+        return Status.OK
+
+
+NO_REJECT_RULES = RejectRules()
+
+
+@dataclass(frozen=True)
+class HashRange:
+    """A range of key hashes, both ends inclusive (``start <= end``)."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end <= HASH_MAX:
+            raise ValueError(f"hash range [{self.start:#x}, {self.end:#x}] is not valid")
+
+    def contains(self, key_hash: int) -> bool:
+        return self.start <= key_hash <= self.end
+
+    def intersection(self, other: HashRange) -> HashRange | None:
+        start = max(self.start, other.start)
+        end = min(self.end, other.end)
+        return HashRange(start, end) if start <= end else None
+
+
+FULL_HASH_RANGE = HashRange(0, HASH_MAX)
+
+
+@dataclass(frozen=True)
+class EnumerationCursor:
+    """Where an enumeration of a hash range resumes (wire-protocol.md, "Enumeration order").
+
+    Objects are returned in ascending (bit-reversed key hash, key) order; the cursor means:
+    resume at bit-reversed hash ``reversed_hash``, skipping the objects at exactly that reversed
+    hash whose key is <= ``after_key`` when ``after_key`` is set (they were returned already).
+    """
+
+    reversed_hash: int = 0
+    after_key: bytes | None = None
+
+
+class TabletState(enum.IntEnum):
+    """A tablet's state in the tablet map (a ``u8`` on the wire)."""
+
+    NORMAL = 0
+    RECOVERING = 1
+    """Its master crashed; the tablet is served again once recovery finishes."""
+
+
+@dataclass(frozen=True)
+class TabletEntry:
+    """One tablet of the coordinator's tablet map: a hash range of a table and its master."""
+
+    table_id: int
+    range: HashRange
+    owner_server_id: int
+    owner_address: str
+    state: TabletState
+
+    @property
+    def recovering(self) -> bool:
+        return self.state == TabletState.RECOVERING
+
+
+class ServerStatus(enum.IntEnum):
+    """A server's state in the coordinator's server list (a ``u8`` on the wire)."""
+
+    UP = 0
+    CRASHED = 1
+    """Declared crashed; its tablets are being recovered elsewhere."""
+    REMOVED = 2
+    """Recovered: it is gone for good."""
+
+
+SERVICE_MASTER = 1 << 0
+SERVICE_BACKUP = 1 << 1
+SERVICES_KNOWN = SERVICE_MASTER | SERVICE_BACKUP
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    """One server as GET_SERVER_LIST reports it."""
+
+    server_id: int
+    address: str
+    services: int
+    """Bit 0: runs a master; bit 1: runs a backup."""
+    status: ServerStatus
+
+    @property
+    def is_master(self) -> bool:
+        return bool(self.services & SERVICE_MASTER)
+
+    @property
+    def is_backup(self) -> bool:
+        return bool(self.services & SERVICE_BACKUP)
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One table as LIST_TABLES reports it."""
+
+    name: str
+    table_id: int
+    tablet_count: int
+
+
+class EnumeratedObject(NamedTuple):
+    """One object returned by an enumeration; unpacks as ``key, value, version``."""
+
+    key: bytes
+    value: bytes
+    version: int
+
+
+@dataclass(frozen=True)
+class KeyItem:
+    """An item of ``multi_read`` or ``multi_remove``."""
+
+    table_id: int
+    key: bytes | str
+    reject_rules: RejectRules | None = None
+
+
+@dataclass(frozen=True)
+class WriteItem:
+    """An item of ``multi_write``."""
+
+    table_id: int
+    key: bytes | str
+    value: bytes | str
+    reject_rules: RejectRules | None = None
+
+
+@dataclass(frozen=True)
+class IncrementItem:
+    """An item of ``multi_increment``: add ``delta`` to an 8-byte little-endian integer."""
+
+    table_id: int
+    key: bytes | str
+    delta: int
+    reject_rules: RejectRules | None = None

@@ -299,13 +299,32 @@ impl SegmentDurability for ReplicaManager {
         bytes: &[u8],
         certificate: stratus_log::Certificate,
     ) {
-        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        let (done, finished) = tokio::sync::oneshot::channel();
         let request = SurvivorRequest { segment_id, bytes: bytes.to_vec(), certificate, done };
         if self.survivors.blocking_send(request).is_err() {
             return; // the pump is gone: the process is stopping
         }
         self.shared.wake.notify_one();
-        let _ = finished.recv();
+        let _ = finished.blocking_recv();
+    }
+}
+
+impl ReplicaManager {
+    /// What [`SegmentDurability::make_durable`] does, for a cleaner that runs as a task
+    /// (`ObjectStore::clean_step`): returns once the survivor is on every replica.
+    pub async fn replicate_survivor(
+        &self,
+        segment_id: SegmentId,
+        bytes: Vec<u8>,
+        certificate: stratus_log::Certificate,
+    ) {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let request = SurvivorRequest { segment_id, bytes, certificate, done };
+        if self.survivors.send(request).await.is_err() {
+            return; // the pump is gone: the process is stopping
+        }
+        self.shared.wake.notify_one();
+        let _ = finished.await;
     }
 }
 
@@ -388,7 +407,9 @@ struct SurvivorRequest {
     segment_id: SegmentId,
     bytes: Vec<u8>,
     certificate: stratus_log::Certificate,
-    done: std::sync::mpsc::SyncSender<()>,
+    /// Told when every replica holds the survivor (a cleaner thread blocks on it; an async
+    /// cleaner awaits it).
+    done: tokio::sync::oneshot::Sender<()>,
 }
 
 /// The outcome of one BACKUP_WRITE.
@@ -734,6 +755,20 @@ impl Pump {
                 holders.insert(holder.server_id, holder.address.clone());
             }
         }
+        // Quarantined backups are pinged too: one that answers again is a candidate again at
+        // once. A master that was itself cut off finds every backup silent; keeping them all
+        // out for the whole quarantine would leave its segments on fewer than R backups long
+        // after the network healed (the simulation lost a head segment that way, to two
+        // crashes that R = 3 must survive).
+        let quarantined: Vec<(ServerId, String)> = self
+            .backups
+            .iter()
+            .filter(|entry| self.dead_backups.contains_key(&entry.server_id))
+            .map(|entry| (entry.server_id, entry.address.clone()))
+            .collect();
+        for (server_id, address) in &quarantined {
+            holders.entry(*server_id).or_insert_with(|| address.clone());
+        }
         let mut pings = tokio::task::JoinSet::new();
         for (server_id, address) in holders {
             let pool = self.pool.clone();
@@ -748,10 +783,23 @@ impl Pump {
         }
         let mut dead = Vec::new();
         while let Some(joined) = pings.join_next().await {
-            if let Ok((server_id, false)) = joined {
-                dead.push(server_id);
+            match joined {
+                Ok((server_id, false)) => dead.push(server_id),
+                Ok((server_id, true)) => {
+                    if self.dead_backups.remove(&server_id).is_some() {
+                        tracing::info!(backup = %server_id, "backup answers again; a candidate for replicas");
+                    }
+                }
+                Err(_) => {}
             }
         }
+        // Still silent in quarantine and holding nothing: nothing more to take away from it.
+        dead.retain(|server_id| {
+            !quarantined.iter().any(|(quiet, _)| quiet == server_id)
+                || self.segments.values().any(|segment| {
+                    segment.holders.iter().any(|holder| holder.server_id == *server_id)
+                })
+        });
         for server_id in dead {
             tracing::warn!(backup = %server_id, "backup does not answer; re-replicating its replicas");
             self.dead_backups.insert(server_id, tokio::time::Instant::now());

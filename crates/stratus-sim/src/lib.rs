@@ -128,6 +128,8 @@ pub struct SimulationReport {
     pub steps: u64,
     /// Single-owner samples taken.
     pub serving_samples: u64,
+    /// Compactions and combined-cleaning passes the servers ran (as last sampled).
+    pub cleaner_work: (u64, u64),
     /// A digest of everything observable: two runs of one seed must agree on it.
     pub fingerprint: u64,
     /// The history, one operation per line (to show where two runs of a seed diverge).
@@ -139,8 +141,8 @@ impl fmt::Display for SimulationReport {
         writeln!(
             f,
             "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes), {} \
-             faults, {} servers recovered, {:.1} s simulated, {} serving samples, fingerprint \
-             {:016x}",
+             faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
+             simulated, {} serving samples, fingerprint {:016x}",
             self.seed,
             self.shape.0,
             self.shape.1,
@@ -150,6 +152,8 @@ impl fmt::Display for SimulationReport {
             self.known_outcomes,
             self.faults.len(),
             self.servers_recovered,
+            self.cleaner_work.0,
+            self.cleaner_work.1,
             self.simulated.as_secs_f64(),
             self.serving_samples,
             self.fingerprint
@@ -353,6 +357,15 @@ async fn run_client(
         if let Some(version) = seen {
             last_seen[key_index] = version;
         }
+        // Filler: overwrites of this client's own keys with values of up to 4 KiB, which fill
+        // the small logs with dead versions so the cleaner must run.
+        {
+            let key = filler_key(client_id, choices.below(FILLER_KEYS_PER_CLIENT));
+            let length = 8 + choices.below(nodes::FILLER_VALUE_BYTES_MAX as u64 - 8) as usize;
+            let mut value = unique_value(client_id, sequence).to_vec();
+            value.resize(length, (sequence % 251) as u8);
+            let _ = client.write(table, key.as_bytes(), &value).await;
+        }
         tokio::time::sleep(Duration::from_millis(
             choices.below(options.think_time_max.as_millis() as u64 + 1),
         ))
@@ -360,6 +373,13 @@ async fn run_client(
     }
     workload.clients_done.fetch_add(1, Ordering::AcqRel);
     Ok(())
+}
+
+/// Keys each client overwrites with filler values.
+const FILLER_KEYS_PER_CLIENT: u64 = 6;
+
+fn filler_key(client_id: u32, index: u64) -> String {
+    format!("fill-{client_id}-{index}")
 }
 
 /// After the workload and the faults: the last word on every key, from a fresh client. Each
@@ -379,8 +399,11 @@ async fn verify(
     let client = Client::with_environment(config, network::node_environment(seed, "verifier", 0));
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), options.clients);
-    for key_index in 0..options.keys {
-        let key = format!("key-{key_index}");
+    let shared_keys = (0..options.keys).map(|index| format!("key-{index}"));
+    let filler_keys = (0..options.clients).flat_map(|client_id| {
+        (0..FILLER_KEYS_PER_CLIENT).map(move |index| filler_key(client_id, index))
+    });
+    for key in shared_keys.chain(filler_keys) {
         if let Err(error) = client.read(table, key.as_bytes()).await {
             if !Outcome::is_refusal(error.status) {
                 return Err(format!(
@@ -554,6 +577,10 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
                 return Err(fail(format!("single owner: {violation}"), &report));
             }
             report.serving_samples = observations.sample_count;
+            report.cleaner_work = observations
+                .cleaner_work
+                .values()
+                .fold((0, 0), |sum, work| (sum.0 + work.0, sum.1 + work.1));
         }
         match stepped {
             Ok(true) => break,

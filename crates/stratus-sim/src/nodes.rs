@@ -13,7 +13,7 @@ use stratus_master::{
 };
 use stratus_meta::MemoryMetaStore;
 use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig, Service};
-use stratus_store::{CleanOutcome, StoreConfig};
+use stratus_store::{CleanOutcome, CleanStep, StoreConfig};
 use stratus_types::{HashRange, ServerId, TableId};
 use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
 
@@ -42,14 +42,20 @@ const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Sizes of the simulated servers: small, so that the cleaner and segment rolls happen within a
 /// short run.
+/// Sizes of the simulated servers: a log of 16 segments of 32 KiB, so that the clients' filler
+/// writes fill it and the cleaner (compaction and combined cleaning) runs against replication,
+/// crashes and recovery within a short run.
 pub fn store_config() -> StoreConfig {
     let mut store = StoreConfig::for_testing();
-    store.log_bytes = 8 << 20;
+    store.log_bytes = 1536 << 10;
     store.segment_bytes = 256 << 10;
     store.seglet_bytes = 16 << 10;
-    store.value_bytes_max = 4 << 10;
+    store.value_bytes_max = FILLER_VALUE_BYTES_MAX as u32;
     store
 }
+
+/// Largest value the clients' filler writes use (the most a 32 KiB segment admits: an eighth).
+pub const FILLER_VALUE_BYTES_MAX: usize = 24 << 10;
 
 /// The backup configuration of every simulated server.
 pub fn backup_config(durability: Durability) -> BackupConfig {
@@ -80,6 +86,8 @@ pub struct ServingObservations {
     pub violations: Vec<String>,
     /// Samples taken in all.
     pub sample_count: u64,
+    /// The cleaner's work, per server incarnation (the latest figures of each).
+    pub cleaner_work: std::collections::BTreeMap<ServerId, (u64, u64)>,
 }
 
 fn overlaps(first: &HashRange, second: &HashRange) -> bool {
@@ -206,7 +214,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         environment.network.clone(),
     ));
     let master = Arc::new(master);
-    tokio::spawn(clean(master.clone(), environment.clone()));
+    tokio::spawn(clean(master.clone(), replication.clone(), environment.clone()));
     tokio::spawn(sample_serving(master.clone(), server_id, host, setup.observations));
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     tokio::spawn(collect_garbage(backup.clone(), COORDINATOR_ADDRESS.to_string(), pool));
@@ -226,10 +234,22 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     }
 }
 
-/// The cleaner, one unit of work at a time on the node's thread.
-async fn clean(master: Arc<Master>, environment: Environment) {
+/// The cleaner, one unit of work at a time on the node's thread. A combined pass's survivors
+/// are replicated by awaiting the replica manager (a cleaner thread would block on it).
+async fn clean(master: Arc<Master>, replication: ReplicaManager, environment: Environment) {
     loop {
-        let outcome = master.store().clean_once(environment.wall_clock.now_seconds());
+        let store = master.store();
+        let outcome = match store.clean_step(environment.wall_clock.now_seconds()) {
+            CleanStep::Finished(outcome) => outcome,
+            CleanStep::Replicate(pass) => {
+                for &segment_id in pass.survivor_segments() {
+                    let (bytes, certificate) =
+                        store.log().segment_contents(segment_id).expect("survivor segment");
+                    replication.replicate_survivor(segment_id, bytes, certificate).await;
+                }
+                store.finish_combined_pass(pass)
+            }
+        };
         if matches!(outcome, CleanOutcome::Idle | CleanOutcome::NothingToClean) {
             tokio::time::sleep(CLEANER_IDLE_INTERVAL).await;
         } else {
@@ -257,7 +277,10 @@ async fn sample_serving(
         }
         let elapsed = turmoil::sim_elapsed().unwrap_or_default();
         let sample = ServingSample { server_id, host: host.clone(), tablets };
-        observations.lock().unwrap_or_else(|poison| poison.into_inner()).record(elapsed, sample);
+        let cleaner = master.store().cleaner_statistics();
+        let mut observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+        observations.record(elapsed, sample);
+        observations.cleaner_work.insert(server_id, (cleaner.compactions, cleaner.combined_passes));
     }
 }
 

@@ -133,6 +133,50 @@ pub enum CleanOutcome {
     },
 }
 
+/// What one [`ObjectStore::clean_step`] call did.
+#[derive(Debug)]
+#[must_use = "a pending pass must be finished with ObjectStore::finish_combined_pass"]
+pub enum CleanStep {
+    /// The unit of work is done (as [`ObjectStore::clean_once`] would report it).
+    Finished(CleanOutcome),
+    /// A combined pass moved its survivors into side segments, which must be on every replica
+    /// before they join the log: replicate each of
+    /// [`PendingCombinedPass::survivor_segments`], then call
+    /// [`ObjectStore::finish_combined_pass`]. Requests are served meanwhile (they read the
+    /// survivors); no other combined pass starts until this one is finished.
+    Replicate(PendingCombinedPass),
+}
+
+/// A combined pass between relocation and commit (see [`CleanStep::Replicate`]).
+#[derive(Debug)]
+pub struct PendingCombinedPass {
+    chosen: Vec<SegmentId>,
+    chosen_seglets: Vec<u64>,
+    survivor_segments: Vec<SegmentId>,
+    remaining: Vec<usize>,
+    out_of_memory: bool,
+    object_bytes: u64,
+    tombstone_bytes: u64,
+    tombstones_dropped: u64,
+}
+
+impl PendingCombinedPass {
+    /// The survivor segments to replicate (complete: they take no more entries).
+    pub fn survivor_segments(&self) -> &[SegmentId] {
+        &self.survivor_segments
+    }
+}
+
+/// Who makes a combined pass's survivors durable before the commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SurvivorReplication {
+    /// The store, through the [`SegmentDurability`] hook (which may block).
+    ThroughHook,
+    /// The caller, between [`ObjectStore::clean_step`] and
+    /// [`ObjectStore::finish_combined_pass`].
+    ByCaller,
+}
+
 /// Counters of the cleaner's work since the store was created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CleanerStatistics {
@@ -178,6 +222,9 @@ pub trait SegmentDurability: Send + Sync + std::fmt::Debug {
 pub(crate) struct CleanerState {
     /// Held by the one combined cleaner (RAMCloud: at most one combined-cleaning thread).
     pub(crate) combined: std::sync::Mutex<()>,
+    /// A combined pass relocated its survivors and waits for its caller to replicate them
+    /// ([`ObjectStore::clean_step`]): no other combined pass may start until it is finished.
+    pub(crate) pass_pending: AtomicBool,
     pub(crate) statistics: std::sync::Mutex<CleanerStatistics>,
     /// The last compaction freed nothing: the next unit is combined cleaning.
     pub(crate) compaction_failed: AtomicBool,
@@ -238,30 +285,65 @@ impl ObjectStore {
     /// number of threads concurrently with requests (one combined cleaner at a time; other
     /// callers compact, or return [`CleanOutcome::NothingToClean`] in memory-only mode).
     pub fn clean_once(&self, now_seconds: u32) -> CleanOutcome {
+        match self.clean_unit(now_seconds, SurvivorReplication::ThroughHook) {
+            CleanStep::Finished(outcome) => outcome,
+            CleanStep::Replicate(_) => unreachable!("the hook replicated the survivors"),
+        }
+    }
+
+    /// Like [`ObjectStore::clean_once`], for a caller that must not block (a task on an async
+    /// runtime: the deterministic simulator runs the cleaner this way): a combined pass stops
+    /// after moving its survivors and hands them back to be replicated; the caller then calls
+    /// [`ObjectStore::finish_combined_pass`]. Without replication (no durability hook), or for
+    /// a compaction, the step is finished at once.
+    pub fn clean_step(&self, now_seconds: u32) -> CleanStep {
+        self.clean_unit(now_seconds, SurvivorReplication::ByCaller)
+    }
+
+    /// Commits a pass [`ObjectStore::clean_step`] returned, once its survivors are durable:
+    /// they join the log (the next digest lists them and omits the cleaned segments).
+    pub fn finish_combined_pass(&self, pass: PendingCombinedPass) -> CleanOutcome {
+        let outcome = {
+            let _lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
+            let outcome = self.commit_pass(pass);
+            self.cleaner.pass_pending.store(false, Ordering::Release);
+            outcome
+        };
+        self.log.reclaim();
+        outcome
+    }
+
+    /// The combined-cleaner lock, unless another holds it or a pass is pending.
+    fn try_combined(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let lock = self.cleaner.combined.try_lock().ok()?;
+        (!self.cleaner.pass_pending.load(Ordering::Acquire)).then_some(lock)
+    }
+
+    fn clean_unit(&self, now_seconds: u32, replication: SurvivorReplication) -> CleanStep {
         self.log.observe_time(now_seconds);
         self.log.reclaim();
         let Some(work) = self.balance() else {
-            return CleanOutcome::Idle;
+            return CleanStep::Finished(CleanOutcome::Idle);
         };
-        let outcome = match work {
-            Work::Combined(goal) => match self.cleaner.combined.try_lock() {
-                Ok(_lock) => self.clean_combined(now_seconds, goal),
-                Err(_) if self.config.cleaner.replicas > 0 => self.compact_one(),
-                Err(_) => CleanOutcome::NothingToClean,
+        let step = match work {
+            Work::Combined(goal) => match self.try_combined() {
+                Some(_lock) => self.clean_combined(now_seconds, goal, replication),
+                None if self.config.cleaner.replicas > 0 => CleanStep::Finished(self.compact_one()),
+                None => CleanStep::Finished(CleanOutcome::NothingToClean),
             },
             Work::Compaction => match self.compact_one() {
-                CleanOutcome::NothingToClean => match self.cleaner.combined.try_lock() {
-                    Ok(_lock) => self.clean_combined(now_seconds, Goal::Memory),
-                    Err(_) => CleanOutcome::NothingToClean,
+                CleanOutcome::NothingToClean => match self.try_combined() {
+                    Some(_lock) => self.clean_combined(now_seconds, Goal::Memory, replication),
+                    None => CleanStep::Finished(CleanOutcome::NothingToClean),
                 },
-                outcome => outcome,
+                outcome => CleanStep::Finished(outcome),
             },
         };
-        if outcome == CleanOutcome::NothingToClean {
+        if matches!(step, CleanStep::Finished(CleanOutcome::NothingToClean)) {
             self.count(|statistics| statistics.nothing_to_clean += 1);
         }
         self.log.reclaim();
-        outcome
+        step
     }
 
     /// Runs one combined pass now, whatever the balancer says (tests, tools, and a server that
@@ -269,8 +351,24 @@ impl ObjectStore {
     pub fn clean_combined_now(&self, now_seconds: u32) -> CleanOutcome {
         self.log.observe_time(now_seconds);
         self.log.reclaim();
-        let _lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
-        self.clean_combined(now_seconds, Goal::Memory)
+        loop {
+            let lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
+            if !self.cleaner.pass_pending.load(Ordering::Acquire) {
+                let step = self.clean_combined(
+                    now_seconds,
+                    Goal::Memory,
+                    SurvivorReplication::ThroughHook,
+                );
+                drop(lock);
+                match step {
+                    CleanStep::Finished(outcome) => return outcome,
+                    CleanStep::Replicate(_) => unreachable!("the hook replicated the survivors"),
+                }
+            }
+            // A pass waits for its caller's replication: let it finish first.
+            drop(lock);
+            std::thread::yield_now();
+        }
     }
 
     /// Runs one compaction now, whatever the balancer says (tests and tools).
@@ -378,20 +476,30 @@ impl ObjectStore {
 
     /// One combined pass (the caller holds the combined-cleaner lock), preceded by a
     /// dead-tombstone scan when one is due.
-    fn clean_combined(&self, now_seconds: u32, goal: Goal) -> CleanOutcome {
+    fn clean_combined(
+        &self,
+        now_seconds: u32,
+        goal: Goal,
+        replication: SurvivorReplication,
+    ) -> CleanStep {
         self.scan_tombstones_if_due(now_seconds, false);
-        match self.clean_combined_pass(now_seconds, goal) {
-            CleanOutcome::NothingToClean => {
+        match self.clean_combined_pass(now_seconds, goal, replication) {
+            CleanStep::Finished(CleanOutcome::NothingToClean) => {
                 // Segments full of dead tombstones look live until scanned: scan, retry once.
                 self.scan_tombstones_if_due(now_seconds, true);
-                self.clean_combined_pass(now_seconds, goal)
+                self.clean_combined_pass(now_seconds, goal, replication)
             }
-            outcome => outcome,
+            step => step,
         }
     }
 
     /// One combined pass without the scan.
-    fn clean_combined_pass(&self, now_seconds: u32, goal: Goal) -> CleanOutcome {
+    fn clean_combined_pass(
+        &self,
+        now_seconds: u32,
+        goal: Goal,
+        replication: SurvivorReplication,
+    ) -> CleanStep {
         let log_config = *self.log.config();
         let seglet_bytes = u64::from(log_config.seglet_bytes);
         let segment_bytes = u64::from(log_config.segment_bytes);
@@ -451,14 +559,35 @@ impl ObjectStore {
             || count_after > segment_count_max + chosen_count
             || !self.log.begin_cleaning(&chosen)
         {
-            return CleanOutcome::NothingToClean;
+            return CleanStep::Finished(CleanOutcome::NothingToClean);
         }
-        self.relocate_and_commit(&chosen, &chosen_seglets)
+        let pass = self.relocate(chosen, chosen_seglets);
+        // Replication makes the survivors durable before they join the log.
+        let durability =
+            self.cleaner.durability.read().expect("durability hook lock poisoned").clone();
+        let Some(durability) = durability else {
+            return CleanStep::Finished(self.commit_pass(pass));
+        };
+        match replication {
+            SurvivorReplication::ThroughHook => {
+                for &segment_id in &pass.survivor_segments {
+                    let (bytes, certificate) =
+                        self.log.segment_contents(segment_id).expect("survivor segment");
+                    durability.make_durable(segment_id, &bytes, certificate);
+                }
+                CleanStep::Finished(self.commit_pass(pass))
+            }
+            SurvivorReplication::ByCaller => {
+                self.cleaner.pass_pending.store(true, Ordering::Release);
+                CleanStep::Replicate(pass)
+            }
+        }
     }
 
     /// Moves the live entries of `chosen` (marked as being cleaned) into survivor segments
-    /// sorted by age, then commits the pass.
-    fn relocate_and_commit(&self, chosen: &[SegmentId], chosen_seglets: &[u64]) -> CleanOutcome {
+    /// sorted by age; the pass is committed (`commit_pass`) once they are
+    /// durable.
+    fn relocate(&self, chosen: Vec<SegmentId>, chosen_seglets: Vec<u64>) -> PendingCombinedPass {
         let epoch = self.log.pin();
         let mut survivors = Vec::new();
         let mut remaining = vec![0usize; chosen.len()];
@@ -544,17 +673,31 @@ impl ObjectStore {
             }
         }
         drop(epoch);
-
-        // Replication makes the survivors durable before they join the log.
-        let durability =
-            self.cleaner.durability.read().expect("durability hook lock poisoned").clone();
-        if let Some(durability) = durability {
-            for &segment_id in &survivor_segments {
-                let (bytes, certificate) =
-                    self.log.segment_contents(segment_id).expect("survivor segment");
-                durability.make_durable(segment_id, &bytes, certificate);
-            }
+        PendingCombinedPass {
+            chosen,
+            chosen_seglets,
+            survivor_segments,
+            remaining,
+            out_of_memory,
+            object_bytes,
+            tombstone_bytes,
+            tombstones_dropped,
         }
+    }
+
+    /// Commits a relocated pass whose survivors are durable: they join the log, the cleaned
+    /// segments leave it.
+    fn commit_pass(&self, pass: PendingCombinedPass) -> CleanOutcome {
+        let PendingCombinedPass {
+            chosen,
+            chosen_seglets,
+            survivor_segments,
+            remaining,
+            out_of_memory,
+            object_bytes,
+            tombstone_bytes,
+            tombstones_dropped,
+        } = pass;
         let mut cleaned = Vec::new();
         let mut kept = Vec::new();
         let mut seglets_cleaned = 0u64;

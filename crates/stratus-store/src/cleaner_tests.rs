@@ -13,7 +13,7 @@ use stratus_types::{key_hash, RejectRules, SegmentId, ServerId, TableId, Version
 
 use crate::tests::replay;
 use crate::{CleanOutcome, CleanerConfig, CostBenefit, ObjectError, ObjectStore, StoreConfig};
-use crate::{SegmentDurability, StoreStatistics};
+use crate::{CleanStep, SegmentDurability, StoreStatistics};
 
 const TABLE: TableId = TableId(7);
 const NOW: u32 = 1_700_000_000;
@@ -218,6 +218,63 @@ fn replication_hooks_see_survivors_dropped_segments_and_ranges() {
     let (tail, _) = store.log().segment_range(head, 10, first_entry_end).unwrap();
     assert_eq!(tail, bytes[10..first_entry_end as usize]);
     assert!(store.log().segment_range(head, 0, first_entry_end + 1).is_none());
+}
+
+/// The two-step combined pass for callers that must not block: survivors come back to be
+/// replicated, the log does not fuse them (or start another pass) until the caller finishes,
+/// requests are served meanwhile from the survivors, and finishing fuses them.
+#[test]
+fn a_stepped_combined_pass_waits_for_its_caller_to_replicate_the_survivors() {
+    let mut config = small_config();
+    config.cleaner.replicas = 0; // memory-only: the balancer goes straight to combined cleaning
+    let store = store_with(config);
+    let durability = Arc::new(RecordingDurability::default());
+    store.set_segment_durability(Some(durability.clone()));
+    // Fill the log with overwrites until the balancer asks for cleaning.
+    let mut generation = 0u32;
+    let pending = loop {
+        for key in 0..60u32 {
+            write_at(&store, format!("k{key}").as_bytes(), &value_for(key, generation, 800), NOW)
+                .unwrap();
+        }
+        generation += 1;
+        assert!(generation < 200, "the balancer never asked for a combined pass");
+        if let CleanStep::Replicate(pass) = store.clean_step(NOW) {
+            break pass;
+        }
+    };
+    assert!(!pending.survivor_segments().is_empty());
+    assert!(durability.made_durable.lock().unwrap().is_empty(), "the hook is not called");
+    let segments_before = store.log().segment_ids();
+    for survivor in pending.survivor_segments() {
+        assert!(!segments_before.contains(survivor), "not fused before the caller finishes");
+    }
+    // Reads see every value meanwhile (some now live in the unfused survivors).
+    for key in 0..60u32 {
+        let expected = value_for(key, generation - 1, 800);
+        assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, expected);
+    }
+    // No second combined pass while one is pending.
+    match store.clean_step(NOW) {
+        CleanStep::Replicate(_) => panic!("a second combined pass started"),
+        CleanStep::Finished(outcome) => {
+            assert!(!matches!(outcome, CleanOutcome::Combined { .. }), "{outcome:?}")
+        }
+    }
+    let survivors = pending.survivor_segments().to_vec();
+    let CleanOutcome::Combined { survivor_segments, .. } = store.finish_combined_pass(pending)
+    else {
+        panic!("finishing did not report the pass");
+    };
+    assert_eq!(survivor_segments, survivors.len() as u64);
+    let after = store.log().segment_ids();
+    for survivor in &survivors {
+        assert!(after.contains(survivor), "survivor {survivor:?} fused once finished");
+    }
+    for key in 0..60u32 {
+        let expected = value_for(key, generation - 1, 800);
+        assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, expected);
+    }
 }
 
 #[test]

@@ -149,6 +149,8 @@ struct Shared {
     /// Backups other than this master in the last server list (`usize::MAX` before the first
     /// list arrives: unknown is not "too few").
     backups_available: std::sync::atomic::AtomicUsize,
+    /// Segments of the log not (yet) on `replicas` backups in full, as of the last round.
+    segments_short_of_replicas: std::sync::atomic::AtomicUsize,
 }
 
 /// The log position known durable, and the writers waiting for it to pass theirs.
@@ -214,6 +216,7 @@ impl ReplicaManager {
             last_problem: std::sync::Mutex::new(String::new()),
             fenced: std::sync::atomic::AtomicBool::new(false),
             backups_available: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            segments_short_of_replicas: std::sync::atomic::AtomicUsize::new(0),
         });
         let (survivor_sender, survivor_receiver) = mpsc::channel(SURVIVORS_QUEUED_MAX);
         let pump = Pump::new(server_id, shared.clone(), environment, survivor_receiver);
@@ -270,6 +273,12 @@ impl ReplicaManager {
     /// durable until more backups join.
     pub fn backups_available(&self) -> usize {
         self.shared.backups_available.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Segments of the log that were not on `replicas` backups in full after the last
+    /// replication round: 0 once the cluster is healthy and re-replication has caught up.
+    pub fn segments_short_of_replicas(&self) -> usize {
+        self.shared.segments_short_of_replicas.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// True once a backup refused a write because this master was declared crashed.
@@ -456,6 +465,7 @@ impl Pump {
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
         loop {
             let progressed = self.round().await;
+            self.publish_segments_short_of_replicas();
             if progressed {
                 backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
                 // Wait for the next write, or look again after a while.
@@ -550,6 +560,23 @@ impl Pump {
         self.free_dropped_segments().await;
         self.count(|statistics| statistics.rounds += 1);
         complete
+    }
+
+    /// Counts the segments still in the log that are not on `replicas` backups in full (the
+    /// head: not on `replicas` backups), for [`ReplicaManager::segments_short_of_replicas`].
+    fn publish_segments_short_of_replicas(&self) {
+        let replicas = self.shared.config.replicas;
+        let head = self.shared.store.log().head_segment_id().map(|head| head.0);
+        let short = self
+            .segments
+            .iter()
+            .filter(|(segment_id, segment)| {
+                segment.dropped_under_head.is_none()
+                    && (segment.holders.len() < replicas
+                        || (Some(**segment_id) != head && !segment.complete))
+            })
+            .count();
+        self.shared.segments_short_of_replicas.store(short, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A closed segment is complete on every holder: rounds skip it, and the cleaner may now

@@ -17,6 +17,8 @@
 //!   simulated time, the tablets it owns while its lease is valid);
 //! - liveness: once the faults stop, every key can be read again (recovery finishes), within
 //!   the run's time limit;
+//! - durability restored: once the faults stop, every running server's segments are back on R
+//!   backups;
 //! - no panic anywhere (a broken storage invariant panics).
 //!
 //! `docs/design/simulation.md` describes the model and what it leaves out.
@@ -383,11 +385,13 @@ fn filler_key(client_id: u32, index: u64) -> String {
 }
 
 /// After the workload and the faults: the last word on every key, from a fresh client. Each
-/// read must have a known outcome (liveness: recovery finished).
+/// read must have a known outcome (liveness: recovery finished), and every live server's
+/// segments must be back on R backups (durability restored).
 async fn verify(
     seed: u64,
     options: SimulationOptions,
     workload: Arc<Workload>,
+    observations: Arc<Mutex<ServingObservations>>,
 ) -> nodes::HostResult {
     while workload.clients_done.load(Ordering::Acquire) < options.clients
         || !workload.faults_over.load(Ordering::Acquire)
@@ -413,9 +417,44 @@ async fn verify(
             }
         }
     }
+    // Durability restored: every live server's segments are back on R backups.
+    let mut waited = Duration::ZERO;
+    loop {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let short: Vec<String> = {
+            let observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+            observations
+                .segments_short
+                .iter()
+                .filter(|(_, (sampled, short))| {
+                    now.saturating_sub(*sampled) <= LIVE_SAMPLE_AGE_MAX && *short > 0
+                })
+                .map(|(server_id, (_, short))| format!("server {server_id}: {short}"))
+                .collect()
+        };
+        if short.is_empty() {
+            break;
+        }
+        if waited >= REREPLICATION_PATIENCE {
+            return Err(format!(
+                "durability: segments still on fewer than R backups {} s after the faults \
+                 stopped ({})",
+                REREPLICATION_PATIENCE.as_secs(),
+                short.join(", ")
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += Duration::from_millis(100);
+    }
     workload.verified.store(true, Ordering::Release);
     Ok(())
 }
+
+/// A server whose last sample is older than this is not running (crashed or stopped).
+const LIVE_SAMPLE_AGE_MAX: Duration = Duration::from_millis(100);
+/// How long after the faults every segment must be back on R backups.
+const REREPLICATION_PATIENCE: Duration = Duration::from_secs(30);
 
 fn fnv1a(hash: &mut u64, bytes: &[u8]) {
     for &byte in bytes {
@@ -493,7 +532,8 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         simulation.client(name, run_client(seed, client_id, options.clone(), workload.clone()));
     }
     hosts.push("verifier".to_string());
-    simulation.client("verifier", verify(seed, options.clone(), workload.clone()));
+    simulation
+        .client("verifier", verify(seed, options.clone(), workload.clone(), observations.clone()));
 
     let fail = |reason: String, report: &SimulationReport| SimulationFailure {
         reason,

@@ -88,6 +88,9 @@ pub struct ServingObservations {
     pub sample_count: u64,
     /// The cleaner's work, per server incarnation (the latest figures of each).
     pub cleaner_work: std::collections::BTreeMap<ServerId, (u64, u64)>,
+    /// Per server incarnation: when it last sampled (simulated time), and how many of its
+    /// segments were then on fewer than R backups.
+    pub segments_short: std::collections::BTreeMap<ServerId, (Duration, usize)>,
 }
 
 fn overlaps(first: &HashRange, second: &HashRange) -> bool {
@@ -215,7 +218,13 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     ));
     let master = Arc::new(master);
     tokio::spawn(clean(master.clone(), replication.clone(), environment.clone()));
-    tokio::spawn(sample_serving(master.clone(), server_id, host, setup.observations));
+    tokio::spawn(sample_serving(
+        master.clone(),
+        replication.clone(),
+        server_id,
+        host,
+        setup.observations,
+    ));
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     tokio::spawn(collect_garbage(backup.clone(), COORDINATOR_ADDRESS.to_string(), pool));
     let service: Arc<dyn Service> = Arc::new(BackupRouter::new(backup, master));
@@ -260,12 +269,19 @@ async fn clean(master: Arc<Master>, replication: ReplicaManager, environment: En
 
 async fn sample_serving(
     master: Arc<Master>,
+    replication: ReplicaManager,
     server_id: ServerId,
     host: String,
     observations: Arc<Mutex<ServingObservations>>,
 ) {
     loop {
         tokio::time::sleep(SERVING_SAMPLE_INTERVAL).await;
+        {
+            let elapsed = turmoil::sim_elapsed().unwrap_or_default();
+            let short = replication.segments_short_of_replicas();
+            let mut observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+            observations.segments_short.insert(server_id, (elapsed, short));
+        }
         // What the request path checks: a master that would refuse every object request
         // serves nothing.
         if !master.may_serve() {

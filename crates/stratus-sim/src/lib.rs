@@ -233,6 +233,8 @@ enum Action {
     Hold { server: usize },
     Release { server: usize },
     FailSyncs { server: usize },
+    FailWrites { server: usize },
+    RotBit { server: usize },
 }
 
 /// Time after a partition heals or a stall ends before a server that stopped itself (it was
@@ -280,6 +282,15 @@ fn timeline(faults: &[ScheduledFault]) -> Vec<(Duration, Action)> {
                 actions.push((
                     at + release_after + RESTART_AFTER_HEAL,
                     Action::RestartServerIfStopped { server },
+                ));
+            }
+            Fault::RotBit { server } => actions.push((at, Action::RotBit { server })),
+            Fault::FailWrites { server, restart_after } => {
+                actions.push((at, Action::FailWrites { server }));
+                actions.push((at + restart_after, Action::CrashServer { server, flip_bit: false }));
+                actions.push((
+                    at + restart_after + Duration::from_millis(100),
+                    Action::RestartServer { server },
                 ));
             }
             Fault::FailSyncs { server, restart_after } => {
@@ -600,6 +611,10 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
                     }
                 }
                 Action::FailSyncs { server } => disks[server].fail_syncs(3),
+                Action::FailWrites { server } => disks[server].fail_writes(3),
+                Action::RotBit { server } => {
+                    disks[server].flip_bit(&mut disk_choices);
+                }
             }
         }
         if actions.peek().is_none() {

@@ -89,6 +89,20 @@ pub enum Fault {
         /// When the operator restarts it.
         restart_after: Duration,
     },
+    /// The server's disk fails its next writes (a full disk: ENOSPC); the backup must stop
+    /// acknowledging, and is restarted by the operator after `restart_after`.
+    FailWrites {
+        /// Index of the server.
+        server: usize,
+        /// When the operator restarts it.
+        restart_after: Duration,
+    },
+    /// One bit of the running server's disk flips (a latent sector error): a replica read from
+    /// it later (by a recovery) must fail its checksums and another replica be used.
+    RotBit {
+        /// Index of the server.
+        server: usize,
+    },
 }
 
 impl Fault {
@@ -100,7 +114,10 @@ impl Fault {
             | Fault::PartitionServerOneWay { heal_after, .. } => heal_after,
             Fault::CrashTwoServers { gap, down_for, .. } => gap + down_for,
             Fault::StallServer { release_after, .. } => release_after,
-            Fault::FailSyncs { restart_after, .. } => restart_after,
+            Fault::FailSyncs { restart_after, .. } | Fault::FailWrites { restart_after, .. } => {
+                restart_after
+            }
+            Fault::RotBit { .. } => Duration::ZERO,
         }
     }
 }
@@ -163,16 +180,21 @@ pub fn generate(
                 heal_after: millis(choices, 100, 3_000),
                 outbound: percent(choices, 50),
             },
-            70..=89 => Fault::StallServer { server, release_after: millis(choices, 50, 1_500) },
-            _ => Fault::FailSyncs { server, restart_after: millis(choices, 200, 2_000) },
+            70..=84 => Fault::StallServer { server, release_after: millis(choices, 50, 1_500) },
+            85..=89 => Fault::RotBit { server },
+            90..=94 => Fault::FailSyncs { server, restart_after: millis(choices, 200, 2_000) },
+            _ => Fault::FailWrites { server, restart_after: millis(choices, 200, 2_000) },
         };
         let heal = match fault {
             Fault::CrashServer { .. }
             | Fault::CrashTwoServers { .. }
             | Fault::PartitionServer { .. }
             | Fault::PartitionServerOneWay { .. }
-            | Fault::FailSyncs { .. } => HEAL_TIME_AFTER_CRASH,
-            Fault::CrashCoordinator { .. } | Fault::StallServer { .. } => HEAL_TIME_AFTER_BLIP,
+            | Fault::FailSyncs { .. }
+            | Fault::FailWrites { .. } => HEAL_TIME_AFTER_CRASH,
+            Fault::CrashCoordinator { .. } | Fault::StallServer { .. } | Fault::RotBit { .. } => {
+                HEAL_TIME_AFTER_BLIP
+            }
         };
         let next = at + fault.duration() + heal + millis(choices, 0, 1_000);
         faults.push(ScheduledFault { at, fault });
@@ -202,6 +224,6 @@ mod tests {
                 format!("{:?}", fault.fault).split_whitespace().next().unwrap().to_string()
             })
             .collect();
-        assert_eq!(kinds.len(), 7, "every kind of fault is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 9, "every kind of fault is drawn: {kinds:?}");
     }
 }

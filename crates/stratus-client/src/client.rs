@@ -79,6 +79,12 @@ fn check_key(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// True for a transport failure that retrying cannot cure: the peer broke the protocol or
+/// speaks another version of it (retrying until the deadline would only hide the cause).
+fn is_permanent(error: &RpcError) -> bool {
+    matches!(error, RpcError::Protocol(_) | RpcError::VersionMismatch { .. })
+}
+
 /// True for a single-object request that changes the object.
 fn is_mutation(request: &Request) -> bool {
     matches!(request, Request::Write { .. } | Request::Remove { .. } | Request::Increment { .. })
@@ -443,7 +449,16 @@ impl Inner {
     /// Sends a request to the coordinator, retrying connection failures and RETRY until the
     /// operation deadline.
     pub(crate) async fn coordinator_call(&self, request: &Request) -> Result<Response> {
-        let deadline = Instant::now() + self.config.operation_timeout;
+        self.coordinator_call_until(request, Instant::now() + self.config.operation_timeout).await
+    }
+
+    /// [`Inner::coordinator_call`] within an operation's own deadline (a tablet-map fetch on
+    /// the way to a master must not get a second, fresh timeout).
+    pub(crate) async fn coordinator_call_until(
+        &self,
+        request: &Request,
+        deadline: Instant,
+    ) -> Result<Response> {
         let mut backoff = Backoff::for_client();
         let address = &self.config.coordinator_address;
         loop {
@@ -453,7 +468,13 @@ impl Inner {
                 Ok((status, body)) => return Err(failure(status, body)),
                 Err(error) => {
                     self.pool.forget(address);
-                    Error::new(error.status(), format!("coordinator {address}: {error}"))
+                    let error_status = error.status();
+                    let failed =
+                        Error::new(error_status, format!("coordinator {address}: {error}"));
+                    if is_permanent(&error) {
+                        return Err(failed);
+                    }
+                    failed
                 }
             };
             if Instant::now() >= deadline {
@@ -468,7 +489,16 @@ impl Inner {
     }
 
     /// The tablet holding `hash`, from the cache or a fresh map.
-    pub(crate) async fn locate(&self, table_id: TableId, hash: KeyHash) -> Result<TabletEntry> {
+    pub(crate) async fn locate(
+        &self,
+        table_id: TableId,
+        hash: KeyHash,
+        deadline: Instant,
+    ) -> Result<TabletEntry> {
+        if table_id.0 == 0 {
+            // GET_TABLET_MAP reads table 0 as "every table": its map would mix tables.
+            return Err(Error::new(Status::TableDoesntExist, "table id 0 names no table"));
+        }
         let cached = self
             .tablet_maps
             .read()
@@ -478,11 +508,13 @@ impl Inner {
         let map = match cached {
             Some(map) => map,
             None => {
-                let tablets =
-                    match self.coordinator_call(&Request::GetTabletMap { table_id }).await? {
-                        Response::GetTabletMap { tablets } => tablets,
-                        other => return Err(unexpected(&ResponseBody::Operation(other))),
-                    };
+                let tablets = match self
+                    .coordinator_call_until(&Request::GetTabletMap { table_id }, deadline)
+                    .await?
+                {
+                    Response::GetTabletMap { tablets } => tablets,
+                    other => return Err(unexpected(&ResponseBody::Operation(other))),
+                };
                 let map = Arc::new(tablets);
                 self.tablet_maps
                     .write()
@@ -517,7 +549,7 @@ impl Inner {
         let deadline = Instant::now() + self.config.operation_timeout;
         let mut backoff = Backoff::for_client();
         loop {
-            let last = match self.locate(table_id, hash).await {
+            let last = match self.locate(table_id, hash, deadline).await {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
                 Ok(tablet) if tablet.state == TabletState::Recovering => {
@@ -541,10 +573,14 @@ impl Inner {
                         self.pool.forget(&tablet.owner_address);
                         self.forget_table(table_id);
                         let may_have_run = !matches!(error, RpcError::Connect(_));
+                        let permanent = is_permanent(&error);
                         let error = Error::new(
                             error.status(),
                             format!("master {}: {error}", tablet.owner_address),
                         );
+                        if permanent {
+                            return Err(error);
+                        }
                         if may_have_run
                             && !self.config.retry_ambiguous_mutations
                             && is_mutation(request)
@@ -581,7 +617,7 @@ impl Inner {
             let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for &index in &pending {
                 let (table_id, key) = items[index].table_and_key();
-                match self.locate(table_id, key_hash(table_id, key)).await {
+                match self.locate(table_id, key_hash(table_id, key), deadline).await {
                     Ok(tablet) if tablet.state == TabletState::Normal => {
                         groups.entry(tablet.owner_address).or_default().push(index)
                     }
@@ -630,11 +666,32 @@ impl Inner {
                             }
                         }
                     }
-                    Ok((status, body)) => last_error = failure(status, body),
+                    Ok((status, body)) if status == Status::Retry || is_stale_map(status) => {
+                        if is_stale_map(status) {
+                            for &index in &chunk {
+                                self.forget_table(items[index].table_and_key().0);
+                            }
+                        }
+                        last_error = failure(status, body);
+                    }
+                    // The master refused the whole request (it cannot have run): every item of
+                    // it fails with that status, at once.
+                    Ok((status, body)) => {
+                        let refused = failure(status, body);
+                        for &index in &chunk {
+                            outcomes[index] = Some(Err(refused.clone()));
+                        }
+                    }
                     Err(error) => {
                         self.pool.forget(&address);
-                        last_error =
+                        let failed =
                             Error::new(error.status(), format!("master {address}: {error}"));
+                        if is_permanent(&error) {
+                            for &index in &chunk {
+                                outcomes[index] = Some(Err(failed.clone()));
+                            }
+                        }
+                        last_error = failed;
                     }
                 }
             }

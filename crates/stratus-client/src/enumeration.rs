@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 use stratus_rpc::Backoff;
 use stratus_types::limits::ENUMERATE_RESPONSE_BYTES_MAX;
-use stratus_types::{HashRange, KeyHash, TableId};
+use stratus_types::{HashRange, KeyHash, TableId, TabletState};
 use stratus_wire::{EnumeratedObject, EnumerationCursor, Request, Response, ResponseBody, Status};
 use tokio::time::Instant;
 
@@ -72,9 +72,17 @@ impl Enumeration {
         let deadline = Instant::now() + inner.config().operation_timeout;
         let mut backoff = Backoff::for_client();
         loop {
-            let last = match inner.locate(self.table_id, KeyHash(range.start)).await {
+            let last = match inner.locate(self.table_id, KeyHash(range.start), deadline).await {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
+                // Its owner may be gone (the address may even be empty): wait for recovery.
+                Ok(tablet) if tablet.state == TabletState::Recovering => {
+                    inner.forget_table(self.table_id);
+                    Error::new(
+                        Status::Retry,
+                        format!("tablet of table {} is recovering", self.table_id),
+                    )
+                }
                 Ok(tablet) => {
                     let part = range.intersection(&tablet.range).unwrap_or(range);
                     let request = Request::Enumerate {

@@ -104,6 +104,11 @@ struct Shared {
 
 impl Shared {
     fn close(&self, reason: &str) {
+        self.close_with(RpcError::ConnectionLost(reason.to_string()));
+    }
+
+    /// Closes the channel and fails every waiting call with `error`.
+    fn close_with(&self, error: RpcError) {
         self.closed.store(true, Ordering::SeqCst);
         // Wake the writer so it notices and exits.
         self.output_ready.notify_one();
@@ -112,7 +117,7 @@ impl Shared {
             std::mem::take(&mut *pending).into_values().collect()
         };
         for completion in drained {
-            let _ = completion.send(Err(RpcError::ConnectionLost(reason.to_string())));
+            let _ = completion.send(Err(error.clone()));
         }
     }
 }
@@ -295,13 +300,15 @@ async fn write_loop(mut writer: BoxWriter, shared: Arc<Shared>) {
 
 async fn read_loop(mut reader: BoxReader, shared: Arc<Shared>) {
     let mut buffer = BytesMut::with_capacity(64 << 10);
-    let reason = loop {
+    // A frame that breaks the protocol is reported as such (callers do not retry what a
+    // broken peer will only break again); a lost connection as lost.
+    let failure = loop {
         match next_frame(&mut reader, &mut buffer).await {
             Ok(frame) => {
                 let header = match decode_frame_header(&frame) {
                     Ok(header) if header.kind == FrameKind::Response => header,
-                    Ok(_) => break "server sent a request frame".to_string(),
-                    Err(error) => break format!("bad frame: {error}"),
+                    Ok(_) => break RpcError::Protocol("server sent a request frame".to_string()),
+                    Err(error) => break RpcError::Protocol(format!("bad frame: {error}")),
                 };
                 let completion = shared
                     .pending
@@ -313,13 +320,13 @@ async fn read_loop(mut reader: BoxReader, shared: Arc<Shared>) {
                     let _ = completion.send(Ok(frame));
                 }
             }
-            Err(reason) => break reason,
+            Err(reason) => break RpcError::ConnectionLost(reason),
         }
         if shared.closed.load(Ordering::SeqCst) {
-            break "closed".to_string();
+            break RpcError::ConnectionLost("closed".to_string());
         }
     };
-    shared.close(&reason);
+    shared.close_with(failure);
 }
 
 /// Reads until `buffer` holds one whole frame and splits it off. Errors are strings because

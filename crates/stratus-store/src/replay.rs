@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
-use stratus_log::{Certificate, Entry, SegmentIterator};
+use stratus_log::{AppendPriority, Certificate, Entry, SegmentIterator};
 use stratus_types::{key_hash, KeyHash, TableId, Version};
 
 use crate::{ObjectError, ObjectStore};
@@ -181,6 +181,14 @@ impl ObjectStore {
                 }
             }
         }
+        // The raised safe version is only in memory so far, and a key removed in the replayed
+        // log may have left nothing else here (its tombstone is not copied). A new head records
+        // it (every head starts with the safe version): once the caller has replicated the log,
+        // the floor survives this store too, and a later recovery of it cannot hand out those
+        // versions again. (The simulation found versions reused after two recoveries in a row.)
+        if highest_version.0 > 0 {
+            self.log.roll_head(AppendPriority::Normal).map_err(|_| ReplayError::StoreFull)?;
+        }
         Ok(statistics)
     }
 
@@ -312,6 +320,35 @@ mod tests {
         let version =
             target.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 6).unwrap();
         assert!(version > newest);
+    }
+
+    /// The safe version a replay raised survives a replay of the replaying store: a key
+    /// removed in the first log leaves no object or tombstone behind, so only the safe version
+    /// in the new store's log keeps its versions from being handed out again.
+    #[test]
+    fn a_replayed_safe_version_survives_the_next_replay() {
+        let first = ObjectStore::new(StoreConfig::for_testing(), ServerId(9)).unwrap();
+        let key = b"removed-key";
+        let hash = key_hash(TABLE, key);
+        let mut newest = Version(0);
+        for round in 0..5u8 {
+            newest = first.write(TABLE, key, hash, &[round; 16], &RejectRules::NONE, 1).unwrap();
+        }
+        first.remove(TABLE, key, hash, &RejectRules::NONE, 1).unwrap();
+        let copies = segments(&first);
+        let borrowed: Vec<(&[u8], Certificate)> =
+            copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let second = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        second.replay(&borrowed, &|_, _| true, 5).unwrap();
+        assert_eq!(read(&second, key), None, "removed stays removed");
+        // The second store crashes before anything else is written; a third replays its log.
+        let copies = segments(&second);
+        let borrowed: Vec<(&[u8], Certificate)> =
+            copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let third = ObjectStore::new(StoreConfig::for_testing(), ServerId(11)).unwrap();
+        third.replay(&borrowed, &|_, _| true, 6).unwrap();
+        let recreated = third.write(TABLE, key, hash, b"again", &RejectRules::NONE, 7).unwrap();
+        assert!(recreated > newest, "version {recreated:?} reused (the key reached {newest:?})");
     }
 
     /// Only keys the filter accepts are replayed (a recovery master takes one partition).

@@ -14,6 +14,7 @@ mod report;
 mod rpc;
 mod server_logs;
 mod utilization;
+mod ycsb;
 
 use clap::Subcommand;
 
@@ -37,6 +38,10 @@ pub enum BenchCommand {
     /// its replicas straight from the backups' disks and against Redis restarting from an AOF
     /// of the same objects.
     Recovery(recovery::RecoveryArguments),
+    /// YCSB's core workloads A–F (ScrambledZipfian and latest keys, 10 × 100-byte fields) on
+    /// Stratus (R = 0; R = 3 buffered and fsync) side by side with Redis (appendfsync everysec
+    /// and always) and memcached, started here; YCSB-style report plus JSON lines.
+    Ycsb(ycsb::YcsbArguments),
     /// (Internal) a TCP echo server, the reference for `bench rpc`.
     #[command(hide = true)]
     EchoServer {
@@ -54,6 +59,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Backup(arguments) => backup::run(arguments),
         BenchCommand::Utilization(arguments) => utilization::run(arguments),
         BenchCommand::Recovery(arguments) => recovery::run(arguments),
+        BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),
     }
 }

@@ -56,6 +56,10 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(stratus_bench::BenchCommand),
+    /// Run a checked workload: concurrent recording clients on a small key set, then every
+    /// key read back and the history checked for linearizability and lost writes. Exit status
+    /// 0 pass, 2 violation, 3 inconclusive.
+    Workload(crate::workload::WorkloadArguments),
 }
 
 /// `stratus resp`: database n is the table `<table-prefix>n`.
@@ -169,6 +173,21 @@ impl Arguments {
             }
             _ => "warn",
         }
+    }
+}
+
+/// Runs the parsed command and returns the process's exit status.
+pub fn main(arguments: Arguments) -> std::process::ExitCode {
+    match arguments.command {
+        // The workload's exit status is its verdict (pass, violation, inconclusive).
+        Command::Workload(workload) => crate::workload::run(workload, &arguments.coordinator),
+        command => match run(Arguments { command, ..arguments }) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("stratus: {message}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -324,7 +343,8 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
         | Command::Coordinator(_)
         | Command::Server(_)
         | Command::Resp(_)
-        | Command::Bench(_) => {
+        | Command::Bench(_)
+        | Command::Workload(_) => {
             unreachable!("roles are dispatched before the client starts")
         }
     }

@@ -7,10 +7,13 @@
 //! - `stratus table ...`, `put`, `get`, `del`, `incr`, `scan`, `status` are the command-line
 //!   client.
 //! - `stratus bench ...` runs benchmarks.
+//! - `stratus workload` runs a checked workload (recorded histories, linearizability) against
+//!   a cluster, for fault-injection tests such as `tests/containers/run.py`.
 
 mod cli;
 mod roles;
 mod up;
+mod workload;
 
 use std::process::ExitCode;
 
@@ -21,11 +24,5 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATUS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(arguments.default_log_filter()));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    match cli::run(arguments) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("stratus: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::main(arguments)
 }

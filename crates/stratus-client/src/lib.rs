@@ -20,11 +20,13 @@ mod blocking;
 mod client;
 mod enumeration;
 mod error;
+mod overview;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, ClientConfig};
 pub use enumeration::Enumeration;
 pub use error::{Error, Result};
+pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
 pub use stratus_types::{RejectRules, TableId, Version};
 pub use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, Status, TableEntry,

@@ -11,10 +11,12 @@
 //! repeated after a restart, which covers a crash between persisting a table and informing its
 //! masters. The byte layout of the records is in docs/design/coordinator-records.md.
 
+mod metrics;
 mod records;
 mod recovery;
 mod service;
 
+pub use metrics::CoordinatorMetrics;
 pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord};
 pub use recovery::FailureDetectorConfig;
 pub use service::Coordinator;

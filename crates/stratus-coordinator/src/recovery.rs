@@ -23,6 +23,7 @@ use stratus_wire::{
     RecoveryTablet, Request, Response, ResponseBody, ServerEntry, ServerStatus, Status,
 };
 
+use crate::metrics::CoordinatorCounters;
 use crate::records::{put_server, put_table, LogHead, TabletRecord};
 use crate::service::Inner;
 
@@ -194,6 +195,7 @@ impl Inner {
                 return false;
             }
             tracing::warn!(%server_id, address = %crashed.address, why, "server declared crashed");
+            CoordinatorCounters::count(&self.counters.servers_declared_crashed, 1);
             state.servers.insert(server_id, crashed);
         }
         self.start_recovery(server_id).await;
@@ -209,6 +211,7 @@ impl Inner {
                 return;
             }
         }
+        CoordinatorCounters::count(&self.counters.recoveries_started, 1);
         let inner = self.clone();
         tokio::spawn(async move {
             inner.recover_master(crashed).await;
@@ -245,16 +248,19 @@ impl Inner {
             match self.recovery_attempt(crashed).await {
                 Attempt::Finished => {
                     tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
+                    CoordinatorCounters::count(&self.counters.recoveries_completed, 1);
                     self.mark_removed(crashed).await;
                     return;
                 }
                 Attempt::Again(reason) => {
                     tracing::warn!(%crashed, attempt, %reason, "recovery attempt incomplete; retrying");
+                    CoordinatorCounters::count(&self.counters.recovery_attempts_incomplete, 1);
                 }
             }
             tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
         }
         tracing::error!(%crashed, "recovery gave up after {RECOVERY_ATTEMPTS_MAX} attempts; its tablets stay unavailable until the coordinator restarts");
+        CoordinatorCounters::count(&self.counters.recoveries_abandoned, 1);
     }
 
     /// A recovered master is *removed*: nothing of it is needed any more, and backups free its

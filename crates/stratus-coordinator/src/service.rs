@@ -19,6 +19,7 @@ use stratus_wire::{
 };
 use tokio::sync::Mutex;
 
+use crate::metrics::CoordinatorCounters;
 use crate::records::{
     put_counter, put_log_head, put_server, put_table, table_key, CoordinatorState, LogHead,
     TableRecord, TabletRecord, NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
@@ -38,7 +39,7 @@ const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
 /// The coordinator service.
 #[derive(Clone, Debug)]
 pub struct Coordinator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
@@ -65,6 +66,8 @@ pub(crate) struct Inner {
     pub(crate) ping_misses: std::sync::Mutex<BTreeMap<ServerId, u32>>,
     /// The detector's threshold; 0 while it does not run.
     pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
+    /// What it has done since it started, for its metrics.
+    pub(crate) counters: CoordinatorCounters,
 }
 
 /// Which servers may hold a lease, and when each was last granted one.
@@ -109,6 +112,7 @@ impl Coordinator {
             started_at: tokio::time::Instant::now(),
             ping_misses: std::sync::Mutex::new(BTreeMap::new()),
             misses_to_declare: std::sync::atomic::AtomicU32::new(0),
+            counters: CoordinatorCounters::default(),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -157,6 +161,8 @@ impl Coordinator {
             let mut state = self.inner.state.lock().await;
             let batch = gone.iter().map(put_server).collect();
             if self.inner.persist(batch).await.is_ok() {
+                let counter = &self.inner.counters.servers_declared_crashed;
+                CoordinatorCounters::count(counter, gone.len() as u64);
                 for server in gone {
                     self.inner.leases().members.remove(&server.server_id);
                     tracing::warn!(server_id = %server.server_id, address = %server.address, "server did not answer after coordinator start; marked crashed");
@@ -336,6 +342,8 @@ impl Inner {
         }
         state.servers.insert(server_id, entry);
         drop(state);
+        CoordinatorCounters::count(&self.counters.enlistments, 1);
+        CoordinatorCounters::count(&self.counters.servers_declared_crashed, replaced.len() as u64);
         tracing::info!(%server_id, %address, "server enlisted");
         for old in replaced {
             self.start_recovery(old.server_id).await;
@@ -446,6 +454,7 @@ impl Inner {
         if threshold > 0 && missed >= threshold {
             // It asks but does not answer pings (a one-way partition): let its lease run out,
             // so it stops serving and can be declared crashed and recovered.
+            CoordinatorCounters::count(&self.counters.lease_renewals_refused, 1);
             return Err((
                 Status::Retry,
                 format!("server {server_id} does not answer the coordinator's pings"),
@@ -453,9 +462,11 @@ impl Inner {
         }
         let mut leases = self.leases();
         if !leases.members.contains(&server_id) {
+            CoordinatorCounters::count(&self.counters.lease_renewals_refused, 1);
             return Err((Status::ServerCrashed, format!("server {server_id} is not up")));
         }
         leases.granted.insert(server_id, tokio::time::Instant::now());
+        CoordinatorCounters::count(&self.counters.lease_renewals_granted, 1);
         let lease_ms = u32::try_from(LEASE_DURATION.as_millis()).unwrap_or(u32::MAX);
         Ok(Response::RenewLease { lease_ms })
     }

@@ -12,12 +12,14 @@
 //! intermediate buffer.
 
 mod lease;
+mod metrics;
 mod ownership;
 mod recovery;
 mod replication;
 mod service;
 
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
+pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
 pub use ownership::TabletOwnership;
 pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{

@@ -16,6 +16,7 @@ use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{RecoveryTablet, Request, Response, ResponseBody, Status};
 use tokio::sync::Semaphore;
 
+use crate::metrics::{MasterMetrics, RecoveryCounters};
 use crate::replication::ReplicaManager;
 
 /// Replica reads in flight at once on one recovery master: enough to keep several backups'
@@ -62,6 +63,8 @@ pub(crate) struct RecoveryContext {
     pub(crate) replication: Option<ReplicaManager>,
     pub(crate) reader: RecoveryReader,
     pub(crate) wall_clock: Arc<dyn WallClock>,
+    /// Where the progress is counted (segments as they arrive, objects once replayed).
+    pub(crate) metrics: Arc<MasterMetrics>,
 }
 
 /// Recovers one partition; answers RECOVER_TABLETS.
@@ -124,6 +127,9 @@ pub(crate) async fn recover_partition(
         let (bytes, certificate) = joined
             .map_err(|error| (Status::InternalError, format!("replica read task: {error}")))??;
         replica_bytes_read += bytes.len() as u64;
+        let counters = &context.metrics.recovery;
+        RecoveryCounters::add(&counters.segments_read, 1);
+        RecoveryCounters::add(&counters.replica_bytes_read, bytes.len() as u64);
         read.push((bytes, certificate));
     }
 
@@ -159,6 +165,9 @@ pub(crate) async fn recover_partition(
             return abandon(status, format!("replay: {error}"));
         }
     };
+    let counters = &context.metrics.recovery;
+    RecoveryCounters::add(&counters.segments_replayed, statistics.segments);
+    RecoveryCounters::add(&counters.objects_replayed, statistics.objects_replayed);
     // The replayed objects are in this master's log: make them durable before the tablets are
     // handed over, or a crash of this master would lose them.
     if let Some(replication) = &context.replication {

@@ -1,6 +1,5 @@
 //! Request handling.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -19,9 +18,10 @@ use stratus_wire::{
 };
 
 use crate::lease::Lease;
+use crate::metrics::{MasterMetrics, Operation, RecoveryCounters};
 use crate::ownership::TabletOwnership;
 use crate::recovery::{recover_partition, RecoveryContext, RecoveryReader};
-use crate::replication::{ReplicaManager, SyncError};
+use crate::replication::{LogPosition, ReplicaManager, SyncError};
 
 /// How long a cleaner thread sleeps when the balancer finds nothing to do. Short enough that
 /// the cleaner reacts long before the free seglets (at least the cleaning threshold of the log)
@@ -44,7 +44,11 @@ pub struct Master {
     replication: Option<ReplicaManager>,
     ownership: TabletOwnership,
     wall_clock: Arc<dyn WallClock>,
-    requests_served: AtomicU64,
+    /// Requests per operation and their latencies; recovery work.
+    metrics: Arc<MasterMetrics>,
+    /// What a change to the log needs until it is acknowledged, in one place so a request
+    /// takes one reference (present with replication).
+    sync_context: Option<Arc<SyncContext>>,
     /// Present when this master may be asked to recover a crashed master's tablets.
     recovery: Option<RecoveryReader>,
     /// Present when this master is a member of a cluster: it serves only while the lease is
@@ -54,6 +58,16 @@ pub struct Master {
     /// once (a late one failing would drop what the other replayed), and no range this master
     /// serves is recovered into (replay's removals are not atomic with client writes).
     recoveries_in_flight: Arc<std::sync::Mutex<Vec<RecoveryTablet>>>,
+}
+
+/// What a request that changed the log needs until it is answered: the replica manager it
+/// waits for, the lease it must still hold, and the metrics that time it. Shared by every such
+/// request (one reference count per request, rather than one per part).
+#[derive(Debug)]
+struct SyncContext {
+    replication: ReplicaManager,
+    lease: Option<Arc<Lease>>,
+    metrics: Arc<MasterMetrics>,
 }
 
 /// Appends the value bytes the store copies out of the log directly to the response frame.
@@ -81,7 +95,8 @@ impl Master {
             replication: None,
             ownership: TabletOwnership::default(),
             wall_clock,
-            requests_served: AtomicU64::new(0),
+            metrics: Arc::default(),
+            sync_context: None,
             recovery: None,
             lease: None,
             recoveries_in_flight: Arc::default(),
@@ -102,11 +117,33 @@ impl Master {
     /// `replication` holds the log up to it on every replica.
     pub fn set_replication(&mut self, replication: ReplicaManager) {
         self.replication = Some(replication);
+        self.update_sync_context();
     }
 
     /// From now on, serves object requests only while `lease` is valid.
     pub fn set_lease(&mut self, lease: Arc<Lease>) {
         self.lease = Some(lease);
+        self.update_sync_context();
+    }
+
+    fn update_sync_context(&mut self) {
+        self.sync_context = self.replication.as_ref().map(|replication| {
+            Arc::new(SyncContext {
+                replication: replication.clone(),
+                lease: self.lease.clone(),
+                metrics: self.metrics.clone(),
+            })
+        });
+    }
+
+    /// Requests per operation with their latencies, and recovery work.
+    pub fn metrics(&self) -> &MasterMetrics {
+        &self.metrics
+    }
+
+    /// Tablets of crashed masters being recovered here now.
+    pub fn tablets_recovering(&self) -> usize {
+        self.recoveries_in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).len()
     }
 
     /// True unless a lease is required and not held (expired, or the server was declared
@@ -178,7 +215,7 @@ impl Master {
         match request {
             Request::Ping => encode_response(out, request_id, Status::Ok, &Response::Ping),
             Request::Read { table_id, key, rules } => {
-                self.read(request_id, table_id, &key, &rules, out)
+                self.read(request_id, table_id, &key, &rules, out);
             }
             Request::Write { table_id, key, value, rules } => {
                 let (status, version) = self.write_one(table_id, &key, &value, &rules);
@@ -205,18 +242,22 @@ impl Master {
                 }
             }
             Request::MultiRead { items } => {
-                let results = items.iter().map(|item| self.read_one(item)).collect();
+                self.metrics.add_items(Operation::MultiRead, items.len());
+                let results = items.iter().map(|item| self.read_one(item).0).collect();
                 encode_response(out, request_id, Status::Ok, &Response::MultiRead { results });
             }
             Request::MultiWrite { items } => {
+                self.metrics.add_items(Operation::MultiWrite, items.len());
                 let results = items.iter().map(|item| self.write_item(item)).collect();
                 encode_response(out, request_id, Status::Ok, &Response::MultiWrite { results });
             }
             Request::MultiRemove { items } => {
+                self.metrics.add_items(Operation::MultiRemove, items.len());
                 let results = items.iter().map(|item| self.remove_item(item)).collect();
                 encode_response(out, request_id, Status::Ok, &Response::MultiRemove { results });
             }
             Request::MultiIncrement { items } => {
+                self.metrics.add_items(Operation::MultiIncrement, items.len());
                 let results = items.iter().map(|item| self.increment_item(item)).collect();
                 encode_response(out, request_id, Status::Ok, &Response::MultiIncrement { results });
             }
@@ -265,11 +306,12 @@ impl Master {
         key: &[u8],
         rules: &RejectRules,
         out: &mut BytesMut,
-    ) {
+    ) -> Observed {
         let hash = match self.admit(table, key) {
             Ok(hash) => hash,
             Err(status) => {
-                return encode_error_response(out, request_id, Opcode::Read.code(), status, "")
+                encode_error_response(out, request_id, Opcode::Read.code(), status, "");
+                return Observed::Nothing;
             }
         };
         let frame_position = out.len();
@@ -277,8 +319,12 @@ impl Master {
         let version_position = out.len();
         put::put_u64(out, 0);
         let value_position = put::begin_length_prefixed_u32(out);
-        let outcome = self.store.read(table, key, hash, rules, &mut FrameSink(out));
-        match outcome {
+        let outcome = self.store.read_located(table, key, hash, rules, &mut FrameSink(out));
+        let observed = match &outcome {
+            Ok((_, segment)) => Observed::Object(*segment),
+            Err(_) => Observed::Absence,
+        };
+        match outcome.map(|(version, _)| version) {
             Ok(version) => {
                 put::finish_length_prefixed_u32(out, value_position);
                 put::patch_u64(out, version_position, version.0);
@@ -305,23 +351,27 @@ impl Master {
                 }
             }
         }
+        observed
     }
 
-    fn read_one(&self, item: &KeyItem) -> ReadItemResult {
+    fn read_one(&self, item: &KeyItem) -> (ReadItemResult, Observed) {
         let hash = match self.admit(item.table_id, &item.key) {
             Ok(hash) => hash,
             Err(status) => {
-                return ReadItemResult { status, version: Version(0), value: Bytes::new() }
+                let result = ReadItemResult { status, version: Version(0), value: Bytes::new() };
+                return (result, Observed::Nothing);
             }
         };
         let mut value = Vec::new();
-        match self.store.read(item.table_id, &item.key, hash, &item.rules, &mut value) {
-            Ok(version) => {
-                ReadItemResult { status: Status::Ok, version, value: Bytes::from(value) }
+        match self.store.read_located(item.table_id, &item.key, hash, &item.rules, &mut value) {
+            Ok((version, segment)) => {
+                let result =
+                    ReadItemResult { status: Status::Ok, version, value: Bytes::from(value) };
+                (result, Observed::Object(segment))
             }
             Err(error) => {
                 let (status, version) = status_of(error);
-                ReadItemResult { status, version, value: Bytes::new() }
+                (ReadItemResult { status, version, value: Bytes::new() }, Observed::Absence)
             }
         }
     }
@@ -455,7 +505,7 @@ impl Master {
             segments_in_log: store.segments_in_log,
             objects_live: store.objects_live,
             tablets_owned: u32::try_from(self.ownership.count()).unwrap_or(u32::MAX),
-            requests_served: self.requests_served.load(Ordering::Relaxed),
+            requests_served: self.metrics.requests_answered(),
             replicas: self
                 .replication
                 .as_ref()
@@ -475,21 +525,26 @@ impl Master {
 
 impl Service for Master {
     fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
-        self.requests_served.fetch_add(1, Ordering::Relaxed);
+        // Counted and timed when answered: here, or when a deferred answer is ready.
+        let started = tokio::time::Instant::now();
+        let operation = Operation::of_opcode(header.opcode_code);
         match decode_request(header.opcode_code, body) {
             Ok(Request::RecoverTablets { crashed_master, tablets, segments, backups }) => {
-                return self.recover(
-                    header.request_id,
-                    crashed_master,
-                    tablets,
-                    segments,
-                    backups,
-                    out,
-                )
+                let request = (crashed_master, tablets, segments, backups);
+                return self.recover(header.request_id, request, started, out);
             }
-            Ok(request) => match &self.replication {
-                Some(replication) if changes_log(&request) => {
-                    return self.handle_then_sync(header.request_id, request, replication.clone())
+            Ok(request) => match &self.sync_context {
+                Some(context) if changes_log(&request) => {
+                    let timing = (operation, started);
+                    return self.handle_then_sync(header.request_id, request, context, timing);
+                }
+                Some(context) if reads_objects(&request) => {
+                    let timing = (operation, started);
+                    if let Some(later) =
+                        self.read_once_durable(header.request_id, request, context, timing, out)
+                    {
+                        return later;
+                    }
                 }
                 _ => self.handle_request(header.request_id, request, out),
             },
@@ -501,9 +556,13 @@ impl Service for Master {
                 &error.to_string(),
             ),
         }
+        self.metrics.record(operation, started);
         Handled::Done
     }
 }
+
+/// A RECOVER_TABLETS request: the crashed master, the tablets, its segments, the backups.
+type RecoverRequest = (ServerId, Vec<RecoveryTablet>, Vec<SegmentId>, Vec<String>);
 
 impl Master {
     /// RECOVER_TABLETS: replays the partition in the background and answers when it is
@@ -511,15 +570,15 @@ impl Master {
     fn recover(
         &self,
         request_id: u64,
-        crashed_master: ServerId,
-        tablets: Vec<RecoveryTablet>,
-        segments: Vec<SegmentId>,
-        backups: Vec<String>,
+        request: RecoverRequest,
+        started: tokio::time::Instant,
         out: &mut BytesMut,
     ) -> Handled {
+        let (crashed_master, tablets, segments, backups) = request;
         let refuse = |out: &mut BytesMut, status: Status, message: &str| {
             let opcode = Opcode::RecoverTablets.code();
             encode_error_response(out, request_id, opcode, status, message);
+            self.metrics.record(Operation::RecoverTablets, started);
             Handled::Done
         };
         let Some(reader) = self.recovery.clone() else {
@@ -553,11 +612,14 @@ impl Master {
         if let Some((status, message)) = refusal {
             return refuse(out, status, message);
         }
+        let metrics = self.metrics.clone();
+        RecoveryCounters::add(&metrics.recovery.partitions_started, 1);
         let context = RecoveryContext {
             store: self.store.clone(),
             replication: self.replication.clone(),
             reader,
             wall_clock: self.wall_clock.clone(),
+            metrics: metrics.clone(),
         };
         let in_flight =
             InFlight { registry: self.recoveries_in_flight.clone(), tablets: tablets.clone() };
@@ -565,6 +627,14 @@ impl Master {
             let outcome =
                 recover_partition(context, crashed_master, tablets, segments, backups).await;
             drop(in_flight);
+            let counters = &metrics.recovery;
+            let finished = if outcome.is_ok() {
+                &counters.partitions_succeeded
+            } else {
+                &counters.partitions_failed
+            };
+            RecoveryCounters::add(finished, 1);
+            metrics.record(Operation::RecoverTablets, started);
             let mut out = BytesMut::new();
             match outcome {
                 Ok(response) => encode_response(&mut out, request_id, Status::Ok, &response),
@@ -590,22 +660,126 @@ impl Master {
         &self,
         request_id: u64,
         request: Request,
-        replication: ReplicaManager,
+        context: &Arc<SyncContext>,
+        (operation, started): (Operation, tokio::time::Instant),
     ) -> Handled {
         let opcode = request.opcode();
         let mut frame = BytesMut::new();
         self.handle_request(request_id, request, &mut frame);
         // Taken after the append: the head's end is at or past it.
-        let position = replication.position_to_sync();
-        let lease = self.lease.clone();
+        let position = context.replication.position_to_sync();
+        answer_once_durable(request_id, opcode, frame, position, context, (operation, started))
+    }
+
+    /// READ and MULTI_READ on a replicated master: the answer waits until the log is durable
+    /// up to what the read saw. An object still in the unreplicated tail (or the absence of
+    /// one, which may be a remove in that tail) would vanish if this master crashed now, after
+    /// a client had seen it: a later read would go back in time. Reads of older objects, and
+    /// every read while nothing waits for replication, are answered at once (`None`: the
+    /// answer is in `out`). The read runs first and the durable position is looked at after
+    /// it, so a write landing in between cannot slip through unseen.
+    fn read_once_durable(
+        &self,
+        request_id: u64,
+        request: Request,
+        context: &Arc<SyncContext>,
+        timing: (Operation, tokio::time::Instant),
+        out: &mut BytesMut,
+    ) -> Option<Handled> {
+        let opcode = request.opcode();
+        let frame_start = out.len();
+        let mut seen = Seen::default();
+        match request {
+            Request::Read { table_id, key, rules } => {
+                seen.add(self.read(request_id, table_id, &key, &rules, out));
+            }
+            Request::MultiRead { items } => {
+                self.metrics.add_items(Operation::MultiRead, items.len());
+                let results = items
+                    .iter()
+                    .map(|item| {
+                        let (result, observed) = self.read_one(item);
+                        seen.add(observed);
+                        result
+                    })
+                    .collect();
+                encode_response(out, request_id, Status::Ok, &Response::MultiRead { results });
+            }
+            other => {
+                self.handle_request(request_id, other, out);
+                return None;
+            }
+        }
+        // Both taken after the reads: `position` is at or past everything they saw.
+        let durable = context.replication.durable_position();
+        let position = context.replication.position_to_sync();
+        if durable >= position || seen.is_durable_before(durable) {
+            return None;
+        }
+        let frame = out.split_off(frame_start);
+        Some(answer_once_durable(request_id, opcode, frame, position, context, timing))
+    }
+}
+
+/// What a read saw, for deciding whether its answer must wait for replication.
+#[derive(Clone, Copy, Debug)]
+enum Observed {
+    /// Nothing of the log (the request was refused before the store was asked).
+    Nothing,
+    /// That no object exists (or a version the rules refused): may be a recent remove.
+    Absence,
+    /// An object in this segment.
+    Object(SegmentId),
+}
+
+/// Everything one request's reads saw.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    newest_segment: Option<SegmentId>,
+    absence: bool,
+}
+
+impl Seen {
+    fn add(&mut self, observed: Observed) {
+        match observed {
+            Observed::Nothing => {}
+            Observed::Absence => self.absence = true,
+            Observed::Object(segment) => {
+                self.newest_segment = self.newest_segment.max(Some(segment));
+            }
+        }
+    }
+
+    /// True if nothing seen can be lost by a crash now: every segment before the durable
+    /// position's segment is durable whole (a head is closed on its backups before the
+    /// position moves past it). An absence is judged by the caller (durable only if nothing
+    /// waits for replication).
+    fn is_durable_before(self, durable: LogPosition) -> bool {
+        !self.absence && self.newest_segment.is_none_or(|segment| segment.0 < durable.segment_id)
+    }
+}
+
+/// Answers `frame` once the log is durable up to `position` (RETRY if it cannot be made so in
+/// time, or if this master lost its lease meanwhile).
+fn answer_once_durable(
+    request_id: u64,
+    opcode: Opcode,
+    frame: BytesMut,
+    position: LogPosition,
+    context: &Arc<SyncContext>,
+    (operation, started): (Operation, tokio::time::Instant),
+) -> Handled {
+    {
+        let context = context.clone();
         Handled::Later(Box::pin(async move {
-            let mut outcome = replication.sync(position).await;
+            let mut outcome = context.replication.sync(position).await;
             // Acknowledge only while still a member: a master declared crashed while this
             // write waited for its backups must not report success (its tablets may already
             // be recovered elsewhere, from replicas read before this write reached them).
-            if outcome.is_ok() && lease.as_ref().is_some_and(|lease| !lease.valid()) {
+            if outcome.is_ok() && context.lease.as_ref().is_some_and(|lease| !lease.valid()) {
                 outcome = Err(SyncError { message: "lease lost while replicating".to_string() });
             }
+            context.metrics.record(operation, started);
             match outcome {
                 Ok(()) => frame,
                 Err(error) => {
@@ -645,6 +819,11 @@ impl Drop for InFlight {
 }
 
 /// Requests that may append to the log and so must be replicated before they are answered.
+/// True for a request whose answer shows objects (or their absence).
+fn reads_objects(request: &Request) -> bool {
+    matches!(request, Request::Read { .. } | Request::MultiRead { .. })
+}
+
 fn changes_log(request: &Request) -> bool {
     matches!(
         request,

@@ -218,6 +218,20 @@ impl ObjectStore {
         rules: &RejectRules,
         value_out: &mut dyn ByteSink,
     ) -> Result<Version, ObjectError> {
+        self.read_located(table, key, hash, rules, value_out).map(|(version, _)| version)
+    }
+
+    /// [`ObjectStore::read`], also saying which segment holds the object: a replicated master
+    /// must not answer with an object that is not durable yet (if it crashed, the object would
+    /// vanish after a client had seen it).
+    pub fn read_located(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        rules: &RejectRules,
+        value_out: &mut dyn ByteSink,
+    ) -> Result<(Version, SegmentId), ObjectError> {
         Self::check_key(key)?;
         let epoch = self.log.pin();
         let guard = self.index.lock(hash.0);
@@ -231,7 +245,7 @@ impl ObjectStore {
         let (_, content) = self.log.entry(&epoch, current.reference);
         let object = decode_object_unverified(&content).expect("corrupt object in the log");
         value_out.put_slice(object.value);
-        Ok(current.version)
+        Ok((current.version, self.log.segment_of(current.reference)))
     }
 
     /// Writes an object (create or overwrite) and returns its new version.

@@ -1,5 +1,8 @@
 //! The production roles: coordinator and storage server.
 
+mod metrics;
+mod status_page;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +45,9 @@ pub struct CoordinatorArguments {
     /// recovered on the other masters). 0 turns failure detection off.
     #[arg(long, default_value_t = 3)]
     pub probe_misses: u32,
+    /// Serve Prometheus metrics (GET /metrics) and the status page (GET /) on this address.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
 }
 
 /// `stratus server`.
@@ -104,6 +110,9 @@ pub struct ServerArguments {
     /// Storage frames of the backup, one segment each: the most replicas it stores.
     #[arg(long, default_value_t = BackupConfig::FRAME_COUNT_DEFAULT)]
     pub backup_frames: u32,
+    /// Serve Prometheus metrics (GET /metrics) on this address.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
 }
 
 /// Opens the server's backup service (off the async runtime: a restart scans the disk).
@@ -204,9 +213,13 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
         .map_err(|error| error.to_string())?;
     runtime()?.block_on(async move {
         let listener = environment.network.bind(&arguments.listen).await.map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
+        let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
         let address = listener.local_address();
         tracing::info!(%address, "coordinator listening");
         println!("coordinator listening on {address}");
+        if let Some(metrics_listener) = metrics_listener {
+            metrics::serve_coordinator(metrics_listener, coordinator.clone(), &address);
+        }
         let background = coordinator.clone();
         tokio::spawn(async move { background.verify_servers_and_redeliver().await });
         if arguments.probe_misses > 0 {
@@ -260,6 +273,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             .bind(&arguments.listen)
             .await
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
+        let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
         let address = arguments.advertise.clone().unwrap_or_else(|| listener.local_address());
         let backup = open_backup(&arguments, store.segment_bytes).await?;
         let services = match backup {
@@ -312,8 +326,12 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             "server serving"
         );
         println!("server {server_id} listening on {address}");
+        let master = Arc::new(master);
+        if let Some(listener) = metrics_listener {
+            metrics::serve_server(listener, server_id, &address, master.clone(), backup.clone());
+        }
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
-        let master: Arc<dyn stratus_rpc::Service> = Arc::new(master);
+        let master: Arc<dyn stratus_rpc::Service> = master;
         let backup_at_stop = backup.clone();
         let service: Arc<dyn stratus_rpc::Service> = match backup {
             Some(backup) => {

@@ -54,6 +54,67 @@ pub struct UpArguments {
     /// Storage frames of each server's backup, one segment each.
     #[arg(long, default_value_t = stratus_backup::BackupConfig::FRAME_COUNT_DEFAULT)]
     pub backup_frames: u32,
+    /// First port of the metrics endpoints, on 127.0.0.1: the coordinator's (with the status
+    /// page) on this port, server i's on this port + 1 + i. Without it, each process takes a
+    /// free port; either way they are printed once the cluster is ready.
+    #[arg(long, conflicts_with = "no_metrics")]
+    pub metrics_port: Option<u16>,
+    /// Serve no metrics and no status page.
+    #[arg(long)]
+    pub no_metrics: bool,
+}
+
+/// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
+const METRICS_LINE: &str = "metrics served at http://";
+
+/// How long `up` looks in a child's log for its metrics address once the cluster is ready.
+const METRICS_ADDRESS_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The `--metrics-listen` address of the process at `offset` from `--metrics-port`, if metrics
+/// are on.
+fn metrics_address(arguments: &UpArguments, offset: u32) -> Option<String> {
+    if arguments.no_metrics {
+        return None;
+    }
+    let port = match arguments.metrics_port {
+        Some(base) => u32::from(base) + offset,
+        None => 0,
+    };
+    Some(format!("127.0.0.1:{port}"))
+}
+
+/// The metrics address a child printed to its log (`None` if it has not, yet).
+fn printed_metrics_address(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().find(|line| line.starts_with(METRICS_LINE))?;
+    line[METRICS_LINE.len()..].split('/').next().map(str::to_string)
+}
+
+/// Prints where the status page and every process's metrics are, as the children printed it.
+fn print_metrics_addresses(names: &[String], logs: &Path) {
+    let deadline = Instant::now() + METRICS_ADDRESS_PATIENCE;
+    let mut found = Vec::new();
+    for name in names {
+        let log = logs.join(format!("{name}.log"));
+        let address = loop {
+            match printed_metrics_address(&log) {
+                Some(address) => break Some(address),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                None => break None,
+            }
+        };
+        found.push((name, address));
+    }
+    for (name, address) in found {
+        match address {
+            Some(address) if name == "coordinator" => {
+                println!("status page: http://{address}/");
+                println!("metrics: {name} http://{address}/metrics");
+            }
+            Some(address) => println!("metrics: {name} http://{address}/metrics"),
+            None => println!("metrics: {name}: address not found in {}", logs.display()),
+        }
+    }
 }
 
 /// How long the cluster may take to come up before `up` gives up.
@@ -153,20 +214,25 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|error| error.to_string())?;
+    if let Some(base) = arguments.metrics_port {
+        if u32::from(base) + arguments.servers > u32::from(u16::MAX) {
+            return Err(format!("--metrics-port {base} leaves no port for every server"));
+        }
+    }
     let mut children = Children { processes: Vec::new() };
     let coordinator_dir = arguments.dir.join("coordinator");
-    children.spawn(
-        "coordinator",
-        &[
-            "coordinator".to_string(),
-            "--listen".to_string(),
-            coordinator.to_string(),
-            "--dir".to_string(),
-            coordinator_dir.display().to_string(),
-            "--exit-with-parent".to_string(),
-        ],
-        &logs,
-    )?;
+    let mut coordinator_arguments = vec![
+        "coordinator".to_string(),
+        "--listen".to_string(),
+        coordinator.to_string(),
+        "--dir".to_string(),
+        coordinator_dir.display().to_string(),
+        "--exit-with-parent".to_string(),
+    ];
+    if let Some(address) = metrics_address(&arguments, 0) {
+        coordinator_arguments.extend(["--metrics-listen".to_string(), address]);
+    }
+    children.spawn("coordinator", &coordinator_arguments, &logs)?;
     let mut config = ClientConfig::new(coordinator);
     config.operation_timeout = Duration::from_secs(2);
     let client = {
@@ -192,6 +258,9 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         let mut extra = Vec::new();
         if let Some(levels) = arguments.cleaner_levels {
             extra.extend(["--cleaner-levels".to_string(), levels.to_string()]);
+        }
+        if let Some(address) = metrics_address(&arguments, 1 + index) {
+            extra.extend(["--metrics-listen".to_string(), address]);
         }
         children.spawn(
             &format!("server-{index}"),
@@ -253,6 +322,13 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // Before the ready line: whoever waits for it may stop the cluster right after.
+    if !arguments.no_metrics {
+        let names: Vec<String> = std::iter::once("coordinator".to_string())
+            .chain((0..arguments.servers).map(|index| format!("server-{index}")))
+            .collect();
+        print_metrics_addresses(&names, &logs);
     }
     println!(
         "stratus cluster ready: coordinator {coordinator}, {} servers, {replicas} replicas, \

@@ -1,0 +1,497 @@
+//! The roles' HTTP endpoints (`--metrics-listen`): `GET /metrics` on every storage server and
+//! on the coordinator, and on the coordinator the status page (`GET /`) with its data
+//! (`GET /api/cluster`). Every metric name, type and label is listed in
+//! `docs/design/metrics.md`; this file is where they are written.
+//!
+//! A scrape gathers the figures when it arrives, from the statistics the services keep anyway
+//! (the store's, the replica manager's, the backup's) and from the master's request metrics;
+//! nothing here runs between scrapes.
+
+use std::sync::Arc;
+
+use stratus_backup::{BackupService, Durability};
+use stratus_coordinator::Coordinator;
+use stratus_master::{Master, Operation};
+use stratus_ops::exposition::CONTENT_TYPE;
+use stratus_ops::http::{HttpLimits, Reply, Routes};
+use stratus_ops::{Exposition, MetricType};
+use stratus_types::ServerId;
+use tokio::net::TcpListener;
+
+use super::status_page::StatusPageData;
+
+/// Binds the metrics address, if one was given: before the role joins the cluster, so a port
+/// that is taken stops the process before it enlists.
+pub(crate) async fn bind(address: Option<&str>) -> Result<Option<TcpListener>, String> {
+    match address {
+        Some(address) => stratus_ops::http::bind(address)
+            .await
+            .map(Some)
+            .map_err(|error| format!("metrics: {error}")),
+        None => Ok(None),
+    }
+}
+
+/// The address `listener` is bound to, as printed.
+fn bound_address(listener: &TcpListener) -> String {
+    listener.local_addr().map_or_else(|error| format!("unknown ({error})"), |a| a.to_string())
+}
+
+/// What a storage server's scrape reads.
+struct ServerFigures {
+    server_id: ServerId,
+    address: String,
+    master: Arc<Master>,
+    backup: Option<Arc<BackupService>>,
+}
+
+/// Serves a storage server's `GET /metrics` on `listener`.
+pub(crate) fn serve_server(
+    listener: TcpListener,
+    server_id: ServerId,
+    address: &str,
+    master: Arc<Master>,
+    backup: Option<Arc<BackupService>>,
+) {
+    println!("metrics served at http://{}/metrics", bound_address(&listener));
+    let figures =
+        Arc::new(ServerFigures { server_id, address: address.to_string(), master, backup });
+    let routes = Routes::new().get("/metrics", move || {
+        let figures = figures.clone();
+        async move { Reply::ok(CONTENT_TYPE, render_server(&figures)) }
+    });
+    tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default()));
+}
+
+/// Serves the coordinator's `GET /metrics`, the status page (`GET /`) and its data
+/// (`GET /api/cluster`, see `status_page.rs`) on `listener`; `coordinator_address` is where
+/// the coordinator serves RPCs (the page's data is gathered through them, like any client's).
+pub(crate) fn serve_coordinator(
+    listener: TcpListener,
+    coordinator: Coordinator,
+    coordinator_address: &str,
+) {
+    let bound = bound_address(&listener);
+    println!("metrics served at http://{bound}/metrics");
+    println!("status page served at http://{bound}/");
+    let data = StatusPageData::start(coordinator_address);
+    let routes = Routes::new()
+        .get("/metrics", move || {
+            let coordinator = coordinator.clone();
+            async move { Reply::ok(CONTENT_TYPE, render_coordinator(&coordinator).await) }
+        })
+        .get("/", || async {
+            Reply {
+                extra_headers: &[(
+                    "content-security-policy",
+                    stratus_ops::STATUS_PAGE_CONTENT_SECURITY_POLICY,
+                )],
+                ..Reply::ok("text/html; charset=utf-8", stratus_ops::STATUS_PAGE_HTML)
+            }
+        })
+        .get("/api/cluster", move || {
+            let reply = data.reply();
+            async move { reply }
+        });
+    tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default()));
+}
+
+fn render_server(figures: &ServerFigures) -> String {
+    let mut out = Exposition::new();
+    let server_id = figures.server_id.to_string();
+    out.family(
+        "stratus_server_info",
+        "The storage server's id, advertised address and version (value 1).",
+        MetricType::Gauge,
+    )
+    .sample(
+        &[
+            ("server_id", &server_id),
+            ("address", &figures.address),
+            ("version", env!("CARGO_PKG_VERSION")),
+        ],
+        1u64,
+    );
+    render_master(&figures.master, &mut out);
+    if let Some(backup) = &figures.backup {
+        render_backup(backup, &mut out);
+    }
+    render_process(&mut out);
+    out.into_text()
+}
+
+fn render_master(master: &Master, out: &mut Exposition) {
+    let metrics = master.metrics();
+    let latencies = Operation::ALL.map(|operation| (operation, metrics.latency(operation)));
+    let mut requests = out.family(
+        "stratus_master_requests_total",
+        "Requests the master answered, by operation (control: ping, statistics, tablet \
+         ownership, and opcodes a master does not serve).",
+        MetricType::Counter,
+    );
+    for (operation, latency) in &latencies {
+        requests.sample(&[("operation", operation.name())], latency.count());
+    }
+    let mut durations = out.family(
+        "stratus_master_request_duration_seconds",
+        "Time from a request's arrival at the master to its answer, replication to the \
+         backups included, by operation.",
+        MetricType::Histogram,
+    );
+    for (operation, latency) in &latencies {
+        durations.histogram(&[("operation", operation.name())], latency);
+    }
+    let mut items = out.family(
+        "stratus_master_multi_op_objects_total",
+        "Objects named by the master's multi-operations, by operation.",
+        MetricType::Counter,
+    );
+    for operation in Operation::ALL.into_iter().filter(|operation| operation.is_multi()) {
+        items.sample(&[("operation", operation.name())], metrics.items(operation));
+    }
+    out.gauge(
+        "stratus_master_lease_valid",
+        "1 while the master holds a lease from the coordinator (it serves only then).",
+        master.may_serve(),
+    );
+    out.gauge("stratus_master_tablets", "Tablets the master owns.", master.ownership().count());
+
+    let store = master.store().statistics();
+    out.gauge("stratus_master_objects", "Live objects in the master's store.", store.objects_live);
+    out.gauge(
+        "stratus_log_capacity_bytes",
+        "Bytes of the log's memory region.",
+        store.log_bytes_total,
+    );
+    out.gauge(
+        "stratus_log_allocated_bytes",
+        "Bytes of log memory in seglets allocated to segments (memory in use).",
+        store.log_bytes_allocated,
+    );
+    out.gauge(
+        "stratus_log_live_bytes",
+        "Bytes of log entries not yet dead; live / allocated is the log's utilization.",
+        store.log_bytes_live,
+    );
+    out.gauge(
+        "stratus_log_live_object_bytes",
+        "Bytes of live objects in the log, entry headers included.",
+        store.log_bytes_live_objects,
+    );
+    out.gauge(
+        "stratus_log_tombstone_bytes",
+        "Bytes of tombstones in the log (counted live until the cleaner drops them).",
+        store.log_bytes_tombstones,
+    );
+    out.gauge("stratus_log_seglets", "Seglets in the log's region.", store.seglets_total);
+    out.gauge(
+        "stratus_log_free_seglets",
+        "Seglets not allocated to any segment.",
+        store.seglets_free,
+    );
+    out.gauge(
+        "stratus_log_seglets_awaiting_readers",
+        "Seglets of cleaned segments waiting for readers to leave before reuse.",
+        store.seglets_waiting_for_readers,
+    );
+    out.gauge("stratus_log_segments", "Segments in the log, head included.", store.segments_in_log);
+    out.gauge(
+        "stratus_log_unfused_survivor_segments",
+        "Survivor segments the cleaner wrote that are not yet part of the log.",
+        store.segments_side,
+    );
+    out.gauge(
+        "stratus_hash_table_buckets",
+        "Buckets of the master's hash table.",
+        store.hash_table_buckets,
+    );
+
+    let cleaner = store.cleaner;
+    let seglet_bytes = store.log_bytes_total.checked_div(store.seglets_total).unwrap_or(0);
+    out.counter(
+        "stratus_cleaner_compactions_total",
+        "Segments compacted in memory (the cleaner's first level).",
+        cleaner.compactions,
+    );
+    out.counter(
+        "stratus_cleaner_fruitless_compactions_total",
+        "Compactions that freed nothing (the next unit of work is then combined cleaning).",
+        cleaner.compactions_failed,
+    );
+    out.counter(
+        "stratus_cleaner_compacted_bytes_total",
+        "Bytes moved by compaction.",
+        cleaner.bytes_compacted,
+    );
+    out.counter(
+        "stratus_cleaner_compaction_freed_bytes_total",
+        "Bytes of memory (whole seglets) compaction gave back to the log.",
+        cleaner.seglets_freed_by_compaction.saturating_mul(seglet_bytes),
+    );
+    out.counter(
+        "stratus_cleaner_combined_passes_total",
+        "Combined cleaning passes (the second level: segments rewritten into survivors, on \
+         the backups too).",
+        cleaner.combined_passes,
+    );
+    out.counter(
+        "stratus_cleaner_segments_cleaned_total",
+        "Segments combined cleaning dropped from the log.",
+        cleaner.segments_cleaned,
+    );
+    out.counter(
+        "stratus_cleaner_cleaned_segment_bytes_total",
+        "Bytes of memory (seglets) of the segments combined cleaning dropped; the survivor \
+         segments holding what was relocated take part of it back.",
+        cleaner.seglets_cleaned.saturating_mul(seglet_bytes),
+    );
+    out.counter(
+        "stratus_cleaner_survivor_segments_total",
+        "Survivor segments combined cleaning wrote.",
+        cleaner.survivor_segments_written,
+    );
+    out.family(
+        "stratus_cleaner_relocated_bytes_total",
+        "Bytes combined cleaning moved into survivor segments, by entry type.",
+        MetricType::Counter,
+    )
+    .sample(&[("entry", "object")], cleaner.object_bytes_relocated)
+    .sample(&[("entry", "tombstone")], cleaner.tombstone_bytes_relocated);
+    out.counter(
+        "stratus_cleaner_tombstones_dropped_total",
+        "Tombstones dropped because the segment they name left the log.",
+        cleaner.tombstones_dropped,
+    );
+    out.counter(
+        "stratus_cleaner_nothing_to_clean_total",
+        "Times the cleaner found memory short but nothing worth cleaning.",
+        cleaner.nothing_to_clean,
+    );
+
+    let replication = master.replication();
+    let statistics = replication.map(|replication| replication.statistics()).unwrap_or_default();
+    out.gauge(
+        "stratus_replication_replicas",
+        "Copies of every log segment on other servers' backups (0: memory-only).",
+        replication.map_or(0, |replication| replication.replicas()),
+    );
+    out.counter(
+        "stratus_replication_rounds_total",
+        "Replication rounds (each carries every write that arrived meanwhile).",
+        statistics.rounds,
+    );
+    out.counter(
+        "stratus_replication_backup_writes_total",
+        "BACKUP_WRITE requests sent to backups.",
+        statistics.backup_writes,
+    );
+    out.counter(
+        "stratus_replication_sent_bytes_total",
+        "Log bytes sent to backups, each copy counted.",
+        statistics.bytes_replicated,
+    );
+    out.counter(
+        "stratus_replication_cleaner_sent_bytes_total",
+        "Of those, bytes of the cleaner's survivor segments.",
+        statistics.cleaner_bytes_replicated,
+    );
+    out.counter(
+        "stratus_replication_replicas_replaced_total",
+        "Replicas re-created elsewhere after a backup failed or refused.",
+        statistics.replicas_replaced,
+    );
+    out.counter(
+        "stratus_replication_replicas_freed_total",
+        "Replicas freed on backups after their segment left the log.",
+        statistics.replicas_freed,
+    );
+    if let Some(replication) = replication {
+        // Unknown (usize::MAX) until the first server list arrives: then there is no sample.
+        if let Ok(available) = u32::try_from(replication.backups_available()) {
+            out.gauge(
+                "stratus_replication_backups_available",
+                "Backups other than this server in the last server list.",
+                available,
+            );
+        }
+        out.gauge(
+            "stratus_replication_fenced",
+            "1 once a backup refused a write because this master was declared crashed.",
+            replication.is_fenced(),
+        );
+    }
+
+    let recovery = metrics.recovery();
+    out.counter(
+        "stratus_recovery_partitions_started_total",
+        "Partitions of crashed masters' tablets this master accepted to recover.",
+        recovery.partitions_started,
+    );
+    out.family(
+        "stratus_recovery_partitions_finished_total",
+        "Partitions recovered here, by outcome (failed ones are retried by the coordinator).",
+        MetricType::Counter,
+    )
+    .sample(&[("outcome", "succeeded")], recovery.partitions_succeeded)
+    .sample(&[("outcome", "failed")], recovery.partitions_failed);
+    out.gauge(
+        "stratus_recovery_tablets_in_progress",
+        "Tablets (parts) of crashed masters being recovered here now.",
+        master.tablets_recovering(),
+    );
+    out.counter(
+        "stratus_recovery_segments_read_total",
+        "Segments (this partition's share of each) read from backups, as they arrive.",
+        recovery.segments_read,
+    );
+    out.counter(
+        "stratus_recovery_read_bytes_total",
+        "Bytes of those reads.",
+        recovery.replica_bytes_read,
+    );
+    out.counter(
+        "stratus_recovery_segments_replayed_total",
+        "Segments replayed into this master's log.",
+        recovery.segments_replayed,
+    );
+    out.counter(
+        "stratus_recovery_objects_replayed_total",
+        "Objects replayed into this master's log (a partition that then fails drops them).",
+        recovery.objects_replayed,
+    );
+}
+
+fn render_backup(backup: &BackupService, out: &mut Exposition) {
+    let statistics = backup.statistics();
+    let durability = match statistics.durability {
+        Durability::Buffered => "buffered",
+        Durability::Fsync => "fsync",
+    };
+    out.family("stratus_backup_info", "The backup's durability mode (value 1).", MetricType::Gauge)
+        .sample(&[("durability", durability)], 1u64);
+    out.counter(
+        "stratus_backup_requests_total",
+        "Requests the backup answered.",
+        backup.requests_served(),
+    );
+    out.gauge("stratus_backup_replicas", "Replicas the backup holds.", statistics.replicas);
+    out.gauge(
+        "stratus_backup_open_replicas",
+        "Replicas not closed yet (each holds a RAM buffer).",
+        statistics.replicas_open,
+    );
+    out.gauge(
+        "stratus_backup_buffers",
+        "RAM buffers (one segment each): the most replicas open at once.",
+        statistics.buffer_count,
+    );
+    out.gauge("stratus_backup_buffers_in_use", "RAM buffers in use.", statistics.buffers_in_use);
+    out.gauge(
+        "stratus_backup_frames",
+        "Storage frames (one segment each): the most replicas stored.",
+        statistics.frame_count,
+    );
+    out.gauge(
+        "stratus_backup_frames_in_use",
+        "Storage frames holding a replica.",
+        (statistics.frame_count as usize).saturating_sub(statistics.frames_free),
+    );
+    out.counter(
+        "stratus_backup_disk_syncs_total",
+        "Disk syncs (each a group commit of the writes in its batch).",
+        statistics.disk_syncs,
+    );
+    out.counter(
+        "stratus_backup_disk_write_jobs_total",
+        "Disk write jobs completed.",
+        statistics.disk_write_jobs,
+    );
+    out.counter(
+        "stratus_backup_disk_written_bytes_total",
+        "Segment bytes written to disk.",
+        statistics.disk_data_bytes_written,
+    );
+    out.counter(
+        "stratus_backup_disk_metadata_blocks_written_total",
+        "Replica metadata blocks written to disk.",
+        statistics.disk_metadata_blocks_written,
+    );
+    out.gauge(
+        "stratus_backup_storage_failed",
+        "1 once a disk write or sync failed: the backup refuses writes until restarted.",
+        statistics.storage_failure.is_some(),
+    );
+}
+
+fn render_process(out: &mut Exposition) {
+    if let Some(bytes) = stratus_ops::process::resident_memory_bytes() {
+        out.gauge(
+            "process_resident_memory_bytes",
+            "Bytes of this process's memory resident in RAM (a server's log region becomes \
+             resident as it is used).",
+            bytes,
+        );
+    }
+}
+
+async fn render_coordinator(coordinator: &Coordinator) -> String {
+    let metrics = coordinator.metrics().await;
+    let mut out = Exposition::new();
+    out.family(
+        "stratus_coordinator_servers",
+        "Servers the coordinator knows, by status.",
+        MetricType::Gauge,
+    )
+    .sample(&[("status", "up")], metrics.servers_up)
+    .sample(&[("status", "crashed")], metrics.servers_crashed)
+    .sample(&[("status", "removed")], metrics.servers_removed);
+    out.gauge("stratus_coordinator_tables", "Tables.", metrics.tables);
+    out.family(
+        "stratus_coordinator_tablets",
+        "Tablets, by state (recovering: the owner is not up).",
+        MetricType::Gauge,
+    )
+    .sample(&[("state", "normal")], metrics.tablets_normal)
+    .sample(&[("state", "recovering")], metrics.tablets_recovering);
+    out.gauge(
+        "stratus_coordinator_recoveries_in_flight",
+        "Crashed masters being recovered now.",
+        metrics.recoveries_in_flight,
+    );
+    out.counter(
+        "stratus_coordinator_recoveries_started_total",
+        "Recoveries of crashed masters started.",
+        metrics.recoveries_started,
+    );
+    out.counter(
+        "stratus_coordinator_recoveries_completed_total",
+        "Recoveries finished: every tablet of the crashed master has a new owner.",
+        metrics.recoveries_completed,
+    );
+    out.counter(
+        "stratus_coordinator_recovery_attempts_incomplete_total",
+        "Recovery attempts that left work to do (retried after a backoff).",
+        metrics.recovery_attempts_incomplete,
+    );
+    out.counter(
+        "stratus_coordinator_recoveries_abandoned_total",
+        "Recoveries given up after every attempt (tablets unavailable until a restart).",
+        metrics.recoveries_abandoned,
+    );
+    out.counter(
+        "stratus_coordinator_servers_declared_crashed_total",
+        "Servers declared crashed (missed pings, gone at a restart, or replaced at their \
+         address).",
+        metrics.servers_declared_crashed,
+    );
+    out.counter("stratus_coordinator_enlistments_total", "Servers enlisted.", metrics.enlistments);
+    out.family(
+        "stratus_coordinator_lease_renewals_total",
+        "RENEW_LEASE requests, by outcome.",
+        MetricType::Counter,
+    )
+    .sample(&[("outcome", "granted")], metrics.lease_renewals_granted)
+    .sample(&[("outcome", "refused")], metrics.lease_renewals_refused);
+    render_process(&mut out);
+    out.into_text()
+}

@@ -553,12 +553,32 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     let others = |server: usize| -> Vec<String> {
         hosts.iter().filter(|host| **host != server_host(server)).cloned().collect()
     };
+    // Dropping a host's runtime (a crash, or the restart of a host whose software stopped)
+    // closes its connections in the order tokio drops its tasks, which depends on task ids
+    // numbered across the whole process: the FINs would reach the peers in a different order
+    // in the second simulation of a process. A crashed machine sends nothing anyway, so the
+    // host is cut off while its runtime is dropped (peers learn of the crash from resets and
+    // timeouts, as they would).
+    let quietly = |simulation: &mut turmoil::Sim<'_>,
+                   host: String,
+                   drop_runtime: &dyn Fn(&mut turmoil::Sim<'_>, &str)| {
+        let peers: Vec<String> = hosts.iter().filter(|other| **other != host).cloned().collect();
+        for peer in &peers {
+            simulation.partition(host.as_str(), peer.as_str());
+        }
+        drop_runtime(simulation, &host);
+        for peer in &peers {
+            simulation.repair(host.as_str(), peer.as_str());
+        }
+    };
+    let crash = |simulation: &mut turmoil::Sim<'_>, host: &str| simulation.crash(host);
+    let bounce = |simulation: &mut turmoil::Sim<'_>, host: &str| simulation.bounce(host);
     loop {
         let now = simulation.elapsed();
         while let Some((_, action)) = actions.next_if(|(at, _)| *at <= now) {
             match action {
                 Action::CrashServer { server, flip_bit } => {
-                    simulation.crash(server_host(server));
+                    quietly(&mut simulation, server_host(server), &crash);
                     disks[server].crash(&mut disk_choices);
                     if flip_bit {
                         disks[server].flip_bit(&mut disk_choices);
@@ -567,10 +587,13 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
                 Action::RestartServer { server } => simulation.bounce(server_host(server)),
                 Action::RestartServerIfStopped { server } => {
                     if !simulation.is_host_running(server_host(server)) {
-                        simulation.bounce(server_host(server));
+                        // Its stopped software may have left tasks (and connections) behind.
+                        quietly(&mut simulation, server_host(server), &bounce);
                     }
                 }
-                Action::CrashCoordinator => simulation.crash("coordinator"),
+                Action::CrashCoordinator => {
+                    quietly(&mut simulation, "coordinator".to_string(), &crash)
+                }
                 Action::RestartCoordinator => simulation.bounce("coordinator"),
                 Action::Partition { server } => {
                     for other in others(server) {

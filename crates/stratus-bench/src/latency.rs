@@ -77,6 +77,8 @@ fn measure_configuration(
             "--coordinator",
             &coordinator,
             "up",
+            // The status page's once-a-second sampler would be load the reference does not have.
+            "--no-metrics",
             "--dir",
             &directory_text,
             "--servers",

@@ -45,6 +45,8 @@ pub fn run(arguments: RpcArguments) -> Result<(), String> {
             "--coordinator",
             &coordinator,
             "up",
+            // The status page's once-a-second sampler would be load the reference does not have.
+            "--no-metrics",
             "--dir",
             &directory_text,
             "--servers",

@@ -262,6 +262,8 @@ fn measure_cluster(
             "--coordinator",
             &coordinator,
             "up",
+            // The status page's once-a-second sampler would be load the reference does not have.
+            "--no-metrics",
             "--dir",
             &directory_text,
             "--servers",

@@ -1,5 +1,6 @@
-//! Log segments of arbitrary bytes: the validating iterator and every entry decoder must return
-//! errors, never panic, and every entry that decodes must survive encode then decode unchanged.
+//! Log segments of arbitrary bytes: the validating iterator, every entry decoder and recovery's
+//! replay must return errors, never panic, and every entry that decodes must survive encode then
+//! decode unchanged.
 //!
 //! The first input byte picks how the certificate is made. Taken from the input, it almost never
 //! matches, which exercises the certificate check; computed over the bytes' own headers, it lets
@@ -15,6 +16,8 @@ use stratus_log::format::{
     Certificate, CertificateBuilder, Entry, EntryType, SegmentHeader, CERTIFICATE_BYTES,
 };
 use stratus_log::iterator::SegmentIterator;
+use stratus_store::{ObjectStore, ReplayError, StoreConfig};
+use stratus_types::ServerId;
 
 /// Bounds the header walk that computes a certificate (each step consumes at least 2 bytes, so
 /// this is never reached by inputs libFuzzer generates; it documents the bound).
@@ -38,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn iterate(segment: &[u8], certificate: &Certificate) {
+    replay(segment, certificate);
     let Ok(iterator) = SegmentIterator::new(segment, certificate) else { return };
     let mut entries_bytes = 0u64;
     for item in iterator {
@@ -48,6 +52,21 @@ fn iterate(segment: &[u8], certificate: &Certificate) {
             }
             Err(_) => break,
         }
+    }
+}
+
+/// Recovery's replay of the segment into an empty store: refused with an error or replayed,
+/// never a panic, and never half a replay of a segment it refuses.
+fn replay(segment: &[u8], certificate: &Certificate) {
+    let mut config = StoreConfig::for_testing();
+    config.log_bytes = 1536 << 10;
+    config.segment_bytes = 256 << 10;
+    config.seglet_bytes = 16 << 10;
+    config.value_bytes_max = 24 << 10;
+    let store = ObjectStore::new(config, ServerId(1)).expect("a valid configuration");
+    let segments = [(segment, *certificate)];
+    if let Err(ReplayError::CorruptSegment { .. }) = store.replay(&segments, &|_, _| true, 1) {
+        assert_eq!(store.statistics().objects_live, 0, "a refused segment left objects behind");
     }
 }
 

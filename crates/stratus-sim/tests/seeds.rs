@@ -4,7 +4,7 @@ use stratus_sim::{run, SimulationOptions};
 
 /// Seeds CI runs (each a whole cluster with faults for about 15 s of simulated time, a quarter
 /// of a second of real time); the `many_seeds` test runs as many as `STRATUS_SIM_SEEDS` says.
-const CI_SEEDS: u64 = 150;
+const CI_SEEDS: u64 = 300;
 
 fn seed_base() -> u64 {
     std::env::var("STRATUS_SIM_SEED_BASE").ok().and_then(|text| text.parse().ok()).unwrap_or(0)

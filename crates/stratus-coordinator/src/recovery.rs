@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_log::{verify_replica, Certificate};
-use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
+use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::{HashRange, SegmentId, ServerId, TableId};
 use stratus_wire::{
     RecoveryTablet, Request, Response, ResponseBody, ServerEntry, ServerStatus, Status,
@@ -62,6 +62,8 @@ pub const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
 /// How long one RECOVER_TABLETS may run: reading and replaying a whole partition.
 const RECOVER_TABLETS_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often a recovery waiting on a recovery master checks that it is still up.
+const RECOVERY_MASTER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long one replica read by the coordinator (looking for the newest digest) may take.
 const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -387,7 +389,19 @@ impl Inner {
             };
             let inner = self.clone();
             calls.spawn(async move {
-                let outcome = inner.recovery_pools.masters.call(&address, &request).await;
+                // A recovery master that dies silently (power loss, a partition) never answers
+                // and never closes the connection: stop waiting once the failure detector has
+                // declared it crashed, so this attempt ends and the next one gives its part to
+                // a live master, instead of waiting out the call's long timeout. (The
+                // simulation found a recovery stalled that way.)
+                let call = inner.recovery_pools.masters.call(&address, &request);
+                let outcome = tokio::select! {
+                    biased;
+                    outcome = call => outcome,
+                    () = inner.until_not_up(master_id) => Err(RpcError::ConnectionLost(format!(
+                        "recovery master {master_id} was declared crashed"
+                    ))),
+                };
                 if outcome.is_err() {
                     inner.recovery_pools.masters.forget(&address);
                 }
@@ -428,6 +442,23 @@ impl Inner {
             }
         } else {
             Attempt::Again(format!("some partitions failed: {}", failures.join("; ")))
+        }
+    }
+
+    /// Returns once `server_id` is no longer up in the server list (crashed or removed).
+    async fn until_not_up(&self, server_id: ServerId) {
+        loop {
+            let up = self
+                .state
+                .lock()
+                .await
+                .servers
+                .get(&server_id)
+                .is_some_and(|server| server.status == ServerStatus::Up);
+            if !up {
+                return;
+            }
+            tokio::time::sleep(RECOVERY_MASTER_CHECK_INTERVAL).await;
         }
     }
 

@@ -710,10 +710,15 @@ impl Master {
                 return None;
             }
         }
-        // Both taken after the reads: `position` is at or past everything they saw.
+        // Both taken after the reads: `position` is at or past everything they saw. The
+        // durable position first: reads of older objects are answered without looking at the
+        // log's head (which takes the log's lock that appends take).
         let durable = context.replication.durable_position();
+        if seen.is_durable_before(durable) {
+            return None;
+        }
         let position = context.replication.position_to_sync();
-        if durable >= position || seen.is_durable_before(durable) {
+        if durable >= position {
             return None;
         }
         let frame = out.split_off(frame_start);

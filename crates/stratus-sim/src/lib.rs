@@ -370,15 +370,14 @@ async fn run_client(
         if let Some(version) = seen {
             last_seen[key_index] = version;
         }
-        // Filler: overwrites of this client's own keys with values of up to 4 KiB, which fill
-        // the small logs with dead versions so the cleaner must run.
-        {
-            let key = filler_key(client_id, choices.below(FILLER_KEYS_PER_CLIENT));
-            let length = 8 + choices.below(nodes::FILLER_VALUE_BYTES_MAX as u64 - 8) as usize;
-            let mut value = unique_value(client_id, sequence).to_vec();
-            value.resize(length, (sequence % 251) as u8);
-            let _ = client.write(table, key.as_bytes(), &value).await;
-        }
+        // Filler: an overwrite of one of this client's own keys with a value of up to
+        // FILLER_VALUE_BYTES_MAX (24 KiB), so the small logs fill with dead versions and the
+        // cleaner must run.
+        let key = filler_key(client_id, choices.below(FILLER_KEYS_PER_CLIENT));
+        let length = 8 + choices.below(nodes::FILLER_VALUE_BYTES_MAX as u64 - 8) as usize;
+        let mut value = unique_value(client_id, sequence).to_vec();
+        value.resize(length, (sequence % 251) as u8);
+        let _ = client.write(table, key.as_bytes(), &value).await;
         tokio::time::sleep(Duration::from_millis(
             choices.below(options.think_time_max.as_millis() as u64 + 1),
         ))

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+import conftest
 import stratus_client
 from stratus_client import (
     IncrementItem,
@@ -389,3 +390,15 @@ def test_context_manager_closes_the_client(cluster):
         client.list_tables()
     with pytest.raises(RuntimeError):
         client.list_tables()
+
+
+def test_several_coordinator_addresses_find_the_one_that_listens(cluster, table_name):
+    # Standby coordinators do not listen: the client skips addresses it cannot reach, in both
+    # orders, and keeps using the one that answered.
+    dead = f"127.0.0.1:{conftest.free_loopback_port()}"
+    for addresses in (f"{dead},{cluster.coordinator}", f"{cluster.coordinator},{dead}"):
+        with stratus_client.Client(addresses, timeout=10.0) as client:
+            table_id = client.create_table(table_name, span=1)
+            client.write(table_id, b"k", b"v")
+            assert client.read(table_id, b"k")[0] == b"v"
+            assert client.get_table_id(table_name) == table_id

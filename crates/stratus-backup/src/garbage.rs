@@ -36,12 +36,9 @@ pub async fn collect_once(backup: &BackupService, coordinator: &str, pool: &Chan
     if held.is_empty() {
         return 0;
     }
-    let servers = match pool.call(coordinator, &Request::GetServerList).await {
+    let servers = match pool.call_coordinator(coordinator, &Request::GetServerList).await {
         Ok((Status::Ok, ResponseBody::Operation(Response::GetServerList { servers }))) => servers,
         other => {
-            if other.is_err() {
-                pool.forget(coordinator);
-            }
             tracing::debug!(?other, "no server list for garbage collection");
             return 0;
         }

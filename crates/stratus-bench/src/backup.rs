@@ -201,7 +201,7 @@ fn raw_disk_bandwidth(
 }
 
 async fn backup_address(pool: &ChannelPool, coordinator: &str) -> Result<String, String> {
-    match pool.call(coordinator, &Request::GetServerList).await {
+    match pool.call_coordinator(coordinator, &Request::GetServerList).await {
         Ok((Status::Ok, ResponseBody::Operation(Response::GetServerList { servers }))) => servers
             .into_iter()
             .find(|server| server.services.0 & ServiceMask::BACKUP != 0)

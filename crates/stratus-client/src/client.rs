@@ -21,7 +21,8 @@ use crate::error::{Error, Result};
 /// Settings of a client.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// The coordinator's address, "host:port".
+    /// The coordinator's address, "host:port", or several separated by commas when the
+    /// cluster runs standby coordinators (the client finds the active one).
     pub coordinator_address: String,
     /// RPC settings (per-request timeout, connections per server).
     pub rpc: RpcConfig,
@@ -462,12 +463,11 @@ impl Inner {
         let mut backoff = Backoff::for_client();
         let address = &self.config.coordinator_address;
         loop {
-            let last = match self.pool.call(address, request).await {
+            let last = match self.pool.call_coordinator(address, request).await {
                 Ok((Status::Ok, ResponseBody::Operation(response))) => return Ok(response),
                 Ok((Status::Retry, body)) => failure(Status::Retry, body),
                 Ok((status, body)) => return Err(failure(status, body)),
                 Err(error) => {
-                    self.pool.forget(address);
                     let error_status = error.status();
                     let failed =
                         Error::new(error_status, format!("coordinator {address}: {error}"));

@@ -19,4 +19,4 @@ mod service;
 pub use metrics::CoordinatorMetrics;
 pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord};
 pub use recovery::FailureDetectorConfig;
-pub use service::Coordinator;
+pub use service::{Authority, Coordinator};

@@ -68,6 +68,19 @@ pub(crate) struct Inner {
     pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
     /// What it has done since it started, for its metrics.
     pub(crate) counters: CoordinatorCounters,
+    /// Whether this coordinator may act now (None: it is the only one, it always may).
+    authority: Option<Arc<dyn Authority>>,
+}
+
+/// Whether a coordinator is the cluster's active coordinator right now.
+///
+/// One coordinator alone always is. Of several (with etcd), only the one holding the
+/// leadership is, and only while it certainly still holds it: it grants master leases only
+/// then, so that a deposed coordinator cannot keep a master serving that its successor declared
+/// crashed (its metadata writes are fenced by the store itself).
+pub trait Authority: Send + Sync + std::fmt::Debug {
+    /// True while no other coordinator can be active.
+    fn is_active(&self) -> bool;
 }
 
 /// Which servers may hold a lease, and when each was last granted one.
@@ -88,6 +101,16 @@ impl Coordinator {
     pub fn open(
         meta: Arc<dyn MetaStore>,
         environment: Environment,
+    ) -> Result<Coordinator, MetaError> {
+        Coordinator::open_with_authority(meta, environment, None)
+    }
+
+    /// [`Coordinator::open`] for one of several coordinators: it grants master leases only
+    /// while `authority` says it is the active one.
+    pub fn open_with_authority(
+        meta: Arc<dyn MetaStore>,
+        environment: Environment,
+        authority: Option<Arc<dyn Authority>>,
     ) -> Result<Coordinator, MetaError> {
         let mut state = CoordinatorState::load(&*meta)?;
         let members = state.servers_in(ServerStatus::Up).map(|server| server.server_id).collect();
@@ -113,6 +136,7 @@ impl Coordinator {
             ping_misses: std::sync::Mutex::new(BTreeMap::new()),
             misses_to_declare: std::sync::atomic::AtomicU32::new(0),
             counters: CoordinatorCounters::default(),
+            authority,
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -449,6 +473,10 @@ impl Inner {
     /// grant and the membership check happen under the lease table's lock, which a crash
     /// declaration takes to remove the member, so no lease is granted after one begins.
     async fn renew_lease(&self, server_id: ServerId) -> Result<Response, Failure> {
+        if self.authority.as_ref().is_some_and(|authority| !authority.is_active()) {
+            CoordinatorCounters::count(&self.counters.lease_renewals_refused, 1);
+            return Err((Status::Retry, "this coordinator is not the active one".to_string()));
+        }
         let threshold = self.misses_to_declare.load(std::sync::atomic::Ordering::Relaxed);
         let missed = self.ping_misses().get(&server_id).copied().unwrap_or(0);
         if threshold > 0 && missed >= threshold {

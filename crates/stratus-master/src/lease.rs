@@ -94,7 +94,7 @@ pub async fn keep_lease(
     let mut failures = 0u64;
     loop {
         let sent_at = Instant::now();
-        match pool.call(&coordinator, &request).await {
+        match pool.call_coordinator(&coordinator, &request).await {
             Ok((Status::Ok, ResponseBody::Operation(Response::RenewLease { lease_ms }))) => {
                 lease.granted(sent_at, Duration::from_millis(u64::from(lease_ms)));
                 failures = 0;
@@ -105,9 +105,6 @@ pub async fn keep_lease(
                 return;
             }
             other => {
-                if other.is_err() {
-                    pool.forget(&coordinator);
-                }
                 failures += 1;
                 // Once per second of failures, not every attempt.
                 if failures % 7 == 1 {

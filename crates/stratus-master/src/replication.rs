@@ -988,7 +988,7 @@ impl Pump {
             segment_id: SegmentId(segment_id),
             epoch,
         };
-        match self.pool.call(&coordinator, &request).await {
+        match self.pool.call_coordinator(&coordinator, &request).await {
             Ok((Status::Ok, _)) => {
                 self.recorded_head = Some((segment_id, epoch));
                 Ok(())
@@ -1004,10 +1004,7 @@ impl Pump {
             Ok((status, body)) => {
                 Err(format!("the coordinator refused the log head: {status} {body:?}"))
             }
-            Err(error) => {
-                self.pool.forget(&coordinator);
-                Err(format!("the log head was not recorded: {error}"))
-            }
+            Err(error) => Err(format!("the log head was not recorded: {error}")),
         }
     }
 
@@ -1020,7 +1017,7 @@ impl Pump {
             return Ok(());
         }
         let coordinator = self.shared.config.coordinator_address.clone();
-        match self.pool.call(&coordinator, &Request::GetServerList).await {
+        match self.pool.call_coordinator(&coordinator, &Request::GetServerList).await {
             Ok((Status::Ok, ResponseBody::Operation(Response::GetServerList { servers }))) => {
                 self.backups = servers
                     .into_iter()
@@ -1036,10 +1033,7 @@ impl Pump {
                 Ok(())
             }
             Ok((status, _)) => Err(format!("coordinator answered the server list with {status}")),
-            Err(error) => {
-                self.pool.forget(&coordinator);
-                Err(format!("cannot reach the coordinator for the server list: {error}"))
-            }
+            Err(error) => Err(format!("cannot reach the coordinator for the server list: {error}")),
         }
     }
 

@@ -31,6 +31,18 @@ pub enum MetaError {
         /// The failure that poisoned the store.
         reason: String,
     },
+    /// A networked store could not be reached, or answered with an error; for a batch, nothing
+    /// was applied (a batch whose outcome is unknown poisons the store instead).
+    Unavailable {
+        /// What failed, for an operator.
+        reason: String,
+    },
+    /// Another coordinator holds the leadership this store's writes are conditional on: this
+    /// one was deposed and must stop. Nothing was applied.
+    Fenced {
+        /// Who holds it now, as far as the store could tell.
+        reason: String,
+    },
 }
 
 impl fmt::Display for MetaError {
@@ -47,6 +59,12 @@ impl fmt::Display for MetaError {
                 formatter,
                 "metadata store unusable after an earlier failure ({reason}); reopen it"
             ),
+            MetaError::Unavailable { reason } => {
+                write!(formatter, "metadata store unavailable: {reason}")
+            }
+            MetaError::Fenced { reason } => {
+                write!(formatter, "metadata store refused a write: leadership lost ({reason})")
+            }
         }
     }
 }

@@ -359,6 +359,8 @@ pub struct ChannelPool {
     config: RpcConfig,
     channels: Mutex<BTreeMap<String, Vec<Arc<Channel>>>>,
     round_robin: AtomicU64,
+    /// Which of several coordinator addresses answered last (see [`ChannelPool::call_coordinator`]).
+    coordinator_preferred: AtomicU64,
 }
 
 impl ChannelPool {
@@ -370,6 +372,7 @@ impl ChannelPool {
             config,
             channels: Mutex::new(BTreeMap::new()),
             round_robin: AtomicU64::new(0),
+            coordinator_preferred: AtomicU64::new(0),
         }
     }
 
@@ -407,6 +410,40 @@ impl ChannelPool {
     ) -> Result<(Status, ResponseBody), RpcError> {
         let channel = self.channel(address).await?;
         channel.call(request, self.config.request_timeout).await
+    }
+
+    /// One attempt of `request` against the coordinator at `coordinators`: one address, or
+    /// several separated by commas (the coordinators of a cluster with standbys, of which one
+    /// is active and listens). Starts with the address that answered last; after a transport
+    /// failure it drops that address's channels and tries the next, each address once, and
+    /// returns the last failure if none answers. A status from a coordinator is an answer.
+    pub async fn call_coordinator(
+        &self,
+        coordinators: &str,
+        request: &Request,
+    ) -> Result<(Status, ResponseBody), RpcError> {
+        let count = coordinators.split(',').count() as u64;
+        let first = self.coordinator_preferred.load(Ordering::Relaxed) % count;
+        let mut last_failure = None;
+        for turn in 0..count {
+            let index = (first + turn) % count;
+            let address = coordinators
+                .split(',')
+                .nth(index as usize)
+                .map(str::trim)
+                .expect("index below the number of addresses");
+            match self.call(address, request).await {
+                Ok(answer) => {
+                    self.coordinator_preferred.store(index, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Err(failure) => {
+                    self.forget(address);
+                    last_failure = Some(failure);
+                }
+            }
+        }
+        Err(last_failure.expect("at least one address was tried"))
     }
 
     /// Drops the channels to `address` (after a timeout: the server may be gone).

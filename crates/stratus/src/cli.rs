@@ -16,7 +16,8 @@ pub const DEFAULT_COORDINATOR: &str = "127.0.0.1:7400";
 #[derive(Debug, Parser)]
 #[command(name = "stratus", version, about)]
 pub struct Arguments {
-    /// The coordinator to talk to ("host:port").
+    /// The coordinator to talk to ("host:port"); with standby coordinators, all of their
+    /// addresses separated by commas (the active one is found).
     #[arg(long, global = true, env = "STRATUS_COORDINATOR", default_value = DEFAULT_COORDINATOR)]
     pub coordinator: String,
     /// How long a client command may take, retries included, in milliseconds.

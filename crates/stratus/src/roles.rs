@@ -11,13 +11,14 @@ use clap::Args;
 use stratus_backup::{
     collect_garbage, BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage,
 };
-use stratus_coordinator::{Coordinator, FailureDetectorConfig};
+use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
     keep_lease, Lease, Master, MasterConfig, Placement, RecoveryReader, ReplicaManager,
     ReplicationConfig,
 };
 use stratus_meta::FileMetaStore;
+use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig};
 use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig};
 use stratus_store::StoreConfig;
 use stratus_types::limits::SEGMENT_BYTES_MAX;
@@ -29,9 +30,22 @@ pub struct CoordinatorArguments {
     /// Address to listen on.
     #[arg(long, default_value = crate::cli::DEFAULT_COORDINATOR)]
     pub listen: String,
-    /// Directory of the coordinator's durable state.
-    #[arg(long)]
-    pub dir: PathBuf,
+    /// Directory of the coordinator's durable state (the embedded metadata store). Not used
+    /// with --etcd.
+    #[arg(long, required_unless_present = "etcd")]
+    pub dir: Option<PathBuf>,
+    /// Keep the metadata in etcd instead, at these client URLs (comma-separated), and run as
+    /// one of several coordinators: the one holding the leadership in etcd is active and
+    /// listens, the others stand by and take over within seconds when it dies.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// The etcd key prefix of this cluster (several clusters can share one etcd).
+    #[arg(long, default_value = stratus_meta_etcd::DEFAULT_NAMESPACE)]
+    pub etcd_namespace: String,
+    /// Seconds of the leadership lease: about how long a standby waits after the active
+    /// coordinator died (etcd raises values below its minimum, 2 s by default).
+    #[arg(long, default_value_t = 3)]
+    pub etcd_lease_seconds: u64,
     /// Stop when the process that started this one dies (used by `stratus up`).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -198,10 +212,14 @@ async fn termination(exit_with_parent: bool) {
 
 /// Runs the coordinator until SIGINT/SIGTERM.
 pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
-    std::fs::create_dir_all(&arguments.dir)
-        .map_err(|error| format!("{}: {error}", arguments.dir.display()))?;
+    if !arguments.etcd.is_empty() {
+        return run_coordinator_on_etcd(arguments);
+    }
+    let directory = arguments.dir.clone().ok_or("give --dir or --etcd")?;
+    std::fs::create_dir_all(&directory)
+        .map_err(|error| format!("{}: {error}", directory.display()))?;
     let (store, report) =
-        FileMetaStore::open(&arguments.dir).map_err(|error| format!("metadata store: {error}"))?;
+        FileMetaStore::open(&directory).map_err(|error| format!("metadata store: {error}"))?;
     if report.torn_tail_bytes_discarded > 0 {
         tracing::warn!(
             bytes = report.torn_tail_bytes_discarded,
@@ -211,6 +229,92 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
     let environment = Environment::system();
     let coordinator = Coordinator::open(Arc::new(store), environment.clone())
         .map_err(|error| error.to_string())?;
+    serve_coordinator(arguments, coordinator, environment, std::future::pending())
+}
+
+/// How often an active coordinator on etcd checks that it still holds the leadership.
+const LEADERSHIP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The leadership as the coordinator sees it.
+#[derive(Debug)]
+struct EtcdAuthority(Arc<Leadership>);
+
+impl Authority for EtcdAuthority {
+    fn is_active(&self) -> bool {
+        self.0.holds()
+    }
+}
+
+/// Runs one of several coordinators sharing metadata in etcd: stands by until it holds the
+/// leadership, then serves until it stops or loses it (then it exits: its successor may
+/// already have changed the metadata, so nothing it remembers can be trusted).
+fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String> {
+    let client = Arc::new(
+        EtcdClient::new(&arguments.etcd, ETCD_REQUEST_TIMEOUT)
+            .map_err(|error| format!("--etcd: {error}"))?,
+    );
+    let namespace = arguments.etcd_namespace.clone();
+    if !namespace.starts_with('/') || !namespace.ends_with('/') {
+        return Err(format!("--etcd-namespace {namespace:?} must start and end with '/'"));
+    }
+    // Unique per incarnation: a restarted coordinator must not pass its predecessor's fence.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or(0);
+    let identity = format!("{} pid {} start {nonce}", arguments.listen, std::process::id());
+    let config = LeadershipConfig {
+        lease_ttl: Duration::from_secs(arguments.etcd_lease_seconds.max(1)),
+        ..LeadershipConfig::default()
+    };
+    println!(
+        "coordinator standing by for the leadership in etcd ({})",
+        client.endpoints().join(",")
+    );
+    let parent = std::os::unix::process::parent_id();
+    let exit_with_parent = arguments.exit_with_parent;
+    let orphaned = move || exit_with_parent && std::os::unix::process::parent_id() != parent;
+    let leadership =
+        Arc::new(Leadership::campaign(client.clone(), &namespace, &identity, config, &orphaned)?);
+    let store =
+        Arc::new(EtcdMetaStore::new(client, &namespace, Some(leadership.identity().to_vec())));
+    let environment = Environment::system();
+    let authority: Arc<dyn Authority> = Arc::new(EtcdAuthority(leadership.clone()));
+    let coordinator =
+        Coordinator::open_with_authority(store.clone(), environment.clone(), Some(authority))
+            .map_err(|error| format!("loading the metadata from etcd: {error}"))?;
+    let watched = leadership.clone();
+    let lost = async move {
+        loop {
+            tokio::time::sleep(LEADERSHIP_CHECK_INTERVAL).await;
+            if !watched.holds() {
+                return watched.lost().unwrap_or_else(|| "leadership lost".to_string());
+            }
+            if let Some(reason) = store.poisoned() {
+                return format!("the metadata store failed: {reason}");
+            }
+        }
+    };
+    let outcome = serve_coordinator(arguments, coordinator, environment, lost);
+    if outcome.is_ok() {
+        // A clean stop: hand over at once rather than after the lease's TTL.
+        if let Some(leadership) = Arc::into_inner(leadership) {
+            leadership.resign();
+        }
+    }
+    outcome
+}
+
+/// How long one request to etcd may take.
+const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `coordinator` until SIGINT/SIGTERM, or until `lost` finishes (with why it must stop).
+fn serve_coordinator(
+    arguments: CoordinatorArguments,
+    coordinator: Coordinator,
+    environment: Environment,
+    lost: impl std::future::Future<Output = String>,
+) -> Result<(), String> {
     runtime()?.block_on(async move {
         let listener = environment.network.bind(&arguments.listen).await.map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
@@ -237,6 +341,7 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
                 tracing::info!("coordinator stopping");
                 Ok(())
             }
+            reason = lost => Err(format!("coordinator stopping: {reason}")),
         }
     })
 }
@@ -375,7 +480,7 @@ async fn enlist(
     let deadline = tokio::time::Instant::now() + patience;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {
-        match pool.call(coordinator, &request).await {
+        match pool.call_coordinator(coordinator, &request).await {
             Ok((Status::Ok, ResponseBody::Operation(Response::EnlistServer { server_id }))) => {
                 return Ok(server_id)
             }
@@ -383,7 +488,6 @@ async fn enlist(
                 return Err(format!("coordinator refused enlistment: {status} {body:?}"))
             }
             Err(error) => {
-                pool.forget(coordinator);
                 if tokio::time::Instant::now() >= deadline {
                     return Err(format!("cannot reach the coordinator at {coordinator}: {error}"));
                 }

@@ -33,7 +33,7 @@ type ObjectKey = (ServerId, Vec<u8>, Version);
 type SegmentReplicas = BTreeMap<ServerId, (Certificate, Bytes)>;
 
 async fn servers(pool: &ChannelPool, coordinator: &str) -> Vec<ServerEntry> {
-    match pool.call(coordinator, &Request::GetServerList).await.unwrap() {
+    match pool.call_coordinator(coordinator, &Request::GetServerList).await.unwrap() {
         (Status::Ok, ResponseBody::Operation(Response::GetServerList { servers })) => servers,
         other => panic!("server list: {other:?}"),
     }

@@ -28,12 +28,14 @@ from .codec import MultiItemResult, Opcode
 from .connection import Connection, parse_address
 from .enumeration import Enumeration, EnumerationPosition
 from .errors import (
+    CouldNotConnect,
     InvalidKey,
     InvalidParameter,
     ProtocolError,
     RetryLater,
     StratusError,
     TableDoesNotExist,
+    Timeout,
     Unavailable,
     UnknownTablet,
     WrongServer,
@@ -143,7 +145,11 @@ class Client:
         request_timeout: float = 2.0,
         connect_timeout: float = 2.0,
     ) -> None:
-        parse_address(coordinator)  # refuse a malformed address now, not at the first call
+        # Several addresses, comma-separated: the coordinators of a cluster with standbys (one is
+        # active and listens). Malformed addresses are refused now, not at the first call.
+        self.coordinators = [address.strip() for address in coordinator.split(",")]
+        for address in self.coordinators:
+            parse_address(address)
         for name, seconds in (
             ("timeout", timeout),
             ("request_timeout", request_timeout),
@@ -159,6 +165,7 @@ class Client:
         self._connections: dict[str, Connection] = {}
         self._tablet_maps: dict[int, tuple[list[int], list[TabletEntry]]] = {}
         self._closed = False
+        self._coordinator_index = 0  # the coordinator address that answered last
 
     # -----------------------------------------------------------------------------------------
     # Lifetime.
@@ -397,8 +404,23 @@ class Client:
                 attempts.wait_before_retry(error)
 
     def _coordinator_request(self, opcode: Opcode, body: bytes, attempts: Attempts) -> object:
-        """One request to the coordinator: its decoded body, or its status as a typed error."""
-        status, decoded = self._send(self.coordinator, opcode, body, attempts)
+        """One request to the coordinator: its decoded body, or its status as a typed error.
+
+        With several coordinator addresses, starts at the one that answered last and, when one
+        cannot be reached (a standby does not listen; a paused one times out), tries the next,
+        each once."""
+        count = len(self.coordinators)
+        first = self._coordinator_index
+        for turn in range(count):
+            index = (first + turn) % count
+            try:
+                status, decoded = self._send(self.coordinators[index], opcode, body, attempts)
+            except (CouldNotConnect, Timeout, ProtocolError):
+                if turn == count - 1:
+                    raise
+                continue
+            self._coordinator_index = index
+            break
         if status is Status.OK:
             return decoded
         raise failure_from_response(status, decoded)

@@ -1,0 +1,285 @@
+//! [`Leadership`]: which of several coordinators is the active one, decided by etcd.
+//!
+//! The active coordinator is the one whose identity is in the leader key
+//! (`<namespace>leader`), a key attached to an etcd lease that the coordinator keeps alive.
+//! Taking the leadership is one transaction that creates the key only if it does not exist, so
+//! at most one coordinator holds it at a time. When the holder dies its lease expires after its
+//! TTL, etcd deletes the key, and a standby's next attempt succeeds.
+//!
+//! Two rules make this safe against a holder that does not know it was deposed (paused,
+//! partitioned from etcd):
+//! - Every metadata write is conditional on the leader key holding the writer's identity
+//!   ([`crate::EtcdMetaStore`]), so a deposed coordinator changes nothing.
+//! - [`Leadership::holds`] is true only until the last renewal's send time plus the TTL etcd
+//!   granted, less a margin. etcd measures the same TTL from when it received that renewal,
+//!   which is later, so while `holds` is true no other coordinator can have taken over. The
+//!   coordinator grants master leases only while it holds the leadership, which keeps a
+//!   deposed coordinator from keeping a master alive that its successor declared crashed.
+//!
+//! This module reads the monotonic clock and sleeps on its own thread: it is an adapter to a
+//! real external system, like the file store, and is not used by the simulator.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::client::{Compare, EtcdClient, EtcdError, TxnOperation};
+use crate::leader_key;
+
+/// How the leadership is held.
+#[derive(Clone, Copy, Debug)]
+pub struct LeadershipConfig {
+    /// TTL of the leadership lease: how long after the holder's last renewal a standby can take
+    /// over. etcd raises TTLs below its minimum (1.5 election timeouts, 1.5 s by default).
+    pub lease_ttl: Duration,
+    /// How often a standby tries to take the leadership.
+    pub standby_poll_interval: Duration,
+}
+
+impl Default for LeadershipConfig {
+    fn default() -> LeadershipConfig {
+        // Three seconds: a failover takes about this long, and three renewals (every quarter
+        // TTL) may fail in a row before the holder gives up.
+        LeadershipConfig {
+            lease_ttl: Duration::from_secs(3),
+            standby_poll_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// The share of the TTL the holder gives up before etcd would expire its lease: covers the
+/// difference between this machine's clock rate and etcd's.
+const SAFETY_MARGIN_DIVISOR: u32 = 10;
+
+/// Renewals per TTL.
+const RENEWALS_PER_TTL: u32 = 4;
+
+/// Leadership held by this process, kept alive by a renewal thread until dropped.
+#[derive(Debug)]
+pub struct Leadership {
+    client: Arc<EtcdClient>,
+    identity: Vec<u8>,
+    lease_id: i64,
+    shared: Arc<Shared>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Until when the leadership is certainly held (renewal send time + granted TTL - margin).
+    held_until: Mutex<Instant>,
+    /// Why it was lost, once it was.
+    lost: Mutex<Option<String>>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn lose(&self, reason: String) {
+        let mut lost = self.lost.lock().unwrap_or_else(|poison| poison.into_inner());
+        if lost.is_none() {
+            tracing::error!(%reason, "coordinator leadership lost");
+            *lost = Some(reason);
+        }
+    }
+}
+
+/// The point until which a lease renewed at `sent_at` for `ttl_seconds` is certainly alive.
+fn held_until(sent_at: Instant, ttl_seconds: u64) -> Instant {
+    let ttl = Duration::from_secs(ttl_seconds);
+    sent_at + ttl - ttl / SAFETY_MARGIN_DIVISOR
+}
+
+impl Leadership {
+    /// Waits until this process holds the leadership of `namespace`, recording `identity`
+    /// (what other coordinators and operators see as the holder) in the leader key. Gives up
+    /// with an error only when `should_stop` returns true.
+    pub fn campaign(
+        client: Arc<EtcdClient>,
+        namespace: &str,
+        identity: &str,
+        config: LeadershipConfig,
+        should_stop: &dyn Fn() -> bool,
+    ) -> Result<Leadership, String> {
+        let leader = leader_key(namespace);
+        let ttl_seconds = config.lease_ttl.as_secs().max(1);
+        let mut lease: Option<(i64, Instant, u64)> = None;
+        let mut last_holder: Option<Vec<u8>> = None;
+        loop {
+            if should_stop() {
+                if let Some((id, _, _)) = lease {
+                    let _ = client.lease_revoke(id);
+                }
+                return Err("stopped before taking the leadership".to_string());
+            }
+            match Self::attempt(&client, &leader, identity, ttl_seconds, &mut lease) {
+                Ok(None) => {
+                    let (lease_id, sent_at, ttl) = lease.expect("a won attempt holds a lease");
+                    tracing::info!(identity, lease_id, "took the coordinator leadership");
+                    let shared = Arc::new(Shared {
+                        held_until: Mutex::new(held_until(sent_at, ttl)),
+                        lost: Mutex::new(None),
+                        stop: AtomicBool::new(false),
+                    });
+                    let renewer = {
+                        let client = client.clone();
+                        let shared = shared.clone();
+                        let interval = Duration::from_secs(ttl) / RENEWALS_PER_TTL;
+                        std::thread::Builder::new()
+                            .name("leadership-renewer".into())
+                            .spawn(move || renew(&client, lease_id, interval, &shared))
+                            .map_err(|error| format!("starting the renewal thread: {error}"))?
+                    };
+                    return Ok(Leadership {
+                        client,
+                        identity: identity.as_bytes().to_vec(),
+                        lease_id,
+                        shared,
+                        renewer: Some(renewer),
+                    });
+                }
+                Ok(Some(holder)) => {
+                    if last_holder.as_ref() != Some(&holder) {
+                        tracing::info!(
+                            holder = %String::from_utf8_lossy(&holder),
+                            "standing by: another coordinator is active"
+                        );
+                        last_holder = Some(holder);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot reach etcd to take the leadership"),
+            }
+            std::thread::sleep(config.standby_poll_interval);
+        }
+    }
+
+    /// One try: renews (or grants) this standby's lease, then creates the leader key if it is
+    /// absent. Ok(None): won; Ok(Some(holder)): someone else holds it.
+    fn attempt(
+        client: &EtcdClient,
+        leader: &[u8],
+        identity: &str,
+        ttl_seconds: u64,
+        lease: &mut Option<(i64, Instant, u64)>,
+    ) -> Result<Option<Vec<u8>>, EtcdError> {
+        // Renew before every try, so that a won key's lease has a known, recent start.
+        let sent_at = Instant::now();
+        let renewed = match *lease {
+            Some((id, _, _)) => match client.lease_keep_alive(id)? {
+                0 => None,
+                ttl => Some((id, sent_at, ttl)),
+            },
+            None => None,
+        };
+        *lease = match renewed {
+            Some(renewed) => Some(renewed),
+            None => {
+                let sent_at = Instant::now();
+                let (id, ttl) = client.lease_grant(ttl_seconds)?;
+                Some((id, sent_at, ttl))
+            }
+        };
+        let (lease_id, _, _) = lease.expect("just set");
+        let outcome = client.txn(
+            &[Compare::Absent { key: leader.to_vec() }],
+            &[TxnOperation::Put {
+                key: leader.to_vec(),
+                value: identity.as_bytes().to_vec(),
+                lease: lease_id,
+            }],
+            &[TxnOperation::Get { key: leader.to_vec() }],
+        )?;
+        if outcome.succeeded {
+            return Ok(None);
+        }
+        let holder = outcome
+            .ranges
+            .first()
+            .and_then(|pairs| pairs.first())
+            .map(|pair| pair.value.clone())
+            .unwrap_or_default();
+        Ok(Some(holder))
+    }
+
+    /// The identity in the leader key: the fence for [`crate::EtcdMetaStore`].
+    pub fn identity(&self) -> &[u8] {
+        &self.identity
+    }
+
+    /// True while no other coordinator can hold the leadership.
+    pub fn holds(&self) -> bool {
+        if self.lost().is_some() {
+            return false;
+        }
+        let held_until =
+            *self.shared.held_until.lock().unwrap_or_else(|poison| poison.into_inner());
+        if Instant::now() < held_until {
+            return true;
+        }
+        self.shared.lose("the leadership lease could not be renewed in time".to_string());
+        false
+    }
+
+    /// Why the leadership was lost, once it was. It is never regained: a coordinator that lost
+    /// it must stop (its successor may already have changed the metadata).
+    pub fn lost(&self) -> Option<String> {
+        self.shared.lost.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+    }
+
+    /// Gives the leadership up now (a clean stop), so a standby takes over at once instead of
+    /// after the TTL.
+    pub fn resign(mut self) {
+        self.stop_renewing();
+        self.shared.lose("resigned".to_string());
+        if let Err(error) = self.client.lease_revoke(self.lease_id) {
+            tracing::warn!(%error, "could not revoke the leadership lease; it will expire");
+        }
+    }
+
+    fn stop_renewing(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(renewer) = self.renewer.take() {
+            let _ = renewer.join();
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.stop_renewing();
+    }
+}
+
+/// The renewal thread: renews every `interval` until stopped or lost.
+fn renew(client: &EtcdClient, lease_id: i64, interval: Duration, shared: &Shared) {
+    // Sleep in short steps so that a stop is noticed quickly.
+    let step = interval.min(Duration::from_millis(50));
+    let mut next = Instant::now() + interval;
+    while !shared.stop.load(Ordering::Relaxed) {
+        if Instant::now() < next {
+            std::thread::sleep(step);
+            continue;
+        }
+        next = Instant::now() + interval;
+        let sent_at = Instant::now();
+        match client.lease_keep_alive(lease_id) {
+            Ok(0) => {
+                shared.lose("the leadership lease expired in etcd".to_string());
+                return;
+            }
+            Ok(ttl) => {
+                *shared.held_until.lock().unwrap_or_else(|poison| poison.into_inner()) =
+                    held_until(sent_at, ttl);
+            }
+            Err(error) => {
+                let held_until =
+                    *shared.held_until.lock().unwrap_or_else(|poison| poison.into_inner());
+                tracing::warn!(%error, "leadership lease not renewed");
+                if Instant::now() >= held_until {
+                    shared.lose(format!("the leadership lease could not be renewed: {error}"));
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! A single-member etcd started as a child process on loopback: for tests, and for trying
+//! coordinator failover on one machine. Needs the `etcd` binary (Debian: `etcd-server`).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::client::EtcdClient;
+use crate::{REQUEST_BYTES_MIN, TXN_OPERATIONS_MAX};
+
+/// How long a started etcd may take to answer.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+
+/// An etcd process, killed when dropped.
+#[derive(Debug)]
+pub struct LocalEtcd {
+    child: Child,
+    client_url: String,
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
+    Ok(listener.local_addr().map_err(|error| error.to_string())?.port())
+}
+
+impl LocalEtcd {
+    /// Starts etcd with its data in `data_directory`, on free loopback ports, configured for
+    /// the coordinator's limits, and waits until it answers.
+    pub fn start(data_directory: &Path) -> Result<LocalEtcd, String> {
+        let binary = std::env::var("STRATUS_ETCD_BINARY").unwrap_or_else(|_| "etcd".to_string());
+        let client_url = format!("http://127.0.0.1:{}", free_port()?);
+        let peer_url = format!("http://127.0.0.1:{}", free_port()?);
+        let log = std::fs::File::create(data_directory.with_extension("log"))
+            .map_err(|error| format!("etcd log file: {error}"))?;
+        let child = Command::new(&binary)
+            .arg("--name=stratus-local")
+            .arg(format!("--data-dir={}", data_directory.display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=stratus-local={peer_url}"))
+            .arg(format!("--max-txn-ops={TXN_OPERATIONS_MAX}"))
+            .arg(format!("--max-request-bytes={REQUEST_BYTES_MIN}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|error| {
+                format!("cannot start {binary} (install etcd-server, or set STRATUS_ETCD_BINARY): {error}")
+            })?;
+        let mut etcd = LocalEtcd { child, client_url };
+        let client = EtcdClient::new(&[etcd.client_url.clone()], Duration::from_secs(1))?;
+        let deadline = Instant::now() + START_PATIENCE;
+        loop {
+            match client.range(b"probe", &[]) {
+                Ok(_) => return Ok(etcd),
+                Err(error) => {
+                    if let Ok(Some(status)) = etcd.child.try_wait() {
+                        return Err(format!("etcd exited at start ({status}); see its log"));
+                    }
+                    if Instant::now() >= deadline {
+                        etcd.kill();
+                        return Err(format!(
+                            "etcd did not answer within {START_PATIENCE:?}: {error}"
+                        ));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The URL clients reach it at.
+    pub fn client_url(&self) -> &str {
+        &self.client_url
+    }
+
+    /// Kills it (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -120,6 +120,9 @@ impl Inner {
             .store(config.misses_to_declare, std::sync::atomic::Ordering::Relaxed);
         loop {
             tokio::time::sleep(config.probe_interval).await;
+            if !self.is_active() {
+                continue;
+            }
             let servers: Vec<ServerEntry> =
                 self.state.lock().await.servers_in(ServerStatus::Up).cloned().collect();
             self.ping_misses().retain(|id, _| servers.iter().any(|server| server.server_id == *id));
@@ -247,6 +250,11 @@ impl Inner {
         }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         for attempt in 1..=RECOVERY_ATTEMPTS_MAX {
+            if !self.is_active() {
+                // Deposed: the successor resumes this recovery from the metadata.
+                tracing::warn!(%crashed, "not the active coordinator any more; recovery left to the successor");
+                return;
+            }
             match self.recovery_attempt(crashed).await {
                 Attempt::Finished => {
                     tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
@@ -375,6 +383,9 @@ impl Inner {
             "recovering"
         );
 
+        if !self.is_active() {
+            return Attempt::Again("not the active coordinator".to_string());
+        }
         let mut calls = tokio::task::JoinSet::new();
         for (index, parts) in partitions {
             let (master_id, address) = masters[index].clone();

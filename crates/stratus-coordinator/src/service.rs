@@ -244,7 +244,17 @@ impl Service for Coordinator {
 }
 
 impl Inner {
+    /// True unless this coordinator is one of several and not certainly the active one.
+    pub(crate) fn is_active(&self) -> bool {
+        self.authority.as_ref().is_none_or(|authority| authority.is_active())
+    }
+
     async fn execute(self: &Arc<Self>, request: Request) -> Result<Response, Failure> {
+        if !self.is_active() {
+            // A deposed coordinator (paused, then resumed) answers nothing from its memory,
+            // which its successor may have overtaken: the caller retries, elsewhere.
+            return Err((Status::Retry, "this coordinator is not the active one".to_string()));
+        }
         match request {
             Request::Ping => Ok(Response::Ping),
             Request::EnlistServer { address, services } => self.enlist(address, services).await,
@@ -295,6 +305,16 @@ impl Inner {
         let outcome = stratus_env::run_blocking(move || meta.apply(&batch)).await;
         match outcome {
             Ok(Ok(())) => Ok(()),
+            Ok(Err(
+                error @ (MetaError::Unavailable { .. }
+                | MetaError::Fenced { .. }
+                | MetaError::Poisoned { .. }),
+            )) => {
+                // Nothing was applied, or this coordinator is stopping and its successor will
+                // know: the caller's retry settles it.
+                tracing::error!(%error, "metadata store refused a write");
+                Err((Status::Retry, format!("metadata store: {error}")))
+            }
             Ok(Err(error)) => {
                 tracing::error!(%error, "metadata store refused a write");
                 Err((Status::InternalError, format!("metadata store: {error}")))
@@ -473,7 +493,8 @@ impl Inner {
     /// grant and the membership check happen under the lease table's lock, which a crash
     /// declaration takes to remove the member, so no lease is granted after one begins.
     async fn renew_lease(&self, server_id: ServerId) -> Result<Response, Failure> {
-        if self.authority.as_ref().is_some_and(|authority| !authority.is_active()) {
+        // Checked again here, next to the grant (execute checked before any await).
+        if !self.is_active() {
             CoordinatorCounters::count(&self.counters.lease_renewals_refused, 1);
             return Err((Status::Retry, "this coordinator is not the active one".to_string()));
         }
@@ -568,6 +589,9 @@ pub(crate) async fn deliver(
     let deadline = tokio::time::Instant::now() + DELIVERY_PERSISTENCE;
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
     loop {
+        if !inner.is_active() {
+            return;
+        }
         let address = {
             let state = inner.state.lock().await;
             let still_assigned = state

@@ -15,6 +15,14 @@ use serde_json::{json, Value};
 
 use crate::{RESPONSE_BYTES_MAX, SCAN_PAGE_KEYS};
 
+/// How long connecting to one member may take before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// gRPC codes with which etcd refuses a request before proposing it, so nothing was applied:
+/// invalid argument (3), permission denied (7), resource exhausted (8: too large), failed
+/// precondition (9), out of range (11: e.g. a compacted revision), unauthenticated (16).
+const DEFINITE_REFUSAL_CODES: [u64; 6] = [3, 7, 8, 9, 11, 16];
+
 /// Why a request to etcd failed.
 #[derive(Debug)]
 pub enum EtcdError {
@@ -120,6 +128,9 @@ impl EtcdClient {
         }
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(request_timeout))
+            // A member whose host is gone must fail fast and be skipped, not use up the whole
+            // request's time (a hanging connect would otherwise look like a sent request).
+            .timeout_connect(Some(CONNECT_TIMEOUT.min(request_timeout)))
             .http_status_as_error(false)
             .build()
             .into();
@@ -131,45 +142,83 @@ impl EtcdClient {
         &self.endpoints
     }
 
-    /// Posts `body` to `path` on the preferred member, moving to the next members only while
-    /// nothing can have been sent.
-    fn post(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+    /// Posts `body` to `path`, starting with the member that answered last, within `timeout`
+    /// per member. A request that changes nothing, or changes the same thing however often it
+    /// is applied (`repeatable`), moves on to the next member after any failure; any other
+    /// only while nothing can have reached etcd, and is ambiguous after that.
+    fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        repeatable: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Value, EtcdError> {
         let body = body.to_string();
         let first = self.preferred.load(Ordering::Relaxed) % self.endpoints.len();
-        let mut unreachable = Vec::new();
+        let mut failures = Vec::new();
         for turn in 0..self.endpoints.len() {
             let index = (first + turn) % self.endpoints.len();
+            // The next call starts elsewhere if this member fails.
+            self.preferred.store((index + 1) % self.endpoints.len(), Ordering::Relaxed);
             let url = format!("{}{path}", self.endpoints[index]);
-            match self.agent.post(&url).content_type("application/json").send(&body) {
-                Ok(mut response) => {
-                    self.preferred.store(index, Ordering::Relaxed);
-                    let status = response.status().as_u16();
-                    let text = response
-                        .body_mut()
-                        .with_config()
-                        .limit(RESPONSE_BYTES_MAX)
-                        .read_to_string()
-                        .map_err(|error| EtcdError::Ambiguous(format!("{url}: {error}")))?;
-                    let answer: Value = serde_json::from_str(&text).map_err(|error| {
-                        EtcdError::Malformed(format!("{url}: {error}: {}", excerpt(&text)))
-                    })?;
-                    if status != 200 || answer.get("error").is_some() {
-                        let message = answer
-                            .get("message")
-                            .or_else(|| answer.get("error"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("no message");
-                        return Err(EtcdError::Refused(format!("{url}: HTTP {status}: {message}")));
+            let mut request = self.agent.post(&url).content_type("application/json");
+            if let Some(timeout) = timeout {
+                request = request.config().timeout_global(Some(timeout)).build();
+            }
+            let failure = match request.send(&body) {
+                Ok(mut response) => match Self::answer(&url, &mut response) {
+                    Ok(answer) => {
+                        self.preferred.store(index, Ordering::Relaxed);
+                        return Ok(answer);
                     }
-                    return Ok(answer);
-                }
+                    Err(failure) => failure,
+                },
                 Err(error) if nothing_sent(&error) => {
-                    unreachable.push(format!("{url}: {error}"));
+                    EtcdError::Unreachable(format!("{url}: {error}"))
                 }
-                Err(error) => return Err(EtcdError::Ambiguous(format!("{url}: {error}"))),
+                Err(error) => EtcdError::Ambiguous(format!("{url}: {error}")),
+            };
+            match failure {
+                EtcdError::Unreachable(reason) => failures.push(reason),
+                other if repeatable => failures.push(other.to_string()),
+                other => return Err(other),
             }
         }
-        Err(EtcdError::Unreachable(unreachable.join("; ")))
+        Err(EtcdError::Unreachable(failures.join("; ")))
+    }
+
+    /// The JSON answer of a member, or why it is not one.
+    fn answer(
+        url: &str,
+        response: &mut ureq::http::Response<ureq::Body>,
+    ) -> Result<Value, EtcdError> {
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_string()
+            .map_err(|error| EtcdError::Ambiguous(format!("{url}: {error}")))?;
+        let answer: Value = serde_json::from_str(&text)
+            .map_err(|error| EtcdError::Malformed(format!("{url}: {error}: {}", excerpt(&text))))?;
+        if status == 200 && answer.get("error").is_none() {
+            return Ok(answer);
+        }
+        let message = answer
+            .get("message")
+            .or_else(|| answer.get("error"))
+            .and_then(Value::as_str)
+            .unwrap_or("no message");
+        let code = answer.get("code").and_then(Value::as_u64).unwrap_or(0);
+        let description = format!("{url}: HTTP {status}, code {code}: {message}");
+        // Only errors etcd gives before proposing anything mean "not applied"; a timed-out or
+        // interrupted proposal (deadline exceeded, unavailable, unknown, internal) may still
+        // be applied later.
+        if DEFINITE_REFUSAL_CODES.contains(&code) {
+            Err(EtcdError::Refused(description))
+        } else {
+            Err(EtcdError::Ambiguous(description))
+        }
     }
 
     /// Every pair with a key in `[start, end)` (`end` empty: just `start`), read at one
@@ -189,12 +238,17 @@ impl EtcdClient {
             if let Some(revision) = revision {
                 request["revision"] = json!(revision.to_string());
             }
-            let answer = self.post("/v3/kv/range", &request)?;
+            let answer = self.post("/v3/kv/range", &request, true, None)?;
             if revision.is_none() {
                 revision = Some(integer(&answer["header"]["revision"])?);
             }
             let page = key_values(&answer["kvs"])?;
             let more = answer["more"].as_bool().unwrap_or(false);
+            if more && page.is_empty() {
+                return Err(EtcdError::Malformed(
+                    "a range page with more to come but no keys".into(),
+                ));
+            }
             let last = page.last().map(|pair| pair.key.clone());
             pairs.extend(page);
             match (more, last, end.is_empty()) {
@@ -233,7 +287,7 @@ impl EtcdClient {
             "success": success.iter().map(operation_json).collect::<Vec<_>>(),
             "failure": failure.iter().map(operation_json).collect::<Vec<_>>(),
         });
-        let answer = self.post("/v3/kv/txn", &request)?;
+        let answer = self.post("/v3/kv/txn", &request, false, None)?;
         let succeeded = answer["succeeded"].as_bool().unwrap_or(false);
         let mut ranges = Vec::new();
         if let Some(responses) = answer["responses"].as_array() {
@@ -246,17 +300,21 @@ impl EtcdClient {
         Ok(TxnOutcome { succeeded, ranges })
     }
 
-    /// Grants a lease of `ttl_seconds`; returns its id and the TTL etcd granted.
+    /// Grants a lease of `ttl_seconds`; returns its id and the TTL etcd granted. (Repeating a
+    /// grant at worst leaves an unused lease, which expires.)
     pub fn lease_grant(&self, ttl_seconds: u64) -> Result<(i64, u64), EtcdError> {
-        let answer = self.post("/v3/lease/grant", &json!({ "TTL": ttl_seconds.to_string() }))?;
+        let body = json!({ "TTL": ttl_seconds.to_string() });
+        let answer = self.post("/v3/lease/grant", &body, true, None)?;
         let id = integer(&answer["ID"])?;
         let ttl = integer(&answer["TTL"])?;
         Ok((id, u64::try_from(ttl).unwrap_or(0)))
     }
 
-    /// Renews lease `id`; returns the seconds it now has left (0: it had already expired).
-    pub fn lease_keep_alive(&self, id: i64) -> Result<u64, EtcdError> {
-        let answer = self.post("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+    /// Renews lease `id`, each member given at most `timeout`; returns the seconds it now has
+    /// left (0: it had already expired).
+    pub fn lease_keep_alive(&self, id: i64, timeout: Duration) -> Result<u64, EtcdError> {
+        let body = json!({ "ID": id.to_string() });
+        let answer = self.post("/v3/lease/keepalive", &body, true, Some(timeout))?;
         let result = answer.get("result").unwrap_or(&answer);
         let ttl = if result["TTL"].is_null() { 0 } else { integer(&result["TTL"])? };
         Ok(u64::try_from(ttl).unwrap_or(0))
@@ -264,7 +322,7 @@ impl EtcdClient {
 
     /// Revokes lease `id`, deleting every key attached to it.
     pub fn lease_revoke(&self, id: i64) -> Result<(), EtcdError> {
-        self.post("/v3/lease/revoke", &json!({ "ID": id.to_string() })).map(|_| ())
+        self.post("/v3/lease/revoke", &json!({ "ID": id.to_string() }), true, None).map(|_| ())
     }
 }
 

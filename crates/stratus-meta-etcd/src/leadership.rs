@@ -31,10 +31,17 @@ use crate::leader_key;
 #[derive(Clone, Copy, Debug)]
 pub struct LeadershipConfig {
     /// TTL of the leadership lease: how long after the holder's last renewal a standby can take
-    /// over. etcd raises TTLs below its minimum (1.5 election timeouts, 1.5 s by default).
+    /// over. etcd raises TTLs below its minimum (1.5 election timeouts rounded up to whole
+    /// seconds: 2 s with its default election timeout).
     pub lease_ttl: Duration,
     /// How often a standby tries to take the leadership.
     pub standby_poll_interval: Duration,
+    /// How long a coordinator that took the leadership holds it before acting on it. A
+    /// predecessor that does not know it was deposed notices within a renewal (its keep-alive
+    /// answers 0, or the leader key is no longer its own); waiting this long first means the two
+    /// never act at once even if etcd ended the predecessor's lease early (etcd before 3.4.25
+    /// and 3.5.8 could revoke leases from a stale leader: etcd-io/etcd#15247).
+    pub takeover_delay: Duration,
 }
 
 impl Default for LeadershipConfig {
@@ -44,6 +51,7 @@ impl Default for LeadershipConfig {
         LeadershipConfig {
             lease_ttl: Duration::from_secs(3),
             standby_poll_interval: Duration::from_millis(250),
+            takeover_delay: Duration::from_secs(3),
         }
     }
 }
@@ -54,6 +62,17 @@ const SAFETY_MARGIN_DIVISOR: u32 = 10;
 
 /// Renewals per TTL.
 const RENEWALS_PER_TTL: u32 = 4;
+
+/// How long one request of a standby may take.
+const STANDBY_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the renewal thread checks it still owns.
+#[derive(Debug)]
+struct Owner {
+    leader: Vec<u8>,
+    identity: Vec<u8>,
+    lease_id: i64,
+}
 
 /// Leadership held by this process, kept alive by a renewal thread until dropped.
 #[derive(Debug)]
@@ -125,18 +144,31 @@ impl Leadership {
                         let client = client.clone();
                         let shared = shared.clone();
                         let interval = Duration::from_secs(ttl) / RENEWALS_PER_TTL;
+                        let owner = Owner {
+                            leader: leader.clone(),
+                            identity: identity.as_bytes().to_vec(),
+                            lease_id,
+                        };
                         std::thread::Builder::new()
                             .name("leadership-renewer".into())
-                            .spawn(move || renew(&client, lease_id, interval, &shared))
+                            .spawn(move || renew(&client, &owner, interval, &shared))
                             .map_err(|error| format!("starting the renewal thread: {error}"))?
                     };
-                    return Ok(Leadership {
+                    let leadership = Leadership {
                         client,
                         identity: identity.as_bytes().to_vec(),
                         lease_id,
                         shared,
                         renewer: Some(renewer),
-                    });
+                    };
+                    std::thread::sleep(config.takeover_delay);
+                    return match leadership.holds() {
+                        true => Ok(leadership),
+                        false => Err(format!(
+                            "lost the leadership while taking over: {}",
+                            leadership.lost().unwrap_or_default()
+                        )),
+                    };
                 }
                 Ok(Some(holder)) => {
                     if last_holder.as_ref() != Some(&holder) {
@@ -154,7 +186,9 @@ impl Leadership {
     }
 
     /// One try: renews (or grants) this standby's lease, then creates the leader key if it is
-    /// absent. Ok(None): won; Ok(Some(holder)): someone else holds it.
+    /// absent. Ok(None): won; Ok(Some(holder)): someone else holds it. A key that already holds
+    /// this identity on this lease is a win too: an earlier try's transaction was applied but
+    /// its answer lost (identities are unique per process start).
     fn attempt(
         client: &EtcdClient,
         leader: &[u8],
@@ -165,7 +199,7 @@ impl Leadership {
         // Renew before every try, so that a won key's lease has a known, recent start.
         let sent_at = Instant::now();
         let renewed = match *lease {
-            Some((id, _, _)) => match client.lease_keep_alive(id)? {
+            Some((id, _, _)) => match client.lease_keep_alive(id, STANDBY_REQUEST_TIMEOUT)? {
                 0 => None,
                 ttl => Some((id, sent_at, ttl)),
             },
@@ -192,13 +226,13 @@ impl Leadership {
         if outcome.succeeded {
             return Ok(None);
         }
-        let holder = outcome
-            .ranges
-            .first()
-            .and_then(|pairs| pairs.first())
-            .map(|pair| pair.value.clone())
-            .unwrap_or_default();
-        Ok(Some(holder))
+        let holder = outcome.ranges.first().and_then(|pairs| pairs.first());
+        match holder {
+            Some(pair) if pair.value == identity.as_bytes() && pair.lease == lease_id => Ok(None),
+            Some(pair) => Ok(Some(pair.value.clone())),
+            // Expired between the comparison and the read: try again.
+            None => Ok(Some(Vec::new())),
+        }
     }
 
     /// The identity in the leader key: the fence for [`crate::EtcdMetaStore`].
@@ -250,11 +284,14 @@ impl Drop for Leadership {
     }
 }
 
-/// The renewal thread: renews every `interval` until stopped or lost.
-fn renew(client: &EtcdClient, lease_id: i64, interval: Duration, shared: &Shared) {
+/// The renewal thread: renews at once, then every `interval`, until stopped or lost. Each
+/// renewal may take `interval` per member, so a slow member costs one renewal, not the
+/// leadership. After each renewal it checks that the leader key is still this holder's: a key
+/// deleted by hand, or revoked early by etcd, loses the leadership even if the lease lives.
+fn renew(client: &EtcdClient, owner: &Owner, interval: Duration, shared: &Shared) {
     // Sleep in short steps so that a stop is noticed quickly.
     let step = interval.min(Duration::from_millis(50));
-    let mut next = Instant::now() + interval;
+    let mut next = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         if Instant::now() < next {
             std::thread::sleep(step);
@@ -262,12 +299,25 @@ fn renew(client: &EtcdClient, lease_id: i64, interval: Duration, shared: &Shared
         }
         next = Instant::now() + interval;
         let sent_at = Instant::now();
-        match client.lease_keep_alive(lease_id) {
-            Ok(0) => {
+        let renewed = client.lease_keep_alive(owner.lease_id, interval).and_then(|ttl| {
+            let pairs = client.range(&owner.leader, &[])?;
+            let ours = pairs.iter().any(|pair| {
+                pair.key == owner.leader
+                    && pair.value == owner.identity
+                    && pair.lease == owner.lease_id
+            });
+            Ok((ttl, ours))
+        });
+        match renewed {
+            Ok((0, _)) => {
                 shared.lose("the leadership lease expired in etcd".to_string());
                 return;
             }
-            Ok(ttl) => {
+            Ok((_, false)) => {
+                shared.lose("the leader key is no longer this coordinator's".to_string());
+                return;
+            }
+            Ok((ttl, true)) => {
                 *shared.held_until.lock().unwrap_or_else(|poison| poison.into_inner()) =
                     held_until(sent_at, ttl);
             }

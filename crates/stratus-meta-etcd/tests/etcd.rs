@@ -30,7 +30,11 @@ fn client(etcd: &LocalEtcd) -> Arc<EtcdClient> {
 }
 
 fn config() -> LeadershipConfig {
-    LeadershipConfig { lease_ttl: TEST_LEASE_TTL, standby_poll_interval: Duration::from_millis(50) }
+    LeadershipConfig {
+        lease_ttl: TEST_LEASE_TTL,
+        standby_poll_interval: Duration::from_millis(50),
+        takeover_delay: Duration::ZERO,
+    }
 }
 
 fn put(key: &str, value: &[u8]) -> MetaOperation {

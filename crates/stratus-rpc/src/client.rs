@@ -422,16 +422,14 @@ impl ChannelPool {
         coordinators: &str,
         request: &Request,
     ) -> Result<(Status, ResponseBody), RpcError> {
-        let count = coordinators.split(',').count() as u64;
+        let addresses = || coordinators.split(',').map(str::trim).filter(|a| !a.is_empty());
+        let count = addresses().count().max(1) as u64;
         let first = self.coordinator_preferred.load(Ordering::Relaxed) % count;
         let mut last_failure = None;
         for turn in 0..count {
             let index = (first + turn) % count;
-            let address = coordinators
-                .split(',')
-                .nth(index as usize)
-                .map(str::trim)
-                .expect("index below the number of addresses");
+            // No address at all: the whole text, which then fails to connect with its name.
+            let address = addresses().nth(index as usize).unwrap_or(coordinators);
             match self.call(address, request).await {
                 Ok(answer) => {
                     self.coordinator_preferred.store(index, Ordering::Relaxed);

@@ -263,10 +263,9 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         .map(|elapsed| elapsed.as_nanos())
         .unwrap_or(0);
     let identity = format!("{} pid {} start {nonce}", arguments.listen, std::process::id());
-    let config = LeadershipConfig {
-        lease_ttl: Duration::from_secs(arguments.etcd_lease_seconds.max(1)),
-        ..LeadershipConfig::default()
-    };
+    let lease_ttl = Duration::from_secs(arguments.etcd_lease_seconds.max(1));
+    let config =
+        LeadershipConfig { lease_ttl, takeover_delay: lease_ttl, ..LeadershipConfig::default() };
     println!(
         "coordinator standing by for the leadership in etcd ({})",
         client.endpoints().join(",")
@@ -287,12 +286,19 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
     let lost = async move {
         loop {
             tokio::time::sleep(LEADERSHIP_CHECK_INTERVAL).await;
-            if !watched.holds() {
-                return watched.lost().unwrap_or_else(|| "leadership lost".to_string());
-            }
-            if let Some(reason) = store.poisoned() {
-                return format!("the metadata store failed: {reason}");
-            }
+            let reason = if !watched.holds() {
+                watched.lost().unwrap_or_else(|| "leadership lost".to_string())
+            } else if let Some(reason) = store.poisoned() {
+                format!("the metadata store failed: {reason}")
+            } else {
+                continue;
+            };
+            // At once, not through an orderly shutdown: its successor may already be changing
+            // the cluster, and nothing this one still has in flight may go on (every request
+            // is already refused; this ends the background work too).
+            eprintln!("stratus: coordinator stopping: {reason}");
+            tracing::error!(%reason, "coordinator stopping");
+            std::process::exit(1);
         }
     };
     let outcome = serve_coordinator(arguments, coordinator, environment, lost);
@@ -308,12 +314,13 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
 /// How long one request to etcd may take.
 const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Serves `coordinator` until SIGINT/SIGTERM, or until `lost` finishes (with why it must stop).
+/// Serves `coordinator` until SIGINT/SIGTERM, or until `stopped` finishes (it ends the process
+/// itself when the coordinator must stop).
 fn serve_coordinator(
     arguments: CoordinatorArguments,
     coordinator: Coordinator,
     environment: Environment,
-    lost: impl std::future::Future<Output = String>,
+    stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     runtime()?.block_on(async move {
         let listener = environment.network.bind(&arguments.listen).await.map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
@@ -341,7 +348,7 @@ fn serve_coordinator(
                 tracing::info!("coordinator stopping");
                 Ok(())
             }
-            reason = lost => Err(format!("coordinator stopping: {reason}")),
+            () = stopped => Ok(()),
         }
     })
 }

@@ -147,7 +147,7 @@ class Client:
     ) -> None:
         # Several addresses, comma-separated: the coordinators of a cluster with standbys (one is
         # active and listens). Malformed addresses are refused now, not at the first call.
-        self.coordinators = [address.strip() for address in coordinator.split(",")]
+        self.coordinators = [a.strip() for a in coordinator.split(",") if a.strip()] or [coordinator]
         for address in self.coordinators:
             parse_address(address)
         for name, seconds in (

@@ -5,6 +5,7 @@
 //! processes of the `stratus` binary) and stop them afterwards.
 
 mod backup;
+mod cleaner_latency;
 mod cluster;
 mod latency;
 mod recovery;
@@ -33,6 +34,9 @@ pub enum BenchCommand {
     /// Storage-engine write throughput as live data fills the log (30..90 %), with the
     /// cleaner running, and the cleaner's bytes moved per byte written; one- vs two-level.
     Utilization(utilization::UtilizationArguments),
+    /// Write latency percentiles (p50 … p99.99) of back-to-back small overwrites with the
+    /// cleaner busy at high utilization, against the same writes with the cleaner idle.
+    CleanerLatency(cleaner_latency::CleanerLatencyArguments),
     /// Time from a master's SIGKILL until its data is served again by the other masters, with
     /// the recovery bandwidth and a check that no acknowledged write was lost, against reading
     /// its replicas straight from the backups' disks and against Redis restarting from an AOF
@@ -58,6 +62,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Latency(arguments) => latency::run(arguments),
         BenchCommand::Backup(arguments) => backup::run(arguments),
         BenchCommand::Utilization(arguments) => utilization::run(arguments),
+        BenchCommand::CleanerLatency(arguments) => cleaner_latency::run(arguments),
         BenchCommand::Recovery(arguments) => recovery::run(arguments),
         BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),

@@ -67,6 +67,8 @@ pub struct LogConfig {
     pub segment_bytes: u32,
     /// Bytes per seglet, the unit of memory allocation.
     pub seglet_bytes: u32,
+    /// Touch every page of the region when the log is created, so appends never fault.
+    pub prefault_memory: bool,
 }
 
 impl LogConfig {
@@ -395,7 +397,11 @@ impl Log {
         }
         let seglet_count = config.seglet_count();
         Log {
-            memory: SegletMemory::new(seglet_count, config.seglet_bytes),
+            memory: SegletMemory::with_prefault(
+                seglet_count,
+                config.seglet_bytes,
+                config.prefault_memory,
+            ),
             config,
             log_id,
             seglet_owner: (0..seglet_count).map(|_| AtomicU64::new(NO_SEGMENT)).collect(),
@@ -1344,7 +1350,12 @@ mod tests {
     use stratus_types::TableId;
 
     fn small_config() -> LogConfig {
-        LogConfig { log_bytes: 96 << 10, segment_bytes: 8 << 10, seglet_bytes: 1 << 10 }
+        LogConfig {
+            log_bytes: 96 << 10,
+            segment_bytes: 8 << 10,
+            seglet_bytes: 1 << 10,
+            prefault_memory: false,
+        }
     }
 
     fn object_entry(content: &[u8]) -> AppendEntry<'_> {
@@ -1590,7 +1601,12 @@ mod tests {
     #[test]
     fn concurrent_appends_and_reads() {
         let log = Log::new(
-            LogConfig { log_bytes: 1 << 20, segment_bytes: 64 << 10, seglet_bytes: 1 << 10 },
+            LogConfig {
+                log_bytes: 1 << 20,
+                segment_bytes: 64 << 10,
+                seglet_bytes: 1 << 10,
+                prefault_memory: false,
+            },
             ServerId(1),
         );
         std::thread::scope(|scope| {

@@ -133,15 +133,33 @@ impl EpochGuard<'_> {
     }
 }
 
+/// Bytes between two touched bytes when prefaulting: the smallest page size in use.
+const PREFAULT_STRIDE_BYTES: usize = 4096;
+
 impl SegletMemory {
     /// Allocates `seglet_count` zeroed seglets of `seglet_bytes` each. Zeroed allocation is lazy
     /// on common platforms, so untouched seglets cost no physical memory.
     pub fn new(seglet_count: u32, seglet_bytes: u32) -> SegletMemory {
+        SegletMemory::with_prefault(seglet_count, seglet_bytes, false)
+    }
+
+    /// [`SegletMemory::new`], and with `prefault` every page of the region is touched now, so
+    /// that no append ever waits for the kernel to map a page (the first write to each page of
+    /// a lazily zeroed region faults; a server that reuses its memory pays that only once, a
+    /// fresh one on every new page).
+    pub fn with_prefault(seglet_count: u32, seglet_bytes: u32, prefault: bool) -> SegletMemory {
         assert!(seglet_count > 0 && seglet_bytes > 0, "empty log region");
         let region_bytes = (seglet_count as usize)
             .checked_mul(seglet_bytes as usize)
             .expect("log region size overflows usize");
-        let region: Box<[u8]> = vec![0u8; region_bytes].into_boxed_slice();
+        let mut region: Box<[u8]> = vec![0u8; region_bytes].into_boxed_slice();
+        if prefault {
+            for offset in (0..region_bytes).step_by(PREFAULT_STRIDE_BYTES) {
+                // The value is hidden from the optimizer: storing a known zero into zeroed
+                // memory could otherwise be removed, and the page would stay unmapped.
+                region[offset] = std::hint::black_box(0);
+            }
+        }
         let base = NonNull::new(Box::into_raw(region).cast::<u8>()).expect("Box is never null");
         let counters = || (0..seglet_count).map(|_| AtomicU32::new(0)).collect::<Box<[_]>>();
         SegletMemory {
@@ -364,6 +382,23 @@ mod tests {
         assert_eq!(memory.written_bytes(0), 0);
         memory.write(3, 0, &[7u8; 64]);
         assert_eq!(memory.read(&guard, 3, 0, 64), &[7u8; 64][..]);
+    }
+
+    #[test]
+    fn a_prefaulted_region_behaves_like_a_lazy_one() {
+        // Seglets smaller and larger than the stride, so some pages hold several seglets and
+        // some seglets several pages.
+        for (seglets, seglet_bytes) in [(3u32, 64u32), (3, 3 * 4096 + 8)] {
+            let memory = SegletMemory::with_prefault(seglets, seglet_bytes, true);
+            let guard = memory.pin();
+            for seglet in 0..seglets {
+                memory.write(seglet, 0, &vec![seglet as u8 + 1; seglet_bytes as usize]);
+            }
+            for seglet in 0..seglets {
+                let expected = vec![seglet as u8 + 1; seglet_bytes as usize];
+                assert_eq!(memory.read(&guard, seglet, 0, seglet_bytes as usize), &expected[..]);
+            }
+        }
     }
 
     #[test]

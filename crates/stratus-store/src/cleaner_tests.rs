@@ -28,6 +28,7 @@ fn small_config() -> StoreConfig {
         hash_table_bytes: 64 << 10,
         value_bytes_max: 4 << 10,
         cleaner: CleanerConfig::default(),
+        prefault_memory: false,
     }
 }
 
@@ -602,6 +603,7 @@ fn run_at_high_utilization(
         hash_table_bytes: 512 << 10,
         value_bytes_max: 8 << 10,
         cleaner: CleanerConfig { cost_benefit, replicas, ..CleanerConfig::default() },
+        prefault_memory: false,
     };
     let store = store_with(config);
     let target_live_bytes = (config.log_bytes as f64 * 0.90) as u64;

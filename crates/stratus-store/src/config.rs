@@ -37,6 +37,8 @@ pub struct StoreConfig {
     pub value_bytes_max: u32,
     /// The cleaner's policy.
     pub cleaner: CleanerConfig,
+    /// Touch every page of the log region at start (see `LogConfig::prefault_memory`).
+    pub prefault_memory: bool,
 }
 
 /// A configuration rule that does not hold.
@@ -69,6 +71,7 @@ impl StoreConfig {
             hash_table_bytes: (buckets * 64).max(HASH_TABLE_BYTES_MIN),
             value_bytes_max: VALUE_BYTES_MAX_DEFAULT as u32,
             cleaner: CleanerConfig::default(),
+            prefault_memory: false,
         }
     }
 
@@ -82,6 +85,7 @@ impl StoreConfig {
             hash_table_bytes: HASH_TABLE_BYTES_MIN,
             value_bytes_max: 128 << 10,
             cleaner: CleanerConfig::default(),
+            prefault_memory: false,
         }
     }
 
@@ -91,6 +95,7 @@ impl StoreConfig {
             log_bytes: self.log_bytes,
             segment_bytes: self.segment_bytes,
             seglet_bytes: self.seglet_bytes,
+            prefault_memory: self.prefault_memory,
         }
     }
 

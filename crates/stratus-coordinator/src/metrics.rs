@@ -19,6 +19,8 @@ pub(crate) struct CoordinatorCounters {
     pub(crate) recoveries_completed: AtomicU64,
     pub(crate) recovery_attempts_incomplete: AtomicU64,
     pub(crate) recoveries_abandoned: AtomicU64,
+    pub(crate) crash_hints_received: AtomicU64,
+    pub(crate) crash_hints_dropped: AtomicU64,
 }
 
 impl CoordinatorCounters {

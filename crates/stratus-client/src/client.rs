@@ -66,6 +66,32 @@ pub(crate) struct Inner {
     tablet_maps: RwLock<HashMap<TableId, Arc<Vec<TabletEntry>>>>,
 }
 
+/// The error for a tablet whose master crashed and is still being recovered: retryable, and
+/// what an operation reports when its deadline passes before recovery ends.
+pub(crate) fn recovering_error(tablet: &TabletEntry) -> Error {
+    Error::new(
+        Status::Retry,
+        format!(
+            "tablet [{:#x}, {:#x}] of table {} is recovering (its master {} crashed); it was \
+             not served again before the operation's deadline",
+            tablet.range.start, tablet.range.end, tablet.table_id, tablet.owner
+        ),
+    )
+}
+
+/// The error for a tablet the coordinator cannot recover: its crashed master's log is lost.
+pub(crate) fn unavailable_error(tablet: &TabletEntry) -> Error {
+    Error::new(
+        Status::ServiceNotAvailable,
+        format!(
+            "tablet [{:#x}, {:#x}] of table {} is unavailable: its master {} crashed and no \
+             complete copy of its log exists; an operator may hand it over empty with \
+             `stratus recovery accept-loss {}`",
+            tablet.range.start, tablet.range.end, tablet.table_id, tablet.owner, tablet.owner
+        ),
+    )
+}
+
 /// Statuses after which the same request may succeed if sent again after refreshing the tablet
 /// map.
 fn is_stale_map(status: Status) -> bool {
@@ -135,6 +161,14 @@ impl Client {
     pub async fn drop_table(&self, name: &str) -> Result<()> {
         let request = Request::DropTable { name: name.to_string() };
         self.inner.coordinator_call(&request).await?;
+        self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
+        Ok(())
+    }
+
+    /// Accepts that the data of crashed master `server_id` is lost (its recovery was found
+    /// impossible): the coordinator hands its tablets over empty. An operator's decision.
+    pub async fn recovery_accept_loss(&self, server_id: stratus_types::ServerId) -> Result<()> {
+        self.inner.coordinator_call(&Request::RecoveryAcceptLoss { server_id }).await?;
         self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
         Ok(())
     }
@@ -552,9 +586,14 @@ impl Inner {
             let last = match self.locate(table_id, hash, deadline).await {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
+                Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                    // Waiting cannot help: only an operator (or a backup that returns) can.
+                    self.forget_table(table_id);
+                    return Err(unavailable_error(&tablet));
+                }
                 Ok(tablet) if tablet.state == TabletState::Recovering => {
                     self.forget_table(table_id);
-                    Error::new(Status::Retry, format!("tablet of table {table_id} is recovering"))
+                    recovering_error(&tablet)
                 }
                 Ok(tablet) => match self.pool.call(&tablet.owner_address, request).await {
                     Ok((status, body)) if is_stale_map(status) => {
@@ -621,7 +660,10 @@ impl Inner {
                     Ok(tablet) if tablet.state == TabletState::Normal => {
                         groups.entry(tablet.owner_address).or_default().push(index)
                     }
-                    Ok(_) => {}
+                    Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                        outcomes[index] = Some(Err(unavailable_error(&tablet)))
+                    }
+                    Ok(tablet) => last_error = recovering_error(&tablet),
                     Err(error) if error.status == Status::TableDoesntExist => {
                         outcomes[index] = Some(Err(error))
                     }

@@ -76,12 +76,13 @@ impl Enumeration {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
                 // Its owner may be gone (the address may even be empty): wait for recovery.
+                Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                    inner.forget_table(self.table_id);
+                    return Err(crate::client::unavailable_error(&tablet));
+                }
                 Ok(tablet) if tablet.state == TabletState::Recovering => {
                     inner.forget_table(self.table_id);
-                    Error::new(
-                        Status::Retry,
-                        format!("tablet of table {} is recovering", self.table_id),
-                    )
+                    crate::client::recovering_error(&tablet)
                 }
                 Ok(tablet) => {
                     let part = range.intersection(&tablet.range).unwrap_or(range);

@@ -1,6 +1,6 @@
 //! The async client.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -582,14 +582,21 @@ impl Inner {
         let hash = key_hash(table_id, key);
         let deadline = Instant::now() + self.config.operation_timeout;
         let mut backoff = Backoff::for_client();
+        // Whether the map was fetched afresh after it said the tablet is unavailable.
+        let mut unavailable_confirmed = false;
         loop {
             let last = match self.locate(table_id, hash, deadline).await {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
                 Ok(tablet) if tablet.state == TabletState::Unavailable => {
                     // Waiting cannot help: only an operator (or a backup that returns) can.
+                    // But a cached map may be old (the loss accepted since): ask once more.
                     self.forget_table(table_id);
-                    return Err(unavailable_error(&tablet));
+                    if unavailable_confirmed {
+                        return Err(unavailable_error(&tablet));
+                    }
+                    unavailable_confirmed = true;
+                    continue;
                 }
                 Ok(tablet) if tablet.state == TabletState::Recovering => {
                     self.forget_table(table_id);
@@ -652,7 +659,10 @@ impl Inner {
         let deadline = Instant::now() + self.config.operation_timeout;
         let mut backoff = Backoff::for_client();
         let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
+        // Tables whose map was fetched afresh after it said a tablet is unavailable.
+        let mut unavailable_confirmed: BTreeSet<TableId> = BTreeSet::new();
         while !pending.is_empty() {
+            let mut unavailable_seen: BTreeSet<TableId> = BTreeSet::new();
             let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for &index in &pending {
                 let (table_id, key) = items[index].table_and_key();
@@ -660,8 +670,16 @@ impl Inner {
                     Ok(tablet) if tablet.state == TabletState::Normal => {
                         groups.entry(tablet.owner_address).or_default().push(index)
                     }
+                    // A cached map may be old (the loss accepted since): the item fails only
+                    // once a fresh map says so too.
                     Ok(tablet) if tablet.state == TabletState::Unavailable => {
-                        outcomes[index] = Some(Err(unavailable_error(&tablet)))
+                        if unavailable_confirmed.contains(&tablet.table_id) {
+                            outcomes[index] = Some(Err(unavailable_error(&tablet)));
+                        } else {
+                            self.forget_table(tablet.table_id);
+                            unavailable_seen.insert(tablet.table_id);
+                            last_error = unavailable_error(&tablet);
+                        }
                     }
                     Ok(tablet) => last_error = recovering_error(&tablet),
                     Err(error) if error.status == Status::TableDoesntExist => {
@@ -738,6 +756,8 @@ impl Inner {
                 }
             }
             pending.retain(|&index| outcomes[index].is_none());
+            // Their maps were forgotten: the next round fetches them afresh.
+            unavailable_confirmed.append(&mut unavailable_seen);
             if pending.is_empty() || Instant::now() >= deadline {
                 break;
             }

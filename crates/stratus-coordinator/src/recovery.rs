@@ -69,10 +69,10 @@ pub const SUSPECT_CHECKS_RUNNING_MAX: usize = 32;
 /// pings a peer every 100 ms, so without it a slow server would be checked again and again.
 pub const SUSPECT_CHECK_COOLDOWN: Duration = Duration::from_millis(500);
 
-/// How long a master may serve after asking for its lease. Shorter than detection (three
-/// missed 200 ms probes), so a master's lease has ended by the time it would be declared
-/// crashed anyway; long against the renewal interval (150 ms), so one slow renewal costs
-/// nothing.
+/// How long a master may serve after asking for its lease. About as long as a suspect's
+/// check (three missed 250 ms pings), so a master's lease has ended by the time it would be
+/// declared crashed anyway; long against the renewal interval (150 ms), so one slow renewal
+/// costs nothing.
 pub const LEASE_DURATION: Duration = Duration::from_millis(750);
 
 /// Extra time a crash declaration waits past the end of the last lease: covers the two clocks

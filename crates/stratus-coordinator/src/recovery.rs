@@ -942,7 +942,6 @@ impl Inner {
 mod tests {
     use super::*;
     use crate::service::Coordinator;
-    use std::sync::atomic::Ordering;
     use stratus_env::Environment;
     use stratus_meta::MemoryMetaStore;
     use stratus_wire::ServiceMask;
@@ -1030,8 +1029,7 @@ mod tests {
             }
             assert!(coordinator.inner.suspects().checking.len() <= 2);
         }
-        let received = coordinator.inner.counters.crash_hints_received.load(Ordering::Relaxed);
-        assert_eq!(received, 2_000);
+        assert_eq!(coordinator.metrics().await.crash_hints_received, 2_000);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

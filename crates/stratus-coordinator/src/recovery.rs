@@ -91,6 +91,12 @@ const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// (with the backoff below, well over half an hour of retrying).
 const RECOVERY_ATTEMPTS_MAX: u32 = 1_000;
 
+/// How long no backup that is up may hold anything of a crashed master's reported log before
+/// its recovery is taken for impossible. Backups that restart (a cold start, a rolling restart)
+/// list their replicas again within seconds of starting; meanwhile the tablets are reported
+/// recovering, not unavailable, and clients wait rather than fail.
+pub const LOG_MISSING_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Parts one crashed tablet is cut into at most (each is recovered by a different master).
 const PARTS_PER_TABLET_MAX: u32 = 64;
 
@@ -384,6 +390,7 @@ impl Inner {
             match self.recovery_attempt(crashed).await {
                 Attempt::Finished => {
                     self.unrecoverable().remove(&crashed);
+                    self.log_missing_since().remove(&crashed);
                     tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
                     CoordinatorCounters::count(&self.counters.recoveries_completed, 1);
                     self.mark_removed(crashed).await;
@@ -466,18 +473,33 @@ impl Inner {
             Ok(locations) => locations,
             Err(reason) => return Attempt::Again(reason),
         };
+        if !locations.is_empty() {
+            // Some of its log exists: at worst incomplete (waited for), not impossible.
+            self.log_missing_since().remove(&crashed);
+            self.unrecoverable().remove(&crashed);
+        }
         let head = self.log_heads.lock().await.get(&crashed).copied();
         let segments = match head {
-            // It never reported a head, so it never had a replicated write acknowledged (or it
-            // ran without replicas, and its data died with it): nothing to replay.
+            // It never reported a head, so it never had a replicated write acknowledged: nothing
+            // to replay. (A master without replicas reports none either: handled above.)
             None => {
                 tracing::warn!(%crashed, "the crashed master never reported a log head: its tablets are handed over empty");
                 Vec::new()
             }
             // It had writes acknowledged (it reported a head), yet no backup that is up holds
-            // anything of its log: no complete log can be read. (A backup holding it that is
-            // restarting will list it again: every attempt looks afresh.)
+            // anything of its log: no complete log can be read — unless a backup holding it is
+            // restarting, so only once that lasted LOG_MISSING_PATIENCE. Every attempt looks
+            // afresh, so a backup that returns later still makes the recovery possible.
             Some(_) if locations.is_empty() => {
+                let since = *self
+                    .log_missing_since()
+                    .entry(crashed)
+                    .or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() < LOG_MISSING_PATIENCE {
+                    return Attempt::Again(
+                        "no backup that is up holds any replica of its log (yet)".to_string(),
+                    );
+                }
                 return self
                     .impossible(crashed, "no backup that is up holds any replica of its log")
                     .await;
@@ -503,8 +525,6 @@ impl Inner {
                 "the log is incomplete: no live backup holds segment {missing} of the digest"
             ));
         }
-        // Recoverable after all (a backup holding its log came back): no longer blocked.
-        self.unrecoverable().remove(&crashed);
         self.recover_partitions(crashed, &tablets, &masters, &backups, segments).await
     }
 
@@ -565,6 +585,14 @@ impl Inner {
             return Attempt::Again("no master is up to recover onto".to_string());
         }
         self.recover_partitions(crashed, &tablets, &masters, &backups, Vec::new()).await
+    }
+
+    /// Since when no backup that is up has held anything of each crashed master's log (only
+    /// masters that reported a log head and are being recovered).
+    pub(crate) fn log_missing_since(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<ServerId, tokio::time::Instant>> {
+        self.log_missing_since.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// The crashed masters whose recovery was found impossible.
@@ -1068,5 +1096,72 @@ mod tests {
             coordinator.unrecoverable_masters(),
             vec![(server_id, "test".to_string(), true)]
         );
+    }
+
+    /// The states of table 1's tablets in the coordinator's map.
+    async fn tablet_states(coordinator: &Coordinator) -> Vec<stratus_types::TabletState> {
+        match coordinator.inner.tablet_map(TableId(1)).await {
+            Ok(Response::GetTabletMap { tablets }) => {
+                tablets.iter().map(|tablet| tablet.state).collect()
+            }
+            other => panic!("no tablet map: {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reported_log_no_backup_holds_is_unavailable_after_the_patience_until_accepted() {
+        use stratus_types::TabletState;
+        let coordinator = coordinator();
+        // No backup at all: nothing of the crashed master's log can be found.
+        let crashed = enlist(&coordinator, "crashed:1", ServiceMask::MASTER).await;
+        enlist(&coordinator, "survivor:1", ServiceMask::MASTER).await;
+        coordinator
+            .inner
+            .log_heads
+            .lock()
+            .await
+            .insert(crashed, LogHead { segment_id: SegmentId(1), epoch: 1 });
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            let tablet = TabletRecord { range: HashRange::FULL, owner: crashed };
+            let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
+            state.tables.insert("t".to_string(), table);
+            state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
+        }
+        // At first it may be backups restarting: the tablet is recovering.
+        let attempt = coordinator.inner.recovery_attempt(crashed).await;
+        assert!(matches!(&attempt, Attempt::Again(reason) if reason.contains("(yet)")));
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Recovering]);
+        assert!(coordinator.unrecoverable_masters().is_empty());
+
+        tokio::time::advance(LOG_MISSING_PATIENCE).await;
+        let attempt = coordinator.inner.recovery_attempt(crashed).await;
+        assert!(matches!(&attempt, Attempt::Again(reason) if reason.contains("impossible")));
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Unavailable]);
+        assert_eq!(coordinator.metrics().await.tablets_unavailable, 1);
+
+        // Accepted: no longer reported unavailable (it is handed over; the next attempt does).
+        coordinator.inner.recoveries.lock().await.insert(crashed);
+        coordinator.inner.accept_loss(crashed).await.expect("the loss is accepted");
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Recovering]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreplicated_master_s_recovery_is_impossible_at_once() {
+        use stratus_types::TabletState;
+        let coordinator = coordinator();
+        let services = ServiceMask::MASTER | ServiceMask::UNREPLICATED;
+        let crashed = enlist(&coordinator, "crashed:1", services).await;
+        enlist(&coordinator, "survivor:1", ServiceMask::MASTER).await;
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            let tablet = TabletRecord { range: HashRange::FULL, owner: crashed };
+            let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
+            state.tables.insert("t".to_string(), table);
+            state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
+        }
+        let attempt = coordinator.inner.recovery_attempt(crashed).await;
+        assert!(matches!(&attempt, Attempt::Again(reason) if reason.contains("without replicas")));
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Unavailable]);
     }
 }

@@ -74,6 +74,9 @@ pub(crate) struct Inner {
     /// Not persisted: a restarted coordinator finds the same again, and an operator who had
     /// accepted a loss accepts it again.
     pub(crate) unrecoverable: std::sync::Mutex<BTreeMap<ServerId, Unrecoverable>>,
+    /// Since when no backup has held anything of a crashed master's reported log: once that
+    /// lasted `LOG_MISSING_PATIENCE`, its recovery is impossible.
+    pub(crate) log_missing_since: std::sync::Mutex<BTreeMap<ServerId, tokio::time::Instant>>,
     /// What it has done since it started, for its metrics.
     pub(crate) counters: CoordinatorCounters,
 }
@@ -122,6 +125,7 @@ impl Coordinator {
             detector: std::sync::OnceLock::new(),
             suspects: std::sync::Mutex::new(Suspects::default()),
             unrecoverable: std::sync::Mutex::new(BTreeMap::new()),
+            log_missing_since: std::sync::Mutex::new(BTreeMap::new()),
             counters: CoordinatorCounters::default(),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
@@ -522,7 +526,7 @@ impl Inner {
         tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
     }
 
-    async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {
+    pub(crate) async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {
         let state = self.state.lock().await;
         // Owners whose recovery is impossible and whose loss no operator accepted yet.
         let unavailable: BTreeSet<ServerId> = self

@@ -44,8 +44,9 @@ const IDLE_ROUND_INTERVAL: Duration = Duration::from_millis(200);
 const SURVIVORS_QUEUED_MAX: usize = 16;
 
 /// How often the backups holding this master's replicas are pinged. A backup that does not
-/// answer is treated as lost: its replicas are re-created elsewhere. (Cluster-wide failure
-/// detection by the coordinator is issue 5; this keeps closed segments at R copies meanwhile.)
+/// answer is treated as lost: its replicas are re-created elsewhere. (The cluster's failure
+/// detection declares crashed servers too, but this master does not watch for its holders in
+/// the server list; this keeps closed segments at R copies on its own.)
 const HOLDER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a backup found dead is not chosen for new replicas.

@@ -1,6 +1,6 @@
 //! The async client.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -65,6 +65,32 @@ pub(crate) struct Inner {
     pool: ChannelPool,
     environment: Environment,
     tablet_maps: RwLock<HashMap<TableId, Arc<Vec<TabletEntry>>>>,
+}
+
+/// The error for a tablet whose master crashed and is still being recovered: retryable, and
+/// what an operation reports when its deadline passes before recovery ends.
+pub(crate) fn recovering_error(tablet: &TabletEntry) -> Error {
+    Error::new(
+        Status::Retry,
+        format!(
+            "tablet [{:#x}, {:#x}] of table {} is recovering (its master {} crashed); it was \
+             not served again before the operation's deadline",
+            tablet.range.start, tablet.range.end, tablet.table_id, tablet.owner
+        ),
+    )
+}
+
+/// The error for a tablet the coordinator cannot recover: its crashed master's log is lost.
+pub(crate) fn unavailable_error(tablet: &TabletEntry) -> Error {
+    Error::new(
+        Status::ServiceNotAvailable,
+        format!(
+            "tablet [{:#x}, {:#x}] of table {} is unavailable: its master {} crashed and no \
+             complete copy of its log exists; an operator may hand it over empty with \
+             `stratus recovery accept-loss {}`",
+            tablet.range.start, tablet.range.end, tablet.table_id, tablet.owner, tablet.owner
+        ),
+    )
 }
 
 /// Statuses after which the same request may succeed if sent again after refreshing the tablet
@@ -136,6 +162,14 @@ impl Client {
     pub async fn drop_table(&self, name: &str) -> Result<()> {
         let request = Request::DropTable { name: name.to_string() };
         self.inner.coordinator_call(&request).await?;
+        self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
+        Ok(())
+    }
+
+    /// Accepts that the data of crashed master `server_id` is lost (its recovery was found
+    /// impossible): the coordinator hands its tablets over empty. An operator's decision.
+    pub async fn recovery_accept_loss(&self, server_id: stratus_types::ServerId) -> Result<()> {
+        self.inner.coordinator_call(&Request::RecoveryAcceptLoss { server_id }).await?;
         self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
         Ok(())
     }
@@ -548,13 +582,25 @@ impl Inner {
         let hash = key_hash(table_id, key);
         let deadline = Instant::now() + self.config.operation_timeout;
         let mut backoff = Backoff::for_client();
+        // Whether the map was fetched afresh after it said the tablet is unavailable.
+        let mut unavailable_confirmed = false;
         loop {
             let last = match self.locate(table_id, hash, deadline).await {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
+                Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                    // Waiting cannot help: only an operator (or a backup that returns) can.
+                    // But a cached map may be old (the loss accepted since): ask once more.
+                    self.forget_table(table_id);
+                    if unavailable_confirmed {
+                        return Err(unavailable_error(&tablet));
+                    }
+                    unavailable_confirmed = true;
+                    continue;
+                }
                 Ok(tablet) if tablet.state == TabletState::Recovering => {
                     self.forget_table(table_id);
-                    Error::new(Status::Retry, format!("tablet of table {table_id} is recovering"))
+                    recovering_error(&tablet)
                 }
                 Ok(tablet) => match self.pool.call(&tablet.owner_address, request).await {
                     Ok((status, body)) if is_stale_map(status) => {
@@ -613,7 +659,10 @@ impl Inner {
         let deadline = Instant::now() + self.config.operation_timeout;
         let mut backoff = Backoff::for_client();
         let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
+        // Tables whose map was fetched afresh after it said a tablet is unavailable.
+        let mut unavailable_confirmed: BTreeSet<TableId> = BTreeSet::new();
         while !pending.is_empty() {
+            let mut unavailable_seen: BTreeSet<TableId> = BTreeSet::new();
             let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for &index in &pending {
                 let (table_id, key) = items[index].table_and_key();
@@ -621,7 +670,18 @@ impl Inner {
                     Ok(tablet) if tablet.state == TabletState::Normal => {
                         groups.entry(tablet.owner_address).or_default().push(index)
                     }
-                    Ok(_) => {}
+                    // A cached map may be old (the loss accepted since): the item fails only
+                    // once a fresh map says so too.
+                    Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                        if unavailable_confirmed.contains(&tablet.table_id) {
+                            outcomes[index] = Some(Err(unavailable_error(&tablet)));
+                        } else {
+                            self.forget_table(tablet.table_id);
+                            unavailable_seen.insert(tablet.table_id);
+                            last_error = unavailable_error(&tablet);
+                        }
+                    }
+                    Ok(tablet) => last_error = recovering_error(&tablet),
                     Err(error) if error.status == Status::TableDoesntExist => {
                         outcomes[index] = Some(Err(error))
                     }
@@ -696,6 +756,8 @@ impl Inner {
                 }
             }
             pending.retain(|&index| outcomes[index].is_none());
+            // Their maps were forgotten: the next round fetches them afresh.
+            unavailable_confirmed.append(&mut unavailable_seen);
             if pending.is_empty() || Instant::now() >= deadline {
                 break;
             }

@@ -71,17 +71,25 @@ impl Enumeration {
         let inner = &self.client.inner;
         let deadline = Instant::now() + inner.config().operation_timeout;
         let mut backoff = Backoff::for_client();
+        // Whether the map was fetched afresh after it said the tablet is unavailable.
+        let mut unavailable_confirmed = false;
         loop {
             let last = match inner.locate(self.table_id, KeyHash(range.start), deadline).await {
                 Err(error) if error.status == Status::TableDoesntExist => return Err(error),
                 Err(error) => error,
                 // Its owner may be gone (the address may even be empty): wait for recovery.
+                Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                    // A cached map may be old (the loss accepted since): ask once more.
+                    inner.forget_table(self.table_id);
+                    if unavailable_confirmed {
+                        return Err(crate::client::unavailable_error(&tablet));
+                    }
+                    unavailable_confirmed = true;
+                    continue;
+                }
                 Ok(tablet) if tablet.state == TabletState::Recovering => {
                     inner.forget_table(self.table_id);
-                    Error::new(
-                        Status::Retry,
-                        format!("tablet of table {} is recovering", self.table_id),
-                    )
+                    crate::client::recovering_error(&tablet)
                 }
                 Ok(tablet) => {
                     let part = range.intersection(&tablet.range).unwrap_or(range);

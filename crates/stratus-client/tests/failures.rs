@@ -59,3 +59,66 @@ async fn table_id_zero_names_no_table() {
     let error = client.read(TableId(0), b"key").await.expect_err("no table 0");
     assert_eq!(error.status, Status::TableDoesntExist, "{error}");
 }
+
+/// A coordinator whose tablet map has one tablet of table 1, in `state`, owned by crashed
+/// server 7 (every request is answered with that map).
+async fn coordinator_reporting(state: stratus_types::TabletState) -> String {
+    struct MapService(stratus_types::TabletState);
+    impl stratus_rpc::Service for MapService {
+        fn handle(
+            &self,
+            header: &stratus_wire::FrameHeader,
+            _body: bytes::Bytes,
+            out: &mut bytes::BytesMut,
+        ) -> stratus_rpc::Handled {
+            let tablets = vec![stratus_wire::TabletEntry {
+                table_id: TableId(1),
+                range: stratus_types::HashRange::FULL,
+                owner: stratus_types::ServerId(7),
+                owner_address: String::new(),
+                state: self.0,
+            }];
+            let response = stratus_wire::Response::GetTabletMap { tablets };
+            stratus_wire::encode_response(out, header.request_id, Status::Ok, &response);
+            stratus_rpc::Handled::Done
+        }
+    }
+    let environment = stratus_env::Environment::system();
+    let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_address();
+    tokio::spawn(stratus_rpc::serve(listener, Arc::new(MapService(state))));
+    address
+}
+
+#[tokio::test]
+async fn an_unavailable_tablet_fails_at_once_with_a_clear_status() {
+    let address = coordinator_reporting(stratus_types::TabletState::Unavailable).await;
+    let mut config = ClientConfig::new(address);
+    // Long: waiting for the deadline would end in RETRY, not in this status.
+    config.operation_timeout = Duration::from_secs(60);
+    let client = Client::new(config);
+    let error = client.read(TableId(1), b"key").await.expect_err("nothing serves it");
+    assert_eq!(error.status, Status::ServiceNotAvailable, "{error}");
+    assert!(error.message.contains("accept-loss 7"), "{error}");
+    let item = stratus_client::KeyItem {
+        table_id: TableId(1),
+        key: bytes::Bytes::from_static(b"key"),
+        rules: stratus_client::RejectRules::NONE,
+    };
+    let outcomes = client.multi_read(&[item]).await;
+    assert!(
+        matches!(&outcomes[..], [Err(error)] if error.status == Status::ServiceNotAvailable),
+        "{outcomes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tablet_still_recovering_at_the_deadline_says_so() {
+    let address = coordinator_reporting(stratus_types::TabletState::Recovering).await;
+    let mut config = ClientConfig::new(address);
+    config.operation_timeout = Duration::from_millis(300);
+    let client = Client::new(config);
+    let error = client.read(TableId(1), b"key").await.expect_err("nothing serves it");
+    assert_eq!(error.status, Status::Retry, "{error}");
+    assert!(error.message.contains("is recovering (its master 7 crashed)"), "{error}");
+}

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use stratus_types::ServerId;
 use stratus_wire::ServerStatus;
 
 use crate::service::Coordinator;
@@ -19,6 +20,8 @@ pub(crate) struct CoordinatorCounters {
     pub(crate) recoveries_completed: AtomicU64,
     pub(crate) recovery_attempts_incomplete: AtomicU64,
     pub(crate) recoveries_abandoned: AtomicU64,
+    pub(crate) crash_hints_received: AtomicU64,
+    pub(crate) crash_hints_dropped: AtomicU64,
 }
 
 impl CoordinatorCounters {
@@ -42,6 +45,9 @@ pub struct CoordinatorMetrics {
     pub tablets_normal: u64,
     /// Tablets whose master is not up (being recovered).
     pub tablets_recovering: u64,
+    /// Of those, tablets whose recovery is impossible (no complete log) and whose loss no
+    /// operator accepted yet: nothing serves them.
+    pub tablets_unavailable: u64,
     /// Crashed masters being recovered now.
     pub recoveries_in_flight: u64,
     /// Servers enlisted since this coordinator started.
@@ -60,6 +66,10 @@ pub struct CoordinatorMetrics {
     pub recovery_attempts_incomplete: u64,
     /// Recoveries given up after every attempt (tablets unavailable until a restart).
     pub recoveries_abandoned: u64,
+    /// HINT_SERVER_CRASHED requests about servers that were up.
+    pub crash_hints_received: u64,
+    /// Suspects not checked because too many checks were running.
+    pub crash_hints_dropped: u64,
 }
 
 impl Coordinator {
@@ -68,6 +78,12 @@ impl Coordinator {
     pub async fn metrics(&self) -> CoordinatorMetrics {
         let inner = &self.inner;
         let mut metrics = CoordinatorMetrics::default();
+        let unavailable: std::collections::BTreeSet<ServerId> = inner
+            .unrecoverable()
+            .iter()
+            .filter(|(_, unrecoverable)| !unrecoverable.loss_accepted)
+            .map(|(server_id, _)| *server_id)
+            .collect();
         {
             let state = inner.state.lock().await;
             for server in state.servers.values() {
@@ -87,6 +103,9 @@ impl Coordinator {
                     metrics.tablets_normal += 1;
                 } else {
                     metrics.tablets_recovering += 1;
+                    if unavailable.contains(&tablet.owner) {
+                        metrics.tablets_unavailable += 1;
+                    }
                 }
             }
         }
@@ -101,6 +120,8 @@ impl Coordinator {
         metrics.recoveries_completed = load(&counters.recoveries_completed);
         metrics.recovery_attempts_incomplete = load(&counters.recovery_attempts_incomplete);
         metrics.recoveries_abandoned = load(&counters.recoveries_abandoned);
+        metrics.crash_hints_received = load(&counters.crash_hints_received);
+        metrics.crash_hints_dropped = load(&counters.crash_hints_dropped);
         metrics
     }
 }

@@ -1,15 +1,21 @@
 //! Failure detection and master crash recovery, the coordinator's side
 //! (docs/design/recovery.md).
 //!
-//! The failure detector pings every server that is up; a server that misses
-//! [`FailureDetectorConfig::misses_to_declare`] pings in a row is declared crashed (one late
-//! reply never is). Declaring a master crashed starts its recovery: the coordinator finds the
-//! crashed log's newest digest among the replicas the backups hold, checks that every segment
-//! it lists has a replica, cuts the crashed master's tablets into one partition per live master,
-//! and sends each partition to its recovery master (RECOVER_TABLETS). A partition that comes
-//! back OK is durable on its new master: the tablet map changes (persisted first), then the new
-//! owner is told to serve it. Partitions that failed stay with the crashed master — clients see
-//! them as recovering — and the next attempt tries them again.
+//! Storage servers ping random peers and report a peer that did not answer
+//! (HINT_SERVER_CRASHED); the coordinator's own sweep of every server, much slower, is the
+//! backstop. Either way a miss only makes the server a *suspect*: the coordinator pings it
+//! itself, and declares it crashed only after it missed
+//! [`FailureDetectorConfig::misses_to_declare`] of those pings in a row and its lease ended (one
+//! late reply never declares anything). Declaring a master crashed starts its recovery: the
+//! coordinator finds the crashed log's newest digest among the replicas the backups hold, checks
+//! that every segment it lists has a replica, cuts the crashed master's tablets into one
+//! partition per live master, and sends each partition to its recovery master
+//! (RECOVER_TABLETS). A partition that comes back OK is durable on its new master: the tablet
+//! map changes (persisted first), then the new owner is told to serve it. Partitions that failed
+//! stay with the crashed master — clients see them as recovering — and the next attempt tries
+//! them again. A recovery that cannot succeed because no complete log can exist (the master ran
+//! without replicas, or no backup holds any of its log) leaves the tablets *unavailable* until an
+//! operator accepts the loss (RECOVERY_ACCEPT_LOSS); they are then handed over empty.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,30 +36,43 @@ use crate::service::Inner;
 /// How the coordinator decides that a server crashed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FailureDetectorConfig {
-    /// Time between two rounds of pings.
-    pub probe_interval: Duration,
-    /// How long one ping may take before it counts as missed.
+    /// Time between two sweeps in which the coordinator pings every server itself: the
+    /// backstop for what peers do not report (a cluster of one server has no peer to ping it).
+    pub backstop_interval: Duration,
+    /// How long one of the coordinator's pings may take before it counts as missed.
     pub probe_timeout: Duration,
-    /// Missed pings in a row that declare a server crashed.
+    /// The coordinator's own pings a suspect must miss in a row to be declared crashed.
     pub misses_to_declare: u32,
 }
 
 impl Default for FailureDetectorConfig {
-    /// Detection within about a second (3 × 200 ms + a 250 ms timeout), and a server must miss
-    /// three pings in a row: one slow reply (a long pause, a busy core) is not a crash.
+    /// A suspect is declared after three missed pings of 250 ms (0.75 s of silence: one slow
+    /// reply, a long pause or a busy core is not a crash) once its lease ended; with peers
+    /// pinging every 100 ms (`stratus_master::PeerProbeConfig`), a crash is declared about 1 s
+    /// after it happened. The backstop sweep runs every second: it costs the coordinator one
+    /// ping per server per second, and is needed only when no peer reports.
     fn default() -> FailureDetectorConfig {
         FailureDetectorConfig {
-            probe_interval: Duration::from_millis(200),
+            backstop_interval: Duration::from_secs(1),
             probe_timeout: Duration::from_millis(250),
             misses_to_declare: 3,
         }
     }
 }
 
-/// How long a master may serve after asking for its lease. Shorter than detection (three
-/// missed 200 ms probes), so a master's lease has ended by the time it would be declared
-/// crashed anyway; long against the renewal interval (150 ms), so one slow renewal costs
-/// nothing.
+/// Suspects the coordinator checks at once at most; hints about others are dropped meanwhile
+/// (a later hint or the backstop sweep brings them back). Bounds the pings and tasks a flood of
+/// hints can cause: each check is itself bounded (see [`Inner::check_suspect`]).
+pub const SUSPECT_CHECKS_RUNNING_MAX: usize = 32;
+
+/// After a check of a server ended, hints about it are ignored for this long: every server
+/// pings a peer every 100 ms, so without it a slow server would be checked again and again.
+pub const SUSPECT_CHECK_COOLDOWN: Duration = Duration::from_millis(500);
+
+/// How long a master may serve after asking for its lease. About as long as a suspect's
+/// check (three missed 250 ms pings), so a master's lease has ended by the time it would be
+/// declared crashed anyway; long against the renewal interval (150 ms), so one slow renewal
+/// costs nothing.
 pub const LEASE_DURATION: Duration = Duration::from_millis(750);
 
 /// Extra time a crash declaration waits past the end of the last lease: covers the two clocks
@@ -71,6 +90,12 @@ const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Recovery attempts for one crashed master before the coordinator gives up until it restarts
 /// (with the backoff below, well over half an hour of retrying).
 const RECOVERY_ATTEMPTS_MAX: u32 = 1_000;
+
+/// How long no backup that is up may hold anything of a crashed master's reported log before
+/// its recovery is taken for impossible. Backups that restart (a cold start, a rolling restart)
+/// list their replicas again within seconds of starting; meanwhile the tablets are reported
+/// recovering, not unavailable, and clients wait rather than fail.
+pub const LOG_MISSING_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Parts one crashed tablet is cut into at most (each is recovered by a different master).
 const PARTS_PER_TABLET_MAX: u32 = 64;
@@ -104,6 +129,25 @@ enum Attempt {
     Again(String),
 }
 
+/// A crashed master whose recovery cannot succeed: no complete copy of its log exists.
+#[derive(Clone, Debug)]
+pub(crate) struct Unrecoverable {
+    /// Why (for the log and the operator).
+    pub(crate) reason: String,
+    /// An operator accepted the loss: the tablets are handed over empty.
+    pub(crate) loss_accepted: bool,
+}
+
+/// The suspects the coordinator is checking, and when recent checks ended.
+#[derive(Debug, Default)]
+pub(crate) struct Suspects {
+    /// Being checked (at most [`SUSPECT_CHECKS_RUNNING_MAX`]).
+    pub(crate) checking: std::collections::BTreeSet<ServerId>,
+    /// Checks that ended less than [`SUSPECT_CHECK_COOLDOWN`] ago (pruned on every hint, so at
+    /// most the servers checked within one cooldown).
+    pub(crate) checked_at: BTreeMap<ServerId, tokio::time::Instant>,
+}
+
 /// A replica some backup listed.
 #[derive(Clone, Debug)]
 struct Location {
@@ -113,13 +157,16 @@ struct Location {
 }
 
 impl Inner {
-    /// Pings every server that is up, forever; declares crashed those that miss enough pings
-    /// in a row.
+    /// Runs the failure detector forever: every [`FailureDetectorConfig::backstop_interval`]
+    /// the coordinator pings every server that is up itself, and checks each that missed (the
+    /// backstop: peers' hints are the fast path, see [`Inner::hint_server_crashed`]).
     pub(crate) async fn run_failure_detector(self: Arc<Self>, config: FailureDetectorConfig) {
-        self.misses_to_declare
-            .store(config.misses_to_declare, std::sync::atomic::Ordering::Relaxed);
+        if self.detector.set(config).is_err() {
+            tracing::warn!("the failure detector is already running");
+            return;
+        }
         loop {
-            tokio::time::sleep(config.probe_interval).await;
+            tokio::time::sleep(config.backstop_interval).await;
             if !self.is_active() {
                 continue;
             }
@@ -130,14 +177,7 @@ impl Inner {
             for server in servers {
                 let inner = self.clone();
                 probes.spawn(async move {
-                    let ping = inner.pool.call(&server.address, &Request::Ping);
-                    let answered = matches!(
-                        tokio::time::timeout(config.probe_timeout, ping).await,
-                        Ok(Ok((Status::Ok, _)))
-                    );
-                    if !answered {
-                        inner.pool.forget(&server.address);
-                    }
+                    let answered = inner.ping(&server.address, config.probe_timeout).await;
                     (server.server_id, answered)
                 });
             }
@@ -145,23 +185,123 @@ impl Inner {
                 let Ok((server_id, answered)) = joined else { continue };
                 if answered {
                     self.ping_misses().remove(&server_id);
-                    continue;
-                }
-                let missed = {
-                    let mut misses = self.ping_misses();
-                    let missed = misses.entry(server_id).or_insert(0);
-                    *missed += 1;
-                    *missed
-                };
-                // A server whose lease may still run could still be serving: the declaration
-                // waits for the lease to end (checked again under the state lock). Meanwhile
-                // its renewals are refused (see `renew_lease`), so the lease does end.
-                if missed >= config.misses_to_declare
-                    && self.declare_crashed(server_id, "missed pings", true).await
-                {
-                    self.ping_misses().remove(&server_id);
+                } else {
+                    self.suspect(server_id, "missed the coordinator's sweep");
                 }
             }
+        }
+    }
+
+    /// One ping of `address` with `timeout`; true if it answered OK in time.
+    async fn ping(&self, address: &str, timeout: Duration) -> bool {
+        let answered = matches!(
+            tokio::time::timeout(timeout, self.pool.call(address, &Request::Ping)).await,
+            Ok(Ok((Status::Ok, _)))
+        );
+        if !answered {
+            self.pool.forget(address);
+        }
+        answered
+    }
+
+    /// HINT_SERVER_CRASHED: a peer's ping of `server_id` went unanswered. Only a hint: the
+    /// suspect is checked by the coordinator's own pings (rate-limited, see [`Inner::suspect`]).
+    pub(crate) async fn hint_server_crashed(
+        self: &Arc<Self>,
+        server_id: ServerId,
+    ) -> Result<Response, (Status, String)> {
+        let status = self.state.lock().await.servers.get(&server_id).map(|server| server.status);
+        match status {
+            None => Err((Status::InvalidParameter, format!("no server {server_id}"))),
+            Some(ServerStatus::Up) => {
+                CoordinatorCounters::count(&self.counters.crash_hints_received, 1);
+                self.suspect(server_id, "a peer's ping went unanswered");
+                Ok(Response::HintServerCrashed)
+            }
+            // Already declared: nothing more to check.
+            Some(_) => Ok(Response::HintServerCrashed),
+        }
+    }
+
+    /// Starts checking `server_id` unless it is being checked, was checked less than
+    /// [`SUSPECT_CHECK_COOLDOWN`] ago, [`SUSPECT_CHECKS_RUNNING_MAX`] checks are running, or
+    /// the failure detector does not run.
+    pub(crate) fn suspect(self: &Arc<Self>, server_id: ServerId, why: &'static str) {
+        let Some(config) = self.detector.get().copied() else { return };
+        {
+            let mut suspects = self.suspects();
+            let now = tokio::time::Instant::now();
+            suspects.checked_at.retain(|_, at| now.duration_since(*at) < SUSPECT_CHECK_COOLDOWN);
+            if suspects.checking.contains(&server_id)
+                || suspects.checked_at.contains_key(&server_id)
+            {
+                return;
+            }
+            if suspects.checking.len() >= SUSPECT_CHECKS_RUNNING_MAX {
+                CoordinatorCounters::count(&self.counters.crash_hints_dropped, 1);
+                return;
+            }
+            suspects.checking.insert(server_id);
+        }
+        tracing::debug!(%server_id, why, "checking a suspect");
+        let inner = self.clone();
+        tokio::spawn(async move {
+            inner.check_suspect(server_id, config).await;
+            let mut suspects = inner.suspects();
+            suspects.checking.remove(&server_id);
+            suspects.checked_at.insert(server_id, tokio::time::Instant::now());
+        });
+    }
+
+    /// The suspects being checked, and when recent checks ended.
+    pub(crate) fn suspects(&self) -> std::sync::MutexGuard<'_, Suspects> {
+        self.suspects.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Pings `server_id` (each ping at most `probe_timeout`, one started every `probe_timeout`)
+    /// until it answers — it is alive, and its missed pings are forgotten — or it has missed
+    /// `misses_to_declare` in a row and its lease ended: then it is declared crashed. Once it
+    /// has missed that many its lease renewals are refused (see `renew_lease`), so its lease
+    /// ends; the check gives up after the time that takes (a failed declaration is retried by
+    /// the next hint or sweep), so it sends a bounded number of pings.
+    async fn check_suspect(self: &Arc<Self>, server_id: ServerId, config: FailureDetectorConfig) {
+        let misses_then_lease =
+            config.probe_timeout * (config.misses_to_declare + 1) + LEASE_DURATION + LEASE_MARGIN;
+        let deadline = tokio::time::Instant::now() + misses_then_lease;
+        loop {
+            let address = {
+                let state = self.state.lock().await;
+                match state.servers.get(&server_id) {
+                    Some(server) if server.status == ServerStatus::Up => server.address.clone(),
+                    _ => return,
+                }
+            };
+            let started = tokio::time::Instant::now();
+            if self.ping(&address, config.probe_timeout).await {
+                self.ping_misses().remove(&server_id);
+                tracing::debug!(%server_id, "a suspect answered: alive");
+                return;
+            }
+            let missed = {
+                let mut misses = self.ping_misses();
+                let missed = misses.entry(server_id).or_insert(0);
+                *missed = missed.saturating_add(1);
+                *missed
+            };
+            // A server whose lease may still run could still be serving: the declaration
+            // waits for the lease to end (checked again under the state lock). Meanwhile its
+            // renewals are refused (see `renew_lease`), so the lease does end.
+            if missed >= config.misses_to_declare
+                && self.declare_crashed(server_id, "missed pings", true).await
+            {
+                self.ping_misses().remove(&server_id);
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::debug!(%server_id, missed, "suspect check ended undecided");
+                return;
+            }
+            tokio::time::sleep_until(started + config.probe_timeout).await;
         }
     }
 
@@ -257,6 +397,8 @@ impl Inner {
             }
             match self.recovery_attempt(crashed).await {
                 Attempt::Finished => {
+                    self.unrecoverable().remove(&crashed);
+                    self.log_missing_since().remove(&crashed);
                     tracing::info!(%crashed, attempt, elapsed_ms = started.elapsed().as_millis() as u64, "recovery finished");
                     CoordinatorCounters::count(&self.counters.recoveries_completed, 1);
                     self.mark_removed(crashed).await;
@@ -293,6 +435,132 @@ impl Inner {
     }
 
     async fn recovery_attempt(self: &Arc<Self>, crashed: ServerId) -> Attempt {
+        let (tablets, masters, backups, unreplicated) = {
+            let state = self.state.lock().await;
+            let tablets: Vec<(TableId, HashRange)> = state
+                .tables
+                .values()
+                .flat_map(|table| {
+                    table
+                        .tablets
+                        .iter()
+                        .filter(|tablet| tablet.owner == crashed)
+                        .map(|tablet| (table.table_id, tablet.range))
+                })
+                .collect();
+            let masters: Vec<(ServerId, String)> = state
+                .servers_in(ServerStatus::Up)
+                .filter(|server| server.services.has_master())
+                .map(|server| (server.server_id, server.address.clone()))
+                .collect();
+            let backups: Vec<String> = state
+                .servers_in(ServerStatus::Up)
+                .filter(|server| server.services.has_backup())
+                .map(|server| server.address.clone())
+                .collect();
+            let unreplicated =
+                state.servers.get(&crashed).is_some_and(|server| server.services.is_unreplicated());
+            (tablets, masters, backups, unreplicated)
+        };
+        if tablets.is_empty() {
+            return Attempt::Finished;
+        }
+        if masters.is_empty() {
+            return Attempt::Again("no master is up to recover onto".to_string());
+        }
+        if unreplicated {
+            // Nothing of its log exists anywhere: no backup to fence or ask.
+            return self.impossible(crashed, "it ran without replicas (memory only)").await;
+        }
+        // Fence first: from here on no backup accepts a write of the crashed master, so the
+        // replicas read below hold every write it could ever have had acknowledged.
+        if let Err(reason) = self.fence(crashed, &backups).await {
+            return Attempt::Again(reason);
+        }
+        let locations = match self.locate_replicas(crashed, &backups).await {
+            Ok(locations) => locations,
+            Err(reason) => return Attempt::Again(reason),
+        };
+        if !locations.is_empty() {
+            // Some of its log exists: at worst incomplete (waited for), not impossible.
+            self.log_missing_since().remove(&crashed);
+            self.unrecoverable().remove(&crashed);
+        }
+        let head = self.log_heads.lock().await.get(&crashed).copied();
+        let segments = match head {
+            // It never reported a head, so it never had a replicated write acknowledged: nothing
+            // to replay. (A master without replicas reports none either: handled above.)
+            None => {
+                tracing::warn!(%crashed, "the crashed master never reported a log head: its tablets are handed over empty");
+                Vec::new()
+            }
+            // It had writes acknowledged (it reported a head), yet no backup that is up holds
+            // anything of its log: no complete log can be read — unless a backup holding it is
+            // restarting, so only once that lasted LOG_MISSING_PATIENCE. Every attempt looks
+            // afresh, so a backup that returns later still makes the recovery possible.
+            Some(_) if locations.is_empty() => {
+                let since = *self
+                    .log_missing_since()
+                    .entry(crashed)
+                    .or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() < LOG_MISSING_PATIENCE {
+                    return Attempt::Again(
+                        "no backup that is up holds any replica of its log (yet)".to_string(),
+                    );
+                }
+                return self
+                    .impossible(crashed, "no backup that is up holds any replica of its log")
+                    .await;
+            }
+            Some(head) => {
+                let head_found = locations
+                    .get(&head.segment_id)
+                    .is_some_and(|replicas| replicas.iter().any(|r| r.epoch >= head.epoch));
+                if !head_found {
+                    return Attempt::Again(format!(
+                        "no backup that is up holds head segment {} at epoch {} or newer",
+                        head.segment_id, head.epoch
+                    ));
+                }
+                match self.newest_digest(crashed, &locations, head).await {
+                    Ok(listed) => listed,
+                    Err(reason) => return Attempt::Again(reason),
+                }
+            }
+        };
+        if let Some(missing) = segments.iter().find(|id| !locations.contains_key(id)) {
+            return Attempt::Again(format!(
+                "the log is incomplete: no live backup holds segment {missing} of the digest"
+            ));
+        }
+        self.recover_partitions(crashed, &tablets, &masters, &backups, segments).await
+    }
+
+    /// A recovery that cannot succeed: no complete copy of `crashed`'s log exists. Unless an
+    /// operator accepted the loss, its tablets stay unavailable (clients are told so at once)
+    /// and the attempt ends; later attempts look again, in case a backup holding the log
+    /// returns. Once the loss is accepted, the tablets are handed over empty.
+    async fn impossible(self: &Arc<Self>, crashed: ServerId, reason: &str) -> Attempt {
+        let accepted = {
+            let mut unrecoverable = self.unrecoverable();
+            let entry = unrecoverable.entry(crashed).or_insert_with(|| {
+                tracing::error!(
+                    %crashed, reason,
+                    "recovery is impossible: no complete log of the crashed master exists; its \
+                     tablets stay unavailable until an operator runs `stratus recovery \
+                     accept-loss {crashed}` (they are then handed over empty)"
+                );
+                Unrecoverable { reason: reason.to_string(), loss_accepted: false }
+            });
+            entry.reason = reason.to_string();
+            entry.loss_accepted
+        };
+        if !accepted {
+            return Attempt::Again(format!(
+                "recovery is impossible ({reason}); waiting for an operator to accept the loss"
+            ));
+        }
+        tracing::warn!(%crashed, reason, "the loss was accepted: handing the tablets over empty");
         let (tablets, masters, backups) = {
             let state = self.state.lock().await;
             let tablets: Vec<(TableId, HashRange)> = state
@@ -324,52 +592,68 @@ impl Inner {
         if masters.is_empty() {
             return Attempt::Again("no master is up to recover onto".to_string());
         }
-        // Fence first: from here on no backup accepts a write of the crashed master, so the
-        // replicas read below hold every write it could ever have had acknowledged.
-        if let Err(reason) = self.fence(crashed, &backups).await {
-            return Attempt::Again(reason);
-        }
-        let locations = match self.locate_replicas(crashed, &backups).await {
-            Ok(locations) => locations,
-            Err(reason) => return Attempt::Again(reason),
-        };
-        let head = self.log_heads.lock().await.get(&crashed).copied();
-        let segments = match head {
-            // It never reported a head, so it never had a replicated write acknowledged (or it
-            // ran without replicas, and its data died with it): nothing to replay.
-            None => {
-                tracing::warn!(%crashed, "the crashed master never reported a log head: its tablets are handed over empty");
-                Vec::new()
-            }
-            Some(head) => {
-                let head_found = locations
-                    .get(&head.segment_id)
-                    .is_some_and(|replicas| replicas.iter().any(|r| r.epoch >= head.epoch));
-                if !head_found {
-                    return Attempt::Again(format!(
-                        "no backup that is up holds head segment {} at epoch {} or newer",
-                        head.segment_id, head.epoch
-                    ));
-                }
-                match self.newest_digest(crashed, &locations, head).await {
-                    Ok(listed) => listed,
-                    Err(reason) => return Attempt::Again(reason),
-                }
-            }
-        };
-        if let Some(missing) = segments.iter().find(|id| !locations.contains_key(id)) {
-            return Attempt::Again(format!(
-                "the log is incomplete: no live backup holds segment {missing} of the digest"
-            ));
-        }
+        self.recover_partitions(crashed, &tablets, &masters, &backups, Vec::new()).await
+    }
 
+    /// Since when no backup that is up has held anything of each crashed master's log (only
+    /// masters that reported a log head and are being recovered).
+    pub(crate) fn log_missing_since(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<ServerId, tokio::time::Instant>> {
+        self.log_missing_since.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// The crashed masters whose recovery was found impossible.
+    pub(crate) fn unrecoverable(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<ServerId, Unrecoverable>> {
+        self.unrecoverable.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// RECOVERY_ACCEPT_LOSS: the operator accepts that `server_id`'s data is lost; its recovery
+    /// (started again if it had given up) hands its tablets over empty.
+    pub(crate) async fn accept_loss(
+        self: &Arc<Self>,
+        server_id: ServerId,
+    ) -> Result<Response, (Status, String)> {
+        {
+            let mut unrecoverable = self.unrecoverable();
+            let Some(entry) = unrecoverable.get_mut(&server_id) else {
+                return Err((
+                    Status::InvalidParameter,
+                    format!(
+                        "the recovery of server {server_id} is not blocked as impossible: \
+                         nothing to accept (it is up, recovers, waits for backups that may \
+                         return, or is unknown)"
+                    ),
+                ));
+            };
+            if !entry.loss_accepted {
+                entry.loss_accepted = true;
+                tracing::warn!(%server_id, reason = %entry.reason, "an operator accepted the loss of a crashed master's data");
+            }
+        }
+        self.start_recovery(server_id).await;
+        Ok(Response::RecoveryAcceptLoss)
+    }
+
+    /// Sends each recovery master its partition of `tablets` (replaying `segments`, none to
+    /// hand the tablets over empty) and commits what comes back durable.
+    async fn recover_partitions(
+        self: &Arc<Self>,
+        crashed: ServerId,
+        tablets: &[(TableId, HashRange)],
+        masters: &[(ServerId, String)],
+        backups: &[String],
+        segments: Vec<SegmentId>,
+    ) -> Attempt {
         // One part per master in all, spread over the tablets.
         let parts_per_tablet = (masters.len().div_ceil(tablets.len()) as u32)
             .clamp(1, PARTS_PER_TABLET_MAX.min(masters.len() as u32));
         let first = self.environment.entropy.below(masters.len() as u64) as usize;
         let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange)>> = BTreeMap::new();
         let mut slot = first;
-        for &(table_id, range) in &tablets {
+        for &(table_id, range) in tablets {
             for part in range.split(parts_per_tablet) {
                 partitions.entry(slot % masters.len()).or_default().push((table_id, range, part));
                 slot += 1;
@@ -396,7 +680,7 @@ impl Inner {
                     .map(|&(table_id, _, range)| RecoveryTablet { table_id, range })
                     .collect(),
                 segments: segments.clone(),
-                backups: backups.clone(),
+                backups: backups.to_vec(),
             };
             let inner = self.clone();
             calls.spawn(async move {
@@ -690,5 +974,205 @@ impl Inner {
         } else {
             Err(format!("{} recovered parts lost their new master", lost.len()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::Coordinator;
+    use stratus_env::Environment;
+    use stratus_meta::MemoryMetaStore;
+    use stratus_wire::ServiceMask;
+
+    /// How long a test waits for the coordinator to reach a state before it fails.
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    fn coordinator() -> Coordinator {
+        Coordinator::open(Arc::new(MemoryMetaStore::new()), Environment::system())
+            .expect("open a coordinator")
+    }
+
+    /// Enlists a server at `address` and returns its id.
+    async fn enlist(coordinator: &Coordinator, address: &str, services: u32) -> ServerId {
+        match coordinator.inner.enlist(address.to_string(), ServiceMask(services)).await {
+            Ok(Response::EnlistServer { server_id }) => server_id,
+            other => panic!("enlistment failed: {other:?}"),
+        }
+    }
+
+    /// A loopback address that answers pings (another coordinator serves it).
+    async fn answering_address() -> String {
+        let environment = Environment::system();
+        let listener = environment.network.bind("127.0.0.1:0").await.expect("bind loopback");
+        let address = listener.local_address();
+        tokio::spawn(stratus_rpc::serve(listener, Arc::new(coordinator())));
+        address
+    }
+
+    /// A loopback address nobody listens on (connections are refused).
+    fn silent_address() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.local_addr().expect("local address").to_string()
+    }
+
+    async fn status_of(coordinator: &Coordinator, server_id: ServerId) -> ServerStatus {
+        coordinator.state().await.servers.get(&server_id).expect("known server").status
+    }
+
+    /// Waits (bounded) until no suspect is being checked.
+    async fn checks_finished(coordinator: &Coordinator) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while !coordinator.inner.suspects().checking.is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "a suspect check did not end");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hint_about_a_server_that_answers_declares_nothing() {
+        let coordinator = coordinator();
+        coordinator.inner.detector.set(FailureDetectorConfig::default()).unwrap();
+        let address = answering_address().await;
+        let server_id = enlist(&coordinator, &address, ServiceMask::MASTER).await;
+        let answer = coordinator.inner.hint_server_crashed(server_id).await;
+        assert!(matches!(answer, Ok(Response::HintServerCrashed)), "{answer:?}");
+        checks_finished(&coordinator).await;
+        assert_eq!(status_of(&coordinator, server_id).await, ServerStatus::Up);
+        assert!(coordinator.inner.ping_misses().get(&server_id).is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hint_about_a_silent_server_declares_it_crashed_once_its_lease_ended() {
+        let coordinator = coordinator();
+        coordinator.inner.detector.set(FailureDetectorConfig::default()).unwrap();
+        let server_id = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        coordinator.inner.hint_server_crashed(server_id).await.expect("hint accepted");
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while status_of(&coordinator, server_id).await == ServerStatus::Up {
+            assert!(tokio::time::Instant::now() < deadline, "the silent server was not declared");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(coordinator.inner.lease_expired(server_id), "declared while a lease could run");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_hints_checks_each_suspect_once_at_a_time() {
+        let coordinator = coordinator();
+        coordinator.inner.detector.set(FailureDetectorConfig::default()).unwrap();
+        let first = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        let second = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        for _ in 0..1_000 {
+            for server_id in [first, second] {
+                coordinator.inner.hint_server_crashed(server_id).await.expect("hint accepted");
+            }
+            assert!(coordinator.inner.suspects().checking.len() <= 2);
+        }
+        assert_eq!(coordinator.metrics().await.crash_hints_received, 2_000);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hints_are_checked_against_the_server_list() {
+        let coordinator = coordinator();
+        // Unknown servers (0 means none) are refused.
+        for unknown in [ServerId(0), ServerId(77)] {
+            let answer = coordinator.inner.hint_server_crashed(unknown).await;
+            assert!(matches!(answer, Err((Status::InvalidParameter, _))), "{answer:?}");
+        }
+        // Without a running detector a hint is accepted and ignored.
+        let server_id = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        coordinator.inner.hint_server_crashed(server_id).await.expect("hint accepted");
+        assert!(coordinator.inner.suspects().checking.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_loss_is_accepted_only_for_an_impossible_recovery() {
+        let coordinator = coordinator();
+        let server_id = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        let answer = coordinator.inner.accept_loss(server_id).await;
+        assert!(matches!(answer, Err((Status::InvalidParameter, _))), "{answer:?}");
+        // As if its recovery were running (so accepting the loss starts none here).
+        coordinator.inner.recoveries.lock().await.insert(server_id);
+        coordinator
+            .inner
+            .unrecoverable()
+            .insert(server_id, Unrecoverable { reason: "test".to_string(), loss_accepted: false });
+        assert_eq!(
+            coordinator.unrecoverable_masters(),
+            vec![(server_id, "test".to_string(), false)]
+        );
+        let answer = coordinator.inner.accept_loss(server_id).await;
+        assert!(matches!(answer, Ok(Response::RecoveryAcceptLoss)), "{answer:?}");
+        assert_eq!(
+            coordinator.unrecoverable_masters(),
+            vec![(server_id, "test".to_string(), true)]
+        );
+    }
+
+    /// The states of table 1's tablets in the coordinator's map.
+    async fn tablet_states(coordinator: &Coordinator) -> Vec<stratus_types::TabletState> {
+        match coordinator.inner.tablet_map(TableId(1)).await {
+            Ok(Response::GetTabletMap { tablets }) => {
+                tablets.iter().map(|tablet| tablet.state).collect()
+            }
+            other => panic!("no tablet map: {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reported_log_no_backup_holds_is_unavailable_after_the_patience_until_accepted() {
+        use stratus_types::TabletState;
+        let coordinator = coordinator();
+        // No backup at all: nothing of the crashed master's log can be found.
+        let crashed = enlist(&coordinator, "crashed:1", ServiceMask::MASTER).await;
+        enlist(&coordinator, "survivor:1", ServiceMask::MASTER).await;
+        coordinator
+            .inner
+            .log_heads
+            .lock()
+            .await
+            .insert(crashed, LogHead { segment_id: SegmentId(1), epoch: 1 });
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            let tablet = TabletRecord { range: HashRange::FULL, owner: crashed };
+            let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
+            state.tables.insert("t".to_string(), table);
+            state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
+        }
+        // At first it may be backups restarting: the tablet is recovering.
+        let attempt = coordinator.inner.recovery_attempt(crashed).await;
+        assert!(matches!(&attempt, Attempt::Again(reason) if reason.contains("(yet)")));
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Recovering]);
+        assert!(coordinator.unrecoverable_masters().is_empty());
+
+        tokio::time::advance(LOG_MISSING_PATIENCE).await;
+        let attempt = coordinator.inner.recovery_attempt(crashed).await;
+        assert!(matches!(&attempt, Attempt::Again(reason) if reason.contains("impossible")));
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Unavailable]);
+        assert_eq!(coordinator.metrics().await.tablets_unavailable, 1);
+
+        // Accepted: no longer reported unavailable (it is handed over; the next attempt does).
+        coordinator.inner.recoveries.lock().await.insert(crashed);
+        coordinator.inner.accept_loss(crashed).await.expect("the loss is accepted");
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Recovering]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreplicated_master_s_recovery_is_impossible_at_once() {
+        use stratus_types::TabletState;
+        let coordinator = coordinator();
+        let services = ServiceMask::MASTER | ServiceMask::UNREPLICATED;
+        let crashed = enlist(&coordinator, "crashed:1", services).await;
+        enlist(&coordinator, "survivor:1", ServiceMask::MASTER).await;
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            let tablet = TabletRecord { range: HashRange::FULL, owner: crashed };
+            let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
+            state.tables.insert("t".to_string(), table);
+            state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
+        }
+        let attempt = coordinator.inner.recovery_attempt(crashed).await;
+        assert!(matches!(&attempt, Attempt::Again(reason) if reason.contains("without replicas")));
+        assert_eq!(tablet_states(&coordinator).await, vec![TabletState::Unavailable]);
     }
 }

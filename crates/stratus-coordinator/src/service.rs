@@ -24,7 +24,9 @@ use crate::records::{
     put_counter, put_log_head, put_server, put_table, table_key, CoordinatorState, LogHead,
     TableRecord, TabletRecord, NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
 };
-use crate::recovery::{FailureDetectorConfig, RecoveryPools, LEASE_DURATION, LEASE_MARGIN};
+use crate::recovery::{
+    FailureDetectorConfig, RecoveryPools, Suspects, Unrecoverable, LEASE_DURATION, LEASE_MARGIN,
+};
 
 /// How long a CREATE_TABLE or DROP_TABLE waits for its masters' first acknowledgement before
 /// answering; delivery continues in the background after that.
@@ -62,10 +64,19 @@ pub(crate) struct Inner {
     /// When this coordinator started: a lease granted by an earlier incarnation ends at most
     /// [`LEASE_DURATION`] after this.
     pub(crate) started_at: tokio::time::Instant,
-    /// Pings each server missed in a row (the failure detector's count).
+    /// Pings each suspect missed in a row (the failure detector's count).
     pub(crate) ping_misses: std::sync::Mutex<BTreeMap<ServerId, u32>>,
-    /// The detector's threshold; 0 while it does not run.
-    pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
+    /// The failure detector's settings, once it runs (hints are ignored before).
+    pub(crate) detector: std::sync::OnceLock<FailureDetectorConfig>,
+    /// Suspects being checked, and recently checked (rate-limits hints).
+    pub(crate) suspects: std::sync::Mutex<Suspects>,
+    /// Crashed masters whose recovery is impossible (no complete log), until it finishes.
+    /// Not persisted: a restarted coordinator finds the same again, and an operator who had
+    /// accepted a loss accepts it again.
+    pub(crate) unrecoverable: std::sync::Mutex<BTreeMap<ServerId, Unrecoverable>>,
+    /// Since when no backup has held anything of a crashed master's reported log: once that
+    /// lasted `LOG_MISSING_PATIENCE`, its recovery is impossible.
+    pub(crate) log_missing_since: std::sync::Mutex<BTreeMap<ServerId, tokio::time::Instant>>,
     /// What it has done since it started, for its metrics.
     pub(crate) counters: CoordinatorCounters,
     /// Whether this coordinator may act now (None: it is the only one, it always may).
@@ -134,7 +145,10 @@ impl Coordinator {
             log_heads: Mutex::new(log_heads),
             started_at: tokio::time::Instant::now(),
             ping_misses: std::sync::Mutex::new(BTreeMap::new()),
-            misses_to_declare: std::sync::atomic::AtomicU32::new(0),
+            detector: std::sync::OnceLock::new(),
+            suspects: std::sync::Mutex::new(Suspects::default()),
+            unrecoverable: std::sync::Mutex::new(BTreeMap::new()),
+            log_missing_since: std::sync::Mutex::new(BTreeMap::new()),
             counters: CoordinatorCounters::default(),
             authority,
         };
@@ -203,6 +217,16 @@ impl Coordinator {
     /// declared crashed and their tablets recovered.
     pub async fn run_failure_detector(&self, config: FailureDetectorConfig) {
         self.inner.clone().run_failure_detector(config).await
+    }
+
+    /// Crashed masters whose recovery is impossible (no complete log), with the reason and
+    /// whether an operator accepted the loss (tests and status).
+    pub fn unrecoverable_masters(&self) -> Vec<(ServerId, String, bool)> {
+        self.inner
+            .unrecoverable()
+            .iter()
+            .map(|(id, entry)| (*id, entry.reason.clone(), entry.loss_accepted))
+            .collect()
     }
 
     /// Declares `server_id` crashed now and starts recovering its tablets (tests and tools).
@@ -291,6 +315,8 @@ impl Inner {
             Request::SetLogHead { server_id, segment_id, epoch } => {
                 self.set_log_head(server_id, LogHead { segment_id, epoch }).await
             }
+            Request::HintServerCrashed { server_id } => self.hint_server_crashed(server_id).await,
+            Request::RecoveryAcceptLoss { server_id } => self.accept_loss(server_id).await,
             other => Err((
                 Status::UnimplementedRequest,
                 format!("{:?} is served by masters, not the coordinator", other.opcode()),
@@ -340,7 +366,7 @@ impl Inner {
         }
     }
 
-    async fn enlist(
+    pub(crate) async fn enlist(
         self: &Arc<Self>,
         address: String,
         services: ServiceMask,
@@ -498,7 +524,7 @@ impl Inner {
             CoordinatorCounters::count(&self.counters.lease_renewals_refused, 1);
             return Err((Status::Retry, "this coordinator is not the active one".to_string()));
         }
-        let threshold = self.misses_to_declare.load(std::sync::atomic::Ordering::Relaxed);
+        let threshold = self.detector.get().map_or(0, |config| config.misses_to_declare);
         let missed = self.ping_misses().get(&server_id).copied().unwrap_or(0);
         if threshold > 0 && missed >= threshold {
             // It asks but does not answer pings (a one-way partition): let its lease run out,
@@ -549,8 +575,15 @@ impl Inner {
         tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
     }
 
-    async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {
+    pub(crate) async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {
         let state = self.state.lock().await;
+        // Owners whose recovery is impossible and whose loss no operator accepted yet.
+        let unavailable: BTreeSet<ServerId> = self
+            .unrecoverable()
+            .iter()
+            .filter(|(_, unrecoverable)| !unrecoverable.loss_accepted)
+            .map(|(server_id, _)| *server_id)
+            .collect();
         let mut tablets = Vec::new();
         let mut found = false;
         for table in state.tables.values() {
@@ -566,7 +599,13 @@ impl Inner {
                     range: tablet.range,
                     owner: tablet.owner,
                     owner_address: owner.map(|server| server.address.clone()).unwrap_or_default(),
-                    state: if serving { TabletState::Normal } else { TabletState::Recovering },
+                    state: if serving {
+                        TabletState::Normal
+                    } else if unavailable.contains(&tablet.owner) {
+                        TabletState::Unavailable
+                    } else {
+                        TabletState::Recovering
+                    },
                 });
             }
         }

@@ -14,6 +14,7 @@
 mod lease;
 mod metrics;
 mod ownership;
+mod peer_probe;
 mod recovery;
 mod replication;
 mod service;
@@ -21,6 +22,7 @@ mod service;
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
 pub use ownership::TabletOwnership;
+pub use peer_probe::{probe_peers, PeerProbeConfig, ServerList, SERVER_LIST_REFRESH_INTERVAL};
 pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{
     LogPosition, Placement, ReplicaManager, ReplicationConfig, ReplicationStatistics, SyncError,

@@ -30,24 +30,23 @@ use stratus_store::ObjectStore;
 use stratus_store::SegmentDurability;
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{
-    BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody, ServerEntry,
-    ServerStatus, ServiceMask, Status,
+    BackupWriteFlags, ReplicaCertificate, Request, ServerEntry, ServerStatus, ServiceMask, Status,
 };
 use tokio::sync::{mpsc, Notify};
+
+use crate::peer_probe::ServerList;
 
 /// How often the pump looks at the log even when nobody woke it (to free replicas of cleaned
 /// segments and to replicate segments the cleaner wrote).
 const IDLE_ROUND_INTERVAL: Duration = Duration::from_millis(200);
 
-/// How long the list of backups from the coordinator is trusted before it is fetched again.
-const SERVER_LIST_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
-
 /// Survivor segments queued for replication (the cleaner hands over one at a time and waits).
 const SURVIVORS_QUEUED_MAX: usize = 16;
 
 /// How often the backups holding this master's replicas are pinged. A backup that does not
-/// answer is treated as lost: its replicas are re-created elsewhere. (Cluster-wide failure
-/// detection by the coordinator is issue 5; this keeps closed segments at R copies meanwhile.)
+/// answer is treated as lost: its replicas are re-created elsewhere. (The cluster's failure
+/// detection declares crashed servers too, but this master does not watch for its holders in
+/// the server list; this keeps closed segments at R copies on its own.)
 const HOLDER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a backup found dead is not chosen for new replicas.
@@ -151,6 +150,8 @@ struct Shared {
     backups_available: std::sync::atomic::AtomicUsize,
     /// Segments of the log not (yet) on `replicas` backups in full, as of the last round.
     segments_short_of_replicas: std::sync::atomic::AtomicUsize,
+    /// The coordinator's server list, shared with the peer pinger.
+    server_list: Arc<ServerList>,
 }
 
 /// The log position known durable, and the writers waiting for it to pass theirs.
@@ -207,6 +208,7 @@ impl ReplicaManager {
     ) -> ReplicaManager {
         assert!(config.replicas >= 1, "a replica manager needs at least one replica");
         let durable = DurablePosition::default();
+        let config_coordinator_address = config.coordinator_address.clone();
         let shared = Arc::new(Shared {
             config,
             store,
@@ -217,6 +219,7 @@ impl ReplicaManager {
             fenced: std::sync::atomic::AtomicBool::new(false),
             backups_available: std::sync::atomic::AtomicUsize::new(usize::MAX),
             segments_short_of_replicas: std::sync::atomic::AtomicUsize::new(0),
+            server_list: ServerList::new(config_coordinator_address, environment.network.clone()),
         });
         let (survivor_sender, survivor_receiver) = mpsc::channel(SURVIVORS_QUEUED_MAX);
         let pump = Pump::new(server_id, shared.clone(), environment, survivor_receiver);
@@ -225,6 +228,12 @@ impl ReplicaManager {
         let manager = ReplicaManager { shared, survivors: survivor_sender };
         manager.shared.store.set_segment_durability(Some(Arc::new(manager.clone())));
         manager
+    }
+
+    /// The coordinator's server list this manager chooses backups from: the peer pinger
+    /// shares it, so one server fetches one list.
+    pub fn server_list(&self) -> Arc<ServerList> {
+        self.shared.server_list.clone()
     }
 
     /// The replica count.
@@ -387,7 +396,6 @@ struct Pump {
     pool: Arc<ChannelPool>,
     segments: BTreeMap<u64, SegmentReplicas>,
     backups: Vec<ServerEntry>,
-    backups_fetched_at: Option<tokio::time::Instant>,
     /// Replicas this master placed on each backup: the load for power-of-two choices.
     load: BTreeMap<ServerId, usize>,
     /// Backups found dead, and since when: not chosen again for a while.
@@ -450,7 +458,6 @@ impl Pump {
             environment,
             segments: BTreeMap::new(),
             backups: Vec::new(),
-            backups_fetched_at: None,
             load: BTreeMap::new(),
             dead_backups: BTreeMap::new(),
             holders_checked_at: None,
@@ -761,7 +768,7 @@ impl Pump {
             let replaced = failed.len() as u64;
             self.count(|statistics| statistics.replicas_replaced += replaced);
             // Backups that failed may be gone: look at the server list again.
-            self.backups_fetched_at = None;
+            self.shared.server_list.mark_stale().await;
         }
         Err(format!("segment {segment_id}: replicas kept failing"))
     }
@@ -1008,33 +1015,18 @@ impl Pump {
         }
     }
 
-    /// Fetches the list of backups from the coordinator when it is old.
+    /// Takes the backups from the server list (fetched from the coordinator when it is old).
     async fn refresh_backups(&mut self) -> Result<(), String> {
-        let fresh = self
-            .backups_fetched_at
-            .is_some_and(|fetched| fetched.elapsed() < SERVER_LIST_REFRESH_INTERVAL);
-        if fresh {
-            return Ok(());
-        }
-        let coordinator = self.shared.config.coordinator_address.clone();
-        match self.pool.call_coordinator(&coordinator, &Request::GetServerList).await {
-            Ok((Status::Ok, ResponseBody::Operation(Response::GetServerList { servers }))) => {
-                self.backups = servers
-                    .into_iter()
-                    .filter(|entry| {
-                        entry.status == ServerStatus::Up
-                            && entry.services.0 & ServiceMask::BACKUP != 0
-                    })
-                    .collect();
-                let others =
-                    self.backups.iter().filter(|entry| entry.server_id != self.server_id).count();
-                self.shared.backups_available.store(others, std::sync::atomic::Ordering::Relaxed);
-                self.backups_fetched_at = Some(tokio::time::Instant::now());
-                Ok(())
-            }
-            Ok((status, _)) => Err(format!("coordinator answered the server list with {status}")),
-            Err(error) => Err(format!("cannot reach the coordinator for the server list: {error}")),
-        }
+        let servers = self.shared.server_list.servers().await?;
+        self.backups = servers
+            .into_iter()
+            .filter(|entry| {
+                entry.status == ServerStatus::Up && entry.services.0 & ServiceMask::BACKUP != 0
+            })
+            .collect();
+        let others = self.backups.iter().filter(|entry| entry.server_id != self.server_id).count();
+        self.shared.backups_available.store(others, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Frees the copies that are no longer part of their segment's replica set (failed or

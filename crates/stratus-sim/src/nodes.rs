@@ -9,7 +9,8 @@ use stratus_backup::{collect_garbage, BackupConfig, BackupRouter, BackupService,
 use stratus_coordinator::{Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
-    keep_lease, Lease, Master, MasterConfig, RecoveryReader, ReplicaManager, ReplicationConfig,
+    keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, RecoveryReader,
+    ReplicaManager, ReplicationConfig,
 };
 use stratus_meta::MemoryMetaStore;
 use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig, Service};
@@ -208,6 +209,14 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         ReplicaManager::start(server_id, config, master.store_handle(), environment.clone());
     master.set_replication(replication.clone());
     master.set_recovery_reader(RecoveryReader::new(environment.network.clone()));
+    // Failure detection as `stratus server` runs it: ping random peers, report the silent.
+    tokio::spawn(probe_peers(
+        server_id,
+        COORDINATOR_ADDRESS.to_string(),
+        PeerProbeConfig::default(),
+        replication.server_list(),
+        environment.clone(),
+    ));
     let lease = Lease::new();
     master.set_lease(lease.clone());
     tokio::spawn(keep_lease(

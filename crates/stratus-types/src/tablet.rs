@@ -67,6 +67,11 @@ pub enum TabletState {
     Normal,
     /// Its owner crashed and it is being recovered; clients wait and retry.
     Recovering,
+    /// Its owner crashed and no complete copy of its log exists (the master ran without
+    /// replicas, or every replica is gone): nothing serves it until an operator accepts the
+    /// loss (`stratus recovery accept-loss`), or a backup holding the log returns. Clients
+    /// fail at once instead of waiting.
+    Unavailable,
 }
 
 #[cfg(test)]

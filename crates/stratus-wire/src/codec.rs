@@ -320,7 +320,9 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         Request::BackupListReplicas { master_id } | Request::BackupFenceMaster { master_id } => {
             put_u64(out, master_id.0)
         }
-        Request::RenewLease { server_id } => put_u64(out, server_id.0),
+        Request::RenewLease { server_id }
+        | Request::HintServerCrashed { server_id }
+        | Request::RecoveryAcceptLoss { server_id } => put_u64(out, server_id.0),
         Request::SetLogHead { server_id, segment_id, epoch } => {
             put_u64(out, server_id.0);
             put_u64(out, segment_id.0);
@@ -363,7 +365,9 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::BackupWrite
         | Response::BackupFree
         | Response::BackupFenceMaster
-        | Response::SetLogHead => {}
+        | Response::SetLogHead
+        | Response::HintServerCrashed
+        | Response::RecoveryAcceptLoss => {}
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupGetRecoveryData { certificate, data } => {
             put_certificate(out, certificate);
@@ -656,6 +660,7 @@ fn tablet_state_code(state: TabletState) -> u8 {
     match state {
         TabletState::Normal => 0,
         TabletState::Recovering => 1,
+        TabletState::Unavailable => 2,
     }
 }
 
@@ -830,6 +835,7 @@ impl Reader {
         match self.u8()? {
             0 => Ok(TabletState::Normal),
             1 => Ok(TabletState::Recovering),
+            2 => Ok(TabletState::Unavailable),
             _ => Err(DecodeError::InvalidField("tablet state")),
         }
     }
@@ -986,6 +992,10 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupGetStatistics => Request::BackupGetStatistics,
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
+        Opcode::HintServerCrashed => Request::HintServerCrashed { server_id: reader.server_id()? },
+        Opcode::RecoveryAcceptLoss => {
+            Request::RecoveryAcceptLoss { server_id: reader.server_id()? }
+        }
         Opcode::SetLogHead => Request::SetLogHead {
             server_id: reader.server_id()?,
             segment_id: reader.segment_id()?,
@@ -1126,6 +1136,8 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::BackupFenceMaster => Response::BackupFenceMaster,
         Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
         Opcode::SetLogHead => Response::SetLogHead,
+        Opcode::HintServerCrashed => Response::HintServerCrashed,
+        Opcode::RecoveryAcceptLoss => Response::RecoveryAcceptLoss,
         Opcode::BackupGetRecoveryData => {
             let certificate = reader.certificate()?;
             let data = reader.value()?;

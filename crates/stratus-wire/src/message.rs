@@ -33,6 +33,12 @@ pub enum Opcode {
     RenewLease = 17,
     /// Coordinator (from a master): the master's log head, before writes in it are acknowledged.
     SetLogHead = 18,
+    /// Coordinator (from a server): a peer did not answer a ping; the coordinator checks it
+    /// itself before declaring it crashed.
+    HintServerCrashed = 19,
+    /// Coordinator (from an operator): hand a crashed master's tablets over empty although
+    /// its log cannot be recovered.
+    RecoveryAcceptLoss = 20,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -78,7 +84,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 30] = [
+    pub const ALL: [Opcode; 32] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -89,6 +95,8 @@ impl Opcode {
         Opcode::GetTabletMap,
         Opcode::RenewLease,
         Opcode::SetLogHead,
+        Opcode::HintServerCrashed,
+        Opcode::RecoveryAcceptLoss,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -131,8 +139,11 @@ impl ServiceMask {
     pub const MASTER: u32 = 1;
     /// The backup service (stores other masters' segment replicas).
     pub const BACKUP: u32 = 2;
+    /// The master keeps no replicas of its log (memory only): its data dies with it, so the
+    /// coordinator cannot recover its tablets.
+    pub const UNREPLICATED: u32 = 4;
     /// Every bit that has a meaning; others must be zero.
-    pub const KNOWN: u32 = Self::MASTER | Self::BACKUP;
+    pub const KNOWN: u32 = Self::MASTER | Self::BACKUP | Self::UNREPLICATED;
 
     /// True if the master bit is set.
     pub fn has_master(self) -> bool {
@@ -142,6 +153,11 @@ impl ServiceMask {
     /// True if the backup bit is set.
     pub fn has_backup(self) -> bool {
         self.0 & Self::BACKUP != 0
+    }
+
+    /// True if the master keeps no replicas of its log.
+    pub fn is_unreplicated(self) -> bool {
+        self.0 & Self::UNREPLICATED != 0
     }
 }
 
@@ -639,6 +655,17 @@ pub enum Request {
         /// The replica epoch the head is written at.
         epoch: u64,
     },
+    /// HINT_SERVER_CRASHED: the sender's ping of `server_id` went unanswered.
+    HintServerCrashed {
+        /// The suspect.
+        server_id: ServerId,
+    },
+    /// RECOVERY_ACCEPT_LOSS: an operator accepts that the data of crashed master `server_id`
+    /// is lost; its tablets are handed over empty.
+    RecoveryAcceptLoss {
+        /// The crashed master.
+        server_id: ServerId,
+    },
     /// BACKUP_GET_RECOVERY_DATA: the replica of (`master_id`, `segment_id`) reduced to the
     /// entries a recovery master of `tablets` needs.
     BackupGetRecoveryData {
@@ -762,6 +789,10 @@ pub enum Response {
     BackupFenceMaster,
     /// SET_LOG_HEAD: recorded durably.
     SetLogHead,
+    /// HINT_SERVER_CRASHED: noted (the suspect is checked, or already was).
+    HintServerCrashed,
+    /// RECOVERY_ACCEPT_LOSS: the loss is accepted; the tablets are handed over empty.
+    RecoveryAcceptLoss,
     /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
     /// tombstones of the partition, with the certificate that commits it.
     BackupGetRecoveryData {
@@ -843,6 +874,8 @@ impl Request {
             Request::BackupFenceMaster { .. } => Opcode::BackupFenceMaster,
             Request::RenewLease { .. } => Opcode::RenewLease,
             Request::SetLogHead { .. } => Opcode::SetLogHead,
+            Request::HintServerCrashed { .. } => Opcode::HintServerCrashed,
+            Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
@@ -881,6 +914,8 @@ impl Response {
             Response::BackupFenceMaster => Opcode::BackupFenceMaster,
             Response::RenewLease { .. } => Opcode::RenewLease,
             Response::SetLogHead => Opcode::SetLogHead,
+            Response::HintServerCrashed => Opcode::HintServerCrashed,
+            Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,

@@ -205,13 +205,24 @@ fn field_domains_are_checked() {
         decode_request(Opcode::TakeTabletOwnership.code(), Bytes::from(body)),
         Err(DecodeError::InvalidField("hash range"))
     );
-    // A service mask with an unknown bit.
+    // A service mask with an unknown bit (bit 3; bits 0..=2 are master, backup, unreplicated).
     let mut body = vec![0, 0];
-    body.extend_from_slice(&4u32.to_le_bytes());
+    body.extend_from_slice(&8u32.to_le_bytes());
     assert_eq!(
         decode_request(Opcode::EnlistServer.code(), Bytes::from(body)),
         Err(DecodeError::InvalidField("service mask"))
     );
+    // A crash hint or an accepted loss without its whole server id, or with bytes after it.
+    for opcode in [Opcode::HintServerCrashed, Opcode::RecoveryAcceptLoss] {
+        assert_eq!(
+            decode_request(opcode.code(), Bytes::from_static(&[4, 0, 0, 0])),
+            Err(DecodeError::Truncated)
+        );
+        assert_eq!(
+            decode_request(opcode.code(), Bytes::from_static(&[4, 0, 0, 0, 0, 0, 0, 0, 9])),
+            Err(DecodeError::TrailingBytes)
+        );
+    }
     // Backup write flags with an undefined bit (byte 28: after master, segment, epoch, offset).
     let write = stratus_wire::Request::BackupWrite {
         master_id: stratus_types::ServerId(1),

@@ -219,6 +219,15 @@ fn expected(name: &str) -> Expected {
             request: Request::RenewLease { server_id: ServerId(3) },
         },
         "renew-lease-response" => ok(17, Response::RenewLease { lease_ms: 750 }),
+        "hint-server-crashed-request" => Expected::Request {
+            request_id: 19,
+            request: Request::HintServerCrashed { server_id: ServerId(4) },
+        },
+        "recovery-accept-loss-request" => Expected::Request {
+            request_id: 20,
+            request: Request::RecoveryAcceptLoss { server_id: ServerId(2) },
+        },
+        "recovery-accept-loss-response" => ok(20, Response::RecoveryAcceptLoss),
         "backup-fence-master-request" => Expected::Request {
             request_id: 18,
             request: Request::BackupFenceMaster { master_id: ServerId(2) },

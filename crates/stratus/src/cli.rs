@@ -54,6 +54,9 @@ pub enum Command {
     Scan(TableArgument),
     /// Show servers, tablets and memory use.
     Status,
+    /// Operator decisions about crash recovery.
+    #[command(subcommand)]
+    Recovery(RecoveryCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(stratus_bench::BenchCommand),
@@ -105,6 +108,18 @@ pub enum TableCommand {
     },
     /// List tables.
     List,
+}
+
+/// `stratus recovery ...`
+#[derive(Debug, Subcommand)]
+pub enum RecoveryCommand {
+    /// Accept that a crashed master's data is lost: its recovery is impossible (it ran without
+    /// replicas, or no backup holds its log; `stratus status` says so), and its tablets are
+    /// handed to other masters empty. Every object it held is gone for good.
+    AcceptLoss {
+        /// The crashed master's server id (as `stratus status` shows it).
+        server_id: u64,
+    },
 }
 
 /// A table name.
@@ -279,6 +294,13 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             client.drop_table(&name).await?;
             let _ = writeln!(stdout, "dropped {name}");
         }
+        Command::Recovery(RecoveryCommand::AcceptLoss { server_id }) => {
+            client.recovery_accept_loss(stratus_types::ServerId(server_id)).await?;
+            let _ = writeln!(
+                stdout,
+                "loss accepted: the tablets of server {server_id} are handed over empty"
+            );
+        }
         Command::Table(TableCommand::List) => {
             for table in client.list_tables().await? {
                 let _ = writeln!(
@@ -370,6 +392,7 @@ fn read_value(put: &PutArguments) -> Result<Bytes, String> {
 
 async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), ClientError> {
     let servers = client.server_list().await?;
+    let tablets = client.tablet_map(TableId(0)).await?;
     let _ = writeln!(out, "servers:");
     for server in &servers {
         let _ = write!(
@@ -377,6 +400,18 @@ async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), Clien
             "  id={} address={} status={:?}",
             server.server_id, server.address, server.status
         );
+        let unavailable = tablets.iter().any(|tablet| {
+            tablet.owner == server.server_id
+                && tablet.state == stratus_types::TabletState::Unavailable
+        });
+        if unavailable {
+            let _ = write!(
+                out,
+                " RECOVERY IMPOSSIBLE: no complete copy of its log exists, its tablets are \
+                 unavailable; `stratus recovery accept-loss {}` hands them over empty",
+                server.server_id
+            );
+        }
         if server.status == stratus_wire::ServerStatus::Up && server.services.has_master() {
             match client.server_statistics(&server.address).await {
                 Ok(statistics) => {
@@ -445,7 +480,6 @@ async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), Clien
     }
     let _ = writeln!(out, "tables:");
     let tables = client.list_tables().await?;
-    let tablets = client.tablet_map(TableId(0)).await?;
     for table in tables {
         let _ = writeln!(out, "  {} id={}", table.name, table.table_id);
         for tablet in tablets.iter().filter(|tablet| tablet.table_id == table.table_id) {

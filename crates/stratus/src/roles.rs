@@ -14,8 +14,8 @@ use stratus_backup::{
 use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
-    keep_lease, Lease, Master, MasterConfig, Placement, RecoveryReader, ReplicaManager,
-    ReplicationConfig,
+    keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
+    RecoveryReader, ReplicaManager, ReplicationConfig, ServerList,
 };
 use stratus_meta::FileMetaStore;
 use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig};
@@ -49,14 +49,16 @@ pub struct CoordinatorArguments {
     /// Stop when the process that started this one dies (used by `stratus up`).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
-    /// Milliseconds between two rounds of failure-detection pings.
-    #[arg(long, default_value_t = 200)]
-    pub probe_interval_ms: u64,
-    /// Milliseconds a ping may take before it counts as missed.
+    /// Milliseconds between two sweeps in which the coordinator pings every server itself: the
+    /// backstop behind the servers' pings of each other (`stratus server --probe-interval-ms`).
+    #[arg(long, default_value_t = 1000)]
+    pub backstop_interval_ms: u64,
+    /// Milliseconds one of the coordinator's pings may take before it counts as missed.
     #[arg(long, default_value_t = 250)]
     pub probe_timeout_ms: u64,
-    /// Pings a server must miss in a row to be declared crashed (its tablets are then
-    /// recovered on the other masters). 0 turns failure detection off.
+    /// The coordinator's pings a suspect server (reported by a peer, or silent in a sweep) must
+    /// miss in a row to be declared crashed (its tablets are then recovered on the other
+    /// masters). 0 turns failure detection off.
     #[arg(long, default_value_t = 3)]
     pub probe_misses: u32,
     /// Serve Prometheus metrics (GET /metrics) and the status page (GET /) on this address.
@@ -127,6 +129,13 @@ pub struct ServerArguments {
     /// Serve Prometheus metrics (GET /metrics) on this address.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Milliseconds between two pings of a random other server (failure detection: one that
+    /// does not answer is reported to the coordinator, which checks it). 0 pings no peer.
+    #[arg(long, default_value_t = PeerProbeConfig::default().probe_interval.as_millis() as u64)]
+    pub probe_interval_ms: u64,
+    /// Milliseconds a ping of a peer may take before the peer is reported.
+    #[arg(long, default_value_t = PeerProbeConfig::default().probe_timeout.as_millis() as u64)]
+    pub probe_timeout_ms: u64,
 }
 
 /// Opens the server's backup service (off the async runtime: a restart scans the disk).
@@ -336,7 +345,7 @@ fn serve_coordinator(
         if arguments.probe_misses > 0 {
             let detector = coordinator.clone();
             let config = FailureDetectorConfig {
-                probe_interval: Duration::from_millis(arguments.probe_interval_ms.max(1)),
+                backstop_interval: Duration::from_millis(arguments.backstop_interval_ms.max(1)),
                 probe_timeout: Duration::from_millis(arguments.probe_timeout_ms.max(1)),
                 misses_to_declare: arguments.probe_misses,
             };
@@ -388,10 +397,15 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
         let address = arguments.advertise.clone().unwrap_or_else(|| listener.local_address());
         let backup = open_backup(&arguments, store.segment_bytes).await?;
-        let services = match backup {
+        let mut services = match backup {
             Some(_) => ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP),
             None => ServiceMask(ServiceMask::MASTER),
         };
+        if arguments.replicas == 0 {
+            // Its data dies with it: the coordinator must not hand its tablets over as if
+            // nothing was lost (docs/design/recovery.md, "Impossible recoveries").
+            services.0 |= ServiceMask::UNREPLICATED;
+        }
         let deadline = Duration::from_secs(arguments.enlist_timeout_seconds);
         let server_id = enlist(&environment, &coordinator, &address, services, deadline).await?;
         let mut master =
@@ -410,6 +424,24 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             master.set_replication(replication);
         }
         master.set_recovery_reader(RecoveryReader::new(environment.network.clone()));
+        if arguments.probe_interval_ms > 0 {
+            // One server list per server: the replica manager's when there is one.
+            let server_list = match master.replication() {
+                Some(replication) => replication.server_list(),
+                None => ServerList::new(coordinator.clone(), environment.network.clone()),
+            };
+            let config = PeerProbeConfig {
+                probe_interval: Duration::from_millis(arguments.probe_interval_ms),
+                probe_timeout: Duration::from_millis(arguments.probe_timeout_ms.max(1)),
+            };
+            tokio::spawn(probe_peers(
+                server_id,
+                coordinator.clone(),
+                config,
+                server_list,
+                environment.clone(),
+            ));
+        }
         // The master serves only while the coordinator renews its lease.
         let lease = Lease::new();
         master.set_lease(lease.clone());

@@ -62,6 +62,14 @@ pub struct UpArguments {
     /// Serve no metrics and no status page.
     #[arg(long)]
     pub no_metrics: bool,
+    /// Milliseconds between two pings each server sends a random peer (failure detection; see
+    /// `stratus server --probe-interval-ms`). 0 pings no peer.
+    #[arg(long, default_value_t = stratus_master::PeerProbeConfig::default().probe_interval.as_millis() as u64)]
+    pub probe_interval_ms: u64,
+    /// The coordinator's pings a suspect server must miss in a row to be declared crashed
+    /// (see `stratus coordinator --probe-misses`). 0 turns failure detection off.
+    #[arg(long, default_value_t = 3)]
+    pub probe_misses: u32,
 }
 
 /// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
@@ -228,6 +236,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         "--dir".to_string(),
         coordinator_dir.display().to_string(),
         "--exit-with-parent".to_string(),
+        "--probe-misses".to_string(),
+        arguments.probe_misses.to_string(),
     ];
     if let Some(address) = metrics_address(&arguments, 0) {
         coordinator_arguments.extend(["--metrics-listen".to_string(), address]);
@@ -289,6 +299,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 arguments.backup_buffers.to_string(),
                 "--backup-frames".to_string(),
                 arguments.backup_frames.to_string(),
+                "--probe-interval-ms".to_string(),
+                arguments.probe_interval_ms.to_string(),
             ]
             .into_iter()
             .chain(extra)

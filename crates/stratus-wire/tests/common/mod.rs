@@ -197,6 +197,8 @@ pub fn request() -> impl Strategy<Value = Request> {
         Just(Request::BackupGetStatistics),
         server_id().prop_map(|master_id| Request::BackupFenceMaster { master_id }),
         server_id().prop_map(|server_id| Request::RenewLease { server_id }),
+        server_id().prop_map(|server_id| Request::HintServerCrashed { server_id }),
+        server_id().prop_map(|server_id| Request::RecoveryAcceptLoss { server_id }),
         (server_id(), segment_id(), any::<u64>()).prop_map(|(server_id, segment_id, epoch)| {
             Request::SetLogHead { server_id, segment_id, epoch }
         }),
@@ -255,13 +257,18 @@ fn server_entry() -> impl Strategy<Value = ServerEntry> {
 }
 
 fn tablet_entry() -> impl Strategy<Value = TabletEntry> {
-    (table_id(), range(), server_id(), name(), any::<bool>()).prop_map(
-        |(table_id, range, owner, owner_address, recovering)| TabletEntry {
+    let state = prop_oneof![
+        Just(TabletState::Normal),
+        Just(TabletState::Recovering),
+        Just(TabletState::Unavailable),
+    ];
+    (table_id(), range(), server_id(), name(), state).prop_map(
+        |(table_id, range, owner, owner_address, state)| TabletEntry {
             table_id,
             range,
             owner,
             owner_address,
-            state: if recovering { TabletState::Recovering } else { TabletState::Normal },
+            state,
         },
     )
 }
@@ -366,6 +373,8 @@ pub fn response() -> impl Strategy<Value = Response> {
         backup_statistics().prop_map(|statistics| Response::BackupGetStatistics { statistics }),
         Just(Response::BackupFenceMaster),
         Just(Response::SetLogHead),
+        Just(Response::HintServerCrashed),
+        Just(Response::RecoveryAcceptLoss),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
         (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
             certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },

@@ -454,6 +454,12 @@ async fn render_coordinator(coordinator: &Coordinator) -> String {
     .sample(&[("state", "normal")], metrics.tablets_normal)
     .sample(&[("state", "recovering")], metrics.tablets_recovering);
     out.gauge(
+        "stratus_coordinator_tablets_unavailable",
+        "Tablets whose crashed master's log cannot be recovered, waiting for an operator to \
+         accept the loss (stratus recovery accept-loss); counted among the recovering too.",
+        metrics.tablets_unavailable,
+    );
+    out.gauge(
         "stratus_coordinator_recoveries_in_flight",
         "Crashed masters being recovered now.",
         metrics.recoveries_in_flight,
@@ -484,6 +490,14 @@ async fn render_coordinator(coordinator: &Coordinator) -> String {
          address).",
         metrics.servers_declared_crashed,
     );
+    out.family(
+        "stratus_coordinator_crash_hints_total",
+        "HINT_SERVER_CRASHED reports of peers that missed a ping, by outcome (dropped: too many \
+         suspects were being checked).",
+        MetricType::Counter,
+    )
+    .sample(&[("outcome", "received")], metrics.crash_hints_received)
+    .sample(&[("outcome", "dropped")], metrics.crash_hints_dropped);
     out.counter("stratus_coordinator_enlistments_total", "Servers enlisted.", metrics.enlistments);
     out.family(
         "stratus_coordinator_lease_renewals_total",

@@ -276,6 +276,7 @@ fn render(overview: &ClusterOverview, history: &VecDeque<Sample>, coordinator: &
         json.key("state").string(match tablet.state {
             TabletState::Normal => "normal",
             TabletState::Recovering => "recovering",
+            TabletState::Unavailable => "unavailable",
         });
         json.end_object();
     }

@@ -33,6 +33,8 @@ pub enum Opcode {
     RenewLease = 17,
     /// Coordinator (from a master): the master's log head, before writes in it are acknowledged.
     SetLogHead = 18,
+    /// Coordinator: split the tablet holding a key hash into two at that hash.
+    SplitTablet = 19,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -78,7 +80,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 30] = [
+    pub const ALL: [Opcode; 31] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -89,6 +91,7 @@ impl Opcode {
         Opcode::GetTabletMap,
         Opcode::RenewLease,
         Opcode::SetLogHead,
+        Opcode::SplitTablet,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -480,6 +483,14 @@ pub enum Request {
         /// Table, or `TableId(0)` for all.
         table_id: TableId,
     },
+    /// SPLIT_TABLET: the tablet of table `name` that holds `split_hash` becomes two, the
+    /// second starting at `split_hash`, both on the same master.
+    SplitTablet {
+        /// Table name.
+        name: String,
+        /// The first key hash of the second half.
+        split_hash: u64,
+    },
     /// READ.
     Read {
         /// Table.
@@ -762,6 +773,9 @@ pub enum Response {
     BackupFenceMaster,
     /// SET_LOG_HEAD: recorded durably.
     SetLogHead,
+    /// SPLIT_TABLET: the split is durable in the tablet map (or the hash already was a
+    /// tablet boundary).
+    SplitTablet,
     /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
     /// tombstones of the partition, with the certificate that commits it.
     BackupGetRecoveryData {
@@ -843,6 +857,7 @@ impl Request {
             Request::BackupFenceMaster { .. } => Opcode::BackupFenceMaster,
             Request::RenewLease { .. } => Opcode::RenewLease,
             Request::SetLogHead { .. } => Opcode::SetLogHead,
+            Request::SplitTablet { .. } => Opcode::SplitTablet,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
@@ -881,6 +896,7 @@ impl Response {
             Response::BackupFenceMaster => Opcode::BackupFenceMaster,
             Response::RenewLease { .. } => Opcode::RenewLease,
             Response::SetLogHead => Opcode::SetLogHead,
+            Response::SplitTablet => Opcode::SplitTablet,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,

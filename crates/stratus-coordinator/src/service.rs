@@ -605,15 +605,13 @@ impl Inner {
             state.tables.insert(name.clone(), updated);
         }
         tracing::info!(%table_id, %name, start_hash, %target, objects_sent, %creation_segment, "tablet migrated");
-        // The target serves the tablet, and the source frees its copy.
-        let mut deliveries = tokio::task::JoinSet::new();
-        deliveries.spawn(deliver(self.clone(), table_id, moved, true));
-        deliveries.spawn(deliver(self.clone(), table_id, tablet, false));
-        let _ = tokio::time::timeout(FIRST_DELIVERY_WAIT, async {
-            while deliveries.join_next().await.is_some() {}
-        })
-        .await;
-        deliveries.detach_all();
+        // The target serves the tablet, and the source frees its copy. Both are waited for
+        // (bounded) under the migration lock: a DROP still on its way when the tablet is
+        // migrated back to the source would drop it there.
+        tokio::join!(
+            deliver(self.clone(), table_id, moved, true),
+            deliver(self.clone(), table_id, tablet, false)
+        );
         Ok(Response::MigrateTablet)
     }
 
@@ -754,8 +752,22 @@ pub(crate) async fn deliver(
                 .tables
                 .values()
                 .any(|table| table.table_id == table_id && table.tablets.contains(&tablet));
+            // A DROP is obsolete once the master owns part of the range again (the tablet was
+            // migrated back): dropping would lose it there.
+            let owns_again = !take
+                && state.tables.values().any(|table| {
+                    table.table_id == table_id
+                        && table.tablets.iter().any(|other| {
+                            other.owner == tablet.owner
+                                && other.range.intersection(&tablet.range).is_some()
+                        })
+                });
             match state.servers.get(&tablet.owner) {
-                Some(server) if server.status == ServerStatus::Up && (still_assigned || !take) => {
+                Some(server)
+                    if server.status == ServerStatus::Up
+                        && (still_assigned || !take)
+                        && !owns_again =>
+                {
                     server.address.clone()
                 }
                 _ => return,

@@ -343,3 +343,47 @@ async fn a_tablet_that_moved_away_and_back_recovers_without_stale_objects() {
     let (value, _) = client.read(table, b"untouched").await.unwrap();
     assert_eq!(&value[..], b"kept");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_to_a_dead_master_fails_and_the_tablet_stays_writable() {
+    let mut cluster = TestCluster::start_with_replicas(3, 1);
+    let client = cluster.client();
+    let table = client.create_table("stays", 1).await.unwrap();
+    let home = client.tablet_map(table).await.unwrap()[0].owner;
+    let target = *master_ids(&client).await.iter().find(|&&id| id != home).unwrap();
+    let target_address = client
+        .server_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|server| server.server_id == target)
+        .unwrap()
+        .address;
+    for index in 0..100 {
+        client.write(table, format!("key-{index}").as_bytes(), b"before").await.unwrap();
+    }
+    cluster
+        .servers
+        .iter_mut()
+        .find(|process| process.address.as_deref() == Some(target_address.as_str()))
+        .expect("the target's process")
+        .kill();
+    // The transfer fails (the target refuses connections) and is retried until the target is
+    // declared crashed, which the coordinator then reports as a bad target.
+    let error = client.migrate_tablet("stays", 0, target).await.unwrap_err();
+    assert!(
+        matches!(error.status, Status::InvalidParameter | Status::Retry),
+        "the migration must fail: {error:?}"
+    );
+    assert_eq!(client.tablet_map(table).await.unwrap()[0].owner, home);
+    // The source serves the tablet again, writes included, with every object.
+    for index in 0..100 {
+        let key = format!("key-{index}");
+        let (value, _) = client.read(table, key.as_bytes()).await.unwrap();
+        assert_eq!(&value[..], b"before");
+        client.write(table, key.as_bytes(), b"after").await.unwrap();
+    }
+    let objects = client.enumerate(table).collect_all().await.unwrap();
+    assert_eq!(objects.len(), 100);
+    assert!(objects.iter().all(|object| &object.value[..] == b"after"));
+}

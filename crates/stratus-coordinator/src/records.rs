@@ -20,9 +20,6 @@ const SERVER_PREFIX: &str = "server/";
 const TABLE_PREFIX: &str = "table/";
 const LOG_HEAD_PREFIX: &str = "loghead/";
 const RECORD_FORMAT_VERSION: u8 = 1;
-/// Table records since tablet migration: each tablet carries its creation segment. Version 1
-/// table records are still read (creation segment 0).
-const TABLE_RECORD_FORMAT_VERSION: u8 = 2;
 
 /// One tablet of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,11 +28,6 @@ pub struct TabletRecord {
     pub range: HashRange,
     /// The master serving it.
     pub owner: ServerId,
-    /// Where the tablet starts in its owner's log: recovery ignores the tablet's objects in
-    /// older segments of that log, left from an earlier time the owner served the range (a
-    /// tablet migrated away and back, or recovered onto a master that once had it). 0 for a
-    /// tablet its owner has had since the table was created.
-    pub creation_segment: SegmentId,
 }
 
 /// A table and its tablets.
@@ -80,12 +72,10 @@ impl TableRecord {
         let low = TabletRecord {
             range: HashRange { start: tablet.range.start, end: split_hash - 1 },
             owner: tablet.owner,
-            creation_segment: tablet.creation_segment,
         };
         let high = TabletRecord {
             range: HashRange { start: split_hash, end: tablet.range.end },
             owner: tablet.owner,
-            creation_segment: tablet.creation_segment,
         };
         TabletSplit::Split { index, low, high }
     }
@@ -189,7 +179,7 @@ pub fn put_server(server: &ServerEntry) -> MetaOperation {
 
 /// The operation that stores table `name`.
 pub fn put_table(name: &str, table: &TableRecord) -> MetaOperation {
-    let mut value = vec![TABLE_RECORD_FORMAT_VERSION];
+    let mut value = vec![RECORD_FORMAT_VERSION];
     value.extend_from_slice(&table.table_id.0.to_le_bytes());
     let count =
         u32::try_from(table.tablets.len()).expect("tablet count is bounded by the span limit");
@@ -198,7 +188,6 @@ pub fn put_table(name: &str, table: &TableRecord) -> MetaOperation {
         value.extend_from_slice(&tablet.range.start.to_le_bytes());
         value.extend_from_slice(&tablet.range.end.to_le_bytes());
         value.extend_from_slice(&tablet.owner.0.to_le_bytes());
-        value.extend_from_slice(&tablet.creation_segment.0.to_le_bytes());
     }
     MetaOperation::Put { key: table_key(name), value }
 }
@@ -275,8 +264,7 @@ fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
 
 fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
     let mut reader = RecordReader { bytes, key };
-    let format_version = reader.u8()?;
-    if format_version != 1 && format_version != TABLE_RECORD_FORMAT_VERSION {
+    if reader.u8()? != RECORD_FORMAT_VERSION {
         return Err(corrupt(key, "unknown record version"));
     }
     let table_id = TableId(reader.u64()?);
@@ -286,10 +274,9 @@ fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
         let start = reader.u64()?;
         let end = reader.u64()?;
         let owner = ServerId(reader.u64()?);
-        let creation_segment = SegmentId(if format_version == 1 { 0 } else { reader.u64()? });
         let range =
             HashRange::new(start, end).ok_or_else(|| corrupt(key, "tablet range start > end"))?;
-        tablets.push(TabletRecord { range, owner, creation_segment });
+        tablets.push(TabletRecord { range, owner });
     }
     reader.finish()?;
     Ok(TableRecord { table_id, tablets })
@@ -354,12 +341,7 @@ mod tests {
             table_id: TableId(9),
             tablets: HashRange::split_evenly(2)
                 .into_iter()
-                .enumerate()
-                .map(|(index, range)| TabletRecord {
-                    range,
-                    owner: ServerId(3),
-                    creation_segment: SegmentId(index as u64 * 7),
-                })
+                .map(|range| TabletRecord { range, owner: ServerId(3) })
                 .collect(),
         };
         store
@@ -389,7 +371,7 @@ mod tests {
             tablets: HashRange::split_evenly(2)
                 .into_iter()
                 .zip([ServerId(1), ServerId(2)])
-                .map(|(range, owner)| TabletRecord { range, owner, creation_segment: SegmentId(4) })
+                .map(|(range, owner)| TabletRecord { range, owner })
                 .collect(),
         };
         assert_eq!(table.split_at(0), TabletSplit::AlreadyBoundary);
@@ -401,8 +383,6 @@ mod tests {
         assert_eq!(low.range, HashRange { start: 1 << 63, end: u64::MAX - 1 });
         assert_eq!(high.range, HashRange { start: u64::MAX, end: u64::MAX });
         assert_eq!((low.owner, high.owner), (ServerId(2), ServerId(2)));
-        // Both halves start where the tablet started in the owner's log.
-        assert_eq!((low.creation_segment, high.creation_segment), (SegmentId(4), SegmentId(4)));
         table.apply_split(index, low, high);
         let TabletSplit::Split { index, low, high } = table.split_at(1) else {
             panic!("hash 1 splits the first tablet");
@@ -420,46 +400,11 @@ mod tests {
     }
 
     #[test]
-    fn version_1_table_records_load_with_creation_segment_0() {
-        let store = MemoryMetaStore::new();
-        let mut value = vec![1u8];
-        value.extend_from_slice(&5u64.to_le_bytes());
-        value.extend_from_slice(&1u32.to_le_bytes());
-        for field in [0u64, u64::MAX, 2] {
-            value.extend_from_slice(&field.to_le_bytes());
-        }
-        store
-            .apply(&[
-                put_counter(NEXT_TABLE_ID_KEY, 6),
-                MetaOperation::Put { key: table_key("old"), value },
-            ])
-            .unwrap();
-        let state = CoordinatorState::load(&store).unwrap();
-        let expected = TableRecord {
-            table_id: TableId(5),
-            tablets: vec![TabletRecord {
-                range: HashRange::FULL,
-                owner: ServerId(2),
-                creation_segment: SegmentId(0),
-            }],
-        };
-        assert_eq!(state.tables.get("old"), Some(&expected));
-        // Written back, it is a version 2 record that loads the same.
-        let MetaOperation::Put { value, .. } = put_table("old", &expected) else { unreachable!() };
-        assert_eq!(value[0], TABLE_RECORD_FORMAT_VERSION);
-        assert_eq!(value.len(), 1 + 8 + 4 + 32);
-    }
-
-    #[test]
     fn truncated_records_are_refused() {
         let store = MemoryMetaStore::new();
         let table = TableRecord {
             table_id: TableId(1),
-            tablets: vec![TabletRecord {
-                range: HashRange::FULL,
-                owner: ServerId(1),
-                creation_segment: SegmentId(0),
-            }],
+            tablets: vec![TabletRecord { range: HashRange::FULL, owner: ServerId(1) }],
         };
         let MetaOperation::Put { key, mut value } = put_table("t", &table) else { unreachable!() };
         value.pop();

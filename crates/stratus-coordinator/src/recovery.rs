@@ -24,10 +24,6 @@ use stratus_wire::{
 };
 
 use crate::metrics::CoordinatorCounters;
-
-/// A recovered part: (table, the whole crashed tablet, the part, its recovery master, where
-/// the part starts in that master's log).
-type RecoveredPart = (TableId, HashRange, HashRange, ServerId, SegmentId);
 use crate::records::{put_server, put_table, LogHead, TabletRecord};
 use crate::service::Inner;
 
@@ -291,7 +287,7 @@ impl Inner {
     async fn recovery_attempt(self: &Arc<Self>, crashed: ServerId) -> Attempt {
         let (tablets, masters, backups) = {
             let state = self.state.lock().await;
-            let tablets: Vec<(TableId, HashRange, SegmentId)> = state
+            let tablets: Vec<(TableId, HashRange)> = state
                 .tables
                 .values()
                 .flat_map(|table| {
@@ -299,7 +295,7 @@ impl Inner {
                         .tablets
                         .iter()
                         .filter(|tablet| tablet.owner == crashed)
-                        .map(|tablet| (table.table_id, tablet.range, tablet.creation_segment))
+                        .map(|tablet| (table.table_id, tablet.range))
                 })
                 .collect();
             let masters: Vec<(ServerId, String)> = state
@@ -363,14 +359,11 @@ impl Inner {
         let parts_per_tablet = (masters.len().div_ceil(tablets.len()) as u32)
             .clamp(1, PARTS_PER_TABLET_MAX.min(masters.len() as u32));
         let first = self.environment.entropy.below(masters.len() as u64) as usize;
-        // (table, whole tablet, part, the tablet's creation segment in the crashed log).
-        let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> =
-            BTreeMap::new();
+        let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange)>> = BTreeMap::new();
         let mut slot = first;
-        for &(table_id, range, creation_segment) in &tablets {
+        for &(table_id, range) in &tablets {
             for part in range.split(parts_per_tablet) {
-                let entry = (table_id, range, part, creation_segment);
-                partitions.entry(slot % masters.len()).or_default().push(entry);
+                partitions.entry(slot % masters.len()).or_default().push((table_id, range, part));
                 slot += 1;
             }
         }
@@ -389,11 +382,7 @@ impl Inner {
                 crashed_master: crashed,
                 tablets: parts
                     .iter()
-                    .map(|&(table_id, _, range, creation_segment)| RecoveryTablet {
-                        table_id,
-                        range,
-                        creation_segment,
-                    })
+                    .map(|&(table_id, _, range)| RecoveryTablet { table_id, range })
                     .collect(),
                 segments: segments.clone(),
                 backups: backups.clone(),
@@ -419,7 +408,7 @@ impl Inner {
                 (master_id, address, parts, outcome)
             });
         }
-        let mut recovered: Vec<RecoveredPart> = Vec::new();
+        let mut recovered: Vec<(TableId, HashRange, HashRange, ServerId)> = Vec::new();
         let mut failures = Vec::new();
         while let Some(joined) = calls.join_next().await {
             let (master_id, address, parts, outcome) = match joined {
@@ -430,13 +419,12 @@ impl Inner {
                 }
             };
             match outcome {
-                Ok((
-                    Status::Ok,
-                    ResponseBody::Operation(Response::RecoverTablets { creation_segment, .. }),
-                )) => {
-                    recovered.extend(parts.into_iter().map(|(table, tablet, part, _)| {
-                        (table, tablet, part, master_id, creation_segment)
-                    }));
+                Ok((Status::Ok, ResponseBody::Operation(Response::RecoverTablets { .. }))) => {
+                    recovered.extend(
+                        parts
+                            .into_iter()
+                            .map(|(table, tablet, part)| (table, tablet, part, master_id)),
+                    );
                 }
                 Ok((status, body)) => failures.push(format!("{address}: {status} {body:?}")),
                 Err(error) => failures.push(format!("{address}: {error}")),
@@ -607,7 +595,7 @@ impl Inner {
     async fn commit_recovered(
         self: &Arc<Self>,
         crashed: ServerId,
-        recovered: &[RecoveredPart],
+        recovered: &[(TableId, HashRange, HashRange, ServerId)],
     ) -> Result<(), String> {
         let mut state = self.state.lock().await;
         // A recovery master that crashed since it answered holds the part nowhere durable
@@ -645,28 +633,24 @@ impl Inner {
                 // Cover the tablet with its recovered parts; hashes not in any recovered part
                 // stay with the crashed master (recovered by a later attempt).
                 let mut cursor = Some(tablet.range.start);
-                let mut sorted: Vec<_> = parts
-                    .iter()
-                    .map(|(_, _, part, owner, created)| (*part, *owner, *created))
-                    .collect();
-                sorted.sort_by_key(|(part, ..)| part.start);
-                for (part, owner, creation_segment) in sorted {
+                let mut sorted: Vec<_> =
+                    parts.iter().map(|(_, _, part, owner)| (*part, *owner)).collect();
+                sorted.sort_by_key(|(part, _)| part.start);
+                for (part, owner) in sorted {
                     let Some(start) = cursor else { break };
                     if start < part.start {
                         tablets.push(TabletRecord {
                             range: HashRange { start, end: part.start - 1 },
                             owner: crashed,
-                            creation_segment: tablet.creation_segment,
                         });
                     }
-                    tablets.push(TabletRecord { range: part, owner, creation_segment });
+                    tablets.push(TabletRecord { range: part, owner });
                     cursor = part.end.checked_add(1);
                 }
                 if let Some(start) = cursor.filter(|start| *start <= tablet.range.end) {
                     tablets.push(TabletRecord {
                         range: HashRange { start, end: tablet.range.end },
                         owner: crashed,
-                        creation_segment: tablet.creation_segment,
                     });
                 }
             }
@@ -682,12 +666,12 @@ impl Inner {
             state.tables.insert(name, table);
         }
         drop(state);
-        for &(table_id, _, part, owner, creation_segment) in recovered {
+        for &(table_id, _, part, owner) in recovered {
             let inner = self.clone();
-            let tablet = TabletRecord { range: part, owner, creation_segment };
-            tokio::spawn(
-                async move { crate::service::deliver(inner, table_id, tablet, true).await },
-            );
+            tokio::spawn(async move {
+                crate::service::deliver(inner, table_id, TabletRecord { range: part, owner }, true)
+                    .await
+            });
         }
         tracing::info!(%crashed, parts = recovered.len(), "recovered tablets handed over");
         if lost.is_empty() {

@@ -13,10 +13,10 @@ use stratus_types::limits::{
     SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX,
 };
-use stratus_types::{HashRange, SegmentId, ServerId, TableId, TabletState};
+use stratus_types::{HashRange, ServerId, TableId, TabletState};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
-    ResponseBody, ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
+    ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
 };
 use tokio::sync::Mutex;
 
@@ -33,12 +33,6 @@ const FIRST_DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
 /// How long the coordinator keeps re-sending a tablet assignment to an unresponsive master.
 const DELIVERY_PERSISTENCE: Duration = Duration::from_secs(120);
-
-/// How long the coordinator waits for a master to transfer a tablet (TRANSFER_TABLET): every
-/// object is copied to the target and made durable there, at some tens of MB/s at least even
-/// on a small machine, so this covers tablets of several GB; a transfer that takes longer is
-/// abandoned and the tablet stays where it was.
-const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long a restarted coordinator waits for a server it remembers to answer a ping.
 const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
@@ -75,12 +69,6 @@ pub(crate) struct Inner {
     pub(crate) misses_to_declare: std::sync::atomic::AtomicU32,
     /// What it has done since it started, for its metrics.
     pub(crate) counters: CoordinatorCounters,
-    /// Held by a migration from start to end, and by a split: one at a time, so a tablet
-    /// being moved is never cut, and a failed migration's hand-back (TAKE to the source) is
-    /// delivered before another migration can start.
-    migration: Mutex<()>,
-    /// Connections for TRANSFER_TABLET, whose answer takes as long as the copy.
-    transfer_pool: ChannelPool,
 }
 
 /// Which servers may hold a lease, and when each was last granted one.
@@ -112,8 +100,6 @@ impl Coordinator {
         );
         let rpc = RpcConfig { request_timeout: Duration::from_secs(1), ..RpcConfig::default() };
         let pool = ChannelPool::new(environment.network.clone(), rpc);
-        let transfer_rpc = RpcConfig { request_timeout: TRANSFER_TIMEOUT, ..RpcConfig::default() };
-        let transfer_pool = ChannelPool::new(environment.network.clone(), transfer_rpc);
         let inner = Inner {
             meta,
             state: Mutex::new(state),
@@ -128,8 +114,6 @@ impl Coordinator {
             ping_misses: std::sync::Mutex::new(BTreeMap::new()),
             misses_to_declare: std::sync::atomic::AtomicU32::new(0),
             counters: CoordinatorCounters::default(),
-            migration: Mutex::new(()),
-            transfer_pool,
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -250,9 +234,6 @@ impl Inner {
             }
             Request::DropTable { name } => self.drop_table(name).await,
             Request::SplitTablet { name, split_hash } => self.split_tablet(name, split_hash).await,
-            Request::MigrateTablet { name, start_hash, target } => {
-                self.migrate_tablet(name, start_hash, target).await
-            }
             Request::GetTableId { name } => {
                 let state = self.state.lock().await;
                 match state.tables.get(&name) {
@@ -413,7 +394,7 @@ impl Inner {
                 .enumerate()
                 .map(|(index, range)| {
                     let slot = (first as usize).wrapping_add(index) % masters.len();
-                    TabletRecord { range, owner: masters[slot], creation_segment: SegmentId(0) }
+                    TabletRecord { range, owner: masters[slot] }
                 })
                 .collect();
             let record = TableRecord { table_id, tablets };
@@ -460,7 +441,6 @@ impl Inner {
         if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
             return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
         }
-        let _no_migration = self.migration.lock().await;
         let (table_id, halves) = {
             let mut state = self.state.lock().await;
             let Some(table) = state.tables.get(&name) else {
@@ -505,130 +485,6 @@ impl Inner {
         let record = TableRecord { table_id, tablets: halves.to_vec() };
         self.deliver_all(table_id, &record, true).await;
         Ok(Response::SplitTablet)
-    }
-
-    /// MIGRATE_TABLET: moves the tablet of table `name` starting at `start_hash` to `target`
-    /// (wire-protocol.md). The source copies it (TRANSFER_TABLET); only then is the new owner,
-    /// with the tablet's creation segment in the target's log, persisted in one batch, and the
-    /// target told to serve it and the source to drop it. On any failure the source is told to
-    /// serve it again (TAKE, which also ends a transfer still running there).
-    async fn migrate_tablet(
-        self: &Arc<Self>,
-        name: String,
-        start_hash: u64,
-        target: ServerId,
-    ) -> Result<Response, Failure> {
-        if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
-            return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
-        }
-        let _one_at_a_time = self.migration.lock().await;
-        let (table_id, tablet, source_address, target_address) = {
-            let state = self.state.lock().await;
-            let Some(table) = state.tables.get(&name) else {
-                return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
-            };
-            let Some(tablet) = table.tablets.iter().find(|tablet| tablet.range.start == start_hash)
-            else {
-                return Err((
-                    Status::InvalidParameter,
-                    format!("no tablet of {name:?} starts at {start_hash:#x} (split there first)"),
-                ));
-            };
-            if tablet.owner == target {
-                return Ok(Response::MigrateTablet);
-            }
-            let is_up = |server_id: ServerId| {
-                state.servers.get(&server_id).filter(|server| server.status == ServerStatus::Up)
-            };
-            let Some(target_server) = is_up(target).filter(|server| server.services.has_master())
-            else {
-                return Err((
-                    Status::InvalidParameter,
-                    format!("server {target} is not a master that is up"),
-                ));
-            };
-            let Some(source_server) = is_up(tablet.owner) else {
-                return Err((Status::Retry, "the tablet's master is being recovered".to_string()));
-            };
-            (
-                table.table_id,
-                tablet.clone(),
-                source_server.address.clone(),
-                target_server.address.clone(),
-            )
-        };
-        tracing::info!(%table_id, %name, start_hash, source = %tablet.owner, %target, "migrating a tablet");
-        let request =
-            Request::TransferTablet { table_id, range: tablet.range, target, target_address };
-        let (creation_segment, objects_sent) =
-            match self.transfer_pool.call(&source_address, &request).await {
-                Ok((
-                    Status::Ok,
-                    ResponseBody::Operation(Response::TransferTablet {
-                        creation_segment,
-                        objects_sent,
-                    }),
-                )) => (creation_segment, objects_sent),
-                Ok((status, body)) => {
-                    let message = format!("the source refused the transfer: {status} {body:?}");
-                    let status = if status == Status::Ok { Status::InternalError } else { status };
-                    return Err(self.abandon_migration(table_id, tablet, status, message).await);
-                }
-                Err(error) => {
-                    self.transfer_pool.forget(&source_address);
-                    let message = format!("transfer from {source_address}: {error}");
-                    return Err(self
-                        .abandon_migration(table_id, tablet, Status::Retry, message)
-                        .await);
-                }
-            };
-        let moved = TabletRecord { range: tablet.range, owner: target, creation_segment };
-        {
-            let mut state = self.state.lock().await;
-            let both_up = [tablet.owner, target].iter().all(|server_id| {
-                state.servers.get(server_id).is_some_and(|server| server.status == ServerStatus::Up)
-            });
-            let unchanged = state.tables.get(&name).filter(|table| table.table_id == table_id);
-            let index =
-                unchanged.and_then(|table| table.tablets.iter().position(|other| *other == tablet));
-            let (Some(table), Some(index), true) = (unchanged, index, both_up) else {
-                drop(state);
-                let message = "the source or the target failed during the transfer".to_string();
-                return Err(self.abandon_migration(table_id, tablet, Status::Retry, message).await);
-            };
-            let mut updated = table.clone();
-            updated.tablets[index] = moved.clone();
-            if let Err((status, message)) = self.persist(vec![put_table(&name, &updated)]).await {
-                drop(state);
-                return Err(self.abandon_migration(table_id, tablet, status, message).await);
-            }
-            state.tables.insert(name.clone(), updated);
-        }
-        tracing::info!(%table_id, %name, start_hash, %target, objects_sent, %creation_segment, "tablet migrated");
-        // The target serves the tablet, and the source frees its copy. Both are waited for
-        // (bounded) under the migration lock: a DROP still on its way when the tablet is
-        // migrated back to the source would drop it there.
-        tokio::join!(
-            deliver(self.clone(), table_id, moved, true),
-            deliver(self.clone(), table_id, tablet, false)
-        );
-        Ok(Response::MigrateTablet)
-    }
-
-    /// After a failed transfer: tells the source to serve `tablet` again (and to end a
-    /// transfer still running), waiting until it acknowledged, was declared crashed (then its
-    /// recovery serves the tablet), or gave up after [`DELIVERY_PERSISTENCE`]. Returns the
-    /// failure to report.
-    async fn abandon_migration(
-        self: &Arc<Self>,
-        table_id: TableId,
-        tablet: TabletRecord,
-        status: Status,
-        message: String,
-    ) -> Failure {
-        tracing::warn!(%table_id, source = %tablet.owner, %status, %message, "migration failed; the source keeps the tablet");
-        deliver(self.clone(), table_id, tablet, true).await;
-        (status, message)
     }
 
     /// Tells every owner of `record`'s tablets to take (or drop) them; waits a bounded time
@@ -752,22 +608,8 @@ pub(crate) async fn deliver(
                 .tables
                 .values()
                 .any(|table| table.table_id == table_id && table.tablets.contains(&tablet));
-            // A DROP is obsolete once the master owns part of the range again (the tablet was
-            // migrated back): dropping would lose it there.
-            let owns_again = !take
-                && state.tables.values().any(|table| {
-                    table.table_id == table_id
-                        && table.tablets.iter().any(|other| {
-                            other.owner == tablet.owner
-                                && other.range.intersection(&tablet.range).is_some()
-                        })
-                });
             match state.servers.get(&tablet.owner) {
-                Some(server)
-                    if server.status == ServerStatus::Up
-                        && (still_assigned || !take)
-                        && !owns_again =>
-                {
+                Some(server) if server.status == ServerStatus::Up && (still_assigned || !take) => {
                     server.address.clone()
                 }
                 _ => return,

@@ -13,7 +13,6 @@
 
 mod lease;
 mod metrics;
-mod migration;
 mod ownership;
 mod recovery;
 mod replication;
@@ -21,8 +20,7 @@ mod service;
 
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
-pub use migration::INCOMING_TRANSFERS_REMEMBERED_MAX;
-pub use ownership::{TabletOwnership, WriteRefusal};
+pub use ownership::TabletOwnership;
 pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{
     LogPosition, Placement, ReplicaManager, ReplicationConfig, ReplicationStatistics, SyncError,

@@ -19,8 +19,7 @@ use stratus_wire::{
 
 use crate::lease::Lease;
 use crate::metrics::{MasterMetrics, Operation, RecoveryCounters};
-use crate::migration::{IncomingTransfer, IncomingTransfers, MigrationFailure, Transfer};
-use crate::ownership::{TabletOwnership, WriteRefusal};
+use crate::ownership::TabletOwnership;
 use crate::recovery::{recover_partition, RecoveryContext, RecoveryReader};
 use crate::replication::{LogPosition, ReplicaManager, SyncError};
 
@@ -43,9 +42,7 @@ pub struct Master {
     store: Arc<ObjectStore>,
     /// Present unless the master runs memory-only (replicas = 0).
     replication: Option<ReplicaManager>,
-    ownership: Arc<TabletOwnership>,
-    /// Tablets being received from other masters (which transfer each range belongs to).
-    incoming: IncomingTransfers,
+    ownership: TabletOwnership,
     wall_clock: Arc<dyn WallClock>,
     /// Requests per operation and their latencies; recovery work.
     metrics: Arc<MasterMetrics>,
@@ -96,8 +93,7 @@ impl Master {
             server_id,
             store: Arc::new(store),
             replication: None,
-            ownership: Arc::default(),
-            incoming: IncomingTransfers::default(),
+            ownership: TabletOwnership::default(),
             wall_clock,
             metrics: Arc::default(),
             sync_context: None,
@@ -202,41 +198,17 @@ impl Master {
     /// may be slow (the lease comes back), or this master was declared crashed (it exits, and
     /// the client's retry then finds the tablet's new owner).
     fn admit(&self, table: TableId, key: &[u8]) -> Result<stratus_types::KeyHash, Status> {
-        let hash = self.admit_key(table, key)?;
-        if !self.ownership.owns(table, hash) {
-            return Err(Status::UnknownTablet);
-        }
-        Ok(hash)
-    }
-
-    /// The lease and key checks of [`Master::admit`], without the ownership check.
-    fn admit_key(&self, table: TableId, key: &[u8]) -> Result<stratus_types::KeyHash, Status> {
         if !self.may_serve() {
             return Err(Status::Retry);
         }
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
             return Err(Status::InvalidKey);
         }
-        Ok(key_hash(table, key))
-    }
-
-    /// Admits a request that changes `key` of `table` and applies it with `apply` while the
-    /// tablet can be neither frozen nor dropped (see `TabletOwnership::while_writable`). A
-    /// tablet being transferred answers RETRY: the client tries again and finds the tablet
-    /// writable or at its new master.
-    fn mutate<T>(
-        &self,
-        table: TableId,
-        key: &[u8],
-        apply: impl FnOnce(stratus_types::KeyHash) -> Result<T, ObjectError>,
-    ) -> Result<T, (Status, Version)> {
-        let hash = self.admit_key(table, key).map_err(|status| (status, Version(0)))?;
-        match self.ownership.while_writable(table, hash, || apply(hash)) {
-            Ok(Ok(applied)) => Ok(applied),
-            Ok(Err(error)) => Err(status_of(error)),
-            Err(WriteRefusal::NotOwned) => Err((Status::UnknownTablet, Version(0))),
-            Err(WriteRefusal::Frozen) => Err((Status::Retry, Version(0))),
+        let hash = key_hash(table, key);
+        if !self.ownership.owns(table, hash) {
+            return Err(Status::UnknownTablet);
         }
+        Ok(hash)
     }
 
     fn handle_request(&self, request_id: u64, request: Request, out: &mut BytesMut) {
@@ -298,9 +270,8 @@ impl Master {
                 encode_response(out, request_id, Status::Ok, &Response::TakeTabletOwnership);
             }
             Request::DropTabletOwnership { table_id, range } => {
-                let dropped = self
-                    .ownership
-                    .drop_within_then(table_id, &range, || self.store.drop_range(table_id, range));
+                self.ownership.drop_within(table_id, &range);
+                let dropped = self.store.drop_range(table_id, range);
                 tracing::info!(table = %table_id, dropped, "dropped tablet");
                 encode_response(out, request_id, Status::Ok, &Response::DropTabletOwnership);
             }
@@ -412,12 +383,13 @@ impl Master {
         value: &[u8],
         rules: &RejectRules,
     ) -> (Status, Version) {
-        let now_seconds = self.now_seconds();
-        match self.mutate(table, key, |hash| {
-            self.store.write(table, key, hash, value, rules, now_seconds)
-        }) {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => return (status, Version(0)),
+        };
+        match self.store.write(table, key, hash, value, rules, self.now_seconds()) {
             Ok(version) => (Status::Ok, version),
-            Err(refusal) => refusal,
+            Err(error) => status_of(error),
         }
     }
 
@@ -427,12 +399,13 @@ impl Master {
     }
 
     fn remove_one(&self, table: TableId, key: &[u8], rules: &RejectRules) -> (Status, Version) {
-        let now_seconds = self.now_seconds();
-        match self
-            .mutate(table, key, |hash| self.store.remove(table, key, hash, rules, now_seconds))
-        {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => return (status, Version(0)),
+        };
+        match self.store.remove(table, key, hash, rules, self.now_seconds()) {
             Ok(version) => (Status::Ok, version),
-            Err(refusal) => refusal,
+            Err(error) => status_of(error),
         }
     }
 
@@ -448,12 +421,16 @@ impl Master {
         delta: i64,
         rules: &RejectRules,
     ) -> IncrementItemResult {
-        let now_seconds = self.now_seconds();
-        match self.mutate(table, key, |hash| {
-            self.store.increment(table, key, hash, delta, rules, now_seconds)
-        }) {
+        let hash = match self.admit(table, key) {
+            Ok(hash) => hash,
+            Err(status) => return IncrementItemResult { status, version: Version(0), value: 0 },
+        };
+        match self.store.increment(table, key, hash, delta, rules, self.now_seconds()) {
             Ok((version, value)) => IncrementItemResult { status: Status::Ok, version, value },
-            Err((status, version)) => IncrementItemResult { status, version, value: 0 },
+            Err(error) => {
+                let (status, version) = status_of(error);
+                IncrementItemResult { status, version, value: 0 }
+            }
         }
     }
 
@@ -556,23 +533,6 @@ impl Service for Master {
                 let request = (crashed_master, tablets, segments, backups);
                 return self.recover(header.request_id, request, started, out);
             }
-            Ok(Request::TransferTablet { table_id, range, target: _, target_address }) => {
-                let request = (table_id, range, target_address);
-                return self.transfer(header.request_id, request, started, out);
-            }
-            Ok(Request::ReceiveMigrationData {
-                table_id,
-                range,
-                source,
-                transfer_id,
-                safe_version,
-                first,
-                objects,
-            }) => {
-                let transfer = IncomingTransfer { table: table_id, range, source, transfer_id };
-                let batch = (transfer, safe_version, first, objects);
-                return self.receive_migration_data(header.request_id, batch, started, out);
-            }
             Ok(request) => match &self.sync_context {
                 Some(context) if changes_log(&request) => {
                     let timing = (operation, started);
@@ -598,198 +558,6 @@ impl Service for Master {
         }
         self.metrics.record(operation, started);
         Handled::Done
-    }
-}
-
-/// A TRANSFER_TABLET request: the table, the tablet, the target's address.
-type TransferRequest = (TableId, HashRange, String);
-
-/// A RECEIVE_MIGRATION_DATA batch: its transfer, the source's safe version, whether it is the
-/// first, the objects.
-type MigrationBatch = (IncomingTransfer, Version, bool, Vec<EnumeratedObject>);
-
-impl Master {
-    /// TRANSFER_TABLET: freezes the tablet, copies it to the target in the background, makes
-    /// this log durable, and stops serving the tablet; on failure serves it again.
-    fn transfer(
-        &self,
-        request_id: u64,
-        (table, range, target_address): TransferRequest,
-        started: tokio::time::Instant,
-        out: &mut BytesMut,
-    ) -> Handled {
-        let opcode = Opcode::TransferTablet.code();
-        let refuse = |out: &mut BytesMut, status: Status, message: &str| {
-            encode_error_response(out, request_id, opcode, status, message);
-            self.metrics.record(Operation::Control, started);
-            Handled::Done
-        };
-        let Some(reader) = &self.recovery else {
-            return refuse(out, Status::UnimplementedRequest, "this master cannot reach others");
-        };
-        if !self.may_serve() {
-            return refuse(out, Status::Retry, "no lease from the coordinator");
-        }
-        let Some(transfer_id) = self.ownership.freeze(table, range) else {
-            return if self.ownership.tablets().contains(&(table, range)) {
-                refuse(out, Status::Retry, "a transfer of this tablet is running")
-            } else {
-                refuse(out, Status::UnknownTablet, "the range is not a tablet this master owns")
-            };
-        };
-        tracing::info!(%table, start = range.start, end = range.end, %target_address, "transferring a tablet");
-        let transfer = Transfer {
-            store: self.store.clone(),
-            ownership: self.ownership.clone(),
-            pool: reader.pool(),
-            source: self.server_id,
-            transfer_id,
-            table,
-            range,
-            target_address,
-        };
-        let replication = self.replication.clone();
-        let metrics = self.metrics.clone();
-        Handled::Later(Box::pin(async move {
-            let mut outcome = transfer.send().await;
-            if outcome.is_ok() {
-                // What was copied is durable here too before this master lets go of it.
-                if let Some(replication) = &replication {
-                    if let Err(error) = replication.sync(replication.position_to_sync()).await {
-                        outcome = Err((Status::Retry, format!("replicating: {}", error.message)));
-                    }
-                }
-            }
-            let outcome: Result<(SegmentId, u64), MigrationFailure> = match outcome {
-                Ok(sent) if transfer.ownership.hand_off(transfer_id) => Ok(sent),
-                Ok(_) => Err((Status::Retry, "the transfer was ended".to_string())),
-                Err(failure) => {
-                    transfer.ownership.unfreeze(transfer_id);
-                    Err(failure)
-                }
-            };
-            metrics.record(Operation::Control, started);
-            let mut out = BytesMut::new();
-            match outcome {
-                Ok((creation_segment, objects_sent)) => {
-                    tracing::info!(%table, start = range.start, objects_sent, "tablet transferred");
-                    let response = Response::TransferTablet { creation_segment, objects_sent };
-                    encode_response(&mut out, request_id, Status::Ok, &response);
-                }
-                Err((status, message)) => {
-                    tracing::warn!(%table, start = range.start, %status, %message, "transfer failed; serving the tablet again");
-                    encode_error_response(&mut out, request_id, opcode, status, &message);
-                }
-            }
-            out
-        }))
-    }
-
-    /// RECEIVE_MIGRATION_DATA: writes the batch into the store (starting the tablet afresh for
-    /// the first batch) and answers once it is durable.
-    fn receive_migration_data(
-        &self,
-        request_id: u64,
-        (transfer, safe_version, first, objects): MigrationBatch,
-        started: tokio::time::Instant,
-        out: &mut BytesMut,
-    ) -> Handled {
-        let opcode = Opcode::ReceiveMigrationData;
-        match self.apply_migration_batch(&transfer, safe_version, first, &objects) {
-            Err((status, message)) => {
-                encode_error_response(out, request_id, opcode.code(), status, &message);
-            }
-            Ok(creation_segment) => {
-                let response = Response::ReceiveMigrationData { creation_segment };
-                if let Some(context) = &self.sync_context {
-                    let mut frame = BytesMut::new();
-                    encode_response(&mut frame, request_id, Status::Ok, &response);
-                    let position = context.replication.position_to_sync();
-                    let timing = (Operation::Control, started);
-                    return answer_once_durable(
-                        request_id, opcode, frame, position, context, timing,
-                    );
-                }
-                encode_response(out, request_id, Status::Ok, &response);
-            }
-        }
-        self.metrics.record(Operation::Control, started);
-        Handled::Done
-    }
-
-    fn apply_migration_batch(
-        &self,
-        transfer: &IncomingTransfer,
-        safe_version: Version,
-        first: bool,
-        objects: &[EnumeratedObject],
-    ) -> Result<SegmentId, MigrationFailure> {
-        if !self.may_serve() {
-            return Err((Status::Retry, "no lease from the coordinator".to_string()));
-        }
-        let IncomingTransfer { table, range, .. } = *transfer;
-        for object in objects {
-            if object.key.is_empty() || object.key.len() > KEY_BYTES_MAX {
-                return Err((Status::InvalidParameter, "a migrated key is invalid".to_string()));
-            }
-            if !range.contains(key_hash(table, &object.key)) {
-                return Err((
-                    Status::InvalidParameter,
-                    "a migrated object lies outside the tablet".to_string(),
-                ));
-            }
-        }
-        // Held while the batch is written: a recovery of an overlapping range registers under
-        // it, and must not interleave with this batch (its replay starts by dropping the
-        // range, and a migrated object must not land after that drop).
-        let in_flight =
-            self.recoveries_in_flight.lock().unwrap_or_else(|poison| poison.into_inner());
-        if in_flight
-            .iter()
-            .any(|other| other.table_id == table && other.range.intersection(&range).is_some())
-        {
-            return Err((
-                Status::Retry,
-                "a recovery of an overlapping range is running here".to_string(),
-            ));
-        }
-        if self.ownership.overlaps(table, &range) {
-            return Err((
-                Status::InvalidParameter,
-                "this master already serves part of the range".to_string(),
-            ));
-        }
-        let log = self.store.log();
-        let creation_segment = if first {
-            // Whatever this master still holds of the range is from an earlier time it had
-            // it (or an abandoned transfer): invisible (not owned), and it must stay so.
-            self.store.drop_range(table, range);
-            self.incoming.begin(*transfer);
-            log.raise_safe_version(safe_version);
-            // The new head starts the tablet in this log (and records the raised safe
-            // version): recovery ignores the range's entries in older segments.
-            log.roll_head(stratus_log::AppendPriority::Normal)
-                .map_err(|_| (Status::Retry, "the log is full".to_string()))?
-        } else {
-            if !self.incoming.is_current(transfer) {
-                return Err((
-                    Status::InvalidParameter,
-                    "the transfer was superseded by a later one".to_string(),
-                ));
-            }
-            log.head_segment_id().unwrap_or(SegmentId(0))
-        };
-        let now_seconds = self.now_seconds();
-        for object in objects {
-            self.store
-                .insert_migrated(table, &object.key, &object.value, object.version, now_seconds)
-                .map_err(|error| match error {
-                    ObjectError::LogFull => (Status::Retry, "the log is full".to_string()),
-                    other => (Status::InvalidParameter, format!("a migrated object: {other:?}")),
-                })?;
-        }
-        drop(in_flight);
-        Ok(creation_segment)
     }
 }
 

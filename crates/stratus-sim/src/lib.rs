@@ -68,9 +68,6 @@ pub struct SimulationOptions {
     pub fault_window: Duration,
     /// Simulated time the whole run may take: liveness is violated past it.
     pub time_limit: Duration,
-    /// Whether an operator splits tablets and migrates them between masters while the
-    /// clients run (and the faults happen).
-    pub tablet_moves: bool,
 }
 
 impl SimulationOptions {
@@ -104,7 +101,6 @@ impl Default for SimulationOptions {
             faults: true,
             fault_window: Duration::from_secs(12),
             time_limit: Duration::from_secs(150),
-            tablet_moves: false,
         }
     }
 }
@@ -391,49 +387,6 @@ async fn run_client(
     Ok(())
 }
 
-/// Most splits and migrations the operator asks for in one run.
-const TABLET_MOVES_MAX: u32 = 24;
-
-/// The operator: while the clients run, splits a random tablet at a random hash or migrates
-/// one to a random master, every 0.2–1.5 s of simulated time. Its requests may fail (a
-/// master or the coordinator is down, a migration meets a crash): that is part of what is
-/// tested; the invariants are checked on the clients' history as always.
-async fn run_operator(
-    seed: u64,
-    options: SimulationOptions,
-    workload: Arc<Workload>,
-) -> nodes::HostResult {
-    let mut choices = Choices::new(seed ^ 0x0BE2_A702);
-    let client =
-        Client::with_environment(client_config(), network::node_environment(seed, "operator", 0));
-    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
-    for _ in 0..TABLET_MOVES_MAX {
-        tokio::time::sleep(Duration::from_millis(200 + choices.below(1_300))).await;
-        if workload.clients_done.load(Ordering::Acquire) >= options.clients {
-            break;
-        }
-        let Ok(tablets) = client.tablet_map(table).await else { continue };
-        let Ok(servers) = client.server_list().await else { continue };
-        let masters: Vec<_> = servers
-            .iter()
-            .filter(|server| server.status == ServerStatus::Up && server.services.has_master())
-            .map(|server| server.server_id)
-            .collect();
-        if tablets.is_empty() || masters.is_empty() {
-            continue;
-        }
-        if schedule::percent(&mut choices, 40) {
-            let split_hash = choices.below(u64::MAX);
-            let _ = client.split_tablet("simulation", split_hash).await;
-        } else {
-            let tablet = &tablets[choices.below(tablets.len() as u64) as usize];
-            let target = masters[choices.below(masters.len() as u64) as usize];
-            let _ = client.migrate_tablet("simulation", tablet.range.start, target).await;
-        }
-    }
-    Ok(())
-}
-
 /// Keys each client overwrites with filler values.
 const FILLER_KEYS_PER_CLIENT: u64 = 6;
 
@@ -587,10 +540,6 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         let name = format!("client-{client_id}");
         hosts.push(name.clone());
         simulation.client(name, run_client(seed, client_id, options.clone(), workload.clone()));
-    }
-    if options.tablet_moves {
-        hosts.push("operator".to_string());
-        simulation.client("operator", run_operator(seed, options.clone(), workload.clone()));
     }
     hosts.push("verifier".to_string());
     simulation

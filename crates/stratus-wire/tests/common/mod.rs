@@ -123,43 +123,6 @@ pub fn request() -> impl Strategy<Value = Request> {
         table_id().prop_map(|table_id| Request::GetTabletMap { table_id }),
         (name(), any::<u64>())
             .prop_map(|(name, split_hash)| Request::SplitTablet { name, split_hash }),
-        (name(), any::<u64>(), server_id()).prop_map(|(name, start_hash, target)| {
-            Request::MigrateTablet { name, start_hash, target }
-        }),
-        (table_id(), range(), server_id(), name()).prop_map(
-            |(table_id, range, target, target_address)| Request::TransferTablet {
-                table_id,
-                range,
-                target,
-                target_address
-            }
-        ),
-        (
-            (table_id(), range(), server_id(), any::<u64>()),
-            version(),
-            any::<bool>(),
-            vec(
-                (key(), value(), version()).prop_map(|(key, value, version)| EnumeratedObject {
-                    key,
-                    value,
-                    version
-                }),
-                0..4
-            )
-        )
-            .prop_map(
-                |((table_id, range, source, transfer_id), safe_version, first, objects)| {
-                    Request::ReceiveMigrationData {
-                        table_id,
-                        range,
-                        source,
-                        transfer_id,
-                        safe_version,
-                        first,
-                        objects,
-                    }
-                }
-            ),
         (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Read {
             table_id,
             key,
@@ -243,13 +206,8 @@ pub fn request() -> impl Strategy<Value = Request> {
             server_id(),
             segment_id(),
             vec(
-                (table_id(), range(), segment_id()).prop_map(
-                    |(table_id, range, creation_segment)| RecoveryTablet {
-                        table_id,
-                        range,
-                        creation_segment
-                    }
-                ),
+                (table_id(), range())
+                    .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
                 0..4
             )
         )
@@ -261,13 +219,8 @@ pub fn request() -> impl Strategy<Value = Request> {
         (
             server_id(),
             vec(
-                (table_id(), range(), segment_id()).prop_map(
-                    |(table_id, range, creation_segment)| RecoveryTablet {
-                        table_id,
-                        range,
-                        creation_segment
-                    }
-                ),
+                (table_id(), range())
+                    .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
                 0..4
             ),
             vec(segment_id(), 0..6),
@@ -416,27 +369,14 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::BackupFenceMaster),
         Just(Response::SetLogHead),
         Just(Response::SplitTablet),
-        Just(Response::MigrateTablet),
-        (segment_id(), any::<u64>()).prop_map(|(creation_segment, objects_sent)| {
-            Response::TransferTablet { creation_segment, objects_sent }
-        }),
-        segment_id()
-            .prop_map(|creation_segment| Response::ReceiveMigrationData { creation_segment }),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
         (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
             certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },
             data,
         }),
-        any::<[u64; 4]>().prop_map(
-            |[segments_replayed, replica_bytes_read, objects_replayed, creation_segment]| {
-                Response::RecoverTablets {
-                    segments_replayed,
-                    replica_bytes_read,
-                    objects_replayed,
-                    creation_segment: SegmentId(creation_segment),
-                }
-            }
-        ),
+        any::<[u64; 3]>().prop_map(|[segments_replayed, replica_bytes_read, objects_replayed]| {
+            Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed }
+        }),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! Tablet management on a cluster of real processes: splitting tablets while clients write,
-//! through the client library and the `stratus table split` command. Afterwards every
-//! acknowledged write must be readable with its latest value, and enumeration must return each
-//! key exactly once.
+//! through the client library and the `stratus table split` command, and across a restart of
+//! the coordinator. Afterwards every acknowledged write must be readable with its latest value,
+//! and enumeration must return each key exactly once.
 
 mod common;
 
@@ -209,4 +209,31 @@ async fn splitting_tablets_under_writes_keeps_every_acknowledged_write() {
         assert!(stdout.contains(&line), "status lacks {line}: {stdout}");
     }
     assert!(stdout.contains(&format!("owner={owner} ")), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_survives_a_coordinator_restart() {
+    let mut cluster = TestCluster::start(2);
+    let client = cluster.client();
+    let table = client.create_table("durable-split", 1).await.unwrap();
+    for index in 0..200 {
+        client.write(table, format!("key-{index}").as_bytes(), b"v").await.unwrap();
+    }
+    client.split_tablet("durable-split", 1 << 63).await.unwrap();
+    let before = tablets_of(&client, table).await;
+    assert_eq!(before.len(), 2);
+    // Killed without warning: only what it persisted is back, and it re-sends every
+    // assignment (TAKE of each half to the master that already serves them both).
+    cluster.restart_coordinator_after_sigkill();
+    let client = cluster.client();
+    assert_eq!(tablets_of(&client, table).await, before);
+    for index in 0..200 {
+        let key = format!("key-{index}");
+        let (value, _) = client.read(table, key.as_bytes()).await.unwrap();
+        assert_eq!(&value[..], b"v");
+        client.write(table, key.as_bytes(), b"w").await.unwrap();
+    }
+    let objects = client.enumerate(table).collect_all().await.unwrap();
+    assert_eq!(objects.len(), 200);
+    assert!(objects.iter().all(|object| &object.value[..] == b"w"));
 }

@@ -119,6 +119,14 @@ ff ff ff ff ff ff ff ff   # range end 2^64 - 1
 05 00 75 73 65 72 73      # name "users"
 04 00 00 00               # server span 4
 """,
+    "split-tablet-request": """
+1b 00 00 00               # frame length 27
+01 00                     # kind: request, flags
+15 00                     # opcode 21 SPLIT_TABLET
+0a 00 00 00 00 00 00 00   # request id 10
+05 00 75 73 65 72 73      # name "users"
+00 00 00 00 00 00 00 80   # split hash 2^63
+""",
     "get-tablet-map-response": """
 74 00 00 00               # frame length 116
 02 00                     # kind: response, flags

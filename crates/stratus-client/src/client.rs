@@ -174,6 +174,17 @@ impl Client {
         Ok(())
     }
 
+    /// Splits the tablet of table `name` that holds `split_hash` into two at that hash (the
+    /// second half starts there); both stay on the same master. A hash that already starts a
+    /// tablet changes nothing. This client's cached map of the table is dropped; other
+    /// clients find out when a master answers UNKNOWN_TABLET.
+    pub async fn split_tablet(&self, name: &str, split_hash: u64) -> Result<()> {
+        let request = Request::SplitTablet { name: name.to_string(), split_hash };
+        self.inner.coordinator_call(&request).await?;
+        self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
+        Ok(())
+    }
+
     /// The id of the table named `name`.
     pub async fn get_table_id(&self, name: &str) -> Result<TableId> {
         match self.inner.coordinator_call(&Request::GetTableId { name: name.to_string() }).await? {

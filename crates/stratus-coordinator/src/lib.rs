@@ -17,6 +17,6 @@ mod recovery;
 mod service;
 
 pub use metrics::CoordinatorMetrics;
-pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord};
+pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord, TabletSplit};
 pub use recovery::FailureDetectorConfig;
 pub use service::{Authority, Coordinator};

@@ -39,6 +39,53 @@ pub struct TableRecord {
     pub tablets: Vec<TabletRecord>,
 }
 
+/// What splitting a table's tablet at a hash comes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TabletSplit {
+    /// The hash already starts a tablet: nothing to do.
+    AlreadyBoundary,
+    /// The tablet at `index` becomes `low` and `high` (same owner).
+    Split {
+        /// Position of the tablet in the table's list.
+        index: usize,
+        /// `[start, split hash − 1]`.
+        low: TabletRecord,
+        /// `[split hash, end]`.
+        high: TabletRecord,
+    },
+    /// No tablet holds the hash: the tablets do not cover the hash space (corrupt).
+    Uncovered,
+}
+
+impl TableRecord {
+    /// How the tablet holding `split_hash` would be cut there (nothing changes yet).
+    pub fn split_at(&self, split_hash: u64) -> TabletSplit {
+        let hash = stratus_types::KeyHash(split_hash);
+        let Some(index) = self.tablets.iter().position(|tablet| tablet.range.contains(hash)) else {
+            return TabletSplit::Uncovered;
+        };
+        let tablet = &self.tablets[index];
+        if tablet.range.start == split_hash {
+            return TabletSplit::AlreadyBoundary;
+        }
+        // start < split_hash ≤ end, so neither bound under- or overflows.
+        let low = TabletRecord {
+            range: HashRange { start: tablet.range.start, end: split_hash - 1 },
+            owner: tablet.owner,
+        };
+        let high = TabletRecord {
+            range: HashRange { start: split_hash, end: tablet.range.end },
+            owner: tablet.owner,
+        };
+        TabletSplit::Split { index, low, high }
+    }
+
+    /// Replaces the tablet at `index` by `low` and `high` (as [`TableRecord::split_at`] said).
+    pub fn apply_split(&mut self, index: usize, low: TabletRecord, high: TabletRecord) {
+        self.tablets.splice(index..=index, [low, high]);
+    }
+}
+
 /// The newest log head a master reported before acknowledging any write in it: recovery must
 /// find this segment, at this replica epoch or newer, or the log it sees is not the whole log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -315,6 +362,41 @@ mod tests {
         assert_eq!(state.next_table_id, 10);
         assert_eq!(state.servers.get(&ServerId(3)), Some(&server));
         assert_eq!(state.tables.get("users"), Some(&table));
+    }
+
+    #[test]
+    fn splitting_cuts_one_tablet_and_keeps_the_map_covering() {
+        let mut table = TableRecord {
+            table_id: TableId(1),
+            tablets: HashRange::split_evenly(2)
+                .into_iter()
+                .zip([ServerId(1), ServerId(2)])
+                .map(|(range, owner)| TabletRecord { range, owner })
+                .collect(),
+        };
+        assert_eq!(table.split_at(0), TabletSplit::AlreadyBoundary);
+        assert_eq!(table.split_at(1 << 63), TabletSplit::AlreadyBoundary);
+        let TabletSplit::Split { index, low, high } = table.split_at(u64::MAX) else {
+            panic!("the last hash splits the second tablet");
+        };
+        assert_eq!(index, 1);
+        assert_eq!(low.range, HashRange { start: 1 << 63, end: u64::MAX - 1 });
+        assert_eq!(high.range, HashRange { start: u64::MAX, end: u64::MAX });
+        assert_eq!((low.owner, high.owner), (ServerId(2), ServerId(2)));
+        table.apply_split(index, low, high);
+        let TabletSplit::Split { index, low, high } = table.split_at(1) else {
+            panic!("hash 1 splits the first tablet");
+        };
+        table.apply_split(index, low, high);
+        let ranges: Vec<(u64, u64)> =
+            table.tablets.iter().map(|tablet| (tablet.range.start, tablet.range.end)).collect();
+        assert_eq!(
+            ranges,
+            vec![(0, 0), (1, (1 << 63) - 1), (1 << 63, u64::MAX - 1), (u64::MAX, u64::MAX)]
+        );
+        assert_eq!(table.split_at(1), TabletSplit::AlreadyBoundary);
+        let empty = TableRecord { table_id: TableId(2), tablets: Vec::new() };
+        assert_eq!(empty.split_at(5), TabletSplit::Uncovered);
     }
 
     #[test]

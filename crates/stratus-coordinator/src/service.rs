@@ -10,7 +10,8 @@ use stratus_env::Environment;
 use stratus_meta::{MetaError, MetaOperation, MetaStore};
 use stratus_rpc::{Backoff, ChannelPool, Handled, RpcConfig, Service};
 use stratus_types::limits::{
-    SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLE_NAME_BYTES_MAX,
+    SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
+    TABLE_NAME_BYTES_MAX,
 };
 use stratus_types::{HashRange, ServerId, TableId, TabletState};
 use stratus_wire::{
@@ -22,7 +23,7 @@ use tokio::sync::Mutex;
 use crate::metrics::CoordinatorCounters;
 use crate::records::{
     put_counter, put_log_head, put_server, put_table, table_key, CoordinatorState, LogHead,
-    TableRecord, TabletRecord, NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
+    TableRecord, TabletRecord, TabletSplit, NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
 };
 use crate::recovery::{
     FailureDetectorConfig, RecoveryPools, Suspects, Unrecoverable, LEASE_DURATION, LEASE_MARGIN,
@@ -290,6 +291,7 @@ impl Inner {
                 self.create_table(name, server_span).await
             }
             Request::DropTable { name } => self.drop_table(name).await,
+            Request::SplitTablet { name, split_hash } => self.split_tablet(name, split_hash).await,
             Request::GetTableId { name } => {
                 let state = self.state.lock().await;
                 match state.tables.get(&name) {
@@ -493,6 +495,66 @@ impl Inner {
         tracing::info!(table_id = %record.table_id, %name, "table dropped");
         self.deliver_all(record.table_id, &record, false).await;
         Ok(Response::DropTable)
+    }
+
+    /// SPLIT_TABLET: cuts the tablet of table `name` holding `split_hash` into `[start,
+    /// split_hash − 1]` and `[split_hash, end]` on the same master. The new map is persisted in
+    /// one batch before anything acts on it; then the master is told to serve both halves (it
+    /// serves every hash of them already: a split moves no object). A client with the old map
+    /// keeps working, and its enumeration of the old range is refused with UNKNOWN_TABLET
+    /// once the master has cut its range, which makes it refresh.
+    async fn split_tablet(
+        self: &Arc<Self>,
+        name: String,
+        split_hash: u64,
+    ) -> Result<Response, Failure> {
+        if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
+            return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
+        }
+        let (table_id, halves) = {
+            let mut state = self.state.lock().await;
+            let Some(table) = state.tables.get(&name) else {
+                return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
+            };
+            let (index, low, high) = match table.split_at(split_hash) {
+                TabletSplit::AlreadyBoundary => return Ok(Response::SplitTablet),
+                TabletSplit::Uncovered => {
+                    return Err((
+                        Status::InternalError,
+                        format!("no tablet of {name:?} holds hash {split_hash:#x}"),
+                    ))
+                }
+                TabletSplit::Split { index, low, high } => (index, low, high),
+            };
+            if table.tablets.len() >= TABLETS_PER_TABLE_MAX {
+                return Err((
+                    Status::InvalidParameter,
+                    format!("table {name:?} is at its limit of {TABLETS_PER_TABLE_MAX} tablets"),
+                ));
+            }
+            let owner_up = state
+                .servers
+                .get(&low.owner)
+                .is_some_and(|server| server.status == ServerStatus::Up);
+            if !owner_up {
+                // Its recovery cuts the tablet by the ranges it snapshotted; splitting under it
+                // would leave recovered parts matching no tablet.
+                return Err((
+                    Status::Retry,
+                    format!("the tablet holding {split_hash:#x} is being recovered"),
+                ));
+            }
+            let mut updated = table.clone();
+            updated.apply_split(index, low.clone(), high.clone());
+            self.persist(vec![put_table(&name, &updated)]).await?;
+            let table_id = updated.table_id;
+            state.tables.insert(name.clone(), updated);
+            (table_id, [low, high])
+        };
+        tracing::info!(%table_id, %name, split_hash, "tablet split");
+        let record = TableRecord { table_id, tablets: halves.to_vec() };
+        self.deliver_all(table_id, &record, true).await;
+        Ok(Response::SplitTablet)
     }
 
     /// Tells every owner of `record`'s tablets to take (or drop) them; waits a bounded time

@@ -68,6 +68,8 @@ pub struct SimulationOptions {
     pub fault_window: Duration,
     /// Simulated time the whole run may take: liveness is violated past it.
     pub time_limit: Duration,
+    /// Whether an operator splits tablets while the clients run (and the faults happen).
+    pub tablet_splits: bool,
 }
 
 impl SimulationOptions {
@@ -101,6 +103,7 @@ impl Default for SimulationOptions {
             faults: true,
             fault_window: Duration::from_secs(12),
             time_limit: Duration::from_secs(150),
+            tablet_splits: false,
         }
     }
 }
@@ -130,6 +133,8 @@ pub struct SimulationReport {
     pub steps: u64,
     /// Single-owner samples taken.
     pub serving_samples: u64,
+    /// Tablet splits the operator's requests made (with `tablet_splits`).
+    pub tablet_splits: u32,
     /// Compactions and combined-cleaning passes the servers ran (as last sampled).
     pub cleaner_work: (u64, u64),
     /// A digest of everything observable: two runs of one seed must agree on it.
@@ -144,7 +149,7 @@ impl fmt::Display for SimulationReport {
             f,
             "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes), {} \
              faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
-             simulated, {} serving samples, fingerprint {:016x}",
+             simulated, {} serving samples, {} tablet splits, fingerprint {:016x}",
             self.seed,
             self.shape.0,
             self.shape.1,
@@ -158,6 +163,7 @@ impl fmt::Display for SimulationReport {
             self.cleaner_work.1,
             self.simulated.as_secs_f64(),
             self.serving_samples,
+            self.tablet_splits,
             self.fingerprint
         )?;
         for fault in &self.faults {
@@ -313,6 +319,8 @@ struct Workload {
     clients_done: AtomicU32,
     faults_over: AtomicBool,
     verified: AtomicBool,
+    /// Splits the operator asked for that the coordinator acknowledged.
+    tablet_splits: AtomicU32,
 }
 
 fn client_config() -> ClientConfig {
@@ -384,6 +392,34 @@ async fn run_client(
         .await;
     }
     workload.clients_done.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// Most splits the operator asks for in one run.
+const TABLET_SPLITS_MAX: u32 = 24;
+
+/// The operator: while the clients run, splits the tablet holding a random hash there, every
+/// 0.2–1.5 s of simulated time. A split may fail (the coordinator is down, the tablet's master
+/// is being recovered): that is part of what is tested; the invariants are checked on the
+/// clients' history as always.
+async fn run_operator(
+    seed: u64,
+    options: SimulationOptions,
+    workload: Arc<Workload>,
+) -> nodes::HostResult {
+    let mut choices = Choices::new(seed ^ 0x0BE2_A702);
+    let client =
+        Client::with_environment(client_config(), network::node_environment(seed, "operator", 0));
+    table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    for _ in 0..TABLET_SPLITS_MAX {
+        tokio::time::sleep(Duration::from_millis(200 + choices.below(1_300))).await;
+        if workload.clients_done.load(Ordering::Acquire) >= options.clients {
+            break;
+        }
+        if client.split_tablet("simulation", choices.below(u64::MAX)).await.is_ok() {
+            workload.tablet_splits.fetch_add(1, Ordering::AcqRel);
+        }
+    }
     Ok(())
 }
 
@@ -533,6 +569,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         clients_done: AtomicU32::new(0),
         faults_over: AtomicBool::new(false),
         verified: AtomicBool::new(false),
+        tablet_splits: AtomicU32::new(0),
     });
     let mut hosts: Vec<String> = vec!["coordinator".to_string()];
     hosts.extend((0..options.servers).map(server_host));
@@ -540,6 +577,10 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         let name = format!("client-{client_id}");
         hosts.push(name.clone());
         simulation.client(name, run_client(seed, client_id, options.clone(), workload.clone()));
+    }
+    if options.tablet_splits {
+        hosts.push("operator".to_string());
+        simulation.client("operator", run_operator(seed, options.clone(), workload.clone()));
     }
     hosts.push("verifier".to_string());
     simulation
@@ -680,6 +721,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     }
     let history = workload.recorder.history();
     report.operations = history.len();
+    report.tablet_splits = workload.tablet_splits.load(Ordering::Acquire);
     report.known_outcomes =
         history.operations.iter().filter(|operation| !operation.outcome.is_unknown()).count();
     report.history = history.operations.iter().map(|operation| operation.to_string()).collect();

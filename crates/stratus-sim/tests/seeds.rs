@@ -54,6 +54,32 @@ fn a_seed_decides_the_whole_run() {
     }
 }
 
+/// Seeds run with an operator splitting tablets while the clients run and the faults happen.
+const TABLET_SPLIT_SEEDS: u64 = 40;
+
+#[test]
+fn seeds_with_tablet_splits_keep_every_invariant() {
+    let mut failures = Vec::new();
+    let mut splits = 0;
+    for seed in seed_base()..seed_base() + TABLET_SPLIT_SEEDS {
+        let options =
+            SimulationOptions { tablet_splits: true, ..SimulationOptions::for_seed(seed) };
+        match run(seed, &options) {
+            Ok(report) => {
+                eprint!("{report}");
+                splits += report.tablet_splits;
+            }
+            Err(failure) => {
+                eprintln!("{failure}");
+                failures.push(failure.report.seed);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "failing seeds with tablet splits: {failures:?}");
+    // Most requests split a tablet (some meet a fault): the runs really changed the map.
+    assert!(splits > TABLET_SPLIT_SEEDS as u32 * 5, "only {splits} splits happened");
+}
+
 /// `STRATUS_SIM_SEEDS=2000 cargo test --release -p stratus-sim many_seeds -- --ignored`
 #[test]
 #[ignore = "long: run by hand with STRATUS_SIM_SEEDS"]

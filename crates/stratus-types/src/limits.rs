@@ -38,6 +38,11 @@ pub const MULTI_OP_ITEMS_MAX: usize = 4_096;
 /// Largest number of masters a table can be spread over at creation.
 pub const SERVER_SPAN_MAX: u32 = 1_024;
 
+/// Largest number of tablets one table may be cut into (by creation and SPLIT_TABLET). Bounds
+/// the coordinator's table record and makes a table's whole tablet map fit one GET_TABLET_MAP
+/// response even with the longest server addresses (asserted below).
+pub const TABLETS_PER_TABLE_MAX: usize = 16_384;
+
 /// Most requests a client keeps outstanding on one connection (pipelining window).
 pub const REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX: usize = 1_024;
 
@@ -58,3 +63,9 @@ const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX > VALUE_BYTES_MAX_DEFAULT + K
 const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_MAX + 4_096 < FRAME_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
+const _: () = assert!(TABLETS_PER_TABLE_MAX >= SERVER_SPAN_MAX as usize);
+// A tablet map entry: table id, range, owner id, address string, state.
+const _: () = assert!(
+    TABLETS_PER_TABLE_MAX * (8 + 16 + 8 + 2 + SERVER_ADDRESS_BYTES_MAX + 1) + 4_096
+        < FRAME_BYTES_MAX
+);

@@ -14,8 +14,8 @@ use std::fmt;
 
 use bytes::{Bytes, BytesMut};
 use stratus_types::limits::{
-    FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX,
-    TABLES_MAX, TABLE_NAME_BYTES_MAX,
+    FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX,
+    TABLETS_PER_TABLE_MAX, TABLE_NAME_BYTES_MAX,
 };
 use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
 
@@ -48,7 +48,7 @@ const RULES_KNOWN: u8 =
 
 /// Most tablets in one tablet map: every table spread as widely as allowed. The frame size
 /// bounds it much further in practice.
-const TABLETS_MAX: usize = TABLES_MAX * SERVER_SPAN_MAX as usize;
+const TABLETS_MAX: usize = TABLES_MAX * TABLETS_PER_TABLE_MAX;
 
 /// Most objects in one enumeration response: as many of the smallest possible object (empty key
 /// and value) as fit in a frame.
@@ -253,6 +253,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         }
         Request::DropTable { name } | Request::GetTableId { name } => put_string(out, name),
         Request::GetTabletMap { table_id } => put_u64(out, table_id.0),
+        Request::SplitTablet { name, split_hash } => {
+            put_string(out, name);
+            put_u64(out, *split_hash);
+        }
         Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
             put_key_item(out, *table_id, key, rules);
         }
@@ -367,7 +371,8 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::BackupFenceMaster
         | Response::SetLogHead
         | Response::HintServerCrashed
-        | Response::RecoveryAcceptLoss => {}
+        | Response::RecoveryAcceptLoss
+        | Response::SplitTablet => {}
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupGetRecoveryData { certificate, data } => {
             put_certificate(out, certificate);
@@ -910,6 +915,10 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         }
         Opcode::ListTables => Request::ListTables,
         Opcode::GetTabletMap => Request::GetTabletMap { table_id: reader.table_id()? },
+        Opcode::SplitTablet => Request::SplitTablet {
+            name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
+            split_hash: reader.u64()?,
+        },
         Opcode::Read => {
             let KeyItem { table_id, key, rules } = key_item(reader)?;
             Request::Read { table_id, key, rules }
@@ -1138,6 +1147,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::SetLogHead => Response::SetLogHead,
         Opcode::HintServerCrashed => Response::HintServerCrashed,
         Opcode::RecoveryAcceptLoss => Response::RecoveryAcceptLoss,
+        Opcode::SplitTablet => Response::SplitTablet,
         Opcode::BackupGetRecoveryData => {
             let certificate = reader.certificate()?;
             let data = reader.value()?;

@@ -39,6 +39,8 @@ pub enum Opcode {
     /// Coordinator (from an operator): hand a crashed master's tablets over empty although
     /// its log cannot be recovered.
     RecoveryAcceptLoss = 20,
+    /// Coordinator: split the tablet holding a key hash into two at that hash.
+    SplitTablet = 21,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -84,7 +86,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 32] = [
+    pub const ALL: [Opcode; 33] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -97,6 +99,7 @@ impl Opcode {
         Opcode::SetLogHead,
         Opcode::HintServerCrashed,
         Opcode::RecoveryAcceptLoss,
+        Opcode::SplitTablet,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -496,6 +499,14 @@ pub enum Request {
         /// Table, or `TableId(0)` for all.
         table_id: TableId,
     },
+    /// SPLIT_TABLET: the tablet of table `name` that holds `split_hash` becomes two, the
+    /// second starting at `split_hash`, both on the same master.
+    SplitTablet {
+        /// Table name.
+        name: String,
+        /// The first key hash of the second half.
+        split_hash: u64,
+    },
     /// READ.
     Read {
         /// Table.
@@ -793,6 +804,9 @@ pub enum Response {
     HintServerCrashed,
     /// RECOVERY_ACCEPT_LOSS: the loss is accepted; the tablets are handed over empty.
     RecoveryAcceptLoss,
+    /// SPLIT_TABLET: the split is durable in the tablet map (or the hash already was a
+    /// tablet boundary).
+    SplitTablet,
     /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
     /// tombstones of the partition, with the certificate that commits it.
     BackupGetRecoveryData {
@@ -876,6 +890,7 @@ impl Request {
             Request::SetLogHead { .. } => Opcode::SetLogHead,
             Request::HintServerCrashed { .. } => Opcode::HintServerCrashed,
             Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
+            Request::SplitTablet { .. } => Opcode::SplitTablet,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
@@ -916,6 +931,7 @@ impl Response {
             Response::SetLogHead => Opcode::SetLogHead,
             Response::HintServerCrashed => Opcode::HintServerCrashed,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
+            Response::SplitTablet => Opcode::SplitTablet,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,

@@ -103,6 +103,10 @@ fn expected(name: &str) -> Expected {
             request_id: 8,
             request: Request::CreateTable { name: "users".to_string(), server_span: 4 },
         },
+        "split-tablet-request" => Expected::Request {
+            request_id: 10,
+            request: Request::SplitTablet { name: "users".to_string(), split_hash: 1 << 63 },
+        },
         "get-tablet-map-response" => ok(
             9,
             Response::GetTabletMap {
@@ -356,6 +360,7 @@ fn spec_vectors_decode_and_re_encode() {
         "multi-write-request",
         "enumerate-request",
         "create-table-request",
+        "split-tablet-request",
         "get-tablet-map-response",
         "error-response-unknown-tablet",
         "backup-write-request",

@@ -108,6 +108,28 @@ pub enum TableCommand {
     },
     /// List tables.
     List,
+    /// Split the tablet holding SPLIT_HASH into two at that hash, on the same master (a hash
+    /// that already starts a tablet changes nothing). `stratus status` shows the tablets.
+    Split {
+        /// Table name.
+        name: String,
+        /// First key hash of the second half: decimal, or hexadecimal with 0x.
+        #[arg(value_parser = parse_key_hash)]
+        split_hash: u64,
+    },
+}
+
+/// A key hash given as decimal or as 0x-prefixed hexadecimal (as `stratus status` prints
+/// tablet bounds).
+pub fn parse_key_hash(text: &str) -> Result<u64, String> {
+    let digits = text.trim();
+    let parsed = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => digits.replace('_', "").parse::<u64>(),
+    };
+    parsed.map_err(|error| {
+        format!("{text:?} is not a key hash in 0..=0xffffffffffffffff (decimal or 0x-hex): {error}")
+    })
 }
 
 /// `stratus recovery ...`
@@ -301,6 +323,10 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
                 "loss accepted: the tablets of server {server_id} are handed over empty"
             );
         }
+        Command::Table(TableCommand::Split { name, split_hash }) => {
+            client.split_tablet(&name, split_hash).await?;
+            let _ = writeln!(stdout, "split {name} at {split_hash:#018x}");
+        }
         Command::Table(TableCommand::List) => {
             for table in client.list_tables().await? {
                 let _ = writeln!(
@@ -492,4 +518,21 @@ async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), Clien
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_key_hash;
+
+    #[test]
+    fn key_hashes_parse_as_decimal_or_hex() {
+        assert_eq!(parse_key_hash("0"), Ok(0));
+        assert_eq!(parse_key_hash("9223372036854775808"), Ok(1 << 63));
+        assert_eq!(parse_key_hash("0x8000000000000000"), Ok(1 << 63));
+        assert_eq!(parse_key_hash("0XFFFFFFFFFFFFFFFF"), Ok(u64::MAX));
+        assert_eq!(parse_key_hash("0x8000_0000_0000_0000"), Ok(1 << 63));
+        for bad in ["", "0x", "-1", "18446744073709551616", "0x1ffffffffffffffff", "12ab", "x1"] {
+            assert!(parse_key_hash(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
 }

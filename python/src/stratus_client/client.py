@@ -50,6 +50,7 @@ from .model import (
     ServerEntry,
     TableEntry,
     TabletEntry,
+    TabletState,
     WriteItem,
 )
 from .retry import Attempts, failure_from_response
@@ -472,6 +473,14 @@ class Client:
         if tablet.recovering:
             self._forget_tablet_map(table_id)
             raise RetryLater(f"the tablet of table {table_id} holding the key is recovering")
+        if tablet.state == TabletState.UNAVAILABLE:
+            # Retried like a recovery (a backup holding the log may return, or an operator
+            # accept the loss) until the operation's timeout, which then names the cause.
+            self._forget_tablet_map(table_id)
+            raise RetryLater(
+                f"the tablet of table {table_id} holding the key is unavailable: its master's "
+                "log cannot be recovered (see `stratus status`)"
+            )
         return tablet
 
     def _object_operation(

@@ -86,6 +86,7 @@ class Opcode(enum.IntEnum):
     GET_TABLET_MAP = 16
     RENEW_LEASE = 17
     SET_LOG_HEAD = 18
+    SPLIT_TABLET = 21
     READ = 30
     WRITE = 31
     REMOVE = 32

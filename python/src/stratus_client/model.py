@@ -171,6 +171,9 @@ class TabletState(enum.IntEnum):
     NORMAL = 0
     RECOVERING = 1
     """Its master crashed; the tablet is served again once recovery finishes."""
+    UNAVAILABLE = 2
+    """Its master crashed and its log cannot be recovered: unavailable until an operator
+    accepts the loss (``stratus recovery accept-loss``) or a backup holding the log returns."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,9 @@ class ServerStatus(enum.IntEnum):
 
 SERVICE_MASTER = 1 << 0
 SERVICE_BACKUP = 1 << 1
-SERVICES_KNOWN = SERVICE_MASTER | SERVICE_BACKUP
+SERVICE_UNREPLICATED = 1 << 2
+"""Not a service: the master keeps no replicas (R = 0), so its data cannot be recovered."""
+SERVICES_KNOWN = SERVICE_MASTER | SERVICE_BACKUP | SERVICE_UNREPLICATED
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ class ServerEntry:
     server_id: int
     address: str
     services: int
-    """Bit 0: runs a master; bit 1: runs a backup."""
+    """Bit 0: runs a master; bit 1: runs a backup; bit 2: its master keeps no replicas."""
     status: ServerStatus
 
     @property

@@ -121,6 +121,8 @@ pub fn request() -> impl Strategy<Value = Request> {
         name().prop_map(|name| Request::GetTableId { name }),
         Just(Request::ListTables),
         table_id().prop_map(|table_id| Request::GetTabletMap { table_id }),
+        (name(), any::<u64>())
+            .prop_map(|(name, split_hash)| Request::SplitTablet { name, split_hash }),
         (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Read {
             table_id,
             key,
@@ -375,6 +377,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::SetLogHead),
         Just(Response::HintServerCrashed),
         Just(Response::RecoveryAcceptLoss),
+        Just(Response::SplitTablet),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
         (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
             certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },

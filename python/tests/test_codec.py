@@ -339,7 +339,7 @@ def test_malformed_response_headers_are_refused(frame, problem):
         (
             Opcode.GET_SERVER_LIST,
             Status.OK,
-            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IB", 0b100, 0),
+            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IB", 0b1000, 0),
             "service mask",
         ),
         (

@@ -119,6 +119,27 @@ ff ff ff ff ff ff ff ff   # range end 2^64 - 1
 05 00 75 73 65 72 73      # name "users"
 04 00 00 00               # server span 4
 """,
+    "hint-server-crashed-request": """
+14 00 00 00               # frame length 20
+01 00                     # kind: request, flags
+13 00                     # opcode 19 HINT_SERVER_CRASHED
+13 00 00 00 00 00 00 00   # request id 19
+04 00 00 00 00 00 00 00   # server id 4
+""",
+    "recovery-accept-loss-request": """
+14 00 00 00               # frame length 20
+01 00                     # kind: request, flags
+14 00                     # opcode 20 RECOVERY_ACCEPT_LOSS
+14 00 00 00 00 00 00 00   # request id 20
+02 00 00 00 00 00 00 00   # server id 2
+""",
+    "recovery-accept-loss-response": """
+0e 00 00 00               # frame length 14
+02 00                     # kind: response, flags
+14 00                     # opcode 20 RECOVERY_ACCEPT_LOSS
+14 00 00 00 00 00 00 00   # request id 20
+00 00                     # status OK
+""",
     "split-tablet-request": """
 1b 00 00 00               # frame length 27
 01 00                     # kind: request, flags

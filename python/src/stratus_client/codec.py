@@ -86,6 +86,8 @@ class Opcode(enum.IntEnum):
     GET_TABLET_MAP = 16
     RENEW_LEASE = 17
     SET_LOG_HEAD = 18
+    HINT_SERVER_CRASHED = 19
+    RECOVERY_ACCEPT_LOSS = 20
     SPLIT_TABLET = 21
     READ = 30
     WRITE = 31

@@ -20,20 +20,26 @@ struct Setup {
 
 fn start() -> Setup {
     let cluster = TestCluster::start(2);
-    let address = free_address();
-    let gateway = Process::start(&[
-        "--coordinator".to_string(),
-        cluster.coordinator_address.clone(),
-        "resp".to_string(),
-        "--listen".to_string(),
-        address.clone(),
-        "--table-span".to_string(),
-        "2".to_string(),
-        "--value-bytes-max".to_string(),
-        "131072".to_string(),
-    ]);
-    gateway.wait_for_line("listening on", Duration::from_secs(30));
-    Setup { _cluster: cluster, _gateway: gateway, address }
+    // A free port can be taken by another test's process before the gateway binds it (the
+    // gateway then exits with "Address already in use"): try a few.
+    for _attempt in 0..5 {
+        let address = free_address();
+        let gateway = Process::start(&[
+            "--coordinator".to_string(),
+            cluster.coordinator_address.clone(),
+            "resp".to_string(),
+            "--listen".to_string(),
+            address.clone(),
+            "--table-span".to_string(),
+            "2".to_string(),
+            "--value-bytes-max".to_string(),
+            "131072".to_string(),
+        ]);
+        if gateway.try_wait_for_line("listening on", Duration::from_secs(30)).is_some() {
+            return Setup { _cluster: cluster, _gateway: gateway, address };
+        }
+    }
+    panic!("the RESP gateway did not start on any of 5 free ports");
 }
 
 /// One client connection speaking raw RESP.

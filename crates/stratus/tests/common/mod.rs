@@ -55,13 +55,19 @@ impl Process {
 
     /// Waits (bounded) for a stdout line containing `marker`.
     pub fn wait_for_line(&self, marker: &str, patience: Duration) -> String {
+        self.try_wait_for_line(marker, patience)
+            .unwrap_or_else(|| panic!("no line containing {marker:?} within {patience:?}"))
+    }
+
+    /// [`Process::wait_for_line`], None when the process ends or the patience runs out first.
+    pub fn try_wait_for_line(&self, marker: &str, patience: Duration) -> Option<String> {
         let deadline = Instant::now() + patience;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(marker) => return line,
+                Ok(line) if line.contains(marker) => return Some(line),
                 Ok(_) => continue,
-                Err(_) => panic!("no line containing {marker:?} within {patience:?}"),
+                Err(_) => return None,
             }
         }
     }

@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use hdrhistogram::Histogram;
-use stratus_store::{CleanOutcome, ObjectError, ObjectStore, StoreConfig};
+use stratus_store::{ObjectError, ObjectStore, StoreConfig};
 use stratus_types::{key_hash, RejectRules, ServerId, TableId};
 
 use crate::report::{latency_histogram, print_json, Field};
-use crate::utilization::Random;
+use crate::utilization::{spawn_cleaner, Random};
 
 /// `stratus bench cleaner-latency`.
 #[derive(Debug, Args)]
@@ -186,18 +186,7 @@ fn measure(
     let store = Arc::new(ObjectStore::new(config, ServerId(1)).map_err(|error| error.to_string())?);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let cleaner = {
-        let store = store.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if matches!(store.clean_once(0), CleanOutcome::Idle | CleanOutcome::NothingToClean)
-                {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-        })
-    };
+    let cleaner = spawn_cleaner(store.clone(), stop.clone());
     let table = TableId(1);
     let value = vec![0x5a_u8; arguments.object_bytes];
     let write = |index: u64| -> Result<(), String> {

@@ -73,6 +73,20 @@ impl Random {
     }
 }
 
+/// Runs the engine's cleaner on a thread of its own, as a server does, until `stop` is set.
+pub(crate) fn spawn_cleaner(
+    store: Arc<ObjectStore>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            if matches!(store.clean_once(0), CleanOutcome::Idle | CleanOutcome::NothingToClean) {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    })
+}
+
 /// Runs the benchmark.
 pub fn run(arguments: UtilizationArguments) -> Result<(), String> {
     println!(
@@ -165,18 +179,7 @@ fn measure(
     let key_of = |index: u64| format!("object-{index:012}");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let cleaner = {
-        let store = store.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if matches!(store.clean_once(0), CleanOutcome::Idle | CleanOutcome::NothingToClean)
-                {
-                    std::thread::sleep(std::time::Duration::from_micros(200));
-                }
-            }
-        })
-    };
+    let cleaner = spawn_cleaner(store.clone(), stop.clone());
     let write = |index: u64| -> Result<(), String> {
         let key = key_of(index);
         let hash = key_hash(table, key.as_bytes());

@@ -30,7 +30,7 @@ use stratus_wire::{
 };
 
 use crate::metrics::CoordinatorCounters;
-use crate::records::{put_server, put_table, LogHead, TabletRecord};
+use crate::records::{put_server, put_table, CoordinatorState, LogHead, TabletRecord};
 use crate::service::Inner;
 
 /// How the coordinator decides that a server crashed.
@@ -154,6 +154,35 @@ struct Location {
     backup: String,
     epoch: u64,
     length: u32,
+}
+
+/// Who takes part in a recovery of `crashed`: the tablets it owns, the masters that are up (id,
+/// address) and the addresses of the backups that are up.
+type Participants = (Vec<(TableId, HashRange)>, Vec<(ServerId, String)>, Vec<String>);
+
+fn recovery_participants(state: &CoordinatorState, crashed: ServerId) -> Participants {
+    let tablets = state
+        .tables
+        .values()
+        .flat_map(|table| {
+            table
+                .tablets
+                .iter()
+                .filter(|tablet| tablet.owner == crashed)
+                .map(|tablet| (table.table_id, tablet.range))
+        })
+        .collect();
+    let masters = state
+        .servers_in(ServerStatus::Up)
+        .filter(|server| server.services.has_master())
+        .map(|server| (server.server_id, server.address.clone()))
+        .collect();
+    let backups = state
+        .servers_in(ServerStatus::Up)
+        .filter(|server| server.services.has_backup())
+        .map(|server| server.address.clone())
+        .collect();
+    (tablets, masters, backups)
 }
 
 impl Inner {
@@ -437,27 +466,7 @@ impl Inner {
     async fn recovery_attempt(self: &Arc<Self>, crashed: ServerId) -> Attempt {
         let (tablets, masters, backups, unreplicated) = {
             let state = self.state.lock().await;
-            let tablets: Vec<(TableId, HashRange)> = state
-                .tables
-                .values()
-                .flat_map(|table| {
-                    table
-                        .tablets
-                        .iter()
-                        .filter(|tablet| tablet.owner == crashed)
-                        .map(|tablet| (table.table_id, tablet.range))
-                })
-                .collect();
-            let masters: Vec<(ServerId, String)> = state
-                .servers_in(ServerStatus::Up)
-                .filter(|server| server.services.has_master())
-                .map(|server| (server.server_id, server.address.clone()))
-                .collect();
-            let backups: Vec<String> = state
-                .servers_in(ServerStatus::Up)
-                .filter(|server| server.services.has_backup())
-                .map(|server| server.address.clone())
-                .collect();
+            let (tablets, masters, backups) = recovery_participants(&state, crashed);
             let unreplicated =
                 state.servers.get(&crashed).is_some_and(|server| server.services.is_unreplicated());
             (tablets, masters, backups, unreplicated)
@@ -561,31 +570,7 @@ impl Inner {
             ));
         }
         tracing::warn!(%crashed, reason, "the loss was accepted: handing the tablets over empty");
-        let (tablets, masters, backups) = {
-            let state = self.state.lock().await;
-            let tablets: Vec<(TableId, HashRange)> = state
-                .tables
-                .values()
-                .flat_map(|table| {
-                    table
-                        .tablets
-                        .iter()
-                        .filter(|tablet| tablet.owner == crashed)
-                        .map(|tablet| (table.table_id, tablet.range))
-                })
-                .collect();
-            let masters: Vec<(ServerId, String)> = state
-                .servers_in(ServerStatus::Up)
-                .filter(|server| server.services.has_master())
-                .map(|server| (server.server_id, server.address.clone()))
-                .collect();
-            let backups: Vec<String> = state
-                .servers_in(ServerStatus::Up)
-                .filter(|server| server.services.has_backup())
-                .map(|server| server.address.clone())
-                .collect();
-            (tablets, masters, backups)
-        };
+        let (tablets, masters, backups) = recovery_participants(&*self.state.lock().await, crashed);
         if tablets.is_empty() {
             return Attempt::Finished;
         }

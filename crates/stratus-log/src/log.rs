@@ -293,6 +293,8 @@ pub struct CleaningCandidate {
     pub tombstone_scan_seconds: u32,
     /// Its largest entry (header + content).
     pub largest_entry_bytes: u64,
+    /// Bytes of tombstones elsewhere in the log that name it (they die when it is cleaned).
+    pub tombstone_bytes_naming: u64,
 }
 
 /// Where a segment stands.
@@ -327,6 +329,14 @@ struct SegmentRecord {
     opened_as_head: bool,
     /// A cleaner has chosen it.
     cleaning: bool,
+    /// Bytes of tombstones in the log that name it: they all die when it leaves the log
+    /// (cleaning it frees them too, once the segments holding them are compacted or cleaned).
+    /// Counted when a tombstone is appended at the head; relocation moves a tombstone without
+    /// changing what it names, and a tombstone is dropped only once what it names is gone, so
+    /// the count stays exact for this log's own tombstones. (A replayed tombstone names a
+    /// segment of another master's log; if an id here matches, the count is only high: it
+    /// steers the cleaner's choice, never correctness.)
+    tombstone_bytes_naming: u64,
     /// When its tombstones were last scanned for dead ones.
     tombstone_scan_seconds: u32,
     /// While it is being compacted: the compacted copy being written (same id), and the
@@ -531,6 +541,16 @@ impl Log {
         let head_id = state.head.expect("a head was opened above");
         let references =
             entries.iter().map(|entry| self.append_entry(&mut state, head_id, entry)).collect();
+        for entry in entries.iter().filter(|entry| entry.entry_type == EntryType::Tombstone) {
+            // Single-piece content is what the store writes; anything else is not counted.
+            let named = match entry.pieces {
+                [content, [], []] => decode_tombstone(content).ok().map(|view| view.segment_id),
+                _ => None,
+            };
+            if let Some(segment) = named.and_then(|id| state.segments.get_mut(&id)) {
+                segment.tombstone_bytes_naming += entry.entry_bytes() as u64;
+            }
+        }
         Ok(Appended { segment_id: head_id, references })
     }
 
@@ -634,6 +654,7 @@ impl Log {
             membership,
             opened_as_head: false,
             cleaning: false,
+            tombstone_bytes_naming: 0,
             tombstone_scan_seconds: now,
             compaction: None,
             replicated: false,
@@ -797,6 +818,7 @@ impl Log {
                 tombstone_bytes: segment.statistics.live_bytes_of(EntryType::Tombstone),
                 tombstone_scan_seconds: segment.tombstone_scan_seconds,
                 largest_entry_bytes: segment.statistics.largest_entry_bytes,
+                tombstone_bytes_naming: segment.tombstone_bytes_naming,
             })
             .collect()
     }

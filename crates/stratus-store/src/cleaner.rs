@@ -19,9 +19,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use stratus_log::format::{decode_object_unverified, decode_tombstone};
+use stratus_log::format::{
+    decode_object_unverified, decode_tombstone, ENTRY_HEADER_BYTES_MAX,
+    SEGMENT_HEADER_CONTENT_BYTES,
+};
 use stratus_log::{
-    AppendEntry, AppendError, AppendPriority, Certificate, CleaningCandidate, EntryType, Reference,
+    AppendEntry, AppendError, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig,
+    Reference,
 };
 use stratus_types::{key_hash, SegmentId};
 
@@ -427,12 +431,17 @@ impl ObjectStore {
             .filter(|candidate| {
                 let allocated = u64::from(candidate.seglets) * seglet_bytes;
                 candidate.movable_bytes * 100 <= allocated * CLEANABLE_UTILIZATION_MAX_PERCENT
-                    && (goal == Goal::Segments
-                        || candidate.movable_bytes + seglet_bytes <= allocated)
             })
             .map(|candidate| {
                 let capacity = match goal {
-                    Goal::Memory => u64::from(candidate.seglets) * seglet_bytes,
+                    // Cleaning a segment also kills the tombstones that name it, elsewhere in
+                    // the log: memory the next compaction of their segments gets back. Counted
+                    // as if the segment held it (compaction makes the segment itself dense, so
+                    // that is often the larger part of what cleaning it is worth).
+                    Goal::Memory => {
+                        u64::from(candidate.seglets) * seglet_bytes
+                            + candidate.tombstone_bytes_naming
+                    }
                     Goal::Segments => segment_bytes,
                 };
                 let live_fraction = candidate.movable_bytes as f64 / capacity as f64;
@@ -501,8 +510,6 @@ impl ObjectStore {
         replication: SurvivorReplication,
     ) -> CleanStep {
         let log_config = *self.log.config();
-        let seglet_bytes = u64::from(log_config.seglet_bytes);
-        let segment_bytes = u64::from(log_config.segment_bytes);
         let statistics = self.log.statistics();
         // Survivors may use every free seglet but those a commit head needs (the writes'
         // reserves keep at least a segment's worth free for them), at most ten segments'
@@ -512,26 +519,17 @@ impl ObjectStore {
         let budget_seglets = free
             .saturating_sub(u64::from(log_config.head_seglets_max()))
             .min(PASS_LIVE_SEGMENTS_MAX * u64::from(log_config.seglets_per_segment()));
-        // Each survivor segment loses up to its header, part of a seglet and, at its end, less
-        // than the largest entry moved into it: plan with that slack so the plan is an upper
-        // bound (a pass that ran out of memory midway would free nothing).
-        let header_slack_bytes = seglet_bytes + 64;
         let segment_count_max = log_config.segment_count_max() as u64;
         let mut chosen = Vec::new();
         let mut chosen_seglets = Vec::new();
         let mut movable_total = 0u64;
         let mut freed_seglets = 0u64;
         let mut largest_entry_bytes = 0u64;
-        let survivors_for = |movable: u64, largest: u64| {
-            let usable = segment_bytes.saturating_sub(header_slack_bytes + largest).max(1);
-            movable.div_ceil(usable)
-        };
+        let mut tombstones_killed_bytes = 0u64;
         for (candidate, _) in self.ranked_candidates(now_seconds, goal) {
             let movable = movable_total + candidate.movable_bytes;
             let largest = largest_entry_bytes.max(candidate.largest_entry_bytes);
-            let survivors = survivors_for(movable, largest);
-            let survivor_seglets = movable.div_ceil(seglet_bytes) + 2 * survivors;
-            if survivor_seglets > budget_seglets {
+            if survivor_seglets_max(&log_config, movable, largest).1 > budget_seglets {
                 continue;
             }
             chosen.push(candidate.segment_id);
@@ -539,17 +537,21 @@ impl ObjectStore {
             movable_total = movable;
             largest_entry_bytes = largest;
             freed_seglets += u64::from(candidate.seglets);
+            tombstones_killed_bytes += candidate.tombstone_bytes_naming;
         }
-        let planned_survivors = survivors_for(movable_total, largest_entry_bytes);
-        let cost_seglets = movable_total.div_ceil(seglet_bytes)
-            + 2 * planned_survivors
-            + u64::from(log_config.head_seglets_max());
+        let (planned_survivors, survivor_seglets) =
+            survivor_seglets_max(&log_config, movable_total, largest_entry_bytes);
+        let cost_seglets = survivor_seglets + u64::from(log_config.head_seglets_max());
         let chosen_count = chosen.len() as u64;
         let frees_memory = cost_seglets < freed_seglets;
+        // A pass that gives back at least what it takes and kills tombstones is progress too:
+        // where compaction has left every segment dense, the dead tombstones are the memory
+        // left to win, and only cleaning the segments they name kills them.
+        let kills_tombstones = cost_seglets <= freed_seglets && tombstones_killed_bytes > 0;
         // The commit head takes a slot too.
         let lowers_count = planned_survivors + 1 < chosen_count;
         let worth_it = match goal {
-            Goal::Memory => frees_memory,
+            Goal::Memory => frees_memory || kills_tombstones,
             // Memory for the survivors is there: the plan fits in the budget.
             Goal::Segments => frees_memory || lowers_count,
         };
@@ -840,4 +842,20 @@ impl ObjectStore {
         });
         CleanOutcome::Compacted { segment_id, seglets_freed }
     }
+}
+
+/// An upper bound on the survivor segments, and on the seglets they take, when `movable`
+/// bytes whose largest entry is `largest_entry_bytes` are relocated (a pass that ran out of
+/// memory midway would free nothing, so the plan must never be short). A survivor is closed
+/// only when the next entry does not fit, so each but the last holds at least a segment less
+/// its header and the largest entry; survivors take seglets as they grow, so each wastes less
+/// than one seglet at its end.
+fn survivor_seglets_max(config: &LogConfig, movable: u64, largest_entry_bytes: u64) -> (u64, u64) {
+    let seglet_bytes = u64::from(config.seglet_bytes);
+    let header_bytes = (ENTRY_HEADER_BYTES_MAX + SEGMENT_HEADER_CONTENT_BYTES) as u64;
+    let usable =
+        u64::from(config.segment_bytes).saturating_sub(header_bytes + largest_entry_bytes).max(1);
+    let survivors = movable.div_ceil(usable);
+    let seglets = (movable + survivors * header_bytes).div_ceil(seglet_bytes) + survivors;
+    (survivors, seglets)
 }

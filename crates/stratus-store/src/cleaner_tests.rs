@@ -810,3 +810,58 @@ fn run_writers_against_cleaners(replicas: u32, cleaner_threads: usize) {
     let replayed = replay(&store);
     assert_eq!(replayed.len() as u64, u64::from(writers * keys_per_writer));
 }
+
+/// Overwrites 100-byte objects at 90 % live data with two-level cleaning, calling the
+/// cleaner once every `clean_every` writes and whenever a write is refused; panics if the
+/// cleaner stops making progress while writes are refused.
+fn overwrite_at_ninety_percent_with_two_levels(
+    config: StoreConfig,
+    clean_every: u64,
+    log_sizes: u64,
+) {
+    let store = store_with(config);
+    let entry_bytes = 140;
+    let objects = config.log_bytes * 90 / 100 / entry_bytes;
+    let value = vec![0x5a_u8; 100];
+    let mut random = Random(7 + clean_every);
+    let total = objects + log_sizes * config.log_bytes / entry_bytes;
+    for write in 0..total {
+        let index = if write < objects { write } else { random.below(objects) };
+        let key = format!("object-{index:012}");
+        let mut refused = 0u64;
+        while let Err(error) = write_at(&store, key.as_bytes(), &value, NOW) {
+            assert_eq!(error, ObjectError::LogFull);
+            refused += 1;
+            let outcome = store.clean_once(NOW);
+            assert!(
+                refused < 1_000,
+                "write {write} (cleaning every {clean_every}) refused {refused} times, the \
+                 cleaner answering {outcome:?}: {:#?}",
+                store.statistics()
+            );
+        }
+        if write.is_multiple_of(clean_every) {
+            store.clean_once(NOW);
+        }
+    }
+    assert_eq!(store.statistics().objects_live, objects);
+}
+
+/// Found by `stratus bench cleaner-latency --levels 2`: compaction empties old segments of
+/// objects, leaving one-seglet segments that hold a few live tombstones each. A memory pass
+/// once required every candidate to free a seglet on its own, which such a segment cannot;
+/// the rest of the log was compacted dense, so no pass was worth running and writes were
+/// refused forever. Merging many of those segments into one survivor is the best pass there is.
+#[test]
+fn two_level_cleaning_at_ninety_percent_merges_segments_of_tombstones() {
+    let config = StoreConfig {
+        log_bytes: 8 << 20,
+        segment_bytes: 160 << 10,
+        seglet_bytes: 4 << 10,
+        hash_table_bytes: 256 << 10,
+        value_bytes_max: 8 << 10,
+        cleaner: CleanerConfig { replicas: 3, ..CleanerConfig::default() },
+        prefault_memory: false,
+    };
+    overwrite_at_ninety_percent_with_two_levels(config, 1, 2);
+}

@@ -55,6 +55,19 @@ impl ChildProcess {
         }
     }
 
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Takes the pipes to the child's standard input and from its standard output, where the
+    /// command asked for them.
+    pub fn take_standard_streams(
+        &mut self,
+    ) -> (Option<std::process::ChildStdin>, Option<std::process::ChildStdout>) {
+        (self.child.stdin.take(), self.child.stdout.take())
+    }
+
     /// The exit status if the child has exited (it is then reaped).
     pub fn exited(&mut self) -> Option<ExitStatus> {
         let status = self.child.try_wait().ok().flatten();

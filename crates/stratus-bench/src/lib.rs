@@ -4,10 +4,12 @@
 //! be collected by scripts. Benchmarks start the systems they measure themselves (as child
 //! processes of the `stratus` binary) and stop them afterwards.
 
+mod allocators;
 mod backup;
 mod cleaner_latency;
 mod cluster;
 mod latency;
+mod memory;
 mod recovery;
 mod redis_reference;
 mod replica_files;
@@ -46,6 +48,13 @@ pub enum BenchCommand {
     /// Stratus (R = 0; R = 3 buffered and fsync) side by side with Redis (appendfsync everysec
     /// and always) and memcached, started here; YCSB-style report plus JSON lines.
     Ycsb(ycsb::YcsbArguments),
+    /// Memory needed to hold the same live data while object sizes change (FAST'14 Table 1,
+    /// W1..W8): Stratus's log at 90 % against glibc, jemalloc and mimalloc, Redis (with and
+    /// without active defragmentation) and memcached, each's peak resident set.
+    Memory(memory::MemoryArguments),
+    /// (Internal) the process holding one system's objects for `bench memory`.
+    #[command(hide = true)]
+    MemoryWorker(memory::MemoryWorkerArguments),
     /// (Internal) a TCP echo server, the reference for `bench rpc`.
     #[command(hide = true)]
     EchoServer {
@@ -65,6 +74,8 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::CleanerLatency(arguments) => cleaner_latency::run(arguments),
         BenchCommand::Recovery(arguments) => recovery::run(arguments),
         BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
+        BenchCommand::Memory(arguments) => memory::run(arguments),
+        BenchCommand::MemoryWorker(arguments) => memory::run_worker(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),
     }
 }

@@ -112,7 +112,7 @@ fn start_redis(
     ChildProcess::spawn(&mut command, REDIS_SERVER)
 }
 
-fn connect(address: &str) -> std::io::Result<TcpStream> {
+pub(crate) fn connect(address: &str) -> std::io::Result<TcpStream> {
     let stream = TcpStream::connect(address)?;
     stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
     stream.set_write_timeout(Some(SOCKET_TIMEOUT))?;

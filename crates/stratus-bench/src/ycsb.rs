@@ -1079,38 +1079,50 @@ fn start(
             Ok(Running::Redis { _server: server, address })
         }
         _ => {
-            let executable = find_peer("memcached", "memcached")?;
-            let address = free_loopback_address()?;
-            let port = address.rsplit(':').next().unwrap_or_default().to_string();
-            let log = peer_log(directory, "memcached.log")?;
-            let mut command = Command::new(executable);
-            // Defaults (4 worker threads), except: loopback only, no UDP, and enough memory
-            // that no record is evicted (the default 64 MB would evict above ~50,000 records).
-            let megabytes = (arguments.records * 4 / 1_000).max(64).to_string();
-            command.args(["-p", &port, "-l", "127.0.0.1", "-U", "0", "-m", &megabytes]);
-            if running_as_root() {
-                // memcached refuses to run as root unless told which user to be.
-                command.args(["-u", "root"]);
-            }
-            command
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().map_err(|error| error.to_string())?)
-                .stderr(log);
-            let server = ChildProcess::spawn(&mut command, "memcached")?;
-            wait_until_answering(&address, b"version\r\n", "VERSION")?;
+            // Enough memory that no record is evicted (the default 64 MB would evict above
+            // ~50,000 records).
+            let megabytes = (arguments.records * 4 / 1_000).max(64);
+            let (server, address) = start_memcached(directory, megabytes)?;
             Ok(Running::Memcached { _server: server, address })
         }
     }
 }
 
-fn find_peer(executable: &str, package: &str) -> Result<std::path::PathBuf, String> {
+/// Starts memcached with its defaults (4 worker threads) except: loopback only on a free
+/// port, no UDP, and `megabytes` of item memory (`-m`); returns it and its address once it
+/// answers.
+pub(crate) fn start_memcached(
+    directory: &Path,
+    megabytes: u64,
+) -> Result<(ChildProcess, String), String> {
+    let executable = find_peer("memcached", "memcached")?;
+    let address = free_loopback_address()?;
+    let port = address.rsplit(':').next().unwrap_or_default().to_string();
+    let log = peer_log(directory, "memcached.log")?;
+    let mut command = Command::new(executable);
+    let megabytes = megabytes.to_string();
+    command.args(["-p", &port, "-l", "127.0.0.1", "-U", "0", "-m", &megabytes]);
+    if running_as_root() {
+        // memcached refuses to run as root unless told which user to be.
+        command.args(["-u", "root"]);
+    }
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|error| error.to_string())?)
+        .stderr(log);
+    let server = ChildProcess::spawn(&mut command, "memcached")?;
+    wait_until_answering(&address, b"version\r\n", "VERSION")?;
+    Ok((server, address))
+}
+
+pub(crate) fn find_peer(executable: &str, package: &str) -> Result<std::path::PathBuf, String> {
     let search_path = std::env::var_os("PATH").unwrap_or_default();
     find_executable(executable, &search_path).ok_or_else(|| {
         format!("{executable} not found on PATH: install the Debian package {package} (apt-get install {package})")
     })
 }
 
-fn peer_log(directory: &Path, name: &str) -> Result<std::fs::File, String> {
+pub(crate) fn peer_log(directory: &Path, name: &str) -> Result<std::fs::File, String> {
     let path = directory.join(name);
     std::fs::File::create(&path).map_err(|error| format!("{}: {error}", path.display()))
 }

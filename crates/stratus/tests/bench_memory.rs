@@ -1,0 +1,86 @@
+//! `stratus bench memory` end to end, scaled down: every system completes two of the FAST'14
+//! workloads (W3: small objects replaced by slightly larger ones; W8: small objects replaced
+//! by large ones), its peak memory is measured, and Stratus's log holds the live data in less
+//! memory than the best general-purpose allocator — what log-structured memory is for.
+//!
+//! Redis and memcached are measured where they are installed (scripts/install-peers); with
+//! STRATUS_REQUIRE_PEERS set, as CI does, a missing peer is a failure.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Command;
+
+use common::stratus_binary;
+
+fn installed(executable: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {executable}")])
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+#[test]
+fn every_system_completes_and_the_log_needs_less_memory_than_malloc() {
+    let mut systems = vec!["stratus", "glibc", "jemalloc", "mimalloc"];
+    let required = std::env::var_os("STRATUS_REQUIRE_PEERS").is_some();
+    for (system, executable) in [("redis", "redis-server"), ("memcached", "memcached")] {
+        if installed(executable) {
+            systems.push(system);
+        } else {
+            assert!(!required, "STRATUS_REQUIRE_PEERS is set but {executable} is not installed");
+            eprintln!("{executable} not installed: {system} not measured (scripts/install-peers)");
+        }
+    }
+    let live_mib: u64 = 32;
+    let output = Command::new(stratus_binary())
+        .args(["bench", "memory", "--workload", "W3,W8", "--live-mib", &live_mib.to_string()])
+        .args(["--allocation-multiple", "2", "--segment-kib", "256", "--seglet-kib", "4"])
+        .args(["--systems", &systems.join(",")])
+        .output()
+        .expect("run stratus bench memory");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench memory failed:\n{stdout}\n{stderr}");
+
+    let rows: Vec<HashMap<String, serde_json::Value>> = stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .filter(|row: &HashMap<String, serde_json::Value>| row["bench"] == "memory")
+        .collect();
+    assert_eq!(rows.len(), 2 * systems.len(), "one row per workload and system:\n{stdout}");
+    let number = |row: &HashMap<String, serde_json::Value>, field: &str| {
+        row[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {row:?}"))
+    };
+    for workload in ["W3", "W8"] {
+        let of = |system: &str| {
+            rows.iter()
+                .find(|row| row["workload"] == workload && row["system"] == system)
+                .unwrap_or_else(|| panic!("no row for {system} on {workload}:\n{stdout}"))
+        };
+        for system in &systems {
+            let row = of(system);
+            assert_eq!(row["completed"], "true", "{row:?}");
+            // The live data reached its cap, and no process holds it in less than its size.
+            let live = number(row, "live_bytes");
+            assert!(live > (live_mib << 20) as f64 * 0.95 && live <= (live_mib << 20) as f64);
+            assert!(number(row, "ratio") > 1.0, "{row:?}");
+        }
+        let stratus = of("stratus");
+        let utilization = number(stratus, "log_utilization_min");
+        assert!(utilization > 0.5 && utilization <= 1.0, "{stratus:?}");
+        let best_malloc = ["glibc", "jemalloc", "mimalloc"]
+            .iter()
+            .map(|system| number(of(system), "ratio"))
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            number(stratus, "ratio") < best_malloc,
+            "on {workload} the log needs more memory than malloc:\n{stdout}"
+        );
+        if systems.contains(&"memcached") {
+            let kept = number(of("memcached"), "live_fraction_kept");
+            assert!(kept > 0.0 && kept <= 1.0, "{kept}");
+        }
+    }
+}

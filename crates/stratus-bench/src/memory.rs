@@ -358,10 +358,11 @@ fn stratus_sizes(
     segment_bytes: u64,
     pattern: &[u8],
 ) -> StratusSizes {
-    // Every write and every remove takes a version: at most twice the objects allocated.
+    // Every write takes a new version; a remove takes none (it only raises the safe version
+    // past the removed object's).
     let versions_max: u64 = workload
         .allocating_phases()
-        .map(|sizes| 2 * allocation_bytes / (KEY_BYTES + u64::from(sizes.low)))
+        .map(|sizes| allocation_bytes / (KEY_BYTES + u64::from(sizes.low)))
         .sum();
     let version = Version(versions_max.max(1));
     let mut entry_bytes_at_cap = Vec::new();
@@ -1257,7 +1258,8 @@ mod tests {
         let w8 = WORKLOADS[7];
         let sizes = stratus_sizes(&w8, cap, 5 * cap, 90, 1 << 20, &pattern);
         // W8's small objects (mean 100 B) carry the overhead: about 1.15 × the cap in entries.
-        // 5 × 256 MiB per phase of 50..150-byte objects: over 2^24 versions (4 bytes).
+        // 5 × 256 MiB of 50..150-byte objects, then of larger ones: over 2^24 writes, so
+        // versions are 4 bytes.
         let entries = (cap / 108) * object_entry_bytes(100, VERSION_WIDE, &pattern);
         let log_bytes = sizes.log_bytes;
         assert!(log_bytes >= entries * 100 / 90 && log_bytes < entries * 100 / 90 + (1 << 20));

@@ -13,7 +13,8 @@ use libfuzzer_sys::fuzz_target;
 use stratus_log::format::{
     decode_entry, decode_entry_header, decode_log_digest, decode_object, decode_safe_version,
     decode_tombstone, encode_log_digest, encode_object, encode_safe_version, encode_tombstone,
-    Certificate, CertificateBuilder, Entry, EntryType, SegmentHeader, CERTIFICATE_BYTES,
+    tombstone_segment_id, Certificate, CertificateBuilder, Entry, EntryType, SegmentHeader,
+    CERTIFICATE_BYTES,
 };
 use stratus_log::iterator::SegmentIterator;
 use stratus_store::{ObjectStore, ReplayError, StoreConfig};
@@ -90,6 +91,9 @@ fn certificate_of_prefix(segment: &[u8]) -> Certificate {
 }
 
 fn check_round_trip(entry_type: EntryType, content: &[u8]) {
+    // The log reads the segment a tombstone names from its first bytes alone: any bytes give
+    // an answer or an error, never a panic, and a valid tombstone's answer is its segment.
+    let named = tombstone_segment_id(content);
     let Ok(entry) = decode_entry(entry_type, content) else { return };
     match entry {
         Entry::SegmentHeader(header) => {
@@ -103,6 +107,7 @@ fn check_round_trip(entry_type: EntryType, content: &[u8]) {
         Entry::Tombstone(view) => {
             let encoded = encode_tombstone(&view);
             assert_eq!(decode_tombstone(&encoded), Ok(view));
+            assert_eq!(named, Ok(view.segment_id));
         }
         Entry::LogDigest(segment_ids) => {
             let encoded = encode_log_digest(&segment_ids);

@@ -311,29 +311,66 @@ pub struct TombstoneView<'a> {
     pub key: &'a [u8],
 }
 
-/// Encodes a tombstone's content.
+/// Largest tombstone fields before the key: checksum, timestamp, widths, segment width, table
+/// id, version, segment id.
+const TOMBSTONE_PREFIX_BYTES_MAX: usize = 4 + 4 + 1 + 1 + 8 + 8 + 8;
+
+/// The fields of a tombstone before its key, checksum included: appended as the first piece of
+/// the entry with the key as the second, so removes and overwrites build their tombstone on the
+/// stack (no allocation on the request path).
+#[derive(Clone, Copy, Debug)]
+pub struct TombstonePrefix {
+    bytes: [u8; TOMBSTONE_PREFIX_BYTES_MAX],
+    length: u8,
+}
+
+impl TombstonePrefix {
+    /// Encodes the prefix of `tombstone` and computes its checksum over prefix and key. The key
+    /// must be 1..=65535 bytes (checked by the caller; asserted here).
+    pub fn new(tombstone: &TombstoneView<'_>) -> TombstonePrefix {
+        assert!(
+            !tombstone.key.is_empty() && tombstone.key.len() <= usize::from(u16::MAX),
+            "invalid key length"
+        );
+        let table_bytes = width_of(tombstone.table.0);
+        let version_bytes = width_of(tombstone.object_version.0);
+        let segment_bytes = width_of(tombstone.segment_id.0);
+        let mut bytes = [0u8; TOMBSTONE_PREFIX_BYTES_MAX];
+        let mut length = 4;
+        push_uint(&mut bytes, &mut length, u64::from(tombstone.timestamp), 4);
+        let widths = (table_bytes - 1) | ((version_bytes - 1) << 3);
+        push_uint(&mut bytes, &mut length, widths as u64, 1);
+        push_uint(&mut bytes, &mut length, (segment_bytes - 1) as u64, 1);
+        push_uint(&mut bytes, &mut length, tombstone.table.0, table_bytes);
+        push_uint(&mut bytes, &mut length, tombstone.object_version.0, version_bytes);
+        push_uint(&mut bytes, &mut length, tombstone.segment_id.0, segment_bytes);
+        let crc = checksum_of_pieces(&[&bytes[4..length], tombstone.key]);
+        bytes[..4].copy_from_slice(&crc.to_le_bytes());
+        TombstonePrefix { bytes, length: length as u8 }
+    }
+
+    /// The prefix bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.length as usize]
+    }
+}
+
+/// Encodes a tombstone's whole content (prefix + key) into a new vector.
 pub fn encode_tombstone(tombstone: &TombstoneView<'_>) -> Vec<u8> {
-    assert!(
-        !tombstone.key.is_empty() && tombstone.key.len() <= usize::from(u16::MAX),
-        "invalid key length"
-    );
-    let table_bytes = width_of(tombstone.table.0);
-    let version_bytes = width_of(tombstone.object_version.0);
-    let segment_bytes = width_of(tombstone.segment_id.0);
-    let mut bytes = [0u8; 4 + 4 + 2 + 8 + 8 + 8];
-    let mut length = 4;
-    push_uint(&mut bytes, &mut length, u64::from(tombstone.timestamp), 4);
-    push_uint(&mut bytes, &mut length, ((table_bytes - 1) | ((version_bytes - 1) << 3)) as u64, 1);
-    push_uint(&mut bytes, &mut length, (segment_bytes - 1) as u64, 1);
-    push_uint(&mut bytes, &mut length, tombstone.table.0, table_bytes);
-    push_uint(&mut bytes, &mut length, tombstone.object_version.0, version_bytes);
-    push_uint(&mut bytes, &mut length, tombstone.segment_id.0, segment_bytes);
-    let mut content = Vec::with_capacity(length + tombstone.key.len());
-    content.extend_from_slice(&bytes[..length]);
-    content.extend_from_slice(tombstone.key);
-    let crc = checksum(&content[4..]);
-    content[..4].copy_from_slice(&crc.to_le_bytes());
-    content
+    [TombstonePrefix::new(tombstone).as_bytes(), tombstone.key].concat()
+}
+
+/// The segment a tombstone names, read from the start of its content (its prefix is enough;
+/// the checksum is not verified).
+pub fn tombstone_segment_id(content_start: &[u8]) -> Result<SegmentId, FormatError> {
+    let mut position = 8;
+    let widths = read_uint(content_start, &mut position, 1)? as usize;
+    let segment_widths = read_uint(content_start, &mut position, 1)? as usize;
+    if widths & 0xC0 != 0 || segment_widths & !7 != 0 {
+        return Err(FormatError::Malformed("tombstone width reserved bits set"));
+    }
+    position += (widths & 7) + 1 + ((widths >> 3) & 7) + 1;
+    read_uint(content_start, &mut position, segment_widths + 1).map(SegmentId)
 }
 
 /// Decodes a tombstone and verifies its checksum.
@@ -642,6 +679,29 @@ mod tests {
         }
         for length in 0..content.len() {
             assert!(decode_tombstone(&content[..length]).is_err());
+        }
+    }
+
+    #[test]
+    fn tombstone_prefix_and_key_are_the_encoded_content_and_name_the_segment() {
+        for segment_id in [0, 1, 300, u64::from(u32::MAX) + 5, u64::MAX] {
+            let tombstone = TombstoneView {
+                table: TableId(1 << 40),
+                segment_id: SegmentId(segment_id),
+                object_version: Version(u64::MAX),
+                timestamp: u32::MAX,
+                key: &[0xab; 300],
+            };
+            let prefix = TombstonePrefix::new(&tombstone);
+            let content = encode_tombstone(&tombstone);
+            assert_eq!([prefix.as_bytes(), tombstone.key].concat(), content);
+            assert_eq!(decode_tombstone(&content).unwrap(), tombstone);
+            assert_eq!(tombstone_segment_id(prefix.as_bytes()), Ok(SegmentId(segment_id)));
+            assert_eq!(tombstone_segment_id(&content), Ok(SegmentId(segment_id)));
+            // A prefix cut short is an error, never a wrong segment.
+            for length in 0..prefix.as_bytes().len() {
+                assert!(tombstone_segment_id(&prefix.as_bytes()[..length]).is_err());
+            }
         }
     }
 

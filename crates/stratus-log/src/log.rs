@@ -23,9 +23,9 @@ use stratus_types::{SegmentId, ServerId, Version};
 
 use crate::format::{
     decode_entry_header, decode_tombstone, encode_log_digest, encode_safe_version,
-    entry_header_bytes_from_first_byte, log_digest_content_bytes, Certificate, CertificateBuilder,
-    EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS,
-    SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
+    entry_header_bytes_from_first_byte, log_digest_content_bytes, tombstone_segment_id,
+    Certificate, CertificateBuilder, EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX,
+    ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
 };
 use crate::seglet_memory::{EpochGuard, SegletMemory};
 
@@ -542,11 +542,9 @@ impl Log {
         let references =
             entries.iter().map(|entry| self.append_entry(&mut state, head_id, entry)).collect();
         for entry in entries.iter().filter(|entry| entry.entry_type == EntryType::Tombstone) {
-            // Single-piece content is what the store writes; anything else is not counted.
-            let named = match entry.pieces {
-                [content, [], []] => decode_tombstone(content).ok().map(|view| view.segment_id),
-                _ => None,
-            };
+            // The first piece holds at least the tombstone's prefix: the whole content, or the
+            // prefix with the key as the second piece. A malformed one is not counted.
+            let named = tombstone_segment_id(entry.pieces[0]).ok();
             if let Some(segment) = named.and_then(|id| state.segments.get_mut(&id)) {
                 segment.tombstone_bytes_naming += entry.entry_bytes() as u64;
             }

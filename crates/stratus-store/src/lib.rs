@@ -36,7 +36,7 @@ pub use replay::{ReplayError, ReplayStatistics};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use stratus_index::{BucketGuard, HashTable, Slot};
-use stratus_log::format::{decode_object_unverified, encode_tombstone, ObjectPrefix};
+use stratus_log::format::{decode_object_unverified, ObjectPrefix, TombstonePrefix};
 use stratus_log::{
     AppendEntry, AppendError, AppendPriority, EntryType, EpochGuard, Log, Reference,
     SegmentStatistics, TombstoneView,
@@ -295,14 +295,14 @@ impl ObjectStore {
             AppendEntry { entry_type: EntryType::Object, pieces: [prefix.as_bytes(), key, value] };
         let appended = match &current {
             Some(current) => {
-                let tombstone = encode_tombstone(&TombstoneView {
+                let tombstone = TombstonePrefix::new(&TombstoneView {
                     table,
                     segment_id: self.log.segment_of(current.reference),
                     object_version: current.version,
                     timestamp: now_seconds,
                     key,
                 });
-                let entries = [object, AppendEntry::new(EntryType::Tombstone, &tombstone)];
+                let entries = [object, tombstone_entry(&tombstone, key)];
                 self.log.append(&entries, AppendPriority::Normal)
             }
             None => self.log.append(&[object], AppendPriority::Normal),
@@ -341,7 +341,7 @@ impl ObjectStore {
         let Some(current) = current else {
             return Ok(Version::NONEXISTENT);
         };
-        let tombstone = encode_tombstone(&TombstoneView {
+        let tombstone = TombstonePrefix::new(&TombstoneView {
             table,
             segment_id: self.log.segment_of(current.reference),
             object_version: current.version,
@@ -349,10 +349,7 @@ impl ObjectStore {
             key,
         });
         self.log
-            .append(
-                &[AppendEntry::new(EntryType::Tombstone, &tombstone)],
-                AppendPriority::MayUseReserve,
-            )
+            .append(&[tombstone_entry(&tombstone, key)], AppendPriority::MayUseReserve)
             .map_err(append_error)?;
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
@@ -478,6 +475,12 @@ impl ObjectStore {
 
 fn check_rules(rules: &RejectRules, current: Version) -> Result<(), ObjectError> {
     rules.check(current).map_err(|reason| ObjectError::Rejected { reason, current })
+}
+
+/// A tombstone entry of two pieces, its prefix and the key, so nothing is copied before the
+/// log's own copy.
+fn tombstone_entry<'a>(prefix: &'a TombstonePrefix, key: &'a [u8]) -> AppendEntry<'a> {
+    AppendEntry { entry_type: EntryType::Tombstone, pieces: [prefix.as_bytes(), key, &[]] }
 }
 
 fn append_error(error: AppendError) -> ObjectError {

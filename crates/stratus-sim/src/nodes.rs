@@ -41,11 +41,10 @@ const CLEANER_IDLE_INTERVAL: Duration = Duration::from_millis(20);
 /// How often a server checks whether the coordinator declared it crashed.
 const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Sizes of the simulated servers: small, so that the cleaner and segment rolls happen within a
-/// short run.
-/// Sizes of the simulated servers: a log of 16 segments of 32 KiB, so that the clients' filler
-/// writes fill it and the cleaner (compaction and combined cleaning) runs against replication,
-/// crashes and recovery within a short run.
+/// Sizes of the simulated servers: a log of 6 segments of 256 KiB in 16 KiB seglets, so that
+/// the clients' filler writes fill it and the cleaner runs against replication, crashes and
+/// recovery within a short run. The cleaner is told the servers' replica count by
+/// [`run_server`], as `stratus server` tells it: with replicas it cleans in two levels.
 pub fn store_config() -> StoreConfig {
     let mut store = StoreConfig::for_testing();
     store.log_bytes = 1536 << 10;
@@ -55,7 +54,8 @@ pub fn store_config() -> StoreConfig {
     store
 }
 
-/// Largest value the clients' filler writes use (the most a 32 KiB segment admits: an eighth).
+/// Largest value the clients' filler writes use (within the eighth of a segment the store
+/// admits).
 pub const FILLER_VALUE_BYTES_MAX: usize = 24 << 10;
 
 /// The backup configuration of every simulated server.
@@ -167,6 +167,8 @@ pub struct ServerSetup {
     pub index: usize,
     /// Replicas per segment.
     pub replicas: usize,
+    /// Cleaning levels (1 or 2).
+    pub cleaner_levels: u32,
     /// When backups acknowledge.
     pub durability: Durability,
     /// Its disk.
@@ -194,7 +196,10 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     let environment = node_environment(setup.seed, &host, incarnation);
     let listener = environment.network.bind(&format!("0.0.0.0:{SERVER_PORT}")).await?;
     let address = format!("{host}:{SERVER_PORT}");
-    let store = store_config();
+    let mut store = store_config();
+    // As `stratus server` configures it: two-level cleaning (compaction first) with replicas,
+    // unless told to clean in one level.
+    store.cleaner.replicas = if setup.cleaner_levels == 1 { 0 } else { setup.replicas as u32 };
     let (backup, _report) =
         BackupService::open(backup_config(setup.durability), setup.disk.clone())?;
     let backup = Arc::new(backup);

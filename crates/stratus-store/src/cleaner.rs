@@ -62,6 +62,11 @@ pub const TOMBSTONE_SCAN_EVERY_SEGMENTS: u64 = 5;
 /// segment it writes at most 98 % utilized).
 pub const COMPACTED_UTILIZATION_MAX_PERCENT: u64 = 98;
 
+/// How many entries ahead the cleaner prefetches the hash-table bucket of the object it will
+/// relocate: far enough that the bucket arrives (a memory access is a few hundred ns, one
+/// relocation well under that when the bucket is cached), near enough that it is still cached.
+const PREFETCH_DISTANCE_ENTRIES: usize = 8;
+
 /// How the combined cleaner ranks segments (`u` = live fraction of the segment's allocated
 /// memory, `age` = seconds since the segment was created, plus one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,6 +249,8 @@ struct Survivor {
     timestamp: u32,
     reference: Reference,
     entry_type: EntryType,
+    /// An object's key hash (its bucket is prefetched ahead of its relocation); 0 otherwise.
+    key_hash: u64,
     /// Index of its segment in the pass.
     segment_index: usize,
 }
@@ -599,11 +606,11 @@ impl ObjectStore {
                 self.log.segment_entries(&epoch, segment_id).expect("segment being cleaned");
             for (reference, entry_type) in entries {
                 let (_, content) = self.log.entry(&epoch, reference);
-                let timestamp = match entry_type {
+                let (timestamp, key_hash) = match entry_type {
                     EntryType::Object => {
-                        decode_object_unverified(&content)
-                            .expect("corrupt object in the log")
-                            .timestamp
+                        let object =
+                            decode_object_unverified(&content).expect("corrupt object in the log");
+                        (object.timestamp, key_hash(object.table, object.key).0)
                     }
                     EntryType::Tombstone => {
                         let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
@@ -611,13 +618,19 @@ impl ObjectStore {
                             tombstones_dropped += 1;
                             continue;
                         }
-                        tombstone.timestamp
+                        (tombstone.timestamp, 0)
                     }
                     // Headers, digests and safe versions are superseded by the next head.
                     _ => continue,
                 };
                 remaining[segment_index] += 1;
-                survivors.push(Survivor { timestamp, reference, entry_type, segment_index });
+                survivors.push(Survivor {
+                    timestamp,
+                    reference,
+                    entry_type,
+                    key_hash,
+                    segment_index,
+                });
             }
         }
         // Oldest first: segregates old (stable) data from young (volatile) data.
@@ -627,14 +640,17 @@ impl ObjectStore {
         let mut object_bytes = 0u64;
         let mut tombstone_bytes = 0u64;
         let mut out_of_memory = false;
-        for survivor in &survivors {
+        for (position, survivor) in survivors.iter().enumerate() {
+            if let Some(ahead) = survivors.get(position + PREFETCH_DISTANCE_ENTRIES) {
+                if ahead.entry_type == EntryType::Object {
+                    self.index.prefetch(ahead.key_hash);
+                }
+            }
             let (_, content) = self.log.entry(&epoch, survivor.reference);
             let entry = AppendEntry::new(survivor.entry_type, &content);
             let relocated = match survivor.entry_type {
                 EntryType::Object => {
-                    let object = decode_object_unverified(&content).expect("corrupt object");
-                    let hash = key_hash(object.table, object.key);
-                    let mut bucket = self.index.lock(hash.0);
+                    let mut bucket = self.index.lock(survivor.key_hash);
                     match bucket.find(|found| found == survivor.reference.0) {
                         // Overwritten or removed since: the old copy is dead, nothing to move.
                         None => Ok(0),
@@ -792,6 +808,17 @@ impl ObjectStore {
             self.log.segment_entries(&epoch, segment_id).expect("segment being compacted");
         let mut bytes_moved = 0u64;
         let mut tombstones_dropped = 0u64;
+        // The objects' key hashes, in segment order, so their buckets can be prefetched ahead.
+        let object_hashes: Vec<u64> = entries
+            .iter()
+            .filter(|(_, kind)| *kind == EntryType::Object)
+            .map(|&(reference, _)| {
+                let (_, content) = self.log.entry(&epoch, reference);
+                let object = decode_object_unverified(&content).expect("corrupt object");
+                key_hash(object.table, object.key).0
+            })
+            .collect();
+        let mut object_index = 0;
         // The segment header first (the segment keeps its identity), then tombstones (so
         // tombstone scans can stop early), then objects.
         for pass in [EntryType::SegmentHeader, EntryType::Tombstone, EntryType::Object] {
@@ -800,8 +827,14 @@ impl ObjectStore {
                 let entry = AppendEntry::new(entry_type, &content);
                 match entry_type {
                     EntryType::Object => {
-                        let object = decode_object_unverified(&content).expect("corrupt object");
-                        let mut bucket = self.index.lock(key_hash(object.table, object.key).0);
+                        if let Some(&ahead) =
+                            object_hashes.get(object_index + PREFETCH_DISTANCE_ENTRIES)
+                        {
+                            self.index.prefetch(ahead);
+                        }
+                        let hash = object_hashes[object_index];
+                        object_index += 1;
+                        let mut bucket = self.index.lock(hash);
                         if let Some((slot, _)) = bucket.find(|found| found == reference.0) {
                             let moved = self.log.append_to_compacted(segment_id, &entry);
                             bucket.replace(slot, moved.0);

@@ -1187,9 +1187,15 @@ impl Log {
             let (seglet, offset) = self.split_reference(reference);
             let first = self.memory.read(guard, seglet, offset, 1)[0];
             let header_bytes = entry_header_bytes_from_first_byte(first);
-            header.clear();
-            self.gather(guard, reference, header_bytes, &mut header);
-            let decoded = decode_entry_header(&header).expect("corrupt entry header in the log");
+            // The header is almost always inside one seglet: decode it in place.
+            let decoded = if offset as usize + header_bytes <= seglet_bytes {
+                decode_entry_header(self.memory.read(guard, seglet, offset, header_bytes))
+            } else {
+                header.clear();
+                self.gather(guard, reference, header_bytes, &mut header);
+                decode_entry_header(&header)
+            }
+            .expect("corrupt entry header in the log");
             entries.push((reference, decoded.entry_type));
             position += decoded.header_bytes + decoded.content_bytes as usize;
         }

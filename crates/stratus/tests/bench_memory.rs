@@ -11,8 +11,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::Command;
+use std::time::Duration;
 
-use common::stratus_binary;
+use common::Process;
+
+/// The most the scaled-down benchmark may take.
+const BENCH_PATIENCE: Duration = Duration::from_secs(600);
 
 fn installed(executable: &str) -> bool {
     Command::new("sh")
@@ -34,15 +38,35 @@ fn every_system_completes_and_the_log_needs_less_memory_than_malloc() {
         }
     }
     let live_mib: u64 = 32;
-    let output = Command::new(stratus_binary())
-        .args(["bench", "memory", "--workload", "W3,W8", "--live-mib", &live_mib.to_string()])
-        .args(["--allocation-multiple", "2", "--segment-kib", "256", "--seglet-kib", "4"])
-        .args(["--systems", &systems.join(",")])
-        .output()
-        .expect("run stratus bench memory");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "bench memory failed:\n{stdout}\n{stderr}");
+    let arguments = [
+        "bench",
+        "memory",
+        "--workload",
+        "W3,W8",
+        "--live-mib",
+        &live_mib.to_string(),
+        "--allocation-multiple",
+        "2",
+        "--segment-kib",
+        "256",
+        "--seglet-kib",
+        "4",
+        "--systems",
+        &systems.join(","),
+    ]
+    .map(String::from);
+    // Bounded: a worker that hung would otherwise hold the test forever (it takes well under
+    // a minute in a debug build on two cores).
+    let mut bench = Process::start(&arguments);
+    let status = bench
+        .wait_exit(BENCH_PATIENCE)
+        .unwrap_or_else(|| panic!("bench memory did not finish within {BENCH_PATIENCE:?}"));
+    let mut lines = Vec::new();
+    while let Ok(line) = bench.lines.recv_timeout(Duration::from_secs(10)) {
+        lines.push(line);
+    }
+    let stdout = lines.join("\n");
+    assert!(status.success(), "bench memory failed (its errors are above):\n{stdout}");
 
     let rows: Vec<HashMap<String, serde_json::Value>> = stdout
         .lines()

@@ -15,6 +15,7 @@
 //! block is a prefetch hint ([`HashTable::prefetch`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// A software prefetch of the cache line at `address` (a no-op where none is wired up).
 #[allow(unsafe_code)]
@@ -29,7 +30,6 @@ fn prefetch_line(address: *const i8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = address;
 }
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Entries per bucket: 8 × 8 bytes fill one 64-byte cache line.
 pub const ENTRIES_PER_BUCKET: usize = 8;

@@ -22,7 +22,8 @@ use stratus_store::{ObjectError, ObjectStore, StoreConfig};
 use stratus_types::{key_hash, RejectRules, ServerId, TableId};
 
 use crate::report::{latency_histogram, print_json, Field};
-use crate::utilization::{spawn_cleaner, Random};
+use crate::utilization::spawn_cleaner;
+use stratus_env::SplitMix64;
 
 /// `stratus bench cleaner-latency`.
 #[derive(Debug, Args)]
@@ -206,9 +207,9 @@ fn measure(
         for index in 0..objects {
             write(index)?;
         }
-        let mut random = Random(0xc1ea_4e57 ^ u64::from(levels));
+        let mut random = SplitMix64::new(0xc1ea_4e57 ^ u64::from(levels));
         for _ in 0..warm_up_writes {
-            write(random.next() % objects)?;
+            write(random.below(objects))?;
         }
         let before = store.statistics().cleaner;
         let mut histogram = latency_histogram();
@@ -218,7 +219,7 @@ fn measure(
         };
         let mut next_write = Instant::now();
         for _ in 0..arguments.writes {
-            let index = random.next() % objects;
+            let index = random.below(objects);
             if let Some(interval) = interval {
                 // Spin rather than sleep: sleeps are far coarser than the interval. A writer
                 // that fell behind does not catch up in a burst.

@@ -37,11 +37,12 @@ use stratus_store::{CleanerConfig, ObjectError, ObjectStore, StoreConfig};
 use stratus_types::{key_hash, RejectRules, ServerId, TableId, Version};
 
 use crate::allocators::{Allocator, Block};
-use crate::cluster::{free_loopback_address, ChildProcess};
+use crate::cluster::ChildProcess;
 use crate::redis_reference::{connect, encode_command};
 use crate::report::{print_json, Field};
-use crate::utilization::{spawn_cleaner, Random};
-use crate::ycsb::{find_peer, peer_log, start_memcached};
+use crate::utilization::spawn_cleaner;
+use crate::ycsb::{peer_command, start_memcached};
+use stratus_env::SplitMix64;
 
 /// Every key is 8 bytes: the paper's per-object overhead is stated for 8-byte keys.
 const KEY_BYTES: u64 = 8;
@@ -232,7 +233,7 @@ fn value_pattern() -> Vec<u8> {
 
 /// Generates a workload's operations and keeps the live set.
 struct Driver {
-    random: Random,
+    random: SplitMix64,
     /// Live objects: (id, value bytes); a random one is deleted by swap-remove.
     live: Vec<(u32, u32)>,
     live_bytes: u64,
@@ -245,7 +246,7 @@ struct Driver {
 impl Driver {
     fn new(seed: u64, cap_bytes: u64) -> Driver {
         Driver {
-            random: Random(seed),
+            random: SplitMix64::new(seed),
             live: Vec::new(),
             live_bytes: 0,
             live_bytes_max: 0,
@@ -256,7 +257,7 @@ impl Driver {
     }
 
     fn free_random(&mut self, holder: &mut dyn Holder) -> Result<(), String> {
-        let index = (self.random.next() % self.live.len() as u64) as usize;
+        let index = self.random.below(self.live.len() as u64) as usize;
         let (id, value_bytes) = self.live.swap_remove(index);
         self.live_bytes -= KEY_BYTES + u64::from(value_bytes);
         self.operations += 1;
@@ -276,7 +277,7 @@ impl Driver {
         let largest_object = KEY_BYTES + u64::from(sizes.high);
         while allocated < total_bytes {
             let spread = u64::from(sizes.high - sizes.low) + 1;
-            let value_bytes = sizes.low + (self.random.next() % spread) as u32;
+            let value_bytes = sizes.low + self.random.below(spread) as u32;
             let object = KEY_BYTES + u64::from(value_bytes);
             while self.live_bytes + object > self.cap_bytes {
                 self.free_random(holder)?;
@@ -704,11 +705,7 @@ enum PeerKind {
 
 impl PeerHolder {
     fn start_redis(directory: &std::path::Path, defragment: bool) -> Result<PeerHolder, String> {
-        let executable = find_peer("redis-server", "redis-server")?;
-        let address = free_loopback_address()?;
-        let port = address.rsplit(':').next().unwrap_or_default().to_string();
-        let log = peer_log(directory, "redis.log")?;
-        let mut command = Command::new(executable);
+        let (mut command, address, port) = peer_command("redis-server", directory)?;
         // Redis's defaults but persistence: no snapshot (its fork would double the memory
         // measured) and no append-only file.
         command
@@ -719,16 +716,12 @@ impl PeerHolder {
         if defragment {
             command.args(["--activedefrag", "yes"]);
         }
-        command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|error| error.to_string())?)
-            .stderr(log);
         let mut server = ChildProcess::spawn(&mut command, "redis-server")?;
         let deadline = Instant::now() + PEER_START_PATIENCE;
         while !PeerHolder::answers_ping(&address) {
             if server.exited().is_some() || Instant::now() >= deadline {
                 let log_text =
-                    std::fs::read_to_string(directory.join("redis.log")).unwrap_or_default();
+                    std::fs::read_to_string(directory.join("redis-server.log")).unwrap_or_default();
                 // Debian's Redis links the system's jemalloc, without the hint active
                 // defragmentation needs: the system is not there to measure.
                 if log_text.contains("Active defragmentation cannot be enabled") {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
+use stratus_env::SplitMix64;
 use stratus_store::{CleanOutcome, ObjectError, ObjectStore, StoreConfig};
 use stratus_types::{key_hash, RejectRules, ServerId, TableId};
 
@@ -58,19 +59,6 @@ pub struct UtilizationArguments {
     /// Overwrite volume, as a multiple of the log size.
     #[arg(long, default_value_t = 2)]
     pub passes: u64,
-}
-
-/// A small, fast generator (SplitMix64): the benchmark must not measure its random numbers.
-pub(crate) struct Random(pub(crate) u64);
-
-impl Random {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 /// Runs the engine's cleaner on a thread of its own, as a server does, until `stop` is set.
@@ -210,15 +198,15 @@ fn measure(
             write(index)?;
         }
         let before = store.statistics().cleaner;
-        let mut random = Random(0x5eed ^ object_bytes as u64 ^ u64::from(utilization));
+        let mut random = SplitMix64::new(0x5eed ^ object_bytes as u64 ^ u64::from(utilization));
         let hot_objects = (objects * 15 / 100).max(1);
         let writes = (arguments.passes * log_bytes / entry_bytes).max(1);
         let started = Instant::now();
         for _ in 0..writes {
-            let index = if distribution == "hot" && random.next() % 100 < 90 {
-                random.next() % hot_objects
+            let index = if distribution == "hot" && random.below(100) < 90 {
+                random.below(hot_objects)
             } else {
-                random.next() % objects
+                random.below(objects)
             };
             write(index)?;
         }
@@ -329,16 +317,16 @@ fn measure_cluster(
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for client_index in 0..CLUSTER_CLIENTS {
-            let mut random = Random(0x5eed ^ client_index ^ u64::from(utilization) << 8);
+            let mut random = SplitMix64::new(0x5eed ^ client_index ^ u64::from(utilization) << 8);
             let hot = distribution == "hot";
             let batches: Vec<Vec<u64>> = (0..batches_per_client)
                 .map(|_| {
                     (0..CLUSTER_BATCH_OBJECTS)
                         .map(|_| {
-                            if hot && random.next() % 100 < 90 {
-                                random.next() % hot_objects
+                            if hot && random.below(100) < 90 {
+                                random.below(hot_objects)
                             } else {
-                                random.next() % objects
+                                random.below(objects)
                             }
                         })
                         .collect()

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use hdrhistogram::Histogram;
 use stratus_client::{BlockingClient, ClientConfig, RejectRules, TableId};
+use stratus_env::SplitMix64;
 use stratus_wire::Status;
 
 use crate::cluster::{free_loopback_address, start_stratus, ChildProcess};
@@ -91,23 +92,20 @@ pub fn java_string_hash(text: &str) -> i32 {
         .fold(0_i32, |hash, unit| hash.wrapping_mul(31).wrapping_add(i32::from(unit)))
 }
 
-/// SplitMix64: a small, fast, seedable generator (YCSB uses ThreadLocalRandom).
+/// SplitMix64: a small, fast, seedable generator (YCSB uses ThreadLocalRandom), with YCSB's
+/// draws on top.
 #[derive(Clone, Debug)]
-pub struct Random(u64);
+pub struct Random(SplitMix64);
 
 impl Random {
     /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Random {
-        Random(seed)
+        Random(SplitMix64::new(seed))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
@@ -1061,19 +1059,12 @@ fn start(
             Ok(Running::Stratus { _cluster: cluster, coordinator, table })
         }
         "redis" => {
-            let executable = find_peer("redis-server", "redis-server")?;
-            let address = free_loopback_address()?;
-            let port = address.rsplit(':').next().unwrap_or_default().to_string();
-            let log = peer_log(directory, "redis.log")?;
-            let mut command = Command::new(executable);
+            let (mut command, address, port) = peer_command("redis-server", directory)?;
             command
                 .args(["--port", &port, "--bind", "127.0.0.1", "--daemonize", "no", "--save", ""])
                 .args(["--appendonly", "yes", "--appendfsync", configuration.name])
                 .arg("--dir")
-                .arg(directory)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().map_err(|error| error.to_string())?)
-                .stderr(log);
+                .arg(directory);
             let server = ChildProcess::spawn(&mut command, "redis-server")?;
             wait_until_answering(&address, b"*1\r\n$4\r\nPING\r\n", "+PONG")?;
             Ok(Running::Redis { _server: server, address })
@@ -1095,34 +1086,45 @@ pub(crate) fn start_memcached(
     directory: &Path,
     megabytes: u64,
 ) -> Result<(ChildProcess, String), String> {
-    let executable = find_peer("memcached", "memcached")?;
-    let address = free_loopback_address()?;
-    let port = address.rsplit(':').next().unwrap_or_default().to_string();
-    let log = peer_log(directory, "memcached.log")?;
-    let mut command = Command::new(executable);
+    let (mut command, address, port) = peer_command("memcached", directory)?;
     let megabytes = megabytes.to_string();
     command.args(["-p", &port, "-l", "127.0.0.1", "-U", "0", "-m", &megabytes]);
     if running_as_root() {
         // memcached refuses to run as root unless told which user to be.
         command.args(["-u", "root"]);
     }
-    command
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|error| error.to_string())?)
-        .stderr(log);
     let server = ChildProcess::spawn(&mut command, "memcached")?;
     wait_until_answering(&address, b"version\r\n", "VERSION")?;
     Ok((server, address))
 }
 
-pub(crate) fn find_peer(executable: &str, package: &str) -> Result<std::path::PathBuf, String> {
+/// The command of peer `executable` (found on PATH; the Debian package of the same name when
+/// missing) on a free loopback port, its input closed and its output and errors appended to
+/// `directory/<executable>.log`; with its address and port, for the caller's arguments.
+pub(crate) fn peer_command(
+    executable: &str,
+    directory: &Path,
+) -> Result<(Command, String, String), String> {
+    let path = find_peer(executable, executable)?;
+    let address = free_loopback_address()?;
+    let port = address.rsplit(':').next().unwrap_or_default().to_string();
+    let log = peer_log(directory, &format!("{executable}.log"))?;
+    let mut command = Command::new(path);
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|error| error.to_string())?)
+        .stderr(log);
+    Ok((command, address, port))
+}
+
+fn find_peer(executable: &str, package: &str) -> Result<std::path::PathBuf, String> {
     let search_path = std::env::var_os("PATH").unwrap_or_default();
     find_executable(executable, &search_path).ok_or_else(|| {
         format!("{executable} not found on PATH: install the Debian package {package} (apt-get install {package})")
     })
 }
 
-pub(crate) fn peer_log(directory: &Path, name: &str) -> Result<std::fs::File, String> {
+fn peer_log(directory: &Path, name: &str) -> Result<std::fs::File, String> {
     let path = directory.join(name);
     std::fs::File::create(&path).map_err(|error| format!("{}: {error}", path.display()))
 }

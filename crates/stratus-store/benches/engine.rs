@@ -33,6 +33,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, SamplingMode, Throughput};
+use stratus_env::SplitMix64;
 use stratus_store::{CleanOutcome, CleanerConfig, ObjectStore, StoreConfig, StoreStatistics};
 use stratus_types::{key_hash, RejectRules, ServerId, TableId};
 
@@ -90,25 +91,6 @@ fn record(benchmark: &str, bytes: u64, elapsed: Duration) {
             line.elapsed += elapsed;
         }
         None => ledger.push(LedgerLine { benchmark: benchmark.to_string(), bytes, elapsed }),
-    }
-}
-
-/// SplitMix64: fast enough that the benchmarks do not measure their random numbers.
-#[derive(Debug)]
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut mixed = self.0;
-        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        mixed ^ (mixed >> 31)
-    }
-
-    /// Uniform enough in `0..bound` for a benchmark (`bound` is far below 2^64).
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
     }
 }
 
@@ -225,7 +207,7 @@ fn bench_hash_lookup(criterion: &mut Criterion) {
     let mut group = criterion.benchmark_group("hash_lookup");
     group.throughput(Throughput::BytesDecimal(VALUE_BYTES as u64));
     group.bench_function("read_100B_random", |bencher| {
-        let mut random = Random(1);
+        let mut random = SplitMix64::new(1);
         let mut value = Vec::with_capacity(VALUE_BYTES);
         bencher.iter_custom(|iterations| {
             let start = Instant::now();
@@ -290,7 +272,7 @@ fn bench_log_append(criterion: &mut Criterion) {
             AppendFixture { store, object_count, next_index: object_count }
         };
         let mut fixture = build();
-        let mut random = Random(2);
+        let mut random = SplitMix64::new(2);
         group.throughput(Throughput::BytesDecimal(bytes_per_write));
         group.bench_function(function, |bencher| {
             bencher.iter_custom(|iterations| {

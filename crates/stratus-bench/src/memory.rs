@@ -57,6 +57,13 @@ const SAMPLE_EVERY_ALLOCATIONS: u64 = 4_096;
 const PEER_START_PATIENCE: Duration = Duration::from_secs(60);
 /// Starts the error of a system that cannot run on this machine (not a failed measurement).
 const UNAVAILABLE_PREFIX: &str = "unavailable: ";
+/// Largest `--live-mib`: 1 TiB, far beyond any machine this runs on, and far from overflowing
+/// the byte counts (`allocation multiple × live` included).
+const LIVE_MIB_MAX: u64 = 1 << 20;
+/// Largest `--allocation-multiple` (the paper's is 5).
+const ALLOCATION_MULTIPLE_MAX: u64 = 1_000;
+/// Largest `--segment-kib`: segments are addressed in 32-bit byte offsets.
+const SEGMENT_KIB_MAX: u32 = 1 << 21;
 /// The live data `--full` holds: the paper's 10 GB.
 const FULL_LIVE_MIB: u64 = 10 * 1024;
 /// How long a refused Stratus write waits for the cleaner, in 100 µs steps, before the
@@ -972,6 +979,7 @@ pub fn run(mut arguments: MemoryArguments) -> Result<(), String> {
     if arguments.levels != 1 && arguments.levels != 2 {
         return Err(format!("--levels must be 1 or 2, not {}", arguments.levels));
     }
+    check_sizes(&arguments)?;
     let pattern = value_pattern();
     let cap_bytes = arguments.live_mib << 20;
     let overhead = object_entry_bytes(100, VERSION_WIDE, &pattern) - (KEY_BYTES + 100);
@@ -1099,6 +1107,24 @@ pub fn run(mut arguments: MemoryArguments) -> Result<(), String> {
     Ok(())
 }
 
+/// The sizes must hold the largest object (a live cap below it would have nothing to delete
+/// to make room) and stay far from overflowing a byte count.
+fn check_sizes(arguments: &MemoryArguments) -> Result<(), String> {
+    if !(1..=LIVE_MIB_MAX).contains(&arguments.live_mib) {
+        return Err(format!("--live-mib must be within 1..={LIVE_MIB_MAX}"));
+    }
+    if !(1..=ALLOCATION_MULTIPLE_MAX).contains(&arguments.allocation_multiple) {
+        return Err(format!("--allocation-multiple must be within 1..={ALLOCATION_MULTIPLE_MAX}"));
+    }
+    if arguments.segment_kib == 0 || arguments.seglet_kib == 0 {
+        return Err("--segment-kib and --seglet-kib must be positive".into());
+    }
+    if arguments.segment_kib > SEGMENT_KIB_MAX {
+        return Err(format!("--segment-kib must be at most {SEGMENT_KIB_MAX}"));
+    }
+    Ok(())
+}
+
 /// Runs `workload` on `system`; any failure becomes a row that did not complete.
 fn measure(
     arguments: &MemoryArguments,
@@ -1218,6 +1244,33 @@ mod tests {
             let last = workload.after.map_or(workload.before, |(_, sizes)| sizes);
             let in_last = holder.held.values().filter(|&&value| value >= last.low).count();
             assert!(in_last * 2 > holder.held.len(), "{}", workload.name);
+        }
+    }
+
+    #[test]
+    fn sizes_that_cannot_run_are_refused_with_their_flag_named() {
+        let arguments = |live_mib, allocation_multiple, segment_kib| MemoryArguments {
+            workload: vec!["W1".into()],
+            systems: vec!["glibc".into()],
+            live_mib,
+            allocation_multiple,
+            full: false,
+            log_utilization_percent: 90,
+            segment_kib,
+            seglet_kib: 16,
+            levels: 2,
+            seed: 1,
+        };
+        assert!(check_sizes(&arguments(256, 5, 1024)).is_ok());
+        for (bad, flag) in [
+            (arguments(0, 5, 1024), "--live-mib"),
+            (arguments(u64::MAX, 5, 1024), "--live-mib"),
+            (arguments(256, 0, 1024), "--allocation-multiple"),
+            (arguments(256, 5, 0), "--segment-kib"),
+            (arguments(256, 5, u32::MAX), "--segment-kib"),
+        ] {
+            let error = check_sizes(&bad).unwrap_err();
+            assert!(error.contains(flag), "{error}");
         }
     }
 

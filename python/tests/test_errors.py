@@ -97,3 +97,18 @@ def test_errors_survive_pickling():
     copy = pickle.loads(pickle.dumps(timeout))
     assert isinstance(copy.last_error, stratus_client.CouldNotConnect)
     assert copy.last_error.message == "down"
+
+
+def test_running_out_of_time_does_not_hide_the_failure_that_explains_a_timeout():
+    from stratus_client.retry import Attempts
+
+    refused = stratus_client.CouldNotConnect("127.0.0.1:1: connection refused")
+    late = stratus_client.Timeout("127.0.0.1:1: ran out of time waiting")
+    expired = Attempts("read", timeout=0.0)
+    assert expired.explaining(refused, late) is refused
+    assert expired.explaining(None, late) is late
+    # Before the deadline a timeout is news, and other failures always are.
+    running = Attempts("read", timeout=60.0)
+    assert running.explaining(refused, late) is late
+    other = stratus_client.RetryLater("busy")
+    assert expired.explaining(refused, other) is other

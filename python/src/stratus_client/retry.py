@@ -35,6 +35,16 @@ class Attempts:
             last_error=last_error,
         )
 
+    def explaining(
+        self, previous: StratusError | None, error: StratusError
+    ) -> StratusError:
+        """The error to keep as the last one seen: a ``Timeout`` that came because this
+        operation's own deadline passed (its last attempt ran out of time, which a loaded
+        machine makes likely) does not hide an earlier failure that explains the timeout."""
+        if previous is not None and isinstance(error, Timeout) and time.monotonic() >= self.deadline:
+            return previous
+        return error
+
     def wait_before_retry(self, last_error: StratusError) -> None:
         """Sleeps the next backoff delay before another attempt, or raises ``Timeout`` naming
         ``last_error`` when the deadline comes first."""

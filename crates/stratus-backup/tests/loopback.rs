@@ -188,6 +188,7 @@ async fn recovery_data_holds_exactly_the_partition() {
         tablets: vec![stratus_wire::RecoveryTablet {
             table_id: stratus_types::TableId(1),
             range: lower_half,
+            creation_segment: stratus_types::SegmentId(0),
         }],
     };
     let Response::BackupGetRecoveryData { certificate, data } = expect_ok(&channel, &request).await

@@ -185,6 +185,23 @@ impl Client {
         Ok(())
     }
 
+    /// Moves the tablet of table `name` that starts at `start_hash` to the master `target`,
+    /// while clients keep using it (its writes are refused with RETRY, which clients retry,
+    /// for as long as the copy takes). Returns once the new owner is durable in the tablet
+    /// map. This client's cached maps are dropped; other clients find out when the old master
+    /// answers UNKNOWN_TABLET.
+    pub async fn migrate_tablet(
+        &self,
+        name: &str,
+        start_hash: u64,
+        target: stratus_types::ServerId,
+    ) -> Result<()> {
+        let request = Request::MigrateTablet { name: name.to_string(), start_hash, target };
+        self.inner.coordinator_call(&request).await?;
+        self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
+        Ok(())
+    }
+
     /// The id of the table named `name`.
     pub async fn get_table_id(&self, name: &str) -> Result<TableId> {
         match self.inner.coordinator_call(&Request::GetTableId { name: name.to_string() }).await? {

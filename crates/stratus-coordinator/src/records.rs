@@ -16,10 +16,15 @@ use stratus_wire::{ServerEntry, ServerStatus, ServiceMask};
 pub const NEXT_SERVER_ID_KEY: &str = "counter/next-server-id";
 /// Key of the next table id counter.
 pub const NEXT_TABLE_ID_KEY: &str = "counter/next-table-id";
+/// Key of the last tablet assignment epoch handed out (wire-protocol.md, "Assignment epochs").
+pub const ASSIGNMENT_EPOCH_KEY: &str = "counter/assignment-epoch";
 const SERVER_PREFIX: &str = "server/";
 const TABLE_PREFIX: &str = "table/";
 const LOG_HEAD_PREFIX: &str = "loghead/";
 const RECORD_FORMAT_VERSION: u8 = 1;
+/// Table records since tablet migration: each tablet carries its creation segment. Version 1
+/// table records are still read (creation segment 0).
+const TABLE_RECORD_FORMAT_VERSION: u8 = 2;
 
 /// One tablet of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +33,11 @@ pub struct TabletRecord {
     pub range: HashRange,
     /// The master serving it.
     pub owner: ServerId,
+    /// Where the tablet starts in its owner's log: recovery ignores the tablet's objects in
+    /// older segments of that log, left from an earlier time the owner served the range (a
+    /// tablet migrated away and back, or recovered onto a master that once had it). 0 for a
+    /// tablet its owner has had since the table was created.
+    pub creation_segment: SegmentId,
 }
 
 /// A table and its tablets.
@@ -72,10 +82,12 @@ impl TableRecord {
         let low = TabletRecord {
             range: HashRange { start: tablet.range.start, end: split_hash - 1 },
             owner: tablet.owner,
+            creation_segment: tablet.creation_segment,
         };
         let high = TabletRecord {
             range: HashRange { start: split_hash, end: tablet.range.end },
             owner: tablet.owner,
+            creation_segment: tablet.creation_segment,
         };
         TabletSplit::Split { index, low, high }
     }
@@ -103,6 +115,8 @@ pub struct CoordinatorState {
     pub next_server_id: u64,
     /// The next table id to hand out (ids start at 1).
     pub next_table_id: u64,
+    /// The last tablet assignment epoch handed out (0: none yet).
+    pub assignment_epoch: u64,
     /// Servers by id.
     pub servers: BTreeMap<ServerId, ServerEntry>,
     /// Tables by name.
@@ -116,6 +130,15 @@ impl CoordinatorState {
     /// The servers in `status`.
     pub fn servers_in(&self, status: ServerStatus) -> impl Iterator<Item = &ServerEntry> {
         self.servers.values().filter(move |server| server.status == status)
+    }
+
+    /// A new tablet assignment epoch, above every one handed out before, and the operation
+    /// that persists it. It goes in the batch that persists the decision it belongs to, and no
+    /// message carries it before that batch is durable, so that a restarted coordinator never
+    /// hands out an epoch a master has seen. (A failed batch leaves a gap, which is harmless.)
+    pub fn next_assignment_epoch(&mut self) -> (u64, MetaOperation) {
+        self.assignment_epoch += 1;
+        (self.assignment_epoch, put_counter(ASSIGNMENT_EPOCH_KEY, self.assignment_epoch))
     }
 
     /// True if `server_id` owns a tablet of any table.
@@ -179,7 +202,7 @@ pub fn put_server(server: &ServerEntry) -> MetaOperation {
 
 /// The operation that stores table `name`.
 pub fn put_table(name: &str, table: &TableRecord) -> MetaOperation {
-    let mut value = vec![RECORD_FORMAT_VERSION];
+    let mut value = vec![TABLE_RECORD_FORMAT_VERSION];
     value.extend_from_slice(&table.table_id.0.to_le_bytes());
     let count =
         u32::try_from(table.tablets.len()).expect("tablet count is bounded by the span limit");
@@ -188,6 +211,7 @@ pub fn put_table(name: &str, table: &TableRecord) -> MetaOperation {
         value.extend_from_slice(&tablet.range.start.to_le_bytes());
         value.extend_from_slice(&tablet.range.end.to_le_bytes());
         value.extend_from_slice(&tablet.owner.0.to_le_bytes());
+        value.extend_from_slice(&tablet.creation_segment.0.to_le_bytes());
     }
     MetaOperation::Put { key: table_key(name), value }
 }
@@ -264,7 +288,8 @@ fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
 
 fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
     let mut reader = RecordReader { bytes, key };
-    if reader.u8()? != RECORD_FORMAT_VERSION {
+    let format_version = reader.u8()?;
+    if format_version != 1 && format_version != TABLE_RECORD_FORMAT_VERSION {
         return Err(corrupt(key, "unknown record version"));
     }
     let table_id = TableId(reader.u64()?);
@@ -274,9 +299,10 @@ fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
         let start = reader.u64()?;
         let end = reader.u64()?;
         let owner = ServerId(reader.u64()?);
+        let creation_segment = SegmentId(if format_version == 1 { 0 } else { reader.u64()? });
         let range =
             HashRange::new(start, end).ok_or_else(|| corrupt(key, "tablet range start > end"))?;
-        tablets.push(TabletRecord { range, owner });
+        tablets.push(TabletRecord { range, owner, creation_segment });
     }
     reader.finish()?;
     Ok(TableRecord { table_id, tablets })
@@ -299,6 +325,9 @@ impl CoordinatorState {
         }
         if let Some(bytes) = store.get(NEXT_TABLE_ID_KEY)? {
             state.next_table_id = decode_counter(NEXT_TABLE_ID_KEY, &bytes)?;
+        }
+        if let Some(bytes) = store.get(ASSIGNMENT_EPOCH_KEY)? {
+            state.assignment_epoch = decode_counter(ASSIGNMENT_EPOCH_KEY, &bytes)?;
         }
         for (key, bytes) in store.scan_prefix(SERVER_PREFIX)? {
             let server = decode_server(&key, &bytes)?;
@@ -341,7 +370,12 @@ mod tests {
             table_id: TableId(9),
             tablets: HashRange::split_evenly(2)
                 .into_iter()
-                .map(|range| TabletRecord { range, owner: ServerId(3) })
+                .enumerate()
+                .map(|(index, range)| TabletRecord {
+                    range,
+                    owner: ServerId(3),
+                    creation_segment: SegmentId(index as u64 * 7),
+                })
                 .collect(),
         };
         store
@@ -362,6 +396,21 @@ mod tests {
         assert_eq!(state.next_table_id, 10);
         assert_eq!(state.servers.get(&ServerId(3)), Some(&server));
         assert_eq!(state.tables.get("users"), Some(&table));
+        assert_eq!(state.assignment_epoch, 0, "none handed out yet");
+    }
+
+    #[test]
+    fn assignment_epochs_continue_after_a_reload() {
+        let store = MemoryMetaStore::new();
+        let mut state = CoordinatorState::load(&store).unwrap();
+        let (first, persist_first) = state.next_assignment_epoch();
+        let (second, persist_second) = state.next_assignment_epoch();
+        assert!(first >= 1 && second > first);
+        store.apply(&[persist_first, persist_second]).unwrap();
+        // A coordinator that restarts (or a standby that takes over) hands out newer ones.
+        let mut reloaded = CoordinatorState::load(&store).unwrap();
+        let (third, _) = reloaded.next_assignment_epoch();
+        assert!(third > second, "{third} after {second}");
     }
 
     #[test]
@@ -371,7 +420,7 @@ mod tests {
             tablets: HashRange::split_evenly(2)
                 .into_iter()
                 .zip([ServerId(1), ServerId(2)])
-                .map(|(range, owner)| TabletRecord { range, owner })
+                .map(|(range, owner)| TabletRecord { range, owner, creation_segment: SegmentId(4) })
                 .collect(),
         };
         assert_eq!(table.split_at(0), TabletSplit::AlreadyBoundary);
@@ -383,6 +432,8 @@ mod tests {
         assert_eq!(low.range, HashRange { start: 1 << 63, end: u64::MAX - 1 });
         assert_eq!(high.range, HashRange { start: u64::MAX, end: u64::MAX });
         assert_eq!((low.owner, high.owner), (ServerId(2), ServerId(2)));
+        // Both halves start where the tablet started in the owner's log.
+        assert_eq!((low.creation_segment, high.creation_segment), (SegmentId(4), SegmentId(4)));
         table.apply_split(index, low, high);
         let TabletSplit::Split { index, low, high } = table.split_at(1) else {
             panic!("hash 1 splits the first tablet");
@@ -400,11 +451,46 @@ mod tests {
     }
 
     #[test]
+    fn version_1_table_records_load_with_creation_segment_0() {
+        let store = MemoryMetaStore::new();
+        let mut value = vec![1u8];
+        value.extend_from_slice(&5u64.to_le_bytes());
+        value.extend_from_slice(&1u32.to_le_bytes());
+        for field in [0u64, u64::MAX, 2] {
+            value.extend_from_slice(&field.to_le_bytes());
+        }
+        store
+            .apply(&[
+                put_counter(NEXT_TABLE_ID_KEY, 6),
+                MetaOperation::Put { key: table_key("old"), value },
+            ])
+            .unwrap();
+        let state = CoordinatorState::load(&store).unwrap();
+        let expected = TableRecord {
+            table_id: TableId(5),
+            tablets: vec![TabletRecord {
+                range: HashRange::FULL,
+                owner: ServerId(2),
+                creation_segment: SegmentId(0),
+            }],
+        };
+        assert_eq!(state.tables.get("old"), Some(&expected));
+        // Written back, it is a version 2 record that loads the same.
+        let MetaOperation::Put { value, .. } = put_table("old", &expected) else { unreachable!() };
+        assert_eq!(value[0], TABLE_RECORD_FORMAT_VERSION);
+        assert_eq!(value.len(), 1 + 8 + 4 + 32);
+    }
+
+    #[test]
     fn truncated_records_are_refused() {
         let store = MemoryMetaStore::new();
         let table = TableRecord {
             table_id: TableId(1),
-            tablets: vec![TabletRecord { range: HashRange::FULL, owner: ServerId(1) }],
+            tablets: vec![TabletRecord {
+                range: HashRange::FULL,
+                owner: ServerId(1),
+                creation_segment: SegmentId(0),
+            }],
         };
         let MetaOperation::Put { key, mut value } = put_table("t", &table) else { unreachable!() };
         value.pop();

@@ -30,6 +30,10 @@ use stratus_wire::{
 };
 
 use crate::metrics::CoordinatorCounters;
+
+/// A recovered part: (table, the whole crashed tablet, the part, its recovery master, where
+/// the part starts in that master's log).
+type RecoveredPart = (TableId, HashRange, HashRange, ServerId, SegmentId);
 use crate::records::{put_server, put_table, CoordinatorState, LogHead, TabletRecord};
 use crate::service::Inner;
 
@@ -156,9 +160,10 @@ struct Location {
     length: u32,
 }
 
-/// Who takes part in a recovery of `crashed`: the tablets it owns, the masters that are up (id,
-/// address) and the addresses of the backups that are up.
-type Participants = (Vec<(TableId, HashRange)>, Vec<(ServerId, String)>, Vec<String>);
+/// Who takes part in a recovery of `crashed`: the tablets it owns (with each one's creation
+/// segment in its log), the masters that are up (id, address) and the addresses of the backups
+/// that are up.
+type Participants = (Vec<(TableId, HashRange, SegmentId)>, Vec<(ServerId, String)>, Vec<String>);
 
 fn recovery_participants(state: &CoordinatorState, crashed: ServerId) -> Participants {
     let tablets = state
@@ -169,7 +174,7 @@ fn recovery_participants(state: &CoordinatorState, crashed: ServerId) -> Partici
                 .tablets
                 .iter()
                 .filter(|tablet| tablet.owner == crashed)
-                .map(|tablet| (table.table_id, tablet.range))
+                .map(|tablet| (table.table_id, tablet.range, tablet.creation_segment))
         })
         .collect();
     let masters = state
@@ -627,7 +632,7 @@ impl Inner {
     async fn recover_partitions(
         self: &Arc<Self>,
         crashed: ServerId,
-        tablets: &[(TableId, HashRange)],
+        tablets: &[(TableId, HashRange, SegmentId)],
         masters: &[(ServerId, String)],
         backups: &[String],
         segments: Vec<SegmentId>,
@@ -636,11 +641,14 @@ impl Inner {
         let parts_per_tablet = (masters.len().div_ceil(tablets.len()) as u32)
             .clamp(1, PARTS_PER_TABLET_MAX.min(masters.len() as u32));
         let first = self.environment.entropy.below(masters.len() as u64) as usize;
-        let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange)>> = BTreeMap::new();
+        // (table, whole tablet, part, the tablet's creation segment in the crashed log).
+        let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> =
+            BTreeMap::new();
         let mut slot = first;
-        for &(table_id, range) in tablets {
+        for &(table_id, range, creation_segment) in tablets {
             for part in range.split(parts_per_tablet) {
-                partitions.entry(slot % masters.len()).or_default().push((table_id, range, part));
+                let entry = (table_id, range, part, creation_segment);
+                partitions.entry(slot % masters.len()).or_default().push(entry);
                 slot += 1;
             }
         }
@@ -662,7 +670,11 @@ impl Inner {
                 crashed_master: crashed,
                 tablets: parts
                     .iter()
-                    .map(|&(table_id, _, range)| RecoveryTablet { table_id, range })
+                    .map(|&(table_id, _, range, creation_segment)| RecoveryTablet {
+                        table_id,
+                        range,
+                        creation_segment,
+                    })
                     .collect(),
                 segments: segments.clone(),
                 backups: backups.to_vec(),
@@ -688,7 +700,7 @@ impl Inner {
                 (master_id, address, parts, outcome)
             });
         }
-        let mut recovered: Vec<(TableId, HashRange, HashRange, ServerId)> = Vec::new();
+        let mut recovered: Vec<RecoveredPart> = Vec::new();
         let mut failures = Vec::new();
         while let Some(joined) = calls.join_next().await {
             let (master_id, address, parts, outcome) = match joined {
@@ -699,12 +711,13 @@ impl Inner {
                 }
             };
             match outcome {
-                Ok((Status::Ok, ResponseBody::Operation(Response::RecoverTablets { .. }))) => {
-                    recovered.extend(
-                        parts
-                            .into_iter()
-                            .map(|(table, tablet, part)| (table, tablet, part, master_id)),
-                    );
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::RecoverTablets { creation_segment, .. }),
+                )) => {
+                    recovered.extend(parts.into_iter().map(|(table, tablet, part, _)| {
+                        (table, tablet, part, master_id, creation_segment)
+                    }));
                 }
                 Ok((status, body)) => failures.push(format!("{address}: {status} {body:?}")),
                 Err(error) => failures.push(format!("{address}: {error}")),
@@ -875,7 +888,7 @@ impl Inner {
     async fn commit_recovered(
         self: &Arc<Self>,
         crashed: ServerId,
-        recovered: &[(TableId, HashRange, HashRange, ServerId)],
+        recovered: &[RecoveredPart],
     ) -> Result<(), String> {
         let mut state = self.state.lock().await;
         // A recovery master that crashed since it answered holds the part nowhere durable
@@ -913,31 +926,38 @@ impl Inner {
                 // Cover the tablet with its recovered parts; hashes not in any recovered part
                 // stay with the crashed master (recovered by a later attempt).
                 let mut cursor = Some(tablet.range.start);
-                let mut sorted: Vec<_> =
-                    parts.iter().map(|(_, _, part, owner)| (*part, *owner)).collect();
-                sorted.sort_by_key(|(part, _)| part.start);
-                for (part, owner) in sorted {
+                let mut sorted: Vec<_> = parts
+                    .iter()
+                    .map(|(_, _, part, owner, created)| (*part, *owner, *created))
+                    .collect();
+                sorted.sort_by_key(|(part, ..)| part.start);
+                for (part, owner, creation_segment) in sorted {
                     let Some(start) = cursor else { break };
                     if start < part.start {
                         tablets.push(TabletRecord {
                             range: HashRange { start, end: part.start - 1 },
                             owner: crashed,
+                            creation_segment: tablet.creation_segment,
                         });
                     }
-                    tablets.push(TabletRecord { range: part, owner });
+                    tablets.push(TabletRecord { range: part, owner, creation_segment });
                     cursor = part.end.checked_add(1);
                 }
                 if let Some(start) = cursor.filter(|start| *start <= tablet.range.end) {
                     tablets.push(TabletRecord {
                         range: HashRange { start, end: tablet.range.end },
                         owner: crashed,
+                        creation_segment: tablet.creation_segment,
                     });
                 }
             }
             updated.tablets = tablets;
             changed.push((name.clone(), updated));
         }
-        let batch = changed.iter().map(|(name, table)| put_table(name, table)).collect();
+        let mut batch: Vec<_> =
+            changed.iter().map(|(name, table)| put_table(name, table)).collect();
+        let (epoch, persist_epoch) = state.next_assignment_epoch();
+        batch.push(persist_epoch);
         if let Err((_, message)) = self.persist(batch).await {
             // Nothing changed: the next attempt replays again (harmless: versions decide).
             return Err(format!("the new owners could not be persisted: {message}"));
@@ -946,11 +966,11 @@ impl Inner {
             state.tables.insert(name, table);
         }
         drop(state);
-        for &(table_id, _, part, owner) in recovered {
+        for &(table_id, _, part, owner, creation_segment) in recovered {
             let inner = self.clone();
+            let tablet = TabletRecord { range: part, owner, creation_segment };
             tokio::spawn(async move {
-                crate::service::deliver(inner, table_id, TabletRecord { range: part, owner }, true)
-                    .await
+                crate::service::deliver(inner, table_id, tablet, true, epoch).await
             });
         }
         tracing::info!(%crashed, parts = recovered.len(), "recovered tablets handed over");
@@ -1119,7 +1139,11 @@ mod tests {
             .insert(crashed, LogHead { segment_id: SegmentId(1), epoch: 1 });
         {
             let mut state = coordinator.inner.state.lock().await;
-            let tablet = TabletRecord { range: HashRange::FULL, owner: crashed };
+            let tablet = TabletRecord {
+                range: HashRange::FULL,
+                owner: crashed,
+                creation_segment: SegmentId(0),
+            };
             let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
             state.tables.insert("t".to_string(), table);
             state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
@@ -1151,7 +1175,11 @@ mod tests {
         enlist(&coordinator, "survivor:1", ServiceMask::MASTER).await;
         {
             let mut state = coordinator.inner.state.lock().await;
-            let tablet = TabletRecord { range: HashRange::FULL, owner: crashed };
+            let tablet = TabletRecord {
+                range: HashRange::FULL,
+                owner: crashed,
+                creation_segment: SegmentId(0),
+            };
             let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
             state.tables.insert("t".to_string(), table);
             state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;

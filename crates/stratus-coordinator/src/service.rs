@@ -13,10 +13,10 @@ use stratus_types::limits::{
     SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX,
 };
-use stratus_types::{HashRange, ServerId, TableId, TabletState};
+use stratus_types::{HashRange, SegmentId, ServerId, TableId, TabletState};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
-    ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
+    ResponseBody, ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
 };
 use tokio::sync::Mutex;
 
@@ -35,6 +35,12 @@ const FIRST_DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
 /// How long the coordinator keeps re-sending a tablet assignment to an unresponsive master.
 const DELIVERY_PERSISTENCE: Duration = Duration::from_secs(120);
+
+/// How long the coordinator waits for a master to transfer a tablet (TRANSFER_TABLET): every
+/// object is copied to the target and made durable there, at some tens of MB/s at least even
+/// on a small machine, so this covers tablets of several GB; a transfer that takes longer is
+/// abandoned and the tablet stays where it was.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long a restarted coordinator waits for a server it remembers to answer a ping.
 const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
@@ -82,6 +88,12 @@ pub(crate) struct Inner {
     pub(crate) counters: CoordinatorCounters,
     /// Whether this coordinator may act now (None: it is the only one, it always may).
     authority: Option<Arc<dyn Authority>>,
+    /// Held by a migration from start to end, and by a split: one at a time, so a tablet
+    /// being moved is never cut, and a failed migration's hand-back (TAKE to the source) is
+    /// delivered before another migration can start.
+    migration: Mutex<()>,
+    /// Connections for TRANSFER_TABLET, whose answer takes as long as the copy.
+    transfer_pool: ChannelPool,
 }
 
 /// Whether a coordinator is the cluster's active coordinator right now.
@@ -134,6 +146,8 @@ impl Coordinator {
         );
         let rpc = RpcConfig { request_timeout: Duration::from_secs(1), ..RpcConfig::default() };
         let pool = ChannelPool::new(environment.network.clone(), rpc);
+        let transfer_rpc = RpcConfig { request_timeout: TRANSFER_TIMEOUT, ..RpcConfig::default() };
+        let transfer_pool = ChannelPool::new(environment.network.clone(), transfer_rpc);
         let inner = Inner {
             meta,
             state: Mutex::new(state),
@@ -152,26 +166,37 @@ impl Coordinator {
             log_missing_since: std::sync::Mutex::new(BTreeMap::new()),
             counters: CoordinatorCounters::default(),
             authority,
+            migration: Mutex::new(()),
+            transfer_pool,
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
 
     /// Re-sends every tablet assignment to its master. Called once after start: a coordinator
     /// that crashed between persisting a table and informing its masters completes the job.
+    /// Every assignment goes out at one new epoch: an earlier incarnation may have left a
+    /// migration half done (the source transferring, at an epoch this one does not know),
+    /// and the assignments in the map must win over it.
     pub async fn redeliver_assignments(&self) {
-        let assignments: Vec<(TableId, TabletRecord)> = {
-            let state = self.inner.state.lock().await;
-            state
+        let (epoch, assignments) = {
+            let mut state = self.inner.state.lock().await;
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            if let Err((status, message)) = self.inner.persist(vec![persist_epoch]).await {
+                tracing::warn!(%status, %message, "assignments not re-sent: no new epoch");
+                return;
+            }
+            let assignments: Vec<(TableId, TabletRecord)> = state
                 .tables
                 .values()
                 .flat_map(|table| {
                     table.tablets.iter().map(|tablet| (table.table_id, tablet.clone()))
                 })
-                .collect()
+                .collect();
+            (epoch, assignments)
         };
         for (table_id, tablet) in assignments {
             let inner = self.inner.clone();
-            tokio::spawn(async move { deliver(inner, table_id, tablet, true).await });
+            tokio::spawn(async move { deliver(inner, table_id, tablet, true, epoch).await });
         }
     }
 
@@ -292,6 +317,9 @@ impl Inner {
             }
             Request::DropTable { name } => self.drop_table(name).await,
             Request::SplitTablet { name, split_hash } => self.split_tablet(name, split_hash).await,
+            Request::MigrateTablet { name, start_hash, target } => {
+                self.migrate_tablet(name, start_hash, target).await
+            }
             Request::GetTableId { name } => {
                 let state = self.state.lock().await;
                 match state.tables.get(&name) {
@@ -437,7 +465,7 @@ impl Inner {
                 format!("server span must be 1..={SERVER_SPAN_MAX}"),
             ));
         }
-        let (table_id, record) = {
+        let (table_id, record, epoch) = {
             let mut state = self.state.lock().await;
             if let Some(existing) = state.tables.get(&name) {
                 return Ok(Response::CreateTable { table_id: existing.table_id });
@@ -464,36 +492,40 @@ impl Inner {
                 .enumerate()
                 .map(|(index, range)| {
                     let slot = (first as usize).wrapping_add(index) % masters.len();
-                    TabletRecord { range, owner: masters[slot] }
+                    TabletRecord { range, owner: masters[slot], creation_segment: SegmentId(0) }
                 })
                 .collect();
             let record = TableRecord { table_id, tablets };
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
             self.persist(vec![
                 put_counter(NEXT_TABLE_ID_KEY, table_id.0 + 1),
                 put_table(&name, &record),
+                persist_epoch,
             ])
             .await?;
             state.next_table_id = table_id.0 + 1;
             state.tables.insert(name.clone(), record.clone());
-            (table_id, record)
+            (table_id, record, epoch)
         };
         tracing::info!(%table_id, %name, server_span, "table created");
-        self.deliver_all(table_id, &record, true).await;
+        self.deliver_all(table_id, &record, true, epoch).await;
         Ok(Response::CreateTable { table_id })
     }
 
     async fn drop_table(self: &Arc<Self>, name: String) -> Result<Response, Failure> {
-        let record = {
+        let (record, epoch) = {
             let mut state = self.state.lock().await;
             let Some(record) = state.tables.get(&name).cloned() else {
                 return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
             };
-            self.persist(vec![MetaOperation::Delete { key: table_key(&name) }]).await?;
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            self.persist(vec![MetaOperation::Delete { key: table_key(&name) }, persist_epoch])
+                .await?;
             state.tables.remove(&name);
-            record
+            (record, epoch)
         };
         tracing::info!(table_id = %record.table_id, %name, "table dropped");
-        self.deliver_all(record.table_id, &record, false).await;
+        self.deliver_all(record.table_id, &record, false, epoch).await;
         Ok(Response::DropTable)
     }
 
@@ -511,7 +543,8 @@ impl Inner {
         if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
             return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
         }
-        let (table_id, halves) = {
+        let _no_migration = self.migration.lock().await;
+        let (table_id, halves, epoch) = {
             let mut state = self.state.lock().await;
             let Some(table) = state.tables.get(&name) else {
                 return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
@@ -546,23 +579,181 @@ impl Inner {
             }
             let mut updated = table.clone();
             updated.apply_split(index, low.clone(), high.clone());
-            self.persist(vec![put_table(&name, &updated)]).await?;
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            self.persist(vec![put_table(&name, &updated), persist_epoch]).await?;
             let table_id = updated.table_id;
             state.tables.insert(name.clone(), updated);
-            (table_id, [low, high])
+            (table_id, [low, high], epoch)
         };
         tracing::info!(%table_id, %name, split_hash, "tablet split");
         let record = TableRecord { table_id, tablets: halves.to_vec() };
-        self.deliver_all(table_id, &record, true).await;
+        self.deliver_all(table_id, &record, true, epoch).await;
         Ok(Response::SplitTablet)
+    }
+
+    /// MIGRATE_TABLET: moves the tablet of table `name` starting at `start_hash` to `target`
+    /// (wire-protocol.md). The source copies it (TRANSFER_TABLET); only then is the new owner,
+    /// with the tablet's creation segment in the target's log, persisted in one batch, and the
+    /// target told to serve it and the source to drop it. On any failure the source is told to
+    /// serve it again (TAKE, which also ends a transfer still running there).
+    async fn migrate_tablet(
+        self: &Arc<Self>,
+        name: String,
+        start_hash: u64,
+        target: ServerId,
+    ) -> Result<Response, Failure> {
+        if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
+            return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
+        }
+        let _one_at_a_time = self.migration.lock().await;
+        let (table_id, tablet, source_address, target_address, transfer_epoch) = {
+            let mut state = self.state.lock().await;
+            let Some(table) = state.tables.get(&name) else {
+                return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
+            };
+            let Some(tablet) = table.tablets.iter().find(|tablet| tablet.range.start == start_hash)
+            else {
+                return Err((
+                    Status::InvalidParameter,
+                    format!("no tablet of {name:?} starts at {start_hash:#x} (split there first)"),
+                ));
+            };
+            if tablet.owner == target {
+                return Ok(Response::MigrateTablet);
+            }
+            let is_up = |server_id: ServerId| {
+                state.servers.get(&server_id).filter(|server| server.status == ServerStatus::Up)
+            };
+            let Some(target_server) = is_up(target).filter(|server| server.services.has_master())
+            else {
+                return Err((
+                    Status::InvalidParameter,
+                    format!("server {target} is not a master that is up"),
+                ));
+            };
+            let Some(source_server) = is_up(tablet.owner) else {
+                return Err((Status::Retry, "the tablet's master is being recovered".to_string()));
+            };
+            let chosen = (
+                table.table_id,
+                tablet.clone(),
+                source_server.address.clone(),
+                target_server.address.clone(),
+            );
+            // The transfer's own epoch: the source then ignores every older assignment of the
+            // range (a TAKE re-sent from before, which would make it serve the tablet beside
+            // the target), and the target every older batch.
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            self.persist(vec![persist_epoch]).await?;
+            (chosen.0, chosen.1, chosen.2, chosen.3, epoch)
+        };
+        tracing::info!(%table_id, %name, start_hash, source = %tablet.owner, %target, transfer_epoch, "migrating a tablet");
+        let request = Request::TransferTablet {
+            master_id: tablet.owner,
+            table_id,
+            range: tablet.range,
+            assignment_epoch: transfer_epoch,
+            target,
+            target_address,
+        };
+        let (creation_segment, objects_sent) =
+            match self.transfer_pool.call(&source_address, &request).await {
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::TransferTablet {
+                        creation_segment,
+                        objects_sent,
+                    }),
+                )) => (creation_segment, objects_sent),
+                Ok((status, body)) => {
+                    let message = format!("the source refused the transfer: {status} {body:?}");
+                    let status = if status == Status::Ok { Status::InternalError } else { status };
+                    return Err(self.abandon_migration(table_id, tablet, status, message).await);
+                }
+                Err(error) => {
+                    self.transfer_pool.forget(&source_address);
+                    let message = format!("transfer from {source_address}: {error}");
+                    return Err(self
+                        .abandon_migration(table_id, tablet, Status::Retry, message)
+                        .await);
+                }
+            };
+        let moved = TabletRecord { range: tablet.range, owner: target, creation_segment };
+        let commit_epoch = {
+            let mut state = self.state.lock().await;
+            let both_up = [tablet.owner, target].iter().all(|server_id| {
+                state.servers.get(server_id).is_some_and(|server| server.status == ServerStatus::Up)
+            });
+            let unchanged = state.tables.get(&name).filter(|table| table.table_id == table_id);
+            let index =
+                unchanged.and_then(|table| table.tablets.iter().position(|other| *other == tablet));
+            let (Some(table), Some(index), true) = (unchanged, index, both_up) else {
+                drop(state);
+                let message = "the source or the target failed during the transfer".to_string();
+                return Err(self.abandon_migration(table_id, tablet, Status::Retry, message).await);
+            };
+            let mut updated = table.clone();
+            updated.tablets[index] = moved.clone();
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            let batch = vec![put_table(&name, &updated), persist_epoch];
+            if let Err((status, message)) = self.persist(batch).await {
+                drop(state);
+                return Err(self.abandon_migration(table_id, tablet, status, message).await);
+            }
+            state.tables.insert(name.clone(), updated);
+            epoch
+        };
+        tracing::info!(%table_id, %name, start_hash, %target, objects_sent, %creation_segment, "tablet migrated");
+        // The target serves the tablet, and the source frees its copy. Both are waited for
+        // (bounded) under the migration lock: a DROP still on its way when the tablet is
+        // migrated back to the source would drop it there.
+        tokio::join!(
+            deliver(self.clone(), table_id, moved, true, commit_epoch),
+            deliver(self.clone(), table_id, tablet, false, commit_epoch)
+        );
+        Ok(Response::MigrateTablet)
+    }
+
+    /// After a failed transfer: tells the source to serve `tablet` again (and to end a
+    /// transfer still running), waiting until it acknowledged, was declared crashed (then its
+    /// recovery serves the tablet), or gave up after [`DELIVERY_PERSISTENCE`]. Returns the
+    /// failure to report.
+    async fn abandon_migration(
+        self: &Arc<Self>,
+        table_id: TableId,
+        tablet: TabletRecord,
+        status: Status,
+        message: String,
+    ) -> Failure {
+        tracing::warn!(%table_id, source = %tablet.owner, %status, %message, "migration failed; the source keeps the tablet");
+        // At a new epoch, above the transfer's: the source has seen that one.
+        let epoch = {
+            let mut state = self.state.lock().await;
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            if let Err((_, reason)) = self.persist(vec![persist_epoch]).await {
+                // This coordinator cannot persist (it lost the leadership, or its store
+                // failed): whoever persists next re-sends every assignment at a new epoch.
+                tracing::warn!(%table_id, %reason, "the hand-back waits for the next coordinator");
+                return (status, message);
+            }
+            epoch
+        };
+        deliver(self.clone(), table_id, tablet, true, epoch).await;
+        (status, message)
     }
 
     /// Tells every owner of `record`'s tablets to take (or drop) them; waits a bounded time
     /// for the first round, then leaves the stragglers to background retries.
-    async fn deliver_all(self: &Arc<Self>, table_id: TableId, record: &TableRecord, take: bool) {
+    async fn deliver_all(
+        self: &Arc<Self>,
+        table_id: TableId,
+        record: &TableRecord,
+        take: bool,
+        epoch: u64,
+    ) {
         let mut deliveries = tokio::task::JoinSet::new();
         for tablet in record.tablets.clone() {
-            deliveries.spawn(deliver(self.clone(), table_id, tablet, take));
+            deliveries.spawn(deliver(self.clone(), table_id, tablet, take, epoch));
         }
         let _ = tokio::time::timeout(FIRST_DELIVERY_WAIT, async {
             while deliveries.join_next().await.is_some() {}
@@ -679,13 +870,14 @@ impl Inner {
     }
 }
 
-/// Sends one TAKE (or DROP) TABLET_OWNERSHIP until the master acknowledges, the assignment is
-/// obsolete, or [`DELIVERY_PERSISTENCE`] has passed.
+/// Sends one TAKE (or DROP) TABLET_OWNERSHIP at assignment epoch `epoch` until the master
+/// acknowledges, the assignment is obsolete, or [`DELIVERY_PERSISTENCE`] has passed.
 pub(crate) async fn deliver(
     inner: Arc<Inner>,
     table_id: TableId,
     tablet: TabletRecord,
     take: bool,
+    epoch: u64,
 ) {
     let deadline = tokio::time::Instant::now() + DELIVERY_PERSISTENCE;
     let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2));
@@ -699,17 +891,32 @@ pub(crate) async fn deliver(
                 .tables
                 .values()
                 .any(|table| table.table_id == table_id && table.tablets.contains(&tablet));
+            // A DROP is obsolete once the master owns part of the range again (the tablet was
+            // migrated back): dropping would lose it there.
+            let owns_again = !take
+                && state.tables.values().any(|table| {
+                    table.table_id == table_id
+                        && table.tablets.iter().any(|other| {
+                            other.owner == tablet.owner
+                                && other.range.intersection(&tablet.range).is_some()
+                        })
+                });
             match state.servers.get(&tablet.owner) {
-                Some(server) if server.status == ServerStatus::Up && (still_assigned || !take) => {
+                Some(server)
+                    if server.status == ServerStatus::Up
+                        && (still_assigned || !take)
+                        && !owns_again =>
+                {
                     server.address.clone()
                 }
                 _ => return,
             }
         };
+        let (master_id, range, assignment_epoch) = (tablet.owner, tablet.range, epoch);
         let request = if take {
-            Request::TakeTabletOwnership { table_id, range: tablet.range }
+            Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch }
         } else {
-            Request::DropTabletOwnership { table_id, range: tablet.range }
+            Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch }
         };
         match inner.pool.call(&address, &request).await {
             Ok((Status::Ok, _)) => return,

@@ -13,6 +13,7 @@
 
 mod lease;
 mod metrics;
+mod migration;
 mod ownership;
 mod peer_probe;
 mod recovery;
@@ -21,7 +22,8 @@ mod service;
 
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
-pub use ownership::TabletOwnership;
+pub use migration::INCOMING_TRANSFERS_REMEMBERED_MAX;
+pub use ownership::{AssignmentRefusal, TabletOwnership, WriteRefusal};
 pub use peer_probe::{probe_peers, PeerProbeConfig, ServerList, SERVER_LIST_REFRESH_INTERVAL};
 pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{

@@ -1,34 +1,212 @@
-//! The tablets a master owns.
+//! The tablets a master owns, which of them refuse writes while they are transferred, and the
+//! newest assignment epoch it has seen for each range (so that a stale assignment from the
+//! coordinator, delayed in the network or re-sent by an earlier incarnation, is ignored).
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use stratus_types::limits::ASSIGNMENTS_REMEMBERED_MAX;
 use stratus_types::{HashRange, KeyHash, TableId};
 
+/// Why a write was not admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteRefusal {
+    /// No owned tablet holds the key (UNKNOWN_TABLET).
+    NotOwned,
+    /// The tablet is being transferred to another master (RETRY).
+    Frozen,
+}
+
+/// Why an assignment from the coordinator was not applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AssignmentRefusal {
+    /// An assignment of an overlapping range with a newer epoch was seen first: this one is
+    /// obsolete (the coordinator decided otherwise since).
+    Stale,
+    /// TRANSFER: the range is not exactly one tablet this master owns.
+    NotATablet,
+    /// TRANSFER: the tablet is being transferred already.
+    AlreadyFrozen,
+    /// RECEIVE_MIGRATION_DATA: this master serves part of the range.
+    ServesPart,
+}
+
+/// What an assignment tells the master about a range, in the order that decides between two
+/// assignments of one epoch: serving (TAKE, or receiving a migration) comes before releasing
+/// (TRANSFER, DROP), so a TAKE re-sent at the epoch of a transfer or drop that followed it is
+/// stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Direction {
+    Serve,
+    Release,
+}
+
+/// The newest assignment seen for a range of a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SeenAssignment {
+    table: TableId,
+    range: HashRange,
+    rank: (u64, Direction),
+}
+
+#[derive(Debug, Default)]
+struct Owned {
+    tablets: HashMap<TableId, Vec<HashRange>>,
+    /// The newest assignment seen per range (ranges may overlap; an assignment is stale if
+    /// any overlapping entry ranks above it). Bounded by [`ASSIGNMENTS_REMEMBERED_MAX`].
+    seen: Vec<SeenAssignment>,
+    /// Owned tablets being transferred: writes to them are refused. Few at a time (one per
+    /// transfer the coordinator runs, one at a time), so a list.
+    frozen: Vec<Frozen>,
+    /// The id the next freeze gets.
+    next_transfer_id: u64,
+}
+
+/// A tablet being transferred, and which transfer froze it (a transfer that was ended by a
+/// TAKE must not hand off the tablet a later transfer froze).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Frozen {
+    table: TableId,
+    range: HashRange,
+    transfer_id: u64,
+}
+
 /// The set of (table, hash range) this master serves. Read on every request, written only when
-/// the coordinator assigns or drops a tablet, hence a reader-writer lock.
+/// the coordinator assigns or drops a tablet or a transfer starts or ends, hence a
+/// reader-writer lock. A write holds the read lock while it is admitted *and applied*
+/// ([`TabletOwnership::while_writable`]), so once [`TabletOwnership::freeze`] returns, no write
+/// to the frozen tablet is still being applied: a copy taken afterwards sees every write that
+/// will ever be acknowledged there.
 #[derive(Debug, Default)]
 pub struct TabletOwnership {
-    tablets: RwLock<HashMap<TableId, Vec<HashRange>>>,
+    owned: RwLock<Owned>,
 }
 
 impl TabletOwnership {
+    fn read(&self) -> RwLockReadGuard<'_, Owned> {
+        self.owned.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Owned> {
+        self.owned.write().unwrap_or_else(|poison| poison.into_inner())
+    }
+
     /// True if `hash` of `table` lies in an owned tablet.
     pub fn owns(&self, table: TableId, hash: KeyHash) -> bool {
-        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
-        tablets.get(&table).is_some_and(|ranges| ranges.iter().any(|range| range.contains(hash)))
+        self.read().owns(table, hash)
+    }
+
+    /// Runs `apply` if `hash` of `table` lies in an owned tablet that is not frozen, holding
+    /// the ownership lock until it returns (see the type's comment).
+    pub fn while_writable<T>(
+        &self,
+        table: TableId,
+        hash: KeyHash,
+        apply: impl FnOnce() -> T,
+    ) -> Result<T, WriteRefusal> {
+        let owned = self.read();
+        if !owned.owns(table, hash) {
+            return Err(WriteRefusal::NotOwned);
+        }
+        if owned.frozen.iter().any(|frozen| frozen.table == table && frozen.range.contains(hash)) {
+            return Err(WriteRefusal::Frozen);
+        }
+        Ok(apply())
+    }
+
+    /// TRANSFER_TABLET at `epoch`: starts refusing writes to `range` of `table`, which must be
+    /// exactly an owned tablet not frozen yet; returns once no write to it is being applied,
+    /// with the transfer's id. Nothing changes on a refusal.
+    pub fn freeze(
+        &self,
+        table: TableId,
+        range: HashRange,
+        epoch: u64,
+    ) -> Result<u64, AssignmentRefusal> {
+        let mut owned = self.write();
+        let rank = (epoch, Direction::Release);
+        if owned.is_stale(table, &range, rank) {
+            return Err(AssignmentRefusal::Stale);
+        }
+        if !owned.tablets.get(&table).is_some_and(|ranges| ranges.contains(&range)) {
+            return Err(AssignmentRefusal::NotATablet);
+        }
+        if owned.frozen.iter().any(|frozen| frozen.table == table && frozen.range == range) {
+            return Err(AssignmentRefusal::AlreadyFrozen);
+        }
+        owned.record(table, range, rank);
+        let transfer_id = owned.next_transfer_id;
+        owned.next_transfer_id += 1;
+        owned.frozen.push(Frozen { table, range, transfer_id });
+        Ok(transfer_id)
+    }
+
+    /// RECEIVE_MIGRATION_DATA at `epoch`: runs `apply` (which writes the batch) if the
+    /// transfer is not stale and this master serves no part of the range, holding the
+    /// ownership lock until it returns, so that no TAKE or DROP of the range is applied
+    /// between the check and the write.
+    pub fn while_receiving<T>(
+        &self,
+        table: TableId,
+        range: HashRange,
+        epoch: u64,
+        apply: impl FnOnce() -> T,
+    ) -> Result<T, AssignmentRefusal> {
+        let mut owned = self.write();
+        let rank = (epoch, Direction::Serve);
+        if owned.is_stale(table, &range, rank) {
+            return Err(AssignmentRefusal::Stale);
+        }
+        let serves_part = owned
+            .tablets
+            .get(&table)
+            .is_some_and(|ranges| ranges.iter().any(|owned| owned.intersection(&range).is_some()));
+        if serves_part {
+            return Err(AssignmentRefusal::ServesPart);
+        }
+        owned.record(table, range, rank);
+        Ok(apply())
+    }
+
+    /// Takes writes to the tablet frozen by `transfer_id` again (the transfer failed).
+    pub fn unfreeze(&self, transfer_id: u64) {
+        self.write().frozen.retain(|frozen| frozen.transfer_id != transfer_id);
+    }
+
+    /// True while the tablet frozen by `transfer_id` still is (no TAKE ended the transfer).
+    pub fn is_frozen_by(&self, transfer_id: u64) -> bool {
+        self.read().frozen.iter().any(|frozen| frozen.transfer_id == transfer_id)
+    }
+
+    /// Stops serving the tablet frozen by `transfer_id` (the transfer is done); its objects
+    /// stay in the store until DROP. False if it is no longer frozen by that transfer (a TAKE
+    /// ended it meanwhile), and then nothing changes.
+    pub fn hand_off(&self, transfer_id: u64) -> bool {
+        let mut owned = self.write();
+        let Some(position) =
+            owned.frozen.iter().position(|frozen| frozen.transfer_id == transfer_id)
+        else {
+            return false;
+        };
+        let Frozen { table, range, .. } = owned.frozen.swap_remove(position);
+        owned.drop_within(table, &range);
+        true
     }
 
     /// True if all of `range` lies in one owned tablet of `table`.
     pub fn covers(&self, table: TableId, range: &HashRange) -> bool {
-        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
-        tablets.get(&table).is_some_and(|ranges| ranges.iter().any(|owned| owned.covers(range)))
+        let owned = self.read();
+        owned
+            .tablets
+            .get(&table)
+            .is_some_and(|ranges| ranges.iter().any(|owned| owned.covers(range)))
     }
 
     /// True if any hash of `range` lies in an owned tablet of `table`.
     pub fn overlaps(&self, table: TableId, range: &HashRange) -> bool {
-        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
-        tablets
+        let owned = self.read();
+        owned
+            .tablets
             .get(&table)
             .is_some_and(|ranges| ranges.iter().any(|owned| owned.intersection(range).is_some()))
     }
@@ -38,12 +216,30 @@ impl TabletOwnership {
     /// outside it, so owned ranges never overlap and match the coordinator's tablets: a split
     /// tablet `[a, b]` is told as TAKE of `[a, s − 1]` and of `[s, b]`, and after either
     /// arrives the master serves exactly the hashes it served before, cut at `s` (a later DROP
-    /// of one half then leaves the other).
-    pub fn take(&self, table: TableId, range: HashRange) {
-        let mut tablets = self.tablets.write().unwrap_or_else(|poison| poison.into_inner());
-        let ranges = tablets.entry(table).or_default();
+    /// of one half then leaves the other). Taking a range ends the freeze of every tablet it
+    /// overlaps: the coordinator hands a tablet back this way after a failed transfer.
+    ///
+    /// Refused (nothing changes) if an assignment of an overlapping range newer than `epoch`
+    /// was seen: a TAKE sent before the tablet was transferred away must not make this master
+    /// serve it again beside its new owner.
+    pub fn take(
+        &self,
+        table: TableId,
+        range: HashRange,
+        epoch: u64,
+    ) -> Result<(), AssignmentRefusal> {
+        let mut owned = self.write();
+        let rank = (epoch, Direction::Serve);
+        if owned.is_stale(table, &range, rank) {
+            return Err(AssignmentRefusal::Stale);
+        }
+        owned.record(table, range, rank);
+        owned
+            .frozen
+            .retain(|frozen| frozen.table != table || frozen.range.intersection(&range).is_none());
+        let ranges = owned.tablets.entry(table).or_default();
         if ranges.contains(&range) {
-            return;
+            return Ok(());
         }
         let mut refined = Vec::with_capacity(ranges.len() + 2);
         for owned in ranges.iter() {
@@ -63,34 +259,89 @@ impl TabletOwnership {
         refined.push(range);
         refined.sort();
         *ranges = refined;
+        Ok(())
     }
 
-    /// Stops owning every owned range of `table` that lies within `range`.
-    pub fn drop_within(&self, table: TableId, range: &HashRange) {
-        let mut tablets = self.tablets.write().unwrap_or_else(|poison| poison.into_inner());
-        if let Some(ranges) = tablets.get_mut(&table) {
-            ranges.retain(|owned| !range.covers(owned));
-            if ranges.is_empty() {
-                tablets.remove(&table);
-            }
+    /// DROP_TABLET_OWNERSHIP at `epoch`: stops owning (and ends the freeze of) every owned
+    /// range of `table` that lies within `range`, then runs `then` (which drops the objects)
+    /// before any write is admitted again: a write admitted before the drop and applied after
+    /// `then` would leave an object behind in a range this master no longer owns. Refused
+    /// (nothing changes) if an assignment of an overlapping range newer than `epoch` was seen:
+    /// a DROP delayed past the tablet's return here must not drop it.
+    pub fn drop_within_then<T>(
+        &self,
+        table: TableId,
+        range: &HashRange,
+        epoch: u64,
+        then: impl FnOnce() -> T,
+    ) -> Result<T, AssignmentRefusal> {
+        let mut owned = self.write();
+        let rank = (epoch, Direction::Release);
+        if owned.is_stale(table, range, rank) {
+            return Err(AssignmentRefusal::Stale);
         }
+        owned.record(table, *range, rank);
+        owned.drop_within(table, range);
+        Ok(then())
     }
 
     /// Number of owned tablets.
     pub fn count(&self) -> usize {
-        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
-        tablets.values().map(Vec::len).sum()
+        self.read().tablets.values().map(Vec::len).sum()
     }
 
     /// Every owned (table, range), ordered (for invariant checks and reports).
     pub fn tablets(&self) -> Vec<(TableId, HashRange)> {
-        let tablets = self.tablets.read().unwrap_or_else(|poison| poison.into_inner());
-        let mut all: Vec<(TableId, HashRange)> = tablets
+        let owned = self.read();
+        let mut all: Vec<(TableId, HashRange)> = owned
+            .tablets
             .iter()
             .flat_map(|(&table, ranges)| ranges.iter().map(move |&range| (table, range)))
             .collect();
         all.sort_by_key(|(table, range)| (table.0, range.start));
         all
+    }
+}
+
+impl Owned {
+    /// True if an assignment of a range overlapping `range` ranks above `rank`.
+    fn is_stale(&self, table: TableId, range: &HashRange, rank: (u64, Direction)) -> bool {
+        self.seen.iter().any(|seen| {
+            seen.table == table && seen.rank > rank && seen.range.intersection(range).is_some()
+        })
+    }
+
+    /// Remembers an applied assignment. Entries it covers and outranks say nothing more, and
+    /// go; past the bound, the oldest goes (an assignment older than every forgotten one's
+    /// successor is then no longer recognised as stale; with the bound far above the tablets a
+    /// master serves, that needs thousands of later assignments to it first).
+    fn record(&mut self, table: TableId, range: HashRange, rank: (u64, Direction)) {
+        self.seen.retain(|seen| {
+            !(seen.table == table && range.covers(&seen.range) && seen.rank <= rank)
+        });
+        if self.seen.len() >= ASSIGNMENTS_REMEMBERED_MAX {
+            let oldest = (0..self.seen.len()).min_by_key(|&index| self.seen[index].rank);
+            if let Some(oldest) = oldest {
+                self.seen.swap_remove(oldest);
+            }
+        }
+        self.seen.push(SeenAssignment { table, range, rank });
+    }
+
+    fn owns(&self, table: TableId, hash: KeyHash) -> bool {
+        self.tablets
+            .get(&table)
+            .is_some_and(|ranges| ranges.iter().any(|range| range.contains(hash)))
+    }
+
+    fn drop_within(&mut self, table: TableId, range: &HashRange) {
+        self.frozen.retain(|frozen| frozen.table != table || !range.covers(&frozen.range));
+        if let Some(ranges) = self.tablets.get_mut(&table) {
+            ranges.retain(|owned| !range.covers(owned));
+            if ranges.is_empty() {
+                self.tablets.remove(&table);
+            }
+        }
     }
 }
 
@@ -104,15 +355,15 @@ mod tests {
         let low = HashRange::new(0, 99).unwrap();
         let table = TableId(3);
         assert!(!ownership.owns(table, KeyHash(5)));
-        ownership.take(table, low);
-        ownership.take(table, low);
+        ownership.take(table, low, 1).unwrap();
+        ownership.take(table, low, 1).unwrap();
         assert_eq!(ownership.count(), 1);
         assert!(ownership.owns(table, KeyHash(5)));
         assert!(!ownership.owns(table, KeyHash(100)));
         assert!(!ownership.owns(TableId(4), KeyHash(5)));
         assert!(ownership.covers(table, &HashRange::new(10, 20).unwrap()));
         assert!(!ownership.covers(table, &HashRange::new(10, 200).unwrap()));
-        ownership.drop_within(table, &HashRange::FULL);
+        ownership.drop_within_then(table, &HashRange::FULL, 2, || ()).unwrap();
         assert!(!ownership.owns(table, KeyHash(5)));
         assert_eq!(ownership.count(), 0);
     }
@@ -124,26 +375,61 @@ mod tests {
         let whole = HashRange::new(100, 199).unwrap();
         let low = HashRange::new(100, 149).unwrap();
         let high = HashRange::new(150, 199).unwrap();
-        ownership.take(table, whole);
-        ownership.take(table, high);
+        ownership.take(table, whole, 1).unwrap();
+        ownership.take(table, high, 2).unwrap();
         // Every hash is still served, now as two tablets.
         assert_eq!(ownership.tablets(), vec![(table, low), (table, high)]);
-        ownership.take(table, low);
-        ownership.take(table, high);
+        ownership.take(table, low, 2).unwrap();
+        ownership.take(table, high, 2).unwrap();
         assert_eq!(ownership.tablets(), vec![(table, low), (table, high)]);
         assert!(ownership.covers(table, &low) && !ownership.covers(table, &whole));
         // Dropping one half (migrated away) leaves the other.
-        ownership.drop_within(table, &high);
+        ownership.drop_within_then(table, &high, 3, || ()).unwrap();
         assert!(ownership.owns(table, KeyHash(149)) && !ownership.owns(table, KeyHash(150)));
+    }
+
+    #[test]
+    fn a_frozen_tablet_refuses_writes_until_handed_off_or_taken_back() {
+        let ownership = TabletOwnership::default();
+        let table = TableId(2);
+        let low = HashRange::new(0, 99).unwrap();
+        let high = HashRange::new(100, 199).unwrap();
+        ownership.take(table, low, 1).unwrap();
+        ownership.take(table, high, 1).unwrap();
+        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Ok(7));
+        let part = HashRange::new(100, 150).unwrap();
+        assert_eq!(ownership.freeze(table, part, 2), Err(AssignmentRefusal::NotATablet));
+        let first = ownership.freeze(table, high, 2).unwrap();
+        assert_eq!(ownership.freeze(table, high, 3), Err(AssignmentRefusal::AlreadyFrozen));
+        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Err(WriteRefusal::Frozen));
+        assert_eq!(ownership.while_writable(table, KeyHash(50), || 7), Ok(7));
+        assert!(ownership.owns(table, KeyHash(150)), "reads go on while frozen");
+        // A failed transfer: writes again.
+        ownership.unfreeze(first);
+        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Ok(7));
+        // A finished transfer: no longer served.
+        let second = ownership.freeze(table, high, 4).unwrap();
+        assert!(!ownership.hand_off(first), "an ended transfer hands nothing off");
+        assert!(ownership.hand_off(second));
+        assert_eq!(
+            ownership.while_writable(table, KeyHash(150), || 7),
+            Err(WriteRefusal::NotOwned)
+        );
+        // The coordinator hands it back (a failed migration): served and writable again.
+        ownership.take(table, high, 5).unwrap();
+        let third = ownership.freeze(table, high, 6).unwrap();
+        ownership.take(table, high, 7).unwrap();
+        assert!(!ownership.hand_off(third), "a TAKE ended the transfer");
+        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Ok(7));
     }
 
     #[test]
     fn taking_a_range_at_the_ends_of_the_hash_space_never_overflows() {
         let ownership = TabletOwnership::default();
         let table = TableId(1);
-        ownership.take(table, HashRange::FULL);
-        ownership.take(table, HashRange::new(0, 0).unwrap());
-        ownership.take(table, HashRange::new(u64::MAX, u64::MAX).unwrap());
+        ownership.take(table, HashRange::FULL, 1).unwrap();
+        ownership.take(table, HashRange::new(0, 0).unwrap(), 1).unwrap();
+        ownership.take(table, HashRange::new(u64::MAX, u64::MAX).unwrap(), 1).unwrap();
         let middle = HashRange::new(1, u64::MAX - 1).unwrap();
         assert_eq!(
             ownership.tablets(),
@@ -153,7 +439,57 @@ mod tests {
                 (table, HashRange::new(u64::MAX, u64::MAX).unwrap())
             ]
         );
-        ownership.take(table, HashRange::FULL);
+        ownership.take(table, HashRange::FULL, 1).unwrap();
         assert_eq!(ownership.tablets(), vec![(table, HashRange::FULL)]);
+    }
+
+    #[test]
+    fn assignments_older_than_one_seen_for_an_overlapping_range_are_refused() {
+        let ownership = TabletOwnership::default();
+        let table = TableId(4);
+        let whole = HashRange::FULL;
+        let high = HashRange::new(1 << 63, u64::MAX).unwrap();
+        ownership.take(table, whole, 10).unwrap();
+        // Transferred away at 11 (and handed off): the TAKE of 10, re-sent or delayed, must
+        // not make this master serve the tablet beside its new owner.
+        let transfer = ownership.freeze(table, whole, 11).unwrap();
+        assert!(ownership.hand_off(transfer));
+        assert_eq!(ownership.take(table, whole, 10), Err(AssignmentRefusal::Stale));
+        assert_eq!(ownership.take(table, high, 11), Err(AssignmentRefusal::Stale), "same epoch");
+        assert_eq!(ownership.count(), 0);
+        // Migrated back at 13 (receiving, then TAKE): a DROP of 12 (sent after the move away)
+        // arriving late must not drop it, nor may a late batch of the move at 11 write into it.
+        let received = ownership.while_receiving(table, whole, 13, || "written");
+        assert_eq!(received, Ok("written"));
+        ownership.take(table, whole, 13).unwrap();
+        let late_drop = ownership.drop_within_then(table, &high, 12, || panic!("dropped"));
+        assert_eq!(late_drop, Err(AssignmentRefusal::Stale));
+        let late_batch = ownership.while_receiving(table, high, 11, || panic!("written"));
+        assert_eq!(late_batch, Err(AssignmentRefusal::Stale));
+        assert_eq!(
+            ownership.while_receiving(table, high, 14, || ()),
+            Err(AssignmentRefusal::ServesPart)
+        );
+        assert!(ownership.owns(table, KeyHash(5)) && ownership.owns(table, KeyHash(u64::MAX)));
+        // A transfer older than the TAKE is refused too; a newer one goes ahead.
+        assert_eq!(ownership.freeze(table, whole, 12), Err(AssignmentRefusal::Stale));
+        assert!(ownership.freeze(table, whole, 15).is_ok());
+        // Other tables are unaffected.
+        assert_eq!(ownership.take(TableId(5), whole, 1), Ok(()));
+    }
+
+    #[test]
+    fn remembered_assignments_stay_bounded() {
+        let ownership = TabletOwnership::default();
+        let table = TableId(1);
+        for epoch in 0..(ASSIGNMENTS_REMEMBERED_MAX as u64 + 10) {
+            let range = HashRange::new(epoch * 10, epoch * 10 + 1).unwrap();
+            ownership.take(table, range, epoch).unwrap();
+        }
+        assert_eq!(ownership.read().seen.len(), ASSIGNMENTS_REMEMBERED_MAX);
+        // A range covering them all replaces every entry it outranks.
+        ownership.drop_within_then(table, &HashRange::FULL, u64::MAX, || ()).unwrap();
+        assert_eq!(ownership.read().seen.len(), 1);
+        assert_eq!(ownership.count(), 0);
     }
 }

@@ -42,6 +42,11 @@ pub struct RecoveryReader {
 }
 
 impl RecoveryReader {
+    /// Its connections (also used to send a transferred tablet to its target).
+    pub(crate) fn pool(&self) -> Arc<ChannelPool> {
+        self.pool.clone()
+    }
+
     /// A reader whose connections go through `network`.
     pub fn new(network: Arc<dyn stratus_env::Network>) -> RecoveryReader {
         let config = RpcConfig { request_timeout: REPLICA_READ_TIMEOUT, ..RpcConfig::default() };
@@ -118,31 +123,55 @@ pub(crate) async fn recover_partition(
         let partition = partition.clone();
         reads.spawn(async move {
             let _permit = permits.acquire_owned().await.expect("semaphore never closed");
-            read_good_replica(&reader, crashed_master, segment_id, &replicas, &partition).await
+            read_good_replica(&reader, crashed_master, segment_id, &replicas, &partition)
+                .await
+                .map(|(bytes, certificate)| (segment_id, bytes, certificate))
         });
     }
-    let mut read: Vec<(Bytes, Certificate)> = Vec::with_capacity(segments.len());
+    let mut read: Vec<(SegmentId, Bytes, Certificate)> = Vec::with_capacity(segments.len());
     let mut replica_bytes_read = 0u64;
     while let Some(joined) = reads.join_next().await {
-        let (bytes, certificate) = joined
+        let (segment_id, bytes, certificate) = joined
             .map_err(|error| (Status::InternalError, format!("replica read task: {error}")))??;
         replica_bytes_read += bytes.len() as u64;
         let counters = &context.metrics.recovery;
         RecoveryCounters::add(&counters.segments_read, 1);
         RecoveryCounters::add(&counters.replica_bytes_read, bytes.len() as u64);
-        read.push((bytes, certificate));
+        read.push((segment_id, bytes, certificate));
     }
+
+    // Whatever this master holds of the partition is from an earlier time it served the range
+    // (it serves none of it now, and no other recovery of it runs here): drop it, so that the
+    // replay alone decides. Then start the partition in a new head: a later recovery of this
+    // master ignores the partition's entries in older segments (the coordinator records this
+    // creation segment with the recovered tablets).
+    for tablet in &tablets {
+        context.store.drop_range(tablet.table_id, tablet.range);
+    }
+    let creation_segment = match context.store.log().roll_head(stratus_log::AppendPriority::Normal)
+    {
+        Ok(segment_id) => segment_id,
+        Err(_) => return Err((Status::NoTableSpace, "the log is full".to_string())),
+    };
 
     let store = context.store.clone();
     let now_seconds = context.wall_clock.now_seconds();
     let partition = tablets.clone();
     let replayed = stratus_env::run_blocking(move || {
         let segments: Vec<(&[u8], Certificate)> =
-            read.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
-        let accept = |table, hash| {
-            partition.iter().any(|tablet| tablet.table_id == table && tablet.range.contains(hash))
+            read.iter().map(|(_, bytes, certificate)| (&bytes[..], *certificate)).collect();
+        // An object of a tablet in a segment older than the tablet's creation in the crashed
+        // log is left from an earlier time that master served the range: its removal may be
+        // in another master's log, so replaying it could bring a removed object back.
+        let accept = |index: usize, table, hash| {
+            let segment_id = read[index].0;
+            partition.iter().any(|tablet| {
+                tablet.table_id == table
+                    && tablet.range.contains(hash)
+                    && segment_id >= tablet.creation_segment
+            })
         };
-        store.replay(&segments, &accept, now_seconds)
+        store.replay_filtered(&segments, &accept, now_seconds)
     })
     .await;
     // On failure, leave nothing behind that no tablet owns: the partition may go elsewhere.
@@ -189,6 +218,7 @@ pub(crate) async fn recover_partition(
         segments_replayed: statistics.segments,
         replica_bytes_read,
         objects_replayed: statistics.objects_replayed,
+        creation_segment,
     })
 }
 

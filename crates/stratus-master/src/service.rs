@@ -19,7 +19,8 @@ use stratus_wire::{
 
 use crate::lease::Lease;
 use crate::metrics::{MasterMetrics, Operation, RecoveryCounters};
-use crate::ownership::TabletOwnership;
+use crate::migration::{IncomingTransfer, IncomingTransfers, MigrationFailure, Transfer};
+use crate::ownership::{AssignmentRefusal, TabletOwnership, WriteRefusal};
 use crate::recovery::{recover_partition, RecoveryContext, RecoveryReader};
 use crate::replication::{LogPosition, ReplicaManager, SyncError};
 
@@ -42,7 +43,9 @@ pub struct Master {
     store: Arc<ObjectStore>,
     /// Present unless the master runs memory-only (replicas = 0).
     replication: Option<ReplicaManager>,
-    ownership: TabletOwnership,
+    ownership: Arc<TabletOwnership>,
+    /// Tablets being received from other masters (which transfer each range belongs to).
+    incoming: IncomingTransfers,
     wall_clock: Arc<dyn WallClock>,
     /// Requests per operation and their latencies; recovery work.
     metrics: Arc<MasterMetrics>,
@@ -93,7 +96,8 @@ impl Master {
             server_id,
             store: Arc::new(store),
             replication: None,
-            ownership: TabletOwnership::default(),
+            ownership: Arc::default(),
+            incoming: IncomingTransfers::default(),
             wall_clock,
             metrics: Arc::default(),
             sync_context: None,
@@ -198,17 +202,41 @@ impl Master {
     /// may be slow (the lease comes back), or this master was declared crashed (it exits, and
     /// the client's retry then finds the tablet's new owner).
     fn admit(&self, table: TableId, key: &[u8]) -> Result<stratus_types::KeyHash, Status> {
+        let hash = self.admit_key(table, key)?;
+        if !self.ownership.owns(table, hash) {
+            return Err(Status::UnknownTablet);
+        }
+        Ok(hash)
+    }
+
+    /// The lease and key checks of [`Master::admit`], without the ownership check.
+    fn admit_key(&self, table: TableId, key: &[u8]) -> Result<stratus_types::KeyHash, Status> {
         if !self.may_serve() {
             return Err(Status::Retry);
         }
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
             return Err(Status::InvalidKey);
         }
-        let hash = key_hash(table, key);
-        if !self.ownership.owns(table, hash) {
-            return Err(Status::UnknownTablet);
+        Ok(key_hash(table, key))
+    }
+
+    /// Admits a request that changes `key` of `table` and applies it with `apply` while the
+    /// tablet can be neither frozen nor dropped (see `TabletOwnership::while_writable`). A
+    /// tablet being transferred answers RETRY: the client tries again and finds the tablet
+    /// writable or at its new master.
+    fn mutate<T>(
+        &self,
+        table: TableId,
+        key: &[u8],
+        apply: impl FnOnce(stratus_types::KeyHash) -> Result<T, ObjectError>,
+    ) -> Result<T, (Status, Version)> {
+        let hash = self.admit_key(table, key).map_err(|status| (status, Version(0)))?;
+        match self.ownership.while_writable(table, hash, || apply(hash)) {
+            Ok(Ok(applied)) => Ok(applied),
+            Ok(Err(error)) => Err(status_of(error)),
+            Err(WriteRefusal::NotOwned) => Err((Status::UnknownTablet, Version(0))),
+            Err(WriteRefusal::Frozen) => Err((Status::Retry, Version(0))),
         }
-        Ok(hash)
     }
 
     fn handle_request(&self, request_id: u64, request: Request, out: &mut BytesMut) {
@@ -264,15 +292,46 @@ impl Master {
             Request::Enumerate { table_id, range, cursor, bytes_max } => {
                 self.enumerate(request_id, table_id, range, cursor, bytes_max, out)
             }
-            Request::TakeTabletOwnership { table_id, range } => {
-                tracing::info!(table = %table_id, start = range.start, end = range.end, "taking tablet");
-                self.ownership.take(table_id, range);
+            Request::TakeTabletOwnership { master_id, .. }
+            | Request::DropTabletOwnership { master_id, .. }
+                if master_id != self.server_id =>
+            {
+                // Meant for an earlier process at this address (it crashed, this one enlisted
+                // with a new id): applying it would make this master serve a tablet the
+                // coordinator gave to the other.
+                let message = format!("this is server {}, not {master_id}", self.server_id);
+                encode_error_response(
+                    out,
+                    request_id,
+                    request.opcode().code(),
+                    Status::WrongServer,
+                    &message,
+                );
+            }
+            Request::TakeTabletOwnership { table_id, range, assignment_epoch, .. } => {
+                match self.ownership.take(table_id, range, assignment_epoch) {
+                    Ok(()) => {
+                        tracing::info!(table = %table_id, start = range.start, end = range.end, assignment_epoch, "taking tablet")
+                    }
+                    // Answered OK: the coordinator has decided otherwise since, and the
+                    // assignment it sends now is the one that counts.
+                    Err(refusal) => {
+                        tracing::info!(table = %table_id, start = range.start, assignment_epoch, ?refusal, "ignoring an obsolete TAKE")
+                    }
+                }
                 encode_response(out, request_id, Status::Ok, &Response::TakeTabletOwnership);
             }
-            Request::DropTabletOwnership { table_id, range } => {
-                self.ownership.drop_within(table_id, &range);
-                let dropped = self.store.drop_range(table_id, range);
-                tracing::info!(table = %table_id, dropped, "dropped tablet");
+            Request::DropTabletOwnership { table_id, range, assignment_epoch, .. } => {
+                let dropped =
+                    self.ownership.drop_within_then(table_id, &range, assignment_epoch, || {
+                        self.store.drop_range(table_id, range)
+                    });
+                match dropped {
+                    Ok(dropped) => tracing::info!(table = %table_id, dropped, "dropped tablet"),
+                    Err(refusal) => {
+                        tracing::info!(table = %table_id, start = range.start, assignment_epoch, ?refusal, "ignoring an obsolete DROP")
+                    }
+                }
                 encode_response(out, request_id, Status::Ok, &Response::DropTabletOwnership);
             }
             Request::GetServerStatistics => {
@@ -383,13 +442,12 @@ impl Master {
         value: &[u8],
         rules: &RejectRules,
     ) -> (Status, Version) {
-        let hash = match self.admit(table, key) {
-            Ok(hash) => hash,
-            Err(status) => return (status, Version(0)),
-        };
-        match self.store.write(table, key, hash, value, rules, self.now_seconds()) {
+        let now_seconds = self.now_seconds();
+        match self.mutate(table, key, |hash| {
+            self.store.write(table, key, hash, value, rules, now_seconds)
+        }) {
             Ok(version) => (Status::Ok, version),
-            Err(error) => status_of(error),
+            Err(refusal) => refusal,
         }
     }
 
@@ -399,13 +457,12 @@ impl Master {
     }
 
     fn remove_one(&self, table: TableId, key: &[u8], rules: &RejectRules) -> (Status, Version) {
-        let hash = match self.admit(table, key) {
-            Ok(hash) => hash,
-            Err(status) => return (status, Version(0)),
-        };
-        match self.store.remove(table, key, hash, rules, self.now_seconds()) {
+        let now_seconds = self.now_seconds();
+        match self
+            .mutate(table, key, |hash| self.store.remove(table, key, hash, rules, now_seconds))
+        {
             Ok(version) => (Status::Ok, version),
-            Err(error) => status_of(error),
+            Err(refusal) => refusal,
         }
     }
 
@@ -421,16 +478,12 @@ impl Master {
         delta: i64,
         rules: &RejectRules,
     ) -> IncrementItemResult {
-        let hash = match self.admit(table, key) {
-            Ok(hash) => hash,
-            Err(status) => return IncrementItemResult { status, version: Version(0), value: 0 },
-        };
-        match self.store.increment(table, key, hash, delta, rules, self.now_seconds()) {
+        let now_seconds = self.now_seconds();
+        match self.mutate(table, key, |hash| {
+            self.store.increment(table, key, hash, delta, rules, now_seconds)
+        }) {
             Ok((version, value)) => IncrementItemResult { status: Status::Ok, version, value },
-            Err(error) => {
-                let (status, version) = status_of(error);
-                IncrementItemResult { status, version, value: 0 }
-            }
+            Err((status, version)) => IncrementItemResult { status, version, value: 0 },
         }
     }
 
@@ -533,6 +586,37 @@ impl Service for Master {
                 let request = (crashed_master, tablets, segments, backups);
                 return self.recover(header.request_id, request, started, out);
             }
+            Ok(Request::TransferTablet {
+                master_id,
+                table_id,
+                range,
+                assignment_epoch,
+                target: _,
+                target_address,
+            }) => {
+                let request = (master_id, table_id, range, assignment_epoch, target_address);
+                return self.transfer(header.request_id, request, started, out);
+            }
+            Ok(Request::ReceiveMigrationData {
+                table_id,
+                range,
+                assignment_epoch,
+                source,
+                transfer_id,
+                safe_version,
+                first,
+                objects,
+            }) => {
+                let transfer = IncomingTransfer {
+                    table: table_id,
+                    range,
+                    assignment_epoch,
+                    source,
+                    transfer_id,
+                };
+                let batch = (transfer, safe_version, first, objects);
+                return self.receive_migration_data(header.request_id, batch, started, out);
+            }
             Ok(request) => match &self.sync_context {
                 Some(context) if changes_log(&request) => {
                     let timing = (operation, started);
@@ -558,6 +642,224 @@ impl Service for Master {
         }
         self.metrics.record(operation, started);
         Handled::Done
+    }
+}
+
+/// A TRANSFER_TABLET request: the master it is meant for, the table, the tablet, the
+/// assignment epoch, the target's address.
+type TransferRequest = (ServerId, TableId, HashRange, u64, String);
+
+/// A RECEIVE_MIGRATION_DATA batch: its transfer, the source's safe version, whether it is the
+/// first, the objects.
+type MigrationBatch = (IncomingTransfer, Version, bool, Vec<EnumeratedObject>);
+
+impl Master {
+    /// TRANSFER_TABLET: freezes the tablet, copies it to the target in the background, makes
+    /// this log durable, and stops serving the tablet; on failure serves it again.
+    fn transfer(
+        &self,
+        request_id: u64,
+        (master_id, table, range, assignment_epoch, target_address): TransferRequest,
+        started: tokio::time::Instant,
+        out: &mut BytesMut,
+    ) -> Handled {
+        let opcode = Opcode::TransferTablet.code();
+        let refuse = |out: &mut BytesMut, status: Status, message: &str| {
+            encode_error_response(out, request_id, opcode, status, message);
+            self.metrics.record(Operation::Control, started);
+            Handled::Done
+        };
+        let Some(reader) = &self.recovery else {
+            return refuse(out, Status::UnimplementedRequest, "this master cannot reach others");
+        };
+        if master_id != self.server_id {
+            let message = format!("this is server {}, not {master_id}", self.server_id);
+            return refuse(out, Status::WrongServer, &message);
+        }
+        if !self.may_serve() {
+            return refuse(out, Status::Retry, "no lease from the coordinator");
+        }
+        let transfer_id = match self.ownership.freeze(table, range, assignment_epoch) {
+            Ok(transfer_id) => transfer_id,
+            Err(AssignmentRefusal::AlreadyFrozen) => {
+                return refuse(out, Status::Retry, "a transfer of this tablet is running")
+            }
+            Err(AssignmentRefusal::Stale) => {
+                return refuse(out, Status::Retry, "the transfer is older than an assignment seen")
+            }
+            Err(_) => {
+                return refuse(
+                    out,
+                    Status::UnknownTablet,
+                    "the range is not a tablet this master owns",
+                )
+            }
+        };
+        tracing::info!(%table, start = range.start, end = range.end, %target_address, "transferring a tablet");
+        let transfer = Transfer {
+            store: self.store.clone(),
+            ownership: self.ownership.clone(),
+            pool: reader.pool(),
+            source: self.server_id,
+            transfer_id,
+            table,
+            range,
+            assignment_epoch,
+            target_address,
+        };
+        let replication = self.replication.clone();
+        let metrics = self.metrics.clone();
+        Handled::Later(Box::pin(async move {
+            let mut outcome = transfer.send().await;
+            if outcome.is_ok() {
+                // What was copied is durable here too before this master lets go of it.
+                if let Some(replication) = &replication {
+                    if let Err(error) = replication.sync(replication.position_to_sync()).await {
+                        outcome = Err((Status::Retry, format!("replicating: {}", error.message)));
+                    }
+                }
+            }
+            let outcome: Result<(SegmentId, u64), MigrationFailure> = match outcome {
+                Ok(sent) if transfer.ownership.hand_off(transfer_id) => Ok(sent),
+                Ok(_) => Err((Status::Retry, "the transfer was ended".to_string())),
+                Err(failure) => {
+                    transfer.ownership.unfreeze(transfer_id);
+                    Err(failure)
+                }
+            };
+            metrics.record(Operation::Control, started);
+            let mut out = BytesMut::new();
+            match outcome {
+                Ok((creation_segment, objects_sent)) => {
+                    tracing::info!(%table, start = range.start, objects_sent, "tablet transferred");
+                    let response = Response::TransferTablet { creation_segment, objects_sent };
+                    encode_response(&mut out, request_id, Status::Ok, &response);
+                }
+                Err((status, message)) => {
+                    tracing::warn!(%table, start = range.start, %status, %message, "transfer failed; serving the tablet again");
+                    encode_error_response(&mut out, request_id, opcode, status, &message);
+                }
+            }
+            out
+        }))
+    }
+
+    /// RECEIVE_MIGRATION_DATA: writes the batch into the store (starting the tablet afresh for
+    /// the first batch) and answers once it is durable.
+    fn receive_migration_data(
+        &self,
+        request_id: u64,
+        (transfer, safe_version, first, objects): MigrationBatch,
+        started: tokio::time::Instant,
+        out: &mut BytesMut,
+    ) -> Handled {
+        let opcode = Opcode::ReceiveMigrationData;
+        match self.apply_migration_batch(&transfer, safe_version, first, &objects) {
+            Err((status, message)) => {
+                encode_error_response(out, request_id, opcode.code(), status, &message);
+            }
+            Ok(creation_segment) => {
+                let response = Response::ReceiveMigrationData { creation_segment };
+                if let Some(context) = &self.sync_context {
+                    let mut frame = BytesMut::new();
+                    encode_response(&mut frame, request_id, Status::Ok, &response);
+                    let position = context.replication.position_to_sync();
+                    let timing = (Operation::Control, started);
+                    return answer_once_durable(
+                        request_id, opcode, frame, position, context, timing,
+                    );
+                }
+                encode_response(out, request_id, Status::Ok, &response);
+            }
+        }
+        self.metrics.record(Operation::Control, started);
+        Handled::Done
+    }
+
+    fn apply_migration_batch(
+        &self,
+        transfer: &IncomingTransfer,
+        safe_version: Version,
+        first: bool,
+        objects: &[EnumeratedObject],
+    ) -> Result<SegmentId, MigrationFailure> {
+        if !self.may_serve() {
+            return Err((Status::Retry, "no lease from the coordinator".to_string()));
+        }
+        let IncomingTransfer { table, range, assignment_epoch, .. } = *transfer;
+        for object in objects {
+            if object.key.is_empty() || object.key.len() > KEY_BYTES_MAX {
+                return Err((Status::InvalidParameter, "a migrated key is invalid".to_string()));
+            }
+            if !range.contains(key_hash(table, &object.key)) {
+                return Err((
+                    Status::InvalidParameter,
+                    "a migrated object lies outside the tablet".to_string(),
+                ));
+            }
+        }
+        // Held while the batch is written: a recovery of an overlapping range registers under
+        // it, and must not interleave with this batch (its replay starts by dropping the
+        // range, and a migrated object must not land after that drop).
+        let in_flight =
+            self.recoveries_in_flight.lock().unwrap_or_else(|poison| poison.into_inner());
+        if in_flight
+            .iter()
+            .any(|other| other.table_id == table && other.range.intersection(&range).is_some())
+        {
+            return Err((
+                Status::Retry,
+                "a recovery of an overlapping range is running here".to_string(),
+            ));
+        }
+        let written = self.ownership.while_receiving(table, range, assignment_epoch, || {
+            let log = self.store.log();
+            let creation_segment = if first {
+                // Whatever this master still holds of the range is from an earlier time it had
+                // it (or an abandoned transfer): invisible (not owned), and it must stay so.
+                self.store.drop_range(table, range);
+                self.incoming.begin(*transfer);
+                log.raise_safe_version(safe_version);
+                // The new head starts the tablet in this log (and records the raised safe
+                // version): recovery ignores the range's entries in older segments.
+                log.roll_head(stratus_log::AppendPriority::Normal)
+                    .map_err(|_| (Status::Retry, "the log is full".to_string()))?
+            } else {
+                if !self.incoming.is_current(transfer) {
+                    return Err((
+                        Status::InvalidParameter,
+                        "the transfer was superseded by a later one".to_string(),
+                    ));
+                }
+                log.head_segment_id().unwrap_or(SegmentId(0))
+            };
+            let now_seconds = self.now_seconds();
+            for object in objects {
+                self.store
+                    .insert_migrated(table, &object.key, &object.value, object.version, now_seconds)
+                    .map_err(|error| match error {
+                        ObjectError::LogFull => (Status::Retry, "the log is full".to_string()),
+                        other => {
+                            (Status::InvalidParameter, format!("a migrated object: {other:?}"))
+                        }
+                    })?;
+            }
+            Ok(creation_segment)
+        });
+        let creation_segment = match written {
+            Ok(written) => written?,
+            Err(AssignmentRefusal::ServesPart) => {
+                return Err((
+                    Status::InvalidParameter,
+                    "this master already serves part of the range".to_string(),
+                ))
+            }
+            Err(refusal) => {
+                return Err((Status::Retry, format!("the transfer is obsolete: {refusal:?}")))
+            }
+        };
+        drop(in_flight);
+        Ok(creation_segment)
     }
 }
 

@@ -68,8 +68,9 @@ pub struct SimulationOptions {
     pub fault_window: Duration,
     /// Simulated time the whole run may take: liveness is violated past it.
     pub time_limit: Duration,
-    /// Whether an operator splits tablets while the clients run (and the faults happen).
-    pub tablet_splits: bool,
+    /// Whether an operator splits tablets and migrates them between masters while the
+    /// clients run (and the faults happen).
+    pub tablet_moves: bool,
     /// The servers' cleaning levels: 2 compacts in memory first (what a replicated server
     /// runs), 1 cleans with the combined cleaner alone (`stratus server --cleaner-levels 1`).
     pub cleaner_levels: u32,
@@ -111,7 +112,7 @@ impl Default for SimulationOptions {
             faults: true,
             fault_window: Duration::from_secs(12),
             time_limit: Duration::from_secs(150),
-            tablet_splits: false,
+            tablet_moves: false,
             cleaner_levels: 2,
         }
     }
@@ -126,6 +127,8 @@ pub struct SimulationReport {
     pub durability: String,
     /// Storage servers, replicas per segment and clients.
     pub shape: (usize, usize, u32),
+    /// Whether the operator split and migrated tablets (`SimulationOptions::tablet_moves`).
+    pub tablet_moves: bool,
     /// Servers the coordinator declared crashed and whose tablets were recovered.
     pub servers_recovered: usize,
     /// The faults injected.
@@ -142,8 +145,10 @@ pub struct SimulationReport {
     pub steps: u64,
     /// Single-owner samples taken.
     pub serving_samples: u64,
-    /// Tablet splits the operator's requests made (with `tablet_splits`).
+    /// Tablet splits the operator's requests made (with `tablet_moves`).
     pub tablet_splits: u32,
+    /// Tablet migrations the operator's requests made (with `tablet_moves`).
+    pub tablet_migrations: u32,
     /// Compactions and combined-cleaning passes the servers ran (as last sampled).
     pub cleaner_work: (u64, u64),
     /// A digest of everything observable: two runs of one seed must agree on it.
@@ -158,7 +163,7 @@ impl fmt::Display for SimulationReport {
             f,
             "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes), {} \
              faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
-             simulated, {} serving samples, {} tablet splits, fingerprint {:016x}",
+             simulated, {} serving samples, {} tablet splits, {} migrations, fingerprint {:016x}",
             self.seed,
             self.shape.0,
             self.shape.1,
@@ -173,6 +178,7 @@ impl fmt::Display for SimulationReport {
             self.simulated.as_secs_f64(),
             self.serving_samples,
             self.tablet_splits,
+            self.tablet_migrations,
             self.fingerprint
         )?;
         for fault in &self.faults {
@@ -199,10 +205,11 @@ impl fmt::Display for SimulationFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "simulation seed {} failed: {}", self.report.seed, self.reason)?;
         write!(f, "{}", self.report)?;
+        let moves = if self.report.tablet_moves { " STRATUS_SIM_TABLET_MOVES=1" } else { "" };
         write!(
             f,
-            "reproduce: STRATUS_SIM_SEED={} cargo test -p stratus-sim --test seeds one_seed -- \
-             --ignored --nocapture",
+            "reproduce: STRATUS_SIM_SEED={}{moves} cargo test -p stratus-sim --test seeds \
+             one_seed -- --ignored --nocapture",
             self.report.seed
         )
     }
@@ -330,6 +337,7 @@ struct Workload {
     verified: AtomicBool,
     /// Splits the operator asked for that the coordinator acknowledged.
     tablet_splits: AtomicU32,
+    tablet_migrations: AtomicU32,
 }
 
 fn client_config() -> ClientConfig {
@@ -404,13 +412,13 @@ async fn run_client(
     Ok(())
 }
 
-/// Most splits the operator asks for in one run.
-const TABLET_SPLITS_MAX: u32 = 24;
+/// Most splits and migrations the operator asks for in one run.
+const TABLET_MOVES_MAX: u32 = 24;
 
-/// The operator: while the clients run, splits the tablet holding a random hash there, every
-/// 0.2–1.5 s of simulated time. A split may fail (the coordinator is down, the tablet's master
-/// is being recovered): that is part of what is tested; the invariants are checked on the
-/// clients' history as always.
+/// The operator: while the clients run, splits a random tablet at a random hash or migrates
+/// one to a random master, every 0.2–1.5 s of simulated time. Its requests may fail (a
+/// master or the coordinator is down, a migration meets a crash): that is part of what is
+/// tested; the invariants are checked on the clients' history as always.
 async fn run_operator(
     seed: u64,
     options: SimulationOptions,
@@ -419,14 +427,32 @@ async fn run_operator(
     let mut choices = Choices::new(seed ^ 0x0BE2_A702);
     let client =
         Client::with_environment(client_config(), network::node_environment(seed, "operator", 0));
-    table_id(&client, options.servers as u32).await.ok_or("no table")?;
-    for _ in 0..TABLET_SPLITS_MAX {
+    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    for _ in 0..TABLET_MOVES_MAX {
         tokio::time::sleep(Duration::from_millis(200 + choices.below(1_300))).await;
         if workload.clients_done.load(Ordering::Acquire) >= options.clients {
             break;
         }
-        if client.split_tablet("simulation", choices.below(u64::MAX)).await.is_ok() {
-            workload.tablet_splits.fetch_add(1, Ordering::AcqRel);
+        let Ok(tablets) = client.tablet_map(table).await else { continue };
+        let Ok(servers) = client.server_list().await else { continue };
+        let masters: Vec<_> = servers
+            .iter()
+            .filter(|server| server.status == ServerStatus::Up && server.services.has_master())
+            .map(|server| server.server_id)
+            .collect();
+        if tablets.is_empty() || masters.is_empty() {
+            continue;
+        }
+        if schedule::percent(&mut choices, 40) {
+            if client.split_tablet("simulation", choices.below(u64::MAX)).await.is_ok() {
+                workload.tablet_splits.fetch_add(1, Ordering::AcqRel);
+            }
+        } else {
+            let tablet = &tablets[choices.below(tablets.len() as u64) as usize];
+            let target = masters[choices.below(masters.len() as u64) as usize];
+            if client.migrate_tablet("simulation", tablet.range.start, target).await.is_ok() {
+                workload.tablet_migrations.fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
     Ok(())
@@ -525,6 +551,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     let mut report = SimulationReport {
         seed,
         shape: (options.servers, options.replicas, options.clients),
+        tablet_moves: options.tablet_moves,
         ..SimulationReport::default()
     };
     let mut schedule_choices = Choices::new(seed ^ 0x5C4E_D01E);
@@ -580,6 +607,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         faults_over: AtomicBool::new(false),
         verified: AtomicBool::new(false),
         tablet_splits: AtomicU32::new(0),
+        tablet_migrations: AtomicU32::new(0),
     });
     let mut hosts: Vec<String> = vec!["coordinator".to_string()];
     hosts.extend((0..options.servers).map(server_host));
@@ -588,7 +616,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         hosts.push(name.clone());
         simulation.client(name, run_client(seed, client_id, options.clone(), workload.clone()));
     }
-    if options.tablet_splits {
+    if options.tablet_moves {
         hosts.push("operator".to_string());
         simulation.client("operator", run_operator(seed, options.clone(), workload.clone()));
     }
@@ -732,6 +760,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     let history = workload.recorder.history();
     report.operations = history.len();
     report.tablet_splits = workload.tablet_splits.load(Ordering::Acquire);
+    report.tablet_migrations = workload.tablet_migrations.load(Ordering::Acquire);
     report.known_outcomes =
         history.operations.iter().filter(|operation| !operation.outcome.is_unknown()).count();
     report.history = history.operations.iter().map(|operation| operation.to_string()).collect();

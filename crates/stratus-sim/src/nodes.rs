@@ -288,8 +288,15 @@ async fn sample_serving(
     host: String,
     observations: Arc<Mutex<ServingObservations>>,
 ) {
+    let interval_ms = SERVING_SAMPLE_INTERVAL.as_millis() as u64;
     loop {
-        tokio::time::sleep(SERVING_SAMPLE_INTERVAL).await;
+        // At the next multiple of the interval in simulated time, so that every server samples
+        // at the same instant: a tablet handed from one master to another within a period
+        // (a migration: the source lets go, then the coordinator tells the target) is then
+        // never seen on both, while two masters serving it at one instant always are.
+        let now_ms = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+        let next_ms = (now_ms / interval_ms + 1) * interval_ms;
+        tokio::time::sleep(Duration::from_millis(next_ms - now_ms)).await;
         {
             let elapsed = turmoil::sim_elapsed().unwrap_or_default();
             let short = replication.segments_short_of_replicas();

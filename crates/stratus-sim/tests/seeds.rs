@@ -10,10 +10,18 @@ fn seed_base() -> u64 {
     std::env::var("STRATUS_SIM_SEED_BASE").ok().and_then(|text| text.parse().ok()).unwrap_or(0)
 }
 
+/// The options of `seed`, with the tablet operator when `STRATUS_SIM_TABLET_MOVES=1` (for the
+/// tests run by hand).
+fn options_from_environment(seed: u64) -> SimulationOptions {
+    let tablet_moves =
+        std::env::var_os("STRATUS_SIM_TABLET_MOVES").is_some_and(|value| value == "1");
+    SimulationOptions { tablet_moves, ..SimulationOptions::for_seed(seed) }
+}
+
 fn run_seeds(count: u64) {
     let mut failures = Vec::new();
     for seed in seed_base()..seed_base() + count {
-        match run(seed, &SimulationOptions::for_seed(seed)) {
+        match run(seed, &options_from_environment(seed)) {
             Ok(report) => eprint!("{report}"),
             Err(failure) => {
                 eprintln!("{failure}");
@@ -31,8 +39,8 @@ fn seeds_with_faults_keep_every_invariant() {
 
 #[test]
 fn a_seed_decides_the_whole_run() {
-    for seed in [7, 1_000_003, 2] {
-        let options = SimulationOptions::for_seed(seed);
+    for (seed, tablet_moves) in [(7, false), (1_000_003, false), (2, false), (5, true)] {
+        let options = SimulationOptions { tablet_moves, ..SimulationOptions::for_seed(seed) };
         let first = run(seed, &options).map_err(|failure| failure.to_string());
         let second = run(seed, &options).map_err(|failure| failure.to_string());
         match (first, second) {
@@ -54,20 +62,22 @@ fn a_seed_decides_the_whole_run() {
     }
 }
 
-/// Seeds run with an operator splitting tablets while the clients run and the faults happen.
-const TABLET_SPLIT_SEEDS: u64 = 40;
+/// Seeds run with an operator splitting and migrating tablets while the clients run and the
+/// faults happen.
+const TABLET_MOVE_SEEDS: u64 = 40;
 
 #[test]
-fn seeds_with_tablet_splits_keep_every_invariant() {
+fn seeds_with_tablet_moves_keep_every_invariant() {
     let mut failures = Vec::new();
     let mut splits = 0;
-    for seed in seed_base()..seed_base() + TABLET_SPLIT_SEEDS {
-        let options =
-            SimulationOptions { tablet_splits: true, ..SimulationOptions::for_seed(seed) };
+    let mut migrations = 0;
+    for seed in seed_base()..seed_base() + TABLET_MOVE_SEEDS {
+        let options = SimulationOptions { tablet_moves: true, ..SimulationOptions::for_seed(seed) };
         match run(seed, &options) {
             Ok(report) => {
                 eprint!("{report}");
                 splits += report.tablet_splits;
+                migrations += report.tablet_migrations;
             }
             Err(failure) => {
                 eprintln!("{failure}");
@@ -75,12 +85,14 @@ fn seeds_with_tablet_splits_keep_every_invariant() {
             }
         }
     }
-    assert!(failures.is_empty(), "failing seeds with tablet splits: {failures:?}");
-    // Most requests split a tablet (some meet a fault): the runs really changed the map.
-    assert!(splits > TABLET_SPLIT_SEEDS as u32 * 5, "only {splits} splits happened");
+    assert!(failures.is_empty(), "failing seeds with tablet moves: {failures:?}");
+    // Most requests split or move a tablet (some meet a fault): the runs really changed the map.
+    assert!(splits > TABLET_MOVE_SEEDS as u32 * 2, "only {splits} splits happened");
+    assert!(migrations > TABLET_MOVE_SEEDS as u32 * 3, "only {migrations} migrations happened");
 }
 
 /// `STRATUS_SIM_SEEDS=2000 cargo test --release -p stratus-sim many_seeds -- --ignored`
+/// (`STRATUS_SIM_TABLET_MOVES=1`: with the tablet operator)
 #[test]
 #[ignore = "long: run by hand with STRATUS_SIM_SEEDS"]
 fn many_seeds() {
@@ -93,13 +105,16 @@ fn many_seeds() {
 /// With `STRATUS_SIM_TRACE=FILE`, every simulated message (turmoil's trace) and the services'
 /// debug logs go to FILE, without timestamps: two traces of one seed are identical, and `diff`
 /// shows where a nondeterministic run first diverges. `STRATUS_SIM_VERBOSE=1` prints the whole
-/// history of a key that violates linearizability.
+/// history of a key that violates linearizability. `STRATUS_SIM_TABLET_MOVES=1` runs the seed
+/// with the operator that splits and migrates tablets (as
+/// `seeds_with_tablet_moves_keep_every_invariant` does).
 #[test]
 #[ignore = "reproduces one seed: run by hand with STRATUS_SIM_SEED"]
 fn one_seed() {
     let seed = std::env::var("STRATUS_SIM_SEED").ok().and_then(|text| text.parse().ok());
     let seed = seed.expect("set STRATUS_SIM_SEED");
-    let simulate = || run(seed, &SimulationOptions::for_seed(seed));
+    let options = options_from_environment(seed);
+    let simulate = || run(seed, &options);
     let outcome = match std::env::var_os("STRATUS_SIM_TRACE") {
         Some(path) => {
             let file = std::fs::File::create(&path).expect("create the trace file");

@@ -90,6 +90,21 @@ impl ObjectStore {
         accept: &dyn Fn(TableId, KeyHash) -> bool,
         now_seconds: u32,
     ) -> Result<ReplayStatistics, ReplayError> {
+        self.replay_filtered(segments, &|_, table, hash| accept(table, hash), now_seconds)
+    }
+
+    /// [`ObjectStore::replay`] where an object is kept only if `accept(segment index, table,
+    /// key hash)` holds: a recovery ignores objects of a tablet found in segments older than
+    /// the tablet's creation in that log (a tablet that left the master and came back leaves
+    /// its old objects behind, and their tombstones may be in another master's log). Tombstones
+    /// are filtered by table and hash only: an old tombstone names an old version, which can
+    /// only kill objects at least as old.
+    pub fn replay_filtered(
+        &self,
+        segments: &[(&[u8], Certificate)],
+        accept: &dyn Fn(usize, TableId, KeyHash) -> bool,
+        now_seconds: u32,
+    ) -> Result<ReplayStatistics, ReplayError> {
         let mut statistics = ReplayStatistics::default();
         // Pass 1: verify every segment, and collect tombstones and the highest safe version.
         let mut dead: HashMap<ObjectKey, Version, FixedKeys> = HashMap::default();
@@ -101,7 +116,11 @@ impl ObjectStore {
             for entry in iterator {
                 match entry.map_err(|error| corrupt(error.to_string()))?.entry {
                     Entry::Tombstone(tombstone)
-                        if accept(tombstone.table, key_hash(tombstone.table, tombstone.key)) =>
+                        if accept(
+                            index,
+                            tombstone.table,
+                            key_hash(tombstone.table, tombstone.key),
+                        ) =>
                     {
                         let killed = dead
                             .entry((tombstone.table, tombstone.key.to_vec()))
@@ -117,7 +136,7 @@ impl ObjectStore {
         }
         // Pass 2: the newest live object of each key (borrowed from the segments).
         let mut winners: HashMap<ObjectKey, (Version, u32, &[u8]), FixedKeys> = HashMap::default();
-        for (bytes, certificate) in segments {
+        for (index, (bytes, certificate)) in segments.iter().enumerate() {
             let iterator = SegmentIterator::new(bytes, certificate).expect("verified in pass 1");
             for entry in iterator {
                 let Entry::Object(object) = entry.expect("verified in pass 1").entry else {
@@ -127,7 +146,7 @@ impl ObjectStore {
                 let hash = key_hash(object.table, object.key);
                 let key = (object.table, object.key.to_vec());
                 let killed = dead.get(&key).is_some_and(|killed| *killed >= object.version);
-                if !accept(object.table, hash) || killed {
+                if !accept(index, object.table, hash) || killed {
                     statistics.objects_skipped += 1;
                     continue;
                 }
@@ -190,6 +209,29 @@ impl ObjectStore {
             self.log.roll_head(AppendPriority::Normal).map_err(|_| ReplayError::StoreFull)?;
         }
         Ok(statistics)
+    }
+
+    /// Writes an object copied from another master's store (tablet migration) with its
+    /// original `version`, unless this store holds a version at least as new. Returns whether
+    /// it was written. The caller raises the safe version to the source's first, so versions
+    /// handed out here later stay above every version the source used.
+    pub fn insert_migrated(
+        &self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        version: Version,
+        now_seconds: u32,
+    ) -> Result<bool, ObjectError> {
+        if key.is_empty() || key.len() > stratus_types::limits::KEY_BYTES_MAX {
+            return Err(ObjectError::InvalidKey);
+        }
+        if value.len() > self.config.value_bytes_max as usize {
+            return Err(ObjectError::ValueTooLarge);
+        }
+        self.log.observe_time(now_seconds);
+        self.log.raise_safe_version(Version(version.0.saturating_add(1)));
+        self.replay_object(table, key, version, now_seconds, value)
     }
 
     /// The version of the object stored under (`table`, `key`), if any.
@@ -385,5 +427,57 @@ mod tests {
             Err(ReplayError::CorruptSegment { index, .. }) => assert_eq!(index, victim),
             other => panic!("a corrupt segment was accepted: {other:?}"),
         }
+    }
+
+    /// A migrated object keeps its version, a newer one held is kept, and new versions stay
+    /// above it.
+    #[test]
+    fn migrated_objects_keep_their_versions() {
+        let store = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        assert_eq!(store.insert_migrated(TABLE, b"k", b"v9", Version(9), 1), Ok(true));
+        assert_eq!(read(&store, b"k"), Some((Version(9), b"v9".to_vec())));
+        assert_eq!(store.insert_migrated(TABLE, b"k", b"v5", Version(5), 1), Ok(false));
+        assert_eq!(read(&store, b"k"), Some((Version(9), b"v9".to_vec())));
+        let other = b"never-migrated";
+        let version =
+            store.write(TABLE, other, key_hash(TABLE, other), b"x", &RejectRules::NONE, 2).unwrap();
+        assert!(version > Version(9));
+        assert_eq!(
+            store.insert_migrated(TABLE, b"", b"v", Version(3), 1),
+            Err(ObjectError::InvalidKey)
+        );
+        let too_large = vec![0u8; StoreConfig::for_testing().value_bytes_max as usize + 1];
+        assert_eq!(
+            store.insert_migrated(TABLE, b"big", &too_large, Version(3), 1),
+            Err(ObjectError::ValueTooLarge)
+        );
+    }
+
+    /// Objects the filter refuses for their segment are not replayed, while tombstones and
+    /// objects of accepted segments are.
+    #[test]
+    fn a_filter_by_segment_skips_objects_of_older_segments() {
+        let source = ObjectStore::new(StoreConfig::for_testing(), ServerId(9)).unwrap();
+        let write = |key: &[u8], value: &[u8]| {
+            source.write(TABLE, key, key_hash(TABLE, key), value, &RejectRules::NONE, 1).unwrap()
+        };
+        write(b"stale", b"old");
+        let creation = source.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+        write(b"fresh", b"new");
+        let copies = segments(&source);
+        let ids: Vec<stratus_types::SegmentId> = source
+            .log()
+            .segment_ids()
+            .into_iter()
+            .filter(|id| source.log().segment_contents(*id).is_some())
+            .collect();
+        assert_eq!(ids.len(), copies.len());
+        let borrowed: Vec<(&[u8], Certificate)> =
+            copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        let accept = |index: usize, _: TableId, _: KeyHash| ids[index] >= creation;
+        target.replay_filtered(&borrowed, &accept, 5).unwrap();
+        assert_eq!(read(&target, b"stale"), None);
+        assert_eq!(read(&target, b"fresh").map(|(_, value)| value), Some(b"new".to_vec()));
     }
 }

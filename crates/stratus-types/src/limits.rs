@@ -43,6 +43,18 @@ pub const SERVER_SPAN_MAX: u32 = 1_024;
 /// response even with the longest server addresses (asserted below).
 pub const TABLETS_PER_TABLE_MAX: usize = 16_384;
 
+/// Key and value bytes one RECEIVE_MIGRATION_DATA batch carries at most (it carries at least
+/// one object when one remains): large enough that a transfer is a few round trips per
+/// segment, small enough that the target's answer (which waits for its backups) comes quickly
+/// and a batch never comes near a frame's size.
+pub const MIGRATION_BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// Assignment epochs a master remembers (one per range it was told about; past this the
+/// oldest is forgotten): enough to recognise a stale TAKE, DROP or transfer of any range it
+/// has been assigned. Four times the tablets of one table, 40 bytes each (2.6 MB at most), and
+/// scanned once per assignment, which is rare.
+pub const ASSIGNMENTS_REMEMBERED_MAX: usize = 4 * TABLETS_PER_TABLE_MAX;
+
 /// Most requests a client keeps outstanding on one connection (pipelining window).
 pub const REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX: usize = 1_024;
 
@@ -64,6 +76,10 @@ const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_MAX + 4_096 < FRAME_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
 const _: () = assert!(TABLETS_PER_TABLE_MAX >= SERVER_SPAN_MAX as usize);
+// A batch over the limit by its last object (the largest value a segment admits).
+const _: () = assert!(
+    MIGRATION_BATCH_BYTES_MAX + SEGMENT_BYTES_MAX / 8 + KEY_BYTES_MAX + 4_096 < FRAME_BYTES_MAX
+);
 // A tablet map entry: table id, range, owner id, address string, state.
 const _: () = assert!(
     TABLETS_PER_TABLE_MAX * (8 + 16 + 8 + 2 + SERVER_ADDRESS_BYTES_MAX + 1) + 4_096

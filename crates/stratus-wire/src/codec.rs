@@ -257,6 +257,50 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_string(out, name);
             put_u64(out, *split_hash);
         }
+        Request::MigrateTablet { name, start_hash, target } => {
+            put_string(out, name);
+            put_u64(out, *start_hash);
+            put_u64(out, target.0);
+        }
+        Request::TransferTablet {
+            master_id,
+            table_id,
+            range,
+            assignment_epoch,
+            target,
+            target_address,
+        } => {
+            put_u64(out, master_id.0);
+            put_u64(out, table_id.0);
+            put_range(out, range);
+            put_u64(out, *assignment_epoch);
+            put_u64(out, target.0);
+            put_string(out, target_address);
+        }
+        Request::ReceiveMigrationData {
+            table_id,
+            range,
+            assignment_epoch,
+            source,
+            transfer_id,
+            safe_version,
+            first,
+            objects,
+        } => {
+            put_u64(out, table_id.0);
+            put_range(out, range);
+            put_u64(out, *assignment_epoch);
+            put_u64(out, source.0);
+            put_u64(out, *transfer_id);
+            put_version(out, *safe_version);
+            put_u8(out, u8::from(*first));
+            put_count(out, objects.len());
+            for object in objects {
+                put_key(out, &object.key);
+                put_value(out, &object.value);
+                put_version(out, object.version);
+            }
+        }
         Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
             put_key_item(out, *table_id, key, rules);
         }
@@ -302,10 +346,12 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_cursor(out, cursor);
             put_u32(out, *bytes_max);
         }
-        Request::TakeTabletOwnership { table_id, range }
-        | Request::DropTabletOwnership { table_id, range } => {
+        Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch }
+        | Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch } => {
+            put_u64(out, master_id.0);
             put_u64(out, table_id.0);
             put_range(out, range);
+            put_u64(out, *assignment_epoch);
         }
         Request::BackupWrite { master_id, segment_id, epoch, offset, flags, certificate, data } => {
             put_u64(out, master_id.0);
@@ -337,16 +383,14 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, segment_id.0);
             put_count(out, tablets.len());
             for tablet in tablets {
-                put_u64(out, tablet.table_id.0);
-                put_range(out, &tablet.range);
+                put_recovery_tablet(out, tablet);
             }
         }
         Request::RecoverTablets { crashed_master, tablets, segments, backups } => {
             put_u64(out, crashed_master.0);
             put_count(out, tablets.len());
             for tablet in tablets {
-                put_u64(out, tablet.table_id.0);
-                put_range(out, &tablet.range);
+                put_recovery_tablet(out, tablet);
             }
             put_count(out, segments.len());
             for segment in segments {
@@ -372,7 +416,13 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::SetLogHead
         | Response::HintServerCrashed
         | Response::RecoveryAcceptLoss
-        | Response::SplitTablet => {}
+        | Response::SplitTablet
+        | Response::MigrateTablet => {}
+        Response::TransferTablet { creation_segment, objects_sent } => {
+            put_u64(out, creation_segment.0);
+            put_u64(out, *objects_sent);
+        }
+        Response::ReceiveMigrationData { creation_segment } => put_u64(out, creation_segment.0),
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupGetRecoveryData { certificate, data } => {
             put_certificate(out, certificate);
@@ -388,10 +438,16 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_u8(out, replica_flags(replica.closed, replica.primary));
             }
         }
-        Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed } => {
+        Response::RecoverTablets {
+            segments_replayed,
+            replica_bytes_read,
+            objects_replayed,
+            creation_segment,
+        } => {
             put_u64(out, *segments_replayed);
             put_u64(out, *replica_bytes_read);
             put_u64(out, *objects_replayed);
+            put_u64(out, creation_segment.0);
         }
         Response::BackupReadReplica { epoch, certificate, closed, primary, data } => {
             put_u64(out, *epoch);
@@ -628,6 +684,12 @@ fn put_key_item(out: &mut BytesMut, table_id: TableId, key: &[u8], rules: &Rejec
 fn put_range(out: &mut BytesMut, range: &HashRange) {
     put_u64(out, range.start);
     put_u64(out, range.end);
+}
+
+fn put_recovery_tablet(out: &mut BytesMut, tablet: &RecoveryTablet) {
+    put_u64(out, tablet.table_id.0);
+    put_range(out, &tablet.range);
+    put_u64(out, tablet.creation_segment.0);
 }
 
 fn put_cursor(out: &mut BytesMut, cursor: &EnumerationCursor) {
@@ -889,7 +951,7 @@ const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
 const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8;
 /// Bytes of one BACKUP_LIST_REPLICAS entry (fixed size).
 const REPLICA_ENTRY_BYTES: usize = 8 + 8 + 8 + 8 + 1;
-const RECOVERY_TABLET_BYTES: usize = 8 + 16;
+const RECOVERY_TABLET_BYTES: usize = 8 + 16 + 8;
 
 fn key_item(reader: &mut Reader) -> Result<KeyItem, DecodeError> {
     Ok(KeyItem { table_id: reader.table_id()?, key: reader.key()?, rules: reader.rules()? })
@@ -918,6 +980,43 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::SplitTablet => Request::SplitTablet {
             name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
             split_hash: reader.u64()?,
+        },
+        Opcode::MigrateTablet => Request::MigrateTablet {
+            name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
+            start_hash: reader.u64()?,
+            target: reader.server_id()?,
+        },
+        Opcode::TransferTablet => Request::TransferTablet {
+            master_id: reader.server_id()?,
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            assignment_epoch: reader.u64()?,
+            target: reader.server_id()?,
+            target_address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
+        },
+        Opcode::ReceiveMigrationData => Request::ReceiveMigrationData {
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            assignment_epoch: reader.u64()?,
+            source: reader.server_id()?,
+            transfer_id: reader.u64()?,
+            safe_version: reader.version()?,
+            first: match reader.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(DecodeError::InvalidField("first batch flag")),
+            },
+            objects: reader.list(
+                ENUMERATED_OBJECTS_MAX,
+                ENUMERATED_OBJECT_BYTES_MIN,
+                |reader| {
+                    Ok(EnumeratedObject {
+                        key: reader.key()?,
+                        value: reader.value()?,
+                        version: reader.version()?,
+                    })
+                },
+            )?,
         },
         Opcode::Read => {
             let KeyItem { table_id, key, rules } = key_item(reader)?;
@@ -971,12 +1070,18 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             cursor: reader.cursor()?,
             bytes_max: reader.u32()?,
         },
-        Opcode::TakeTabletOwnership => {
-            Request::TakeTabletOwnership { table_id: reader.table_id()?, range: reader.range()? }
-        }
-        Opcode::DropTabletOwnership => {
-            Request::DropTabletOwnership { table_id: reader.table_id()?, range: reader.range()? }
-        }
+        Opcode::TakeTabletOwnership => Request::TakeTabletOwnership {
+            master_id: reader.server_id()?,
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            assignment_epoch: reader.u64()?,
+        },
+        Opcode::DropTabletOwnership => Request::DropTabletOwnership {
+            master_id: reader.server_id()?,
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            assignment_epoch: reader.u64()?,
+        },
         Opcode::GetServerStatistics => Request::GetServerStatistics,
         Opcode::BackupWrite => Request::BackupWrite {
             master_id: reader.server_id()?,
@@ -1014,13 +1119,21 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             master_id: reader.server_id()?,
             segment_id: reader.segment_id()?,
             tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
-                Ok(RecoveryTablet { table_id: reader.table_id()?, range: reader.range()? })
+                Ok(RecoveryTablet {
+                    table_id: reader.table_id()?,
+                    range: reader.range()?,
+                    creation_segment: reader.segment_id()?,
+                })
             })?,
         },
         Opcode::RecoverTablets => Request::RecoverTablets {
             crashed_master: reader.server_id()?,
             tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
-                Ok(RecoveryTablet { table_id: reader.table_id()?, range: reader.range()? })
+                Ok(RecoveryTablet {
+                    table_id: reader.table_id()?,
+                    range: reader.range()?,
+                    creation_segment: reader.segment_id()?,
+                })
             })?,
             segments: reader.list(RECOVERY_SEGMENTS_MAX, 8, |reader| reader.segment_id())?,
             backups: reader.list(SERVERS_MAX, 2, |reader| {
@@ -1139,6 +1252,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
             segments_replayed: reader.u64()?,
             replica_bytes_read: reader.u64()?,
             objects_replayed: reader.u64()?,
+            creation_segment: reader.segment_id()?,
         },
         Opcode::BackupWrite => Response::BackupWrite,
         Opcode::BackupFree => Response::BackupFree,
@@ -1148,6 +1262,14 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::HintServerCrashed => Response::HintServerCrashed,
         Opcode::RecoveryAcceptLoss => Response::RecoveryAcceptLoss,
         Opcode::SplitTablet => Response::SplitTablet,
+        Opcode::MigrateTablet => Response::MigrateTablet,
+        Opcode::TransferTablet => Response::TransferTablet {
+            creation_segment: reader.segment_id()?,
+            objects_sent: reader.u64()?,
+        },
+        Opcode::ReceiveMigrationData => {
+            Response::ReceiveMigrationData { creation_segment: reader.segment_id()? }
+        }
         Opcode::BackupGetRecoveryData => {
             let certificate = reader.certificate()?;
             let data = reader.value()?;

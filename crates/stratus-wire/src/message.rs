@@ -41,6 +41,8 @@ pub enum Opcode {
     RecoveryAcceptLoss = 20,
     /// Coordinator: split the tablet holding a key hash into two at that hash.
     SplitTablet = 21,
+    /// Coordinator: move a tablet to another master while clients keep running.
+    MigrateTablet = 22,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -67,6 +69,11 @@ pub enum Opcode {
     GetServerStatistics = 42,
     /// Master (from the coordinator): replay a crashed master's tablets from its replicas.
     RecoverTablets = 43,
+    /// Master (from the coordinator): copy a tablet to another master, then stop serving it.
+    TransferTablet = 44,
+    /// Master (from a master transferring a tablet): objects of the tablet, kept with their
+    /// versions and made durable before the answer.
+    ReceiveMigrationData = 45,
     /// Backup: append to a replica of a master's segment (opening or closing it), then store
     /// the certificate that commits it.
     BackupWrite = 50,
@@ -86,7 +93,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 33] = [
+    pub const ALL: [Opcode; 36] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -100,6 +107,7 @@ impl Opcode {
         Opcode::HintServerCrashed,
         Opcode::RecoveryAcceptLoss,
         Opcode::SplitTablet,
+        Opcode::MigrateTablet,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -113,6 +121,8 @@ impl Opcode {
         Opcode::DropTabletOwnership,
         Opcode::GetServerStatistics,
         Opcode::RecoverTablets,
+        Opcode::TransferTablet,
+        Opcode::ReceiveMigrationData,
         Opcode::BackupWrite,
         Opcode::BackupFree,
         Opcode::BackupListReplicas,
@@ -507,6 +517,54 @@ pub enum Request {
         /// The first key hash of the second half.
         split_hash: u64,
     },
+    /// MIGRATE_TABLET: the tablet of table `name` that starts at `start_hash` moves to the
+    /// master `target`.
+    MigrateTablet {
+        /// Table name.
+        name: String,
+        /// The first key hash of the tablet.
+        start_hash: u64,
+        /// The master that is to serve it.
+        target: ServerId,
+    },
+    /// TRANSFER_TABLET: the master serving `range` of `table_id` copies it to `target` and
+    /// stops serving it.
+    TransferTablet {
+        /// The master this is meant for: another server at its address (a restarted process
+        /// with a new id) answers WRONG_SERVER.
+        master_id: ServerId,
+        /// Table.
+        table_id: TableId,
+        /// The tablet (exactly one the master owns).
+        range: HashRange,
+        /// The coordinator's assignment epoch of this decision (wire-protocol.md, "Assignment
+        /// epochs"): a master ignores an assignment older than one it has seen for the range.
+        assignment_epoch: u64,
+        /// The master that receives it.
+        target: ServerId,
+        /// Its address.
+        target_address: String,
+    },
+    /// RECEIVE_MIGRATION_DATA: objects of `range` of `table_id` from the master transferring it.
+    ReceiveMigrationData {
+        /// Table.
+        table_id: TableId,
+        /// The tablet being transferred.
+        range: HashRange,
+        /// The assignment epoch of the transfer (the TRANSFER_TABLET's).
+        assignment_epoch: u64,
+        /// The master transferring it.
+        source: ServerId,
+        /// Which of the source's transfers this batch belongs to: a batch of a transfer that
+        /// a later first batch superseded is refused.
+        transfer_id: u64,
+        /// The source's safe version: the receiver's versions stay above it.
+        safe_version: Version,
+        /// True for the first batch: the receiver starts the tablet afresh in its log.
+        first: bool,
+        /// Objects with their versions.
+        objects: Vec<EnumeratedObject>,
+    },
     /// READ.
     Read {
         /// Table.
@@ -580,17 +638,29 @@ pub enum Request {
     },
     /// TAKE_TABLET_OWNERSHIP.
     TakeTabletOwnership {
+        /// The master this is meant for: another server at its address (a restarted process
+        /// with a new id) answers WRONG_SERVER.
+        master_id: ServerId,
         /// Table.
         table_id: TableId,
         /// Tablet range.
         range: HashRange,
+        /// The coordinator's assignment epoch of this decision (wire-protocol.md, "Assignment
+        /// epochs"): a master ignores an assignment older than one it has seen for the range.
+        assignment_epoch: u64,
     },
     /// DROP_TABLET_OWNERSHIP.
     DropTabletOwnership {
+        /// The master this is meant for: another server at its address (a restarted process
+        /// with a new id) answers WRONG_SERVER.
+        master_id: ServerId,
         /// Table.
         table_id: TableId,
         /// Tablet range.
         range: HashRange,
+        /// The coordinator's assignment epoch of this decision (wire-protocol.md, "Assignment
+        /// epochs"): a master ignores an assignment older than one it has seen for the range.
+        assignment_epoch: u64,
     },
     /// GET_SERVER_STATISTICS.
     GetServerStatistics,
@@ -696,6 +766,9 @@ pub struct RecoveryTablet {
     pub table_id: TableId,
     /// Part of the table's hash space.
     pub range: HashRange,
+    /// The tablet's creation segment in the crashed master's log: its objects in older
+    /// segments are left from an earlier time that master served the range, and are ignored.
+    pub creation_segment: SegmentId,
 }
 
 /// A response body for a status that carries the operation's body (see
@@ -807,6 +880,22 @@ pub enum Response {
     /// SPLIT_TABLET: the split is durable in the tablet map (or the hash already was a
     /// tablet boundary).
     SplitTablet,
+    /// MIGRATE_TABLET: the tablet is served by the target, and the change is durable.
+    MigrateTablet,
+    /// TRANSFER_TABLET: every object is durable on the target; this master no longer serves the
+    /// tablet.
+    TransferTablet {
+        /// Where the tablet starts in the target's log (see RECEIVE_MIGRATION_DATA).
+        creation_segment: SegmentId,
+        /// Objects copied.
+        objects_sent: u64,
+    },
+    /// RECEIVE_MIGRATION_DATA: the batch is durable on this master's backups.
+    ReceiveMigrationData {
+        /// The segment this master's log started the tablet in (the head it rolled to for the
+        /// first batch): recovery of this master ignores the tablet's entries in older segments.
+        creation_segment: SegmentId,
+    },
     /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
     /// tombstones of the partition, with the certificate that commits it.
     BackupGetRecoveryData {
@@ -830,6 +919,8 @@ pub enum Response {
         replica_bytes_read: u64,
         /// Objects written into this master's store.
         objects_replayed: u64,
+        /// The segment this master's log started the recovered tablets in.
+        creation_segment: SegmentId,
     },
     /// BACKUP_WRITE.
     BackupWrite,
@@ -891,6 +982,9 @@ impl Request {
             Request::HintServerCrashed { .. } => Opcode::HintServerCrashed,
             Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
             Request::SplitTablet { .. } => Opcode::SplitTablet,
+            Request::MigrateTablet { .. } => Opcode::MigrateTablet,
+            Request::TransferTablet { .. } => Opcode::TransferTablet,
+            Request::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
@@ -932,6 +1026,9 @@ impl Response {
             Response::HintServerCrashed => Opcode::HintServerCrashed,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::SplitTablet => Opcode::SplitTablet,
+            Response::MigrateTablet => Opcode::MigrateTablet,
+            Response::TransferTablet { .. } => Opcode::TransferTablet,
+            Response::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,

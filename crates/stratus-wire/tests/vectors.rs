@@ -213,6 +213,7 @@ fn expected(name: &str) -> Expected {
                 tablets: vec![RecoveryTablet {
                     table_id: TableId(1),
                     range: HashRange { start: 0, end: 0x7fff_ffff_ffff_ffff },
+                    creation_segment: SegmentId(0),
                 }],
                 segments: vec![SegmentId(1), SegmentId(3)],
                 backups: vec!["b:1".to_string()],
@@ -242,6 +243,7 @@ fn expected(name: &str) -> Expected {
                 segments_replayed: 2,
                 replica_bytes_read: 131_072,
                 objects_replayed: 1000,
+                creation_segment: SegmentId(7),
             },
         ),
         "backup-get-statistics-response" => ok(

@@ -117,6 +117,17 @@ pub enum TableCommand {
         #[arg(value_parser = parse_key_hash)]
         split_hash: u64,
     },
+    /// Move the tablet that starts at START_HASH to the master SERVER_ID (ids as `stratus
+    /// status` shows them) while clients keep running; split first to move part of a tablet.
+    Migrate {
+        /// Table name.
+        name: String,
+        /// First key hash of the tablet: decimal, or hexadecimal with 0x.
+        #[arg(value_parser = parse_key_hash)]
+        start_hash: u64,
+        /// The master that is to serve it.
+        server_id: u64,
+    },
 }
 
 /// A key hash given as decimal or as 0x-prefixed hexadecimal (as `stratus status` prints
@@ -326,6 +337,12 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
         Command::Table(TableCommand::Split { name, split_hash }) => {
             client.split_tablet(&name, split_hash).await?;
             let _ = writeln!(stdout, "split {name} at {split_hash:#018x}");
+        }
+        Command::Table(TableCommand::Migrate { name, start_hash, server_id }) => {
+            let target = stratus_types::ServerId(server_id);
+            client.migrate_tablet(&name, start_hash, target).await?;
+            let _ =
+                writeln!(stdout, "migrated {name} tablet {start_hash:#018x} to server {server_id}");
         }
         Command::Table(TableCommand::List) => {
             for table in client.list_tables().await? {

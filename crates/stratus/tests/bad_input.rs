@@ -139,7 +139,8 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         backups: vec![master.clone()],
     };
     encode_request(&mut recovery, 10, &recover(Vec::new()));
-    let owned = RecoveryTablet { table_id: table, range: HashRange::FULL };
+    let owned =
+        RecoveryTablet { table_id: table, range: HashRange::FULL, creation_segment: SegmentId(0) };
     encode_request(&mut recovery, 11, &recover(vec![owned]));
     encode_request(
         &mut recovery,

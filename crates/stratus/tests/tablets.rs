@@ -1,7 +1,9 @@
-//! Tablet management on a cluster of real processes: splitting tablets while clients write,
-//! through the client library and the `stratus table split` command, and across a restart of
-//! the coordinator. Afterwards every acknowledged write must be readable with its latest value,
-//! and enumeration must return each key exactly once.
+//! Tablet management on a cluster of real processes: splitting and migrating tablets while
+//! clients write, through the client library and the `stratus table split` / `migrate`
+//! commands, and across a restart of the coordinator. Afterwards every acknowledged write must
+//! be readable with its latest value, and enumeration must return each key exactly once. A
+//! tablet that moved away and back must not bring back an object removed while it was away
+//! when its master crashes.
 
 mod common;
 
@@ -12,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{stratus_binary, TestCluster};
-use stratus_client::{Client, Status, TableId};
+use stratus_client::{Client, ClientConfig, Status, TableId};
+use stratus_types::ServerId;
 
 /// Keys each writer owns (a key is written by one writer only, so its latest acknowledged
 /// value is known exactly).
@@ -212,7 +215,7 @@ async fn splitting_tablets_under_writes_keeps_every_acknowledged_write() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_split_survives_a_coordinator_restart() {
+async fn a_split_and_a_migration_survive_a_coordinator_restart() {
     let mut cluster = TestCluster::start(2);
     let client = cluster.client();
     let table = client.create_table("durable-split", 1).await.unwrap();
@@ -220,10 +223,13 @@ async fn a_split_survives_a_coordinator_restart() {
         client.write(table, format!("key-{index}").as_bytes(), b"v").await.unwrap();
     }
     client.split_tablet("durable-split", 1 << 63).await.unwrap();
+    let home = client.tablet_map(table).await.unwrap()[0].owner;
+    let other = *master_ids(&client).await.iter().find(|&&id| id != home).unwrap();
+    client.migrate_tablet("durable-split", 1 << 63, other).await.unwrap();
     let before = tablets_of(&client, table).await;
-    assert_eq!(before.len(), 2);
+    assert_eq!(before, vec![(0, (1 << 63) - 1, home.0), (1 << 63, u64::MAX, other.0)]);
     // Killed without warning: only what it persisted is back, and it re-sends every
-    // assignment (TAKE of each half to the master that already serves them both).
+    // assignment, at an epoch above every one it handed out before.
     cluster.restart_coordinator_after_sigkill();
     let client = cluster.client();
     assert_eq!(tablets_of(&client, table).await, before);
@@ -233,7 +239,187 @@ async fn a_split_survives_a_coordinator_restart() {
         assert_eq!(&value[..], b"v");
         client.write(table, key.as_bytes(), b"w").await.unwrap();
     }
+    // The masters take assignments from the restarted coordinator: its epochs continue
+    // where the last incarnation's stopped (a transfer at an epoch they had already seen
+    // would be refused as stale).
+    client.migrate_tablet("durable-split", 1 << 63, home).await.unwrap();
+    assert_eq!(tablets_of(&client, table).await[1], (1 << 63, u64::MAX, home.0));
     let objects = client.enumerate(table).collect_all().await.unwrap();
     assert_eq!(objects.len(), 200);
     assert!(objects.iter().all(|object| &object.value[..] == b"w"));
+}
+
+/// The ids of the masters that are up, ascending.
+async fn master_ids(client: &Client) -> Vec<ServerId> {
+    let mut ids: Vec<ServerId> = client
+        .server_list()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|server| {
+            server.status == stratus_wire::ServerStatus::Up && server.services.has_master()
+        })
+        .map(|server| server.server_id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_tablets_under_writes_keeps_every_acknowledged_write() {
+    let cluster = TestCluster::start(3);
+    let client = cluster.client();
+    let table = client.create_table("migrate", 1).await.unwrap();
+    let [(0, u64::MAX, first_owner)] = tablets_of(&client, table).await[..] else {
+        panic!("a table of span 1 has one tablet");
+    };
+    let others: Vec<u64> = master_ids(&client)
+        .await
+        .into_iter()
+        .map(|id| id.0)
+        .filter(|&id| id != first_owner)
+        .collect();
+    let [second, third] = others[..] else { panic!("three masters: {others:?}") };
+    let stale_client = cluster.client();
+    stale_client.read(table, b"absent").await.expect_err("nothing written yet");
+    let load = WriteLoad::start(&client, table);
+    load.wait_for_writes(300).await;
+
+    client.split_tablet("migrate", 1 << 63).await.unwrap();
+    let coordinator = cluster.coordinator_address.clone();
+    let arguments = ["table", "migrate", "migrate", "0x8000000000000000", &second.to_string()]
+        .map(str::to_string);
+    let (success, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+        stratus(&coordinator, &arguments)
+    })
+    .await
+    .unwrap();
+    assert!(success, "stratus table migrate failed: {stderr}");
+    assert!(stdout.contains("migrated migrate tablet 0x8000000000000000"), "{stdout}");
+    load.wait_for_writes(300).await;
+    client.migrate_tablet("migrate", 0, ServerId(third)).await.unwrap();
+    load.wait_for_writes(300).await;
+    // Back to the master it came from (A → B → A).
+    client.migrate_tablet("migrate", 1 << 63, ServerId(first_owner)).await.unwrap();
+    load.wait_for_writes(300).await;
+    // To where it is already: nothing to do.
+    client.migrate_tablet("migrate", 1 << 63, ServerId(first_owner)).await.unwrap();
+
+    // Bad input gets a clear error, and changes nothing.
+    let error = client.migrate_tablet("no-such-table", 0, ServerId(second)).await.unwrap_err();
+    assert_eq!(error.status, Status::TableDoesntExist);
+    let error = client.migrate_tablet("migrate", 5, ServerId(second)).await.unwrap_err();
+    assert_eq!(error.status, Status::InvalidParameter, "no tablet starts at 5: {error:?}");
+    let error = client.migrate_tablet("migrate", 0, ServerId(999)).await.unwrap_err();
+    assert_eq!(error.status, Status::InvalidParameter, "no server 999: {error:?}");
+
+    let latest = load.finish().await;
+    assert_eq!(
+        tablets_of(&client, table).await,
+        vec![(0, (1 << 63) - 1, third), (1 << 63, u64::MAX, first_owner)]
+    );
+    check_every_write(&client, table, &latest).await;
+    // A client whose map predates every move is refused by the old masters (UNKNOWN_TABLET)
+    // and finds the new ones.
+    check_every_write(&stale_client, table, &latest).await;
+    // The master that gave a tablet away holds none of its objects any more: the second
+    // master had the upper half and gave it back.
+    let second_address = client
+        .server_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|server| server.server_id.0 == second)
+        .unwrap()
+        .address;
+    let statistics = client.server_statistics(&second_address).await.unwrap();
+    assert_eq!((statistics.tablets_owned, statistics.objects_live), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tablet_that_moved_away_and_back_recovers_without_stale_objects() {
+    let mut cluster = TestCluster::start_with_replicas(4, 2);
+    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
+    // Waits through failure detection and recovery.
+    config.operation_timeout = Duration::from_secs(60);
+    let client = Client::new(config);
+    let table = client.create_table("away-and-back", 1).await.unwrap();
+    let map = client.tablet_map(table).await.unwrap();
+    let (home, home_address) = (map[0].owner, map[0].owner_address.clone());
+    let away = *master_ids(&client).await.iter().find(|&&id| id != home).unwrap();
+
+    client.write(table, b"removed-while-away", b"old").await.unwrap();
+    client.write(table, b"overwritten-while-away", b"old").await.unwrap();
+    client.write(table, b"untouched", b"kept").await.unwrap();
+    client.migrate_tablet("away-and-back", 0, away).await.unwrap();
+    client.remove(table, b"removed-while-away").await.unwrap();
+    client.write(table, b"overwritten-while-away", b"new").await.unwrap();
+    client.migrate_tablet("away-and-back", 0, home).await.unwrap();
+    assert_eq!(client.tablet_map(table).await.unwrap()[0].owner, home);
+    let absent = client.read(table, b"removed-while-away").await.unwrap_err();
+    assert_eq!(absent.status, Status::ObjectDoesntExist);
+
+    // The home master's log still holds the old objects from before the tablet left, and
+    // not the tombstone (that is in the other master's log). Its recovery must ignore them.
+    let home_process = cluster
+        .servers
+        .iter_mut()
+        .find(|process| process.address.as_deref() == Some(home_address.as_str()))
+        .expect("the home master's process");
+    home_process.kill();
+    let version_after = client.write(table, b"written-after-recovery", b"x").await.unwrap();
+    assert!(version_after.0 > 0);
+    let map = client.tablet_map(table).await.unwrap();
+    assert_ne!(map[0].owner, home, "recovered onto another master");
+    let absent = client.read(table, b"removed-while-away").await.unwrap_err();
+    assert_eq!(absent.status, Status::ObjectDoesntExist, "a removed object came back");
+    let (value, _) = client.read(table, b"overwritten-while-away").await.unwrap();
+    assert_eq!(&value[..], b"new");
+    let (value, _) = client.read(table, b"untouched").await.unwrap();
+    assert_eq!(&value[..], b"kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_to_a_dead_master_fails_and_the_tablet_stays_writable() {
+    let mut cluster = TestCluster::start_with_replicas(3, 1);
+    let client = cluster.client();
+    let table = client.create_table("stays", 1).await.unwrap();
+    let home = client.tablet_map(table).await.unwrap()[0].owner;
+    let target = *master_ids(&client).await.iter().find(|&&id| id != home).unwrap();
+    let target_address = client
+        .server_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|server| server.server_id == target)
+        .unwrap()
+        .address;
+    for index in 0..100 {
+        client.write(table, format!("key-{index}").as_bytes(), b"before").await.unwrap();
+    }
+    cluster
+        .servers
+        .iter_mut()
+        .find(|process| process.address.as_deref() == Some(target_address.as_str()))
+        .expect("the target's process")
+        .kill();
+    // The transfer fails (the target refuses connections) and is retried until the target is
+    // declared crashed, which the coordinator then reports as a bad target.
+    let error = client.migrate_tablet("stays", 0, target).await.unwrap_err();
+    assert!(
+        matches!(error.status, Status::InvalidParameter | Status::Retry),
+        "the migration must fail: {error:?}"
+    );
+    assert_eq!(client.tablet_map(table).await.unwrap()[0].owner, home);
+    // The source serves the tablet again, writes included, with every object.
+    for index in 0..100 {
+        let key = format!("key-{index}");
+        let (value, _) = client.read(table, key.as_bytes()).await.unwrap();
+        assert_eq!(&value[..], b"before");
+        client.write(table, key.as_bytes(), b"after").await.unwrap();
+    }
+    let objects = client.enumerate(table).collect_all().await.unwrap();
+    assert_eq!(objects.len(), 100);
+    assert!(objects.iter().all(|object| &object.value[..] == b"after"));
 }

@@ -123,6 +123,53 @@ pub fn request() -> impl Strategy<Value = Request> {
         table_id().prop_map(|table_id| Request::GetTabletMap { table_id }),
         (name(), any::<u64>())
             .prop_map(|(name, split_hash)| Request::SplitTablet { name, split_hash }),
+        (name(), any::<u64>(), server_id()).prop_map(|(name, start_hash, target)| {
+            Request::MigrateTablet { name, start_hash, target }
+        }),
+        (server_id(), table_id(), range(), any::<u64>(), server_id(), name()).prop_map(
+            |(master_id, table_id, range, assignment_epoch, target, target_address)| {
+                Request::TransferTablet {
+                    master_id,
+                    table_id,
+                    range,
+                    assignment_epoch,
+                    target,
+                    target_address,
+                }
+            },
+        ),
+        (
+            (table_id(), range(), any::<u64>(), server_id(), any::<u64>()),
+            version(),
+            any::<bool>(),
+            vec(
+                (key(), value(), version()).prop_map(|(key, value, version)| EnumeratedObject {
+                    key,
+                    value,
+                    version
+                }),
+                0..4
+            )
+        )
+            .prop_map(
+                |(
+                    (table_id, range, assignment_epoch, source, transfer_id),
+                    safe_version,
+                    first,
+                    objects,
+                )| {
+                    Request::ReceiveMigrationData {
+                        table_id,
+                        range,
+                        assignment_epoch,
+                        source,
+                        transfer_id,
+                        safe_version,
+                        first,
+                        objects,
+                    }
+                }
+            ),
         (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Read {
             table_id,
             key,
@@ -163,10 +210,22 @@ pub fn request() -> impl Strategy<Value = Request> {
                 bytes_max
             }
         ),
-        (table_id(), range())
-            .prop_map(|(table_id, range)| Request::TakeTabletOwnership { table_id, range }),
-        (table_id(), range())
-            .prop_map(|(table_id, range)| Request::DropTabletOwnership { table_id, range }),
+        (server_id(), table_id(), range(), any::<u64>()).prop_map(
+            |(master_id, table_id, range, assignment_epoch)| Request::TakeTabletOwnership {
+                master_id,
+                table_id,
+                range,
+                assignment_epoch,
+            }
+        ),
+        (server_id(), table_id(), range(), any::<u64>()).prop_map(
+            |(master_id, table_id, range, assignment_epoch)| Request::DropTabletOwnership {
+                master_id,
+                table_id,
+                range,
+                assignment_epoch,
+            }
+        ),
         Just(Request::GetServerStatistics),
         (
             server_id(),
@@ -208,8 +267,13 @@ pub fn request() -> impl Strategy<Value = Request> {
             server_id(),
             segment_id(),
             vec(
-                (table_id(), range())
-                    .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
+                (table_id(), range(), segment_id()).prop_map(
+                    |(table_id, range, creation_segment)| RecoveryTablet {
+                        table_id,
+                        range,
+                        creation_segment
+                    }
+                ),
                 0..4
             )
         )
@@ -221,8 +285,13 @@ pub fn request() -> impl Strategy<Value = Request> {
         (
             server_id(),
             vec(
-                (table_id(), range())
-                    .prop_map(|(table_id, range)| RecoveryTablet { table_id, range }),
+                (table_id(), range(), segment_id()).prop_map(
+                    |(table_id, range, creation_segment)| RecoveryTablet {
+                        table_id,
+                        range,
+                        creation_segment
+                    }
+                ),
                 0..4
             ),
             vec(segment_id(), 0..6),
@@ -378,14 +447,27 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::HintServerCrashed),
         Just(Response::RecoveryAcceptLoss),
         Just(Response::SplitTablet),
+        Just(Response::MigrateTablet),
+        (segment_id(), any::<u64>()).prop_map(|(creation_segment, objects_sent)| {
+            Response::TransferTablet { creation_segment, objects_sent }
+        }),
+        segment_id()
+            .prop_map(|creation_segment| Response::ReceiveMigrationData { creation_segment }),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
         (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
             certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },
             data,
         }),
-        any::<[u64; 3]>().prop_map(|[segments_replayed, replica_bytes_read, objects_replayed]| {
-            Response::RecoverTablets { segments_replayed, replica_bytes_read, objects_replayed }
-        }),
+        any::<[u64; 4]>().prop_map(
+            |[segments_replayed, replica_bytes_read, objects_replayed, creation_segment]| {
+                Response::RecoverTablets {
+                    segments_replayed,
+                    replica_bytes_read,
+                    objects_replayed,
+                    creation_segment: SegmentId(creation_segment),
+                }
+            }
+        ),
     ]
 }
 

@@ -278,15 +278,17 @@ fd 01 00 00               # frames free 509
 00                        # storage failure: absent
 """,
     "recover-tablets-request": """
-4d 00 00 00               # frame length 77
+5d 00 00 00               # frame length 93
 01 00                     # kind: request, flags
 2b 00                     # opcode 43 RECOVER_TABLETS
 10 00 00 00 00 00 00 00   # request id 16
+05 00 00 00 00 00 00 00   # recovery master 5
 02 00 00 00 00 00 00 00   # crashed master 2
 01 00 00 00               # tablets: 1
 01 00 00 00 00 00 00 00   #   table id 1
 00 00 00 00 00 00 00 00   #   range start 0
 ff ff ff ff ff ff ff 7f   #   range end 0x7fffffffffffffff
+00 00 00 00 00 00 00 00   #   creation segment 0 (every segment counts)
 02 00 00 00               # segments: 2
 01 00 00 00 00 00 00 00   #   segment 1
 03 00 00 00 00 00 00 00   #   segment 3
@@ -316,7 +318,7 @@ ee 02 00 00               # lease 750 ms
 02 00 00 00 00 00 00 00   # master id 2
 """,
     "recover-tablets-response": """
-26 00 00 00               # frame length 38
+2e 00 00 00               # frame length 46
 02 00                     # kind: response, flags
 2b 00                     # opcode 43 RECOVER_TABLETS
 10 00 00 00 00 00 00 00   # request id 16
@@ -324,6 +326,7 @@ ee 02 00 00               # lease 750 ms
 02 00 00 00 00 00 00 00   # segments replayed 2
 00 00 02 00 00 00 00 00   # replica bytes read 131072
 e8 03 00 00 00 00 00 00   # objects replayed 1000
+07 00 00 00 00 00 00 00   # creation segment 7
 """,
 }
 

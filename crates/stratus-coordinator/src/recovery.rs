@@ -667,6 +667,7 @@ impl Inner {
         for (index, parts) in partitions {
             let (master_id, address) = masters[index].clone();
             let request = Request::RecoverTablets {
+                master_id,
                 crashed_master: crashed,
                 tablets: parts
                     .iter()

@@ -582,8 +582,14 @@ impl Service for Master {
         let started = tokio::time::Instant::now();
         let operation = Operation::of_opcode(header.opcode_code);
         match decode_request(header.opcode_code, body) {
-            Ok(Request::RecoverTablets { crashed_master, tablets, segments, backups }) => {
-                let request = (crashed_master, tablets, segments, backups);
+            Ok(Request::RecoverTablets {
+                master_id,
+                crashed_master,
+                tablets,
+                segments,
+                backups,
+            }) => {
+                let request = (master_id, crashed_master, tablets, segments, backups);
                 return self.recover(header.request_id, request, started, out);
             }
             Ok(Request::TransferTablet {
@@ -863,8 +869,9 @@ impl Master {
     }
 }
 
-/// A RECOVER_TABLETS request: the crashed master, the tablets, its segments, the backups.
-type RecoverRequest = (ServerId, Vec<RecoveryTablet>, Vec<SegmentId>, Vec<String>);
+/// A RECOVER_TABLETS request: the recovery master it is meant for, the crashed master, the
+/// tablets, its segments, the backups.
+type RecoverRequest = (ServerId, ServerId, Vec<RecoveryTablet>, Vec<SegmentId>, Vec<String>);
 
 impl Master {
     /// RECOVER_TABLETS: replays the partition in the background and answers when it is
@@ -876,7 +883,7 @@ impl Master {
         started: tokio::time::Instant,
         out: &mut BytesMut,
     ) -> Handled {
-        let (crashed_master, tablets, segments, backups) = request;
+        let (master_id, crashed_master, tablets, segments, backups) = request;
         let refuse = |out: &mut BytesMut, status: Status, message: &str| {
             let opcode = Opcode::RecoverTablets.code();
             encode_error_response(out, request_id, opcode, status, message);
@@ -887,6 +894,12 @@ impl Master {
             let message = "this master does not take part in recovery";
             return refuse(out, Status::UnimplementedRequest, message);
         };
+        if master_id != self.server_id {
+            // Meant for an earlier process at this address: replaying here would leave the
+            // partition with a master the coordinator does not know to hold it.
+            let message = format!("this is server {}, not {master_id}", self.server_id);
+            return refuse(out, Status::WrongServer, &message);
+        }
         if tablets.is_empty() {
             return refuse(out, Status::InvalidParameter, "no tablet to recover");
         }

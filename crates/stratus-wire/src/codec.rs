@@ -386,7 +386,8 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_recovery_tablet(out, tablet);
             }
         }
-        Request::RecoverTablets { crashed_master, tablets, segments, backups } => {
+        Request::RecoverTablets { master_id, crashed_master, tablets, segments, backups } => {
+            put_u64(out, master_id.0);
             put_u64(out, crashed_master.0);
             put_count(out, tablets.len());
             for tablet in tablets {
@@ -1127,6 +1128,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             })?,
         },
         Opcode::RecoverTablets => Request::RecoverTablets {
+            master_id: reader.server_id()?,
             crashed_master: reader.server_id()?,
             tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
                 Ok(RecoveryTablet {

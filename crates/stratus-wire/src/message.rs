@@ -667,6 +667,9 @@ pub enum Request {
     /// RECOVER_TABLETS: become the owner-to-be of `tablets` of the crashed master by replaying
     /// the segments of its log (the newest digest's members) read from `backups`.
     RecoverTablets {
+        /// The recovery master this is meant for: another server at its address (a restarted
+        /// process with a new id) answers WRONG_SERVER.
+        master_id: ServerId,
         /// The crashed master (the log id in its segments' headers).
         crashed_master: ServerId,
         /// The partition this master recovers: (table, hash range) pairs.

@@ -197,8 +197,9 @@ fn field_domains_are_checked() {
         decode_request(Opcode::Read.code(), Bytes::from(body)),
         Err(DecodeError::InvalidField("reject rules flags"))
     );
-    // A hash range with start > end.
-    let mut body = 7u64.to_le_bytes().to_vec();
+    // A hash range with start > end (after the master id and the table id).
+    let mut body = 3u64.to_le_bytes().to_vec();
+    body.extend_from_slice(&7u64.to_le_bytes());
     body.extend_from_slice(&5u64.to_le_bytes());
     body.extend_from_slice(&4u64.to_le_bytes());
     assert_eq!(

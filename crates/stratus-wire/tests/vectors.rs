@@ -209,6 +209,7 @@ fn expected(name: &str) -> Expected {
         "recover-tablets-request" => Expected::Request {
             request_id: 16,
             request: Request::RecoverTablets {
+                master_id: ServerId(5),
                 crashed_master: ServerId(2),
                 tablets: vec![RecoveryTablet {
                     table_id: TableId(1),

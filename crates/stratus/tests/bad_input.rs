@@ -63,6 +63,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     let table = client.create_table("strict", 1).await.unwrap();
     client.write(table, b"good", b"value").await.unwrap();
     let master = client.tablet_map(table).await.unwrap()[0].owner_address.clone();
+    let owner = client.tablet_map(table).await.unwrap()[0].owner;
 
     // Client-side checks: keys that cannot be encoded or are empty.
     assert_eq!(client.write(table, b"", b"v").await.unwrap_err().status, Status::InvalidKey);
@@ -133,6 +134,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     // backup holds. Clear statuses; nothing of the master's own data changes.
     let mut recovery = BytesMut::new();
     let recover = |tablets| Request::RecoverTablets {
+        master_id: owner,
         crashed_master: ServerId(999),
         tablets,
         segments: vec![SegmentId(1)],
@@ -165,6 +167,37 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
             (12, Status::BackupBadSegmentId)
         ]
     );
+    // Assignments and recoveries meant for another master (an earlier process at this
+    // address): WRONG_SERVER, and this master takes nothing.
+    let mut misaddressed = BytesMut::new();
+    let other_table = TableId(table.0 + 1_000);
+    encode_request(
+        &mut misaddressed,
+        13,
+        &Request::TakeTabletOwnership {
+            master_id: ServerId(owner.0 + 1_000),
+            table_id: other_table,
+            range: HashRange::FULL,
+            assignment_epoch: u64::MAX,
+        },
+    );
+    let recovery_elsewhere = Request::RecoverTablets {
+        master_id: ServerId(owner.0 + 1_000),
+        crashed_master: ServerId(999),
+        tablets: vec![RecoveryTablet { table_id: other_table, ..owned }],
+        segments: vec![SegmentId(1)],
+        backups: vec![master.clone()],
+    };
+    encode_request(&mut misaddressed, 14, &recovery_elsewhere);
+    stream.write_all(&misaddressed).await.unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        answers.push(read_response(&mut stream, &mut received).await);
+    }
+    answers.sort_unstable_by_key(|(request_id, _)| *request_id);
+    assert_eq!(answers, vec![(13, Status::WrongServer), (14, Status::WrongServer)]);
+    let statistics = client.server_statistics(&master).await.unwrap();
+    assert_eq!(statistics.tablets_owned, 1, "only the table's own tablet");
     // Lease and log-head requests for a server the coordinator does not know: told it is not
     // up (a master would stop serving).
     let mut coordinator = handshaken(&cluster.coordinator_address).await;

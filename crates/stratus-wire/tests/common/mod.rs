@@ -298,7 +298,9 @@ pub fn request() -> impl Strategy<Value = Request> {
             vec(name(), 0..3)
         )
             .prop_map(|(crashed_master, tablets, segments, backups)| {
-                Request::RecoverTablets { crashed_master, tablets, segments, backups }
+                // The recovery master's id: any id encodes alike.
+                let master_id = ServerId(crashed_master.0 ^ 1);
+                Request::RecoverTablets { master_id, crashed_master, tablets, segments, backups }
             }),
     ]
 }

@@ -42,6 +42,13 @@ const DELIVERY_PERSISTENCE: Duration = Duration::from_secs(120);
 /// abandoned and the tablet stays where it was.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How long one TRANSFER_TABLET request waits for its answer before the coordinator asks
+/// again (on a fresh connection). The source answers a repeated request with RETRY while the
+/// transfer runs and with its outcome once it finished, so an answer lost on a connection
+/// that broke or stalled costs seconds, not [`TRANSFER_TIMEOUT`], of the tablet being
+/// served by no one.
+const TRANSFER_ANSWER_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a restarted coordinator waits for a server it remembers to answer a ping.
 const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
 
@@ -146,7 +153,8 @@ impl Coordinator {
         );
         let rpc = RpcConfig { request_timeout: Duration::from_secs(1), ..RpcConfig::default() };
         let pool = ChannelPool::new(environment.network.clone(), rpc);
-        let transfer_rpc = RpcConfig { request_timeout: TRANSFER_TIMEOUT, ..RpcConfig::default() };
+        let transfer_rpc =
+            RpcConfig { request_timeout: TRANSFER_ANSWER_WAIT, ..RpcConfig::default() };
         let transfer_pool = ChannelPool::new(environment.network.clone(), transfer_rpc);
         let inner = Inner {
             meta,
@@ -657,25 +665,10 @@ impl Inner {
             target_address,
         };
         let (creation_segment, objects_sent) =
-            match self.transfer_pool.call(&source_address, &request).await {
-                Ok((
-                    Status::Ok,
-                    ResponseBody::Operation(Response::TransferTablet {
-                        creation_segment,
-                        objects_sent,
-                    }),
-                )) => (creation_segment, objects_sent),
-                Ok((status, body)) => {
-                    let message = format!("the source refused the transfer: {status} {body:?}");
-                    let status = if status == Status::Ok { Status::InternalError } else { status };
-                    return Err(self.abandon_migration(table_id, tablet, status, message).await);
-                }
-                Err(error) => {
-                    self.transfer_pool.forget(&source_address);
-                    let message = format!("transfer from {source_address}: {error}");
-                    return Err(self
-                        .abandon_migration(table_id, tablet, Status::Retry, message)
-                        .await);
+            match self.transfer(tablet.owner, &source_address, &request).await {
+                Ok(outcome) => outcome,
+                Err((status, message)) => {
+                    return Err(self.abandon_migration(table_id, tablet, status, message).await)
                 }
             };
         let moved = TabletRecord { range: tablet.range, owner: target, creation_segment };
@@ -712,6 +705,50 @@ impl Inner {
             deliver(self.clone(), table_id, tablet, false, commit_epoch)
         );
         Ok(Response::MigrateTablet)
+    }
+
+    /// Sends TRANSFER_TABLET to `source` until it answers with the outcome: a lost answer or a
+    /// RETRY (the transfer is running) is followed by the same request again, which the source
+    /// answers with the outcome once the transfer completed. Gives up after
+    /// [`TRANSFER_TIMEOUT`], when the source is no longer up, or when this coordinator is no
+    /// longer the active one.
+    async fn transfer(
+        self: &Arc<Self>,
+        source: ServerId,
+        address: &str,
+        request: &Request,
+    ) -> Result<(SegmentId, u64), Failure> {
+        let deadline = tokio::time::Instant::now() + TRANSFER_TIMEOUT;
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        loop {
+            let last = match self.transfer_pool.call(address, request).await {
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::TransferTablet {
+                        creation_segment,
+                        objects_sent,
+                    }),
+                )) => return Ok((creation_segment, objects_sent)),
+                Ok((Status::Retry, body)) => format!("{body:?}"),
+                Ok((status, body)) => {
+                    let message = format!("the source refused the transfer: {status} {body:?}");
+                    let status = if status == Status::Ok { Status::InternalError } else { status };
+                    return Err((status, message));
+                }
+                Err(error) => {
+                    self.transfer_pool.forget(address);
+                    format!("transfer from {address}: {error}")
+                }
+            };
+            let source_up = {
+                let state = self.state.lock().await;
+                state.servers.get(&source).is_some_and(|server| server.status == ServerStatus::Up)
+            };
+            if !source_up || !self.is_active() || tokio::time::Instant::now() >= deadline {
+                return Err((Status::Retry, last));
+            }
+            tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
+        }
     }
 
     /// After a failed transfer: tells the source to serve `tablet` again (and to end a

@@ -17,13 +17,19 @@ use stratus_types::limits::MIGRATION_BATCH_BYTES_MAX;
 use stratus_types::{HashRange, SegmentId, ServerId, TableId, Version};
 use stratus_wire::{EnumeratedObject, Request, Response, ResponseBody, Status};
 
-use crate::ownership::TabletOwnership;
+use crate::ownership::{AssignmentRefusal, TabletOwnership};
 
 /// Transfers a target remembers (source and transfer id per range). One per migration the
 /// coordinator ran to this master, and it runs one at a time; a range's entry is replaced by
 /// the next transfer of an overlapping range, so this bounds only ranges never transferred
 /// again, oldest forgotten first (a forgotten transfer's late batch is then refused).
 pub const INCOMING_TRANSFERS_REMEMBERED_MAX: usize = 64;
+
+/// Finished transfers out of this master a master remembers, so that the coordinator, whose
+/// answer was lost (a connection that broke or stalled), can ask again with the same
+/// TRANSFER_TABLET and get the outcome rather than a refusal. The coordinator runs one
+/// migration at a time and asks again within seconds, so a few are plenty.
+pub const COMPLETED_TRANSFERS_REMEMBERED_MAX: usize = 16;
 
 /// A failed transfer or batch: the status and message to answer with.
 pub type MigrationFailure = (Status, String);
@@ -61,6 +67,77 @@ impl IncomingTransfers {
     pub(crate) fn is_current(&self, transfer: &IncomingTransfer) -> bool {
         let transfers = self.transfers.lock().unwrap_or_else(|poison| poison.into_inner());
         transfers.contains(transfer)
+    }
+}
+
+/// A transfer out of this master that handed its tablet off: (table, range, assignment epoch)
+/// and what it answered (creation segment in the target's log, objects sent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CompletedTransfer {
+    pub(crate) table: TableId,
+    pub(crate) range: HashRange,
+    pub(crate) assignment_epoch: u64,
+    pub(crate) outcome: (SegmentId, u64),
+}
+
+/// The last few completed transfers out of this master. Its lock is held across a hand-off
+/// and its record, and across a look-up and the freeze that starts a transfer, so a TRANSFER
+/// asked again at the moment the first one hands off sees either the tablet still frozen (a
+/// transfer running: RETRY) or the outcome, never a tablet that is simply gone.
+#[derive(Debug, Default)]
+pub(crate) struct CompletedTransfers {
+    transfers: Mutex<std::collections::VecDeque<CompletedTransfer>>,
+}
+
+/// What a TRANSFER_TABLET found.
+pub(crate) enum TransferStart {
+    /// A new transfer, frozen with this id.
+    Started(u64),
+    /// The same transfer completed before: its outcome.
+    Completed((SegmentId, u64)),
+}
+
+impl CompletedTransfers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<CompletedTransfer>> {
+        self.transfers.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// The outcome of the transfer of exactly `range` of `table` at `assignment_epoch` if it
+    /// completed here; otherwise freezes the tablet for a new transfer.
+    pub(crate) fn outcome_or_freeze(
+        &self,
+        ownership: &TabletOwnership,
+        table: TableId,
+        range: HashRange,
+        assignment_epoch: u64,
+    ) -> Result<TransferStart, AssignmentRefusal> {
+        let transfers = self.lock();
+        let done = transfers.iter().find(|done| {
+            done.table == table && done.range == range && done.assignment_epoch == assignment_epoch
+        });
+        if let Some(done) = done {
+            return Ok(TransferStart::Completed(done.outcome));
+        }
+        ownership.freeze(table, range, assignment_epoch).map(TransferStart::Started)
+    }
+
+    /// Hands off the tablet frozen by `transfer_id` and remembers `transfer` (forgetting the
+    /// oldest past the bound); false, remembering nothing, if a TAKE ended the transfer.
+    pub(crate) fn hand_off(
+        &self,
+        ownership: &TabletOwnership,
+        transfer_id: u64,
+        transfer: CompletedTransfer,
+    ) -> bool {
+        let mut transfers = self.lock();
+        if !ownership.hand_off(transfer_id) {
+            return false;
+        }
+        if transfers.len() >= COMPLETED_TRANSFERS_REMEMBERED_MAX {
+            transfers.pop_front();
+        }
+        transfers.push_back(transfer);
+        true
     }
 }
 
@@ -164,6 +241,49 @@ impl Transfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transfer_asked_again_gets_retry_while_running_and_its_outcome_once_done() {
+        let ownership = TabletOwnership::default();
+        let completed = CompletedTransfers::default();
+        let (table, range) = (TableId(1), HashRange::FULL);
+        ownership.take(table, range, 1).unwrap();
+        let Ok(TransferStart::Started(transfer_id)) =
+            completed.outcome_or_freeze(&ownership, table, range, 2)
+        else {
+            panic!("the first request starts the transfer");
+        };
+        // Running: the same request finds the tablet frozen (answered RETRY).
+        assert!(matches!(
+            completed.outcome_or_freeze(&ownership, table, range, 2),
+            Err(AssignmentRefusal::AlreadyFrozen)
+        ));
+        let done =
+            CompletedTransfer { table, range, assignment_epoch: 2, outcome: (SegmentId(9), 5) };
+        assert!(completed.hand_off(&ownership, transfer_id, done));
+        assert!(matches!(
+            completed.outcome_or_freeze(&ownership, table, range, 2),
+            Ok(TransferStart::Completed((SegmentId(9), 5)))
+        ));
+        // Another epoch's transfer is not this one.
+        assert!(matches!(
+            completed.outcome_or_freeze(&ownership, table, range, 3),
+            Err(AssignmentRefusal::NotATablet)
+        ));
+        // Bounded.
+        for epoch in 10..10 + COMPLETED_TRANSFERS_REMEMBERED_MAX as u64 {
+            ownership.take(table, range, epoch * 2).unwrap();
+            let Ok(TransferStart::Started(id)) =
+                completed.outcome_or_freeze(&ownership, table, range, epoch * 2 + 1)
+            else {
+                panic!("a new transfer starts");
+            };
+            let record = CompletedTransfer { assignment_epoch: epoch * 2 + 1, ..done };
+            assert!(completed.hand_off(&ownership, id, record));
+        }
+        assert_eq!(completed.lock().len(), COMPLETED_TRANSFERS_REMEMBERED_MAX);
+        assert!(!completed.lock().iter().any(|record| record.assignment_epoch == 2));
+    }
 
     #[test]
     fn a_later_transfer_of_an_overlapping_range_supersedes_the_earlier() {

@@ -19,7 +19,10 @@ use stratus_wire::{
 
 use crate::lease::Lease;
 use crate::metrics::{MasterMetrics, Operation, RecoveryCounters};
-use crate::migration::{IncomingTransfer, IncomingTransfers, MigrationFailure, Transfer};
+use crate::migration::{
+    CompletedTransfer, CompletedTransfers, IncomingTransfer, IncomingTransfers, MigrationFailure,
+    Transfer, TransferStart,
+};
 use crate::ownership::{AssignmentRefusal, TabletOwnership, WriteRefusal};
 use crate::recovery::{recover_partition, RecoveryContext, RecoveryReader};
 use crate::replication::{LogPosition, ReplicaManager, SyncError};
@@ -46,6 +49,8 @@ pub struct Master {
     ownership: Arc<TabletOwnership>,
     /// Tablets being received from other masters (which transfer each range belongs to).
     incoming: IncomingTransfers,
+    /// Transfers out of this master that completed (answered again when asked again).
+    completed_transfers: Arc<CompletedTransfers>,
     wall_clock: Arc<dyn WallClock>,
     /// Requests per operation and their latencies; recovery work.
     metrics: Arc<MasterMetrics>,
@@ -98,6 +103,7 @@ impl Master {
             replication: None,
             ownership: Arc::default(),
             incoming: IncomingTransfers::default(),
+            completed_transfers: Arc::default(),
             wall_clock,
             metrics: Arc::default(),
             sync_context: None,
@@ -685,8 +691,21 @@ impl Master {
         if !self.may_serve() {
             return refuse(out, Status::Retry, "no lease from the coordinator");
         }
-        let transfer_id = match self.ownership.freeze(table, range, assignment_epoch) {
-            Ok(transfer_id) => transfer_id,
+        let start = self.completed_transfers.outcome_or_freeze(
+            &self.ownership,
+            table,
+            range,
+            assignment_epoch,
+        );
+        let transfer_id = match start {
+            Ok(TransferStart::Started(transfer_id)) => transfer_id,
+            // Asked again after it finished (the coordinator lost the first answer).
+            Ok(TransferStart::Completed((creation_segment, objects_sent))) => {
+                let response = Response::TransferTablet { creation_segment, objects_sent };
+                encode_response(out, request_id, Status::Ok, &response);
+                self.metrics.record(Operation::Control, started);
+                return Handled::Done;
+            }
             Err(AssignmentRefusal::AlreadyFrozen) => {
                 return refuse(out, Status::Retry, "a transfer of this tablet is running")
             }
@@ -715,6 +734,7 @@ impl Master {
         };
         let replication = self.replication.clone();
         let metrics = self.metrics.clone();
+        let completed_transfers = self.completed_transfers.clone();
         Handled::Later(Box::pin(async move {
             let mut outcome = transfer.send().await;
             if outcome.is_ok() {
@@ -726,7 +746,15 @@ impl Master {
                 }
             }
             let outcome: Result<(SegmentId, u64), MigrationFailure> = match outcome {
-                Ok(sent) if transfer.ownership.hand_off(transfer_id) => Ok(sent),
+                Ok(sent)
+                    if completed_transfers.hand_off(
+                        &transfer.ownership,
+                        transfer_id,
+                        CompletedTransfer { table, range, assignment_epoch, outcome: sent },
+                    ) =>
+                {
+                    Ok(sent)
+                }
                 Ok(_) => Err((Status::Retry, "the transfer was ended".to_string())),
                 Err(failure) => {
                     transfer.ownership.unfreeze(transfer_id);

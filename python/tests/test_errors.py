@@ -13,9 +13,9 @@ from stratus_client.errors import error_for_status
 
 def test_status_codes_are_the_specifications():
     # docs/design/wire-protocol.md, "Statuses": codes are never renumbered.
-    assert [status.value for status in Status] == list(range(28))
-    assert Status.OBJECT_DOESNT_EXIST == 3 and Status.SERVER_CRASHED == 27
-    assert Status.from_code(28) is None
+    assert [status.value for status in Status] == list(range(29))
+    assert Status.OBJECT_DOESNT_EXIST == 3 and Status.IN_PROGRESS == 28
+    assert Status.from_code(29) is None
     assert {status for status in Status if status.carries_operation_body} == {
         Status.OK,
         Status.OBJECT_DOESNT_EXIST,
@@ -48,6 +48,7 @@ def test_status_codes_are_the_specifications():
         (Status.INVALID_OBJECT, stratus_client.InvalidObject),
         (Status.INVALID_PARAMETER, stratus_client.InvalidParameter),
         (Status.SERVER_CRASHED, stratus_client.StratusError),
+        (Status.IN_PROGRESS, stratus_client.StratusError),
         (Status.BACKUP_OPEN_REJECTED, stratus_client.StratusError),
     ],
 )
@@ -105,10 +106,16 @@ def test_running_out_of_time_does_not_hide_the_failure_that_explains_a_timeout()
     refused = stratus_client.CouldNotConnect("127.0.0.1:1: connection refused")
     late = stratus_client.Timeout("127.0.0.1:1: ran out of time waiting")
     expired = Attempts("read", timeout=0.0)
-    assert expired.explaining(refused, late) is refused
-    assert expired.explaining(None, late) is late
+    assert expired.note(late) is late, "nothing earlier explains it"
+    expired = Attempts("read", timeout=0.0)
+    assert expired.note(refused) is refused
+    assert expired.note(late) is refused
+    with pytest.raises(stratus_client.Timeout) as raised:
+        expired.wait_before_retry(late)
+    assert raised.value.last_error is refused
     # Before the deadline a timeout is news, and other failures always are.
     running = Attempts("read", timeout=60.0)
-    assert running.explaining(refused, late) is late
+    running.note(refused)
+    assert running.note(late) is late
     other = stratus_client.RetryLater("busy")
-    assert expired.explaining(refused, other) is other
+    assert expired.note(other) is other

@@ -490,7 +490,6 @@ class Client:
         as needed; returns the decoded OK body or raises the operation's typed error."""
         hash_value = key_hash(table_id, key)
         attempts = Attempts(f"{name}(table {table_id}, key {key[:64]!r})", self.timeout)
-        last_error: StratusError | None = None
         while True:
             try:
                 tablet = self._locate(table_id, hash_value, attempts)
@@ -499,16 +498,14 @@ class Client:
             except StratusError as error:
                 # Any other failure to find the tablet is retried, as the Rust client does:
                 # the coordinator may be restarting or the map changing under a recovery.
-                last_error = attempts.explaining(last_error, error)
-                attempts.wait_before_retry(last_error)
+                attempts.wait_before_retry(error)
                 continue
             try:
                 status, decoded = self._send(tablet.owner_address, opcode, body, attempts)
             except Unavailable as error:
                 # The master may have crashed: its tablets will have new owners.
                 self._forget_tablet_map(table_id)
-                last_error = attempts.explaining(last_error, error)
-                attempts.wait_before_retry(last_error)
+                attempts.wait_before_retry(error)
                 continue
             if status is Status.OK:
                 return decoded
@@ -579,7 +576,7 @@ class Client:
                 except StratusError as error:
                     if not isinstance(error, (UnknownTablet, RetryLater)):
                         unlocatable_tables.add(table_id)
-                    last_error = attempts.explaining(last_error, error)
+                    last_error = attempts.note(error)
                     continue
                 groups[tablet.owner_address].append(index)
             for address, indices in groups.items():
@@ -591,16 +588,16 @@ class Client:
                     except Unavailable as error:
                         for index in chunk:
                             self._forget_tablet_map(items[index].table_id)
-                        last_error = attempts.explaining(last_error, error)
+                        last_error = attempts.note(error)
                         continue
                     if status is not Status.OK:
                         error = failure_from_response(status, decoded)
                         if status in _STALE_MAP_STATUSES:
                             for index in chunk:
                                 self._forget_tablet_map(items[index].table_id)
-                            last_error = error
+                            last_error = attempts.note(error)
                         elif status in _TRANSIENT_STATUSES:
-                            last_error = error
+                            last_error = attempts.note(error)
                         else:
                             # The master refused the whole batch: sending it again cannot help.
                             for index in chunk:
@@ -616,9 +613,9 @@ class Client:
                             outcomes[index] = success(result)
                         elif result.status in _STALE_MAP_STATUSES:
                             self._forget_tablet_map(items[index].table_id)
-                            last_error = error_for_status(result.status)
+                            last_error = attempts.note(error_for_status(result.status))
                         elif result.status in _TRANSIENT_STATUSES:
-                            last_error = error_for_status(result.status)
+                            last_error = attempts.note(error_for_status(result.status))
                         else:
                             outcomes[index] = error_for_status(
                                 result.status, version=result.version

@@ -27,6 +27,7 @@ class Attempts:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self._next_delay = _BACKOFF_INITIAL_SECONDS
+        self.last_error: StratusError | None = None
 
     def timeout_error(self, last_error: StratusError | None) -> Timeout:
         detail = f"; last error: {last_error}" if last_error is not None else ""
@@ -35,21 +36,22 @@ class Attempts:
             last_error=last_error,
         )
 
-    def explaining(
-        self, previous: StratusError | None, error: StratusError
-    ) -> StratusError:
-        """The error to keep as the last one seen: a ``Timeout`` that came because this
-        operation's own deadline passed (its last attempt ran out of time, which a loaded
-        machine makes likely) does not hide an earlier failure that explains the timeout."""
-        if previous is not None and isinstance(error, Timeout) and time.monotonic() >= self.deadline:
-            return previous
-        return error
+    def note(self, error: StratusError) -> StratusError:
+        """Records ``error`` as the last failure seen, and returns the one to report: a
+        ``Timeout`` that came because this operation's own deadline passed (its last attempt
+        ran out of time, which a loaded machine makes likely) does not hide an earlier failure
+        that explains the timeout."""
+        ran_out = isinstance(error, Timeout) and time.monotonic() >= self.deadline
+        if not (ran_out and self.last_error is not None):
+            self.last_error = error
+        return self.last_error
 
     def wait_before_retry(self, last_error: StratusError) -> None:
         """Sleeps the next backoff delay before another attempt, or raises ``Timeout`` naming
         ``last_error`` when the deadline comes first."""
+        explaining = self.note(last_error)
         if not self.pause_before_retry():
-            raise self.timeout_error(last_error) from last_error
+            raise self.timeout_error(explaining) from explaining
 
     def pause_before_retry(self) -> bool:
         """Sleeps the next backoff delay and returns True, or sleeps until the deadline and

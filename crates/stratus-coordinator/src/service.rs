@@ -43,8 +43,8 @@ const DELIVERY_PERSISTENCE: Duration = Duration::from_secs(120);
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long one TRANSFER_TABLET request waits for its answer before the coordinator asks
-/// again (on a fresh connection). The source answers a repeated request with RETRY while the
-/// transfer runs and with its outcome once it finished, so an answer lost on a connection
+/// again (on a fresh connection). The source answers a repeated request with IN_PROGRESS while
+/// the transfer runs and with its outcome once it ended, so an answer lost on a connection
 /// that broke or stalled costs seconds, not [`TRANSFER_TIMEOUT`], of the tablet being
 /// served by no one.
 const TRANSFER_ANSWER_WAIT: Duration = Duration::from_secs(2);
@@ -707,9 +707,9 @@ impl Inner {
         Ok(Response::MigrateTablet)
     }
 
-    /// Sends TRANSFER_TABLET to `source` until it answers with the outcome: a lost answer or a
-    /// RETRY (the transfer is running) is followed by the same request again, which the source
-    /// answers with the outcome once the transfer completed. Gives up after
+    /// Sends TRANSFER_TABLET to `source` until it answers with the outcome: a lost answer or
+    /// IN_PROGRESS (the transfer is running) is followed by the same request again, which the
+    /// source answers with the outcome once the transfer ended. Gives up after
     /// [`TRANSFER_TIMEOUT`], when the source is no longer up, or when this coordinator is no
     /// longer the active one.
     async fn transfer(
@@ -729,7 +729,7 @@ impl Inner {
                         objects_sent,
                     }),
                 )) => return Ok((creation_segment, objects_sent)),
-                Ok((Status::Retry, body)) => format!("{body:?}"),
+                Ok((Status::InProgress, _)) => "the transfer is still running".to_string(),
                 Ok((status, body)) => {
                     let message = format!("the source refused the transfer: {status} {body:?}");
                     let status = if status == Status::Ok { Status::InternalError } else { status };

@@ -25,7 +25,7 @@ use crate::ownership::{AssignmentRefusal, TabletOwnership};
 /// again, oldest forgotten first (a forgotten transfer's late batch is then refused).
 pub const INCOMING_TRANSFERS_REMEMBERED_MAX: usize = 64;
 
-/// Finished transfers out of this master a master remembers, so that the coordinator, whose
+/// Ended transfers out of this master a master remembers, so that the coordinator, whose
 /// answer was lost (a connection that broke or stalled), can ask again with the same
 /// TRANSFER_TABLET and get the outcome rather than a refusal. The coordinator runs one
 /// migration at a time and asks again within seconds, so a few are plenty.
@@ -70,14 +70,14 @@ impl IncomingTransfers {
     }
 }
 
-/// A transfer out of this master that handed its tablet off: (table, range, assignment epoch)
-/// and what it answered (creation segment in the target's log, objects sent).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A transfer out of this master that ended: (table, range, assignment epoch) and what it
+/// answered (creation segment in the target's log and objects sent, or its failure).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct CompletedTransfer {
     pub(crate) table: TableId,
     pub(crate) range: HashRange,
     pub(crate) assignment_epoch: u64,
-    pub(crate) outcome: (SegmentId, u64),
+    pub(crate) outcome: Result<(SegmentId, u64), MigrationFailure>,
 }
 
 /// The last few completed transfers out of this master. Its lock is held across a hand-off
@@ -93,8 +93,8 @@ pub(crate) struct CompletedTransfers {
 pub(crate) enum TransferStart {
     /// A new transfer, frozen with this id.
     Started(u64),
-    /// The same transfer completed before: its outcome.
-    Completed((SegmentId, u64)),
+    /// The same transfer ended before: its outcome.
+    Completed(Result<(SegmentId, u64), MigrationFailure>),
 }
 
 impl CompletedTransfers {
@@ -116,28 +116,32 @@ impl CompletedTransfers {
             done.table == table && done.range == range && done.assignment_epoch == assignment_epoch
         });
         if let Some(done) = done {
-            return Ok(TransferStart::Completed(done.outcome));
+            return Ok(TransferStart::Completed(done.outcome.clone()));
         }
         ownership.freeze(table, range, assignment_epoch).map(TransferStart::Started)
     }
 
-    /// Hands off the tablet frozen by `transfer_id` and remembers `transfer` (forgetting the
-    /// oldest past the bound); false, remembering nothing, if a TAKE ended the transfer.
-    pub(crate) fn hand_off(
+    /// Ends the transfer that froze a tablet with `transfer_id`: on success hands the tablet
+    /// off (unless a TAKE ended the transfer meanwhile: then it failed), on failure serves it
+    /// again; remembers the outcome (forgetting the oldest past the bound) and returns it.
+    pub(crate) fn end(
         &self,
         ownership: &TabletOwnership,
         transfer_id: u64,
-        transfer: CompletedTransfer,
-    ) -> bool {
+        mut transfer: CompletedTransfer,
+    ) -> Result<(SegmentId, u64), MigrationFailure> {
         let mut transfers = self.lock();
-        if !ownership.hand_off(transfer_id) {
-            return false;
+        match transfer.outcome {
+            Ok(_) if ownership.hand_off(transfer_id) => {}
+            Ok(_) => transfer.outcome = Err((Status::Retry, "the transfer was ended".to_string())),
+            Err(_) => ownership.unfreeze(transfer_id),
         }
         if transfers.len() >= COMPLETED_TRANSFERS_REMEMBERED_MAX {
             transfers.pop_front();
         }
+        let outcome = transfer.outcome.clone();
         transfers.push_back(transfer);
-        true
+        outcome
     }
 }
 
@@ -241,45 +245,48 @@ impl Transfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stratus_types::KeyHash;
 
     #[test]
-    fn a_transfer_asked_again_gets_retry_while_running_and_its_outcome_once_done() {
+    fn a_transfer_asked_again_is_in_progress_while_running_and_gets_its_outcome_once_ended() {
         let ownership = TabletOwnership::default();
         let completed = CompletedTransfers::default();
         let (table, range) = (TableId(1), HashRange::FULL);
         ownership.take(table, range, 1).unwrap();
-        let Ok(TransferStart::Started(transfer_id)) =
-            completed.outcome_or_freeze(&ownership, table, range, 2)
-        else {
+        let start = |epoch| completed.outcome_or_freeze(&ownership, table, range, epoch);
+        let Ok(TransferStart::Started(transfer_id)) = start(2) else {
             panic!("the first request starts the transfer");
         };
-        // Running: the same request finds the tablet frozen (answered RETRY).
-        assert!(matches!(
-            completed.outcome_or_freeze(&ownership, table, range, 2),
-            Err(AssignmentRefusal::AlreadyFrozen)
-        ));
+        // Running: the same request is told so; another epoch's finds the tablet busy.
+        assert!(matches!(start(2), Err(AssignmentRefusal::TransferRunning)));
+        assert!(matches!(start(3), Err(AssignmentRefusal::AlreadyFrozen)));
         let done =
-            CompletedTransfer { table, range, assignment_epoch: 2, outcome: (SegmentId(9), 5) };
-        assert!(completed.hand_off(&ownership, transfer_id, done));
-        assert!(matches!(
-            completed.outcome_or_freeze(&ownership, table, range, 2),
-            Ok(TransferStart::Completed((SegmentId(9), 5)))
-        ));
-        // Another epoch's transfer is not this one.
-        assert!(matches!(
-            completed.outcome_or_freeze(&ownership, table, range, 3),
-            Err(AssignmentRefusal::NotATablet)
-        ));
+            CompletedTransfer { table, range, assignment_epoch: 2, outcome: Ok((SegmentId(9), 5)) };
+        assert_eq!(completed.end(&ownership, transfer_id, done.clone()), Ok((SegmentId(9), 5)));
+        assert!(!ownership.owns(table, KeyHash(0)), "handed off");
+        assert!(matches!(start(2), Ok(TransferStart::Completed(Ok((SegmentId(9), 5))))));
+        // A later transfer's request is not this one's.
+        assert!(matches!(start(3), Err(AssignmentRefusal::NotATablet)));
+
+        // A failed transfer serves the tablet again and answers its failure when asked again.
+        ownership.take(table, range, 4).unwrap();
+        let Ok(TransferStart::Started(failing)) = start(5) else { panic!("starts") };
+        let failure = (Status::Retry, "target unreachable".to_string());
+        let failed =
+            CompletedTransfer { assignment_epoch: 5, outcome: Err(failure.clone()), ..done };
+        assert_eq!(completed.end(&ownership, failing, failed), Err(failure.clone()));
+        assert!(ownership.owns(table, KeyHash(0)), "served again");
+        assert!(matches!(start(5), Ok(TransferStart::Completed(Err(ref f))) if *f == failure));
+
         // Bounded.
         for epoch in 10..10 + COMPLETED_TRANSFERS_REMEMBERED_MAX as u64 {
-            ownership.take(table, range, epoch * 2).unwrap();
-            let Ok(TransferStart::Started(id)) =
-                completed.outcome_or_freeze(&ownership, table, range, epoch * 2 + 1)
-            else {
-                panic!("a new transfer starts");
+            let Ok(TransferStart::Started(id)) = start(epoch) else { panic!("starts") };
+            let record = CompletedTransfer {
+                assignment_epoch: epoch,
+                outcome: Err(failure.clone()),
+                ..done
             };
-            let record = CompletedTransfer { assignment_epoch: epoch * 2 + 1, ..done };
-            assert!(completed.hand_off(&ownership, id, record));
+            assert!(completed.end(&ownership, id, record).is_err());
         }
         assert_eq!(completed.lock().len(), COMPLETED_TRANSFERS_REMEMBERED_MAX);
         assert!(!completed.lock().iter().any(|record| record.assignment_epoch == 2));

@@ -25,8 +25,10 @@ pub enum AssignmentRefusal {
     Stale,
     /// TRANSFER: the range is not exactly one tablet this master owns.
     NotATablet,
-    /// TRANSFER: the tablet is being transferred already.
+    /// TRANSFER: the tablet is being transferred already, by a transfer of another epoch.
     AlreadyFrozen,
+    /// TRANSFER: this very transfer (same epoch) is running; its outcome comes later.
+    TransferRunning,
     /// RECEIVE_MIGRATION_DATA: this master serves part of the range.
     ServesPart,
 }
@@ -69,6 +71,8 @@ struct Frozen {
     table: TableId,
     range: HashRange,
     transfer_id: u64,
+    /// The assignment epoch of the TRANSFER_TABLET that froze it.
+    epoch: u64,
 }
 
 /// The set of (table, hash range) this master serves. Read on every request, written only when
@@ -131,13 +135,19 @@ impl TabletOwnership {
         if !owned.tablets.get(&table).is_some_and(|ranges| ranges.contains(&range)) {
             return Err(AssignmentRefusal::NotATablet);
         }
-        if owned.frozen.iter().any(|frozen| frozen.table == table && frozen.range == range) {
-            return Err(AssignmentRefusal::AlreadyFrozen);
+        let running =
+            owned.frozen.iter().find(|frozen| frozen.table == table && frozen.range == range);
+        if let Some(running) = running {
+            return Err(if running.epoch == epoch {
+                AssignmentRefusal::TransferRunning
+            } else {
+                AssignmentRefusal::AlreadyFrozen
+            });
         }
         owned.record(table, range, rank);
         let transfer_id = owned.next_transfer_id;
         owned.next_transfer_id += 1;
-        owned.frozen.push(Frozen { table, range, transfer_id });
+        owned.frozen.push(Frozen { table, range, transfer_id, epoch });
         Ok(transfer_id)
     }
 

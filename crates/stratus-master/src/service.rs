@@ -699,12 +699,18 @@ impl Master {
         );
         let transfer_id = match start {
             Ok(TransferStart::Started(transfer_id)) => transfer_id,
-            // Asked again after it finished (the coordinator lost the first answer).
-            Ok(TransferStart::Completed((creation_segment, objects_sent))) => {
+            // Asked again after it ended (the coordinator lost the first answer).
+            Ok(TransferStart::Completed(Ok((creation_segment, objects_sent)))) => {
                 let response = Response::TransferTablet { creation_segment, objects_sent };
                 encode_response(out, request_id, Status::Ok, &response);
                 self.metrics.record(Operation::Control, started);
                 return Handled::Done;
+            }
+            Ok(TransferStart::Completed(Err((status, message)))) => {
+                return refuse(out, status, &message)
+            }
+            Err(AssignmentRefusal::TransferRunning) => {
+                return refuse(out, Status::InProgress, "this transfer is running")
             }
             Err(AssignmentRefusal::AlreadyFrozen) => {
                 return refuse(out, Status::Retry, "a transfer of this tablet is running")
@@ -745,22 +751,9 @@ impl Master {
                     }
                 }
             }
-            let outcome: Result<(SegmentId, u64), MigrationFailure> = match outcome {
-                Ok(sent)
-                    if completed_transfers.hand_off(
-                        &transfer.ownership,
-                        transfer_id,
-                        CompletedTransfer { table, range, assignment_epoch, outcome: sent },
-                    ) =>
-                {
-                    Ok(sent)
-                }
-                Ok(_) => Err((Status::Retry, "the transfer was ended".to_string())),
-                Err(failure) => {
-                    transfer.ownership.unfreeze(transfer_id);
-                    Err(failure)
-                }
-            };
+            let ended = CompletedTransfer { table, range, assignment_epoch, outcome };
+            let outcome: Result<(SegmentId, u64), MigrationFailure> =
+                completed_transfers.end(&transfer.ownership, transfer_id, ended);
             metrics.record(Operation::Control, started);
             let mut out = BytesMut::new();
             match outcome {

@@ -69,11 +69,14 @@ pub enum Status {
     /// The coordinator declared the calling server crashed: the coordinator refuses its lease
     /// and backups refuse its writes. A master that receives it must stop serving and exit.
     ServerCrashed = 27,
+    /// What the request asked for was started by an earlier identical request and is still
+    /// running: ask again later for its outcome (TRANSFER_TABLET repeated by the coordinator).
+    InProgress = 28,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 28] = [
+    pub const ALL: [Status; 29] = [
         Status::Ok,
         Status::UnknownTablet,
         Status::TableDoesntExist,
@@ -102,6 +105,7 @@ impl Status {
         Status::BackupReplicaClosed,
         Status::BackupStorageFailed,
         Status::ServerCrashed,
+        Status::InProgress,
     ];
 
     /// The wire code.
@@ -154,6 +158,7 @@ impl Status {
             Status::BackupReplicaClosed => "replica is closed",
             Status::BackupStorageFailed => "backup storage failed",
             Status::ServerCrashed => "server declared crashed",
+            Status::InProgress => "still in progress",
         }
     }
 }

@@ -42,6 +42,7 @@ class Status(enum.IntEnum):
     BACKUP_REPLICA_CLOSED = 25
     BACKUP_STORAGE_FAILED = 26
     SERVER_CRASHED = 27
+    IN_PROGRESS = 28
 
     @property
     def carries_operation_body(self) -> bool:
@@ -99,4 +100,5 @@ _DESCRIPTIONS = {
     Status.BACKUP_REPLICA_CLOSED: "replica is closed",
     Status.BACKUP_STORAGE_FAILED: "backup storage failed",
     Status.SERVER_CRASHED: "server declared crashed",
+    Status.IN_PROGRESS: "still in progress",
 }

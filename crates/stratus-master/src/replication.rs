@@ -689,13 +689,24 @@ impl Pump {
             let mut calls: Vec<BoxFuture<'static, (ServerId, WriteOutcome)>> = Vec::new();
             let mut failed = Vec::new();
             for (index, holder) in pending {
-                let Some((data, certificate)) = self.tail(segment_id, &source, holder.bytes_held)
-                else {
+                let tail = self.tail(segment_id, &source, holder.bytes_held).or_else(|| {
+                    // The copy holds more bytes than the segment has now: the segment was
+                    // compacted after the copy was complete (only complete segments are), and
+                    // the copy is still a valid replica (compaction changes nothing on backups;
+                    // its extra entries are dead). A closed one is behind only in epoch: an empty
+                    // write raises it, and the backup keeps its own longer certificate. (One
+                    // not closed may lack the segment's end, which is gone from memory: it is
+                    // replaced.) Dropping closed copies when another backup failed (which raises
+                    // the epoch of every segment it held) left a compacted segment on no backup
+                    // at all when its master then crashed (operator simulation seed 2628).
+                    (holder.bytes_held > length && holder.closed)
+                        .then(|| self.tail(segment_id, &source, length))
+                        .flatten()
+                });
+                let Some((data, certificate)) = tail else {
                     if self.current_length(segment_id, &source).is_none() {
                         return Ok(()); // the segment left the log meanwhile
                     }
-                    // The segment is shorter than this copy (it cannot be: segments are
-                    // compacted only once complete): start that copy over elsewhere.
                     failed.push((holder.server_id, "segment shrank under its replica".into()));
                     continue;
                 };
@@ -730,8 +741,10 @@ impl Pump {
                         if let Some(holder) =
                             segment.holders.iter_mut().find(|holder| holder.server_id == server_id)
                         {
-                            holder.bytes_held = bytes_held;
-                            holder.closed = closed;
+                            // Never less than before: a compacted segment's copy keeps its
+                            // longer prefix (see above).
+                            holder.bytes_held = holder.bytes_held.max(bytes_held);
+                            holder.closed |= closed;
                             holder.epoch = epoch;
                         }
                     }

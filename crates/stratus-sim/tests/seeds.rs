@@ -91,6 +91,23 @@ fn seeds_with_tablet_moves_keep_every_invariant() {
     assert!(migrations > TABLET_MOVE_SEEDS as u32 * 3, "only {migrations} migrations happened");
 }
 
+/// Seeds with the tablet operator that once failed, kept as regressions: 885 (a transfer's
+/// answer lost to a partition left the tablet unserved), 2628 (a failed backup made the master
+/// drop every closed copy of its compacted segments, and its crash then found one on no
+/// backup), 67 (a TAKE for a crashed master taken by the process restarted at its address).
+#[test]
+fn seeds_that_once_failed_with_tablet_moves_pass() {
+    let mut failures = Vec::new();
+    for seed in [885, 2628, 67] {
+        let options = SimulationOptions { tablet_moves: true, ..SimulationOptions::for_seed(seed) };
+        if let Err(failure) = run(seed, &options) {
+            eprintln!("{failure}");
+            failures.push(seed);
+        }
+    }
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+}
+
 /// `STRATUS_SIM_SEEDS=2000 cargo test --release -p stratus-sim many_seeds -- --ignored`
 /// (`STRATUS_SIM_TABLET_MOVES=1`: with the tablet operator)
 #[test]

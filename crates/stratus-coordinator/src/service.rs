@@ -769,7 +769,9 @@ impl Inner {
             let (epoch, persist_epoch) = state.next_assignment_epoch();
             if let Err((_, reason)) = self.persist(vec![persist_epoch]).await {
                 // This coordinator cannot persist (it lost the leadership, or its store
-                // failed): whoever persists next re-sends every assignment at a new epoch.
+                // failed): the coordinator that starts or takes over next re-sends every
+                // assignment at a new epoch, the source's included. Until then a tablet the
+                // source already handed off is served by no one.
                 tracing::warn!(%table_id, %reason, "the hand-back waits for the next coordinator");
                 return (status, message);
             }

@@ -294,12 +294,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, *transfer_id);
             put_version(out, *safe_version);
             put_u8(out, u8::from(*first));
-            put_count(out, objects.len());
-            for object in objects {
-                put_key(out, &object.key);
-                put_value(out, &object.value);
-                put_version(out, object.version);
-            }
+            put_enumerated_objects(out, objects);
         }
         Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
             put_key_item(out, *table_id, key, rules);
@@ -551,12 +546,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
             }
         }
         Response::Enumerate { objects, next } => {
-            put_count(out, objects.len());
-            for object in objects {
-                put_key(out, &object.key);
-                put_value(out, &object.value);
-                put_version(out, object.version);
-            }
+            put_enumerated_objects(out, objects);
             match next {
                 None => put_u8(out, 0),
                 Some(cursor) => {
@@ -632,6 +622,16 @@ fn put_string(out: &mut BytesMut, text: &str) {
     // Fits: cut to u16::MAX above.
     put_u16(out, text.len() as u16);
     out.extend_from_slice(text.as_bytes());
+}
+
+/// A list of objects as ENUMERATE returns them and RECEIVE_MIGRATION_DATA carries them.
+fn put_enumerated_objects(out: &mut BytesMut, objects: &[EnumeratedObject]) {
+    put_count(out, objects.len());
+    for object in objects {
+        put_key(out, &object.key);
+        put_value(out, &object.value);
+        put_version(out, object.version);
+    }
 }
 
 /// u16 length + bytes. A key too long for its prefix is sent empty (see [`encode_request`]).
@@ -796,6 +796,17 @@ impl Reader {
 
     fn version(&mut self) -> Result<Version, DecodeError> {
         self.u64().map(Version)
+    }
+
+    /// A list of objects as ENUMERATE returns them and RECEIVE_MIGRATION_DATA carries them.
+    fn enumerated_objects(&mut self) -> Result<Vec<EnumeratedObject>, DecodeError> {
+        self.list(ENUMERATED_OBJECTS_MAX, ENUMERATED_OBJECT_BYTES_MIN, |reader| {
+            Ok(EnumeratedObject {
+                key: reader.key()?,
+                value: reader.value()?,
+                version: reader.version()?,
+            })
+        })
     }
 
     fn table_id(&mut self) -> Result<TableId, DecodeError> {
@@ -1007,17 +1018,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                 1 => true,
                 _ => return Err(DecodeError::InvalidField("first batch flag")),
             },
-            objects: reader.list(
-                ENUMERATED_OBJECTS_MAX,
-                ENUMERATED_OBJECT_BYTES_MIN,
-                |reader| {
-                    Ok(EnumeratedObject {
-                        key: reader.key()?,
-                        value: reader.value()?,
-                        version: reader.version()?,
-                    })
-                },
-            )?,
+            objects: reader.enumerated_objects()?,
         },
         Opcode::Read => {
             let KeyItem { table_id, key, rules } = key_item(reader)?;
@@ -1209,17 +1210,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
             })?,
         },
         Opcode::Enumerate => Response::Enumerate {
-            objects: reader.list(
-                ENUMERATED_OBJECTS_MAX,
-                ENUMERATED_OBJECT_BYTES_MIN,
-                |reader| {
-                    Ok(EnumeratedObject {
-                        key: reader.key()?,
-                        value: reader.value()?,
-                        version: reader.version()?,
-                    })
-                },
-            )?,
+            objects: reader.enumerated_objects()?,
             next: match reader.u8()? {
                 0 => None,
                 1 => Some(reader.cursor()?),

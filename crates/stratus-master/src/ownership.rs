@@ -3,7 +3,7 @@
 //! coordinator, delayed in the network or re-sent by an earlier incarnation, is ignored).
 
 use std::collections::HashMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use stratus_types::limits::ASSIGNMENTS_REMEMBERED_MAX;
 use stratus_types::{HashRange, KeyHash, TableId};
@@ -81,14 +81,25 @@ struct Frozen {
 /// ([`TabletOwnership::while_writable`]), so once [`TabletOwnership::freeze`] returns, no write
 /// to the frozen tablet is still being applied: a copy taken afterwards sees every write that
 /// will ever be acknowledged there.
+///
+/// Assignments (TAKE, DROP, the freeze of a transfer, a migration batch) are applied one at a
+/// time under `assignments`, taken before the reader-writer lock: a migration batch holds it
+/// while its objects are written, so no TAKE or DROP of the range falls between its check and
+/// its writes, while requests keep being served (they take only the read lock).
 #[derive(Debug, Default)]
 pub struct TabletOwnership {
     owned: RwLock<Owned>,
+    assignments: Mutex<()>,
 }
 
 impl TabletOwnership {
     fn read(&self) -> RwLockReadGuard<'_, Owned> {
         self.owned.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Held while an assignment is applied (see the type's comment).
+    fn assigning(&self) -> MutexGuard<'_, ()> {
+        self.assignments.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Owned> {
@@ -127,6 +138,7 @@ impl TabletOwnership {
         range: HashRange,
         epoch: u64,
     ) -> Result<u64, AssignmentRefusal> {
+        let _assigning = self.assigning();
         let mut owned = self.write();
         let rank = (epoch, Direction::Release);
         if owned.is_stale(table, &range, rank) {
@@ -153,8 +165,8 @@ impl TabletOwnership {
 
     /// RECEIVE_MIGRATION_DATA at `epoch`: runs `apply` (which writes the batch) if the
     /// transfer is not stale and this master serves no part of the range, holding the
-    /// ownership lock until it returns, so that no TAKE or DROP of the range is applied
-    /// between the check and the write.
+    /// assignment lock until it returns, so that no TAKE or DROP of the range is applied
+    /// between the check and the write (requests are served meanwhile).
     pub fn while_receiving<T>(
         &self,
         table: TableId,
@@ -162,19 +174,22 @@ impl TabletOwnership {
         epoch: u64,
         apply: impl FnOnce() -> T,
     ) -> Result<T, AssignmentRefusal> {
-        let mut owned = self.write();
-        let rank = (epoch, Direction::Serve);
-        if owned.is_stale(table, &range, rank) {
-            return Err(AssignmentRefusal::Stale);
+        let _assigning = self.assigning();
+        {
+            let mut owned = self.write();
+            let rank = (epoch, Direction::Serve);
+            if owned.is_stale(table, &range, rank) {
+                return Err(AssignmentRefusal::Stale);
+            }
+            let serves_part = owned.tablets.get(&table).is_some_and(|ranges| {
+                ranges.iter().any(|owned| owned.intersection(&range).is_some())
+            });
+            if serves_part {
+                return Err(AssignmentRefusal::ServesPart);
+            }
+            owned.record(table, range, rank);
         }
-        let serves_part = owned
-            .tablets
-            .get(&table)
-            .is_some_and(|ranges| ranges.iter().any(|owned| owned.intersection(&range).is_some()));
-        if serves_part {
-            return Err(AssignmentRefusal::ServesPart);
-        }
-        owned.record(table, range, rank);
+        // Requests go on meanwhile; no assignment can change the range until this returns.
         Ok(apply())
     }
 
@@ -238,6 +253,7 @@ impl TabletOwnership {
         range: HashRange,
         epoch: u64,
     ) -> Result<(), AssignmentRefusal> {
+        let _assigning = self.assigning();
         let mut owned = self.write();
         let rank = (epoch, Direction::Serve);
         if owned.is_stale(table, &range, rank) {
@@ -285,6 +301,7 @@ impl TabletOwnership {
         epoch: u64,
         then: impl FnOnce() -> T,
     ) -> Result<T, AssignmentRefusal> {
+        let _assigning = self.assigning();
         let mut owned = self.write();
         let rank = (epoch, Direction::Release);
         if owned.is_stale(table, range, rank) {

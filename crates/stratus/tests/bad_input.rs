@@ -7,10 +7,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use common::TestCluster;
 use stratus_client::{RejectRules, Status, TableId};
-use stratus_types::{HashRange, SegmentId, ServerId};
+use stratus_types::{HashRange, SegmentId, ServerId, Version};
 use stratus_wire::{
-    decode_frame_header, encode_request, frame_length, FrameKind, Hello, RecoveryTablet, Request,
-    HELLO_BYTES, PROTOCOL_VERSION,
+    decode_frame_header, encode_request, frame_length, EnumeratedObject, FrameKind, Hello,
+    RecoveryTablet, Request, HELLO_BYTES, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -198,6 +198,56 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     assert_eq!(answers, vec![(13, Status::WrongServer), (14, Status::WrongServer)]);
     let statistics = client.server_statistics(&master).await.unwrap();
     assert_eq!(statistics.tablets_owned, 1, "only the table's own tablet");
+    // Migration requests this master cannot act on: a batch for a range it serves, a batch
+    // with an object outside its range, a transfer of a range that is not one of its
+    // tablets. Clear statuses, and the master still serves its tablet with its objects.
+    let mut migration = BytesMut::new();
+    let batch = |table_id, range, objects| Request::ReceiveMigrationData {
+        table_id,
+        range,
+        assignment_epoch: u64::MAX,
+        source: ServerId(999),
+        transfer_id: 0,
+        safe_version: Version(0),
+        first: true,
+        objects,
+    };
+    encode_request(&mut migration, 15, &batch(table, HashRange::FULL, Vec::new()));
+    let stray = EnumeratedObject {
+        key: Bytes::from_static(b"stray"),
+        value: Bytes::from_static(b"v"),
+        version: Version(1),
+    };
+    let narrow = HashRange::new(0, 9).unwrap();
+    encode_request(&mut migration, 16, &batch(other_table, narrow, vec![stray]));
+    encode_request(
+        &mut migration,
+        17,
+        &Request::TransferTablet {
+            master_id: owner,
+            table_id: table,
+            range: narrow,
+            assignment_epoch: u64::MAX,
+            target: ServerId(999),
+            target_address: master.clone(),
+        },
+    );
+    stream.write_all(&migration).await.unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(read_response(&mut stream, &mut received).await);
+    }
+    answers.sort_unstable_by_key(|(request_id, _)| *request_id);
+    assert_eq!(
+        answers,
+        vec![
+            (15, Status::InvalidParameter),
+            (16, Status::InvalidParameter),
+            (17, Status::UnknownTablet)
+        ]
+    );
+    let statistics = client.server_statistics(&master).await.unwrap();
+    assert_eq!(statistics.tablets_owned, 1);
     // Lease and log-head requests for a server the coordinator does not know: told it is not
     // up (a master would stop serving).
     let mut coordinator = handshaken(&cluster.coordinator_address).await;

@@ -71,21 +71,51 @@ pub fn filter_segment(
     certificate: &Certificate,
     keep: &dyn Fn(&Entry<'_>) -> bool,
 ) -> Result<(Vec<u8>, Certificate), FormatError> {
-    let mut filtered = Vec::new();
-    let mut builder = CertificateBuilder::default();
+    let mut parts = partition_segment(bytes, certificate, 1, &|entry, parts| {
+        parts[0] = keep(entry);
+    })?;
+    Ok(parts.pop().expect("partition_segment returns one segment per part"))
+}
+
+/// Cuts a replica into `part_count` segments in one pass, as a backup does for every recovery
+/// master of a crash at once: each part gets the segment header and the entries `place` marks
+/// for it (it receives one flag per part, all false, and sets those of the parts that need the
+/// entry), in their order and with their bytes unchanged, and its own certificate. The replica
+/// is verified on the way (certificate and every entry's checksum); a replica that fails is
+/// refused whole.
+pub fn partition_segment(
+    bytes: &[u8],
+    certificate: &Certificate,
+    part_count: usize,
+    place: &dyn Fn(&Entry<'_>, &mut [bool]),
+) -> Result<Vec<(Vec<u8>, Certificate)>, FormatError> {
+    let mut parts: Vec<(Vec<u8>, CertificateBuilder)> =
+        (0..part_count).map(|_| (Vec::new(), CertificateBuilder::default())).collect();
+    let mut placed = vec![false; part_count];
     for entry in SegmentIterator::new(bytes, certificate)? {
         let entry = entry?;
-        if entry.entry_type != EntryType::SegmentHeader && !keep(&entry.entry) {
-            continue;
+        if entry.entry_type == EntryType::SegmentHeader {
+            placed.fill(true);
+        } else {
+            placed.fill(false);
+            place(&entry.entry, &mut placed);
         }
         let start = entry.offset as usize;
         let whole = &bytes[start..start + entry.entry_bytes as usize];
         let header_bytes = crate::format::entry_header_bytes_from_first_byte(whole[0]);
-        builder.add_header(&whole[..header_bytes]);
-        filtered.extend_from_slice(whole);
+        for ((data, builder), _) in parts.iter_mut().zip(&placed).filter(|(_, &keep)| keep) {
+            builder.add_header(&whole[..header_bytes]);
+            data.extend_from_slice(whole);
+        }
     }
-    let length = u32::try_from(filtered.len()).map_err(|_| FormatError::Truncated)?;
-    Ok((filtered, builder.certificate(length)))
+    parts
+        .into_iter()
+        .map(|(data, builder)| {
+            let length = u32::try_from(data.len()).map_err(|_| FormatError::Truncated)?;
+            let certificate = builder.certificate(length);
+            Ok((data, certificate))
+        })
+        .collect()
 }
 
 /// What a verified replica of a segment says about its log.

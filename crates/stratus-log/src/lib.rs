@@ -18,7 +18,8 @@ pub mod seglet_memory;
 
 pub use format::{Certificate, Entry, EntryType, FormatError, ObjectView, TombstoneView};
 pub use iterator::{
-    filter_segment, verify_replica, IteratedEntry, SegmentIterator, VerifiedReplica,
+    filter_segment, partition_segment, verify_replica, IteratedEntry, SegmentIterator,
+    VerifiedReplica,
 };
 pub use log::{
     AppendEntry, AppendError, AppendPriority, Appended, CleaningCandidate, Log, LogConfig,

@@ -1436,6 +1436,53 @@ mod tests {
     }
 
     #[test]
+    fn a_partitioned_segment_equals_one_filter_per_part() {
+        let log = Log::new(small_config(), ServerId(7));
+        let objects: Vec<Vec<u8>> = (0..12u64)
+            .map(|i| encode_object(TableId(1 + i % 3), Version(i + 1), 10, &i.to_le_bytes(), b"v"))
+            .collect();
+        let entries: Vec<_> = objects.iter().map(|object| object_entry(object)).collect();
+        log.append(&entries, AppendPriority::Normal).unwrap();
+        let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
+        let table_of = |entry: &Entry<'_>| match entry {
+            Entry::Object(object) => Some(object.table.0),
+            _ => None,
+        };
+        // Part 0: table 1; part 1: tables 1 and 2 (an entry may go to several parts); part 2:
+        // nothing but the header. Table 3 goes nowhere.
+        let parts = crate::partition_segment(
+            &bytes,
+            &certificate,
+            3,
+            &|entry, parts| match table_of(entry) {
+                Some(1) => {
+                    parts[0] = true;
+                    parts[1] = true;
+                }
+                Some(2) => parts[1] = true,
+                _ => {}
+            },
+        )
+        .unwrap();
+        assert_eq!(parts.len(), 3);
+        let tables: [&[u64]; 3] = [&[1], &[1, 2], &[]];
+        for (part, tables) in parts.iter().zip(tables) {
+            let keep = |entry: &Entry<'_>| table_of(entry).is_some_and(|t| tables.contains(&t));
+            let alone = crate::filter_segment(&bytes, &certificate, &keep).unwrap();
+            assert_eq!(*part, alone);
+            crate::verify_replica(&part.0, &part.1, ServerId(7), SegmentId(1)).unwrap();
+        }
+        let count =
+            |part: &(Vec<u8>, Certificate)| SegmentIterator::new(&part.0, &part.1).unwrap().count();
+        assert_eq!([count(&parts[0]), count(&parts[1]), count(&parts[2])], [5, 9, 1]);
+        // A corrupt replica is refused whole.
+        let mut corrupt = bytes.to_vec();
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 1;
+        assert!(crate::partition_segment(&corrupt, &certificate, 3, &|_, _| {}).is_err());
+    }
+
+    #[test]
     fn verify_replica_checks_identity_and_reports_the_digest() {
         let log = Log::new(small_config(), ServerId(7));
         let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");

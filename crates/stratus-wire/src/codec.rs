@@ -75,6 +75,10 @@ const REPLICA_FLAGS_KNOWN: u8 = REPLICA_CLOSED | REPLICA_PRIMARY;
 /// each cut into at most one part per recovery master).
 pub const RECOVERY_TABLETS_MAX: usize = 65_536;
 
+/// Most partitions (recovery masters) one BACKUP_START_PARTITIONING names: one per server at
+/// most. Together they hold at most `RECOVERY_TABLETS_MAX` tablets.
+pub const RECOVERY_PARTITIONS_MAX: usize = SERVERS_MAX;
+
 /// Most segments one RECOVER_TABLETS request lists: as many as a backup may hold replicas of.
 pub const RECOVERY_SEGMENTS_MAX: usize = BACKUP_REPLICAS_MAX;
 
@@ -84,6 +88,15 @@ const _: () = assert!(
     RECOVERY_TABLETS_MAX * RECOVERY_TABLET_BYTES
         + RECOVERY_SEGMENTS_MAX * 8
         + SERVERS_MAX * (2 + SERVER_ADDRESS_BYTES_MAX)
+        + 4_096
+        < FRAME_BYTES_MAX
+);
+
+// So does a BACKUP_START_PARTITIONING at every maximum.
+const _: () = assert!(
+    RECOVERY_TABLETS_MAX * RECOVERY_TABLET_BYTES
+        + RECOVERY_SEGMENTS_MAX * 8
+        + RECOVERY_PARTITIONS_MAX * 4
         + 4_096
         < FRAME_BYTES_MAX
 );
@@ -381,6 +394,20 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_recovery_tablet(out, tablet);
             }
         }
+        Request::BackupStartPartitioning { master_id, segments, partitions } => {
+            put_u64(out, master_id.0);
+            put_count(out, segments.len());
+            for segment in segments {
+                put_u64(out, segment.0);
+            }
+            put_count(out, partitions.len());
+            for tablets in partitions {
+                put_count(out, tablets.len());
+                for tablet in tablets {
+                    put_recovery_tablet(out, tablet);
+                }
+            }
+        }
         Request::RecoverTablets { master_id, crashed_master, tablets, segments, backups } => {
             put_u64(out, master_id.0);
             put_u64(out, crashed_master.0);
@@ -420,6 +447,9 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         }
         Response::ReceiveMigrationData { creation_segment } => put_u64(out, creation_segment.0),
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
+        Response::BackupStartPartitioning { replicas_to_partition } => {
+            put_u32(out, *replicas_to_partition)
+        }
         Response::BackupGetRecoveryData { certificate, data } => {
             put_certificate(out, certificate);
             put_value(out, data);
@@ -685,6 +715,14 @@ fn put_key_item(out: &mut BytesMut, table_id: TableId, key: &[u8], rules: &Rejec
 fn put_range(out: &mut BytesMut, range: &HashRange) {
     put_u64(out, range.start);
     put_u64(out, range.end);
+}
+
+fn recovery_tablet(reader: &mut Reader) -> Result<RecoveryTablet, DecodeError> {
+    Ok(RecoveryTablet {
+        table_id: reader.table_id()?,
+        range: reader.range()?,
+        creation_segment: reader.segment_id()?,
+    })
 }
 
 fn put_recovery_tablet(out: &mut BytesMut, tablet: &RecoveryTablet) {
@@ -1120,24 +1158,27 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupGetRecoveryData => Request::BackupGetRecoveryData {
             master_id: reader.server_id()?,
             segment_id: reader.segment_id()?,
-            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
-                Ok(RecoveryTablet {
-                    table_id: reader.table_id()?,
-                    range: reader.range()?,
-                    creation_segment: reader.segment_id()?,
-                })
-            })?,
+            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, recovery_tablet)?,
         },
+        Opcode::BackupStartPartitioning => {
+            let master_id = reader.server_id()?;
+            let segments = reader.list(RECOVERY_SEGMENTS_MAX, 8, |reader| reader.segment_id())?;
+            let partitions = reader.list(RECOVERY_PARTITIONS_MAX, 4, |reader| {
+                reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, recovery_tablet)
+            })?;
+            let tablets: usize = partitions.iter().map(Vec::len).sum();
+            if tablets > RECOVERY_TABLETS_MAX {
+                return Err(DecodeError::TooManyItems {
+                    count: tablets as u64,
+                    max: RECOVERY_TABLETS_MAX as u64,
+                });
+            }
+            Request::BackupStartPartitioning { master_id, segments, partitions }
+        }
         Opcode::RecoverTablets => Request::RecoverTablets {
             master_id: reader.server_id()?,
             crashed_master: reader.server_id()?,
-            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, |reader| {
-                Ok(RecoveryTablet {
-                    table_id: reader.table_id()?,
-                    range: reader.range()?,
-                    creation_segment: reader.segment_id()?,
-                })
-            })?,
+            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, recovery_tablet)?,
             segments: reader.list(RECOVERY_SEGMENTS_MAX, 8, |reader| reader.segment_id())?,
             backups: reader.list(SERVERS_MAX, 2, |reader| {
                 reader.string(SERVER_ADDRESS_BYTES_MAX, "backup address")
@@ -1262,6 +1303,9 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         },
         Opcode::ReceiveMigrationData => {
             Response::ReceiveMigrationData { creation_segment: reader.segment_id()? }
+        }
+        Opcode::BackupStartPartitioning => {
+            Response::BackupStartPartitioning { replicas_to_partition: reader.u32()? }
         }
         Opcode::BackupGetRecoveryData => {
             let certificate = reader.certificate()?;

@@ -24,8 +24,8 @@ pub mod status;
 
 pub use codec::{
     decode_request, decode_response, encode_error_response, encode_request, encode_response,
-    DecodeError, ResponseBody, BACKUP_REPLICAS_MAX, ERROR_MESSAGE_BYTES_MAX, RECOVERY_SEGMENTS_MAX,
-    RECOVERY_TABLETS_MAX, REPLICA_BYTES_MAX,
+    DecodeError, ResponseBody, BACKUP_REPLICAS_MAX, ERROR_MESSAGE_BYTES_MAX,
+    RECOVERY_PARTITIONS_MAX, RECOVERY_SEGMENTS_MAX, RECOVERY_TABLETS_MAX, REPLICA_BYTES_MAX,
 };
 pub use frame::{
     begin_request, begin_response, body_offset, decode_frame_header, finish_frame, frame_length,

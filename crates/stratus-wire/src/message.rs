@@ -89,11 +89,14 @@ pub enum Opcode {
     BackupFenceMaster = 55,
     /// Backup (from a recovery master): the entries of one replica that fall in a partition.
     BackupGetRecoveryData = 56,
+    /// Backup (from the coordinator): read the listed replicas of a crashed master once and
+    /// cut each into the recovery's partitions ahead of the recovery masters' requests.
+    BackupStartPartitioning = 57,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 36] = [
+    pub const ALL: [Opcode; 37] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -130,6 +133,7 @@ impl Opcode {
         Opcode::BackupGetStatistics,
         Opcode::BackupFenceMaster,
         Opcode::BackupGetRecoveryData,
+        Opcode::BackupStartPartitioning,
     ];
 
     /// The wire code.
@@ -760,6 +764,18 @@ pub enum Request {
         /// The recovery master's partition.
         tablets: Vec<RecoveryTablet>,
     },
+    /// BACKUP_START_PARTITIONING: read this backup's primary replicas of `master_id`'s
+    /// `segments` once each and cut every one into `partitions` (each the tablets of one
+    /// recovery master, exactly as its RECOVER_TABLETS names them), so that the
+    /// BACKUP_GET_RECOVERY_DATA of each partition finds its part ready.
+    BackupStartPartitioning {
+        /// The crashed master.
+        master_id: ServerId,
+        /// The segments of its log that recovery replays (the newest digest's).
+        segments: Vec<SegmentId>,
+        /// One list of tablets per recovery master.
+        partitions: Vec<Vec<RecoveryTablet>>,
+    },
 }
 
 /// One part of a crashed master's tablets, recovered by one recovery master.
@@ -907,6 +923,12 @@ pub enum Response {
         /// The filtered segment.
         data: Bytes,
     },
+    /// BACKUP_START_PARTITIONING: how many of the listed segments this backup holds a primary
+    /// replica of, and will partition.
+    BackupStartPartitioning {
+        /// Replicas the backup will read and partition.
+        replicas_to_partition: u32,
+    },
     /// RENEW_LEASE: the master may serve for `lease_ms` milliseconds from when it sent the
     /// request.
     RenewLease {
@@ -989,6 +1011,7 @@ impl Request {
             Request::TransferTablet { .. } => Opcode::TransferTablet,
             Request::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
+            Request::BackupStartPartitioning { .. } => Opcode::BackupStartPartitioning,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
             Request::BackupFree { .. } => Opcode::BackupFree,
             Request::BackupListReplicas { .. } => Opcode::BackupListReplicas,
@@ -1033,6 +1056,7 @@ impl Response {
             Response::TransferTablet { .. } => Opcode::TransferTablet,
             Response::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
+            Response::BackupStartPartitioning { .. } => Opcode::BackupStartPartitioning,
             Response::BackupWrite => Opcode::BackupWrite,
             Response::BackupFree => Opcode::BackupFree,
             Response::BackupListReplicas { .. } => Opcode::BackupListReplicas,

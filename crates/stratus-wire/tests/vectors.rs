@@ -238,6 +238,25 @@ fn expected(name: &str) -> Expected {
             request_id: 18,
             request: Request::BackupFenceMaster { master_id: ServerId(2) },
         },
+        "backup-start-partitioning-request" => Expected::Request {
+            request_id: 21,
+            request: Request::BackupStartPartitioning {
+                master_id: ServerId(2),
+                segments: vec![SegmentId(1), SegmentId(3)],
+                partitions: [(0, 0x7fff_ffff_ffff_ffff), (0x8000_0000_0000_0000, u64::MAX)]
+                    .map(|(start, end)| {
+                        vec![RecoveryTablet {
+                            table_id: TableId(1),
+                            range: HashRange { start, end },
+                            creation_segment: SegmentId(0),
+                        }]
+                    })
+                    .to_vec(),
+            },
+        },
+        "backup-start-partitioning-response" => {
+            ok(21, Response::BackupStartPartitioning { replicas_to_partition: 1 })
+        }
         "recover-tablets-response" => ok(
             16,
             Response::RecoverTablets {

@@ -112,6 +112,7 @@ class Opcode(enum.IntEnum):
     BACKUP_GET_STATISTICS = 54
     BACKUP_FENCE_MASTER = 55
     BACKUP_GET_RECOVERY_DATA = 56
+    BACKUP_START_PARTITIONING = 57
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,12 @@ pub fn range() -> impl Strategy<Value = HashRange> {
     (any::<u64>(), any::<u64>()).prop_map(|(a, b)| HashRange { start: a.min(b), end: a.max(b) })
 }
 
+pub fn recovery_tablet() -> impl Strategy<Value = RecoveryTablet> {
+    (table_id(), range(), segment_id()).prop_map(|(table_id, range, creation_segment)| {
+        RecoveryTablet { table_id, range, creation_segment }
+    })
+}
+
 pub fn cursor() -> impl Strategy<Value = EnumerationCursor> {
     (any::<u64>(), option::of(key()))
         .prop_map(|(reversed_hash, after_key)| EnumerationCursor { reversed_hash, after_key })
@@ -263,40 +269,21 @@ pub fn request() -> impl Strategy<Value = Request> {
         (server_id(), segment_id(), any::<u64>()).prop_map(|(server_id, segment_id, epoch)| {
             Request::SetLogHead { server_id, segment_id, epoch }
         }),
-        (
-            server_id(),
-            segment_id(),
-            vec(
-                (table_id(), range(), segment_id()).prop_map(
-                    |(table_id, range, creation_segment)| RecoveryTablet {
-                        table_id,
-                        range,
-                        creation_segment
-                    }
-                ),
-                0..4
-            )
-        )
-            .prop_map(|(master_id, segment_id, tablets)| Request::BackupGetRecoveryData {
+        (server_id(), segment_id(), vec(recovery_tablet(), 0..4)).prop_map(
+            |(master_id, segment_id, tablets)| Request::BackupGetRecoveryData {
                 master_id,
                 segment_id,
                 tablets
-            }),
-        (
-            server_id(),
-            vec(
-                (table_id(), range(), segment_id()).prop_map(
-                    |(table_id, range, creation_segment)| RecoveryTablet {
-                        table_id,
-                        range,
-                        creation_segment
-                    }
-                ),
-                0..4
-            ),
-            vec(segment_id(), 0..6),
-            vec(name(), 0..3)
-        )
+            }
+        ),
+        (server_id(), vec(segment_id(), 0..6), vec(vec(recovery_tablet(), 0..4), 0..4)).prop_map(
+            |(master_id, segments, partitions)| Request::BackupStartPartitioning {
+                master_id,
+                segments,
+                partitions
+            }
+        ),
+        (server_id(), vec(recovery_tablet(), 0..4), vec(segment_id(), 0..6), vec(name(), 0..3))
             .prop_map(|(crashed_master, tablets, segments, backups)| {
                 // The recovery master's id: any id encodes alike.
                 let master_id = ServerId(crashed_master.0 ^ 1);
@@ -456,6 +443,9 @@ pub fn response() -> impl Strategy<Value = Response> {
         segment_id()
             .prop_map(|creation_segment| Response::ReceiveMigrationData { creation_segment }),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
+        any::<u32>().prop_map(|replicas_to_partition| Response::BackupStartPartitioning {
+            replicas_to_partition
+        }),
         (any::<u32>(), value()).prop_map(|(checksum, data)| Response::BackupGetRecoveryData {
             certificate: ReplicaCertificate { segment_length: data.len() as u32, checksum },
             data,

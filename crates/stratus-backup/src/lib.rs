@@ -18,11 +18,15 @@
 pub mod format;
 mod garbage;
 mod io;
+mod partitioning;
 mod scan;
 mod service;
 pub mod storage;
 
 pub use garbage::{collect_garbage, collect_once, GARBAGE_COLLECTION_INTERVAL};
+pub use partitioning::{
+    PARTITIONINGS_MAX, PARTITIONING_IDLE_TIMEOUT, RECOVERY_PARTITIONED_BYTES_MAX,
+};
 pub use scan::validate_replica;
 pub use service::{
     is_backup_opcode, BackupConfig, BackupError, BackupRouter, BackupService, BackupStatistics,

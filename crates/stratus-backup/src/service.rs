@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use bytes::{Bytes, BytesMut};
-use stratus_log::Entry;
 use stratus_rpc::{Handled, Service};
-use stratus_types::{key_hash, SegmentId, ServerId};
+use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, BackupDurability,
     BackupServiceStatistics, BackupWriteFlags, FrameHeader, Opcode, RecoveryTablet,
@@ -25,6 +24,7 @@ use crate::format::{
     Geometry, ReplicaMetadata, FILE_HEADER_BYTES, FILE_MAGIC, METADATA_BLOCK_BYTES,
 };
 use crate::io::{IoCounters, IoQueue, IoThread, Job, Poison};
+use crate::partitioning::{self, partition_replica, Partitionings, RECOVERY_PARTITIONED_BYTES_MAX};
 use crate::scan::scan;
 use crate::storage::{DirectFileStorage, FileStorage, ReplicaStorage};
 
@@ -99,6 +99,9 @@ pub struct BackupConfig {
     /// depend on the operating system's scheduler. Real disks need the thread (a blocking
     /// write or sync must not stall the requests of every other task).
     pub io_on_runtime: bool,
+    /// Most bytes of crashed masters' replicas cut for recovery masters and not fetched yet
+    /// (BACKUP_START_PARTITIONING pauses reading past it).
+    pub recovery_partitioned_bytes_max: usize,
 }
 
 impl BackupConfig {
@@ -119,6 +122,7 @@ impl BackupConfig {
             io_queue_jobs_max: Self::IO_QUEUE_JOBS_MAX_DEFAULT,
             direct_io: false,
             io_on_runtime: false,
+            recovery_partitioned_bytes_max: RECOVERY_PARTITIONED_BYTES_MAX,
         }
     }
 
@@ -244,6 +248,13 @@ pub struct BackupStatistics {
     pub disk_metadata_blocks_written: u64,
     /// Why the backup refuses writes, if its storage failed.
     pub storage_failure: Option<String>,
+    /// Replicas of crashed masters read once and cut into every recovery partition
+    /// (BACKUP_START_PARTITIONING).
+    pub recovery_replicas_partitioned: u64,
+    /// BACKUP_GET_RECOVERY_DATA answered with a part cut ahead.
+    pub recovery_parts_fetched: u64,
+    /// BACKUP_GET_RECOVERY_DATA that read and filtered the replica on demand.
+    pub recovery_parts_filtered_on_demand: u64,
 }
 
 /// A place in a bounded count (RAM buffers, disk reads in flight), given back when dropped,
@@ -343,7 +354,7 @@ struct State {
 pub const FENCED_MASTERS_MAX: usize = stratus_types::limits::SERVERS_MAX;
 
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     config: BackupConfig,
     state: Mutex<State>,
     queue: Arc<IoQueue>,
@@ -352,6 +363,97 @@ struct Shared {
     buffers_in_use: Arc<AtomicUsize>,
     disk_reads_in_flight: Arc<AtomicUsize>,
     requests_served: AtomicU64,
+    /// Crashed masters' replicas being cut for their recovery masters.
+    pub(crate) partitionings: Partitionings,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Reads a replica: at once from RAM, or once the I/O thread has read the disk.
+    pub(crate) fn begin_read(
+        &self,
+        master_id: ServerId,
+        segment_id: SegmentId,
+    ) -> Pending<ReplicaContents> {
+        let state = self.state();
+        let Some(replica) = state.replicas.get(&(master_id, segment_id)) else {
+            return Pending::Ready(Err(BackupError::new(
+                Status::BackupBadSegmentId,
+                format!("no replica of master {master_id} segment {segment_id}"),
+            )));
+        };
+        let certificate = replica.certificate;
+        let (epoch, closed, primary) = (replica.epoch, replica.closed, replica.primary);
+        let length = certificate.segment_length;
+        if let Some(buffer) = &replica.buffer {
+            let data = Bytes::copy_from_slice(buffer.bytes.get(..length as usize).unwrap_or(&[]));
+            return Pending::Ready(Ok(ReplicaContents {
+                epoch,
+                certificate,
+                closed,
+                primary,
+                data,
+            }));
+        }
+        let Some(permit) =
+            CountPermit::acquire(&self.disk_reads_in_flight, DISK_READS_IN_FLIGHT_MAX)
+        else {
+            return Pending::Ready(Err(BackupError::new(
+                Status::Retry,
+                format!("{DISK_READS_IN_FLIGHT_MAX} replica reads from disk are in flight"),
+            )));
+        };
+        let (sender, receiver) = oneshot::channel();
+        let completion = Box::new(move |result: Result<Vec<u8>, String>| {
+            drop(permit);
+            let outcome = result
+                .map(|bytes| ReplicaContents {
+                    epoch,
+                    certificate,
+                    closed,
+                    primary,
+                    data: Bytes::from(bytes),
+                })
+                .map_err(|reason| {
+                    BackupError::new(
+                        Status::InternalError,
+                        format!("reading the replica: {reason}"),
+                    )
+                });
+            let _ = sender.send(outcome);
+        });
+        match self.queue.push(Job::Read { frame: replica.frame, length, completion }) {
+            Ok(()) => Pending::Waiting(receiver),
+            Err(_) => Pending::Ready(Err(queue_full())),
+        }
+    }
+
+    /// The configuration.
+    pub(crate) fn config(&self) -> &BackupConfig {
+        &self.config
+    }
+
+    /// Which of `segments` of `master_id` this backup holds the primary replica of.
+    pub(crate) fn primary_replicas(
+        &self,
+        master_id: ServerId,
+        segments: &[SegmentId],
+    ) -> Vec<SegmentId> {
+        let state = self.state();
+        let mut primaries: Vec<SegmentId> = segments
+            .iter()
+            .copied()
+            .filter(|&segment_id| {
+                state.replicas.get(&(master_id, segment_id)).is_some_and(|replica| replica.primary)
+            })
+            .collect();
+        primaries.sort_unstable();
+        primaries.dedup();
+        primaries
+    }
 }
 
 /// The outcome of a request: ready now, or once the I/O thread has done its part.
@@ -580,12 +682,13 @@ impl BackupService {
             buffers_in_use: Arc::new(AtomicUsize::new(0)),
             disk_reads_in_flight: Arc::new(AtomicUsize::new(0)),
             requests_served: AtomicU64::new(0),
+            partitionings: Partitionings::default(),
         });
         Ok((BackupService { shared, io_thread: Mutex::new(thread) }, report))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.shared.state()
     }
 
     /// The configuration.
@@ -602,6 +705,7 @@ impl BackupService {
     pub fn statistics(&self) -> BackupStatistics {
         let state = self.state();
         let counters = &self.shared.counters;
+        let partitioning = &self.shared.partitionings.counters;
         BackupStatistics {
             durability: self.shared.config.durability,
             replicas: state.replicas.len(),
@@ -615,6 +719,13 @@ impl BackupService {
             disk_data_bytes_written: counters.data_bytes_written.load(Ordering::Relaxed),
             disk_metadata_blocks_written: counters.metadata_blocks_written.load(Ordering::Relaxed),
             storage_failure: self.shared.poison.reason(),
+            recovery_replicas_partitioned: partitioning
+                .replicas_partitioned
+                .load(Ordering::Relaxed),
+            recovery_parts_fetched: partitioning.parts_fetched.load(Ordering::Relaxed),
+            recovery_parts_filtered_on_demand: partitioning
+                .filtered_on_demand
+                .load(Ordering::Relaxed),
         }
     }
 
@@ -965,57 +1076,7 @@ impl BackupService {
         master_id: ServerId,
         segment_id: SegmentId,
     ) -> Pending<ReplicaContents> {
-        let state = self.state();
-        let Some(replica) = state.replicas.get(&(master_id, segment_id)) else {
-            return Pending::Ready(Err(BackupError::new(
-                Status::BackupBadSegmentId,
-                format!("no replica of master {master_id} segment {segment_id}"),
-            )));
-        };
-        let certificate = replica.certificate;
-        let (epoch, closed, primary) = (replica.epoch, replica.closed, replica.primary);
-        let length = certificate.segment_length;
-        if let Some(buffer) = &replica.buffer {
-            let data = Bytes::copy_from_slice(buffer.bytes.get(..length as usize).unwrap_or(&[]));
-            return Pending::Ready(Ok(ReplicaContents {
-                epoch,
-                certificate,
-                closed,
-                primary,
-                data,
-            }));
-        }
-        let Some(permit) =
-            CountPermit::acquire(&self.shared.disk_reads_in_flight, DISK_READS_IN_FLIGHT_MAX)
-        else {
-            return Pending::Ready(Err(BackupError::new(
-                Status::Retry,
-                format!("{DISK_READS_IN_FLIGHT_MAX} replica reads from disk are in flight"),
-            )));
-        };
-        let (sender, receiver) = oneshot::channel();
-        let completion = Box::new(move |result: Result<Vec<u8>, String>| {
-            drop(permit);
-            let outcome = result
-                .map(|bytes| ReplicaContents {
-                    epoch,
-                    certificate,
-                    closed,
-                    primary,
-                    data: Bytes::from(bytes),
-                })
-                .map_err(|reason| {
-                    BackupError::new(
-                        Status::InternalError,
-                        format!("reading the replica: {reason}"),
-                    )
-                });
-            let _ = sender.send(outcome);
-        });
-        match self.shared.queue.push(Job::Read { frame: replica.frame, length, completion }) {
-            Ok(()) => Pending::Waiting(receiver),
-            Err(_) => Pending::Ready(Err(queue_full())),
-        }
+        self.shared.begin_read(master_id, segment_id)
     }
 
     /// Frees a replica (BACKUP_FREE); freeing one the backup does not hold is not an error.
@@ -1059,45 +1120,33 @@ fn encode_outcome(
     }
 }
 
-/// Answers now if the outcome is ready, or later from a future that waits for it.
-/// BACKUP_GET_RECOVERY_DATA: the replica reduced to what a recovery master of `tablets` needs
-/// (verified and filtered off the async runtime: a whole segment's checksums).
+/// BACKUP_GET_RECOVERY_DATA: the part of the replica that a recovery master of `tablets`
+/// needs, cut ahead by a partitioning (BACKUP_START_PARTITIONING) when one did, or else read,
+/// verified and filtered now (off the async runtime: a whole segment's checksums).
 async fn recovery_data(
-    contents: ReplicaContents,
+    shared: Arc<Shared>,
+    master_id: ServerId,
+    segment_id: SegmentId,
     tablets: Vec<RecoveryTablet>,
 ) -> Result<Response, BackupError> {
-    let filtered = stratus_env::run_blocking(move || {
-        let certificate = stratus_log::Certificate {
-            segment_length: contents.certificate.segment_length,
-            checksum: contents.certificate.checksum,
-        };
-        let in_partition = |table, hash| {
-            tablets.iter().any(|tablet| tablet.table_id == table && tablet.range.contains(hash))
-        };
-        let keep = |entry: &Entry<'_>| match entry {
-            Entry::Object(object) => in_partition(object.table, key_hash(object.table, object.key)),
-            Entry::Tombstone(tombstone) => {
-                in_partition(tombstone.table, key_hash(tombstone.table, tombstone.key))
-            }
-            Entry::SafeVersion(_) => true,
-            _ => false,
-        };
-        stratus_log::filter_segment(&contents.data, &certificate, &keep)
-    })
-    .await
-    .map_err(|error| BackupError::new(Status::InternalError, format!("filter task: {error}")))?;
-    let (data, certificate) = filtered.map_err(|error| {
-        BackupError::new(Status::InternalError, format!("the replica failed verification: {error}"))
-    })?;
-    Ok(Response::BackupGetRecoveryData {
-        certificate: ReplicaCertificate {
-            segment_length: certificate.segment_length,
-            checksum: certificate.checksum,
-        },
-        data: Bytes::from(data),
-    })
+    let counters = &shared.partitionings.counters;
+    if let Some((partitioning, part)) = shared.partitionings.find(master_id, segment_id, &tablets) {
+        if let Some((data, certificate)) = partitioning.fetch(segment_id, part).await {
+            counters.parts_fetched.fetch_add(1, Ordering::Relaxed);
+            return Ok(Response::BackupGetRecoveryData { certificate, data });
+        }
+    }
+    counters.filtered_on_demand.fetch_add(1, Ordering::Relaxed);
+    let contents = shared.begin_read(master_id, segment_id).wait().await?;
+    let mut parts = stratus_env::run_blocking(move || partition_replica(&contents, &[tablets]))
+        .await
+        .map_err(|error| BackupError::new(Status::InternalError, format!("filter task: {error}")))?
+        .map_err(|reason| BackupError::new(Status::InternalError, reason))?;
+    let (data, certificate) = parts.pop().expect("one part per partition");
+    Ok(Response::BackupGetRecoveryData { certificate, data })
 }
 
+/// Answers now if the outcome is ready, or later from a future that waits for it.
 fn answer<T: Send + 'static>(
     out: &mut BytesMut,
     request_id: u64,
@@ -1188,16 +1237,20 @@ impl Service for BackupService {
                 Handled::Done
             }
             Request::BackupGetRecoveryData { master_id, segment_id, tablets } => {
-                let pending = self.begin_read(master_id, segment_id);
+                let shared = self.shared.clone();
                 Handled::Later(Box::pin(async move {
-                    let outcome = match pending.wait().await {
-                        Ok(contents) => recovery_data(contents, tablets).await,
-                        Err(error) => Err(error),
-                    };
+                    let outcome = recovery_data(shared, master_id, segment_id, tablets).await;
                     let mut frame = BytesMut::new();
                     encode_outcome(&mut frame, request_id, Opcode::BackupGetRecoveryData, outcome);
                     frame
                 }))
+            }
+            Request::BackupStartPartitioning { master_id, segments, partitions } => {
+                let replicas_to_partition =
+                    partitioning::start(&self.shared, master_id, &segments, partitions);
+                let response = Response::BackupStartPartitioning { replicas_to_partition };
+                encode_response(out, request_id, Status::Ok, &response);
+                Handled::Done
             }
             Request::BackupReadReplica { master_id, segment_id } => {
                 let pending = self.begin_read(master_id, segment_id);
@@ -1239,6 +1292,7 @@ pub fn is_backup_opcode(code: u16) -> bool {
                 | Opcode::BackupGetStatistics
                 | Opcode::BackupFenceMaster
                 | Opcode::BackupGetRecoveryData
+                | Opcode::BackupStartPartitioning
         )
     )
 }

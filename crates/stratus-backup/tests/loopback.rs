@@ -221,3 +221,118 @@ async fn recovery_data_holds_exactly_the_partition() {
     };
     assert_eq!(expect_status(&channel, &missing).await.0, Status::BackupBadSegmentId);
 }
+
+/// Every recovery-data answer for (segment, partition), in that order.
+async fn recovery_answers(
+    channel: &Channel,
+    segments: &[u64],
+    partitions: &[Vec<stratus_wire::RecoveryTablet>],
+) -> Vec<Response> {
+    let mut answers = Vec::new();
+    for &segment in segments {
+        for tablets in partitions {
+            let request = Request::BackupGetRecoveryData {
+                master_id: ServerId(2),
+                segment_id: SegmentId(segment),
+                tablets: tablets.clone(),
+            };
+            answers.push(expect_ok(channel, &request).await);
+        }
+    }
+    answers
+}
+
+/// Two halves of table 1 (one partition each) and a backup holding replicas of master 2:
+/// segments 3 and 4 primary, 5 not. Returns the backup and its channel.
+async fn partitioned_backup(
+    partitioned_bytes_max: usize,
+) -> (Arc<BackupService>, Channel, Vec<Vec<stratus_wire::RecoveryTablet>>) {
+    let mut config = BackupConfig::new(1 << 20);
+    config.frame_count = 8;
+    config.buffer_count = 4;
+    config.recovery_partitioned_bytes_max = partitioned_bytes_max;
+    let storage = Arc::new(MemoryStorage::new(config.geometry().total_bytes()));
+    let backup = Arc::new(BackupService::open(config, storage).unwrap().0);
+    let channel = start(backup.clone()).await;
+    for (segment_id, primary) in [(3, true), (4, true), (5, false)] {
+        let built = segment(2, segment_id, 30);
+        let flags = BackupWriteFlags { open: true, close: true, primary };
+        expect_ok(&channel, &write_request(&built, 0, flags)).await;
+    }
+    let half = |start, end| {
+        vec![stratus_wire::RecoveryTablet {
+            table_id: stratus_types::TableId(1),
+            range: stratus_types::HashRange { start, end },
+            creation_segment: SegmentId(0),
+        }]
+    };
+    let partitions = vec![half(0, u64::MAX / 2), half(u64::MAX / 2 + 1, u64::MAX)];
+    (backup, channel, partitions)
+}
+
+async fn start_partitioning(
+    channel: &Channel,
+    partitions: &[Vec<stratus_wire::RecoveryTablet>],
+) -> u32 {
+    let request = Request::BackupStartPartitioning {
+        master_id: ServerId(2),
+        segments: [3, 4, 5, 99].map(SegmentId).to_vec(),
+        partitions: partitions.to_vec(),
+    };
+    match expect_ok(channel, &request).await {
+        Response::BackupStartPartitioning { replicas_to_partition } => replicas_to_partition,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// BACKUP_START_PARTITIONING reads each primary replica once and cuts it into every
+/// partition; the recovery-data answers are then those cuts, byte for byte what filtering on
+/// demand gives, and whatever was not cut (a replica that is not primary, a part fetched
+/// twice, a partition it was not told of) is still filtered on demand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_recovery_data_equals_filtering_on_demand() {
+    let (backup, channel, partitions) =
+        partitioned_backup(stratus_backup::RECOVERY_PARTITIONED_BYTES_MAX).await;
+    let on_demand = recovery_answers(&channel, &[3, 4, 5], &partitions).await;
+    assert_eq!(backup.statistics().recovery_parts_filtered_on_demand, 6);
+    // The primaries of segments 3 and 4; 5 is not primary and 99 is not here.
+    assert_eq!(start_partitioning(&channel, &partitions).await, 2);
+    let cut = recovery_answers(&channel, &[3, 4, 5], &partitions).await;
+    assert_eq!(cut, on_demand);
+    let statistics = backup.statistics();
+    assert_eq!(statistics.recovery_replicas_partitioned, 2);
+    assert_eq!(statistics.recovery_parts_fetched, 4);
+    assert_eq!(statistics.recovery_parts_filtered_on_demand, 8);
+    // A part fetched before, and a partition the backup was not told of: on demand.
+    let again = recovery_answers(&channel, &[3], &partitions[..1]).await;
+    assert_eq!(again[..], on_demand[..1]);
+    let whole = vec![stratus_wire::RecoveryTablet {
+        table_id: stratus_types::TableId(1),
+        range: stratus_types::HashRange { start: 0, end: u64::MAX },
+        creation_segment: SegmentId(0),
+    }];
+    recovery_answers(&channel, &[4], &[whole]).await;
+    let statistics = backup.statistics();
+    assert_eq!(statistics.recovery_parts_fetched, 4);
+    assert_eq!(statistics.recovery_parts_filtered_on_demand, 10);
+}
+
+/// With no room for cuts (bound: 1 byte), the backup cuts one replica and pauses; a request
+/// for a replica it has not cut then filters on demand instead of waiting, so no recovery
+/// master can wait on a backup whose room is held by another's parts. Every answer is still
+/// what filtering on demand gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_partitioning_answers_on_demand_rather_than_waiting() {
+    let (backup, channel, partitions) = partitioned_backup(1).await;
+    let on_demand = recovery_answers(&channel, &[3, 4], &partitions).await;
+    assert_eq!(start_partitioning(&channel, &partitions).await, 2);
+    // Segment 4 first: not cut yet (at most segment 3 is, which fills the room).
+    let mut answers = recovery_answers(&channel, &[4], &partitions).await;
+    let statistics = backup.statistics();
+    assert_eq!(statistics.recovery_parts_fetched, 0);
+    assert_eq!(statistics.recovery_parts_filtered_on_demand, 6);
+    // Segment 3's parts were cut (the room holds one replica's cut, whatever its size).
+    answers.splice(0..0, recovery_answers(&channel, &[3], &partitions).await);
+    assert_eq!(answers, on_demand);
+    assert_eq!(backup.statistics().recovery_parts_fetched, 2);
+}

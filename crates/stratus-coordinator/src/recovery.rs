@@ -83,6 +83,10 @@ pub const LEASE_DURATION: Duration = Duration::from_millis(750);
 /// running at slightly different rates.
 pub const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
+/// How long recovery waits for a backup to acknowledge BACKUP_START_PARTITIONING (it answers at
+/// once when it is well) before it goes on without it.
+const PARTITIONING_START_PATIENCE: Duration = Duration::from_secs(2);
+
 /// How long one RECOVER_TABLETS may run: reading and replaying a whole partition.
 const RECOVER_TABLETS_TIMEOUT: Duration = Duration::from_secs(600);
 /// How often a recovery waiting on a recovery master checks that it is still up.
@@ -663,20 +667,33 @@ impl Inner {
         if !self.is_active() {
             return Attempt::Again("not the active coordinator".to_string());
         }
-        let mut calls = tokio::task::JoinSet::new();
-        for (index, parts) in partitions {
-            let (master_id, address) = masters[index].clone();
-            let request = Request::RecoverTablets {
-                master_id,
-                crashed_master: crashed,
-                tablets: parts
+        // Each recovery master's tablets, exactly as its RECOVER_TABLETS names them: the
+        // backups cut their replicas for these partitions ahead of the requests.
+        let partitions: Vec<_> = partitions
+            .into_iter()
+            .map(|(index, parts)| {
+                let tablets: Vec<RecoveryTablet> = parts
                     .iter()
                     .map(|&(table_id, _, range, creation_segment)| RecoveryTablet {
                         table_id,
                         range,
                         creation_segment,
                     })
-                    .collect(),
+                    .collect();
+                (index, parts, tablets)
+            })
+            .collect();
+        if !segments.is_empty() {
+            let tablets = partitions.iter().map(|(_, _, tablets)| tablets.clone()).collect();
+            self.start_partitioning(crashed, &segments, tablets, backups).await;
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for (index, parts, tablets) in partitions {
+            let (master_id, address) = masters[index].clone();
+            let request = Request::RecoverTablets {
+                master_id,
+                crashed_master: crashed,
+                tablets,
                 segments: segments.clone(),
                 backups: backups.to_vec(),
             };
@@ -754,6 +771,58 @@ impl Inner {
             }
             tokio::time::sleep(RECOVERY_MASTER_CHECK_INTERVAL).await;
         }
+    }
+
+    /// Asks every backup to read its primary replicas of `segments` once and cut them into
+    /// `partitions` before the recovery masters ask (BACKUP_START_PARTITIONING). Advisory: a
+    /// backup that does not answer is not waited for again, and filters each part when asked.
+    async fn start_partitioning(
+        self: &Arc<Self>,
+        crashed: ServerId,
+        segments: &[SegmentId],
+        partitions: Vec<Vec<RecoveryTablet>>,
+        backups: &[String],
+    ) {
+        let request = Arc::new(Request::BackupStartPartitioning {
+            master_id: crashed,
+            segments: segments.to_vec(),
+            partitions,
+        });
+        let mut starts = tokio::task::JoinSet::new();
+        for backup in backups {
+            let inner = self.clone();
+            let backup = backup.clone();
+            let request = request.clone();
+            starts.spawn(async move {
+                let call = inner.recovery_pools.backups.call(&backup, &request);
+                let outcome = tokio::time::timeout(PARTITIONING_START_PATIENCE, call)
+                    .await
+                    .unwrap_or_else(|_| Err(RpcError::Timeout));
+                if outcome.is_err() {
+                    inner.recovery_pools.backups.forget(&backup);
+                }
+                (backup, outcome)
+            });
+        }
+        let mut replicas_to_partition = 0u64;
+        while let Some(joined) = starts.join_next().await {
+            match joined {
+                Ok((
+                    _,
+                    Ok((
+                        Status::Ok,
+                        ResponseBody::Operation(Response::BackupStartPartitioning {
+                            replicas_to_partition: count,
+                        }),
+                    )),
+                )) => replicas_to_partition += u64::from(count),
+                Ok((backup, outcome)) => {
+                    tracing::warn!(%crashed, %backup, ?outcome, "a backup did not start partitioning; it filters on demand")
+                }
+                Err(error) => tracing::warn!(%crashed, %error, "a partitioning start task failed"),
+            }
+        }
+        tracing::info!(%crashed, segments = segments.len(), replicas_to_partition, "backups partition the crashed log");
     }
 
     /// Tells every backup to refuse `crashed`'s writes (idempotent); fails unless all did.

@@ -60,6 +60,9 @@ struct ReplicaLocation {
     backup: String,
     epoch: u64,
     length: u32,
+    /// The master marked it primary: the backup cuts it for every partition ahead of the
+    /// requests (BACKUP_START_PARTITIONING).
+    primary: bool,
 }
 
 /// What recovering a partition needs besides the request.
@@ -107,10 +110,11 @@ pub(crate) async fn recover_partition(
             ));
         }
         // Only replicas of the newest epoch: an older one is a copy the master abandoned when
-        // it re-replicated the segment, and may miss writes acknowledged since. Longest first.
+        // it re-replicated the segment, and may miss writes acknowledged since. Longest first;
+        // of equally long ones the primary, which its backup has cut for this partition ahead.
         let newest = replicas.iter().map(|replica| replica.epoch).max().unwrap_or(0);
         replicas.retain(|replica| replica.epoch == newest);
-        replicas.sort_by_key(|replica| std::cmp::Reverse(replica.length));
+        replicas.sort_by_key(|replica| (std::cmp::Reverse(replica.length), !replica.primary));
         plan.push((segment_id, replicas));
     }
 
@@ -259,6 +263,7 @@ async fn locate_replicas(
                         backup: backup.clone(),
                         epoch: replica.epoch,
                         length: replica.certificate.segment_length,
+                        primary: replica.primary,
                     });
                 }
             }

@@ -416,6 +416,21 @@ fn render_backup(backup: &BackupService, out: &mut Exposition) {
         "Replica metadata blocks written to disk.",
         statistics.disk_metadata_blocks_written,
     );
+    out.counter(
+        "stratus_backup_recovery_replicas_partitioned_total",
+        "Replicas of crashed masters read once and cut into every recovery partition.",
+        statistics.recovery_replicas_partitioned,
+    );
+    out.counter(
+        "stratus_backup_recovery_parts_fetched_total",
+        "Recovery-data requests answered with a part cut ahead.",
+        statistics.recovery_parts_fetched,
+    );
+    out.counter(
+        "stratus_backup_recovery_parts_filtered_on_demand_total",
+        "Recovery-data requests that read and filtered the replica on demand.",
+        statistics.recovery_parts_filtered_on_demand,
+    );
     out.gauge(
         "stratus_backup_storage_failed",
         "1 once a disk write or sync failed: the backup refuses writes until restarted.",

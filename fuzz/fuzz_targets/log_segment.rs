@@ -43,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
 
 fn iterate(segment: &[u8], certificate: &Certificate) {
     replay(segment, certificate);
+    partition(segment, certificate);
     let Ok(iterator) = SegmentIterator::new(segment, certificate) else { return };
     let mut entries_bytes = 0u64;
     for item in iterator {
@@ -52,6 +53,30 @@ fn iterate(segment: &[u8], certificate: &Certificate) {
                 assert!(entries_bytes <= u64::from(certificate.segment_length));
             }
             Err(_) => break,
+        }
+    }
+}
+
+/// A backup's cut of the segment into recovery partitions (here by entry kind and table
+/// parity): refused whole or cut into parts that each verify as a segment of their own, with
+/// the header in every part (a segment that verifies starts with one).
+fn partition(segment: &[u8], certificate: &Certificate) {
+    let place = |entry: &Entry<'_>, parts: &mut [bool]| match entry {
+        Entry::Object(object) => parts[(object.table.0 % 2) as usize] = true,
+        Entry::Tombstone(_) => parts[2] = true,
+        Entry::SafeVersion(_) => parts.fill(true),
+        _ => {}
+    };
+    let Ok(parts) = stratus_log::partition_segment(segment, certificate, 3, &place) else {
+        return;
+    };
+    for (bytes, part_certificate) in &parts {
+        let entries = SegmentIterator::new(bytes, part_certificate)
+            .expect("a part's certificate matches its bytes")
+            .map(|entry| entry.expect("a part's entries verify"))
+            .count();
+        if certificate.segment_length > 0 {
+            assert!(entries >= 1, "every part holds the segment header");
         }
     }
 }

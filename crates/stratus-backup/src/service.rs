@@ -1246,6 +1246,20 @@ impl Service for BackupService {
                 }))
             }
             Request::BackupStartPartitioning { master_id, segments, partitions } => {
+                // Only a fenced master's replicas can no longer change: a cut of a replica
+                // that could still grow might miss writes acknowledged after it was made.
+                if !self.is_fenced(master_id) {
+                    let message = format!(
+                        "master {master_id} is not fenced here (BACKUP_FENCE_MASTER first):                          its replicas may still change"
+                    );
+                    encode_outcome(
+                        out,
+                        request_id,
+                        Opcode::BackupStartPartitioning,
+                        Err(BackupError::new(Status::InvalidParameter, message)),
+                    );
+                    return Handled::Done;
+                }
                 let replicas_to_partition =
                     partitioning::start(&self.shared, master_id, &segments, partitions);
                 let response = Response::BackupStartPartitioning { replicas_to_partition };

@@ -279,6 +279,10 @@ async fn start_partitioning(
         segments: [3, 4, 5, 99].map(SegmentId).to_vec(),
         partitions: partitions.to_vec(),
     };
+    // Refused until the master is fenced: its replicas could still change under the cuts.
+    let (status, message) = expect_status(channel, &request).await;
+    assert_eq!(status, Status::InvalidParameter, "{message}");
+    expect_ok(channel, &Request::BackupFenceMaster { master_id: ServerId(2) }).await;
     match expect_ok(channel, &request).await {
         Response::BackupStartPartitioning { replicas_to_partition } => replicas_to_partition,
         other => panic!("{other:?}"),

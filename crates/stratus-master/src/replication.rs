@@ -892,8 +892,19 @@ impl Pump {
         if self.shared.config.placement == Placement::Copyset {
             return self.fill_from_copyset(segment_id);
         }
+        // Primaries per backup (each segment's first holder). Recovery reads the primary first,
+        // and its backup cuts it for every recovery master: spreading primaries by their own
+        // count spreads that work. (By replicas in all alone, 17 primaries once fell 10, 4, 3
+        // and 0 on four backups.) Counted only when this segment's primary is being chosen.
+        let mut primaries: BTreeMap<ServerId, usize> = BTreeMap::new();
+        if self.segments.get(&segment_id).is_some_and(|segment| segment.holders.is_empty()) {
+            for holder in self.segments.values().filter_map(|segment| segment.holders.first()) {
+                *primaries.entry(holder.server_id).or_insert(0) += 1;
+            }
+        }
         let segment = self.segments.get_mut(&segment_id).expect("inserted above");
         for _ in 0..needs {
+            let choosing_primary = segment.holders.is_empty();
             let candidates: Vec<&ServerEntry> = self
                 .backups
                 .iter()
@@ -922,8 +933,11 @@ impl Pump {
             let entropy = &*self.environment.entropy;
             let first = candidates[(entropy.next_u64() % candidates.len() as u64) as usize];
             let second = candidates[(entropy.next_u64() % candidates.len() as u64) as usize];
-            let load_of =
-                |entry: &ServerEntry| self.load.get(&entry.server_id).copied().unwrap_or(0);
+            let load_of = |entry: &ServerEntry| {
+                let replicas = self.load.get(&entry.server_id).copied().unwrap_or(0);
+                let primaries = primaries.get(&entry.server_id).copied().unwrap_or(0);
+                (if choosing_primary { primaries } else { 0 }, replicas)
+            };
             let chosen = if load_of(second) < load_of(first) { second } else { first };
             *self.load.entry(chosen.server_id).or_insert(0) += 1;
             segment.holders.push(ReplicaHolder {

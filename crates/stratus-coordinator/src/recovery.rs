@@ -24,6 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use stratus_log::{verify_replica, Certificate};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
+use stratus_types::limits::TABLETS_PER_TABLE_MAX;
 use stratus_types::{HashRange, SegmentId, ServerId, TableId};
 use stratus_wire::{
     RecoveryTablet, Request, Response, ResponseBody, ServerEntry, ServerStatus, Status,
@@ -192,6 +193,38 @@ fn recovery_participants(state: &CoordinatorState, crashed: ServerId) -> Partici
         .map(|server| server.address.clone())
         .collect();
     (tablets, masters, backups)
+}
+
+/// A recovery's partitions: for each recovery master (an index into the masters, who number
+/// `master_count`), its parts as (table, whole tablet, part, the tablet's creation segment in
+/// the crashed log). One part per master in all, spread over the tablets and dealt round-robin
+/// from master `first`; each tablet is cut into at most `PARTS_PER_TABLET_MAX` equal hash
+/// ranges, and into no more than `tablet_room` (per table: how many tablets it may still gain)
+/// allows, since every part becomes a tablet of its own.
+fn plan_partitions(
+    tablets: &[(TableId, HashRange, SegmentId)],
+    master_count: usize,
+    first: usize,
+    mut tablet_room: BTreeMap<TableId, usize>,
+) -> BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> {
+    assert!(master_count > 0 && !tablets.is_empty(), "a recovery has masters and tablets");
+    let parts_per_tablet = (master_count.div_ceil(tablets.len()) as u32)
+        .clamp(1, PARTS_PER_TABLET_MAX.min(master_count as u32));
+    let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> =
+        BTreeMap::new();
+    let mut slot = first;
+    for &(table_id, range, creation_segment) in tablets {
+        // A tablet cut into k parts adds k − 1 tablets to its table.
+        let room = tablet_room.entry(table_id).or_insert(0);
+        let parts = parts_per_tablet.min(1 + u32::try_from(*room).unwrap_or(u32::MAX));
+        *room -= (parts - 1) as usize;
+        for part in range.split(parts) {
+            let entry = (table_id, range, part, creation_segment);
+            partitions.entry(slot % master_count).or_default().push(entry);
+            slot += 1;
+        }
+    }
+    partitions
 }
 
 impl Inner {
@@ -641,21 +674,19 @@ impl Inner {
         backups: &[String],
         segments: Vec<SegmentId>,
     ) -> Attempt {
-        // One part per master in all, spread over the tablets.
-        let parts_per_tablet = (masters.len().div_ceil(tablets.len()) as u32)
-            .clamp(1, PARTS_PER_TABLET_MAX.min(masters.len() as u32));
+        // Room for more tablets in each table: recovered parts become tablets of their own.
+        let tablet_room: BTreeMap<TableId, usize> = {
+            let state = self.state.lock().await;
+            state
+                .tables
+                .values()
+                .map(|table| {
+                    (table.table_id, TABLETS_PER_TABLE_MAX.saturating_sub(table.tablets.len()))
+                })
+                .collect()
+        };
         let first = self.environment.entropy.below(masters.len() as u64) as usize;
-        // (table, whole tablet, part, the tablet's creation segment in the crashed log).
-        let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> =
-            BTreeMap::new();
-        let mut slot = first;
-        for &(table_id, range, creation_segment) in tablets {
-            for part in range.split(parts_per_tablet) {
-                let entry = (table_id, range, part, creation_segment);
-                partitions.entry(slot % masters.len()).or_default().push(entry);
-                slot += 1;
-            }
-        }
+        let partitions = plan_partitions(tablets, masters.len(), first, tablet_room);
         tracing::info!(
             %crashed,
             tablets = tablets.len(),
@@ -1062,6 +1093,45 @@ mod tests {
 
     /// How long a test waits for the coordinator to reach a state before it fails.
     const PATIENCE: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn partitions_cut_tablets_for_every_master_but_never_past_a_table_s_tablet_limit() {
+        let whole = HashRange { start: 0, end: u64::MAX };
+        let tablets = [(TableId(1), whole, SegmentId(0)), (TableId(2), whole, SegmentId(3))];
+        let covered = |parts: &[(TableId, HashRange, HashRange, SegmentId)], table| {
+            let mut ranges: Vec<HashRange> =
+                parts.iter().filter(|part| part.0 == table).map(|part| part.2).collect();
+            ranges.sort_by_key(|range| range.start);
+            assert_eq!(ranges.first().map(|range| range.start), Some(0));
+            assert_eq!(ranges.last().map(|range| range.end), Some(u64::MAX));
+            assert!(ranges.windows(2).all(|pair| pair[0].end + 1 == pair[1].start), "{ranges:?}");
+            ranges.len()
+        };
+        // Room everywhere: 8 masters, 2 tablets → 4 parts each, one per master.
+        let room = BTreeMap::from([(TableId(1), 100), (TableId(2), 100)]);
+        let plan = plan_partitions(&tablets, 8, 3, room);
+        assert_eq!(plan.len(), 8);
+        assert!(plan.values().all(|parts| parts.len() == 1));
+        let parts: Vec<_> = plan.values().flatten().copied().collect();
+        assert_eq!((covered(&parts, TableId(1)), covered(&parts, TableId(2))), (4, 4));
+        assert!(parts.iter().all(|part| part.1 == whole));
+        assert!(parts
+            .iter()
+            .filter(|part| part.0 == TableId(2))
+            .all(|part| part.3 == SegmentId(3)));
+        // Table 1 may gain only one tablet, table 2 none (unknown: no room): 2 parts and 1.
+        let room = BTreeMap::from([(TableId(1), 1)]);
+        let plan = plan_partitions(&tablets, 8, 0, room);
+        let parts: Vec<_> = plan.values().flatten().copied().collect();
+        assert_eq!((covered(&parts, TableId(1)), covered(&parts, TableId(2))), (2, 1));
+        // Room is shared by a table's tablets: two halves of table 1 with room for one more.
+        let halves = [
+            (TableId(1), HashRange { start: 0, end: u64::MAX / 2 }, SegmentId(0)),
+            (TableId(1), HashRange { start: u64::MAX / 2 + 1, end: u64::MAX }, SegmentId(0)),
+        ];
+        let plan = plan_partitions(&halves, 8, 0, BTreeMap::from([(TableId(1), 1)]));
+        assert_eq!(plan.values().flatten().count(), 3);
+    }
 
     fn coordinator() -> Coordinator {
         Coordinator::open(Arc::new(MemoryMetaStore::new()), Environment::system())

@@ -328,6 +328,35 @@ ee 02 00 00               # lease 750 ms
 e8 03 00 00 00 00 00 00   # objects replayed 1000
 07 00 00 00 00 00 00 00   # creation segment 7
 """,
+    "backup-start-partitioning-request": """
+74 00 00 00               # frame length 116
+01 00                     # kind: request, flags
+39 00                     # opcode 57 BACKUP_START_PARTITIONING
+15 00 00 00 00 00 00 00   # request id 21
+02 00 00 00 00 00 00 00   # master id 2
+02 00 00 00               # segments: 2
+01 00 00 00 00 00 00 00   #   segment 1
+03 00 00 00 00 00 00 00   #   segment 3
+02 00 00 00               # partitions: 2
+01 00 00 00               #   tablets: 1
+01 00 00 00 00 00 00 00   #     table id 1
+00 00 00 00 00 00 00 00   #     range start 0
+ff ff ff ff ff ff ff 7f   #     range end 0x7fffffffffffffff
+00 00 00 00 00 00 00 00   #     creation segment 0
+01 00 00 00               #   tablets: 1
+01 00 00 00 00 00 00 00   #     table id 1
+00 00 00 00 00 00 00 80   #     range start 0x8000000000000000
+ff ff ff ff ff ff ff ff   #     range end 0xffffffffffffffff
+00 00 00 00 00 00 00 00   #     creation segment 0
+""",
+    "backup-start-partitioning-response": """
+12 00 00 00               # frame length 18
+02 00                     # kind: response, flags
+39 00                     # opcode 57 BACKUP_START_PARTITIONING
+15 00 00 00 00 00 00 00   # request id 21
+00 00                     # status OK
+01 00 00 00               # replicas to partition 1
+""",
 }
 
 

@@ -23,7 +23,7 @@ pub use iterator::{
 };
 pub use log::{
     AppendEntry, AppendError, AppendPriority, Appended, CleaningCandidate, Log, LogConfig,
-    LogStatistics, Reference, SegmentStatistics, DISK_EXPANSION_FACTOR,
+    LogStatistics, Reference, SegmentStatistics, SideLog, DISK_EXPANSION_FACTOR,
     DROPPED_SEGMENTS_REMEMBERED_MAX, LOG_BYTES_MAX, REFERENCE_BITS,
 };
 pub use seglet_memory::{EpochGuard, EPOCH_SLOTS};

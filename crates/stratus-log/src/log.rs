@@ -526,10 +526,10 @@ impl Log {
                 <= self.config.segment_bytes as usize
         });
         if !head_fits {
-            let head_entries = self.new_head_entry_bytes(&state);
+            let head_entries = self.new_head_entry_bytes(&state, 0);
             let needed = self.seglets_for(head_entries + append_bytes);
             self.check_free_seglets(&mut state, needed, priority)?;
-            self.check_segment_count(&state, priority)?;
+            self.check_segment_count(&state, priority, 0)?;
             self.open_head(&mut state);
         } else {
             let head = &state.segments[&state.head.expect("head exists")];
@@ -557,9 +557,9 @@ impl Log {
     /// cleaned segments).
     pub fn roll_head(&self, priority: AppendPriority) -> Result<SegmentId, AppendError> {
         let mut state = self.lock();
-        let needed = self.seglets_for(self.new_head_entry_bytes(&state));
+        let needed = self.seglets_for(self.new_head_entry_bytes(&state, 0));
         self.check_free_seglets(&mut state, needed, priority)?;
-        self.check_segment_count(&state, priority)?;
+        self.check_segment_count(&state, priority, 0)?;
         Ok(self.open_head(&mut state))
     }
 
@@ -596,13 +596,14 @@ impl Log {
     }
 
     /// Refuses a new head (except the cleaner's) when the digest would list more segments than
-    /// it was sized for.
+    /// it was sized for; `fused` side segments join the log with it.
     fn check_segment_count(
         &self,
         state: &LogState,
         priority: AppendPriority,
+        fused: usize,
     ) -> Result<(), AppendError> {
-        let after = self.digest_members(state).len() + 1;
+        let after = self.digest_members(state).len() + fused + 1;
         // The cleaner's commit head may use the last slot; writes keep one back for it.
         let limit = match priority {
             AppendPriority::Cleaner | AppendPriority::CleanerCommit => {
@@ -628,9 +629,10 @@ impl Log {
             .collect()
     }
 
-    /// Bytes of the header, digest and safe version a new head would start with.
-    fn new_head_entry_bytes(&self, state: &LogState) -> usize {
-        let digest = log_digest_content_bytes(self.digest_members(state).len() + 1);
+    /// Bytes of the header, digest and safe version a new head would start with, when `fused`
+    /// side segments join the log with it.
+    fn new_head_entry_bytes(&self, state: &LogState, fused: usize) -> usize {
+        let digest = log_digest_content_bytes(self.digest_members(state).len() + fused + 1);
         EntryHeader::new(EntryType::SegmentHeader, SEGMENT_HEADER_CONTENT_BYTES as u32)
             .header_bytes()
             + SEGMENT_HEADER_CONTENT_BYTES
@@ -866,19 +868,17 @@ impl Log {
             .is_some_and(|segment| segment.membership != Membership::DropPending)
     }
 
-    /// Opens a survivor segment beside the log (a side log): it holds a SEGMENT_HEADER and is
-    /// not in the log until [`Log::commit_cleaning`] and the next head's digest.
-    pub fn open_survivor(&self) -> Result<SegmentId, AppendError> {
+    /// Opens a segment beside the log (a side log: the cleaner's survivors, a recovery's
+    /// replayed objects): it holds a SEGMENT_HEADER and is not in the log until it is fused by
+    /// a head's digest ([`Log::commit_cleaning`], [`Log::fuse_side_segments`]) or dropped
+    /// ([`Log::abandon_side_segments`]).
+    pub fn open_side_segment(&self, priority: AppendPriority) -> Result<SegmentId, AppendError> {
         let mut state = self.lock();
         let header_bytes =
             EntryHeader::new(EntryType::SegmentHeader, SEGMENT_HEADER_CONTENT_BYTES as u32)
                 .header_bytes()
                 + SEGMENT_HEADER_CONTENT_BYTES;
-        self.check_free_seglets(
-            &mut state,
-            self.seglets_for(header_bytes),
-            AppendPriority::Cleaner,
-        )?;
+        self.check_free_seglets(&mut state, self.seglets_for(header_bytes), priority)?;
         let segment_id = SegmentId(state.next_segment_id);
         state.next_segment_id += 1;
         state.segments.insert(segment_id, self.new_record(Membership::Side));
@@ -896,23 +896,75 @@ impl Log {
         Ok(segment_id)
     }
 
-    /// Appends one entry to a survivor segment. `TooLarge` means it does not fit in what is
-    /// left of the segment (open another); `LogFull` that no seglet is free.
-    pub fn append_to_survivor(
+    /// Appends one entry to a side segment. `TooLarge` means it does not fit in what is left
+    /// of the segment (open another); `LogFull` that no seglet is free for `priority`.
+    pub fn append_to_side_segment(
         &self,
         segment_id: SegmentId,
         entry: &AppendEntry<'_>,
+        priority: AppendPriority,
     ) -> Result<Reference, AppendError> {
         let mut state = self.lock();
-        let segment = state.segments.get(&segment_id).expect("survivor segment missing");
-        assert_eq!(segment.membership, Membership::Side, "appending to a closed survivor");
+        let segment = state.segments.get(&segment_id).expect("side segment missing");
+        assert_eq!(segment.membership, Membership::Side, "appending to a closed side segment");
         let end = segment.length as usize + entry.entry_bytes();
         if end > self.config.segment_bytes as usize {
             return Err(AppendError::TooLarge);
         }
         let needed = self.seglets_for(end).saturating_sub(segment.seglets.len());
-        self.check_free_seglets(&mut state, needed, AppendPriority::Cleaner)?;
+        self.check_free_seglets(&mut state, needed, priority)?;
         Ok(self.append_entry(&mut state, segment_id, entry))
+    }
+
+    /// Fuses side segments into the log now: a new head is opened whose digest lists them
+    /// (and every segment in the log). Either all of them join the log or, when there is no
+    /// room for the head or its digest (`LogFull`), none does and they stay beside it. The
+    /// caller made them durable first. Returns the new head.
+    pub fn fuse_side_segments(
+        &self,
+        segment_ids: &[SegmentId],
+        priority: AppendPriority,
+    ) -> Result<SegmentId, AppendError> {
+        let mut state = self.lock();
+        for id in segment_ids {
+            let segment = state.segments.get(id).expect("fusing a missing side segment");
+            assert_eq!(segment.membership, Membership::Side, "fusing a segment not beside the log");
+        }
+        let needed = self.seglets_for(self.new_head_entry_bytes(&state, segment_ids.len()));
+        self.check_free_seglets(&mut state, needed, priority)?;
+        self.check_segment_count(&state, priority, segment_ids.len())?;
+        for id in segment_ids {
+            state.segments.get_mut(id).expect("checked above").membership = Membership::FusePending;
+        }
+        Ok(self.open_head(&mut state))
+    }
+
+    /// Drops side segments that will never join the log (a recovery that failed): their
+    /// memory is reused once no reader can see it, and replication hears of them through
+    /// [`Log::take_dropped_segments`], so replicas already written are freed. The caller
+    /// removed every index reference to their objects first.
+    pub fn abandon_side_segments(&self, segment_ids: &[SegmentId]) {
+        let mut state = self.lock();
+        let mut retired = Vec::new();
+        for id in segment_ids {
+            let segment = state.segments.remove(id).expect("abandoning a missing side segment");
+            assert_eq!(segment.membership, Membership::Side, "abandoning a segment in the log");
+            // An object still live here is one the index may still point at: dropping its
+            // memory would let a reader see another segment's bytes.
+            assert_eq!(
+                segment.statistics.live_bytes_of(EntryType::Object),
+                0,
+                "abandoning a side segment whose objects are still referenced"
+            );
+            retired.extend_from_slice(&segment.seglets);
+            if state.dropped.len() == DROPPED_SEGMENTS_REMEMBERED_MAX {
+                state.dropped.pop_front();
+            }
+            state.dropped.push_back(*id);
+        }
+        if !retired.is_empty() {
+            self.memory.retire(&retired);
+        }
     }
 
     /// Bytes appended to a segment so far.
@@ -1368,6 +1420,48 @@ fn content_length(content_bytes: usize) -> u32 {
     u32::try_from(content_bytes).expect("entry content larger than 4 GiB")
 }
 
+/// A side log being written: segments beside the log, filled one after another, that later
+/// join the log together ([`Log::fuse_side_segments`], [`Log::commit_cleaning`]) or are
+/// dropped together ([`Log::abandon_side_segments`]).
+#[derive(Debug)]
+pub struct SideLog {
+    priority: AppendPriority,
+    segments: Vec<SegmentId>,
+}
+
+impl SideLog {
+    /// An empty side log whose appends use the free seglets `priority` may use.
+    pub fn new(priority: AppendPriority) -> SideLog {
+        SideLog { priority, segments: Vec::new() }
+    }
+
+    /// Its segments, in the order they were opened.
+    pub fn segments(&self) -> &[SegmentId] {
+        &self.segments
+    }
+
+    /// Appends one entry to the last segment, or to a new one when it has no room. Returns the
+    /// entry's reference and the segment closed to make room, if any: nothing is appended to
+    /// that one again, so it may be replicated now.
+    pub fn append(
+        &mut self,
+        log: &Log,
+        entry: &AppendEntry<'_>,
+    ) -> Result<(Reference, Option<SegmentId>), AppendError> {
+        let closed = self.segments.last().copied();
+        if let Some(current) = closed {
+            match log.append_to_side_segment(current, entry, self.priority) {
+                Err(AppendError::TooLarge) => {}
+                other => return other.map(|reference| (reference, None)),
+            }
+        }
+        let segment_id = log.open_side_segment(self.priority)?;
+        self.segments.push(segment_id);
+        let reference = log.append_to_side_segment(segment_id, entry, self.priority)?;
+        Ok((reference, closed))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1386,6 +1480,79 @@ mod tests {
 
     fn object_entry(content: &[u8]) -> AppendEntry<'_> {
         AppendEntry::new(EntryType::Object, content)
+    }
+
+    /// A side log fills segments beside the log; fusing it is all or nothing: with no room for
+    /// the fusing head none of its segments joins the log, and it can still be abandoned
+    /// whole, which returns its memory and reports its segments dropped.
+    #[test]
+    fn a_side_log_joins_the_log_whole_or_is_abandoned_whole() {
+        let log = Log::new(small_config(), ServerId(1));
+        log.append(&[object_entry(&[1; 100])], AppendPriority::Normal).unwrap();
+        let in_log = log.segment_ids();
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        let mut closed = Vec::new();
+        let mut references = Vec::new();
+        let error = loop {
+            match side_log.append(&log, &object_entry(&[7; 900])) {
+                Ok((reference, full)) => {
+                    references.push(reference);
+                    closed.extend(full);
+                }
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(error, AppendError::LogFull, "ordinary priority stops at the reserves");
+        assert!(side_log.segments().len() >= 3);
+        assert_eq!(closed, side_log.segments()[..closed.len()]);
+        assert_eq!(closed.len() + 1, side_log.segments().len());
+        assert_eq!(log.segment_ids(), in_log, "side segments are not in the log");
+        // Take the reserves too, so not even the fusing head fits.
+        while log.append(&[object_entry(&[2; 900])], AppendPriority::MayUseReserve).is_ok() {}
+        let fused = log.fuse_side_segments(side_log.segments(), AppendPriority::Normal);
+        assert_eq!(fused, Err(AppendError::LogFull));
+        assert!(log.segment_ids().iter().all(|id| !side_log.segments().contains(id)));
+        // Abandon: free every object first (the index would), then drop the side log.
+        let guard = log.pin();
+        for reference in references {
+            log.free(&guard, reference);
+        }
+        drop(guard);
+        let side_seglets: u64 = side_log
+            .segments()
+            .iter()
+            .map(|id| u64::from(log.segment_length(*id).unwrap().div_ceil(1 << 10)))
+            .sum();
+        let free_filled = log.statistics().seglets_free;
+        log.abandon_side_segments(side_log.segments());
+        assert_eq!(log.take_dropped_segments(), side_log.segments());
+        log.reclaim();
+        assert_eq!(log.statistics().seglets_free, free_filled + side_seglets, "memory came back");
+    }
+
+    /// Fusing with room: the side segments join the log with the new head, in one digest.
+    #[test]
+    fn fused_side_segments_are_listed_by_the_new_head() {
+        let log = Log::new(small_config(), ServerId(1));
+        log.append(&[object_entry(&[1; 100])], AppendPriority::Normal).unwrap();
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        for _ in 0..12 {
+            side_log.append(&log, &object_entry(&[7; 900])).unwrap();
+        }
+        let head = log.fuse_side_segments(side_log.segments(), AppendPriority::Normal).unwrap();
+        assert_eq!(log.head_segment_id(), Some(head));
+        let (bytes, certificate) = log.segment_contents(head).unwrap();
+        let digest = SegmentIterator::new(&bytes, &certificate)
+            .unwrap()
+            .find_map(|entry| match entry.unwrap().entry {
+                Entry::LogDigest(digest) => Some(digest),
+                _ => None,
+            })
+            .unwrap();
+        for id in side_log.segments() {
+            assert!(digest.contains(id), "segment {id} missing from the digest");
+        }
+        assert_eq!(log.segment_ids(), digest);
     }
 
     /// Reference 0 means "no entry" in the hash table, so no entry may ever be at byte 0 of
@@ -1734,9 +1901,12 @@ mod tests {
             });
             // Combined cleaning of the first segment: move the object to a survivor.
             assert!(log.begin_cleaning(&[first.segment_id]));
-            let survivor = log.open_survivor().unwrap();
-            let moved =
-                log.append_to_survivor(survivor, &AppendEntry::new(EntryType::Object, &object));
+            let survivor = log.open_side_segment(AppendPriority::Cleaner).unwrap();
+            let moved = log.append_to_side_segment(
+                survivor,
+                &AppendEntry::new(EntryType::Object, &object),
+                AppendPriority::Cleaner,
+            );
             current.store(moved.unwrap().0, Ordering::Release);
             log.commit_cleaning(&[survivor], &[first.segment_id]);
             log.roll_head(AppendPriority::CleanerCommit).unwrap();

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_env::WallClock;
-use stratus_log::{verify_replica, Certificate};
+use stratus_log::{verify_replica, AppendPriority, Certificate, SideLog};
 use stratus_rpc::{ChannelPool, RpcConfig};
-use stratus_store::{ObjectStore, ReplayError};
+use stratus_store::{ObjectStore, ReplayError, ReplayInto};
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{RecoveryTablet, Request, Response, ResponseBody, Status};
 use tokio::sync::Semaphore;
@@ -158,6 +158,19 @@ pub(crate) async fn recover_partition(
         Err(_) => return Err((Status::NoTableSpace, "the log is full".to_string())),
     };
 
+    // Replay into a side log (RAMCloud's design): the replayed objects do not interleave with
+    // this master's own writes in its head, each side segment is replicated as soon as it is
+    // full while replay goes on, and the whole side log joins the log at once when it is
+    // durable, or is dropped whole if the recovery fails.
+    let (closed_sender, mut closed_receiver) = tokio::sync::mpsc::unbounded_channel();
+    let replicator = context.replication.clone().map(|replication| {
+        tokio::spawn(async move {
+            while let Some(segment_id) = closed_receiver.recv().await {
+                replication.replicate_side_segment(segment_id).await?;
+            }
+            Ok::<_, crate::replication::SyncError>(())
+        })
+    });
     let store = context.store.clone();
     let now_seconds = context.wall_clock.now_seconds();
     let partition = tablets.clone();
@@ -175,40 +188,94 @@ pub(crate) async fn recover_partition(
                     && segment_id >= tablet.creation_segment
             })
         };
-        store.replay_filtered(&segments, &accept, now_seconds)
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        // Unbounded, yet bounded by the log: one id per side segment, each in this master's
+        // memory.
+        let mut closed = |segment_id| {
+            let _ = closed_sender.send(segment_id);
+        };
+        let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut closed };
+        let outcome = store.replay_filtered(&segments, &accept, now_seconds, into);
+        if outcome.is_ok() {
+            if let Some(&last) = side_log.segments().last() {
+                closed(last);
+            }
+        }
+        (outcome, side_log)
     })
     .await;
     // On failure, leave nothing behind that no tablet owns: the partition may go elsewhere.
     // (The master refuses to recover into a range it serves, and runs no two recoveries of
     // overlapping ranges at once, so this drops only what this recovery replayed.)
-    let abandon = |status: Status, message: String| {
+    let abandon = |side_log: Option<&SideLog>, status: Status, message: String| {
         for tablet in &tablets {
             context.store.drop_range(tablet.table_id, tablet.range);
         }
+        if let Some(side_log) = side_log {
+            context.store.log().abandon_side_segments(side_log.segments());
+        }
         Err((status, message))
     };
-    let statistics = match replayed {
-        Err(error) => return abandon(Status::InternalError, format!("replay task: {error}")),
-        Ok(Ok(statistics)) => statistics,
-        Ok(Err(error)) => {
+    let (statistics, side_log) = match replayed {
+        // The replay panicked: the side log is lost with it, and the server's invariants with
+        // it; the drop still frees what the index holds.
+        Err(error) => return abandon(None, Status::InternalError, format!("replay task: {error}")),
+        Ok((Ok(statistics), side_log)) => (statistics, side_log),
+        Ok((Err(error), side_log)) => {
+            if let Some(replicator) = replicator {
+                replicator.abort();
+            }
             let status = match error {
                 ReplayError::StoreFull | ReplayError::ObjectTooLarge { .. } => Status::NoTableSpace,
                 ReplayError::CorruptSegment { .. } => Status::Retry,
             };
-            return abandon(status, format!("replay: {error}"));
+            return abandon(Some(&side_log), status, format!("replay: {error}"));
         }
     };
     let counters = &context.metrics.recovery;
     RecoveryCounters::add(&counters.segments_replayed, statistics.segments);
     RecoveryCounters::add(&counters.objects_replayed, statistics.objects_replayed);
-    // The replayed objects are in this master's log: make them durable before the tablets are
-    // handed over, or a crash of this master would lose them.
+    // The side log must be durable before it joins the log: once fused, the log's digest on
+    // the backups names its segments.
+    if let Some(replicator) = replicator {
+        let replicated = match replicator.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error.message),
+            Err(error) => Err(format!("side log replication task: {error}")),
+        };
+        if let Err(message) = replicated {
+            return abandon(
+                Some(&side_log),
+                Status::Retry,
+                format!("replicating the replayed objects: {message}"),
+            );
+        }
+    }
+    if !side_log.segments().is_empty() {
+        if let Err(error) =
+            context.store.log().fuse_side_segments(side_log.segments(), AppendPriority::Normal)
+        {
+            return abandon(
+                Some(&side_log),
+                Status::NoTableSpace,
+                format!("no room for the head that fuses the replayed objects: {error:?}"),
+            );
+        }
+    }
+    // The fusing head (its digest, and the safe version raised past every replayed version)
+    // must be durable before the tablets are handed over, or a crash of this master would
+    // lose the replayed objects.
     if let Some(replication) = &context.replication {
         if let Err(error) = replication.sync(replication.position_to_sync()).await {
-            return abandon(
+            // The side segments are in the log now: drop the objects; the cleaner reclaims
+            // their segments like any other dead data.
+            for tablet in &tablets {
+                context.store.drop_range(tablet.table_id, tablet.range);
+            }
+            return Err((
                 Status::Retry,
-                format!("replicating the replayed objects: {}", error.message),
-            );
+                format!("replicating the head that fuses the replayed objects: {}", error.message),
+            ));
         }
     }
     tracing::info!(

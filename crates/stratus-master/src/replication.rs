@@ -262,18 +262,18 @@ impl ReplicaManager {
             self.shared.durable.wait_for(position),
         )
         .await;
-        match waited {
-            Ok(()) => Ok(()),
-            Err(_) => {
-                let problem =
-                    self.shared.last_problem.lock().map(|p| p.clone()).unwrap_or_default();
-                Err(SyncError {
-                    message: format!(
-                        "write not replicated to {} backups in time: {problem}",
-                        self.shared.config.replicas
-                    ),
-                })
-            }
+        waited.map_err(|_| self.not_replicated_in_time("write"))
+    }
+
+    /// The error for something not on every replica within the sync timeout, with the pump's
+    /// last problem (why it is not).
+    fn not_replicated_in_time(&self, what: &str) -> SyncError {
+        let problem = self.shared.last_problem.lock().map(|p| p.clone()).unwrap_or_default();
+        SyncError {
+            message: format!(
+                "{what} not replicated to {} backups in time: {problem}",
+                self.shared.config.replicas
+            ),
         }
     }
 
@@ -343,6 +343,28 @@ impl ReplicaManager {
         }
         self.shared.wake.notify_one();
         let _ = finished.await;
+    }
+}
+
+impl ReplicaManager {
+    /// Makes a side segment (a recovery's replayed objects) durable on every replica before it
+    /// joins the log; its bytes are taken from the log, so nothing is appended to it any more.
+    /// Fails after the sync timeout, or when this master was declared crashed. The pump skips
+    /// a side segment abandoned meanwhile.
+    pub async fn replicate_side_segment(&self, segment_id: SegmentId) -> Result<(), SyncError> {
+        if self.is_fenced() {
+            return Err(SyncError { message: "this master was declared crashed".to_string() });
+        }
+        let Some((bytes, certificate)) = self.shared.store.log().segment_contents(segment_id)
+        else {
+            return Err(SyncError { message: format!("side segment {segment_id} is gone") });
+        };
+        let replicated = self.replicate_survivor(segment_id, bytes, certificate);
+        match tokio::time::timeout(self.shared.config.sync_timeout, replicated).await {
+            Ok(()) if !self.is_fenced() => Ok(()),
+            Ok(()) => Err(SyncError { message: "this master was declared crashed".to_string() }),
+            Err(_) => Err(self.not_replicated_in_time(&format!("side segment {segment_id}"))),
+        }
     }
 }
 
@@ -494,6 +516,17 @@ impl Pump {
         while let Some(request) =
             self.pending_survivor.take().or_else(|| self.survivors.try_recv().ok())
         {
+            // A side segment abandoned before it was replicated (a failed recovery) is not
+            // needed on any backup; a copy already written is freed as a dropped segment.
+            if log.segment_length(request.segment_id).is_none() {
+                if let Some(segment) = self.segments.get_mut(&request.segment_id.0) {
+                    segment
+                        .dropped_under_head
+                        .get_or_insert(log.head_segment_id().map_or(0, |head| head.0));
+                }
+                let _ = request.done.send(());
+                continue;
+            }
             let source = Source::Given(&request.bytes, request.certificate);
             match self.replicate_segment(request.segment_id.0, source, true).await {
                 Ok(()) => {

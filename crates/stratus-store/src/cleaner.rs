@@ -24,8 +24,8 @@ use stratus_log::format::{
     SEGMENT_HEADER_CONTENT_BYTES,
 };
 use stratus_log::{
-    AppendEntry, AppendError, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig,
-    Reference,
+    AppendEntry, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig, Reference,
+    SideLog,
 };
 use stratus_types::{key_hash, SegmentId};
 
@@ -636,7 +636,7 @@ impl ObjectStore {
         // Oldest first: segregates old (stable) data from young (volatile) data.
         survivors.sort_by_key(|survivor| survivor.timestamp);
 
-        let mut survivor_segments: Vec<SegmentId> = Vec::new();
+        let mut side_log = SideLog::new(AppendPriority::Cleaner);
         let mut object_bytes = 0u64;
         let mut tombstone_bytes = 0u64;
         let mut out_of_memory = false;
@@ -655,7 +655,8 @@ impl ObjectStore {
                         // Overwritten or removed since: the old copy is dead, nothing to move.
                         None => Ok(0),
                         Some((slot, _)) => {
-                            match self.append_survivor(&mut survivor_segments, &entry) {
+                            match side_log.append(&self.log, &entry).map(|(reference, _)| reference)
+                            {
                                 Ok(new_reference) => {
                                     bucket.replace(slot, new_reference.0);
                                     self.log.free(&epoch, survivor.reference);
@@ -670,7 +671,7 @@ impl ObjectStore {
                 _ => {
                     let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
                     if self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
-                        self.append_survivor(&mut survivor_segments, &entry).map(|_| {
+                        side_log.append(&self.log, &entry).map(|_| {
                             tombstone_bytes += entry.entry_bytes() as u64;
                             entry.entry_bytes()
                         })
@@ -694,7 +695,7 @@ impl ObjectStore {
         PendingCombinedPass {
             chosen,
             chosen_seglets,
-            survivor_segments,
+            survivor_segments: side_log.segments().to_vec(),
             remaining,
             out_of_memory,
             object_bytes,
@@ -752,23 +753,6 @@ impl ObjectStore {
             survivor_segments: survivor_segments.len() as u64,
             bytes_relocated: object_bytes + tombstone_bytes,
         }
-    }
-
-    /// Appends one entry to the pass's current survivor, opening a new one when it is full.
-    fn append_survivor(
-        &self,
-        survivor_segments: &mut Vec<SegmentId>,
-        entry: &AppendEntry<'_>,
-    ) -> Result<Reference, AppendError> {
-        if let Some(&current) = survivor_segments.last() {
-            match self.log.append_to_survivor(current, entry) {
-                Err(AppendError::TooLarge) => {}
-                other => return other,
-            }
-        }
-        let segment_id = self.log.open_survivor()?;
-        survivor_segments.push(segment_id);
-        self.log.append_to_survivor(segment_id, entry)
     }
 
     /// One in-memory compaction: the segment whose compaction frees the most memory per live

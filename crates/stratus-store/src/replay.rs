@@ -16,10 +16,16 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
-use stratus_log::{AppendPriority, Certificate, Entry, SegmentIterator};
-use stratus_types::{key_hash, KeyHash, TableId, Version};
+use std::sync::atomic::Ordering;
 
-use crate::{ObjectError, ObjectStore};
+use stratus_log::format::{ObjectPrefix, TombstonePrefix};
+use stratus_log::{
+    AppendEntry, AppendPriority, Certificate, Entry, EntryType, SegmentIterator, SideLog,
+    TombstoneView,
+};
+use stratus_types::{key_hash, KeyHash, SegmentId, TableId, Version};
+
+use crate::{append_error, tombstone_entry, ObjectError, ObjectStore};
 
 /// Why a replay stopped. Objects already replayed stay; replaying the same set again is
 /// harmless (versions decide).
@@ -80,6 +86,35 @@ type FixedKeys = BuildHasherDefault<DefaultHasher>;
 
 type ObjectKey = (TableId, Vec<u8>);
 
+/// Where a replay writes the objects it keeps.
+pub enum ReplayInto<'a> {
+    /// This store's log head, replicated with every other write (a replay of the store's own
+    /// segments, tests).
+    Head,
+    /// A side log beside this store's log (crash recovery, RAMCloud's design): replay does not
+    /// interleave with the head's writes, `closed` is told of each side segment as it fills so
+    /// it can be replicated while replay goes on, and the caller fuses the side log into the
+    /// log once it is durable ([`stratus_log::Log::fuse_side_segments`]) or abandons it
+    /// whole. The new head of the fusion records the raised safe version; replay opens none.
+    SideLog {
+        /// The side log written to.
+        side_log: &'a mut SideLog,
+        /// Told of each side segment that is full (nothing is appended to it again).
+        closed: &'a mut dyn FnMut(SegmentId),
+    },
+}
+
+impl std::fmt::Debug for ReplayInto<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplayInto::Head => f.write_str("Head"),
+            ReplayInto::SideLog { side_log, .. } => {
+                f.debug_struct("SideLog").field("side_log", side_log).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
 impl ObjectStore {
     /// Replays `segments` (bytes and the certificate committing them) into this store, keeping
     /// only objects for which `accept(table, key hash)` holds (the tablets being recovered).
@@ -90,7 +125,8 @@ impl ObjectStore {
         accept: &dyn Fn(TableId, KeyHash) -> bool,
         now_seconds: u32,
     ) -> Result<ReplayStatistics, ReplayError> {
-        self.replay_filtered(segments, &|_, table, hash| accept(table, hash), now_seconds)
+        let accept = |_, table, hash| accept(table, hash);
+        self.replay_filtered(segments, &accept, now_seconds, ReplayInto::Head)
     }
 
     /// [`ObjectStore::replay`] where an object is kept only if `accept(segment index, table,
@@ -104,6 +140,7 @@ impl ObjectStore {
         segments: &[(&[u8], Certificate)],
         accept: &dyn Fn(usize, TableId, KeyHash) -> bool,
         now_seconds: u32,
+        mut into: ReplayInto<'_>,
     ) -> Result<ReplayStatistics, ReplayError> {
         let mut statistics = ReplayStatistics::default();
         // Pass 1: verify every segment, and collect tombstones and the highest safe version.
@@ -178,7 +215,7 @@ impl ObjectStore {
         // Versions are never reused: new writes here get versions above everything replayed.
         self.log.raise_safe_version(Version(highest_version.0 + 1));
         for ((table, key), (version, timestamp, value)) in winners {
-            match self.replay_object(table, &key, version, timestamp, value) {
+            match self.replay_object(table, &key, version, timestamp, value, &mut into) {
                 Ok(true) => statistics.objects_replayed += 1,
                 Ok(false) => statistics.objects_skipped += 1,
                 Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
@@ -205,7 +242,7 @@ impl ObjectStore {
         // it (every head starts with the safe version): once the caller has replicated the log,
         // the floor survives this store too, and a later recovery of it cannot hand out those
         // versions again. (The simulation found versions reused after two recoveries in a row.)
-        if highest_version.0 > 0 {
+        if highest_version.0 > 0 && matches!(into, ReplayInto::Head) {
             self.log.roll_head(AppendPriority::Normal).map_err(|_| ReplayError::StoreFull)?;
         }
         Ok(statistics)
@@ -231,7 +268,7 @@ impl ObjectStore {
         }
         self.log.observe_time(now_seconds);
         self.log.raise_safe_version(Version(version.0.saturating_add(1)));
-        self.replay_object(table, key, version, now_seconds, value)
+        self.replay_object(table, key, version, now_seconds, value, &mut ReplayInto::Head)
     }
 
     /// The version of the object stored under (`table`, `key`), if any.
@@ -250,6 +287,7 @@ impl ObjectStore {
         version: Version,
         timestamp: u32,
         value: &[u8],
+        into: &mut ReplayInto<'_>,
     ) -> Result<bool, ObjectError> {
         let hash = key_hash(table, key);
         let epoch = self.log.pin();
@@ -258,16 +296,53 @@ impl ObjectStore {
         if current.as_ref().is_some_and(|current| current.version >= version) {
             return Ok(false);
         }
-        self.store_object(
-            &epoch,
-            &mut guard,
-            current,
-            table,
-            key,
-            value,
-            timestamp,
-            Some(version),
-        )?;
+        let ReplayInto::SideLog { side_log, closed } = into else {
+            self.store_object(
+                &epoch,
+                &mut guard,
+                current,
+                table,
+                key,
+                value,
+                timestamp,
+                Some(version),
+            )?;
+            return Ok(true);
+        };
+        let prefix = ObjectPrefix::new(table, version, timestamp, key, value);
+        let object =
+            AppendEntry { entry_type: EntryType::Object, pieces: [prefix.as_bytes(), key, value] };
+        let mut append = |entry: &AppendEntry<'_>| {
+            let (reference, full) = side_log.append(&self.log, entry).map_err(append_error)?;
+            if let Some(full) = full {
+                closed(full);
+            }
+            Ok::<_, ObjectError>(reference)
+        };
+        // The older version this store held dies with a tombstone in the side log (it is in
+        // the log, so a later replay of this store must see it die). The tombstone goes
+        // first: if the object then finds no room, nothing unreferenced holds an object.
+        if let Some(current) = &current {
+            let tombstone = TombstonePrefix::new(&TombstoneView {
+                table,
+                segment_id: self.log.segment_of(current.reference),
+                object_version: current.version,
+                timestamp,
+                key,
+            });
+            append(&tombstone_entry(&tombstone, key))?;
+        }
+        let reference = append(&object)?;
+        match current {
+            Some(current) => {
+                guard.replace(current.slot, reference.0);
+                self.log.free(&epoch, current.reference);
+            }
+            None => {
+                guard.insert(reference.0);
+                self.objects_live.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         Ok(true)
     }
 }
@@ -362,6 +437,82 @@ mod tests {
         let version =
             target.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 6).unwrap();
         assert!(version > newest);
+    }
+
+    /// Replay into a side log: the objects are readable through the index at once but not in
+    /// the log (its segments are beside it) until fused; full side segments are reported as
+    /// they close; after fusing, the target's own log replays into exactly the source's
+    /// objects, safe version included.
+    #[test]
+    fn a_side_log_replay_joins_the_log_only_when_fused() {
+        let (source, mut model) = source();
+        // Enough more objects that the replay fills several side segments.
+        for index in 0..2_500u32 {
+            let key = format!("bulk-{index}").into_bytes();
+            let value = vec![index as u8; 1_000];
+            let hash = key_hash(TABLE, &key);
+            let version = source.write(TABLE, &key, hash, &value, &RejectRules::NONE, 2).unwrap();
+            model.insert(key, Some((version, value)));
+        }
+        let copies = segments(&source);
+        let borrowed: Vec<(&[u8], Certificate)> =
+            copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        let in_log_before = target.log().segment_ids();
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        let mut closed = Vec::new();
+        let into =
+            ReplayInto::SideLog { side_log: &mut side_log, closed: &mut |id| closed.push(id) };
+        target.replay_filtered(&borrowed, &|_, _, _| true, 5, into).unwrap();
+        let side = side_log.segments().to_vec();
+        assert!(side.len() >= 2, "the test needs more than one side segment");
+        assert_eq!(closed, side[..side.len() - 1], "every side segment but the last closed");
+        assert_eq!(target.log().segment_ids(), in_log_before, "nothing joined the log yet");
+        for (key, expected) in &model {
+            assert_eq!(&read(&target, key), expected);
+        }
+        let head = target.log().fuse_side_segments(&side, AppendPriority::Normal).unwrap();
+        let in_log = target.log().segment_ids();
+        assert!(side.iter().all(|id| in_log.contains(id)) && in_log.contains(&head));
+        // A recovery of the target (its log alone) finds every object again.
+        let copies = segments(&target);
+        let borrowed: Vec<(&[u8], Certificate)> =
+            copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let third = ObjectStore::new(StoreConfig::for_testing(), ServerId(11)).unwrap();
+        third.replay(&borrowed, &|_, _| true, 6).unwrap();
+        for (key, expected) in &model {
+            assert_eq!(&read(&third, key), expected);
+        }
+        let newest = model.values().flatten().map(|(version, _)| *version).max().unwrap();
+        let key = b"a-key-never-written";
+        let version =
+            third.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 7).unwrap();
+        assert!(version > newest, "the fused head carried the raised safe version");
+    }
+
+    /// An abandoned side log leaves nothing: its objects are gone from the index (dropped by
+    /// range first), its segments never join the log, replication hears they are dropped, and
+    /// their memory comes back.
+    #[test]
+    fn an_abandoned_side_log_leaves_nothing_behind() {
+        let (source, _) = source();
+        let copies = segments(&source);
+        let borrowed: Vec<(&[u8], Certificate)> =
+            copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        let free_before = target.statistics().seglets_free;
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut |_| {} };
+        let replayed = target.replay_filtered(&borrowed, &|_, _, _| true, 5, into).unwrap();
+        assert!(replayed.objects_replayed > 0);
+        assert!(target.statistics().seglets_free < free_before);
+        target.drop_range(TABLE, HashRange::FULL);
+        target.log().abandon_side_segments(side_log.segments());
+        assert_eq!(target.log().take_dropped_segments(), side_log.segments());
+        assert_eq!(target.statistics().objects_live, 0);
+        assert!(target.log().segment_ids().iter().all(|id| !side_log.segments().contains(id)));
+        target.log().reclaim();
+        assert_eq!(target.statistics().seglets_free, free_before, "side memory returned");
     }
 
     /// The safe version a replay raised survives a replay of the replaying store: a key
@@ -476,7 +627,7 @@ mod tests {
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
         let accept = |index: usize, _: TableId, _: KeyHash| ids[index] >= creation;
-        target.replay_filtered(&borrowed, &accept, 5).unwrap();
+        target.replay_filtered(&borrowed, &accept, 5, ReplayInto::Head).unwrap();
         assert_eq!(read(&target, b"stale"), None);
         assert_eq!(read(&target, b"fresh").map(|(_, value)| value), Some(b"new".to_vec()));
     }

@@ -24,5 +24,19 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATUS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(arguments.default_log_filter()));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    stop_the_process_on_panic();
     cli::main(arguments)
+}
+
+/// A panic is a broken invariant (the storage path asserts its invariants). A panicking task
+/// of the async runtime would end alone and leave the rest of the server serving from state
+/// the failed code left half-changed, or behind a poisoned lock: stop the whole process instead
+/// (after the usual message), so that the cluster recovers its data from the backups. Exit
+/// status 134 (SIGABRT), as a build with `panic = "abort"` would give.
+fn stop_the_process_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
 }

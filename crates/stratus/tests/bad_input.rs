@@ -153,9 +153,20 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
             tablets: vec![owned],
         },
     );
+    // Cutting replicas for a master the coordinator did not declare crashed (its replicas may
+    // still change): refused.
+    encode_request(
+        &mut recovery,
+        18,
+        &Request::BackupStartPartitioning {
+            master_id: ServerId(999),
+            segments: vec![SegmentId(1)],
+            partitions: vec![vec![owned]],
+        },
+    );
     stream.write_all(&recovery).await.unwrap();
     let mut answers = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         answers.push(read_response(&mut stream, &mut received).await);
     }
     answers.sort_unstable_by_key(|(request_id, _)| *request_id);
@@ -164,7 +175,8 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         vec![
             (10, Status::InvalidParameter),
             (11, Status::InvalidParameter),
-            (12, Status::BackupBadSegmentId)
+            (12, Status::BackupBadSegmentId),
+            (18, Status::InvalidParameter)
         ]
     );
     // Assignments and recoveries meant for another master (an earlier process at this

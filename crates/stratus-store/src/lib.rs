@@ -412,20 +412,20 @@ impl ObjectStore {
         let mut dropped = 0;
         for bucket_index in 0..self.index.bucket_count() {
             let epoch = self.log.pin();
-            let mut freed = Vec::new();
             dropped += self.index.retain_in_bucket(bucket_index, |reference| {
                 let (_, content) = self.log.entry(&epoch, Reference(reference));
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
                 let drop = object.table == table
                     && range.contains(stratus_types::key_hash(table, object.key));
+                // Counted dead under the bucket lock, as every other free is: once the entry
+                // is out of the index and the lock released, the cleaner takes the copy for
+                // dead and may clean its segment away, and a free after that would find no
+                // segment (a migration target under memory pressure did).
                 if drop {
-                    freed.push(Reference(reference));
+                    self.log.free(&epoch, Reference(reference));
                 }
                 !drop
             });
-            for reference in freed {
-                self.log.free(&epoch, reference);
-            }
         }
         self.objects_live.fetch_sub(dropped, Ordering::Relaxed);
         dropped

@@ -423,3 +423,49 @@ async fn a_migration_to_a_dead_master_fails_and_the_tablet_stays_writable() {
     assert_eq!(objects.len(), 100);
     assert!(objects.iter().all(|object| &object.value[..] == b"after"));
 }
+
+/// A migration that fails part-way (the target runs out of memory) leaves the target holding
+/// nothing of the tablet: the coordinator tells it to drop what it received, so that memory is
+/// not kept until the range next arrives there. The source still serves every object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_migration_leaves_nothing_on_its_target() {
+    let cluster = TestCluster::start_with_replicas(2, 0);
+    let client = cluster.client();
+    let big = client.create_table("big", 1).await.unwrap();
+    let filler = client.create_table("filler", 1).await.unwrap();
+    let [(_, _, source)] = tablets_of(&client, big).await[..] else { panic!("one tablet") };
+    let target = master_ids(&client).await.into_iter().find(|id| id.0 != source).unwrap();
+    client.migrate_tablet("filler", 0, target).await.unwrap();
+    // About 20 MB on each master (32 MiB logs): the target cannot take the other 20.
+    let value = vec![7u8; 10_000];
+    for index in 0..2_000u32 {
+        let key = format!("key-{index}");
+        client.write(big, key.as_bytes(), &value).await.unwrap();
+        client.write(filler, key.as_bytes(), &value).await.unwrap();
+    }
+    let error = client.migrate_tablet("big", 0, target).await.unwrap_err();
+    assert_ne!(error.status, Status::Ok, "{error:?}");
+    let target_address = client
+        .server_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|server| server.server_id == target)
+        .unwrap()
+        .address;
+    // The last attempt's DROP may still be on its way when the client gives up.
+    let mut objects_live = 0;
+    for _ in 0..200 {
+        objects_live = client.server_statistics(&target_address).await.unwrap().objects_live;
+        if objects_live == 2_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(objects_live, 2_000, "the target keeps only its own table's objects");
+    assert_eq!(tablets_of(&client, big).await, vec![(0, u64::MAX, source)]);
+    for index in (0..2_000u32).step_by(97) {
+        let key = format!("key-{index}");
+        assert_eq!(client.read(big, key.as_bytes()).await.unwrap().0, value);
+    }
+}

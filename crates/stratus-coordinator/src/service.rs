@@ -664,16 +664,13 @@ impl Inner {
             target,
             target_address,
         };
-        let (creation_segment, objects_sent) = match self
-            .transfer(tablet.owner, &source_address, &request)
-            .await
-        {
-            Ok(outcome) => outcome,
-            Err((status, message)) => {
-                let failed = (status, message);
-                return Err(self.abandon_migration(table_id, tablet, Some(target), failed).await);
-            }
-        };
+        let (creation_segment, objects_sent) =
+            match self.transfer(tablet.owner, &source_address, &request).await {
+                Ok(outcome) => outcome,
+                Err((status, message)) => {
+                    return Err(self.abandon_migration(table_id, tablet, status, message).await)
+                }
+            };
         let moved = TabletRecord { range: tablet.range, owner: target, creation_segment };
         let commit_epoch = {
             let mut state = self.state.lock().await;
@@ -685,21 +682,16 @@ impl Inner {
                 unchanged.and_then(|table| table.tablets.iter().position(|other| *other == tablet));
             let (Some(table), Some(index), true) = (unchanged, index, both_up) else {
                 drop(state);
-                let failed = (
-                    Status::Retry,
-                    "the source or the target failed during the transfer".to_string(),
-                );
-                return Err(self.abandon_migration(table_id, tablet, Some(target), failed).await);
+                let message = "the source or the target failed during the transfer".to_string();
+                return Err(self.abandon_migration(table_id, tablet, Status::Retry, message).await);
             };
             let mut updated = table.clone();
             updated.tablets[index] = moved.clone();
             let (epoch, persist_epoch) = state.next_assignment_epoch();
             let batch = vec![put_table(&name, &updated), persist_epoch];
-            if let Err(failed) = self.persist(batch).await {
+            if let Err((status, message)) = self.persist(batch).await {
                 drop(state);
-                // The new owner may have been persisted all the same (an answer lost): the
-                // target's copy may be the tablet's, so it is not dropped.
-                return Err(self.abandon_migration(table_id, tablet, None, failed).await);
+                return Err(self.abandon_migration(table_id, tablet, status, message).await);
             }
             state.tables.insert(name.clone(), updated);
             epoch
@@ -761,17 +753,14 @@ impl Inner {
 
     /// After a failed transfer: tells the source to serve `tablet` again (and to end a
     /// transfer still running), waiting until it acknowledged, was declared crashed (then its
-    /// recovery serves the tablet), or gave up after [`DELIVERY_PERSISTENCE`]. With
-    /// `drop_from`, the target the transfer was filling, that target is told (at the same new
-    /// epoch) to drop what it received: it never served it, and without the DROP that memory
-    /// would stay taken until the range next arrived there; a late batch of the transfer is
-    /// then refused as older than the DROP. Returns the failure to report.
+    /// recovery serves the tablet), or gave up after [`DELIVERY_PERSISTENCE`]. Returns the
+    /// failure to report.
     async fn abandon_migration(
         self: &Arc<Self>,
         table_id: TableId,
         tablet: TabletRecord,
-        drop_from: Option<ServerId>,
-        (status, message): Failure,
+        status: Status,
+        message: String,
     ) -> Failure {
         tracing::warn!(%table_id, source = %tablet.owner, %status, %message, "migration failed; the source keeps the tablet");
         // At a new epoch, above the transfer's: the source has seen that one.
@@ -788,13 +777,7 @@ impl Inner {
             }
             epoch
         };
-        let received = drop_from.map(|target| TabletRecord { owner: target, ..tablet.clone() });
-        let drop_received = async {
-            if let Some(received) = received {
-                deliver(self.clone(), table_id, received, false, epoch).await;
-            }
-        };
-        tokio::join!(deliver(self.clone(), table_id, tablet, true, epoch), drop_received);
+        deliver(self.clone(), table_id, tablet, true, epoch).await;
         (status, message)
     }
 

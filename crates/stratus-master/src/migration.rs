@@ -1,9 +1,10 @@
 //! Tablet migration between masters (wire-protocol.md, MIGRATE_TABLET, TRANSFER_TABLET and
 //! RECEIVE_MIGRATION_DATA).
 //!
-//! The source freezes the tablet (writes get RETRY; writes already admitted finish first),
-//! copies every live object to the target in bounded batches, makes its own log durable, and
-//! stops serving the tablet. The target starts the tablet afresh in its log (drops what it
+//! The source copies every live object to the target in bounded batches while the tablet
+//! still takes writes (each noting the key it changed), then holds writes (RETRY; writes
+//! already admitted finish first) and sends the changed keys again, makes its own log durable,
+//! and stops serving the tablet. The target starts the tablet afresh in its log (drops what it
 //! held of the range, raises its safe version to the source's, rolls its head: the new head
 //! is the tablet's creation segment, which the coordinator records so that recovery of the
 //! target ignores the range's older entries), writes each object with its version, and
@@ -14,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use stratus_rpc::ChannelPool;
 use stratus_store::ObjectStore;
 use stratus_types::limits::MIGRATION_BATCH_BYTES_MAX;
-use stratus_types::{HashRange, SegmentId, ServerId, TableId, Version};
+use stratus_types::{key_hash, HashRange, RejectRules, SegmentId, ServerId, TableId, Version};
 use stratus_wire::{EnumeratedObject, Request, Response, ResponseBody, Status};
 
-use crate::ownership::{AssignmentRefusal, TabletOwnership};
+use crate::ownership::{AssignmentRefusal, ChangedDuringCopy, TabletOwnership};
 
 /// Transfers a target remembers (source and transfer id per range). One per migration the
 /// coordinator ran to this master, and it runs one at a time; a range's entry is replaced by
@@ -118,7 +119,7 @@ impl CompletedTransfers {
         if let Some(done) = done {
             return Ok(TransferStart::Completed(done.outcome.clone()));
         }
-        ownership.freeze(table, range, assignment_epoch).map(TransferStart::Started)
+        ownership.begin_transfer(table, range, assignment_epoch).map(TransferStart::Started)
     }
 
     /// Ends the transfer that froze a tablet with `transfer_id`: on success hands the tablet
@@ -159,20 +160,54 @@ pub(crate) struct Transfer {
 }
 
 impl Transfer {
-    /// Copies every live object of the (frozen) tablet to the target; returns the tablet's
-    /// creation segment in the target's log and the objects sent. Stops early once the
-    /// transfer was ended (a TAKE of the tablet).
+    /// Copies every live object of the tablet to the target; returns the tablet's creation
+    /// segment in the target's log and the objects sent. Stops early once the transfer was
+    /// ended (a TAKE or DROP of the tablet).
+    ///
+    /// Two phases. First the whole tablet is copied while it still takes writes; the writes
+    /// note the keys they change. Then writes are held (RETRY) and only those keys are sent
+    /// again, as their current objects or, for keys removed meanwhile, as removals, so writes
+    /// wait for a short catch-up rather than the whole copy. The target keeps the newest
+    /// version of each object, so a key sent twice is harmless. Past the bounds on noted keys
+    /// the whole tablet is copied again with writes held, the target starting it afresh (which
+    /// is what every transfer did before).
     pub(crate) async fn send(&self) -> Result<(SegmentId, u64), MigrationFailure> {
-        // Frozen: no write to the tablet is applied from here on, so every version it holds
-        // is below this, and so is every version it removed.
+        let (mut creation_segment, mut objects_sent) = self.copy_whole_tablet().await?;
+        let Some(changed) = self.ownership.hold_writes(self.transfer_id) else {
+            return Err(transfer_ended());
+        };
+        // Writes are held: every version the tablet removed is below this (a remove raises
+        // the safe version past the removed version).
+        let safe_version = self.store.log().safe_version();
+        match changed {
+            ChangedDuringCopy::Keys(keys) => {
+                let (objects, removed_keys) = self.current_objects(keys);
+                tracing::info!(table = %self.table, start = self.range.start, objects = objects.len(), removed = removed_keys.len(), "tablet copied; writes held; sending what changed meanwhile");
+                for (objects, removed_keys) in catch_up_batches(objects, removed_keys) {
+                    objects_sent += objects.len() as u64;
+                    self.send_batch(objects, removed_keys, safe_version, false).await?;
+                }
+            }
+            ChangedDuringCopy::TooMany => {
+                tracing::info!(table = %self.table, start = self.range.start, "tablet copied; writes held; too many keys changed meanwhile: copying it again");
+                let (created, sent) = self.copy_whole_tablet().await?;
+                creation_segment = created;
+                objects_sent += sent;
+            }
+        }
+        Ok((creation_segment, objects_sent))
+    }
+
+    /// Sends every live object of the tablet, the first batch starting the tablet afresh on
+    /// the target; returns the creation segment that batch made and the objects sent.
+    async fn copy_whole_tablet(&self) -> Result<(SegmentId, u64), MigrationFailure> {
+        // Every version the tablet holds now, or removed, is below this; versions it hands out
+        // later are sent with their objects (the target raises its safe version past each).
         let safe_version: Version = self.store.log().safe_version();
         let mut cursor: (u64, Option<Vec<u8>>) = (0, None);
         let mut creation_segment = None;
         let mut objects_sent = 0u64;
         loop {
-            if !self.ownership.is_frozen_by(self.transfer_id) {
-                return Err((Status::Retry, "the transfer was ended".to_string()));
-            }
             let mut objects = Vec::new();
             let next = self.store.enumerate(
                 self.table,
@@ -190,48 +225,14 @@ impl Transfer {
             );
             // A stretch of empty buckets: go on (each call scans a bounded number), but always
             // send a first batch, which starts the tablet on the target.
-            if objects.is_empty() && creation_segment.is_some() {
-                match next {
-                    Some(next) => {
-                        cursor = next;
-                        continue;
-                    }
-                    None => break,
-                }
+            if !objects.is_empty() || creation_segment.is_none() {
+                objects_sent += objects.len() as u64;
+                let first = creation_segment.is_none();
+                let created = self.send_batch(objects, Vec::new(), safe_version, first).await?;
+                creation_segment.get_or_insert(created);
+            } else if !self.ownership.is_frozen_by(self.transfer_id) {
+                return Err(transfer_ended());
             }
-            let count = objects.len() as u64;
-            let request = Request::ReceiveMigrationData {
-                table_id: self.table,
-                range: self.range,
-                assignment_epoch: self.assignment_epoch,
-                source: self.source,
-                transfer_id: self.transfer_id,
-                safe_version,
-                first: creation_segment.is_none(),
-                objects,
-            };
-            match self.pool.call(&self.target_address, &request).await {
-                Ok((
-                    Status::Ok,
-                    ResponseBody::Operation(Response::ReceiveMigrationData {
-                        creation_segment: created,
-                    }),
-                )) => {
-                    creation_segment.get_or_insert(created);
-                }
-                Ok((status, body)) => {
-                    let status = if status == Status::Ok { Status::InternalError } else { status };
-                    return Err((status, format!("the target refused a batch: {body:?}")));
-                }
-                Err(error) => {
-                    self.pool.forget(&self.target_address);
-                    return Err((
-                        Status::Retry,
-                        format!("target {}: {error}", self.target_address),
-                    ));
-                }
-            }
-            objects_sent += count;
             match next {
                 Some(next) => cursor = next,
                 None => break,
@@ -240,12 +241,241 @@ impl Transfer {
         let creation_segment = creation_segment.expect("the first batch was sent");
         Ok((creation_segment, objects_sent))
     }
+
+    /// The current objects of `keys` (writes are held), and the keys that are gone.
+    fn current_objects(&self, keys: Vec<Vec<u8>>) -> (Vec<EnumeratedObject>, Vec<bytes::Bytes>) {
+        let mut objects = Vec::with_capacity(keys.len());
+        let mut removed_keys = Vec::new();
+        for key in keys {
+            let hash = key_hash(self.table, &key);
+            let mut value = Vec::new();
+            match self.store.read(self.table, &key, hash, &RejectRules::NONE, &mut value) {
+                Ok(version) => {
+                    objects.push(EnumeratedObject { key: key.into(), value: value.into(), version })
+                }
+                Err(_) => removed_keys.push(key.into()),
+            }
+        }
+        (objects, removed_keys)
+    }
+
+    /// Sends one batch (RECEIVE_MIGRATION_DATA); returns the tablet's creation segment in the
+    /// target's log.
+    async fn send_batch(
+        &self,
+        objects: Vec<EnumeratedObject>,
+        removed_keys: Vec<bytes::Bytes>,
+        safe_version: Version,
+        first: bool,
+    ) -> Result<SegmentId, MigrationFailure> {
+        if !self.ownership.is_frozen_by(self.transfer_id) {
+            return Err(transfer_ended());
+        }
+        let request = Request::ReceiveMigrationData {
+            table_id: self.table,
+            range: self.range,
+            assignment_epoch: self.assignment_epoch,
+            source: self.source,
+            transfer_id: self.transfer_id,
+            safe_version,
+            first,
+            objects,
+            removed_keys,
+        };
+        match self.pool.call(&self.target_address, &request).await {
+            Ok((
+                Status::Ok,
+                ResponseBody::Operation(Response::ReceiveMigrationData { creation_segment }),
+            )) => Ok(creation_segment),
+            Ok((status, body)) => {
+                let status = if status == Status::Ok { Status::InternalError } else { status };
+                Err((status, format!("the target refused a batch: {body:?}")))
+            }
+            Err(error) => {
+                self.pool.forget(&self.target_address);
+                Err((Status::Retry, format!("target {}: {error}", self.target_address)))
+            }
+        }
+    }
+}
+
+fn transfer_ended() -> MigrationFailure {
+    (Status::Retry, "the transfer was ended".to_string())
+}
+
+/// The catch-up cut into batches of at most [`MIGRATION_BATCH_BYTES_MAX`] key and value bytes
+/// (each with at least one object or key): objects first, then removed keys.
+fn catch_up_batches(
+    objects: Vec<EnumeratedObject>,
+    removed_keys: Vec<bytes::Bytes>,
+) -> Vec<(Vec<EnumeratedObject>, Vec<bytes::Bytes>)> {
+    let mut batches: Vec<(Vec<EnumeratedObject>, Vec<bytes::Bytes>)> = Vec::new();
+    let mut bytes = 0;
+    let mut room_for = |size: usize, batches: &mut Vec<_>| {
+        if batches.is_empty() || (bytes > 0 && bytes + size > MIGRATION_BATCH_BYTES_MAX) {
+            batches.push((Vec::new(), Vec::new()));
+            bytes = 0;
+        }
+        bytes += size;
+    };
+    for object in objects {
+        room_for(object.key.len() + object.value.len(), &mut batches);
+        batches.last_mut().expect("just made room").0.push(object);
+    }
+    for key in removed_keys {
+        room_for(key.len(), &mut batches);
+        batches.last_mut().expect("just made room").1.push(key);
+    }
+    batches
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use stratus_types::KeyHash;
+
+    use crate::ownership::WriteRefusal;
+    use bytes::{Bytes, BytesMut};
+    use stratus_env::{Network, TcpNetwork};
+    use stratus_rpc::{Handled, RpcConfig, Service};
+    use stratus_store::StoreConfig;
+    use stratus_wire::{decode_request, encode_response, FrameHeader};
+
+    /// One batch a fake target received: whether it started the tablet, its objects, and its
+    /// removed keys.
+    type Received = (bool, Vec<(Vec<u8>, Version)>, Vec<Vec<u8>>);
+
+    /// A target that records every batch and, on the first, runs `during_copy` (writes a
+    /// client makes while the source copies).
+    struct RecordingTarget {
+        received: Mutex<Vec<Received>>,
+        during_copy: Box<dyn Fn() + Send + Sync>,
+    }
+
+    impl Service for RecordingTarget {
+        fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
+            let Ok(Request::ReceiveMigrationData { first, objects, removed_keys, .. }) =
+                decode_request(header.opcode_code, body)
+            else {
+                panic!("the source sends only batches");
+            };
+            let objects = objects.iter().map(|object| (object.key.to_vec(), object.version));
+            let removed = removed_keys.iter().map(|key| key.to_vec()).collect();
+            let mut received = self.received.lock().unwrap();
+            if received.is_empty() {
+                (self.during_copy)();
+            }
+            received.push((first, objects.collect(), removed));
+            let response = Response::ReceiveMigrationData { creation_segment: SegmentId(40) };
+            encode_response(out, header.request_id, Status::Ok, &response);
+            Handled::Done
+        }
+    }
+
+    const TABLE: TableId = TableId(5);
+
+    /// Transfers a tablet of 3 000 objects (several batches) to a recording target, running
+    /// `during_copy` with the source store and ownership when the first batch arrives.
+    async fn transfer_with_writes_during_copy(
+        during_copy: impl Fn(&ObjectStore, &TabletOwnership) + Send + Sync + 'static,
+    ) -> (Vec<Received>, Arc<ObjectStore>, Arc<TabletOwnership>) {
+        let store = Arc::new(ObjectStore::new(StoreConfig::for_testing(), ServerId(1)).unwrap());
+        let ownership = Arc::new(TabletOwnership::default());
+        ownership.take(TABLE, HashRange::FULL, 1).unwrap();
+        for index in 0..3_000u32 {
+            let key = format!("key-{index}");
+            let hash = key_hash(TABLE, key.as_bytes());
+            store.write(TABLE, key.as_bytes(), hash, &[1; 1_000], &RejectRules::NONE, 1).unwrap();
+        }
+        let transfer_id = ownership.begin_transfer(TABLE, HashRange::FULL, 2).unwrap();
+        let (source, owner) = (store.clone(), ownership.clone());
+        let target = Arc::new(RecordingTarget {
+            received: Mutex::new(Vec::new()),
+            during_copy: Box::new(move || during_copy(&source, &owner)),
+        });
+        let listener = TcpNetwork.bind("127.0.0.1:0").await.unwrap();
+        let target_address = listener.local_address();
+        let server = tokio::spawn(stratus_rpc::serve(listener, target.clone()));
+        let transfer = Transfer {
+            store: store.clone(),
+            ownership: ownership.clone(),
+            pool: Arc::new(ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default())),
+            source: ServerId(1),
+            transfer_id,
+            table: TABLE,
+            range: HashRange::FULL,
+            assignment_epoch: 2,
+            target_address,
+        };
+        let (creation_segment, _) = transfer.send().await.unwrap();
+        assert_eq!(creation_segment, SegmentId(40));
+        server.abort();
+        let received = std::mem::take(&mut *target.received.lock().unwrap());
+        (received, store, ownership)
+    }
+
+    fn client_write(store: &ObjectStore, ownership: &TabletOwnership, key: &[u8]) {
+        let hash = key_hash(TABLE, key);
+        let write = || store.write(TABLE, key, hash, b"new", &RejectRules::NONE, 2).unwrap();
+        ownership.while_writable(TABLE, hash, key, write).expect("writes go on during the copy");
+    }
+
+    /// Writes during the copy are admitted, and only their keys are sent again at the end
+    /// (writes held): current objects with their new versions, and removed keys as removals;
+    /// writes are held from then on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_during_the_copy_are_admitted_and_only_their_keys_sent_again() {
+        let (received, store, ownership) = transfer_with_writes_during_copy(|store, ownership| {
+            client_write(store, ownership, b"key-5");
+            client_write(store, ownership, b"a-new-key");
+            let key = b"key-7";
+            let hash = key_hash(TABLE, key);
+            let remove = || store.remove(TABLE, key, hash, &RejectRules::NONE, 2).unwrap();
+            ownership.while_writable(TABLE, hash, key, remove).unwrap();
+        })
+        .await;
+        assert!(received.len() >= 3, "several batches: {}", received.len());
+        assert!(received[0].0, "the first batch starts the tablet");
+        assert!(received[1..].iter().all(|(first, ..)| !first), "no second copy");
+        let copied: usize =
+            received[..received.len() - 1].iter().map(|(_, objects, _)| objects.len()).sum();
+        assert!((3_000..=3_001).contains(&copied), "the copy saw each object once: {copied}");
+        let (_, last, removed) = received.last().unwrap();
+        let version_of = |key: &[u8]| {
+            store.read(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, &mut Vec::new())
+        };
+        let expected: Vec<(Vec<u8>, Version)> = [&b"a-new-key"[..], b"key-5"]
+            .iter()
+            .map(|key| (key.to_vec(), version_of(key).unwrap()))
+            .collect();
+        assert_eq!(last, &expected, "the catch-up carries exactly the changed objects");
+        assert_eq!(removed, &vec![b"key-7".to_vec()], "and the removed key");
+        let hash = key_hash(TABLE, b"key-9");
+        assert_eq!(
+            ownership.while_writable(TABLE, hash, b"key-9", || ()),
+            Err(WriteRefusal::Frozen),
+            "writes are held until the transfer ends"
+        );
+    }
+
+    /// The catch-up is cut by bytes, objects before removed keys, never with an empty batch.
+    #[test]
+    fn catch_up_batches_stay_within_the_batch_bound() {
+        let object = |size: usize| EnumeratedObject {
+            key: Bytes::from(vec![1; 10]),
+            value: Bytes::from(vec![2; size]),
+            version: Version(3),
+        };
+        let big = MIGRATION_BATCH_BYTES_MAX;
+        let objects = vec![object(big / 2), object(big / 2), object(big + 5), object(1)];
+        let removed = vec![Bytes::from_static(b"gone")];
+        let batches = catch_up_batches(objects, removed);
+        let shape: Vec<(usize, usize)> =
+            batches.iter().map(|(objects, removed)| (objects.len(), removed.len())).collect();
+        // Two halves do not fit together (keys count too); an oversized object goes alone.
+        assert_eq!(shape, vec![(1, 0), (1, 0), (1, 0), (1, 1)]);
+        assert!(catch_up_batches(Vec::new(), Vec::new()).is_empty());
+    }
 
     #[test]
     fn a_transfer_asked_again_is_in_progress_while_running_and_gets_its_outcome_once_ended() {

@@ -1,11 +1,14 @@
-//! The tablets a master owns, which of them refuse writes while they are transferred, and the
-//! newest assignment epoch it has seen for each range (so that a stale assignment from the
+//! The tablets a master owns, which of them are being transferred (taking writes while they
+//! are copied, remembering the keys those writes changed, then holding writes for the end of
+//! the transfer), and the newest assignment epoch it has seen for each range (so that a stale assignment from the
 //! coordinator, delayed in the network or re-sent by an earlier incarnation, is ignored).
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use stratus_types::limits::ASSIGNMENTS_REMEMBERED_MAX;
+use stratus_types::limits::{
+    ASSIGNMENTS_REMEMBERED_MAX, MIGRATION_CHANGED_KEYS_MAX, MIGRATION_CHANGED_KEY_BYTES_MAX,
+};
 use stratus_types::{HashRange, KeyHash, TableId};
 
 /// Why a write was not admitted.
@@ -13,7 +16,8 @@ use stratus_types::{HashRange, KeyHash, TableId};
 pub enum WriteRefusal {
     /// No owned tablet holds the key (UNKNOWN_TABLET).
     NotOwned,
-    /// The tablet is being transferred to another master (RETRY).
+    /// The tablet is being handed to another master: writes are held for the end of its
+    /// transfer (RETRY).
     Frozen,
 }
 
@@ -57,22 +61,65 @@ struct Owned {
     /// The newest assignment seen per range (ranges may overlap; an assignment is stale if
     /// any overlapping entry ranks above it). Bounded by [`ASSIGNMENTS_REMEMBERED_MAX`].
     seen: Vec<SeenAssignment>,
-    /// Owned tablets being transferred: writes to them are refused. Few at a time (one per
-    /// transfer the coordinator runs, one at a time), so a list.
+    /// Owned tablets being transferred. Few at a time (one per transfer the coordinator runs,
+    /// one at a time), so a list.
     frozen: Vec<Frozen>,
-    /// The id the next freeze gets.
+    /// The id the next transfer gets.
     next_transfer_id: u64,
 }
 
-/// A tablet being transferred, and which transfer froze it (a transfer that was ended by a
-/// TAKE must not hand off the tablet a later transfer froze).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A tablet being transferred, and which transfer (a transfer that was ended by a TAKE must
+/// not hand off the tablet a later transfer began).
+#[derive(Clone, Debug)]
 struct Frozen {
     table: TableId,
     range: HashRange,
     transfer_id: u64,
-    /// The assignment epoch of the TRANSFER_TABLET that froze it.
+    /// The assignment epoch of the TRANSFER_TABLET that began it.
     epoch: u64,
+    /// Still copying: writes are admitted, and each notes its key in `changed`. Once false,
+    /// writes are held (RETRY) until the transfer ends.
+    writable: bool,
+    changed: Arc<Mutex<ChangedKeys>>,
+}
+
+/// The keys writes changed while a transfer copied their tablet, bounded by
+/// [`MIGRATION_CHANGED_KEYS_MAX`] and [`MIGRATION_CHANGED_KEY_BYTES_MAX`]. Ordered, so that
+/// the transfer sends them in the same order on every run (the simulation depends on it).
+#[derive(Debug, Default)]
+struct ChangedKeys {
+    keys: BTreeSet<Vec<u8>>,
+    bytes: usize,
+    /// A bound was reached: the keys were forgotten and the whole tablet must be copied again.
+    too_many: bool,
+}
+
+impl ChangedKeys {
+    fn note(&mut self, key: &[u8]) {
+        if self.too_many || self.keys.contains(key) {
+            return;
+        }
+        if self.keys.len() >= MIGRATION_CHANGED_KEYS_MAX
+            || self.bytes + key.len() > MIGRATION_CHANGED_KEY_BYTES_MAX
+        {
+            self.too_many = true;
+            self.keys = BTreeSet::new();
+            self.bytes = 0;
+            return;
+        }
+        self.bytes += key.len();
+        self.keys.insert(key.to_vec());
+    }
+}
+
+/// What writes did to a tablet while its transfer copied it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangedDuringCopy {
+    /// These keys (ascending) were written, removed or incremented: only they need sending
+    /// again.
+    Keys(Vec<Vec<u8>>),
+    /// More than the bounds allow: the whole tablet must be copied again.
+    TooMany,
 }
 
 /// The set of (table, hash range) this master serves. Read on every request, written only when
@@ -111,28 +158,39 @@ impl TabletOwnership {
         self.read().owns(table, hash)
     }
 
-    /// Runs `apply` if `hash` of `table` lies in an owned tablet that is not frozen, holding
-    /// the ownership lock until it returns (see the type's comment).
+    /// Runs `apply` if `hash` of `table` lies in an owned tablet whose writes are not held,
+    /// holding the ownership lock until it returns (see the type's comment). A write to a
+    /// tablet its transfer is still copying notes `key` as changed before the lock is
+    /// released, so the transfer, which holds writes under the write lock, sees every change.
     pub fn while_writable<T>(
         &self,
         table: TableId,
         hash: KeyHash,
+        key: &[u8],
         apply: impl FnOnce() -> T,
     ) -> Result<T, WriteRefusal> {
         let owned = self.read();
         if !owned.owns(table, hash) {
             return Err(WriteRefusal::NotOwned);
         }
-        if owned.frozen.iter().any(|frozen| frozen.table == table && frozen.range.contains(hash)) {
-            return Err(WriteRefusal::Frozen);
+        let transfer =
+            owned.frozen.iter().find(|frozen| frozen.table == table && frozen.range.contains(hash));
+        match transfer {
+            None => Ok(apply()),
+            Some(transfer) if !transfer.writable => Err(WriteRefusal::Frozen),
+            Some(transfer) => {
+                let applied = apply();
+                transfer.changed.lock().unwrap_or_else(|poison| poison.into_inner()).note(key);
+                Ok(applied)
+            }
         }
-        Ok(apply())
     }
 
-    /// TRANSFER_TABLET at `epoch`: starts refusing writes to `range` of `table`, which must be
-    /// exactly an owned tablet not frozen yet; returns once no write to it is being applied,
-    /// with the transfer's id. Nothing changes on a refusal.
-    pub fn freeze(
+    /// TRANSFER_TABLET at `epoch`: starts a transfer of `range` of `table`, which must be
+    /// exactly an owned tablet not being transferred yet; returns the transfer's id. The tablet
+    /// keeps taking writes while it is copied ([`TabletOwnership::hold_writes`] ends that).
+    /// Nothing changes on a refusal.
+    pub fn begin_transfer(
         &self,
         table: TableId,
         range: HashRange,
@@ -159,8 +217,31 @@ impl TabletOwnership {
         owned.record(table, range, rank);
         let transfer_id = owned.next_transfer_id;
         owned.next_transfer_id += 1;
-        owned.frozen.push(Frozen { table, range, transfer_id, epoch });
+        owned.frozen.push(Frozen {
+            table,
+            range,
+            transfer_id,
+            epoch,
+            writable: true,
+            changed: Arc::default(),
+        });
         Ok(transfer_id)
+    }
+
+    /// Holds writes to the tablet of `transfer_id` from now until the transfer ends (RETRY);
+    /// returns once no write to it is being applied, with what the writes admitted during the
+    /// copy changed. `None` if a TAKE or DROP ended the transfer.
+    pub fn hold_writes(&self, transfer_id: u64) -> Option<ChangedDuringCopy> {
+        let mut owned = self.write();
+        let transfer = owned.frozen.iter_mut().find(|frozen| frozen.transfer_id == transfer_id)?;
+        transfer.writable = false;
+        let mut changed = transfer.changed.lock().unwrap_or_else(|poison| poison.into_inner());
+        let changed = std::mem::take(&mut *changed);
+        Some(if changed.too_many {
+            ChangedDuringCopy::TooMany
+        } else {
+            ChangedDuringCopy::Keys(changed.keys.into_iter().collect())
+        })
     }
 
     /// RECEIVE_MIGRATION_DATA at `epoch`: runs `apply` (which writes the batch) if the
@@ -193,19 +274,19 @@ impl TabletOwnership {
         Ok(apply())
     }
 
-    /// Takes writes to the tablet frozen by `transfer_id` again (the transfer failed).
+    /// Ends the transfer `transfer_id` (it failed): its tablet is served as before.
     pub fn unfreeze(&self, transfer_id: u64) {
         self.write().frozen.retain(|frozen| frozen.transfer_id != transfer_id);
     }
 
-    /// True while the tablet frozen by `transfer_id` still is (no TAKE ended the transfer).
+    /// True while the transfer `transfer_id` runs (no TAKE or DROP ended it).
     pub fn is_frozen_by(&self, transfer_id: u64) -> bool {
         self.read().frozen.iter().any(|frozen| frozen.transfer_id == transfer_id)
     }
 
-    /// Stops serving the tablet frozen by `transfer_id` (the transfer is done); its objects
-    /// stay in the store until DROP. False if it is no longer frozen by that transfer (a TAKE
-    /// ended it meanwhile), and then nothing changes.
+    /// Stops serving the tablet of the transfer `transfer_id` (it is done); its objects stay
+    /// in the store until DROP. False if a TAKE or DROP ended that transfer meanwhile, and then
+    /// nothing changes.
     pub fn hand_off(&self, transfer_id: u64) -> bool {
         let mut owned = self.write();
         let Some(position) =
@@ -416,38 +497,63 @@ mod tests {
     }
 
     #[test]
-    fn a_frozen_tablet_refuses_writes_until_handed_off_or_taken_back() {
+    fn a_transferred_tablet_takes_writes_until_they_are_held_then_until_handed_off_or_taken_back() {
         let ownership = TabletOwnership::default();
         let table = TableId(2);
         let low = HashRange::new(0, 99).unwrap();
         let high = HashRange::new(100, 199).unwrap();
         ownership.take(table, low, 1).unwrap();
         ownership.take(table, high, 1).unwrap();
-        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Ok(7));
+        let write = |hash, key: &[u8]| ownership.while_writable(table, KeyHash(hash), key, || 7);
+        assert_eq!(write(150, b"a"), Ok(7));
         let part = HashRange::new(100, 150).unwrap();
-        assert_eq!(ownership.freeze(table, part, 2), Err(AssignmentRefusal::NotATablet));
-        let first = ownership.freeze(table, high, 2).unwrap();
-        assert_eq!(ownership.freeze(table, high, 3), Err(AssignmentRefusal::AlreadyFrozen));
-        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Err(WriteRefusal::Frozen));
-        assert_eq!(ownership.while_writable(table, KeyHash(50), || 7), Ok(7));
-        assert!(ownership.owns(table, KeyHash(150)), "reads go on while frozen");
+        assert_eq!(ownership.begin_transfer(table, part, 2), Err(AssignmentRefusal::NotATablet));
+        let first = ownership.begin_transfer(table, high, 2).unwrap();
+        assert_eq!(ownership.begin_transfer(table, high, 3), Err(AssignmentRefusal::AlreadyFrozen));
+        // Copying: writes go on, and their keys are noted (once each, in order).
+        assert_eq!(write(150, b"zebra"), Ok(7));
+        assert_eq!(write(160, b"apple"), Ok(7));
+        assert_eq!(write(150, b"zebra"), Ok(7));
+        assert_eq!(write(50, b"elsewhere"), Ok(7));
+        let changed = ChangedDuringCopy::Keys(vec![b"apple".to_vec(), b"zebra".to_vec()]);
+        assert_eq!(ownership.hold_writes(first), Some(changed));
+        // Held: refused until the transfer ends; the other tablet and reads go on.
+        assert_eq!(write(150, b"a"), Err(WriteRefusal::Frozen));
+        assert_eq!(write(50, b"a"), Ok(7));
+        assert!(ownership.owns(table, KeyHash(150)), "reads go on while writes are held");
         // A failed transfer: writes again.
         ownership.unfreeze(first);
-        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Ok(7));
+        assert_eq!(ownership.hold_writes(first), None, "ended");
+        assert_eq!(write(150, b"a"), Ok(7));
         // A finished transfer: no longer served.
-        let second = ownership.freeze(table, high, 4).unwrap();
+        let second = ownership.begin_transfer(table, high, 4).unwrap();
         assert!(!ownership.hand_off(first), "an ended transfer hands nothing off");
         assert!(ownership.hand_off(second));
-        assert_eq!(
-            ownership.while_writable(table, KeyHash(150), || 7),
-            Err(WriteRefusal::NotOwned)
-        );
+        assert_eq!(write(150, b"a"), Err(WriteRefusal::NotOwned));
         // The coordinator hands it back (a failed migration): served and writable again.
         ownership.take(table, high, 5).unwrap();
-        let third = ownership.freeze(table, high, 6).unwrap();
+        let third = ownership.begin_transfer(table, high, 6).unwrap();
         ownership.take(table, high, 7).unwrap();
         assert!(!ownership.hand_off(third), "a TAKE ended the transfer");
-        assert_eq!(ownership.while_writable(table, KeyHash(150), || 7), Ok(7));
+        assert_eq!(write(150, b"a"), Ok(7));
+    }
+
+    /// Past its bounds a transfer forgets the changed keys and asks for a whole new copy.
+    #[test]
+    fn too_many_changed_keys_ask_for_a_whole_new_copy() {
+        let ownership = TabletOwnership::default();
+        let table = TableId(2);
+        ownership.take(table, HashRange::FULL, 1).unwrap();
+        let transfer = ownership.begin_transfer(table, HashRange::FULL, 2).unwrap();
+        for index in 0..=MIGRATION_CHANGED_KEYS_MAX as u32 {
+            let key = index.to_le_bytes();
+            ownership.while_writable(table, KeyHash(u64::from(index)), &key, || ()).unwrap();
+        }
+        assert_eq!(ownership.hold_writes(transfer), Some(ChangedDuringCopy::TooMany));
+        let mut keys = ChangedKeys::default();
+        keys.note(&vec![1; MIGRATION_CHANGED_KEY_BYTES_MAX]);
+        keys.note(b"one more byte");
+        assert!(keys.too_many && keys.keys.is_empty() && keys.bytes == 0);
     }
 
     #[test]
@@ -479,7 +585,7 @@ mod tests {
         ownership.take(table, whole, 10).unwrap();
         // Transferred away at 11 (and handed off): the TAKE of 10, re-sent or delayed, must
         // not make this master serve the tablet beside its new owner.
-        let transfer = ownership.freeze(table, whole, 11).unwrap();
+        let transfer = ownership.begin_transfer(table, whole, 11).unwrap();
         assert!(ownership.hand_off(transfer));
         assert_eq!(ownership.take(table, whole, 10), Err(AssignmentRefusal::Stale));
         assert_eq!(ownership.take(table, high, 11), Err(AssignmentRefusal::Stale), "same epoch");
@@ -499,8 +605,8 @@ mod tests {
         );
         assert!(ownership.owns(table, KeyHash(5)) && ownership.owns(table, KeyHash(u64::MAX)));
         // A transfer older than the TAKE is refused too; a newer one goes ahead.
-        assert_eq!(ownership.freeze(table, whole, 12), Err(AssignmentRefusal::Stale));
-        assert!(ownership.freeze(table, whole, 15).is_ok());
+        assert_eq!(ownership.begin_transfer(table, whole, 12), Err(AssignmentRefusal::Stale));
+        assert!(ownership.begin_transfer(table, whole, 15).is_ok());
         // Other tables are unaffected.
         assert_eq!(ownership.take(TableId(5), whole, 1), Ok(()));
     }

@@ -228,8 +228,8 @@ impl Master {
 
     /// Admits a request that changes `key` of `table` and applies it with `apply` while the
     /// tablet can be neither frozen nor dropped (see `TabletOwnership::while_writable`). A
-    /// tablet being transferred answers RETRY: the client tries again and finds the tablet
-    /// writable or at its new master.
+    /// tablet at the end of its transfer answers RETRY: the client tries again and finds the
+    /// tablet writable or at its new master.
     fn mutate<T>(
         &self,
         table: TableId,
@@ -237,7 +237,7 @@ impl Master {
         apply: impl FnOnce(stratus_types::KeyHash) -> Result<T, ObjectError>,
     ) -> Result<T, (Status, Version)> {
         let hash = self.admit_key(table, key).map_err(|status| (status, Version(0)))?;
-        match self.ownership.while_writable(table, hash, || apply(hash)) {
+        match self.ownership.while_writable(table, hash, key, || apply(hash)) {
             Ok(Ok(applied)) => Ok(applied),
             Ok(Err(error)) => Err(status_of(error)),
             Err(WriteRefusal::NotOwned) => Err((Status::UnknownTablet, Version(0))),
@@ -618,6 +618,7 @@ impl Service for Master {
                 safe_version,
                 first,
                 objects,
+                removed_keys,
             }) => {
                 let transfer = IncomingTransfer {
                     table: table_id,
@@ -626,7 +627,7 @@ impl Service for Master {
                     source,
                     transfer_id,
                 };
-                let batch = (transfer, safe_version, first, objects);
+                let batch = MigrationBatch { transfer, safe_version, first, objects, removed_keys };
                 return self.receive_migration_data(header.request_id, batch, started, out);
             }
             Ok(request) => match &self.sync_context {
@@ -661,13 +662,22 @@ impl Service for Master {
 /// assignment epoch, the target's address.
 type TransferRequest = (ServerId, TableId, HashRange, u64, String);
 
-/// A RECEIVE_MIGRATION_DATA batch: its transfer, the source's safe version, whether it is the
-/// first, the objects.
-type MigrationBatch = (IncomingTransfer, Version, bool, Vec<EnumeratedObject>);
+/// A RECEIVE_MIGRATION_DATA batch (wire-protocol.md).
+struct MigrationBatch {
+    transfer: IncomingTransfer,
+    /// The source's safe version.
+    safe_version: Version,
+    /// The first batch of the transfer: start the tablet afresh.
+    first: bool,
+    objects: Vec<EnumeratedObject>,
+    /// Keys the source removed while it copied the tablet.
+    removed_keys: Vec<Bytes>,
+}
 
 impl Master {
-    /// TRANSFER_TABLET: freezes the tablet, copies it to the target in the background, makes
-    /// this log durable, and stops serving the tablet; on failure serves it again.
+    /// TRANSFER_TABLET: copies the tablet to the target in the background (writes go on until
+    /// the catch-up at the end, `Transfer::send`), makes this log durable, and stops serving
+    /// the tablet; on failure serves it as before.
     fn transfer(
         &self,
         request_id: u64,
@@ -776,12 +786,12 @@ impl Master {
     fn receive_migration_data(
         &self,
         request_id: u64,
-        (transfer, safe_version, first, objects): MigrationBatch,
+        batch: MigrationBatch,
         started: tokio::time::Instant,
         out: &mut BytesMut,
     ) -> Handled {
         let opcode = Opcode::ReceiveMigrationData;
-        match self.apply_migration_batch(&transfer, safe_version, first, &objects) {
+        match self.apply_migration_batch(&batch) {
             Err((status, message)) => {
                 encode_error_response(out, request_id, opcode.code(), status, &message);
             }
@@ -803,25 +813,22 @@ impl Master {
         Handled::Done
     }
 
-    fn apply_migration_batch(
-        &self,
-        transfer: &IncomingTransfer,
-        safe_version: Version,
-        first: bool,
-        objects: &[EnumeratedObject],
-    ) -> Result<SegmentId, MigrationFailure> {
+    fn apply_migration_batch(&self, batch: &MigrationBatch) -> Result<SegmentId, MigrationFailure> {
+        let MigrationBatch { transfer, safe_version, first, objects, removed_keys } = batch;
+        let (safe_version, first) = (*safe_version, *first);
         if !self.may_serve() {
             return Err((Status::Retry, "no lease from the coordinator".to_string()));
         }
         let IncomingTransfer { table, range, assignment_epoch, .. } = *transfer;
-        for object in objects {
-            if object.key.is_empty() || object.key.len() > KEY_BYTES_MAX {
+        let keys = objects.iter().map(|object| &object.key).chain(removed_keys);
+        for key in keys {
+            if key.is_empty() || key.len() > KEY_BYTES_MAX {
                 return Err((Status::InvalidParameter, "a migrated key is invalid".to_string()));
             }
-            if !range.contains(key_hash(table, &object.key)) {
+            if !range.contains(key_hash(table, key)) {
                 return Err((
                     Status::InvalidParameter,
-                    "a migrated object lies outside the tablet".to_string(),
+                    "a migrated key lies outside the tablet".to_string(),
                 ));
             }
         }
@@ -861,15 +868,26 @@ impl Master {
                 log.head_segment_id().unwrap_or(SegmentId(0))
             };
             let now_seconds = self.now_seconds();
+            let refused = |error| match error {
+                ObjectError::LogFull => (Status::Retry, "the log is full".to_string()),
+                other => (Status::InvalidParameter, format!("a migrated object: {other:?}")),
+            };
             for object in objects {
                 self.store
                     .insert_migrated(table, &object.key, &object.value, object.version, now_seconds)
-                    .map_err(|error| match error {
-                        ObjectError::LogFull => (Status::Retry, "the log is full".to_string()),
-                        other => {
-                            (Status::InvalidParameter, format!("a migrated object: {other:?}"))
-                        }
-                    })?;
+                    .map_err(refused)?;
+            }
+            for key in removed_keys {
+                self.store
+                    .remove_migrated(table, key, safe_version, now_seconds)
+                    .map_err(refused)?;
+            }
+            if !removed_keys.is_empty() {
+                // The removals raised the safe version past the removed versions; a new head
+                // records it, so a recovery of this master once it serves the tablet does not
+                // hand those versions out again (the answer waits until the head is durable).
+                log.roll_head(stratus_log::AppendPriority::Normal)
+                    .map_err(|_| (Status::Retry, "the log is full".to_string()))?;
             }
             Ok(creation_segment)
         });

@@ -271,6 +271,40 @@ impl ObjectStore {
         self.replay_object(table, key, version, now_seconds, value, &mut ReplayInto::Head)
     }
 
+    /// Removes an object copied from another master's store (tablet migration) that the
+    /// source removed while it copied the tablet: only if this store holds it at a version
+    /// below `below` (the source's safe version once it held writes, which is above every
+    /// version it removed; a version at or above it is newer than the removal). Raises the safe
+    /// version to `below`, so a re-created object gets a higher version than the removed one.
+    /// Returns whether it was removed.
+    pub fn remove_migrated(
+        &self,
+        table: TableId,
+        key: &[u8],
+        below: Version,
+        now_seconds: u32,
+    ) -> Result<bool, ObjectError> {
+        if key.is_empty() || key.len() > stratus_types::limits::KEY_BYTES_MAX {
+            return Err(ObjectError::InvalidKey);
+        }
+        self.log.raise_safe_version(below);
+        let hash = key_hash(table, key);
+        let Some(current) = self.current_version(table, key, hash) else {
+            return Ok(false);
+        };
+        if current >= below {
+            return Ok(false);
+        }
+        // Exactly the version looked at: nothing else writes a tablet being received.
+        let rules = stratus_types::RejectRules {
+            given_version: current,
+            version_ne_given: true,
+            ..stratus_types::RejectRules::NONE
+        };
+        self.remove(table, key, hash, &rules, now_seconds)?;
+        Ok(true)
+    }
+
     /// The version of the object stored under (`table`, `key`), if any.
     fn current_version(&self, table: TableId, key: &[u8], hash: KeyHash) -> Option<Version> {
         let epoch = self.log.pin();
@@ -513,6 +547,24 @@ mod tests {
         assert!(target.log().segment_ids().iter().all(|id| !side_log.segments().contains(id)));
         target.log().reclaim();
         assert_eq!(target.statistics().seglets_free, free_before, "side memory returned");
+    }
+
+    /// A migrated object the source removed is removed here only below the source's safe
+    /// version, and the safe version is raised past it.
+    #[test]
+    fn a_migrated_removal_removes_only_older_versions() {
+        let store = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        store.insert_migrated(TABLE, b"old", b"v", Version(5), 1).unwrap();
+        assert!(store.remove_migrated(TABLE, b"old", Version(20), 2).unwrap());
+        assert!(!store.remove_migrated(TABLE, b"absent", Version(20), 2).unwrap());
+        assert_eq!(read(&store, b"old"), None);
+        let key = b"old";
+        let again = store.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 3);
+        assert!(again.unwrap() >= Version(20), "a re-created object is newer than the removal");
+        store.insert_migrated(TABLE, b"newer", b"v", Version(50), 1).unwrap();
+        assert!(!store.remove_migrated(TABLE, b"newer", Version(20), 2).unwrap());
+        assert_eq!(read(&store, b"newer").map(|(version, _)| version), Some(Version(50)));
+        assert_eq!(store.remove_migrated(TABLE, b"", Version(20), 2), Err(ObjectError::InvalidKey));
     }
 
     /// The safe version a replay raised survives a replay of the replaying store: a key

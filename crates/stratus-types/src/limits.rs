@@ -43,6 +43,15 @@ pub const SERVER_SPAN_MAX: u32 = 1_024;
 /// response even with the longest server addresses (asserted below).
 pub const TABLETS_PER_TABLE_MAX: usize = 16_384;
 
+/// Keys a transfer remembers as changed while it copies a tablet that still takes writes, and
+/// their bytes: at the end, with writes held, only those keys are sent again. Past either
+/// bound the transfer stops remembering and copies the whole tablet again with writes held
+/// (which is what every transfer did before), so the memory a busy tablet can take here
+/// stays bounded: about 16 MiB.
+pub const MIGRATION_CHANGED_KEYS_MAX: usize = 65_536;
+/// See [`MIGRATION_CHANGED_KEYS_MAX`].
+pub const MIGRATION_CHANGED_KEY_BYTES_MAX: usize = 8 << 20;
+
 /// Key and value bytes one RECEIVE_MIGRATION_DATA batch carries at most (it carries at least
 /// one object when one remains): large enough that a transfer is a few round trips per
 /// segment, small enough that the target's answer (which waits for its backups) comes quickly

@@ -53,6 +53,8 @@ const TABLETS_MAX: usize = TABLES_MAX * TABLETS_PER_TABLE_MAX;
 /// Most objects in one enumeration response: as many of the smallest possible object (empty key
 /// and value) as fit in a frame.
 const ENUMERATED_OBJECTS_MAX: usize = FRAME_BYTES_MAX / (2 + 4 + 8);
+/// Removed keys in one RECEIVE_MIGRATION_DATA: each takes at least its 2-byte length.
+const REMOVED_KEYS_MAX: usize = FRAME_BYTES_MAX / 2;
 
 /// Largest segment replica a backup stores, in bytes (8 MiB, the default segment size). A
 /// BACKUP_READ_REPLICA response carries a whole replica in one frame, so this must leave room
@@ -299,6 +301,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             safe_version,
             first,
             objects,
+            removed_keys,
         } => {
             put_u64(out, table_id.0);
             put_range(out, range);
@@ -308,6 +311,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_version(out, *safe_version);
             put_u8(out, u8::from(*first));
             put_enumerated_objects(out, objects);
+            put_count(out, removed_keys.len());
+            for key in removed_keys {
+                put_key(out, key);
+            }
         }
         Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
             put_key_item(out, *table_id, key, rules);
@@ -1057,6 +1064,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                 _ => return Err(DecodeError::InvalidField("first batch flag")),
             },
             objects: reader.enumerated_objects()?,
+            removed_keys: reader.list(REMOVED_KEYS_MAX, 2, |reader| reader.key())?,
         },
         Opcode::Read => {
             let KeyItem { table_id, key, rules } = key_item(reader)?;

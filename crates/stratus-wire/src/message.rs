@@ -568,6 +568,9 @@ pub enum Request {
         first: bool,
         /// Objects with their versions.
         objects: Vec<EnumeratedObject>,
+        /// Keys removed at the source while it copied the tablet: the receiver removes each one
+        /// it holds at a version below `safe_version`.
+        removed_keys: Vec<Bytes>,
     },
     /// READ.
     Read {

@@ -223,6 +223,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         safe_version: Version(0),
         first: true,
         objects,
+        removed_keys: Vec::new(),
     };
     encode_request(&mut migration, 15, &batch(table, HashRange::FULL, Vec::new()));
     let stray = EnumeratedObject {

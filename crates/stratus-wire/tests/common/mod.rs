@@ -155,7 +155,8 @@ pub fn request() -> impl Strategy<Value = Request> {
                     version
                 }),
                 0..4
-            )
+            ),
+            vec(key(), 0..3)
         )
             .prop_map(
                 |(
@@ -163,6 +164,7 @@ pub fn request() -> impl Strategy<Value = Request> {
                     safe_version,
                     first,
                     objects,
+                    removed_keys,
                 )| {
                     Request::ReceiveMigrationData {
                         table_id,
@@ -173,6 +175,7 @@ pub fn request() -> impl Strategy<Value = Request> {
                         safe_version,
                         first,
                         objects,
+                        removed_keys,
                     }
                 }
             ),

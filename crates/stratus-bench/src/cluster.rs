@@ -136,6 +136,18 @@ pub fn start_stratus_logged(
         .map_err(|error| format!("{error} (its log: {})", error_log.display()))
 }
 
+/// [`start_stratus`] with another `stratus` binary (another build, to compare with this one).
+pub fn start_other_stratus(
+    binary: &Path,
+    arguments: &[&str],
+    marker: &str,
+    patience: Duration,
+) -> Result<(ChildProcess, String), String> {
+    let mut command = Command::new(binary);
+    command.args(arguments).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+    start_and_wait_for_marker(&mut command, arguments, marker, patience)
+}
+
 /// `stratus ARGUMENTS...` with this process's own executable, standard output piped.
 fn stratus_command(arguments: &[&str]) -> Result<Command, String> {
     let executable = std::env::current_exe().map_err(|error| error.to_string())?;

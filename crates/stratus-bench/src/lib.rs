@@ -10,6 +10,7 @@ mod cleaner_latency;
 mod cluster;
 mod latency;
 mod memory;
+mod migration;
 mod recovery;
 mod redis_reference;
 mod replica_files;
@@ -44,6 +45,10 @@ pub enum BenchCommand {
     /// its replicas straight from the backups' disks and against Redis restarting from an AOF
     /// of the same objects.
     Recovery(recovery::RecoveryArguments),
+    /// How long clients' writes to a tablet wait while it moves to another master: the
+    /// migration's duration and the latency of writes during it, against the same client's
+    /// writes before it (`--cluster-binary` runs the cluster with another build).
+    Migration(migration::MigrationArguments),
     /// YCSB's core workloads A–F (ScrambledZipfian and latest keys, 10 × 100-byte fields) on
     /// Stratus (R = 0; R = 3 buffered and fsync) side by side with Redis (appendfsync everysec
     /// and always) and memcached, started here; YCSB-style report plus JSON lines.
@@ -73,6 +78,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Utilization(arguments) => utilization::run(arguments),
         BenchCommand::CleanerLatency(arguments) => cleaner_latency::run(arguments),
         BenchCommand::Recovery(arguments) => recovery::run(arguments),
+        BenchCommand::Migration(arguments) => migration::run(arguments),
         BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
         BenchCommand::Memory(arguments) => memory::run(arguments),
         BenchCommand::MemoryWorker(arguments) => memory::run_worker(arguments),

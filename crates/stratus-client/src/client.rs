@@ -186,8 +186,8 @@ impl Client {
     }
 
     /// Moves the tablet of table `name` that starts at `start_hash` to the master `target`,
-    /// while clients keep using it (its writes are refused with RETRY, which clients retry,
-    /// for as long as the copy takes). Returns once the new owner is durable in the tablet
+    /// while clients keep using it (its writes go on while it is copied, and are refused with
+    /// RETRY, which clients retry, while the keys they changed meanwhile are sent again). Returns once the new owner is durable in the tablet
     /// map. This client's cached maps are dropped; other clients find out when the old master
     /// answers UNKNOWN_TABLET.
     pub async fn migrate_tablet(

@@ -32,6 +32,15 @@ pub const INCOMING_TRANSFERS_REMEMBERED_MAX: usize = 64;
 /// migration at a time and asks again within seconds, so a few are plenty.
 pub const COMPLETED_TRANSFERS_REMEMBERED_MAX: usize = 16;
 
+/// Catch-up rounds a transfer runs while the tablet still takes writes, before it holds them
+/// for the last: each sends what changed during the one before, so the last, which writes wait
+/// for, is short unless writes change keys faster than they can be sent.
+const CATCH_UP_ROUNDS_WRITABLE: usize = 2;
+
+/// Changed keys few enough to send with writes held at once, without another round while
+/// writes go on (about a millisecond of sending at 1 KB objects).
+const CATCH_UP_KEYS_TO_HOLD_FOR: usize = 64;
+
 /// A failed transfer or batch: the status and message to answer with.
 pub type MigrationFailure = (Status, String);
 
@@ -164,38 +173,61 @@ impl Transfer {
     /// segment in the target's log and the objects sent. Stops early once the transfer was
     /// ended (a TAKE or DROP of the tablet).
     ///
-    /// Two phases. First the whole tablet is copied while it still takes writes; the writes
-    /// note the keys they change. Then writes are held (RETRY) and only those keys are sent
-    /// again, as their current objects or, for keys removed meanwhile, as removals, so writes
-    /// wait for a short catch-up rather than the whole copy. The target keeps the newest
-    /// version of each object, so a key sent twice is harmless. Past the bounds on noted keys
-    /// the whole tablet is copied again with writes held, the target starting it afresh (which
-    /// is what every transfer did before).
+    /// First the whole tablet is copied while it still takes writes; the writes note the keys
+    /// they change. Then, still taking writes, up to [`CATCH_UP_ROUNDS_WRITABLE`] rounds send
+    /// the keys noted so far again (each round's notes are what changed during the last), until
+    /// few enough remain. Then writes are held (RETRY) and the last notes are sent, so writes
+    /// wait only for that last catch-up. A key is sent as its current object, or as a removal
+    /// when it no longer exists; the target keeps the newest version of each object, so a key
+    /// sent twice is harmless. Past the bounds on noted keys the whole tablet is copied again
+    /// (with writes held, when the bound is hit in the last round), the target starting it
+    /// afresh.
     pub(crate) async fn send(&self) -> Result<(SegmentId, u64), MigrationFailure> {
         let (mut creation_segment, mut objects_sent) = self.copy_whole_tablet().await?;
-        let Some(changed) = self.ownership.hold_writes(self.transfer_id) else {
-            return Err(transfer_ended());
-        };
-        // Writes are held: every version the tablet removed is below this (a remove raises
-        // the safe version past the removed version).
-        let safe_version = self.store.log().safe_version();
-        match changed {
-            ChangedDuringCopy::Keys(keys) => {
-                let (objects, removed_keys) = self.current_objects(keys);
-                tracing::info!(table = %self.table, start = self.range.start, objects = objects.len(), removed = removed_keys.len(), "tablet copied; writes held; sending what changed meanwhile");
-                for (objects, removed_keys) in catch_up_batches(objects, removed_keys) {
-                    objects_sent += objects.len() as u64;
-                    self.send_batch(objects, removed_keys, safe_version, false).await?;
+        for _ in 0..CATCH_UP_ROUNDS_WRITABLE {
+            let changed =
+                self.ownership.changed_so_far(self.transfer_id).ok_or_else(transfer_ended)?;
+            match changed {
+                ChangedDuringCopy::Keys(keys) if keys.len() <= CATCH_UP_KEYS_TO_HOLD_FOR => {
+                    // Few enough to send with writes held: put them back in the last round.
+                    self.ownership.note_again(self.transfer_id, keys);
+                    break;
+                }
+                ChangedDuringCopy::Keys(keys) => objects_sent += self.catch_up(keys).await?,
+                ChangedDuringCopy::TooMany => {
+                    let (created, sent) = self.copy_whole_tablet().await?;
+                    creation_segment = created;
+                    objects_sent += sent;
                 }
             }
+        }
+        let changed = self.ownership.hold_writes(self.transfer_id).ok_or_else(transfer_ended)?;
+        match changed {
+            ChangedDuringCopy::Keys(keys) => objects_sent += self.catch_up(keys).await?,
             ChangedDuringCopy::TooMany => {
-                tracing::info!(table = %self.table, start = self.range.start, "tablet copied; writes held; too many keys changed meanwhile: copying it again");
+                tracing::info!(table = %self.table, start = self.range.start, "too many keys changed during the copy: copying the tablet again with writes held");
                 let (created, sent) = self.copy_whole_tablet().await?;
                 creation_segment = created;
                 objects_sent += sent;
             }
         }
         Ok((creation_segment, objects_sent))
+    }
+
+    /// Sends `keys` again: the current object of each, or the key as a removal when it no
+    /// longer exists. Returns the objects sent.
+    async fn catch_up(&self, keys: Vec<Vec<u8>>) -> Result<u64, MigrationFailure> {
+        let (objects, removed_keys) = self.current_objects(keys);
+        // Read after the objects: every version removed before they were read is below it (a
+        // remove raises the safe version past the removed version).
+        let safe_version = self.store.log().safe_version();
+        tracing::debug!(table = %self.table, start = self.range.start, objects = objects.len(), removed = removed_keys.len(), "sending the keys changed during the copy");
+        let mut objects_sent = 0;
+        for (objects, removed_keys) in catch_up_batches(objects, removed_keys) {
+            objects_sent += objects.len() as u64;
+            self.send_batch(objects, removed_keys, safe_version, false).await?;
+        }
+        Ok(objects_sent)
     }
 
     /// Sends every live object of the tablet, the first batch starting the tablet afresh on
@@ -345,11 +377,14 @@ mod tests {
     /// removed keys.
     type Received = (bool, Vec<(Vec<u8>, Version)>, Vec<Vec<u8>>);
 
-    /// A target that records every batch and, on the first, runs `during_copy` (writes a
-    /// client makes while the source copies).
+    /// A target that records every batch (and whether the source admitted writes to the
+    /// tablet when it arrived) and, on the first, runs `during_copy` (writes a client makes
+    /// while the source copies).
     struct RecordingTarget {
         received: Mutex<Vec<Received>>,
+        writable_at_each: Mutex<Vec<bool>>,
         during_copy: Box<dyn Fn() + Send + Sync>,
+        source_admits_writes: Box<dyn Fn() -> bool + Send + Sync>,
     }
 
     impl Service for RecordingTarget {
@@ -366,6 +401,7 @@ mod tests {
                 (self.during_copy)();
             }
             received.push((first, objects.collect(), removed));
+            self.writable_at_each.lock().unwrap().push((self.source_admits_writes)());
             let response = Response::ReceiveMigrationData { creation_segment: SegmentId(40) };
             encode_response(out, header.request_id, Status::Ok, &response);
             Handled::Done
@@ -375,10 +411,11 @@ mod tests {
     const TABLE: TableId = TableId(5);
 
     /// Transfers a tablet of 3 000 objects (several batches) to a recording target, running
-    /// `during_copy` with the source store and ownership when the first batch arrives.
-    async fn transfer_with_writes_during_copy(
+    /// `during_copy` with the source store and ownership when the first batch arrives; returns
+    /// the batches and, for each, whether the source admitted writes to the tablet then.
+    async fn transfer_recording_writability(
         during_copy: impl Fn(&ObjectStore, &TabletOwnership) + Send + Sync + 'static,
-    ) -> (Vec<Received>, Arc<ObjectStore>, Arc<TabletOwnership>) {
+    ) -> (Vec<Received>, Vec<bool>, Arc<ObjectStore>, Arc<TabletOwnership>) {
         let store = Arc::new(ObjectStore::new(StoreConfig::for_testing(), ServerId(1)).unwrap());
         let ownership = Arc::new(TabletOwnership::default());
         ownership.take(TABLE, HashRange::FULL, 1).unwrap();
@@ -389,9 +426,12 @@ mod tests {
         }
         let transfer_id = ownership.begin_transfer(TABLE, HashRange::FULL, 2).unwrap();
         let (source, owner) = (store.clone(), ownership.clone());
+        let probed = ownership.clone();
         let target = Arc::new(RecordingTarget {
             received: Mutex::new(Vec::new()),
+            writable_at_each: Mutex::new(Vec::new()),
             during_copy: Box::new(move || during_copy(&source, &owner)),
+            source_admits_writes: Box::new(move || probed.admits_writes(TABLE, KeyHash(1))),
         });
         let listener = TcpNetwork.bind("127.0.0.1:0").await.unwrap();
         let target_address = listener.local_address();
@@ -411,7 +451,8 @@ mod tests {
         assert_eq!(creation_segment, SegmentId(40));
         server.abort();
         let received = std::mem::take(&mut *target.received.lock().unwrap());
-        (received, store, ownership)
+        let writable = std::mem::take(&mut *target.writable_at_each.lock().unwrap());
+        (received, writable, store, ownership)
     }
 
     fn client_write(store: &ObjectStore, ownership: &TabletOwnership, key: &[u8]) {
@@ -425,15 +466,20 @@ mod tests {
     /// writes are held from then on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_during_the_copy_are_admitted_and_only_their_keys_sent_again() {
-        let (received, store, ownership) = transfer_with_writes_during_copy(|store, ownership| {
-            client_write(store, ownership, b"key-5");
-            client_write(store, ownership, b"a-new-key");
-            let key = b"key-7";
-            let hash = key_hash(TABLE, key);
-            let remove = || store.remove(TABLE, key, hash, &RejectRules::NONE, 2).unwrap();
-            ownership.while_writable(TABLE, hash, key, remove).unwrap();
-        })
-        .await;
+        let (received, writable, store, ownership) =
+            transfer_recording_writability(|store, ownership| {
+                client_write(store, ownership, b"key-5");
+                client_write(store, ownership, b"a-new-key");
+                let key = b"key-7";
+                let hash = key_hash(TABLE, key);
+                let remove = || store.remove(TABLE, key, hash, &RejectRules::NONE, 2).unwrap();
+                ownership.while_writable(TABLE, hash, key, remove).unwrap();
+            })
+            .await;
+        // Few changed keys: no round while writable; the copy went with writes admitted, the
+        // catch-up with writes held.
+        assert_eq!(writable.last(), Some(&false));
+        assert!(writable[..writable.len() - 1].iter().all(|admitted| *admitted));
         assert!(received.len() >= 3, "several batches: {}", received.len());
         assert!(received[0].0, "the first batch starts the tablet");
         assert!(received[1..].iter().all(|(first, ..)| !first), "no second copy");
@@ -455,6 +501,29 @@ mod tests {
             ownership.while_writable(TABLE, hash, b"key-9", || ()),
             Err(WriteRefusal::Frozen),
             "writes are held until the transfer ends"
+        );
+    }
+
+    /// Many keys changed during the copy are sent in a round while writes still go on; the
+    /// round with writes held then has nothing left to send.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_changed_keys_are_sent_while_writes_still_go_on() {
+        let changed = CATCH_UP_KEYS_TO_HOLD_FOR + 36;
+        let (received, writable, _, ownership) =
+            transfer_recording_writability(move |store, ownership| {
+                for index in 0..changed {
+                    client_write(store, ownership, format!("key-{index}").as_bytes());
+                }
+            })
+            .await;
+        let (first, objects, removed) = received.last().unwrap();
+        assert!(!first && removed.is_empty());
+        assert_eq!(objects.len(), changed, "one round carried every changed key");
+        assert!(writable.iter().all(|admitted| *admitted), "every batch went while writable");
+        let hash = key_hash(TABLE, b"key-9");
+        assert_eq!(
+            ownership.while_writable(TABLE, hash, b"key-9", || ()),
+            Err(WriteRefusal::Frozen)
         );
     }
 

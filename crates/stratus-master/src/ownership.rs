@@ -112,6 +112,16 @@ impl ChangedKeys {
     }
 }
 
+/// Empties `changed`, returning what it held.
+fn take_changed(changed: &Mutex<ChangedKeys>) -> ChangedDuringCopy {
+    let changed = std::mem::take(&mut *changed.lock().unwrap_or_else(|poison| poison.into_inner()));
+    if changed.too_many {
+        ChangedDuringCopy::TooMany
+    } else {
+        ChangedDuringCopy::Keys(changed.keys.into_iter().collect())
+    }
+}
+
 /// What writes did to a tablet while its transfer copied it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChangedDuringCopy {
@@ -229,19 +239,45 @@ impl TabletOwnership {
     }
 
     /// Holds writes to the tablet of `transfer_id` from now until the transfer ends (RETRY);
-    /// returns once no write to it is being applied, with what the writes admitted during the
-    /// copy changed. `None` if a TAKE or DROP ended the transfer.
+    /// returns once no write to it is being applied, with what the writes admitted since the
+    /// last look changed. `None` if a TAKE or DROP ended the transfer.
     pub fn hold_writes(&self, transfer_id: u64) -> Option<ChangedDuringCopy> {
         let mut owned = self.write();
         let transfer = owned.frozen.iter_mut().find(|frozen| frozen.transfer_id == transfer_id)?;
         transfer.writable = false;
-        let mut changed = transfer.changed.lock().unwrap_or_else(|poison| poison.into_inner());
-        let changed = std::mem::take(&mut *changed);
-        Some(if changed.too_many {
-            ChangedDuringCopy::TooMany
-        } else {
-            ChangedDuringCopy::Keys(changed.keys.into_iter().collect())
-        })
+        Some(take_changed(&transfer.changed))
+    }
+
+    /// True if a write to `hash` of `table` would be admitted now (it notes nothing).
+    #[cfg(test)]
+    pub fn admits_writes(&self, table: TableId, hash: KeyHash) -> bool {
+        let owned = self.read();
+        owned.owns(table, hash)
+            && !owned.frozen.iter().any(|frozen| {
+                frozen.table == table && frozen.range.contains(hash) && !frozen.writable
+            })
+    }
+
+    /// Notes `keys` as changed again for the transfer `transfer_id` (a look that decided to
+    /// send them later). Nothing if the transfer ended.
+    pub fn note_again(&self, transfer_id: u64, keys: Vec<Vec<u8>>) {
+        let owned = self.read();
+        if let Some(transfer) = owned.frozen.iter().find(|frozen| frozen.transfer_id == transfer_id)
+        {
+            let mut changed = transfer.changed.lock().unwrap_or_else(|poison| poison.into_inner());
+            for key in keys {
+                changed.note(&key);
+            }
+        }
+    }
+
+    /// What the writes admitted to the tablet of `transfer_id` changed since the last look,
+    /// while writes go on: a write still between its change and its note is noted for the
+    /// next look. `None` if a TAKE or DROP ended the transfer.
+    pub fn changed_so_far(&self, transfer_id: u64) -> Option<ChangedDuringCopy> {
+        let owned = self.read();
+        let transfer = owned.frozen.iter().find(|frozen| frozen.transfer_id == transfer_id)?;
+        Some(take_changed(&transfer.changed))
     }
 
     /// RECEIVE_MIGRATION_DATA at `epoch`: runs `apply` (which writes the batch) if the
@@ -516,6 +552,11 @@ mod tests {
         assert_eq!(write(150, b"zebra"), Ok(7));
         assert_eq!(write(50, b"elsewhere"), Ok(7));
         let changed = ChangedDuringCopy::Keys(vec![b"apple".to_vec(), b"zebra".to_vec()]);
+        assert_eq!(ownership.changed_so_far(first), Some(changed));
+        // A look while writes go on starts the notes afresh.
+        assert_eq!(write(170, b"mango"), Ok(7));
+        ownership.note_again(first, vec![b"kiwi".to_vec()]);
+        let changed = ChangedDuringCopy::Keys(vec![b"kiwi".to_vec(), b"mango".to_vec()]);
         assert_eq!(ownership.hold_writes(first), Some(changed));
         // Held: refused until the transfer ends; the other tablet and reads go on.
         assert_eq!(write(150, b"a"), Err(WriteRefusal::Frozen));

@@ -95,7 +95,8 @@ pub enum ReplayInto<'a> {
     /// interleave with the head's writes, `closed` is told of each side segment as it fills so
     /// it can be replicated while replay goes on, and the caller fuses the side log into the
     /// log once it is durable ([`stratus_log::Log::fuse_side_segments`]) or abandons it
-    /// whole. The new head of the fusion records the raised safe version; replay opens none.
+    /// whole. The new head of the fusion records the raised safe version; replay opens a head
+    /// for it only when the side log stayed empty.
     SideLog {
         /// The side log written to.
         side_log: &'a mut SideLog,
@@ -242,7 +243,14 @@ impl ObjectStore {
         // it (every head starts with the safe version): once the caller has replicated the log,
         // the floor survives this store too, and a later recovery of it cannot hand out those
         // versions again. (The simulation found versions reused after two recoveries in a row.)
-        if highest_version.0 > 0 && matches!(into, ReplayInto::Head) {
+        // Into a side log, the head that fuses it records the floor; with no side segment
+        // there is no such head (every key of the set was dead, or filtered out), and this one
+        // must record it instead (the simulation's reuse of versions again, otherwise).
+        let fusing_head_follows = match &into {
+            ReplayInto::Head => false,
+            ReplayInto::SideLog { side_log, .. } => !side_log.segments().is_empty(),
+        };
+        if highest_version.0 > 0 && !fusing_head_follows {
             self.log.roll_head(AppendPriority::Normal).map_err(|_| ReplayError::StoreFull)?;
         }
         Ok(statistics)
@@ -586,6 +594,21 @@ mod tests {
         let second = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
         second.replay(&borrowed, &|_, _| true, 5).unwrap();
         assert_eq!(read(&second, key), None, "removed stays removed");
+        // The same into a side log: nothing is live, so the side log stays empty and no
+        // fusing head will come; the replay's own head records the floor.
+        let side = ObjectStore::new(StoreConfig::for_testing(), ServerId(12)).unwrap();
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut |_| {} };
+        side.replay_filtered(&borrowed, &|_, _, _| true, 5, into).unwrap();
+        assert!(side_log.segments().is_empty());
+        let copies_of_side = segments(&side);
+        let borrowed_side: Vec<(&[u8], Certificate)> =
+            copies_of_side.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
+        let after_side = ObjectStore::new(StoreConfig::for_testing(), ServerId(13)).unwrap();
+        after_side.replay(&borrowed_side, &|_, _| true, 6).unwrap();
+        let recreated =
+            after_side.write(TABLE, key, hash, b"again", &RejectRules::NONE, 7).unwrap();
+        assert!(recreated > newest, "version {recreated:?} reused after a side-log replay");
         // The second store crashes before anything else is written; a third replays its log.
         let copies = segments(&second);
         let borrowed: Vec<(&[u8], Certificate)> =

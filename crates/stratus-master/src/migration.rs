@@ -215,15 +215,50 @@ impl Transfer {
     }
 
     /// Sends `keys` again: the current object of each, or the key as a removal when it no
-    /// longer exists. Returns the objects sent.
+    /// longer exists. Values are read a batch at a time, just before the batch goes, so the
+    /// memory a catch-up takes is one batch, however large the changed objects. Returns the
+    /// objects sent.
     async fn catch_up(&self, keys: Vec<Vec<u8>>) -> Result<u64, MigrationFailure> {
-        let (objects, removed_keys) = self.current_objects(keys);
-        // Read after the objects: every version removed before they were read is below it (a
-        // remove raises the safe version past the removed version).
-        let safe_version = self.store.log().safe_version();
-        tracing::debug!(table = %self.table, start = self.range.start, objects = objects.len(), removed = removed_keys.len(), "sending the keys changed during the copy");
         let mut objects_sent = 0;
-        for (objects, removed_keys) in catch_up_batches(objects, removed_keys) {
+        let mut batch: Vec<EnumeratedObject> = Vec::new();
+        let mut batch_bytes = 0;
+        let mut removed_keys: Vec<bytes::Bytes> = Vec::new();
+        for key in keys {
+            let hash = key_hash(self.table, &key);
+            let mut value = Vec::new();
+            let Ok(version) =
+                self.store.read(self.table, &key, hash, &RejectRules::NONE, &mut value)
+            else {
+                removed_keys.push(key.into());
+                continue;
+            };
+            let size = key.len() + value.len();
+            if !batch.is_empty() && batch_bytes + size > MIGRATION_BATCH_BYTES_MAX {
+                objects_sent += batch.len() as u64;
+                let safe_version = self.store.log().safe_version();
+                self.send_batch(std::mem::take(&mut batch), Vec::new(), safe_version, false)
+                    .await?;
+                batch_bytes = 0;
+            }
+            batch_bytes += size;
+            batch.push(EnumeratedObject { key: key.into(), value: value.into(), version });
+        }
+        // Read after every key was looked up: every version removed before a key was found
+        // gone is below it (a remove raises the safe version past the removed version). The
+        // removed keys are bounded by the notes' key bytes.
+        let safe_version = self.store.log().safe_version();
+        tracing::debug!(table = %self.table, start = self.range.start, objects = objects_sent + batch.len() as u64, removed = removed_keys.len(), "sent the keys changed during the copy");
+        let removals = cut_by_bytes(removed_keys, |key| key.len());
+        let mut last_objects = Some(batch).filter(|batch| !batch.is_empty());
+        if removals.is_empty() {
+            if let Some(objects) = last_objects.take() {
+                objects_sent += objects.len() as u64;
+                self.send_batch(objects, Vec::new(), safe_version, false).await?;
+            }
+        }
+        for removed_keys in removals {
+            // The last objects ride with the first removals.
+            let objects = last_objects.take().unwrap_or_default();
             objects_sent += objects.len() as u64;
             self.send_batch(objects, removed_keys, safe_version, false).await?;
         }
@@ -274,23 +309,6 @@ impl Transfer {
         Ok((creation_segment, objects_sent))
     }
 
-    /// The current objects of `keys` (writes are held), and the keys that are gone.
-    fn current_objects(&self, keys: Vec<Vec<u8>>) -> (Vec<EnumeratedObject>, Vec<bytes::Bytes>) {
-        let mut objects = Vec::with_capacity(keys.len());
-        let mut removed_keys = Vec::new();
-        for key in keys {
-            let hash = key_hash(self.table, &key);
-            let mut value = Vec::new();
-            match self.store.read(self.table, &key, hash, &RejectRules::NONE, &mut value) {
-                Ok(version) => {
-                    objects.push(EnumeratedObject { key: key.into(), value: value.into(), version })
-                }
-                Err(_) => removed_keys.push(key.into()),
-            }
-        }
-        (objects, removed_keys)
-    }
-
     /// Sends one batch (RECEIVE_MIGRATION_DATA); returns the tablet's creation segment in the
     /// target's log.
     async fn send_batch(
@@ -335,28 +353,23 @@ fn transfer_ended() -> MigrationFailure {
     (Status::Retry, "the transfer was ended".to_string())
 }
 
-/// The catch-up cut into batches of at most [`MIGRATION_BATCH_BYTES_MAX`] key and value bytes
-/// (each with at least one object or key): objects first, then removed keys.
-fn catch_up_batches(
-    objects: Vec<EnumeratedObject>,
-    removed_keys: Vec<bytes::Bytes>,
-) -> Vec<(Vec<EnumeratedObject>, Vec<bytes::Bytes>)> {
-    let mut batches: Vec<(Vec<EnumeratedObject>, Vec<bytes::Bytes>)> = Vec::new();
+/// `items` cut into batches of at most [`MIGRATION_BATCH_BYTES_MAX`] bytes (as `size` counts
+/// them), in order, each with at least one item.
+fn cut_by_bytes<T>(items: Vec<T>, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut batches: Vec<Vec<T>> = Vec::new();
     let mut bytes = 0;
-    let mut room_for = |size: usize, batches: &mut Vec<_>| {
-        if batches.is_empty() || (bytes > 0 && bytes + size > MIGRATION_BATCH_BYTES_MAX) {
-            batches.push((Vec::new(), Vec::new()));
-            bytes = 0;
+    for item in items {
+        let item_bytes = size(&item);
+        match batches.last_mut() {
+            Some(batch) if bytes + item_bytes <= MIGRATION_BATCH_BYTES_MAX => {
+                bytes += item_bytes;
+                batch.push(item);
+            }
+            _ => {
+                bytes = item_bytes;
+                batches.push(vec![item]);
+            }
         }
-        bytes += size;
-    };
-    for object in objects {
-        room_for(object.key.len() + object.value.len(), &mut batches);
-        batches.last_mut().expect("just made room").0.push(object);
-    }
-    for key in removed_keys {
-        room_for(key.len(), &mut batches);
-        batches.last_mut().expect("just made room").1.push(key);
     }
     batches
 }
@@ -527,23 +540,17 @@ mod tests {
         );
     }
 
-    /// The catch-up is cut by bytes, objects before removed keys, never with an empty batch.
+    /// Removed keys are cut by bytes, in order, never into an empty batch.
     #[test]
-    fn catch_up_batches_stay_within_the_batch_bound() {
-        let object = |size: usize| EnumeratedObject {
-            key: Bytes::from(vec![1; 10]),
-            value: Bytes::from(vec![2; size]),
-            version: Version(3),
-        };
-        let big = MIGRATION_BATCH_BYTES_MAX;
-        let objects = vec![object(big / 2), object(big / 2), object(big + 5), object(1)];
-        let removed = vec![Bytes::from_static(b"gone")];
-        let batches = catch_up_batches(objects, removed);
-        let shape: Vec<(usize, usize)> =
-            batches.iter().map(|(objects, removed)| (objects.len(), removed.len())).collect();
-        // Two halves do not fit together (keys count too); an oversized object goes alone.
-        assert_eq!(shape, vec![(1, 0), (1, 0), (1, 0), (1, 1)]);
-        assert!(catch_up_batches(Vec::new(), Vec::new()).is_empty());
+    fn removed_keys_are_cut_within_the_batch_bound() {
+        let half = MIGRATION_BATCH_BYTES_MAX / 2;
+        let sizes = vec![half, half, MIGRATION_BATCH_BYTES_MAX + 5, 1, 2];
+        let batches = cut_by_bytes(sizes, |size| *size);
+        assert_eq!(
+            batches,
+            vec![vec![half, half], vec![MIGRATION_BATCH_BYTES_MAX + 5], vec![1, 2]]
+        );
+        assert!(cut_by_bytes(Vec::<usize>::new(), |size| *size).is_empty());
     }
 
     #[test]

@@ -527,6 +527,14 @@ impl Pump {
                 let _ = request.done.send(());
                 continue;
             }
+            // Nobody waits for it any more: a recovery whose wait timed out, which abandons
+            // the side segment once its replay ends (a segment is fused only after its wait
+            // succeeded; the cleaner's thread waits until it is done). Retrying it meanwhile
+            // would hold up this master's own writes behind a segment nobody will use; a copy
+            // already written is freed when the abandon reports the segment dropped.
+            if request.done.is_closed() {
+                continue;
+            }
             let source = Source::Given(&request.bytes, request.certificate);
             match self.replicate_segment(request.segment_id.0, source, true).await {
                 Ok(()) => {

@@ -233,6 +233,14 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     };
     let narrow = HashRange::new(0, 9).unwrap();
     encode_request(&mut migration, 16, &batch(other_table, narrow, vec![stray]));
+    // A removed key outside the tablet, and an empty one: refused before anything is applied.
+    for (request_id, removed) in [(19, &b"stray"[..]), (22, &b""[..])] {
+        let mut removal = batch(other_table, narrow, Vec::new());
+        if let Request::ReceiveMigrationData { removed_keys, .. } = &mut removal {
+            removed_keys.push(Bytes::from_static(removed));
+        }
+        encode_request(&mut migration, request_id, &removal);
+    }
     encode_request(
         &mut migration,
         17,
@@ -247,7 +255,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     );
     stream.write_all(&migration).await.unwrap();
     let mut answers = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         answers.push(read_response(&mut stream, &mut received).await);
     }
     answers.sort_unstable_by_key(|(request_id, _)| *request_id);
@@ -256,7 +264,9 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         vec![
             (15, Status::InvalidParameter),
             (16, Status::InvalidParameter),
-            (17, Status::UnknownTablet)
+            (17, Status::UnknownTablet),
+            (19, Status::InvalidParameter),
+            (22, Status::InvalidParameter)
         ]
     );
     let statistics = client.server_statistics(&master).await.unwrap();

@@ -144,6 +144,24 @@ impl Client {
     /// A client using `environment` (the simulator passes its own).
     pub fn with_environment(config: ClientConfig, environment: Environment) -> Client {
         let pool = ChannelPool::new(environment.network.clone(), config.rpc.clone());
+        Client::with_pool(config, pool, environment)
+    }
+
+    /// A client inside a storage server's process (its RESP front end): requests for tablets
+    /// that server owns — whose owner address is `address` — run its `service` handler
+    /// directly instead of crossing a socket; every other request goes over the network.
+    pub fn with_in_process_server(
+        config: ClientConfig,
+        environment: Environment,
+        address: impl Into<String>,
+        service: Arc<dyn stratus_rpc::Service>,
+    ) -> Client {
+        let pool = ChannelPool::new(environment.network.clone(), config.rpc.clone())
+            .with_in_process_server(address, service);
+        Client::with_pool(config, pool, environment)
+    }
+
+    fn with_pool(config: ClientConfig, pool: ChannelPool, environment: Environment) -> Client {
         let inner = Inner { config, pool, environment, tablet_maps: RwLock::new(HashMap::new()) };
         Client { inner: Arc::new(inner) }
     }

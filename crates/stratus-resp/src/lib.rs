@@ -1,17 +1,22 @@
-//! A Redis-protocol gateway to a Stratus cluster.
+//! The Redis-protocol front end of a Stratus cluster.
 //!
-//! `stratus resp --listen 127.0.0.1:6380` runs a separate process that speaks RESP2 and RESP3
-//! to Redis clients (redis-cli, redis-benchmark, redis-py, ...) and Stratus's native protocol
-//! to the cluster through [`stratus_client::Client`].
+//! It speaks RESP2 and RESP3 to Redis clients (redis-cli, redis-benchmark, redis-py, ...) and
+//! Stratus's native protocol to the cluster through [`stratus_client::Client`]. It runs in two
+//! places:
 //!
-//! # Why a gateway, not a RESP port on every master
+//! - inside every storage server started with `--resp-listen`: its client reaches that
+//!   server's own master in process (`Client::with_in_process_server`), so keys the server
+//!   owns cost no extra hop, and forwards other keys to their masters;
+//! - as a separate gateway process, `stratus resp --listen 127.0.0.1:6380`, which forwards
+//!   every key (one extra hop) and scales separately from the masters.
+//!
+//! # Why forward, not redirect
 //!
 //! The client library already maps every key to its master through the cached tablet map and
 //! refreshes and retries when tablets move, so any key a Redis client names reaches the right
-//! master with no redirection that Redis clients would have to understand. Masters keep one
-//! protocol, and the gateway scales separately from them (run one per application host, or
-//! several behind a load balancer: gateways share no state but the cluster's).
-//! The cost is one extra network hop per command.
+//! master with no redirection that Redis clients would have to understand. Redis Cluster's
+//! `MOVED` redirection names one of 16 384 CRC16 slots, which Stratus's key-hash tablets are
+//! not, so a cluster-aware Redis client could not follow Stratus's map anyway.
 //!
 //! # Data model mapping
 //!

@@ -5,6 +5,11 @@
 //! request id, and wait; a writer task flushes whatever accumulated since its last write in one
 //! system call (so concurrent callers share writes), and a reader task splits the incoming byte
 //! stream into frames and completes the slots. Responses may arrive in any order.
+//!
+//! A pool may also know one server that lives in the same process (a storage server's own RESP
+//! front end uses the client library to reach every master, itself included): calls to that
+//! address run the server's [`Service`] handler directly, with the same frames and the same
+//! answers but no socket, no system call and no task switch for a request answered at once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +23,8 @@ use stratus_wire::{
     body_offset, decode_frame_header, decode_response, encode_request, frame_length, FrameKind,
     Hello, Opcode, Request, ResponseBody, Status, HELLO_BYTES, PROTOCOL_VERSION,
 };
+
+use crate::server::{Handled, Service};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
@@ -351,6 +358,55 @@ pub(crate) async fn next_frame(
     }
 }
 
+/// A server in this process: requests to its address are handled without the network.
+#[derive(Clone)]
+struct InProcessServer {
+    address: String,
+    service: Arc<dyn Service>,
+}
+
+impl std::fmt::Debug for InProcessServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcessServer").field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
+/// The request id of in-process requests: nothing matches responses by id there (each call
+/// gets its own response frame), so every call may use the same one.
+const IN_PROCESS_REQUEST_ID: u64 = 0;
+
+impl InProcessServer {
+    /// One request through the service's handler: the frame is built and checked exactly as
+    /// one from a socket would be, and the answer decoded the same way. A handler that must
+    /// wait runs on its own task, as on a connection, so a caller that gives up (timeout,
+    /// cancellation) never cuts a handler short halfway.
+    async fn call(
+        &self,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<(Status, ResponseBody), RpcError> {
+        let opcode = request.opcode();
+        let mut frame = BytesMut::new();
+        encode_request(&mut frame, IN_PROCESS_REQUEST_ID, request);
+        let frame = frame.freeze();
+        let header =
+            decode_frame_header(&frame).map_err(|error| RpcError::Protocol(error.to_string()))?;
+        let body = frame.slice(body_offset(FrameKind::Request)..);
+        let mut response = BytesMut::new();
+        let response = match self.service.handle(&header, body, &mut response) {
+            Handled::Done => response,
+            Handled::Later(future) => {
+                match tokio::time::timeout(timeout, tokio::spawn(future)).await {
+                    Ok(Ok(response)) => response,
+                    Ok(Err(error)) => return Err(RpcError::ConnectionLost(error.to_string())),
+                    Err(_) => return Err(RpcError::Timeout),
+                }
+            }
+        };
+        decode_response_frame(opcode, response.freeze())
+    }
+}
+
 /// Channels to many servers, one (or a few) per address, created on first use and replaced
 /// when they break.
 #[derive(Debug)]
@@ -361,6 +417,8 @@ pub struct ChannelPool {
     round_robin: AtomicU64,
     /// Which of several coordinator addresses answered last (see [`ChannelPool::call_coordinator`]).
     coordinator_preferred: AtomicU64,
+    /// The server living in this process, if any.
+    in_process: Option<InProcessServer>,
 }
 
 impl ChannelPool {
@@ -373,7 +431,20 @@ impl ChannelPool {
             channels: Mutex::new(BTreeMap::new()),
             round_robin: AtomicU64::new(0),
             coordinator_preferred: AtomicU64::new(0),
+            in_process: None,
         }
+    }
+
+    /// The same pool, with calls to `address` handled by `service` in this process: the
+    /// address must be the one that server advertises, so that the tablet map's owner
+    /// addresses name it.
+    pub fn with_in_process_server(
+        mut self,
+        address: impl Into<String>,
+        service: Arc<dyn Service>,
+    ) -> ChannelPool {
+        self.in_process = Some(InProcessServer { address: address.into(), service });
+        self
     }
 
     /// The pool's settings.
@@ -408,6 +479,9 @@ impl ChannelPool {
         address: &str,
         request: &Request,
     ) -> Result<(Status, ResponseBody), RpcError> {
+        if let Some(server) = self.in_process.as_ref().filter(|server| server.address == address) {
+            return server.call(request, self.config.request_timeout).await;
+        }
         let channel = self.channel(address).await?;
         channel.call(request, self.config.request_timeout).await
     }

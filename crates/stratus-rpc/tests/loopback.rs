@@ -159,3 +159,36 @@ async fn a_broken_connection_fails_its_calls_and_the_pool_reconnects() {
     let refused = Channel::connect(&TcpNetwork, "127.0.0.1:1", &RpcConfig::default()).await;
     assert!(matches!(refused, Err(RpcError::Connect(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_the_in_process_server_skip_the_network_and_answer_the_same() {
+    let in_process = Arc::new(TestService { handled: AtomicU64::new(0) });
+    // An address nothing listens on: a call that took the network would fail to connect.
+    let address = "127.0.0.1:1";
+    let config = RpcConfig { request_timeout: Duration::from_millis(200), ..RpcConfig::default() };
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), config)
+        .with_in_process_server(address, in_process.clone());
+    // Answered at once by the handler.
+    assert_eq!(
+        pool.call(address, &Request::Ping).await.unwrap(),
+        (Status::Ok, ResponseBody::Operation(Response::Ping))
+    );
+    // Answered later, by a future the handler returned.
+    let request = Request::GetTableId { name: "abc".to_string() };
+    let (status, body) = pool.call(address, &request).await.unwrap();
+    assert_eq!(status, Status::Ok);
+    assert_eq!(body, ResponseBody::Operation(Response::GetTableId { table_id: TableId(3) }));
+    // A handler that never answers times out like a remote one.
+    assert_eq!(pool.call(address, &Request::ListTables).await, Err(RpcError::Timeout));
+    // An error status travels back decoded.
+    let (status, _) = pool.call(address, &Request::GetServerStatistics).await.unwrap();
+    assert_eq!(status, Status::UnimplementedRequest);
+    assert_eq!(in_process.handled.load(Ordering::Relaxed), 4);
+    // Other addresses still go over the network.
+    let (remote, _server) = start_server().await;
+    assert_eq!(
+        pool.call(&remote, &Request::Ping).await.unwrap(),
+        (Status::Ok, ResponseBody::Operation(Response::Ping))
+    );
+    assert_eq!(in_process.handled.load(Ordering::Relaxed), 4);
+}

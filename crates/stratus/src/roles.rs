@@ -11,6 +11,7 @@ use clap::Args;
 use stratus_backup::{
     collect_garbage, BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage,
 };
+use stratus_client::{Client, ClientConfig};
 use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
@@ -136,6 +137,14 @@ pub struct ServerArguments {
     /// Milliseconds a ping of a peer may take before the peer is reported.
     #[arg(long, default_value_t = PeerProbeConfig::default().probe_timeout.as_millis() as u64)]
     pub probe_timeout_ms: u64,
+    /// Also speak RESP (the Redis protocol) to Redis clients on this address. Keys whose
+    /// tablets this server owns are served in this process; other keys are forwarded to their
+    /// masters (the `stratus resp` gateway's rules: SELECT n is table `redis-db-n`).
+    #[arg(long)]
+    pub resp_listen: Option<String>,
+    /// Server span of the tables the RESP front end creates on first use.
+    #[arg(long, default_value_t = 1)]
+    pub resp_table_span: u32,
 }
 
 /// Opens the server's backup service (off the async runtime: a restart scans the disk).
@@ -183,6 +192,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 /// How long a stopping server waits for its backup's open replicas to reach the disk.
 const STOP_FLUSH_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long a RESP command may take, retries included (`stratus resp`'s default).
+const RESP_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a server checks whether the coordinator declared it crashed (then it exits).
 const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
@@ -380,6 +392,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         _ => u32::try_from(arguments.replicas).unwrap_or(u32::MAX),
     };
     store.validate().map_err(|error| format!("invalid memory configuration: {error}"))?;
+    let store_value_bytes_max = store.value_bytes_max;
     if arguments.replicas > 0 && store.segment_bytes as usize > SEGMENT_BYTES_MAX {
         return Err(format!(
             "segments of a replicated server are at most {} MiB (one segment per backup write)",
@@ -395,6 +408,16 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             .await
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
+        let resp_listener = match &arguments.resp_listen {
+            Some(resp_listen) => Some(
+                environment
+                    .network
+                    .bind(resp_listen)
+                    .await
+                    .map_err(|error| format!("listen on {resp_listen}: {error}"))?,
+            ),
+            None => None,
+        };
         let address = arguments.advertise.clone().unwrap_or_else(|| listener.local_address());
         let backup = open_backup(&arguments, store.segment_bytes).await?;
         let mut services = match backup {
@@ -485,6 +508,27 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             }
             None => master,
         };
+        if let Some(resp_listener) = resp_listener {
+            println!("server {server_id} speaks RESP on {}", resp_listener.local_address());
+            let mut client_config = ClientConfig::new(coordinator.clone());
+            client_config.operation_timeout = RESP_OPERATION_TIMEOUT;
+            let client = Client::with_in_process_server(
+                client_config,
+                environment.clone(),
+                address.clone(),
+                service.clone(),
+            );
+            let gateway_config = stratus_resp::GatewayConfig {
+                table_span: arguments.resp_table_span,
+                limits: stratus_resp::RequestLimits {
+                    argument_bytes_max: store_value_bytes_max as usize,
+                    ..stratus_resp::RequestLimits::default()
+                },
+                ..stratus_resp::GatewayConfig::default()
+            };
+            let gateway = Arc::new(stratus_resp::Gateway::new(client, gateway_config));
+            tokio::spawn(stratus_resp::serve(gateway, resp_listener));
+        }
         tokio::select! {
             result = serve(listener, service) => result.map_err(|error| error.to_string()),
             _ = termination(arguments.exit_with_parent) => {

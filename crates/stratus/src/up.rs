@@ -70,6 +70,11 @@ pub struct UpArguments {
     /// (see `stratus coordinator --probe-misses`). 0 turns failure detection off.
     #[arg(long, default_value_t = 3)]
     pub probe_misses: u32,
+    /// First port of the servers' RESP (Redis protocol) front ends, on 127.0.0.1: server i
+    /// speaks RESP on this port + i, and the tables it creates span every server. Without
+    /// it, no server speaks RESP.
+    #[arg(long)]
+    pub resp_port: Option<u16>,
 }
 
 /// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
@@ -227,6 +232,11 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             return Err(format!("--metrics-port {base} leaves no port for every server"));
         }
     }
+    if let Some(base) = arguments.resp_port {
+        if u32::from(base) + arguments.servers > u32::from(u16::MAX) + 1 {
+            return Err(format!("--resp-port {base} leaves no port for every server"));
+        }
+    }
     let mut children = Children { processes: Vec::new() };
     let coordinator_dir = arguments.dir.join("coordinator");
     let mut coordinator_arguments = vec![
@@ -271,6 +281,15 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         }
         if let Some(address) = metrics_address(&arguments, 1 + index) {
             extra.extend(["--metrics-listen".to_string(), address]);
+        }
+        if let Some(base) = arguments.resp_port {
+            let port = u32::from(base) + index;
+            extra.extend([
+                "--resp-listen".to_string(),
+                format!("127.0.0.1:{port}"),
+                "--resp-table-span".to_string(),
+                arguments.servers.to_string(),
+            ]);
         }
         children.spawn(
             &format!("server-{index}"),
@@ -341,6 +360,11 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             .chain((0..arguments.servers).map(|index| format!("server-{index}")))
             .collect();
         print_metrics_addresses(&names, &logs);
+    }
+    if let Some(base) = arguments.resp_port {
+        for index in 0..arguments.servers {
+            println!("redis: server-{index} 127.0.0.1:{}", u32::from(base) + index);
+        }
     }
     println!(
         "stratus cluster ready: coordinator {coordinator}, {} servers, {replicas} replicas, \

@@ -454,3 +454,63 @@ fn redis_cli_talks_to_the_gateway() {
     let output = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout), "OK\nv\n1\n");
 }
+
+/// Every storage server speaks RESP itself (`stratus server --resp-listen`): through either
+/// server's port, keys the server owns (served in its own process) and keys the other master
+/// owns (forwarded) read back what was written through the other port.
+#[test]
+fn every_server_speaks_resp_for_every_key() {
+    let cluster = TestCluster::start_with(
+        2,
+        1,
+        &["--resp-listen", "127.0.0.1:0", "--resp-table-span", "2", "--probe-interval-ms", "0"],
+    );
+    let addresses: Vec<String> = cluster
+        .servers
+        .iter()
+        .map(|server| {
+            let line = server.wait_for_line("speaks RESP on", Duration::from_secs(30));
+            line.split_whitespace().last().expect("address").to_string()
+        })
+        .collect();
+    let mut first = Connection::open(&addresses[0]);
+    let mut second = Connection::open(&addresses[1]);
+    let keys: Vec<String> = (0..200).map(|index| format!("key-{index}")).collect();
+    for (index, key) in keys.iter().enumerate() {
+        let value = format!("value-{index}");
+        assert_eq!(first.call(&[b"SET", key.as_bytes(), value.as_bytes()]), ok());
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let value = format!("value-{index}");
+        assert_eq!(second.call(&[b"GET", key.as_bytes()]), bulk(value.as_bytes()));
+        assert_eq!(first.call(&[b"GET", key.as_bytes()]), bulk(value.as_bytes()));
+    }
+    // Both masters own keys of the table, so both ports served local and forwarded keys.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = cluster.client();
+    let owners: std::collections::BTreeSet<String> = runtime.block_on(async {
+        let table = client.get_table_id("redis-db-0").await.expect("table created by SET");
+        let map = client.tablet_map(table).await.expect("tablet map");
+        keys.iter()
+            .map(|key| {
+                let hash = stratus_types::key_hash(table, key.as_bytes());
+                let tablet = map.iter().find(|tablet| tablet.range.contains(hash)).unwrap();
+                tablet.owner_address.clone()
+            })
+            .collect()
+    });
+    assert_eq!(owners.len(), 2, "the keys live on both masters: {owners:?}");
+    // Read-modify-write commands and multi-key commands across both masters, on both ports.
+    assert_eq!(second.call(&[b"INCRBY", b"counter", b"5"]), Value::Integer(5));
+    assert_eq!(first.call(&[b"INCR", b"counter"]), Value::Integer(6));
+    assert_eq!(
+        second.call(&[b"MGET", b"key-0", b"key-1", b"key-2", b"counter"]),
+        Value::Array(vec![bulk(b"value-0"), bulk(b"value-1"), bulk(b"value-2"), bulk(b"6")])
+    );
+    let deleted: Vec<&[u8]> = keys.iter().map(|key| key.as_bytes()).collect();
+    let mut command: Vec<&[u8]> = vec![b"DEL"];
+    command.extend(deleted.iter().copied());
+    assert_eq!(second.call(&command), Value::Integer(200));
+    assert_eq!(first.call(&[b"DBSIZE"]), Value::Integer(1));
+    assert_eq!(first.call(&[b"GET", b"key-7"]), Value::Null);
+}

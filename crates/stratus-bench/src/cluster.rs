@@ -156,28 +156,61 @@ fn stratus_command(arguments: &[&str]) -> Result<Command, String> {
     Ok(command)
 }
 
+/// [`start_stratus`], returning every line the child printed up to and including the first
+/// that contains `marker` (for example `stratus up`'s addresses, printed before its ready line).
+pub fn start_stratus_collecting(
+    arguments: &[&str],
+    marker: &str,
+    patience: Duration,
+) -> Result<(ChildProcess, Vec<String>), String> {
+    let mut command = stratus_command(arguments)?;
+    command.stderr(Stdio::null());
+    start_and_collect(&mut command, arguments, marker, patience)
+}
+
 fn start_and_wait_for_marker(
     command: &mut Command,
     arguments: &[&str],
     marker: &str,
     patience: Duration,
 ) -> Result<(ChildProcess, String), String> {
+    let (process, mut lines) = start_and_collect(command, arguments, marker, patience)?;
+    let line = lines.pop().expect("the marker's line ends the collected lines");
+    Ok((process, line))
+}
+
+fn start_and_collect(
+    command: &mut Command,
+    arguments: &[&str],
+    marker: &str,
+    patience: Duration,
+) -> Result<(ChildProcess, Vec<String>), String> {
     let mut process = ChildProcess::spawn(command, &format!("stratus {arguments:?}"))?;
     let stdout = process.child.stdout.take().ok_or("no stdout")?;
     let (sender, receiver) = mpsc::channel();
-    let marker_text = marker.to_string();
     std::thread::spawn(move || {
+        // Keep draining after the receiver is gone, so the child never blocks on a full pipe.
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if line.contains(&marker_text) {
-                let _ = sender.send(line);
-            }
-            // Keep draining so the child never blocks on a full pipe.
+            let _ = sender.send(line);
         }
     });
-    match receiver.recv_timeout(patience) {
-        Ok(line) => Ok((process, line)),
-        Err(_) => Err(format!("stratus {arguments:?} did not print {marker:?} in time")),
+    let deadline = std::time::Instant::now() + patience;
+    let mut lines = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match receiver.recv_timeout(left) {
+            Ok(line) => {
+                let found = line.contains(marker);
+                lines.push(line);
+                if found {
+                    return Ok((process, lines));
+                }
+            }
+            Err(_) => {
+                return Err(format!("stratus {arguments:?} did not print {marker:?} in time"))
+            }
+        }
     }
 }
 

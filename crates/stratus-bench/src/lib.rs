@@ -15,6 +15,7 @@ mod recovery;
 mod redis_reference;
 mod replica_files;
 mod report;
+mod resp;
 mod rpc;
 mod server_logs;
 mod utilization;
@@ -49,6 +50,10 @@ pub enum BenchCommand {
     /// migration's duration and the latency of writes during it, against the same client's
     /// writes before it (`--cluster-binary` runs the cluster with another build).
     Migration(migration::MigrationArguments),
+    /// redis-benchmark against Stratus's RESP front ends (the key's own server, another
+    /// server that forwards, the gateway) in each configuration, beside Redis with and
+    /// without an AOF; ratios to Redis.
+    Resp(resp::RespArguments),
     /// YCSB's core workloads A–F (ScrambledZipfian and latest keys, 10 × 100-byte fields) on
     /// Stratus (R = 0; R = 3 buffered and fsync) side by side with Redis (appendfsync everysec
     /// and always) and memcached, started here; YCSB-style report plus JSON lines.
@@ -80,6 +85,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Recovery(arguments) => recovery::run(arguments),
         BenchCommand::Migration(arguments) => migration::run(arguments),
         BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
+        BenchCommand::Resp(arguments) => resp::run(arguments),
         BenchCommand::Memory(arguments) => memory::run(arguments),
         BenchCommand::MemoryWorker(arguments) => memory::run_worker(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),

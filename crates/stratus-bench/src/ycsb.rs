@@ -1117,7 +1117,7 @@ pub(crate) fn peer_command(
     Ok((command, address, port))
 }
 
-fn find_peer(executable: &str, package: &str) -> Result<std::path::PathBuf, String> {
+pub(crate) fn find_peer(executable: &str, package: &str) -> Result<std::path::PathBuf, String> {
     let search_path = std::env::var_os("PATH").unwrap_or_default();
     find_executable(executable, &search_path).ok_or_else(|| {
         format!("{executable} not found on PATH: install the Debian package {package} (apt-get install {package})")
@@ -1139,7 +1139,11 @@ fn running_as_root() -> bool {
 
 /// Polls until the server at `address` answers `request` with a line starting with `expected`;
 /// at most [`START_PATIENCE`].
-fn wait_until_answering(address: &str, request: &[u8], expected: &str) -> Result<(), String> {
+pub(crate) fn wait_until_answering(
+    address: &str,
+    request: &[u8],
+    expected: &str,
+) -> Result<(), String> {
     let deadline = Instant::now() + START_PATIENCE;
     let mut last = String::from("no connection");
     while Instant::now() < deadline {

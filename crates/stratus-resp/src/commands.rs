@@ -464,10 +464,22 @@ impl Gateway {
             }
             let _ = write!(
                 text,
-                "# Stratus\r\nstratus_servers:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n\r\n",
+                "# Stratus\r\nstratus_servers:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n",
                 servers.len(),
                 tables.len()
             );
+            // Where this front end runs: in a storage server (whose master's keys cost no
+            // hop) or in a gateway process.
+            match &self.config.local_master {
+                Some(address) => {
+                    let _ = write!(
+                        text,
+                        "stratus_front_end:server\r\nstratus_local_master:{address}\r\n"
+                    );
+                }
+                None => text.push_str("stratus_front_end:gateway\r\n"),
+            }
+            text.push_str("\r\n");
         }
         Ok(Value::BulkString(Bytes::from(text)))
     }

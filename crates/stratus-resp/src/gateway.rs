@@ -27,6 +27,10 @@ pub struct GatewayConfig {
     pub keys_reply_bytes_max: usize,
     /// Most SCAN cursors open at once in the gateway; beyond it the oldest is forgotten.
     pub scans_open_max: usize,
+    /// The address of the master in this process, when this front end runs inside a storage
+    /// server (`INFO stratus` reports it, so a client can tell which keys cost no hop); `None`
+    /// for the `stratus resp` gateway.
+    pub local_master: Option<String>,
 }
 
 impl Default for GatewayConfig {
@@ -39,6 +43,7 @@ impl Default for GatewayConfig {
             connections_max: 10_000,
             keys_reply_bytes_max: 64 << 20,
             scans_open_max: 1_024,
+            local_master: None,
         }
     }
 }

@@ -524,6 +524,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
                     argument_bytes_max: store_value_bytes_max as usize,
                     ..stratus_resp::RequestLimits::default()
                 },
+                local_master: Some(address.clone()),
                 ..stratus_resp::GatewayConfig::default()
             };
             let gateway = Arc::new(stratus_resp::Gateway::new(client, gateway_config));

@@ -71,8 +71,9 @@ pub struct UpArguments {
     #[arg(long, default_value_t = 3)]
     pub probe_misses: u32,
     /// First port of the servers' RESP (Redis protocol) front ends, on 127.0.0.1: server i
-    /// speaks RESP on this port + i, and the tables it creates span every server. Without
-    /// it, no server speaks RESP.
+    /// speaks RESP on this port + i (0: each takes a free port), and the tables they create
+    /// span every server. The addresses are printed once the cluster is ready. Without it, no
+    /// server speaks RESP.
     #[arg(long)]
     pub resp_port: Option<u16>,
 }
@@ -101,6 +102,31 @@ fn printed_metrics_address(log: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     let line = text.lines().find(|line| line.starts_with(METRICS_LINE))?;
     line[METRICS_LINE.len()..].split('/').next().map(str::to_string)
+}
+
+/// The part of the line a server prints once its RESP front end listens, before the address
+/// (see `roles.rs`).
+const RESP_LINE: &str = "speaks RESP on ";
+
+/// Prints where every server speaks RESP, as the servers printed it (their ports may have
+/// been chosen by the system).
+fn print_resp_addresses(servers: u32, logs: &Path) {
+    let deadline = Instant::now() + METRICS_ADDRESS_PATIENCE;
+    for index in 0..servers {
+        let log = logs.join(format!("server-{index}.log"));
+        let address = loop {
+            let printed = std::fs::read_to_string(&log).ok().and_then(|text| {
+                let line = text.lines().find(|line| line.contains(RESP_LINE))?;
+                line.split(RESP_LINE).nth(1).map(|address| address.trim().to_string())
+            });
+            match printed {
+                Some(address) => break address,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                None => break format!("address not found in {}", log.display()),
+            }
+        };
+        println!("redis: server-{index} {address}");
+    }
 }
 
 /// Prints where the status page and every process's metrics are, as the children printed it.
@@ -283,7 +309,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             extra.extend(["--metrics-listen".to_string(), address]);
         }
         if let Some(base) = arguments.resp_port {
-            let port = u32::from(base) + index;
+            let port = if base == 0 { 0 } else { u32::from(base) + index };
             extra.extend([
                 "--resp-listen".to_string(),
                 format!("127.0.0.1:{port}"),
@@ -361,10 +387,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             .collect();
         print_metrics_addresses(&names, &logs);
     }
-    if let Some(base) = arguments.resp_port {
-        for index in 0..arguments.servers {
-            println!("redis: server-{index} 127.0.0.1:{}", u32::from(base) + index);
-        }
+    if arguments.resp_port.is_some() {
+        print_resp_addresses(arguments.servers, &logs);
     }
     println!(
         "stratus cluster ready: coordinator {coordinator}, {} servers, {replicas} replicas, \

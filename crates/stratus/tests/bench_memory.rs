@@ -9,21 +9,12 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
-use common::Process;
+use common::{installed, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take.
 const BENCH_PATIENCE: Duration = Duration::from_secs(600);
-
-fn installed(executable: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {executable}")])
-        .output()
-        .is_ok_and(|output| output.status.success())
-}
 
 #[test]
 fn every_system_completes_and_the_log_needs_less_memory_than_malloc() {
@@ -57,25 +48,11 @@ fn every_system_completes_and_the_log_needs_less_memory_than_malloc() {
     .map(String::from);
     // Bounded: a worker that hung would otherwise hold the test forever (it takes well under
     // a minute in a debug build on two cores).
-    let mut bench = Process::start(&arguments);
-    let status = bench
-        .wait_exit(BENCH_PATIENCE)
-        .unwrap_or_else(|| panic!("bench memory did not finish within {BENCH_PATIENCE:?}"));
-    let mut lines = Vec::new();
-    while let Ok(line) = bench.lines.recv_timeout(Duration::from_secs(10)) {
-        lines.push(line);
-    }
-    let stdout = lines.join("\n");
-    assert!(status.success(), "bench memory failed (its errors are above):\n{stdout}");
-
-    let rows: Vec<HashMap<String, serde_json::Value>> = stdout
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
-        .filter(|row: &HashMap<String, serde_json::Value>| row["bench"] == "memory")
-        .collect();
+    let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+    let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
+    let rows: Vec<BenchRow> = rows.into_iter().filter(|row| row["bench"] == "memory").collect();
     assert_eq!(rows.len(), 2 * systems.len(), "one row per workload and system:\n{stdout}");
-    let number = |row: &HashMap<String, serde_json::Value>, field: &str| {
+    let number = |row: &BenchRow, field: &str| {
         row[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {row:?}"))
     };
     for workload in ["W3", "W8"] {

@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::Process;
+use common::run_bench;
 
 /// The most the scaled-down benchmark may take.
 const BENCH_PATIENCE: Duration = Duration::from_secs(300);
@@ -14,23 +13,8 @@ const BENCH_PATIENCE: Duration = Duration::from_secs(300);
 #[test]
 fn bench_migration_moves_a_tablet_under_writes_and_reports_it() {
     let data_mib: u64 = 8;
-    let arguments = ["bench", "migration", "--data-mib", "8", "--servers", "2", "--replicas", "1"]
-        .map(String::from);
-    let mut bench = Process::start(&arguments);
-    let status = bench
-        .wait_exit(BENCH_PATIENCE)
-        .unwrap_or_else(|| panic!("bench migration did not finish within {BENCH_PATIENCE:?}"));
-    let mut lines = Vec::new();
-    while let Ok(line) = bench.lines.recv_timeout(Duration::from_secs(10)) {
-        lines.push(line);
-    }
-    let stdout = lines.join("\n");
-    assert!(status.success(), "bench migration failed (its errors are above):\n{stdout}");
-    let rows: Vec<HashMap<String, serde_json::Value>> = stdout
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
-        .collect();
+    let arguments = ["bench", "migration", "--data-mib", "8", "--servers", "2", "--replicas", "1"];
+    let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
     let [row] = &rows[..] else { panic!("one row:\n{stdout}") };
     let number =
         |field: &str| row[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {row:?}"));

@@ -316,6 +316,7 @@ fn resp_gateway_serves_redis_commands_over_raw_tcp() {
             let text = String::from_utf8_lossy(&text);
             assert!(text.contains("redis_version:"), "{text}");
             assert!(text.contains("stratus_masters:2\r\n"), "{text}");
+            assert!(text.contains("stratus_front_end:gateway\r\n"), "{text}");
             assert!(text.contains("connected_clients:"), "{text}");
         }
         other => panic!("INFO: {other:?}"),
@@ -475,6 +476,18 @@ fn every_server_speaks_resp_for_every_key() {
         .collect();
     let mut first = Connection::open(&addresses[0]);
     let mut second = Connection::open(&addresses[1]);
+    // Each port names the master in its own process.
+    for (server, connection) in cluster.servers.iter().zip([&mut first, &mut second]) {
+        let expected = format!("stratus_local_master:{}\r\n", server.address.as_ref().unwrap());
+        match connection.call(&[b"INFO", b"stratus"]) {
+            Value::BulkString(text) => {
+                let text = String::from_utf8_lossy(&text);
+                assert!(text.contains("stratus_front_end:server\r\n"), "{text}");
+                assert!(text.contains(&expected), "{text}");
+            }
+            other => panic!("INFO: {other:?}"),
+        }
+    }
     let keys: Vec<String> = (0..200).map(|index| format!("key-{index}")).collect();
     for (index, key) in keys.iter().enumerate() {
         let value = format!("value-{index}");

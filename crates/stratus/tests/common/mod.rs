@@ -256,3 +256,36 @@ impl TestCluster {
         Client::new(config)
     }
 }
+
+/// One JSON object a benchmark printed.
+pub type BenchRow = std::collections::HashMap<String, serde_json::Value>;
+
+/// Runs `stratus ARGUMENTS` (a benchmark) to its end, waiting at most `patience`; asserts that
+/// it succeeded and returns its standard output and the JSON objects it printed.
+pub fn run_bench(arguments: &[&str], patience: Duration) -> (String, Vec<BenchRow>) {
+    let arguments: Vec<String> = arguments.iter().map(|argument| argument.to_string()).collect();
+    let mut bench = Process::start(&arguments);
+    let status = bench
+        .wait_exit(patience)
+        .unwrap_or_else(|| panic!("{arguments:?} did not finish within {patience:?}"));
+    let mut lines = Vec::new();
+    while let Ok(line) = bench.lines.recv_timeout(Duration::from_secs(10)) {
+        lines.push(line);
+    }
+    let stdout = lines.join("\n");
+    assert!(status.success(), "{arguments:?} failed (its errors are above):\n{stdout}");
+    let rows = stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect();
+    (stdout, rows)
+}
+
+/// Whether `executable` is on PATH.
+pub fn installed(executable: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {executable}")])
+        .output()
+        .is_ok_and(|output| output.status.success())
+}

@@ -145,6 +145,10 @@ pub struct ServerArguments {
     /// Server span of the tables the RESP front end creates on first use.
     #[arg(long, default_value_t = 1)]
     pub resp_table_span: u32,
+    /// Threads serving requests (default: one per CPU). Several servers sharing one machine's
+    /// CPUs (`stratus up`) should split them: more threads than CPUs only add thread switches.
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
 }
 
 /// Opens the server's backup service (off the async runtime: a restart scans the disk).
@@ -183,11 +187,13 @@ async fn open_backup(
     Ok(Some(Arc::new(backup)))
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())
+/// The async runtime of a role: `worker_threads` threads (default: one per CPU).
+fn runtime(worker_threads: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = worker_threads {
+        builder.worker_threads(threads.max(1));
+    }
+    builder.enable_all().build().map_err(|error| error.to_string())
 }
 
 /// How long a stopping server waits for its backup's open replicas to reach the disk.
@@ -343,7 +349,7 @@ fn serve_coordinator(
     environment: Environment,
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    runtime()?.block_on(async move {
+    runtime(None)?.block_on(async move {
         let listener = environment.network.bind(&arguments.listen).await.map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
         let address = listener.local_address();
@@ -401,7 +407,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
     }
     let environment = Environment::system();
     let coordinator = coordinator.to_string();
-    runtime()?.block_on(async move {
+    runtime(arguments.worker_threads)?.block_on(async move {
         let listener = environment
             .network
             .bind(&arguments.listen)

@@ -76,6 +76,10 @@ pub struct UpArguments {
     /// server speaks RESP.
     #[arg(long)]
     pub resp_port: Option<u16>,
+    /// Threads serving requests in each server. Default: the machine's CPUs divided among the
+    /// servers (at least one each), since all of them share this machine.
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
 }
 
 /// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
@@ -263,6 +267,11 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             return Err(format!("--resp-port {base} leaves no port for every server"));
         }
     }
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let worker_threads = arguments
+        .worker_threads
+        .unwrap_or_else(|| (cpus / arguments.servers.max(1) as usize).max(1))
+        .max(1);
     let mut children = Children { processes: Vec::new() };
     let coordinator_dir = arguments.dir.join("coordinator");
     let mut coordinator_arguments = vec![
@@ -308,6 +317,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         if let Some(address) = metrics_address(&arguments, 1 + index) {
             extra.extend(["--metrics-listen".to_string(), address]);
         }
+        extra.extend(["--worker-threads".to_string(), worker_threads.to_string()]);
         if let Some(base) = arguments.resp_port {
             let port = if base == 0 { 0 } else { u32::from(base) + index };
             extra.extend([

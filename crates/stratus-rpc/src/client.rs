@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use stratus_env::{BoxReader, BoxWriter, Network};
-use stratus_types::limits::REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX;
+use stratus_types::limits::{FRAME_BYTES_MAX, REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX};
 use stratus_wire::{
-    body_offset, decode_frame_header, decode_response, encode_request, frame_length, FrameKind,
-    Hello, Opcode, Request, ResponseBody, Status, HELLO_BYTES, PROTOCOL_VERSION,
+    body_offset, decode_frame_header, decode_response, encode_request, frame_length, FrameError,
+    FrameKind, Hello, Opcode, Request, ResponseBody, Status, HELLO_BYTES, PROTOCOL_VERSION,
 };
 
 use crate::server::{Handled, Service};
@@ -389,8 +389,17 @@ impl InProcessServer {
         let mut frame = BytesMut::new();
         encode_request(&mut frame, IN_PROCESS_REQUEST_ID, request);
         let frame = frame.freeze();
-        let header =
-            decode_frame_header(&frame).map_err(|error| RpcError::Protocol(error.to_string()))?;
+        let header = match decode_frame_header(&frame) {
+            Ok(header) => header,
+            // What a server answers a frame over the limit on a connection.
+            Err(FrameError::TooLarge { announced_bytes }) => {
+                let message = format!(
+                    "frame of {announced_bytes} bytes exceeds the maximum of {FRAME_BYTES_MAX} bytes"
+                );
+                return Ok((Status::RequestTooLarge, ResponseBody::Error { message }));
+            }
+            Err(error) => return Err(RpcError::Protocol(error.to_string())),
+        };
         let body = frame.slice(body_offset(FrameKind::Request)..);
         let mut response = BytesMut::new();
         let response = match self.service.handle(&header, body, &mut response) {

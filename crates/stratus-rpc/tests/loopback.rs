@@ -184,6 +184,16 @@ async fn calls_to_the_in_process_server_skip_the_network_and_answer_the_same() {
     let (status, _) = pool.call(address, &Request::GetServerStatistics).await.unwrap();
     assert_eq!(status, Status::UnimplementedRequest);
     assert_eq!(in_process.handled.load(Ordering::Relaxed), 4);
+    // A request over the frame limit is refused as a server refuses it, without the handler.
+    let oversized = Request::Write {
+        table_id: TableId(1),
+        key: Bytes::from_static(b"k"),
+        value: Bytes::from(vec![0u8; stratus_types::limits::FRAME_BYTES_MAX]),
+        rules: stratus_types::RejectRules::NONE,
+    };
+    let (status, _) = pool.call(address, &oversized).await.unwrap();
+    assert_eq!(status, Status::RequestTooLarge);
+    assert_eq!(in_process.handled.load(Ordering::Relaxed), 4);
     // Other addresses still go over the network.
     let (remote, _server) = start_server().await;
     assert_eq!(

@@ -1,13 +1,15 @@
-//! The RESP gateway's parsers on arbitrary bytes: the incremental request parser (fed in two
-//! pieces split where the first byte says, with small limits so they are reached) and the
-//! general value parser. Neither may panic; every command parsed must survive encode then
-//! parse unchanged, and every value parsed must re-encode to bytes that parse to the same
-//! encoding.
+//! The RESP front end's parsers on arbitrary bytes: the incremental request parser (fed in two
+//! pieces split where the first byte says, with small limits so they are reached), the
+//! general value parser, and the decoder of stored hashes (the bytes after the hash marker).
+//! None may panic; every command parsed must survive encode then parse unchanged, every value
+//! parsed must re-encode to bytes that parse to the same encoding, and every hash decoded must
+//! re-encode to the very bytes it came from.
 
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
+use stratus_resp::hash::{Hash, HASH_MARKER};
 use stratus_resp::{parse_value, Protocol, RequestLimits, RequestParser, Value};
 
 fuzz_target!(|data: &[u8]| {
@@ -37,6 +39,10 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(reparsed.to_bytes(protocol), encoded, "RESP3 re-encoding differs");
             }
         }
+    }
+    let stored = Bytes::from([&HASH_MARKER[..], data].concat());
+    if let Ok(hash) = Hash::decode(&stored) {
+        assert_eq!(hash.encode(), stored, "a decoded hash does not re-encode to its bytes");
     }
 });
 

@@ -11,6 +11,7 @@ use stratus_types::limits::KEY_BYTES_MAX;
 
 use crate::gateway::{Gateway, OpenScan, Session};
 use crate::glob;
+use crate::hash::{is_hash, Hash, HASH_MARKER};
 use crate::value::{Protocol, Value};
 
 /// How many times a read-modify-write command (INCR, APPEND, SET ... GET) re-reads and
@@ -49,6 +50,50 @@ fn syntax_error() -> Failure {
 
 fn not_an_integer() -> Failure {
     error("ERR value is not an integer or out of range")
+}
+
+fn wrong_type() -> Failure {
+    error("WRONGTYPE Operation against a key holding the wrong kind of value")
+}
+
+/// Strings may not start with the bytes that mark a stored hash: the marker is how a value is
+/// told to be a hash (docs/design/resp-hash-format.md).
+fn check_string(value: &[u8]) -> Result<(), Failure> {
+    if is_hash(value) {
+        return Err(error(format!(
+            "ERR Stratus reserves strings that start with the bytes {HASH_MARKER:02X?} for hashes"
+        )));
+    }
+    Ok(())
+}
+
+/// A stored value that a string command may use: WRONGTYPE for a hash.
+fn as_string(value: Bytes) -> Result<Bytes, Failure> {
+    if is_hash(&value) {
+        return Err(wrong_type());
+    }
+    Ok(value)
+}
+
+/// A stored value that a hash command may use (None: no such key): WRONGTYPE for a string.
+fn as_hash(value: Option<Bytes>) -> Result<Option<Hash>, Failure> {
+    match value {
+        None => Ok(None),
+        Some(value) if is_hash(&value) => {
+            Hash::decode(&value).map(Some).map_err(|corrupt| error(format!("ERR {corrupt}")))
+        }
+        Some(_) => Err(wrong_type()),
+    }
+}
+
+/// What a read-modify-write command does to the key once it has seen the current value.
+pub(crate) enum Change {
+    /// Nothing (the reply says why).
+    Keep,
+    /// Write this value, if the key still has the version read.
+    Write(Bytes),
+    /// Remove the key, if it still has the version read (a hash's last field deleted).
+    Remove,
 }
 
 /// A client error as a reply: `ERR stratus: <status> (<details>)`.
@@ -110,6 +155,19 @@ const COMMANDS: &[CommandSpecification] = &[
     command("mset", -3, WRITE, (1, -1, 2)),
     command("strlen", 2, READ, (1, 1, 1)),
     command("append", 3, WRITE, (1, 1, 1)),
+    command("hset", -4, WRITE, (1, 1, 1)),
+    command("hsetnx", 4, WRITE, (1, 1, 1)),
+    command("hmset", -4, WRITE, (1, 1, 1)),
+    command("hget", 3, READ, (1, 1, 1)),
+    command("hmget", -3, READ, (1, 1, 1)),
+    command("hgetall", 2, SLOW_READ, (1, 1, 1)),
+    command("hdel", -3, WRITE, (1, 1, 1)),
+    command("hlen", 2, READ, (1, 1, 1)),
+    command("hexists", 3, READ, (1, 1, 1)),
+    command("hkeys", 2, SLOW_READ, (1, 1, 1)),
+    command("hvals", 2, SLOW_READ, (1, 1, 1)),
+    command("hstrlen", 3, READ, (1, 1, 1)),
+    command("hincrby", 4, WRITE, (1, 1, 1)),
     command("dbsize", 1, SLOW_READ, (0, 0, 0)),
     command("keys", 2, SLOW_READ, (0, 0, 0)),
     command("scan", -2, SLOW_READ, (0, 0, 0)),
@@ -297,10 +355,11 @@ impl Gateway {
             }
             "del" => self.delete(session, arguments).await,
             "exists" => self.exists(session, arguments).await,
-            "type" => {
-                let found = self.get(session, &arguments[0]).await?;
-                Ok(Value::simple(if found == Value::Null { "none" } else { "string" }))
-            }
+            "type" => Ok(Value::simple(match self.read_raw(session, &arguments[0]).await? {
+                None => "none",
+                Some(value) if is_hash(&value) => "hash",
+                Some(_) => "string",
+            })),
             "incr" => self.increment(session, &arguments[0], 1).await,
             "decr" => self.increment(session, &arguments[0], -1).await,
             "incrby" => {
@@ -321,6 +380,16 @@ impl Gateway {
                 _ => Ok(Value::Integer(0)),
             },
             "append" => self.append(session, &arguments[0], &arguments[1]).await,
+            "hset" | "hmset" | "hsetnx" => self.hash_set(session, name, arguments).await,
+            "hdel" => self.hash_delete(session, &arguments[0], &arguments[1..]).await,
+            "hincrby" => {
+                let delta = parse_integer(&arguments[2]).ok_or_else(not_an_integer)?;
+                self.hash_increment(session, &arguments[0], &arguments[1], delta).await
+            }
+            "hget" | "hmget" | "hgetall" | "hlen" | "hexists" | "hkeys" | "hvals" | "hstrlen" => {
+                let hash = self.read_hash(session, &arguments[0]).await?.unwrap_or_default();
+                Ok(hash_read_reply(name, &hash, &arguments[1..]))
+            }
             "dbsize" => self.database_size(session).await,
             "keys" => self.keys(session, &arguments[0]).await,
             "scan" => self.scan(session, arguments).await,
@@ -485,13 +554,96 @@ impl Gateway {
     }
 
     async fn get(&self, session: &Session, key: &Bytes) -> Outcome {
+        match self.read_raw(session, key).await? {
+            Some(value) => Ok(Value::BulkString(as_string(value)?)),
+            None => Ok(Value::Null),
+        }
+    }
+
+    /// The stored value of `key`, string or hash (None: no such key).
+    async fn read_raw(&self, session: &Session, key: &Bytes) -> Result<Option<Bytes>, Failure> {
         check_key(key)?;
         let table = self.table(session.database).await?;
         match self.client.read(table, key).await {
-            Ok((value, _)) => Ok(Value::BulkString(value)),
-            Err(failure) if failure.status == Status::ObjectDoesntExist => Ok(Value::Null),
+            Ok((value, _)) => Ok(Some(value)),
+            Err(failure) if failure.status == Status::ObjectDoesntExist => Ok(None),
             Err(failure) => Err(failure.into()),
         }
+    }
+
+    /// The hash stored under `key` (None: no such key; WRONGTYPE for a string).
+    async fn read_hash(&self, session: &Session, key: &Bytes) -> Result<Option<Hash>, Failure> {
+        as_hash(self.read_raw(session, key).await?)
+    }
+
+    /// HSET, HMSET (replies OK) and HSETNX (sets only a new field): one read-modify-write of
+    /// the whole hash.
+    async fn hash_set(&self, session: &Session, name: &str, arguments: &[Bytes]) -> Outcome {
+        let (key, pairs) = (&arguments[0], &arguments[1..]);
+        if !pairs.len().is_multiple_of(2) {
+            return Err(Failure::Reply(wrong_arity(name)));
+        }
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        self.update(table, key, |current| {
+            let mut hash = as_hash(current)?.unwrap_or_default();
+            if name == "hsetnx" && hash.get(&pairs[0]).is_some() {
+                return Ok((Change::Keep, Value::Integer(0)));
+            }
+            let mut added = 0;
+            for pair in pairs.chunks(2) {
+                added += i64::from(hash.set(pair[0].clone(), pair[1].clone()));
+            }
+            let reply = if name == "hmset" { Value::ok() } else { Value::Integer(added) };
+            Ok((Change::Write(hash.encode()), reply))
+        })
+        .await
+    }
+
+    /// HDEL: removes the fields; a hash left empty is removed, as Redis does.
+    async fn hash_delete(&self, session: &Session, key: &Bytes, fields: &[Bytes]) -> Outcome {
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        self.update(table, key, |current| {
+            let Some(mut hash) = as_hash(current)? else {
+                return Ok((Change::Keep, Value::Integer(0)));
+            };
+            let removed = fields.iter().filter(|field| hash.remove(field)).count() as i64;
+            let change = match (removed, hash.is_empty()) {
+                (0, _) => Change::Keep,
+                (_, true) => Change::Remove,
+                (_, false) => Change::Write(hash.encode()),
+            };
+            Ok((change, Value::Integer(removed)))
+        })
+        .await
+    }
+
+    /// HINCRBY on a decimal field, as Redis stores it.
+    async fn hash_increment(
+        &self,
+        session: &Session,
+        key: &Bytes,
+        field: &Bytes,
+        delta: i64,
+    ) -> Outcome {
+        check_key(key)?;
+        let table = self.table(session.database).await?;
+        self.update(table, key, |current| {
+            let mut hash = as_hash(current)?.unwrap_or_default();
+            let old = match hash.get(field) {
+                None => 0,
+                Some(value) => {
+                    parse_integer(value).ok_or_else(|| error("ERR hash value is not an integer"))?
+                }
+            };
+            let new = old
+                .checked_add(delta)
+                .ok_or_else(|| error("ERR increment or decrement would overflow"))?;
+            hash.set(field.clone(), Bytes::from(new.to_string()));
+            Ok((Change::Write(hash.encode()), Value::Integer(new)))
+        })
+        .await
     }
 
     /// SET key value [NX|XX] [GET]. NX is Stratus's `exists` reject rule (refuse when the
@@ -522,17 +674,20 @@ impl Gateway {
             }
         }
         check_key(key)?;
+        check_string(value)?;
         let table = self.table(session.database).await?;
         if return_old {
             return self
                 .update(table, key, |current| {
+                    let current = current.map(as_string).transpose()?;
                     let old = current.clone().map_or(Value::Null, Value::BulkString);
                     let write = match condition {
                         Condition::IfAbsent => current.is_none(),
                         Condition::IfPresent => current.is_some(),
                         Condition::Always => true,
                     };
-                    Ok((write.then(|| value.clone()), old))
+                    let change = if write { Change::Write(value.clone()) } else { Change::Keep };
+                    Ok((change, old))
                 })
                 .await;
         }
@@ -552,13 +707,13 @@ impl Gateway {
         }
     }
 
-    /// Read, compute, and write only if the object still has the version read (version 0:
-    /// still missing); retried a bounded number of times when another writer got in between.
-    /// `change` gets the current value (None when missing) and returns the value to write
-    /// (None: write nothing) and the reply.
+    /// Read, compute, and write (or remove) only if the object still has the version read
+    /// (version 0: still missing); retried a bounded number of times when another writer got
+    /// in between. `change` gets the current value (None when missing) and returns what to do
+    /// and the reply.
     async fn update<F>(&self, table: TableId, key: &Bytes, mut change: F) -> Outcome
     where
-        F: FnMut(Option<Bytes>) -> Result<(Option<Bytes>, Value), Failure>,
+        F: FnMut(Option<Bytes>) -> Result<(Change, Value), Failure>,
     {
         for _ in 0..CONDITIONAL_UPDATE_ATTEMPTS_MAX {
             let (current, version) = match self.client.read(table, key).await {
@@ -568,11 +723,17 @@ impl Gateway {
                 }
                 Err(failure) => return Err(failure.into()),
             };
-            let (new_value, reply) = change(current)?;
-            let Some(new_value) = new_value else { return Ok(reply) };
+            let (change, reply) = change(current)?;
             let rules = RejectRules::version_equals(version);
-            match self.client.write_with(table, key, new_value, rules).await {
-                Ok(_) => return Ok(reply),
+            let outcome = match change {
+                Change::Keep => return Ok(reply),
+                Change::Write(new_value) => {
+                    self.client.write_with(table, key, new_value, rules).await.map(|_| ())
+                }
+                Change::Remove => self.client.remove_with(table, key, rules).await.map(|_| ()),
+            };
+            match outcome {
+                Ok(()) => return Ok(reply),
                 Err(failure) if failure.status == Status::WrongVersion => continue,
                 Err(failure) => return Err(failure.into()),
             }
@@ -588,14 +749,14 @@ impl Gateway {
         check_key(key)?;
         let table = self.table(session.database).await?;
         self.update(table, key, |current| {
-            let old = match current {
+            let old = match current.map(as_string).transpose()? {
                 None => 0,
                 Some(value) => parse_integer(&value).ok_or_else(not_an_integer)?,
             };
             let new = old
                 .checked_add(delta)
                 .ok_or_else(|| error("ERR increment or decrement would overflow"))?;
-            Ok((Some(Bytes::from(new.to_string())), Value::Integer(new)))
+            Ok((Change::Write(Bytes::from(new.to_string())), Value::Integer(new)))
         })
         .await
     }
@@ -604,10 +765,12 @@ impl Gateway {
         check_key(key)?;
         let table = self.table(session.database).await?;
         self.update(table, key, |current| {
-            let mut value = current.map(|value| value.to_vec()).unwrap_or_default();
+            let mut value =
+                current.map(as_string).transpose()?.map(|value| value.to_vec()).unwrap_or_default();
             value.extend_from_slice(suffix);
+            check_string(&value)?;
             let length = value.len() as i64;
-            Ok((Some(Bytes::from(value)), Value::Integer(length)))
+            Ok((Change::Write(Bytes::from(value)), Value::Integer(length)))
         })
         .await
     }
@@ -652,6 +815,8 @@ impl Gateway {
         let mut values = Vec::with_capacity(items.len());
         for outcome in self.client.multi_read(&items).await {
             match outcome {
+                // As Redis: MGET answers nil for a key that holds another type.
+                Ok((value, _)) if is_hash(&value) => values.push(Value::Null),
                 Ok((value, _)) => values.push(Value::BulkString(value)),
                 Err(failure) if failure.status == Status::ObjectDoesntExist => {
                     values.push(Value::Null)
@@ -668,7 +833,10 @@ impl Gateway {
         if !pairs.len().is_multiple_of(2) {
             return Err(Failure::Reply(wrong_arity("mset")));
         }
-        pairs.chunks(2).try_for_each(|pair| check_key(&pair[0]))?;
+        pairs.chunks(2).try_for_each(|pair| {
+            check_key(&pair[0])?;
+            check_string(&pair[1])
+        })?;
         let table_id = self.table(session.database).await?;
         let items: Vec<WriteItem> = pairs
             .chunks(2)
@@ -833,5 +1001,35 @@ fn command_command(arguments: &[Bytes]) -> Outcome {
         // redis-cli asks for documentation to show hints; it copes with none.
         "docs" => Ok(Value::Map(Vec::new())),
         _ => Err(unknown_subcommand(subcommand, "command")),
+    }
+}
+
+/// The reply of a hash read command on `hash` (empty when the key does not exist), for the
+/// fields named in `arguments` (after the key).
+fn hash_read_reply(name: &str, hash: &Hash, arguments: &[Bytes]) -> Value {
+    let value_of = |field: &Bytes| hash.get(field).cloned().map_or(Value::Null, Value::BulkString);
+    match name {
+        "hget" => value_of(&arguments[0]),
+        "hmget" => Value::Array(arguments.iter().map(value_of).collect()),
+        "hgetall" => Value::Map(
+            hash.fields()
+                .map(|(field, content)| {
+                    (Value::BulkString(field.clone()), Value::BulkString(content.clone()))
+                })
+                .collect(),
+        ),
+        "hlen" => Value::Integer(hash.len() as i64),
+        "hexists" => Value::Integer(i64::from(hash.get(&arguments[0]).is_some())),
+        "hkeys" => {
+            Value::Array(hash.fields().map(|(field, _)| Value::BulkString(field.clone())).collect())
+        }
+        "hvals" => Value::Array(
+            hash.fields().map(|(_, content)| Value::BulkString(content.clone())).collect(),
+        ),
+        "hstrlen" => {
+            Value::Integer(hash.get(&arguments[0]).map_or(0, |content| content.len() as i64))
+        }
+        // The dispatcher sends only the names above here.
+        _ => Value::error(format!("ERR {name} is not a hash read command")),
     }
 }

@@ -43,6 +43,11 @@
 //!   cursor works once, on the gateway that issued it, for the same database.
 //! - FLUSHDB drops the database's table (FLUSHALL every database's); the next command
 //!   recreates it empty.
+//! - A hash is one object whose value starts with [`hash::HASH_MARKER`], then its fields in
+//!   the order they were first set (docs/design/resp-hash-format.md). HSET, HDEL and HINCRBY
+//!   are a read and a write conditional on the version read, like INCR; strings that would
+//!   start with the marker are refused, and string commands on a hash (or hash commands on a
+//!   string) answer WRONGTYPE, as in Redis.
 //!
 //! # Protocol
 //!
@@ -54,6 +59,7 @@
 pub mod commands;
 mod gateway;
 mod glob;
+pub mod hash;
 pub mod request;
 mod server;
 pub mod value;

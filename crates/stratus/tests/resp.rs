@@ -527,3 +527,130 @@ fn every_server_speaks_resp_for_every_key() {
     assert_eq!(first.call(&[b"DBSIZE"]), Value::Integer(1));
     assert_eq!(first.call(&[b"GET", b"key-7"]), Value::Null);
 }
+
+/// A redis-server of its own on a free port, stopped when dropped.
+struct RedisServer {
+    child: std::process::Child,
+    address: String,
+}
+
+impl RedisServer {
+    fn start() -> Option<RedisServer> {
+        for _attempt in 0..5 {
+            let address = free_address();
+            let port = address.rsplit(':').next().unwrap().to_string();
+            let child = Command::new("redis-server")
+                .args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .ok()?;
+            let server = RedisServer { child, address };
+            for _ in 0..100 {
+                if TcpStream::connect(&server.address).is_ok() {
+                    return Some(server);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        None
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Hash commands (and string commands meeting hashes) answer exactly what Redis answers: the
+/// same commands go to a redis-server and to the gateway, and every reply must match.
+#[test]
+fn hashes_answer_what_redis_answers() {
+    let required = std::env::var_os("STRATUS_REQUIRE_PEERS").is_some();
+    let Some(redis) = RedisServer::start() else {
+        assert!(!required, "STRATUS_REQUIRE_PEERS is set but redis-server does not start");
+        eprintln!("NOTICE: redis-server not found (scripts/install-peers); skipping");
+        return;
+    };
+    let setup = start();
+    let mut stratus = Connection::open(&setup.address);
+    let mut reference = Connection::open(&redis.address);
+    let script: &[&[&[u8]]] = &[
+        &[b"HSET", b"user:1", b"name", b"ada", b"age", b"36"],
+        &[b"HSET", b"user:1", b"name", b"Ada", b"city", b"London"],
+        &[b"HGET", b"user:1", b"name"],
+        &[b"HGET", b"user:1", b"nosuch"],
+        &[b"HGET", b"nosuch", b"name"],
+        &[b"HMGET", b"user:1", b"age", b"nosuch", b"city"],
+        &[b"HGETALL", b"user:1"],
+        &[b"HGETALL", b"nosuch"],
+        &[b"HKEYS", b"user:1"],
+        &[b"HVALS", b"user:1"],
+        &[b"HLEN", b"user:1"],
+        &[b"HEXISTS", b"user:1", b"age"],
+        &[b"HEXISTS", b"user:1", b"nosuch"],
+        &[b"HSTRLEN", b"user:1", b"city"],
+        &[b"HSTRLEN", b"user:1", b"nosuch"],
+        &[b"HSETNX", b"user:1", b"name", b"Grace"],
+        &[b"HSETNX", b"user:1", b"email", b"ada@example.org"],
+        &[b"HMSET", b"user:1", b"age", b"37", b"lang", b"en"],
+        &[b"HINCRBY", b"user:1", b"age", b"5"],
+        &[b"HINCRBY", b"user:1", b"visits", b"-2"],
+        &[b"HINCRBY", b"user:1", b"name", b"1"],
+        &[b"HINCRBY", b"user:1", b"age", b"x"],
+        &[b"HGETALL", b"user:1"],
+        &[b"TYPE", b"user:1"],
+        &[b"HDEL", b"user:1", b"nosuch"],
+        &[b"HDEL", b"user:1", b"age", b"city", b"age"],
+        &[b"HGETALL", b"user:1"],
+        // Wrong types both ways.
+        &[b"SET", b"plain", b"text"],
+        &[b"HSET", b"plain", b"f", b"v"],
+        &[b"HGET", b"plain", b"f"],
+        &[b"HGETALL", b"plain"],
+        &[b"GET", b"user:1"],
+        &[b"STRLEN", b"user:1"],
+        &[b"APPEND", b"user:1", b"x"],
+        &[b"INCR", b"user:1"],
+        &[b"SET", b"user:1", b"again", b"GET"],
+        &[b"MGET", b"plain", b"user:1", b"nosuch"],
+        &[b"EXISTS", b"user:1", b"plain", b"nosuch"],
+        &[b"TYPE", b"plain"],
+        &[b"TYPE", b"nosuch"],
+        // Arity.
+        &[b"HSET", b"user:1", b"odd"],
+        &[b"HSET", b"user:1", b"a", b"1", b"b"],
+        &[b"HGET", b"user:1"],
+        // The last field deleted removes the key.
+        &[b"HSET", b"short", b"only", b"1"],
+        &[b"HDEL", b"short", b"only"],
+        &[b"EXISTS", b"short"],
+        &[b"TYPE", b"short"],
+        &[b"HLEN", b"short"],
+        // SET replaces a hash; DEL removes one.
+        &[b"SET", b"user:1", b"now a string"],
+        &[b"GET", b"user:1"],
+        &[b"HSET", b"user:2", b"a", b"1"],
+        &[b"DEL", b"user:2", b"plain"],
+        &[b"HGETALL", b"user:2"],
+    ];
+    for command in script {
+        let expected = reference.call(command);
+        let got = stratus.call(command);
+        let shown: Vec<String> =
+            command.iter().map(|argument| String::from_utf8_lossy(argument).into_owned()).collect();
+        assert_eq!(got, expected, "{shown:?}");
+    }
+    // RESP3: HGETALL is a map.
+    stratus.call(&[b"HELLO", b"3"]);
+    reference.call(&[b"HELLO", b"3"]);
+    stratus.call(&[b"HSET", b"m", b"k", b"v"]);
+    reference.call(&[b"HSET", b"m", b"k", b"v"]);
+    assert_eq!(stratus.call(&[b"HGETALL", b"m"]), reference.call(&[b"HGETALL", b"m"]));
+    // What only Stratus has: strings may not start with the hash marker.
+    let marker: &[u8] = &stratus_resp::hash::HASH_MARKER;
+    assert_error_starts(&stratus.call(&[b"SET", b"k", marker]), "ERR Stratus reserves strings");
+    assert_error_starts(&stratus.call(&[b"MSET", b"k", marker]), "ERR Stratus reserves strings");
+}

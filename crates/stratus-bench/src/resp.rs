@@ -39,7 +39,8 @@ pub struct RespArguments {
     /// Parallel connections (redis-benchmark -c; its default is 50).
     #[arg(long, default_value_t = 50)]
     pub clients: u32,
-    /// Commands to run (redis-benchmark -t).
+    /// Commands to run (redis-benchmark -t). The owner and forwarded placements are defined by
+    /// the one key `get` and `set` use (`key:__rand_int__`); other tests name other keys.
     #[arg(long, default_value = "get,set")]
     pub tests: String,
     /// Storage servers of each Stratus cluster.
@@ -59,7 +60,8 @@ const BENCHMARK_KEY: &[u8] = b"key:__rand_int__";
 /// The table of database 0 (the RESP front end's default prefix).
 const DATABASE_TABLE: &str = "redis-db-0";
 const START_PATIENCE: Duration = Duration::from_secs(60);
-/// How long one redis-benchmark run may take, per 1 000 requests (a floor of a minute).
+/// How long one redis-benchmark run may take, per 1 000 requests of each test (a floor of a
+/// minute).
 const RUN_PATIENCE_PER_THOUSAND: Duration = Duration::from_millis(500);
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -306,6 +308,7 @@ fn start_cluster(
         .iter()
         .filter_map(|line| line.strip_prefix("redis: "))
         .filter_map(|rest| rest.split_whitespace().nth(1))
+        .filter(|address| address.parse::<std::net::SocketAddr>().is_ok())
         .map(str::to_string)
         .collect();
     if resp_addresses.len() != arguments.servers as usize {
@@ -434,7 +437,9 @@ fn run_benchmark(
         .stdout(file)
         .stderr(Stdio::null());
     let mut process = ChildProcess::spawn(&mut command, "redis-benchmark")?;
-    let patience = (RUN_PATIENCE_PER_THOUSAND * (arguments.requests / 1_000) as u32)
+    let tests = arguments.tests.split(',').filter(|test| !test.trim().is_empty()).count().max(1);
+    let thousands = (arguments.requests / 1_000).max(1) * tests as u64;
+    let patience = (RUN_PATIENCE_PER_THOUSAND * u32::try_from(thousands).unwrap_or(u32::MAX))
         .max(Duration::from_secs(60));
     let status = process.wait_for_exit(patience)?;
     let text = std::fs::read_to_string(output).map_err(|error| error.to_string())?;

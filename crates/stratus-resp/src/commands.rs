@@ -608,7 +608,7 @@ impl Gateway {
             let Some(mut hash) = as_hash(current)? else {
                 return Ok((Change::Keep, Value::Integer(0)));
             };
-            let removed = fields.iter().filter(|field| hash.remove(field)).count() as i64;
+            let removed = hash.remove(fields) as i64;
             let change = match (removed, hash.is_empty()) {
                 (0, _) => Change::Keep,
                 (_, true) => Change::Remove,
@@ -896,7 +896,8 @@ impl Gateway {
             .ok()
             .and_then(|text| text.parse::<u64>().ok())
             .ok_or_else(|| error("ERR invalid cursor"))?;
-        let (mut pattern, mut count, mut only_strings) = (None, 10usize, true);
+        // TYPE: every key (None), or only keys of that type (other types match nothing).
+        let (mut pattern, mut count, mut only_type) = (None, 10usize, None::<String>);
         let mut options = arguments[1..].chunks(2);
         for option in options.by_ref() {
             let [name, value] = option else { return Err(syntax_error()) };
@@ -907,7 +908,7 @@ impl Gateway {
                     Some(_) => return Err(syntax_error()),
                     None => return Err(not_an_integer()),
                 },
-                "type" => only_strings = lowercase(value) == "string",
+                "type" => only_type = Some(lowercase(value)),
                 _ => return Err(syntax_error()),
             }
         }
@@ -934,7 +935,8 @@ impl Gateway {
                         batch
                             .into_iter()
                             .filter(|object| {
-                                only_strings
+                                let kind = if is_hash(&object.value) { "hash" } else { "string" };
+                                only_type.as_deref().is_none_or(|wanted| wanted == kind)
                                     && pattern
                                         .as_ref()
                                         .is_none_or(|pattern| glob::matches(pattern, &object.key))

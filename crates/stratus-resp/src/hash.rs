@@ -139,16 +139,25 @@ impl Hash {
         }
     }
 
-    /// Removes `field`; returns true if it was there. The others keep their order.
-    pub fn remove(&mut self, field: &[u8]) -> bool {
-        let Some(position) = self.positions.remove(field) else { return false };
-        self.fields.remove(position);
-        for later in &mut self.positions.values_mut() {
-            if *later > position {
-                *later -= 1;
-            }
+    /// Removes every field named in `names` (a name may appear twice); returns how many were
+    /// there. The others keep their order. One pass over the hash, whatever the count.
+    pub fn remove(&mut self, names: &[Bytes]) -> usize {
+        let doomed: std::collections::HashSet<&[u8]> = names
+            .iter()
+            .map(|name| &name[..])
+            .filter(|name| self.positions.contains_key(*name))
+            .collect();
+        if doomed.is_empty() {
+            return 0;
         }
-        true
+        self.fields.retain(|(field, _)| !doomed.contains(&field[..]));
+        self.positions = self
+            .fields
+            .iter()
+            .enumerate()
+            .map(|(position, (field, _))| (field.clone(), position))
+            .collect();
+        doomed.len()
     }
 
     /// The fields and their values, in order.
@@ -214,8 +223,8 @@ mod tests {
             assert!(hash.set(bytes(name), bytes(name)));
         }
         assert!(!hash.set(bytes("b"), bytes("B")), "an existing field is not new");
-        assert!(hash.remove(b"a"));
-        assert!(!hash.remove(b"a"));
+        assert_eq!(hash.remove(&[bytes("a"), bytes("a"), bytes("nosuch")]), 1);
+        assert_eq!(hash.remove(&[bytes("a")]), 0);
         let names: Vec<&[u8]> = hash.fields().map(|(field, _)| &field[..]).collect();
         assert_eq!(names, [&b"b"[..], b"c", b"d"]);
         assert_eq!(hash.get(b"b"), Some(&bytes("B")));
@@ -272,7 +281,7 @@ mod tests {
                     }
                 } else {
                     let was = model.iter().position(|(existing, _)| *existing == field);
-                    prop_assert_eq!(hash.remove(&field), was.is_some());
+                    prop_assert_eq!(hash.remove(&[Bytes::from(field.clone())]), usize::from(was.is_some()));
                     if let Some(position) = was { model.remove(position); }
                 }
             }

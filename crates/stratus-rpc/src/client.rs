@@ -359,10 +359,13 @@ pub(crate) async fn next_frame(
 }
 
 /// A server in this process: requests to its address are handled without the network.
-#[derive(Clone)]
 struct InProcessServer {
     address: String,
     service: Arc<dyn Service>,
+    /// Calls in flight, bounded as on one connection: a handler that waits (replication
+    /// stalled) holds its permit until it ends, even after its caller gave up, so callers
+    /// that retry cannot pile up detached handlers.
+    in_flight: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for InProcessServer {
@@ -401,11 +404,29 @@ impl InProcessServer {
             Err(error) => return Err(RpcError::Protocol(error.to_string())),
         };
         let body = frame.slice(body_offset(FrameKind::Request)..);
+        let waited = tokio::time::timeout(timeout, self.in_flight.clone().acquire_owned()).await;
+        let permit = match waited {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(RpcError::ConnectionLost("server shut down".to_string())),
+            Err(_) => return Err(RpcError::Timeout),
+        };
         let mut response = BytesMut::new();
         let response = match self.service.handle(&header, body, &mut response) {
-            Handled::Done => response,
+            Handled::Done => {
+                drop(permit);
+                // Nothing above waited: let a caller that runs many such calls back to back
+                // (a pipelined RESP connection) give its worker thread to other tasks now and
+                // then, as reading from a socket would.
+                tokio::task::consume_budget().await;
+                response
+            }
             Handled::Later(future) => {
-                match tokio::time::timeout(timeout, tokio::spawn(future)).await {
+                let handler = tokio::spawn(async move {
+                    let response = future.await;
+                    drop(permit);
+                    response
+                });
+                match tokio::time::timeout(timeout, handler).await {
                     Ok(Ok(response)) => response,
                     Ok(Err(error)) => return Err(RpcError::ConnectionLost(error.to_string())),
                     Err(_) => return Err(RpcError::Timeout),
@@ -452,7 +473,11 @@ impl ChannelPool {
         address: impl Into<String>,
         service: Arc<dyn Service>,
     ) -> ChannelPool {
-        self.in_process = Some(InProcessServer { address: address.into(), service });
+        self.in_process = Some(InProcessServer {
+            address: address.into(),
+            service,
+            in_flight: Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX)),
+        });
         self
     }
 

@@ -202,3 +202,30 @@ async fn calls_to_the_in_process_server_skip_the_network_and_answer_the_same() {
     );
     assert_eq!(in_process.handled.load(Ordering::Relaxed), 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_handlers_that_never_end_are_bounded_like_a_connection() {
+    use stratus_types::limits::REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX;
+    let in_process = Arc::new(TestService { handled: AtomicU64::new(0) });
+    let address = "127.0.0.1:1";
+    let config = RpcConfig { request_timeout: Duration::from_millis(200), ..RpcConfig::default() };
+    let pool = Arc::new(
+        ChannelPool::new(Arc::new(TcpNetwork), config)
+            .with_in_process_server(address, in_process.clone()),
+    );
+    // Every window slot is taken by a handler that never ends; its caller gives up.
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX {
+        let pool = pool.clone();
+        calls.spawn(async move { pool.call(address, &Request::ListTables).await });
+    }
+    while let Some(outcome) = calls.join_next().await {
+        assert_eq!(outcome.unwrap(), Err(RpcError::Timeout));
+    }
+    // The detached handlers still hold the window: a new call waits and times out without
+    // reaching the handler, as a request on a full connection would.
+    let handled = in_process.handled.load(Ordering::Relaxed);
+    assert_eq!(handled, REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX as u64);
+    assert_eq!(pool.call(address, &Request::Ping).await, Err(RpcError::Timeout));
+    assert_eq!(in_process.handled.load(Ordering::Relaxed), handled);
+}

@@ -124,12 +124,15 @@ fn print_resp_addresses(servers: u32, logs: &Path) {
                 line.split(RESP_LINE).nth(1).map(|address| address.trim().to_string())
             });
             match printed {
-                Some(address) => break address,
+                Some(address) => break Some(address),
                 None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                None => break format!("address not found in {}", log.display()),
+                None => break None,
             }
         };
-        println!("redis: server-{index} {address}");
+        match address {
+            Some(address) => println!("redis: server-{index} {address}"),
+            None => println!("redis: server-{index}: address not found in {}", log.display()),
+        }
     }
 }
 

@@ -643,6 +643,19 @@ fn hashes_answer_what_redis_answers() {
             command.iter().map(|argument| String::from_utf8_lossy(argument).into_owned()).collect();
         assert_eq!(got, expected, "{shown:?}");
     }
+    // SCAN TYPE tells hashes from strings.
+    let writes: [&[&[u8]]; 3] =
+        [&[b"HSET", b"h1", b"f", b"v"], &[b"HSET", b"h2", b"f", b"v"], &[b"SET", b"s1", b"v"]];
+    for command in writes {
+        assert_eq!(stratus.call(command), reference.call(command));
+    }
+    for kind in [&b"hash"[..], b"string", b"list"] {
+        assert_eq!(
+            scan_all(&mut stratus, kind),
+            scan_all(&mut reference, kind),
+            "SCAN TYPE {kind:?}"
+        );
+    }
     // RESP3: HGETALL is a map.
     stratus.call(&[b"HELLO", b"3"]);
     reference.call(&[b"HELLO", b"3"]);
@@ -653,4 +666,26 @@ fn hashes_answer_what_redis_answers() {
     let marker: &[u8] = &stratus_resp::hash::HASH_MARKER;
     assert_error_starts(&stratus.call(&[b"SET", b"k", marker]), "ERR Stratus reserves strings");
     assert_error_starts(&stratus.call(&[b"MSET", b"k", marker]), "ERR Stratus reserves strings");
+}
+
+/// Every key SCAN returns with `TYPE kind`, sorted (the order of a scan is not specified).
+fn scan_all(connection: &mut Connection, kind: &[u8]) -> Vec<Value> {
+    let mut cursor = b"0".to_vec();
+    let mut keys = Vec::new();
+    loop {
+        match connection.call(&[b"SCAN", &cursor, b"COUNT", b"1000", b"TYPE", kind]) {
+            Value::Array(mut parts) if parts.len() == 2 => {
+                let Value::Array(found) = parts.pop().unwrap() else { panic!("SCAN keys") };
+                keys.extend(found);
+                let Value::BulkString(next) = parts.pop().unwrap() else { panic!("SCAN cursor") };
+                if &next[..] == b"0" {
+                    break;
+                }
+                cursor = next.to_vec();
+            }
+            other => panic!("SCAN: {other:?}"),
+        }
+    }
+    keys.sort_by_key(|key| format!("{key:?}"));
+    keys
 }

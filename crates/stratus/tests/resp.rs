@@ -689,3 +689,30 @@ fn scan_all(connection: &mut Connection, kind: &[u8]) -> Vec<Value> {
     keys.sort_by_key(|key| format!("{key:?}"));
     keys
 }
+
+/// A value that starts with the hash marker but does not decode (a native client can write
+/// one) is answered with an error; the connection and the server carry on, and the key can
+/// still be removed.
+#[test]
+fn a_corrupt_stored_hash_is_an_error_reply() {
+    let setup = start();
+    let mut connection = Connection::open(&setup.address);
+    assert_eq!(connection.call(&[b"SET", b"create", b"the table"]), ok());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = setup._cluster.client();
+    let mut corrupt = stratus_resp::hash::HASH_MARKER.to_vec();
+    corrupt.extend_from_slice(&5u32.to_le_bytes()); // five fields, and no bytes for them
+    runtime.block_on(async {
+        let table = client.get_table_id("redis-db-0").await.unwrap();
+        client.write(table, b"bad", &corrupt).await.unwrap();
+    });
+    for command in
+        [&[&b"HGET"[..], b"bad", b"f"][..], &[b"HGETALL", b"bad"], &[b"HSET", b"bad", b"f", b"v"]]
+    {
+        assert_error_starts(&connection.call(command), "ERR stored hash is corrupt");
+    }
+    assert_eq!(connection.call(&[b"TYPE", b"bad"]), Value::simple("hash"));
+    assert_error_starts(&connection.call(&[b"GET", b"bad"]), "WRONGTYPE");
+    assert_eq!(connection.call(&[b"DEL", b"bad"]), Value::Integer(1));
+    assert_eq!(connection.call(&[b"PING"]), Value::simple("PONG"));
+}

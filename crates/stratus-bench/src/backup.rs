@@ -24,7 +24,7 @@ use stratus_wire::{
     BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody, ServiceMask, Status,
 };
 
-use crate::cluster::{free_loopback_address, start_stratus};
+use crate::cluster::start_local_cluster;
 use crate::report::{print_json, Field};
 
 /// `stratus bench backup`.
@@ -65,21 +65,12 @@ pub fn run(arguments: BackupArguments) -> Result<(), String> {
         arguments.total_bytes,
         (arguments.segment_mib as usize) << 20,
     )?;
-    let coordinator = free_loopback_address()?;
-    let directory_text = directory.path().join("cluster").display().to_string();
     let buffers = arguments.backup_buffers.to_string();
     let segment_mib = arguments.segment_mib.to_string();
-    let (_cluster, _) = start_stratus(
+    let cluster = start_local_cluster(
+        &directory.path().join("cluster"),
+        1,
         &[
-            "--coordinator",
-            &coordinator,
-            "up",
-            // The status page's once-a-second sampler would be load the reference does not have.
-            "--no-metrics",
-            "--dir",
-            &directory_text,
-            "--servers",
-            "1",
             "--replicas",
             "0",
             "--segment-mib",
@@ -89,9 +80,9 @@ pub fn run(arguments: BackupArguments) -> Result<(), String> {
             "--backup-buffers",
             &buffers,
         ],
-        "ready",
-        Duration::from_secs(60),
+        None,
     )?;
+    let coordinator = cluster.coordinator.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -136,17 +136,56 @@ pub fn start_stratus_logged(
         .map_err(|error| format!("{error} (its log: {})", error_log.display()))
 }
 
-/// [`start_stratus`] with another `stratus` binary (another build, to compare with this one).
-pub fn start_other_stratus(
-    binary: &Path,
-    arguments: &[&str],
-    marker: &str,
-    patience: Duration,
-) -> Result<(ChildProcess, String), String> {
-    let mut command = Command::new(binary);
-    command.args(arguments).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
-    start_and_wait_for_marker(&mut command, arguments, marker, patience)
+/// A local cluster a benchmark started with `stratus up`, stopped when dropped.
+pub struct UpCluster {
+    /// The `stratus up` process (it stops its children when it ends).
+    pub process: ChildProcess,
+    /// The coordinator's address.
+    pub coordinator: String,
+    /// What `stratus up` printed up to its ready line (for example the RESP addresses).
+    pub lines: Vec<String>,
 }
+
+/// Starts `stratus up` with `servers` servers, data under `directory`, the coordinator on a
+/// free port and no metrics (the status page's once-a-second sampler would be load the
+/// references do not have), followed by `extra` arguments; waits until it is ready. `binary`
+/// runs another build of `stratus` (default: this one).
+pub fn start_local_cluster(
+    directory: &Path,
+    servers: u32,
+    extra: &[&str],
+    binary: Option<&Path>,
+) -> Result<UpCluster, String> {
+    let coordinator = free_loopback_address()?;
+    let directory_text = directory.display().to_string();
+    let servers_text = servers.to_string();
+    let mut arguments = vec![
+        "--coordinator",
+        &coordinator,
+        "up",
+        "--no-metrics",
+        "--dir",
+        &directory_text,
+        "--servers",
+        &servers_text,
+    ];
+    arguments.extend_from_slice(extra);
+    let mut command = match binary {
+        Some(binary) => {
+            let mut command = Command::new(binary);
+            command.args(&arguments).stdin(Stdio::null()).stdout(Stdio::piped());
+            command
+        }
+        None => stratus_command(&arguments)?,
+    };
+    command.stderr(Stdio::null());
+    let (process, lines) =
+        start_and_collect(&mut command, &arguments, "ready", LOCAL_CLUSTER_PATIENCE)?;
+    Ok(UpCluster { process, coordinator, lines })
+}
+
+/// How long `stratus up` may take to report its cluster ready.
+const LOCAL_CLUSTER_PATIENCE: Duration = Duration::from_secs(60);
 
 /// `stratus ARGUMENTS...` with this process's own executable, standard output piped.
 fn stratus_command(arguments: &[&str]) -> Result<Command, String> {
@@ -154,18 +193,6 @@ fn stratus_command(arguments: &[&str]) -> Result<Command, String> {
     let mut command = Command::new(executable);
     command.args(arguments).stdin(Stdio::null()).stdout(Stdio::piped());
     Ok(command)
-}
-
-/// [`start_stratus`], returning every line the child printed up to and including the first
-/// that contains `marker` (for example `stratus up`'s addresses, printed before its ready line).
-pub fn start_stratus_collecting(
-    arguments: &[&str],
-    marker: &str,
-    patience: Duration,
-) -> Result<(ChildProcess, Vec<String>), String> {
-    let mut command = stratus_command(arguments)?;
-    command.stderr(Stdio::null());
-    start_and_collect(&mut command, arguments, marker, patience)
 }
 
 fn start_and_wait_for_marker(

@@ -3,12 +3,12 @@
 //! same run is the reference: RAMCloud's goal is a replicated write within a small multiple of
 //! a read (13.5 µs / 4.7 µs over Infiniband).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
 use stratus_client::{Client, ClientConfig};
 
-use crate::cluster::{free_loopback_address, start_stratus};
+use crate::cluster::start_local_cluster;
 use crate::report::{latency_histogram, print_json, Field, Percentiles};
 
 /// `stratus bench latency`.
@@ -68,31 +68,14 @@ fn measure_configuration(
     durability: &str,
 ) -> Result<(), String> {
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let coordinator = free_loopback_address()?;
-    let directory_text = directory.path().display().to_string();
-    let servers = arguments.servers.to_string();
     let replicas_text = replicas.to_string();
-    let (_cluster, _) = start_stratus(
-        &[
-            "--coordinator",
-            &coordinator,
-            "up",
-            // The status page's once-a-second sampler would be load the reference does not have.
-            "--no-metrics",
-            "--dir",
-            &directory_text,
-            "--servers",
-            &servers,
-            "--log-mib",
-            "128",
-            "--replicas",
-            &replicas_text,
-            "--durability",
-            durability,
-        ],
-        "ready",
-        Duration::from_secs(60),
+    let cluster = start_local_cluster(
+        directory.path(),
+        arguments.servers,
+        &["--log-mib", "128", "--replicas", &replicas_text, "--durability", durability],
+        None,
     )?;
+    let coordinator = cluster.coordinator.clone();
     let value = vec![0x5a_u8; arguments.value_bytes];
     let (operations, value_bytes) = (arguments.operations, arguments.value_bytes);
     let durability = durability.to_string();

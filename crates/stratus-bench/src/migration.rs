@@ -14,7 +14,7 @@ use clap::Args;
 use stratus_client::{Client, ClientConfig};
 use stratus_wire::ServerStatus;
 
-use crate::cluster::{free_loopback_address, start_other_stratus, start_stratus};
+use crate::cluster::start_local_cluster;
 use crate::report::{latency_histogram, print_json, Field, Percentiles};
 
 /// `stratus bench migration`.
@@ -54,31 +54,16 @@ pub fn run(arguments: MigrationArguments) -> Result<(), String> {
         .build()
         .map_err(|error| error.to_string())?;
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let coordinator = free_loopback_address()?;
-    let directory_text = directory.path().display().to_string();
-    let servers = arguments.servers.to_string();
     let replicas = arguments.replicas.to_string();
     // Room for the tablet on both masters, with the cleaner's headroom.
     let log_mib = (arguments.data_mib * 3 + 256).to_string();
-    let cluster_arguments = [
-        "--coordinator",
-        &coordinator,
-        "up",
-        "--no-metrics",
-        "--dir",
-        &directory_text,
-        "--servers",
-        &servers,
-        "--log-mib",
-        &log_mib,
-        "--replicas",
-        &replicas,
-    ];
-    let patience = Duration::from_secs(60);
-    let (_cluster, _) = match &arguments.cluster_binary {
-        Some(binary) => start_other_stratus(binary, &cluster_arguments, "ready", patience)?,
-        None => start_stratus(&cluster_arguments, "ready", patience)?,
-    };
+    let cluster = start_local_cluster(
+        directory.path(),
+        arguments.servers,
+        &["--log-mib", &log_mib, "--replicas", &replicas],
+        arguments.cluster_binary.as_deref(),
+    )?;
+    let coordinator = cluster.coordinator.clone();
     let objects = arguments.data_mib * 1_048_576 / OBJECT_BYTES as u64;
     let (migration, before, during) = runtime
         .block_on(measure(coordinator.clone(), objects))

@@ -25,7 +25,7 @@ use clap::Args;
 use stratus_client::{Client, ClientConfig};
 
 use crate::cluster::{
-    free_loopback_address, start_stratus, start_stratus_collecting, ChildProcess,
+    free_loopback_address, start_local_cluster, start_stratus, ChildProcess, UpCluster,
 };
 use crate::report::{print_json, Field};
 use crate::ycsb::{find_peer, peer_command, wait_until_answering};
@@ -279,29 +279,13 @@ fn start_cluster(
     directory: &Path,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<RunningCluster, String> {
-    let coordinator = free_loopback_address()?;
-    let directory_text = directory.display().to_string();
     let servers = arguments.servers.to_string();
     let replicas = config.replicas.to_string();
-    let (cluster, lines) = start_stratus_collecting(
-        &[
-            "--coordinator",
-            &coordinator,
-            "up",
-            "--dir",
-            &directory_text,
-            "--servers",
-            &servers,
-            "--replicas",
-            &replicas,
-            "--durability",
-            config.durability,
-            "--no-metrics",
-            "--resp-port",
-            "0",
-        ],
-        "ready",
-        START_PATIENCE,
+    let UpCluster { process: cluster, coordinator, lines } = start_local_cluster(
+        directory,
+        arguments.servers,
+        &["--replicas", &replicas, "--durability", config.durability, "--resp-port", "0"],
+        None,
     )?;
     // "redis: server-i ADDRESS"
     let resp_addresses: Vec<String> = lines

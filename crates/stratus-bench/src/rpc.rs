@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 use stratus_client::{Client, ClientConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cluster::{free_loopback_address, start_stratus};
+use crate::cluster::{start_local_cluster, start_stratus};
 use crate::report::{latency_histogram, print_json, Field, Percentiles};
 
 /// `stratus bench rpc`.
@@ -38,25 +38,8 @@ const WARMUP_OPERATIONS: u64 = 500;
 /// Runs the benchmark.
 pub fn run(arguments: RpcArguments) -> Result<(), String> {
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let coordinator = free_loopback_address()?;
-    let directory_text = directory.path().display().to_string();
-    let (_cluster, _) = start_stratus(
-        &[
-            "--coordinator",
-            &coordinator,
-            "up",
-            // The status page's once-a-second sampler would be load the reference does not have.
-            "--no-metrics",
-            "--dir",
-            &directory_text,
-            "--servers",
-            "1",
-            "--log-mib",
-            "64",
-        ],
-        "ready",
-        Duration::from_secs(60),
-    )?;
+    let cluster = start_local_cluster(directory.path(), 1, &["--log-mib", "64"], None)?;
+    let coordinator = cluster.coordinator.clone();
     let (_echo, line) =
         start_stratus(&["bench", "echo-server"], "listening on", Duration::from_secs(20))?;
     let echo_address = line.rsplit(' ').next().unwrap_or_default().to_string();

@@ -240,25 +240,15 @@ fn measure_cluster(
 ) -> Result<(f64, f64), String> {
     use stratus_client::{Client, ClientConfig, WriteItem};
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let coordinator = crate::cluster::free_loopback_address()?;
-    let directory_text = directory.path().display().to_string();
-    let servers = (arguments.replicas + 1).to_string();
     let replicas = arguments.replicas.to_string();
     let log_mib = arguments.log_mib.to_string();
     let segment_mib = arguments.segment_mib.to_string();
     let seglet_kib = arguments.seglet_kib.to_string();
     let levels_text = levels.to_string();
-    let (_cluster, _) = crate::cluster::start_stratus(
+    let cluster = crate::cluster::start_local_cluster(
+        directory.path(),
+        arguments.replicas + 1,
         &[
-            "--coordinator",
-            &coordinator,
-            "up",
-            // The status page's once-a-second sampler would be load the reference does not have.
-            "--no-metrics",
-            "--dir",
-            &directory_text,
-            "--servers",
-            &servers,
             "--replicas",
             &replicas,
             "--log-mib",
@@ -272,9 +262,9 @@ fn measure_cluster(
             "--backup-frames",
             "4096",
         ],
-        "ready",
-        std::time::Duration::from_secs(60),
+        None,
     )?;
+    let coordinator = cluster.coordinator.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -25,7 +25,7 @@ use stratus_client::{BlockingClient, ClientConfig, RejectRules, TableId};
 use stratus_env::SplitMix64;
 use stratus_wire::Status;
 
-use crate::cluster::{free_loopback_address, start_stratus, ChildProcess};
+use crate::cluster::{free_loopback_address, start_local_cluster, ChildProcess};
 use crate::redis_reference::{encode_command, find_executable};
 use crate::report::{latency_histogram, print_json, Field};
 
@@ -1028,35 +1028,19 @@ fn start(
             if replicas == "3" && arguments.stratus_servers < 4 {
                 return Err("Stratus with 3 replicas needs --stratus-servers 4 or more".into());
             }
-            let coordinator = free_loopback_address()?;
-            let directory_text = directory.display().to_string();
-            let servers = arguments.stratus_servers.to_string();
-            let (cluster, _) = start_stratus(
-                &[
-                    "--coordinator",
-                    &coordinator,
-                    "up",
-                    "--dir",
-                    &directory_text,
-                    "--servers",
-                    &servers,
-                    "--log-mib",
-                    "256",
-                    "--replicas",
-                    replicas,
-                    "--durability",
-                    durability,
-                    "--no-metrics",
-                ],
-                "ready",
-                START_PATIENCE,
+            let cluster = start_local_cluster(
+                directory,
+                arguments.stratus_servers,
+                &["--log-mib", "256", "--replicas", replicas, "--durability", durability],
+                None,
             )?;
+            let coordinator = cluster.coordinator.clone();
             let client = BlockingClient::new(ClientConfig::new(coordinator.clone()))
                 .map_err(|error| format!("stratus client: {error:?}"))?;
             let table = client
                 .create_table("usertable", arguments.stratus_servers)
                 .map_err(|error| format!("creating usertable: {error:?}"))?;
-            Ok(Running::Stratus { _cluster: cluster, coordinator, table })
+            Ok(Running::Stratus { _cluster: cluster.process, coordinator, table })
         }
         "redis" => {
             let (mut command, address, port) = peer_command("redis-server", directory)?;

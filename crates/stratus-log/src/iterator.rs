@@ -16,6 +16,9 @@ pub struct IteratedEntry<'a> {
     pub entry_type: EntryType,
     /// Bytes of header + content.
     pub entry_bytes: u32,
+    /// The content bytes, verified (the decoded entry borrows from them): a replay copies an
+    /// object's entry with them as they are, checksum included, rather than encoding it again.
+    pub content: &'a [u8],
     /// The decoded entry.
     pub entry: Entry<'a>,
 }
@@ -183,6 +186,7 @@ impl<'a> Iterator for SegmentIterator<'a> {
                 offset: self.position as u32,
                 entry_type: header.entry_type,
                 entry_bytes: (content_end - self.position) as u32,
+                content,
                 entry,
             };
             self.position = content_end;

@@ -9,19 +9,21 @@
 //! with its original version, if this store holds no newer version of it; the safe version is
 //! raised past every version and safe-version entry seen, so versions are never reused.
 //!
-//! Replay works in two passes over the set (tombstones first, then objects), so it needs memory
-//! for one tombstone version per removed key of the set: it replays a partition sized for one
-//! recovery master, not a whole cluster.
+//! Replay reads the set once, verifying each segment as it goes, and keeps the newest object of
+//! each key and the highest tombstone of each removed key before it writes anything, so it
+//! needs memory for one small record per key of the set: it replays a partition sized for one
+//! recovery master, not a whole cluster. The winners are copied into the log as they were read
+//! (their checksums were verified, not computed again).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, DefaultHasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use std::sync::atomic::Ordering;
 
 use stratus_log::format::{ObjectPrefix, TombstonePrefix};
 use stratus_log::{
-    AppendEntry, AppendPriority, Certificate, Entry, EntryType, SegmentIterator, SideLog,
-    TombstoneView,
+    AppendEntry, AppendPriority, Certificate, Entry, EntryType, ObjectView, SegmentIterator,
+    SideLog, TombstoneView,
 };
 use stratus_types::{key_hash, KeyHash, SegmentId, TableId, Version};
 
@@ -78,13 +80,72 @@ pub struct ReplayStatistics {
     pub objects_removed: u64,
 }
 
-/// Hashing with fixed keys, so the maps iterate in the same order on every run: the winners
-/// are appended to the log in that order, and a replay must be a function of its input (the
-/// deterministic simulation replays and compares). The keys are the objects' own keys, already
-/// verified; a client that chose keys to collide could slow one recovery, not corrupt it.
-type FixedKeys = BuildHasherDefault<DefaultHasher>;
+/// A replayed key, borrowed from the segment it was read from, with its key hash (computed
+/// once: the filter, the maps and the store's index all use it).
+#[derive(Clone, Copy, Debug)]
+struct ReplayedKey<'a> {
+    table: TableId,
+    key: &'a [u8],
+    hash: KeyHash,
+}
 
-type ObjectKey = (TableId, Vec<u8>);
+impl PartialEq for ReplayedKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.table == other.table && self.key == other.key
+    }
+}
+
+impl Eq for ReplayedKey<'_> {}
+
+impl Hash for ReplayedKey<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash.0);
+    }
+}
+
+/// The newest object of a key so far, and its verified entry content.
+#[derive(Clone, Copy, Debug)]
+struct Winner<'a> {
+    object: ObjectView<'a>,
+    content: &'a [u8],
+}
+
+/// The maps of a replay hash by the key hash alone, which is already computed (a 64-bit hash
+/// of table and key): no second hash per object. The maps iterate in the same order on every
+/// run, as they must: the winners are appended to the log in that order, and a replay must be
+/// a function of its input (the deterministic simulation replays and compares). A client that
+/// chose keys to collide could slow one recovery, not corrupt it.
+#[derive(Clone, Copy, Debug, Default)]
+struct KeyHashOnly;
+
+impl BuildHasher for KeyHashOnly {
+    type Hasher = KeyHashHasher;
+
+    fn build_hasher(&self) -> KeyHashHasher {
+        KeyHashHasher(0)
+    }
+}
+
+/// Passes on the one u64 written to it ([`ReplayedKey`] writes only its key hash).
+#[derive(Clone, Copy, Debug)]
+struct KeyHashHasher(u64);
+
+impl Hasher for KeyHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by ReplayedKey; a fallback that still mixes every byte.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
 
 /// Where a replay writes the objects it keeps.
 pub enum ReplayInto<'a> {
@@ -144,79 +205,76 @@ impl ObjectStore {
         mut into: ReplayInto<'_>,
     ) -> Result<ReplayStatistics, ReplayError> {
         let mut statistics = ReplayStatistics::default();
-        // Pass 1: verify every segment, and collect tombstones and the highest safe version.
-        let mut dead: HashMap<ObjectKey, Version, FixedKeys> = HashMap::default();
+        // One pass over every segment (each verified once: certificate, then every entry's
+        // checksum as it is read): the tombstones, the newest object of each key, and the
+        // highest version seen. Keys are borrowed from the segments, hashed once.
+        let mut dead: HashMap<ReplayedKey<'_>, Version, KeyHashOnly> = HashMap::default();
+        let mut winners: HashMap<ReplayedKey<'_>, Winner<'_>, KeyHashOnly> = HashMap::default();
         let mut highest_version = Version(0);
+        let mut objects_seen = 0u64;
         for (index, (bytes, certificate)) in segments.iter().enumerate() {
             let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
             let iterator = SegmentIterator::new(bytes, certificate)
                 .map_err(|error| corrupt(error.to_string()))?;
             for entry in iterator {
-                match entry.map_err(|error| corrupt(error.to_string()))?.entry {
-                    Entry::Tombstone(tombstone)
-                        if accept(
-                            index,
-                            tombstone.table,
-                            key_hash(tombstone.table, tombstone.key),
-                        ) =>
-                    {
-                        let killed = dead
-                            .entry((tombstone.table, tombstone.key.to_vec()))
-                            .or_insert(Version(0));
-                        *killed = (*killed).max(tombstone.object_version);
-                        highest_version = highest_version.max(tombstone.object_version);
+                let entry = entry.map_err(|error| corrupt(error.to_string()))?;
+                match entry.entry {
+                    Entry::Object(object) => {
+                        objects_seen += 1;
+                        highest_version = highest_version.max(object.version);
+                        let hash = key_hash(object.table, object.key);
+                        if !accept(index, object.table, hash) {
+                            continue;
+                        }
+                        let key = ReplayedKey { table: object.table, key: object.key, hash };
+                        let candidate = Winner { object, content: entry.content };
+                        winners
+                            .entry(key)
+                            .and_modify(|winner| {
+                                if winner.object.version < object.version {
+                                    *winner = candidate;
+                                }
+                            })
+                            .or_insert(candidate);
+                    }
+                    Entry::Tombstone(tombstone) => {
+                        let hash = key_hash(tombstone.table, tombstone.key);
+                        if accept(index, tombstone.table, hash) {
+                            let key =
+                                ReplayedKey { table: tombstone.table, key: tombstone.key, hash };
+                            let killed = dead.entry(key).or_insert(Version(0));
+                            *killed = (*killed).max(tombstone.object_version);
+                            highest_version = highest_version.max(tombstone.object_version);
+                        }
                     }
                     Entry::SafeVersion(version) => highest_version = highest_version.max(version),
-                    _ => {}
+                    Entry::SegmentHeader(_) | Entry::LogDigest(_) => {}
                 }
             }
             statistics.segments += 1;
         }
-        // Pass 2: the newest live object of each key (borrowed from the segments).
-        let mut winners: HashMap<ObjectKey, (Version, u32, &[u8]), FixedKeys> = HashMap::default();
-        for (index, (bytes, certificate)) in segments.iter().enumerate() {
-            let iterator = SegmentIterator::new(bytes, certificate).expect("verified in pass 1");
-            for entry in iterator {
-                let Entry::Object(object) = entry.expect("verified in pass 1").entry else {
-                    continue;
-                };
-                highest_version = highest_version.max(object.version);
-                let hash = key_hash(object.table, object.key);
-                let key = (object.table, object.key.to_vec());
-                let killed = dead.get(&key).is_some_and(|killed| *killed >= object.version);
-                if !accept(index, object.table, hash) || killed {
-                    statistics.objects_skipped += 1;
-                    continue;
-                }
-                let newer =
-                    winners.get(&key).is_none_or(|(version, _, _)| *version < object.version);
-                if newer {
-                    if winners
-                        .insert(key, (object.version, object.timestamp, object.value))
-                        .is_some()
-                    {
-                        statistics.objects_skipped += 1;
-                    }
-                } else {
-                    statistics.objects_skipped += 1;
-                }
-            }
-        }
+        // A key's newest object is live unless a tombstone names its version or a newer one
+        // (then every older object of the key is dead too).
+        winners.retain(|key, winner| {
+            dead.get(key).is_none_or(|killed| *killed < winner.object.version)
+        });
         // Checked before anything is written: an object this store cannot hold would otherwise
         // break the log's invariants half-way through.
-        for ((_, key), (_, _, value)) in &winners {
-            if key.is_empty()
-                || key.len() > stratus_types::limits::KEY_BYTES_MAX
-                || value.len() > self.config.value_bytes_max as usize
+        for (key, winner) in &winners {
+            let value_bytes = winner.object.value.len();
+            if key.key.is_empty()
+                || key.key.len() > stratus_types::limits::KEY_BYTES_MAX
+                || value_bytes > self.config.value_bytes_max as usize
             {
-                return Err(ReplayError::ObjectTooLarge { value_bytes: value.len() });
+                return Err(ReplayError::ObjectTooLarge { value_bytes });
             }
         }
+        statistics.objects_skipped = objects_seen - winners.len() as u64;
         self.log.observe_time(now_seconds);
         // Versions are never reused: new writes here get versions above everything replayed.
         self.log.raise_safe_version(Version(highest_version.0 + 1));
-        for ((table, key), (version, timestamp, value)) in winners {
-            match self.replay_object(table, &key, version, timestamp, value, &mut into) {
+        for (key, winner) in winners {
+            match self.replay_object(key.hash, winner.object, Some(winner.content), &mut into) {
                 Ok(true) => statistics.objects_replayed += 1,
                 Ok(false) => statistics.objects_skipped += 1,
                 Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
@@ -224,14 +282,13 @@ impl ObjectStore {
             }
         }
         // Objects this store already held that a replayed tombstone names are dead too.
-        for ((table, key), killed) in dead {
-            let hash = key_hash(table, &key);
+        for (ReplayedKey { table, key, hash }, killed) in dead {
             // No request runs on a tablet while it is being replayed, so the version read here
             // is still current when the remove runs.
             let rules = stratus_types::RejectRules::NONE;
-            let current = self.current_version(table, &key, hash);
+            let current = self.current_version(table, key, hash);
             if current.is_some_and(|version| version <= killed) {
-                match self.remove(table, &key, hash, &rules, now_seconds) {
+                match self.remove(table, key, hash, &rules, now_seconds) {
                     Ok(_) => statistics.objects_removed += 1,
                     Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
                     Err(error) => unreachable!("removing a replayed-dead object failed: {error:?}"),
@@ -276,7 +333,8 @@ impl ObjectStore {
         }
         self.log.observe_time(now_seconds);
         self.log.raise_safe_version(Version(version.0.saturating_add(1)));
-        self.replay_object(table, key, version, now_seconds, value, &mut ReplayInto::Head)
+        let object = ObjectView { table, version, timestamp: now_seconds, key, value };
+        self.replay_object(key_hash(table, key), object, None, &mut ReplayInto::Head)
     }
 
     /// Removes an object copied from another master's store (tablet migration) that the
@@ -321,17 +379,17 @@ impl ObjectStore {
     }
 
     /// Writes one replayed object with its original version unless this store holds a version
-    /// at least as new. Returns whether it was written.
+    /// at least as new. Returns whether it was written. `content` is the object's entry content
+    /// as read from a verified segment: a side log copies it as it is (its checksum verified
+    /// once, not computed again); without it the entry is encoded anew.
     fn replay_object(
         &self,
-        table: TableId,
-        key: &[u8],
-        version: Version,
-        timestamp: u32,
-        value: &[u8],
+        hash: KeyHash,
+        object: ObjectView<'_>,
+        content: Option<&[u8]>,
         into: &mut ReplayInto<'_>,
     ) -> Result<bool, ObjectError> {
-        let hash = key_hash(table, key);
+        let ObjectView { table, version, timestamp, key, value } = object;
         let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
         let current = self.lookup(&epoch, &guard, table, key);
@@ -351,9 +409,17 @@ impl ObjectStore {
             )?;
             return Ok(true);
         };
-        let prefix = ObjectPrefix::new(table, version, timestamp, key, value);
-        let object =
-            AppendEntry { entry_type: EntryType::Object, pieces: [prefix.as_bytes(), key, value] };
+        let prefix;
+        let object = match content {
+            Some(content) => AppendEntry::new(EntryType::Object, content),
+            None => {
+                prefix = ObjectPrefix::new(table, version, timestamp, key, value);
+                AppendEntry {
+                    entry_type: EntryType::Object,
+                    pieces: [prefix.as_bytes(), key, value],
+                }
+            }
+        };
         let mut append = |entry: &AppendEntry<'_>| {
             let (reference, full) = side_log.append(&self.log, entry).map_err(append_error)?;
             if let Some(full) = full {

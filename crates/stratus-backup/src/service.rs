@@ -6,11 +6,12 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use bytes::{Bytes, BytesMut};
 use stratus_rpc::{Handled, Service};
+use stratus_types::limits::BACKUP_BUFFERS_KEPT_FREE_MAX;
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, BackupDurability,
@@ -282,11 +283,51 @@ impl Drop for CountPermit {
     }
 }
 
-/// A replica's bytes in RAM.
+/// A replica's bytes in RAM. Dropped (replica written to disk, freed, or never used), its
+/// memory goes back to the pool it came from; the permit is released after that, so buffers
+/// in use and kept free together stay within the buffer count.
 #[derive(Debug)]
 struct ReplicaBuffer {
     bytes: Vec<u8>,
+    pool: Arc<BufferPool>,
     _permit: CountPermit,
+}
+
+impl Drop for ReplicaBuffer {
+    fn drop(&mut self) {
+        self.pool.give_back(std::mem::take(&mut self.bytes));
+    }
+}
+
+/// Segment-sized buffers no replica uses now, kept mapped for the next replicas (at most
+/// [`BACKUP_BUFFERS_KEPT_FREE_MAX`]).
+#[derive(Debug)]
+struct BufferPool {
+    buffer_bytes: usize,
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    fn new(buffer_bytes: usize) -> BufferPool {
+        BufferPool { buffer_bytes, free: Mutex::new(Vec::new()) }
+    }
+
+    /// An empty buffer with room for a whole segment.
+    fn take(&self) -> Vec<u8> {
+        let kept = self.free.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        kept.unwrap_or_else(|| Vec::with_capacity(self.buffer_bytes))
+    }
+
+    fn give_back(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() != self.buffer_bytes {
+            return; // not one of ours (the placeholder of a dropped buffer)
+        }
+        buffer.clear();
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if free.len() < BACKUP_BUFFERS_KEPT_FREE_MAX {
+            free.push(buffer);
+        }
+    }
 }
 
 impl AsRef<[u8]> for ReplicaBuffer {
@@ -361,6 +402,7 @@ pub(crate) struct Shared {
     poison: Arc<Poison>,
     counters: Arc<IoCounters>,
     buffers_in_use: Arc<AtomicUsize>,
+    buffer_pool: Arc<BufferPool>,
     disk_reads_in_flight: Arc<AtomicUsize>,
     requests_served: AtomicU64,
     /// Crashed masters' replicas being cut for their recovery masters.
@@ -680,6 +722,7 @@ impl BackupService {
             poison,
             counters,
             buffers_in_use: Arc::new(AtomicUsize::new(0)),
+            buffer_pool: Arc::new(BufferPool::new(config.segment_bytes as usize)),
             disk_reads_in_flight: Arc::new(AtomicUsize::new(0)),
             requests_served: AtomicU64::new(0),
             partitionings: Partitionings::default(),
@@ -934,7 +977,8 @@ impl BackupService {
                     ));
                 };
                 let buffer = ReplicaBuffer {
-                    bytes: Vec::with_capacity(config.segment_bytes as usize),
+                    bytes: self.shared.buffer_pool.take(),
+                    pool: self.shared.buffer_pool.clone(),
                     _permit: permit,
                 };
                 entry.insert(Replica {
@@ -1339,5 +1383,40 @@ impl Service for BackupRouter {
         } else {
             self.other.handle(header, body, out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_pool_hands_back_kept_memory_and_keeps_a_bounded_number() {
+        let pool = Arc::new(BufferPool::new(4096));
+        let in_use = Arc::new(AtomicUsize::new(0));
+        let buffer = |pool: &Arc<BufferPool>| ReplicaBuffer {
+            bytes: pool.take(),
+            pool: pool.clone(),
+            _permit: CountPermit::acquire(&in_use, usize::MAX).expect("no limit"),
+        };
+        let mut first = buffer(&pool);
+        first.bytes.extend_from_slice(b"replica bytes");
+        let address = first.bytes.as_ptr();
+        drop(first);
+        // The memory comes back, emptied, with its capacity.
+        let again = buffer(&pool);
+        assert_eq!(again.bytes.as_ptr(), address);
+        assert!(again.bytes.is_empty());
+        assert_eq!(again.bytes.capacity(), 4096);
+        drop(again);
+        // Many buffers released at once: only the bound is kept.
+        let many: Vec<_> = (0..BACKUP_BUFFERS_KEPT_FREE_MAX + 5).map(|_| buffer(&pool)).collect();
+        assert_eq!(in_use.load(Ordering::SeqCst), BACKUP_BUFFERS_KEPT_FREE_MAX + 5);
+        drop(many);
+        assert_eq!(pool.free.lock().unwrap().len(), BACKUP_BUFFERS_KEPT_FREE_MAX);
+        assert_eq!(in_use.load(Ordering::SeqCst), 0);
+        // A buffer of another size is not kept.
+        pool.give_back(Vec::with_capacity(10));
+        assert_eq!(pool.free.lock().unwrap().len(), BACKUP_BUFFERS_KEPT_FREE_MAX);
     }
 }

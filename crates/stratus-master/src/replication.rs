@@ -318,7 +318,8 @@ impl SegmentDurability for ReplicaManager {
         certificate: stratus_log::Certificate,
     ) {
         let (done, finished) = tokio::sync::oneshot::channel();
-        let request = SurvivorRequest { segment_id, bytes: bytes.to_vec(), certificate, done };
+        let bytes = Bytes::copy_from_slice(bytes);
+        let request = SurvivorRequest { segment_id, bytes, certificate, done };
         if self.survivors.blocking_send(request).is_err() {
             return; // the pump is gone: the process is stopping
         }
@@ -337,7 +338,7 @@ impl ReplicaManager {
         certificate: stratus_log::Certificate,
     ) {
         let (done, finished) = tokio::sync::oneshot::channel();
-        let request = SurvivorRequest { segment_id, bytes, certificate, done };
+        let request = SurvivorRequest { segment_id, bytes: Bytes::from(bytes), certificate, done };
         if self.survivors.send(request).await.is_err() {
             return; // the pump is gone: the process is stopping
         }
@@ -437,14 +438,15 @@ struct Pump {
 enum Source<'a> {
     /// The log itself (the segment is in it).
     Log,
-    /// A survivor segment handed over by the cleaner, with its certificate.
-    Given(&'a [u8], stratus_log::Certificate),
+    /// A survivor segment handed over by the cleaner, with its certificate. Every backup's
+    /// write is a slice of these bytes (no copy per replica).
+    Given(&'a Bytes, stratus_log::Certificate),
 }
 
 /// A survivor segment to replicate before the cleaner fuses it into the log.
 struct SurvivorRequest {
     segment_id: SegmentId,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     certificate: stratus_log::Certificate,
     /// Told when every replica holds the survivor (a cleaner thread blocks on it; an async
     /// cleaner awaits it).
@@ -665,8 +667,9 @@ impl Pump {
                 Some((Bytes::from(bytes), certificate))
             }
             Source::Given(bytes, certificate) => {
-                let tail = bytes.get(from as usize..certificate.segment_length as usize)?;
-                Some((Bytes::copy_from_slice(tail), *certificate))
+                let range = from as usize..certificate.segment_length as usize;
+                bytes.get(range.clone())?;
+                Some((bytes.slice(range), *certificate))
             }
         }
     }

@@ -71,6 +71,14 @@ pub const REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX: usize = 1_024;
 /// when one remains, so this must exceed the largest object.
 pub const ENUMERATE_RESPONSE_BYTES_MAX: usize = 4 << 20;
 
+/// Replica buffers a backup keeps allocated while no replica uses them, for the next replicas
+/// it opens. A fresh buffer costs a page fault per 4 KiB of the segment (the kernel zeroes
+/// each page: about a fifth of a recovery's CPU before the pool existed); a kept one is
+/// already mapped. Eight segments (64 MiB at the default size) cover the replicas a busy
+/// backup opens in a burst, such as a recovery's side segments, without holding on to all of
+/// its buffers after the burst.
+pub const BACKUP_BUFFERS_KEPT_FREE_MAX: usize = 8;
+
 /// Largest number of tables in a cluster (bounds the coordinator's state and LIST_TABLES).
 pub const TABLES_MAX: usize = 65_536;
 

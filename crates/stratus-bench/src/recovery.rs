@@ -37,7 +37,10 @@ use crate::cluster::{free_loopback_address, start_stratus_logged, ChildProcess};
 use crate::redis_reference::{self, RedisRestart};
 use crate::replica_files::{self, PhysicalRead};
 use crate::report::{print_json, Field};
-use crate::server_logs::{crash_declaration_time, print_log_tails, recovery_finished_elapsed};
+use crate::server_logs::{
+    crash_declaration_time, partitions_recovered, print_log_tails, recovery_finished_elapsed,
+    PartitionRecovered,
+};
 
 /// `stratus bench recovery`.
 #[derive(Debug, Args)]
@@ -69,6 +72,16 @@ pub struct RecoveryArguments {
     /// empty). Default: a temporary directory, removed at the end.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Start the servers with `--prefault-memory` (their log memory touched at start, as a
+    /// production server's is: RAMCloud's masters reserve theirs at start), so the recovery
+    /// does not pay the page faults of a fresh server's first writes. `false` measures a
+    /// server started without it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefault_memory: bool,
+    /// Start the servers with `--backup-direct-io` (replica files written and read with
+    /// O_DIRECT, as RAMCloud's and DXRAM's backups do, rather than through the page cache).
+    #[arg(long)]
+    pub backup_direct_io: bool,
 }
 
 /// Bytes an object entry takes in the log besides its key and value (entry header and object
@@ -122,6 +135,8 @@ struct Plan {
     backup_frames: u32,
     durability: String,
     recovery_timeout: Duration,
+    prefault_memory: bool,
+    backup_direct_io: bool,
 }
 
 impl Plan {
@@ -186,19 +201,27 @@ impl Plan {
             backup_frames,
             durability: arguments.durability.clone(),
             recovery_timeout: Duration::from_secs(arguments.recovery_timeout_seconds),
+            prefault_memory: arguments.prefault_memory,
+            backup_direct_io: arguments.backup_direct_io,
         })
     }
 
     /// Memory the run needs at its peak, roughly: during recovery the recovery masters hold
     /// their partitions' segments while they replay and the recovered objects in their logs
-    /// (the crashed log twice over, in all), and every backup may fill its RAM buffers; Redis
-    /// runs after the cluster stopped and needs about one and a half times the data.
+    /// (the crashed log twice over, in all; with prefaulted memory, every server's whole log),
+    /// and every backup may fill its RAM buffers; Redis runs after the cluster stopped and
+    /// needs about one and a half times the data.
     fn memory_needed_bytes(&self) -> u64 {
         let log_bytes = self.log_mib << 20;
         let backup_buffers_bytes = u64::from(self.servers)
             * stratus_backup::BackupConfig::BUFFER_COUNT_DEFAULT as u64
             * (u64::from(self.segment_mib) << 20);
-        let cluster_peak = 2 * log_bytes + backup_buffers_bytes;
+        let logs_bytes = if self.prefault_memory {
+            u64::from(self.servers) * log_bytes + log_bytes
+        } else {
+            2 * log_bytes
+        };
+        let cluster_peak = logs_bytes + backup_buffers_bytes;
         let redis_peak = self.data_bytes * 3 / 2;
         cluster_peak.max(redis_peak)
     }
@@ -279,6 +302,8 @@ struct ClusterMeasurement {
     kill_to_served: Duration,
     decision_source: &'static str,
     coordinator_recovery: Option<Duration>,
+    /// What each recovery master reported of its partitions.
+    partitions: Vec<PartitionRecovered>,
     acknowledged_writes_lost: u64,
 }
 
@@ -363,6 +388,22 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
     let redis_restart_ms = redis.map(|redis| milliseconds(redis.restart));
     let redis_load_mb_per_sec = redis.map(|redis| data_mb / redis.restart.as_secs_f64());
     let load_mb_per_sec = data_mb / measured.load.as_secs_f64();
+    // Per recovery master: its whole part (read, replay, durable) and the replay alone, each
+    // in MB of replicas per second; the slowest master decides.
+    let partitions = &measured.partitions;
+    let slowest = |rate: &dyn Fn(&PartitionRecovered) -> f64| {
+        partitions.iter().map(rate).min_by(f64::total_cmp)
+    };
+    let per_second = |bytes: u64, duration: Duration| bytes as f64 / 1e6 / duration.as_secs_f64();
+    let master_mb_per_sec = slowest(&|partition| {
+        let whole = partition.read + partition.replay + partition.durable;
+        per_second(partition.replica_bytes_read, whole)
+    });
+    let replay_mb_per_sec =
+        slowest(&|partition| per_second(partition.replica_bytes_read, partition.replay));
+    let longest = |phase: &dyn Fn(&PartitionRecovered) -> Duration| {
+        partitions.iter().map(|partition| milliseconds(phase(partition))).max_by(f64::total_cmp)
+    };
 
     println!(
         "{:>7} {:>8} {:>9} {:>9} {:>17} {:>21} {:>20} {:>17} {:>16} {:>11}",
@@ -390,6 +431,8 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
         ("replicas", Field::Number(f64::from(plan.replicas))),
         ("durability", Field::Text(plan.durability.clone())),
         ("segment_mib", Field::Number(f64::from(plan.segment_mib))),
+        ("prefault_memory", Field::Boolean(plan.prefault_memory)),
+        ("backup_direct_io", Field::Boolean(plan.backup_direct_io)),
         ("data_bytes", Field::Number(plan.data_bytes as f64)),
         ("object_bytes", Field::Number(plan.object_bytes as f64)),
         ("objects", Field::Number(plan.objects as f64)),
@@ -403,6 +446,18 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
             Field::optional_number(measured.coordinator_recovery.map(milliseconds)),
         ),
         ("recovered_mb_per_sec", Field::Number(recovered_mb_per_sec)),
+        ("recovery_masters", Field::Number(partitions.len() as f64)),
+        ("recovery_master_mb_per_sec_min", Field::optional_number(master_mb_per_sec)),
+        ("replay_mb_per_sec_min", Field::optional_number(replay_mb_per_sec)),
+        ("read_ms_max", Field::optional_number(longest(&|partition| partition.read))),
+        ("replay_ms_max", Field::optional_number(longest(&|partition| partition.replay))),
+        ("durable_ms_max", Field::optional_number(longest(&|partition| partition.durable))),
+        (
+            "recovery_master_over_redis_load",
+            Field::optional_number(
+                master_mb_per_sec.zip(redis_load_mb_per_sec).map(|(master, redis)| master / redis),
+            ),
+        ),
         ("physical_bound_ms", Field::Number(physical_bound_ms)),
         ("physical_bound_method", Field::Text(physical.cache_bypass.name().into())),
         ("physical_bound_bytes", Field::Number(physical.segment_bytes_read as f64)),
@@ -434,6 +489,8 @@ struct StorageServer {
     address: String,
     /// Its backup's storage file.
     storage_file: PathBuf,
+    /// Its log (standard output and error).
+    log: PathBuf,
     process: ChildProcess,
 }
 
@@ -496,7 +553,11 @@ impl LocalCluster {
                     &plan.durability,
                     "--backup-frames",
                     &backup_frames,
-                ],
+                ]
+                .into_iter()
+                .chain(plan.prefault_memory.then_some("--prefault-memory"))
+                .chain(plan.backup_direct_io.then_some("--backup-direct-io"))
+                .collect::<Vec<_>>(),
                 "listening on",
                 START_PATIENCE,
                 &logs.join(format!("server-{index}.log")),
@@ -507,6 +568,7 @@ impl LocalCluster {
                 server_id,
                 address,
                 storage_file: backup_directory.join(stratus_backup::STORAGE_FILE_NAME),
+                log: logs.join(format!("server-{index}.log")),
                 process,
             });
         }
@@ -601,6 +663,12 @@ async fn measure_cluster(
         .map_err(|error| format!("{}: {error}", cluster.coordinator_log.display()))?;
     let (kill_to_decision, decision_source) = crash_decision(&coordinator_log, victim, &served)?;
     let coordinator_recovery = recovery_finished_elapsed(&coordinator_log, victim);
+    let mut partitions = Vec::new();
+    for server in cluster.servers.iter().filter(|server| server.server_id != victim) {
+        let log = std::fs::read_to_string(&server.log)
+            .map_err(|error| format!("{}: {error}", server.log.display()))?;
+        partitions.extend(partitions_recovered(&log, victim));
+    }
 
     eprintln!("bench recovery: reading back all {} objects", plan.objects);
     let acknowledged_writes_lost = tokio::time::timeout(
@@ -618,6 +686,7 @@ async fn measure_cluster(
         kill_to_served: served.kill_to_served,
         decision_source,
         coordinator_recovery,
+        partitions,
         acknowledged_writes_lost,
     })
 }

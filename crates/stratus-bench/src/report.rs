@@ -28,6 +28,8 @@ pub enum Field {
     Text(String),
     /// A number.
     Number(f64),
+    /// true or false.
+    Boolean(bool),
     /// No value: a measurement that could not be taken in this run (its reference is absent).
     Null,
 }
@@ -56,6 +58,7 @@ pub fn json_object(fields: &[(&str, Field)]) -> String {
                 format!("\"{name}\":{}", *number as i64)
             }
             Field::Number(number) if number.is_finite() => format!("\"{name}\":{number:.3}"),
+            Field::Boolean(value) => format!("\"{name}\":{value}"),
             // JSON has no NaN or infinity.
             Field::Number(_) | Field::Null => format!("\"{name}\":null"),
         })
@@ -77,6 +80,7 @@ mod tests {
         let line = json_object(&[
             ("bench", Field::Text("say \"hi\"".into())),
             ("count", Field::Number(3.0)),
+            ("flag", Field::Boolean(true)),
             ("rate", Field::Number(1.23456)),
             ("absent", Field::optional_number(None)),
             ("present", Field::optional_number(Some(2.0))),
@@ -84,7 +88,7 @@ mod tests {
         ]);
         assert_eq!(
             line,
-            r#"{"bench":"say \"hi\"","count":3,"rate":1.235,"absent":null,"present":2,"not_a_number":null}"#
+            r#"{"bench":"say \"hi\"","count":3,"flag":true,"rate":1.235,"absent":null,"present":2,"not_a_number":null}"#
         );
     }
 }

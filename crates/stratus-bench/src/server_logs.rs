@@ -25,6 +25,41 @@ pub fn recovery_finished_elapsed(log: &str, server: ServerId) -> Option<Duration
     Some(Duration::from_millis(milliseconds))
 }
 
+/// What one recovery master says of the partition it recovered (its "partition replayed and
+/// durable" line): the replica bytes it read and how long each phase took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionRecovered {
+    /// Bytes of replicas read from the backups.
+    pub replica_bytes_read: u64,
+    /// From the start until every replica of the partition was read.
+    pub read: Duration,
+    /// The replay into the side log.
+    pub replay: Duration,
+    /// From the end of the replay until the replayed objects were durable.
+    pub durable: Duration,
+}
+
+/// The partitions of `crashed`'s recovery this master's `log` recovered.
+pub fn partitions_recovered(log: &str, crashed: ServerId) -> Vec<PartitionRecovered> {
+    let crashed = crashed.to_string();
+    log.lines()
+        .map(strip_terminal_escapes)
+        .filter(|line| {
+            line.contains("partition replayed and durable")
+                && field_value(line, "crashed_master") == Some(crashed.as_str())
+        })
+        .filter_map(|line| {
+            let number = |name: &str| field_value(&line, name)?.parse::<u64>().ok();
+            Some(PartitionRecovered {
+                replica_bytes_read: number("replica_bytes_read")?,
+                read: Duration::from_millis(number("read_ms")?),
+                replay: Duration::from_millis(number("replay_ms")?),
+                durable: Duration::from_millis(number("durable_ms")?),
+            })
+        })
+        .collect()
+}
+
 /// The first line of `log` (colour codes removed) with `message` whose field `field` is
 /// `server`.
 fn find_log_line(log: &str, message: &str, field: &str, server: ServerId) -> Option<String> {
@@ -153,6 +188,28 @@ mod tests {
         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
         assert_eq!(shown_lines(&lines[..3], 4), vec!["0", "1", "2"]);
         assert_eq!(shown_lines(&lines, 4), vec!["0", "1", "... 6 lines left out ...", "8", "9"]);
+    }
+
+    #[test]
+    fn the_partitions_a_master_recovered_are_found() {
+        let log = "\
+2026-11-26T09:50:29.398Z  INFO stratus_master::recovery: recovering a partition crashed_master=1 tablets=1 segments=34
+2026-11-26T09:50:30.588Z  INFO stratus_master::recovery: partition replayed and durable \
+crashed_master=1 segments=34 objects=134754 replica_bytes_read=139843339 read_ms=375 replay_ms=280 \
+durable_ms=212
+2026-11-26T09:51:30.588Z  INFO stratus_master::recovery: partition replayed and durable \
+crashed_master=4 segments=3 objects=1 replica_bytes_read=1 read_ms=1 replay_ms=1 durable_ms=1
+";
+        assert_eq!(
+            partitions_recovered(log, ServerId(1)),
+            vec![PartitionRecovered {
+                replica_bytes_read: 139_843_339,
+                read: Duration::from_millis(375),
+                replay: Duration::from_millis(280),
+                durable: Duration::from_millis(212),
+            }]
+        );
+        assert!(partitions_recovered(log, ServerId(2)).is_empty());
     }
 
     #[test]

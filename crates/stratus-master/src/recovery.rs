@@ -99,6 +99,8 @@ pub(crate) async fn recover_partition(
         }
     }
     tracing::info!(%crashed_master, tablets = tablets.len(), segments = segments.len(), "recovering a partition");
+    // Phase times for the log line at the end (the runtime's clock: virtual in the simulation).
+    let started = tokio::time::Instant::now();
     let locations = locate_replicas(&context.reader, crashed_master, &backups).await?;
     let mut plan = Vec::with_capacity(segments.len());
     for &segment_id in &segments {
@@ -174,6 +176,7 @@ pub(crate) async fn recover_partition(
     let store = context.store.clone();
     let now_seconds = context.wall_clock.now_seconds();
     let partition = tablets.clone();
+    let read_done = tokio::time::Instant::now();
     let replayed = stratus_env::run_blocking(move || {
         let segments: Vec<(&[u8], Certificate)> =
             read.iter().map(|(_, bytes, certificate)| (&bytes[..], *certificate)).collect();
@@ -232,6 +235,7 @@ pub(crate) async fn recover_partition(
             return abandon(Some(&side_log), status, format!("replay: {error}"));
         }
     };
+    let replay_done = tokio::time::Instant::now();
     let counters = &context.metrics.recovery;
     RecoveryCounters::add(&counters.segments_replayed, statistics.segments);
     RecoveryCounters::add(&counters.objects_replayed, statistics.objects_replayed);
@@ -283,6 +287,9 @@ pub(crate) async fn recover_partition(
         segments = statistics.segments,
         objects = statistics.objects_replayed,
         replica_bytes_read,
+        read_ms = (read_done - started).as_millis() as u64,
+        replay_ms = (replay_done - read_done).as_millis() as u64,
+        durable_ms = replay_done.elapsed().as_millis() as u64,
         "partition replayed and durable"
     );
     Ok(Response::RecoverTablets {

@@ -39,6 +39,11 @@ pub struct UpArguments {
     /// Placement of replicas: random or copyset.
     #[arg(long, default_value = "random", value_parser = ["random", "copyset"])]
     pub placement: String,
+    /// Every server touches every page of its log memory at start (see `stratus server
+    /// --prefault-memory`): it holds all of its memory from the first moment, and no write or
+    /// recovery pays a page's first-use fault.
+    #[arg(long)]
+    pub prefault_memory: bool,
     /// Seglet size per server, in KiB.
     #[arg(long, default_value_t = 64)]
     pub seglet_kib: u32,
@@ -321,6 +326,9 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             extra.extend(["--metrics-listen".to_string(), address]);
         }
         extra.extend(["--worker-threads".to_string(), worker_threads.to_string()]);
+        if arguments.prefault_memory {
+            extra.push("--prefault-memory".to_string());
+        }
         if let Some(base) = arguments.resp_port {
             let port = if base == 0 { 0 } else { u32::from(base) + index };
             extra.extend([

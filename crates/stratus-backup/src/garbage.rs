@@ -5,14 +5,21 @@
 //! its log). A crashed master frees nothing, and a backup that was down while its master was
 //! recovered finds the replicas again on its disk when it restarts; this loop frees both.
 //! Replicas of a master that is merely *crashed* are kept: its recovery needs them.
+//!
+//! A master's own frees are best effort: a BACKUP_FREE lost to a backup that was unreachable
+//! at the time, a replica written before a failed recovery abandoned its side segment, or a
+//! stale copy on a backup that restarted and found it on disk would each hold a storage frame
+//! for as long as the master lives. So this loop also asks every master that is up which of
+//! its replicas here it still needs (REPLICAS_NEEDED, RAMCloud's isReplicaNeeded) and frees the
+//! others.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use stratus_rpc::ChannelPool;
-use stratus_types::ServerId;
-use stratus_wire::{Request, Response, ResponseBody, ServerStatus, Status};
+use stratus_types::{SegmentId, ServerId};
+use stratus_wire::{Request, Response, ResponseBody, ServerStatus, Status, BACKUP_REPLICAS_MAX};
 
 use crate::service::BackupService;
 
@@ -49,6 +56,16 @@ pub async fn collect_once(backup: &BackupService, coordinator: &str, pool: &Chan
         .map(|server| server.server_id)
         .collect();
     let mut freed = 0;
+    for server in servers.iter().filter(|server| {
+        server.status == ServerStatus::Up
+            && server.services.has_master()
+            && held.contains(&server.server_id)
+    }) {
+        match free_unneeded(backup, pool, server.server_id, &server.address).await {
+            Ok(count) => freed += count,
+            Err(()) => return freed,
+        }
+    }
     for master_id in removed {
         for replica in backup.list(master_id) {
             match backup.free(master_id, replica.segment_id) {
@@ -63,4 +80,47 @@ pub async fn collect_once(backup: &BackupService, coordinator: &str, pool: &Chan
         tracing::info!(%master_id, "freed the replicas of a recovered master");
     }
     freed
+}
+
+/// Asks the live master `master_id` at `address` which of its replicas here it no longer
+/// needs, and frees those. Returns how many were freed; `Err` when the disk queue is full (the
+/// collection stops until the next one). A master that does not answer keeps its replicas.
+async fn free_unneeded(
+    backup: &BackupService,
+    pool: &ChannelPool,
+    master_id: ServerId,
+    address: &str,
+) -> Result<usize, ()> {
+    let mut segment_ids: Vec<SegmentId> =
+        backup.list(master_id).iter().map(|replica| replica.segment_id).collect();
+    segment_ids.truncate(BACKUP_REPLICAS_MAX);
+    if segment_ids.is_empty() {
+        return Ok(0);
+    }
+    let asked: BTreeSet<SegmentId> = segment_ids.iter().copied().collect();
+    let request = Request::ReplicasNeeded { master_id, segment_ids };
+    let not_needed = match pool.call(address, &request).await {
+        Ok((Status::Ok, ResponseBody::Operation(Response::ReplicasNeeded { not_needed }))) => {
+            not_needed
+        }
+        other => {
+            tracing::debug!(%master_id, ?other, "no answer about needed replicas");
+            return Ok(0);
+        }
+    };
+    let mut freed = 0;
+    // Only segments asked about: an answer naming others is ignored for those.
+    for segment_id in not_needed.into_iter().filter(|segment_id| asked.contains(segment_id)) {
+        match backup.free(master_id, segment_id) {
+            Ok(()) => freed += 1,
+            Err(error) => {
+                tracing::debug!(%master_id, status = %error.status, "replica not freed yet");
+                return Err(());
+            }
+        }
+    }
+    if freed > 0 {
+        tracing::info!(%master_id, freed, "freed replicas the master no longer needs");
+    }
+    Ok(freed)
 }

@@ -20,7 +20,7 @@
 //! that a stale copy of an open segment can be told apart (recovery's use of epochs is issue 5).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -152,6 +152,10 @@ struct Shared {
     segments_short_of_replicas: std::sync::atomic::AtomicUsize,
     /// The coordinator's server list, shared with the peer pinger.
     server_list: Arc<ServerList>,
+    /// Every segment the pump tracks (has or may have replicas of): from before its first
+    /// replica is placed until its replicas are freed. Backups ask about the replicas they
+    /// hold (REPLICAS_NEEDED) and free those of segments neither here nor in the log.
+    tracked_segments: std::sync::Mutex<BTreeSet<u64>>,
 }
 
 /// The log position known durable, and the writers waiting for it to pass theirs.
@@ -220,6 +224,7 @@ impl ReplicaManager {
             backups_available: std::sync::atomic::AtomicUsize::new(usize::MAX),
             segments_short_of_replicas: std::sync::atomic::AtomicUsize::new(0),
             server_list: ServerList::new(config_coordinator_address, environment.network.clone()),
+            tracked_segments: std::sync::Mutex::new(BTreeSet::new()),
         });
         let (survivor_sender, survivor_receiver) = mpsc::channel(SURVIVORS_QUEUED_MAX);
         let pump = Pump::new(server_id, shared.clone(), environment, survivor_receiver);
@@ -228,6 +233,26 @@ impl ReplicaManager {
         let manager = ReplicaManager { shared, survivors: survivor_sender };
         manager.shared.store.set_segment_durability(Some(Arc::new(manager.clone())));
         manager
+    }
+
+    /// The segments of `segment_ids` this master will never need replicas of again
+    /// (REPLICAS_NEEDED): those neither in its log nor tracked by replication. Segment ids are
+    /// never reused, so the answer stays true.
+    ///
+    /// The log is looked at first: a segment leaves the log (cleaned or abandoned) while its
+    /// replication still tracks it, until the digest that drops it is durable and its replicas
+    /// are freed. Looked at in this order, a segment that left the log between the two looks
+    /// is still tracked, and is kept. (In the other order, it could be found not yet tracked,
+    /// then out of the log.)
+    pub fn not_needed(&self, segment_ids: &[SegmentId]) -> Vec<SegmentId> {
+        let log = self.shared.store.log();
+        let out_of_log: Vec<SegmentId> = segment_ids
+            .iter()
+            .copied()
+            .filter(|&segment_id| log.certificate(segment_id).is_none())
+            .collect();
+        let tracked = self.shared.tracked_segments.lock().unwrap_or_else(PoisonError::into_inner);
+        out_of_log.into_iter().filter(|segment_id| !tracked.contains(&segment_id.0)).collect()
     }
 
     /// The coordinator's server list this manager chooses backups from: the peer pinger
@@ -925,14 +950,25 @@ impl Pump {
         }
         self.refresh_backups().await?;
         self.dead_backups.retain(|_, since| since.elapsed() < DEAD_BACKUP_QUARANTINE);
-        self.segments.entry(segment_id).or_insert_with(|| SegmentReplicas {
-            epoch: 1,
-            holders: Vec::new(),
-            excluded: BTreeSet::new(),
-            dropped_under_head: None,
-            complete: false,
-            ever_complete: false,
-        });
+        if !self.segments.contains_key(&segment_id) {
+            // Tracked before any replica exists (see `ReplicaManager::not_needed`).
+            self.shared
+                .tracked_segments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(segment_id);
+            self.segments.insert(
+                segment_id,
+                SegmentReplicas {
+                    epoch: 1,
+                    holders: Vec::new(),
+                    excluded: BTreeSet::new(),
+                    dropped_under_head: None,
+                    complete: false,
+                    ever_complete: false,
+                },
+            );
+        }
         if self.shared.config.placement == Placement::Copyset {
             return self.fill_from_copyset(segment_id);
         }
@@ -1138,6 +1174,11 @@ impl Pump {
             .collect();
         for segment_id in ready {
             let Some(segment) = self.segments.remove(&segment_id) else { continue };
+            self.shared
+                .tracked_segments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&segment_id);
             for holder in segment.holders {
                 if let Some(load) = self.load.get_mut(&holder.server_id) {
                     *load = load.saturating_sub(1);

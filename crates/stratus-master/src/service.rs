@@ -300,11 +300,13 @@ impl Master {
             }
             Request::TakeTabletOwnership { master_id, .. }
             | Request::DropTabletOwnership { master_id, .. }
+            | Request::ReplicasNeeded { master_id, .. }
                 if master_id != self.server_id =>
             {
                 // Meant for an earlier process at this address (it crashed, this one enlisted
                 // with a new id): applying it would make this master serve a tablet the
-                // coordinator gave to the other.
+                // coordinator gave to the other, or tell a backup to free the replicas the
+                // other's recovery needs.
                 let message = format!("this is server {}, not {master_id}", self.server_id);
                 encode_error_response(
                     out,
@@ -339,6 +341,15 @@ impl Master {
                     }
                 }
                 encode_response(out, request_id, Status::Ok, &Response::DropTabletOwnership);
+            }
+            Request::ReplicasNeeded { segment_ids, .. } => {
+                // A master without replication has no replicas anywhere: none is needed.
+                let not_needed = match &self.replication {
+                    Some(replication) => replication.not_needed(&segment_ids),
+                    None => segment_ids,
+                };
+                let response = Response::ReplicasNeeded { not_needed };
+                encode_response(out, request_id, Status::Ok, &response);
             }
             Request::GetServerStatistics => {
                 let statistics = self.statistics();

@@ -415,6 +415,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 }
             }
         }
+        Request::ReplicasNeeded { master_id, segment_ids } => {
+            put_u64(out, master_id.0);
+            put_segment_ids(out, segment_ids);
+        }
         Request::RecoverTablets { master_id, crashed_master, tablets, segments, backups } => {
             put_u64(out, master_id.0);
             put_u64(out, crashed_master.0);
@@ -453,6 +457,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
             put_u64(out, *objects_sent);
         }
         Response::ReceiveMigrationData { creation_segment } => put_u64(out, creation_segment.0),
+        Response::ReplicasNeeded { not_needed } => put_segment_ids(out, not_needed),
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupStartPartitioning { replicas_to_partition } => {
             put_u32(out, *replicas_to_partition)
@@ -1183,6 +1188,10 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             }
             Request::BackupStartPartitioning { master_id, segments, partitions }
         }
+        Opcode::ReplicasNeeded => Request::ReplicasNeeded {
+            master_id: reader.server_id()?,
+            segment_ids: reader.list(BACKUP_REPLICAS_MAX, 8, |reader| reader.segment_id())?,
+        },
         Opcode::RecoverTablets => Request::RecoverTablets {
             master_id: reader.server_id()?,
             crashed_master: reader.server_id()?,
@@ -1193,6 +1202,14 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             })?,
         },
     })
+}
+
+/// A list of segment ids: count, then each id as a u64.
+fn put_segment_ids(out: &mut BytesMut, segment_ids: &[SegmentId]) {
+    put_count(out, segment_ids.len());
+    for segment_id in segment_ids {
+        put_u64(out, segment_id.0);
+    }
 }
 
 fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response, DecodeError> {
@@ -1308,6 +1325,9 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::TransferTablet => Response::TransferTablet {
             creation_segment: reader.segment_id()?,
             objects_sent: reader.u64()?,
+        },
+        Opcode::ReplicasNeeded => Response::ReplicasNeeded {
+            not_needed: reader.list(BACKUP_REPLICAS_MAX, 8, |reader| reader.segment_id())?,
         },
         Opcode::ReceiveMigrationData => {
             Response::ReceiveMigrationData { creation_segment: reader.segment_id()? }

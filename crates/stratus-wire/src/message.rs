@@ -74,6 +74,9 @@ pub enum Opcode {
     /// Master (from a master transferring a tablet): objects of the tablet, kept with their
     /// versions and made durable before the answer.
     ReceiveMigrationData = 45,
+    /// Master (from a backup): which of the backup's replicas of this master's segments it no
+    /// longer needs (the backup frees them).
+    ReplicasNeeded = 46,
     /// Backup: append to a replica of a master's segment (opening or closing it), then store
     /// the certificate that commits it.
     BackupWrite = 50,
@@ -96,7 +99,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 37] = [
+    pub const ALL: [Opcode; 38] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -126,6 +129,7 @@ impl Opcode {
         Opcode::RecoverTablets,
         Opcode::TransferTablet,
         Opcode::ReceiveMigrationData,
+        Opcode::ReplicasNeeded,
         Opcode::BackupWrite,
         Opcode::BackupFree,
         Opcode::BackupListReplicas,
@@ -572,6 +576,14 @@ pub enum Request {
         /// it holds at a version below `safe_version`.
         removed_keys: Vec<Bytes>,
     },
+    /// REPLICAS_NEEDED: a backup asks `master_id` about replicas of its segments it holds.
+    ReplicasNeeded {
+        /// The master asked (another server at its address answers WRONG_SERVER).
+        master_id: ServerId,
+        /// Segments of that master the backup holds a replica of (at most
+        /// `BACKUP_REPLICAS_MAX`).
+        segment_ids: Vec<SegmentId>,
+    },
     /// READ.
     Read {
         /// Table.
@@ -918,6 +930,13 @@ pub enum Response {
         /// first batch): recovery of this master ignores the tablet's entries in older segments.
         creation_segment: SegmentId,
     },
+    /// REPLICAS_NEEDED: the segments of the request this master will never need again (it
+    /// neither holds them nor replicates them: freed, abandoned, or never its own), in the
+    /// request's order. A segment it may still need is left out.
+    ReplicasNeeded {
+        /// Segments whose replicas the backup may free.
+        not_needed: Vec<SegmentId>,
+    },
     /// BACKUP_GET_RECOVERY_DATA: a segment of the header, safe versions, and the objects and
     /// tombstones of the partition, with the certificate that commits it.
     BackupGetRecoveryData {
@@ -1013,6 +1032,7 @@ impl Request {
             Request::MigrateTablet { .. } => Opcode::MigrateTablet,
             Request::TransferTablet { .. } => Opcode::TransferTablet,
             Request::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
+            Request::ReplicasNeeded { .. } => Opcode::ReplicasNeeded,
             Request::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Request::BackupStartPartitioning { .. } => Opcode::BackupStartPartitioning,
             Request::BackupWrite { .. } => Opcode::BackupWrite,
@@ -1058,6 +1078,7 @@ impl Response {
             Response::MigrateTablet => Opcode::MigrateTablet,
             Response::TransferTablet { .. } => Opcode::TransferTablet,
             Response::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
+            Response::ReplicasNeeded { .. } => Opcode::ReplicasNeeded,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupStartPartitioning { .. } => Opcode::BackupStartPartitioning,
             Response::BackupWrite => Opcode::BackupWrite,

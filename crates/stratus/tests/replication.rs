@@ -14,9 +14,10 @@ use stratus_env::TcpNetwork;
 use stratus_log::{Certificate, Entry, SegmentIterator};
 use stratus_rpc::{ChannelPool, RpcConfig};
 use stratus_store::{ByteSink, ObjectStore, StoreConfig};
-use stratus_types::{key_hash, RejectRules, ServerId, Version};
+use stratus_types::{key_hash, RejectRules, SegmentId, ServerId, Version};
 use stratus_wire::{
-    Request, Response, ResponseBody, ServerEntry, ServiceMask, Status, TabletEntry,
+    BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody, ServerEntry,
+    ServiceMask, Status, TabletEntry,
 };
 
 /// What the test believes about each key after its acknowledged operations.
@@ -203,6 +204,85 @@ async fn acknowledged_writes_are_on_every_replica() {
     let all = collect_replicas(&pool, &servers).await;
     assert!(all.len() >= 4, "the workload fills several segments: {}", all.len());
     check_replicas(&all, &expected, &owner_of, 2);
+}
+
+/// The segment ids of `master_id`'s replicas on the backup at `address`.
+async fn replica_segments(
+    pool: &ChannelPool,
+    address: &str,
+    master_id: ServerId,
+) -> Vec<SegmentId> {
+    match pool.call(address, &Request::BackupListReplicas { master_id }).await {
+        Ok((Status::Ok, ResponseBody::Operation(Response::BackupListReplicas { replicas }))) => {
+            replicas.iter().map(|replica| replica.segment_id).collect()
+        }
+        other => panic!("listing replicas on {address}: {other:?}"),
+    }
+}
+
+/// A replica a live master no longer needs (here one it never wrote: a lost BACKUP_FREE, or an
+/// abandoned side segment, leave the same trace) is freed by the backup's garbage collection
+/// after the master says so; the master's own replicas stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_a_live_master_no_longer_needs_are_freed() {
+    let cluster = TestCluster::start_with_replicas(3, 2);
+    let client = cluster.client();
+    let table = client.create_table("garbage", 3).await.unwrap();
+    let mut expected = BTreeMap::new();
+    workload(&client, table, 100, 2, &mut expected).await;
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default());
+    let servers = servers(&pool, &cluster.coordinator_address).await;
+    let (master, backup) = (&servers[0], &servers[1]);
+    let own = replica_segments(&pool, &backup.address, master.server_id).await;
+    assert!(!own.is_empty(), "the master's segments have replicas on every other server");
+
+    // A replica of a segment the master never had (ids are never reused; this one is far
+    // beyond any it will reach in the test).
+    let stray = SegmentId(1 << 40);
+    let open = Request::BackupWrite {
+        master_id: master.server_id,
+        segment_id: stray,
+        epoch: 1,
+        offset: 0,
+        flags: BackupWriteFlags { open: true, close: true, primary: false },
+        certificate: ReplicaCertificate { segment_length: 0, checksum: 0 },
+        data: Bytes::new(),
+    };
+    let opened = pool.call(&backup.address, &open).await.unwrap();
+    assert_eq!(opened.0, Status::Ok, "{opened:?}");
+
+    // The master's answer: the stray segment only; another server id is refused.
+    let mut asked = own.clone();
+    asked.push(stray);
+    let question = Request::ReplicasNeeded { master_id: master.server_id, segment_ids: asked };
+    match pool.call(&master.address, &question).await.unwrap() {
+        (Status::Ok, ResponseBody::Operation(Response::ReplicasNeeded { not_needed })) => {
+            assert_eq!(not_needed, vec![stray]);
+        }
+        other => panic!("REPLICAS_NEEDED: {other:?}"),
+    }
+    let misaddressed =
+        Request::ReplicasNeeded { master_id: backup.server_id, segment_ids: vec![stray] };
+    let refused = pool.call(&master.address, &misaddressed).await.unwrap();
+    assert_eq!(refused.0, Status::WrongServer, "{refused:?}");
+
+    // The backup's collection (every 5 s) frees the stray replica and keeps the others.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = replica_segments(&pool, &backup.address, master.server_id).await;
+        if !held.contains(&stray) {
+            for segment_id in &own {
+                assert!(held.contains(segment_id), "replica of {segment_id} freed: {held:?}");
+            }
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the stray replica is still held");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing acknowledged depends on what was freed.
+    let map = client.tablet_map(table).await.unwrap();
+    let all = collect_replicas(&pool, &servers).await;
+    check_replicas(&all, &expected, &owner_lookup(&map, table), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -261,6 +261,9 @@ pub fn request() -> impl Strategy<Value = Request> {
         (server_id(), segment_id())
             .prop_map(|(master_id, segment_id)| Request::BackupFree { master_id, segment_id }),
         server_id().prop_map(|master_id| Request::BackupListReplicas { master_id }),
+        (server_id(), vec(segment_id(), 0..4)).prop_map(|(master_id, segment_ids)| {
+            Request::ReplicasNeeded { master_id, segment_ids }
+        }),
         (server_id(), segment_id()).prop_map(|(master_id, segment_id)| {
             Request::BackupReadReplica { master_id, segment_id }
         }),
@@ -422,6 +425,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         statistics().prop_map(|statistics| Response::GetServerStatistics { statistics }),
         Just(Response::BackupWrite),
         Just(Response::BackupFree),
+        vec(segment_id(), 0..4).prop_map(|not_needed| Response::ReplicasNeeded { not_needed }),
         vec(replica_entry(), 0..4).prop_map(|replicas| Response::BackupListReplicas { replicas }),
         (any::<u64>(), any::<u32>(), any::<[bool; 2]>(), value()).prop_map(
             |(epoch, checksum, [closed, primary], data)| Response::BackupReadReplica {

@@ -1,0 +1,47 @@
+//! `stratus bench recovery` end to end, scaled down: a master of a 3-server cluster is killed
+//! with SIGKILL, its data is recovered by the other two, and the report says how long each part
+//! took, beside the physical bound and (where redis-server is installed) Redis's restart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{installed, run_bench};
+
+/// The most the scaled-down benchmark may take (failure detection alone takes about a second).
+const BENCH_PATIENCE: Duration = Duration::from_secs(300);
+
+#[test]
+fn bench_recovery_recovers_every_object_and_reports_each_recovery_master() {
+    let arguments =
+        ["bench", "recovery", "--servers", "3", "--data-mib", "16", "--segment-mib", "1"];
+    let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
+    assert_eq!(rows.len(), 1, "one result row:\n{stdout}");
+    let row = &rows[0];
+    let number = |field: &str| row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"));
+    assert_eq!(row["bench"], "recovery");
+    assert_eq!(number("servers"), 3.0);
+    assert_eq!(number("replicas"), 1.0, "servers - 2 in a 3-server cluster");
+    assert_eq!(row["prefault_memory"], true);
+    assert_eq!(number("acknowledged_writes_lost"), 0.0, "{row:?}");
+    // 16 MiB of 1 000-byte objects, all on the killed master.
+    assert_eq!(number("objects"), 16_777.0, "{row:?}");
+    assert!(number("kill_to_served_ms") >= number("decision_to_served_ms"), "{row:?}");
+    assert!(number("physical_bound_ms") > 0.0, "{row:?}");
+    // Both survivors recover a partition, and the report has each one's figures from its log.
+    assert_eq!(number("recovery_masters"), 2.0, "{row:?}");
+    for field in ["recovery_master_mb_per_sec_min", "replay_mb_per_sec_min"] {
+        assert!(number(field) > 0.0, "{field}: {row:?}");
+    }
+    let phases = number("read_ms_max") + number("replay_ms_max") + number("durable_ms_max");
+    // Each master's phases fit in the coordinator's decision-to-served time, give or take the
+    // log's millisecond rounding.
+    assert!(phases <= 2.0 * number("decision_to_served_ms") + 3.0, "{row:?}");
+    if installed("redis-server") {
+        assert!(number("redis_restart_ms") > 0.0, "{row:?}");
+        assert!(number("recovery_master_over_redis_load") > 0.0, "{row:?}");
+    } else {
+        eprintln!("redis-server is not installed: the Redis reference is not checked");
+        assert!(row["redis_restart_ms"].is_null(), "{row:?}");
+    }
+}

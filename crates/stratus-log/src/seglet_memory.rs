@@ -133,6 +133,39 @@ impl EpochGuard<'_> {
     }
 }
 
+/// Asks the kernel to back `region` with transparent huge pages (2 MiB) where it can, before
+/// it is touched: prefaulting then takes one fault per 2 MiB instead of one per 4 KiB, and
+/// lookups spread over the log miss the TLB far less (RAMCloud keeps its log in huge pages for
+/// the same reasons). Only for prefaulted memory: a lazily touched region would pay the huge
+/// pages' compaction on first use, under load. Linux with transparent huge pages in "madvise"
+/// or "always" mode; elsewhere, or when the kernel refuses, the region keeps normal pages.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn advise_huge_pages(region: &mut [u8]) {
+    const HUGE_PAGE_BYTES: usize = 2 << 20;
+    let start = region.as_mut_ptr() as usize;
+    let end = start + region.len();
+    // Only whole huge pages inside the region (madvise needs a page-aligned start).
+    let aligned_start = start.next_multiple_of(HUGE_PAGE_BYTES);
+    let aligned_end = end / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    if aligned_end <= aligned_start {
+        return;
+    }
+    // SAFETY: the range lies inside `region`, which is borrowed mutably here, so no other code
+    // uses it meanwhile. MADV_HUGEPAGE changes neither the contents nor the addresses, only
+    // how the kernel backs the pages; its result is ignored because a refusal (huge pages
+    // disabled, an old kernel) leaves the region exactly as it was.
+    let _ = unsafe {
+        libc::madvise(
+            aligned_start as *mut libc::c_void,
+            aligned_end - aligned_start,
+            libc::MADV_HUGEPAGE,
+        )
+    };
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn advise_huge_pages(_region: &mut [u8]) {}
+
 /// Bytes between two touched bytes when prefaulting: the smallest page size in use.
 const PREFAULT_STRIDE_BYTES: usize = 4096;
 
@@ -154,6 +187,7 @@ impl SegletMemory {
             .expect("log region size overflows usize");
         let mut region: Box<[u8]> = vec![0u8; region_bytes].into_boxed_slice();
         if prefault {
+            advise_huge_pages(&mut region);
             for offset in (0..region_bytes).step_by(PREFAULT_STRIDE_BYTES) {
                 // The value is hidden from the optimizer: storing a known zero into zeroed
                 // memory could otherwise be removed, and the page would stay unmapped.

@@ -260,6 +260,24 @@ def test_table_that_does_not_exist_is_reported_at_once(servers):
     assert len(coordinator.requests) == 1
 
 
+def test_a_drop_whose_first_answer_was_lost_returns_when_the_table_is_gone(servers):
+    # The first DROP_TABLE goes unanswered (its answer lost); the retry finds the table gone.
+    gone = lambda request: error_frame(request, Status.TABLE_DOESNT_EXIST, "no table named 't'")
+    coordinator = start(servers, FakeServer(answers_in_turn(lambda request: Silence, gone)))
+    with Client(coordinator.address, timeout=5, request_timeout=0.2) as client:
+        client.drop_table("t")
+    assert len(coordinator.requests) == 2
+
+
+def test_a_drop_of_a_table_that_never_existed_says_so(servers):
+    gone = lambda request: error_frame(request, Status.TABLE_DOESNT_EXIST, "no table named 't'")
+    coordinator = start(servers, FakeServer(gone))
+    with Client(coordinator.address, timeout=5) as client:
+        with pytest.raises(stratus_client.TableDoesNotExist):
+            client.drop_table("t")
+    assert len(coordinator.requests) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Timeouts: every operation ends by its deadline with a Timeout naming the last failure.
 

@@ -176,10 +176,17 @@ impl Client {
         }
     }
 
-    /// Drops a table and all its objects.
+    /// Drops a table and all its objects. TABLE_DOESNT_EXIST if there is no such table, unless
+    /// an earlier attempt of this call may have dropped it (its answer lost): then the table
+    /// is gone, as asked, and the drop succeeds.
     pub async fn drop_table(&self, name: &str) -> Result<()> {
         let request = Request::DropTable { name: name.to_string() };
-        self.inner.coordinator_call(&request).await?;
+        let deadline = Instant::now() + self.inner.config.operation_timeout;
+        match self.inner.coordinator_call_noting_ambiguity(&request, deadline).await {
+            (Ok(_), _) => {}
+            (Err(error), true) if error.status == Status::TableDoesntExist => {}
+            (Err(error), _) => return Err(error),
+        }
         self.inner.tablet_maps.write().unwrap_or_else(|poison| poison.into_inner()).clear();
         Ok(())
     }
@@ -540,25 +547,45 @@ impl Inner {
         request: &Request,
         deadline: Instant,
     ) -> Result<Response> {
+        self.coordinator_call_noting_ambiguity(request, deadline).await.0
+    }
+
+    /// [`Inner::coordinator_call_until`], also telling whether an attempt before the last one
+    /// may have taken effect without its answer arriving (a timeout, a lost connection, or
+    /// RETRY from a coordinator that may have done part of the work): then an answer that the
+    /// work is already done may be that attempt's doing.
+    pub(crate) async fn coordinator_call_noting_ambiguity(
+        &self,
+        request: &Request,
+        deadline: Instant,
+    ) -> (Result<Response>, bool) {
         let mut backoff = Backoff::for_client();
         let address = &self.config.coordinator_address;
+        let mut ambiguous = false;
         loop {
             let last = match self.pool.call_coordinator(address, request).await {
-                Ok((Status::Ok, ResponseBody::Operation(response))) => return Ok(response),
-                Ok((Status::Retry, body)) => failure(Status::Retry, body),
-                Ok((status, body)) => return Err(failure(status, body)),
+                Ok((Status::Ok, ResponseBody::Operation(response))) => {
+                    return (Ok(response), ambiguous)
+                }
+                Ok((Status::Retry, body)) => {
+                    ambiguous = true;
+                    failure(Status::Retry, body)
+                }
+                Ok((status, body)) => return (Err(failure(status, body)), ambiguous),
                 Err(error) => {
                     let error_status = error.status();
                     let failed =
                         Error::new(error_status, format!("coordinator {address}: {error}"));
                     if is_permanent(&error) {
-                        return Err(failed);
+                        return (Err(failed), ambiguous);
                     }
+                    // A connection that could not be made carried nothing.
+                    ambiguous |= matches!(error, RpcError::Timeout | RpcError::ConnectionLost(_));
                     failed
                 }
             };
             if Instant::now() >= deadline {
-                return Err(last);
+                return (Err(last), ambiguous);
             }
             tokio::time::sleep(backoff.next_delay(self.entropy())).await;
         }

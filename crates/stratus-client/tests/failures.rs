@@ -122,3 +122,64 @@ async fn a_tablet_still_recovering_at_the_deadline_says_so() {
     assert_eq!(error.status, Status::Retry, "{error}");
     assert!(error.message.contains("is recovering (its master 7 crashed)"), "{error}");
 }
+
+/// A coordinator that leaves the first DROP_TABLE unanswered (as if its answer were lost) and
+/// answers every later one TABLE_DOESNT_EXIST (as it would once the first had dropped the
+/// table); with `answer_first`, it answers the first one so too. Counts the requests.
+async fn coordinator_dropping(answer_first: bool) -> (String, Arc<AtomicUsize>) {
+    struct DropService {
+        answer_first: bool,
+        requests: Arc<AtomicUsize>,
+    }
+    impl stratus_rpc::Service for DropService {
+        fn handle(
+            &self,
+            header: &stratus_wire::FrameHeader,
+            _body: bytes::Bytes,
+            out: &mut bytes::BytesMut,
+        ) -> stratus_rpc::Handled {
+            if self.requests.fetch_add(1, Ordering::SeqCst) == 0 && !self.answer_first {
+                return stratus_rpc::Handled::Later(Box::pin(std::future::pending()));
+            }
+            let message = "no table named \"t\"";
+            let opcode = header.opcode_code;
+            stratus_wire::encode_error_response(
+                out,
+                header.request_id,
+                opcode,
+                Status::TableDoesntExist,
+                message,
+            );
+            stratus_rpc::Handled::Done
+        }
+    }
+    let requests = Arc::new(AtomicUsize::new(0));
+    let service = DropService { answer_first, requests: requests.clone() };
+    let environment = stratus_env::Environment::system();
+    let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_address();
+    tokio::spawn(stratus_rpc::serve(listener, Arc::new(service)));
+    (address, requests)
+}
+
+#[tokio::test]
+async fn a_drop_whose_first_answer_was_lost_succeeds_when_the_table_is_gone() {
+    let (address, requests) = coordinator_dropping(false).await;
+    let mut config = ClientConfig::new(address);
+    config.rpc.request_timeout = Duration::from_millis(200);
+    config.operation_timeout = Duration::from_secs(20);
+    let client = Client::new(config);
+    client.drop_table("t").await.expect("the first attempt may have dropped it");
+    assert_eq!(requests.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_drop_of_a_table_that_never_existed_says_so() {
+    let (address, requests) = coordinator_dropping(true).await;
+    let mut config = ClientConfig::new(address);
+    config.operation_timeout = Duration::from_secs(20);
+    let client = Client::new(config);
+    let error = client.drop_table("t").await.expect_err("no such table");
+    assert_eq!(error.status, Status::TableDoesntExist, "{error}");
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}

@@ -202,11 +202,27 @@ class Client:
         return self._coordinator_operation(f"create_table({name!r})", Opcode.CREATE_TABLE, body)
 
     def drop_table(self, name: str) -> None:
-        """Drops a table and all its objects."""
+        """Drops a table and all its objects. ``TableDoesNotExist`` if there is no such table,
+        unless an earlier attempt of this call may have dropped it (its answer lost: a timeout,
+        a broken connection, or RETRY): then the table is gone, as asked, and the call returns.
+        """
         name = _checked_table_name(name)
-        self._coordinator_operation(
-            f"drop_table({name!r})", Opcode.DROP_TABLE, codec.table_name_body(name)
-        )
+        attempts = Attempts(f"drop_table({name!r})", self.timeout)
+        body = codec.table_name_body(name)
+        ambiguous = False
+        while True:
+            try:
+                self._coordinator_request(Opcode.DROP_TABLE, body, attempts)
+                break
+            except TableDoesNotExist:
+                if not ambiguous:
+                    raise
+                break
+            except _RETRYABLE_ERRORS as error:
+                # CouldNotConnect covers a connection that broke after the request went out as
+                # well as one never made; both count (the Rust client tells them apart).
+                ambiguous = ambiguous or isinstance(error, Unavailable)
+                attempts.wait_before_retry(error)
         # As the Rust client: forget every map, since the dropped table's id is not known here.
         with self._lock:
             self._tablet_maps.clear()

@@ -101,6 +101,12 @@ impl LogConfig {
         (self.log_bytes / u64::from(self.seglet_bytes)).min(u64::from(u32::MAX - 1)) as u32
     }
 
+    /// The memory a log of this configuration lives in, prefaulted if the configuration says
+    /// so (which takes time in proportion to its size: a server does it before it enlists).
+    pub fn allocate_memory(&self) -> SegletMemory {
+        SegletMemory::with_prefault(self.seglet_count(), self.seglet_bytes, self.prefault_memory)
+    }
+
     /// Most segments the log may hold: [`DISK_EXPANSION_FACTOR`] times the segments that fit in
     /// memory, plus the head being opened and one spare. New heads are refused beyond it.
     pub fn segment_count_max(&self) -> usize {
@@ -405,13 +411,27 @@ impl Log {
         if let Err(reason) = config.validate() {
             panic!("invalid log configuration: {reason}");
         }
+        let memory = config.allocate_memory();
+        Log::with_memory(config, log_id, memory)
+    }
+
+    /// [`Log::new`] in `memory`, allocated before (by [`LogConfig::allocate_memory`] of the same
+    /// configuration): a server prefaults its memory before it enlists, and learns the id its
+    /// log carries only then. Panics on an invalid configuration or memory of another shape.
+    pub fn with_memory(config: LogConfig, log_id: ServerId, memory: SegletMemory) -> Log {
+        if let Err(reason) = config.validate() {
+            panic!("invalid log configuration: {reason}");
+        }
         let seglet_count = config.seglet_count();
+        assert!(
+            memory.seglet_count() == seglet_count && memory.seglet_bytes() == config.seglet_bytes,
+            "log memory of {} seglets of {} bytes for a log of {seglet_count} of {}",
+            memory.seglet_count(),
+            memory.seglet_bytes(),
+            config.seglet_bytes
+        );
         Log {
-            memory: SegletMemory::with_prefault(
-                seglet_count,
-                config.seglet_bytes,
-                config.prefault_memory,
-            ),
+            memory,
             config,
             log_id,
             seglet_owner: (0..seglet_count).map(|_| AtomicU64::new(NO_SEGMENT)).collect(),

@@ -95,7 +95,23 @@ impl Master {
         config: MasterConfig,
         wall_clock: Arc<dyn WallClock>,
     ) -> Result<Master, String> {
-        let store = ObjectStore::new(config.store, server_id)
+        config
+            .store
+            .validate()
+            .map_err(|error| format!("invalid store configuration: {error:?}"))?;
+        let memory = config.store.log_config().allocate_memory();
+        Master::with_memory(server_id, config, wall_clock, memory)
+    }
+
+    /// [`Master::new`] with its log in `memory`, allocated (and prefaulted, which takes time)
+    /// before the server enlisted: `config.store.log_config().allocate_memory()`.
+    pub fn with_memory(
+        server_id: ServerId,
+        config: MasterConfig,
+        wall_clock: Arc<dyn WallClock>,
+        memory: stratus_log::seglet_memory::SegletMemory,
+    ) -> Result<Master, String> {
+        let store = ObjectStore::with_memory(config.store, server_id, memory)
             .map_err(|error| format!("invalid store configuration: {error:?}"))?;
         Ok(Master {
             server_id,

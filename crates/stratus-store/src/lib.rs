@@ -159,8 +159,21 @@ impl ObjectStore {
     /// An empty store whose log belongs to `log_id`.
     pub fn new(config: StoreConfig, log_id: ServerId) -> Result<ObjectStore, ConfigError> {
         config.validate()?;
+        let memory = config.log_config().allocate_memory();
+        ObjectStore::with_memory(config, log_id, memory)
+    }
+
+    /// [`ObjectStore::new`] with its log in `memory`, allocated before by
+    /// `config.log_config().allocate_memory()` (a server prefaults it before it enlists and
+    /// learns its id).
+    pub fn with_memory(
+        config: StoreConfig,
+        log_id: ServerId,
+        memory: stratus_log::seglet_memory::SegletMemory,
+    ) -> Result<ObjectStore, ConfigError> {
+        config.validate()?;
         Ok(ObjectStore {
-            log: Log::new(config.log_config(), log_id),
+            log: Log::with_memory(config.log_config(), log_id, memory),
             index: HashTable::new(config.hash_table_bytes),
             config,
             objects_live: AtomicU64::new(0),

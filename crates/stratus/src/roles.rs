@@ -443,10 +443,18 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             // nothing was lost (docs/design/recovery.md, "Impossible recoveries").
             services.0 |= ServiceMask::UNREPLICATED;
         }
+        // The log's memory first: prefaulting it takes seconds for gigabytes, and a server that
+        // enlisted and then did not answer the coordinator's pings meanwhile would be declared
+        // crashed before it served anything.
+        let log_config = store.log_config();
+        let memory = tokio::task::spawn_blocking(move || log_config.allocate_memory())
+            .await
+            .map_err(|error| format!("allocating the log memory: {error}"))?;
         let deadline = Duration::from_secs(arguments.enlist_timeout_seconds);
         let server_id = enlist(&environment, &coordinator, &address, services, deadline).await?;
+        let wall_clock = environment.wall_clock.clone();
         let mut master =
-            Master::new(server_id, MasterConfig { store }, environment.wall_clock.clone())?;
+            Master::with_memory(server_id, MasterConfig { store }, wall_clock, memory)?;
         if arguments.replicas > 0 {
             let mut config = ReplicationConfig::new(arguments.replicas, coordinator.clone());
             if arguments.placement == "copyset" {

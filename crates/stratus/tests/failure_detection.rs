@@ -184,3 +184,41 @@ async fn an_unreplicated_master_s_tablets_wait_for_an_operator_to_accept_the_los
     client.write(table, lost[0], b"new").await.unwrap();
     assert_eq!(&client.read(table, lost[0]).await.unwrap().0[..], b"new");
 }
+
+/// A server that prefaults a large log is not declared crashed while it does so: it enlists
+/// only once its memory is ready. (It used to enlist first, then answer no ping while it
+/// touched every page; with a fast-probing coordinator it was declared crashed at start.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_prefaulting_its_memory_is_not_declared_crashed_meanwhile() {
+    let probing_fast = ["--backstop-interval-ms", "20", "--probe-timeout-ms", "20"];
+    let cluster = TestCluster::start_with_coordinator(0, 0, &[], &probing_fast);
+    let arguments: Vec<String> = [
+        "--coordinator",
+        &cluster.coordinator_address,
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--replicas",
+        "0",
+        "--log-mib",
+        "512",
+        "--prefault-memory",
+    ]
+    .iter()
+    .map(|argument| argument.to_string())
+    .collect();
+    let server = common::Process::start(&arguments);
+    let line = server.wait_for_line("listening on", PATIENCE);
+    let address = line.split_whitespace().last().expect("an address").to_string();
+    let client = cluster.client();
+    let server_id = server_id_at(&client, &address).await;
+    // Several sweeps of the coordinator (20 ms apart) after the start.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_server_status(&client, server_id, ServerStatus::Up).await;
+    let table = client.create_table("prefaulted", 1).await.expect("create");
+    client.write(table, b"key", b"value").await.expect("write");
+    assert_eq!(&client.read(table, b"key").await.expect("read").0[..], b"value");
+    let servers = client.server_list().await.expect("server list");
+    assert!(servers.iter().all(|entry| entry.status == ServerStatus::Up), "{servers:?}");
+    drop(server);
+}

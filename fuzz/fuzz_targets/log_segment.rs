@@ -44,6 +44,14 @@ fuzz_target!(|data: &[u8]| {
 fn iterate(segment: &[u8], certificate: &Certificate) {
     replay(segment, certificate);
     partition(segment, certificate);
+    // The iterator for bytes verified before must not panic on bytes that were not.
+    if let Ok(trusting) = SegmentIterator::of_verified(segment, certificate) {
+        for item in trusting {
+            if item.is_err() {
+                break;
+            }
+        }
+    }
     let Ok(iterator) = SegmentIterator::new(segment, certificate) else { return };
     let mut entries_bytes = 0u64;
     for item in iterator {

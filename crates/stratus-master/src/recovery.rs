@@ -11,7 +11,7 @@ use bytes::Bytes;
 use stratus_env::WallClock;
 use stratus_log::{verify_replica, AppendPriority, Certificate, SideLog};
 use stratus_rpc::{ChannelPool, RpcConfig};
-use stratus_store::{ObjectStore, ReplayError, ReplayInto};
+use stratus_store::{ObjectStore, ReplayCollector, ReplayError, ReplayInto};
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{RecoveryTablet, Request, Response, ResponseBody, Status};
 use tokio::sync::Semaphore;
@@ -198,7 +198,16 @@ pub(crate) async fn recover_partition(
             let _ = closed_sender.send(segment_id);
         };
         let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut closed };
-        let outcome = store.replay_filtered(&segments, &accept, now_seconds, into);
+        // Every segment passed `verify_replica` when it was read (to try another backup's
+        // replica on failure): the replay does not compute objects' checksums again.
+        let mut collector = ReplayCollector::new(&accept);
+        let outcome = segments
+            .iter()
+            .enumerate()
+            .try_for_each(|(index, (bytes, certificate))| {
+                collector.add_verified(index, bytes, certificate)
+            })
+            .and_then(|()| store.replay_collected(collector, now_seconds, into));
         if outcome.is_ok() {
             if let Some(&last) = side_log.segments().last() {
                 closed(last);

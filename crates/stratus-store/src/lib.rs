@@ -31,7 +31,7 @@ pub use cleaner::{
 };
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
-pub use replay::{ReplayError, ReplayInto, ReplayStatistics};
+pub use replay::{ReplayCollector, ReplayError, ReplayInto, ReplayStatistics};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

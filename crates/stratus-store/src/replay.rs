@@ -181,6 +181,121 @@ impl std::fmt::Debug for ReplayInto<'_> {
     }
 }
 
+/// The first half of a replay, segment by segment in any order: each segment is verified
+/// (certificate, then every entry's checksum), and its tombstones, the newest object of each
+/// key and the highest version are noted. Nothing is written until
+/// [`ObjectStore::replay_collected`]: a later segment may hold a newer version or the
+/// tombstone of an object seen earlier. Keys and contents are borrowed from the segments,
+/// which must outlive it (a recovery master adds each replica as it arrives, while the others
+/// are still being read).
+pub struct ReplayCollector<'a> {
+    accept: &'a dyn Fn(usize, TableId, KeyHash) -> bool,
+    dead: HashMap<ReplayedKey<'a>, Version, KeyHashOnly>,
+    winners: HashMap<ReplayedKey<'a>, Winner<'a>, KeyHashOnly>,
+    highest_version: Version,
+    objects_seen: u64,
+    statistics: ReplayStatistics,
+}
+
+impl std::fmt::Debug for ReplayCollector<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayCollector")
+            .field("segments", &self.statistics.segments)
+            .field("objects_seen", &self.objects_seen)
+            .field("winners", &self.winners.len())
+            .field("tombstoned_keys", &self.dead.len())
+            .finish()
+    }
+}
+
+impl<'a> ReplayCollector<'a> {
+    /// A collector keeping the objects `accept(segment index, table, key hash)` accepts (see
+    /// [`ObjectStore::replay_filtered`]).
+    pub fn new(accept: &'a dyn Fn(usize, TableId, KeyHash) -> bool) -> ReplayCollector<'a> {
+        ReplayCollector {
+            accept,
+            dead: HashMap::default(),
+            winners: HashMap::default(),
+            highest_version: Version(0),
+            objects_seen: 0,
+            statistics: ReplayStatistics::default(),
+        }
+    }
+
+    /// Verifies segment `index` of the set (`bytes`, committed by `certificate`) and notes
+    /// what it holds. A segment that fails verification is refused whole (`CorruptSegment`
+    /// naming `index`), and whatever it held before the failure is dropped with the
+    /// collector: the caller reads another replica and starts over, or gives up.
+    pub fn add(
+        &mut self,
+        index: usize,
+        bytes: &'a [u8],
+        certificate: &Certificate,
+    ) -> Result<(), ReplayError> {
+        let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
+        let iterator =
+            SegmentIterator::new(bytes, certificate).map_err(|error| corrupt(error.to_string()))?;
+        self.note(index, iterator)
+    }
+
+    /// [`ReplayCollector::add`] for bytes that already passed `stratus_log::verify_replica`
+    /// with `certificate` (a recovery master verifies each replica as it reads it, to try
+    /// another backup's when one fails): objects' checksums are not computed a second time.
+    pub fn add_verified(
+        &mut self,
+        index: usize,
+        bytes: &'a [u8],
+        certificate: &Certificate,
+    ) -> Result<(), ReplayError> {
+        let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
+        let iterator = SegmentIterator::of_verified(bytes, certificate)
+            .map_err(|error| corrupt(error.to_string()))?;
+        self.note(index, iterator)
+    }
+
+    fn note(&mut self, index: usize, iterator: SegmentIterator<'a>) -> Result<(), ReplayError> {
+        let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
+        for entry in iterator {
+            let entry = entry.map_err(|error| corrupt(error.to_string()))?;
+            match entry.entry {
+                Entry::Object(object) => {
+                    self.objects_seen += 1;
+                    self.highest_version = self.highest_version.max(object.version);
+                    let hash = key_hash(object.table, object.key);
+                    if !(self.accept)(index, object.table, hash) {
+                        continue;
+                    }
+                    let key = ReplayedKey { table: object.table, key: object.key, hash };
+                    let candidate = Winner { object, content: entry.content };
+                    self.winners
+                        .entry(key)
+                        .and_modify(|winner| {
+                            if winner.object.version < object.version {
+                                *winner = candidate;
+                            }
+                        })
+                        .or_insert(candidate);
+                }
+                Entry::Tombstone(tombstone) => {
+                    let hash = key_hash(tombstone.table, tombstone.key);
+                    if (self.accept)(index, tombstone.table, hash) {
+                        let key = ReplayedKey { table: tombstone.table, key: tombstone.key, hash };
+                        let killed = self.dead.entry(key).or_insert(Version(0));
+                        *killed = (*killed).max(tombstone.object_version);
+                        self.highest_version = self.highest_version.max(tombstone.object_version);
+                    }
+                }
+                Entry::SafeVersion(version) => {
+                    self.highest_version = self.highest_version.max(version);
+                }
+                Entry::SegmentHeader(_) | Entry::LogDigest(_) => {}
+            }
+        }
+        self.statistics.segments += 1;
+        Ok(())
+    }
+}
+
 impl ObjectStore {
     /// Replays `segments` (bytes and the certificate committing them) into this store, keeping
     /// only objects for which `accept(table, key hash)` holds (the tablets being recovered).
@@ -206,57 +321,31 @@ impl ObjectStore {
         segments: &[(&[u8], Certificate)],
         accept: &dyn Fn(usize, TableId, KeyHash) -> bool,
         now_seconds: u32,
+        into: ReplayInto<'_>,
+    ) -> Result<ReplayStatistics, ReplayError> {
+        let mut collector = ReplayCollector::new(accept);
+        for (index, (bytes, certificate)) in segments.iter().enumerate() {
+            collector.add(index, bytes, certificate)?;
+        }
+        self.replay_collected(collector, now_seconds, into)
+    }
+
+    /// Writes what `collector` gathered into this store: the second half of
+    /// [`ObjectStore::replay_filtered`], for a caller that adds segments as they arrive.
+    pub fn replay_collected(
+        &self,
+        collector: ReplayCollector<'_>,
+        now_seconds: u32,
         mut into: ReplayInto<'_>,
     ) -> Result<ReplayStatistics, ReplayError> {
-        let mut statistics = ReplayStatistics::default();
-        // One pass over every segment (each verified once: certificate, then every entry's
-        // checksum as it is read): the tombstones, the newest object of each key, and the
-        // highest version seen. Keys are borrowed from the segments, hashed once.
-        let mut dead: HashMap<ReplayedKey<'_>, Version, KeyHashOnly> = HashMap::default();
-        let mut winners: HashMap<ReplayedKey<'_>, Winner<'_>, KeyHashOnly> = HashMap::default();
-        let mut highest_version = Version(0);
-        let mut objects_seen = 0u64;
-        for (index, (bytes, certificate)) in segments.iter().enumerate() {
-            let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
-            let iterator = SegmentIterator::new(bytes, certificate)
-                .map_err(|error| corrupt(error.to_string()))?;
-            for entry in iterator {
-                let entry = entry.map_err(|error| corrupt(error.to_string()))?;
-                match entry.entry {
-                    Entry::Object(object) => {
-                        objects_seen += 1;
-                        highest_version = highest_version.max(object.version);
-                        let hash = key_hash(object.table, object.key);
-                        if !accept(index, object.table, hash) {
-                            continue;
-                        }
-                        let key = ReplayedKey { table: object.table, key: object.key, hash };
-                        let candidate = Winner { object, content: entry.content };
-                        winners
-                            .entry(key)
-                            .and_modify(|winner| {
-                                if winner.object.version < object.version {
-                                    *winner = candidate;
-                                }
-                            })
-                            .or_insert(candidate);
-                    }
-                    Entry::Tombstone(tombstone) => {
-                        let hash = key_hash(tombstone.table, tombstone.key);
-                        if accept(index, tombstone.table, hash) {
-                            let key =
-                                ReplayedKey { table: tombstone.table, key: tombstone.key, hash };
-                            let killed = dead.entry(key).or_insert(Version(0));
-                            *killed = (*killed).max(tombstone.object_version);
-                            highest_version = highest_version.max(tombstone.object_version);
-                        }
-                    }
-                    Entry::SafeVersion(version) => highest_version = highest_version.max(version),
-                    Entry::SegmentHeader(_) | Entry::LogDigest(_) => {}
-                }
-            }
-            statistics.segments += 1;
-        }
+        let ReplayCollector {
+            dead,
+            mut winners,
+            highest_version,
+            objects_seen,
+            mut statistics,
+            ..
+        } = collector;
         // A key's newest object is live unless a tombstone names its version or a newer one
         // (then every older object of the key is dead too).
         winners.retain(|key, winner| {
@@ -536,6 +625,35 @@ mod tests {
             })
             .collect();
         assert!(tags.len() > 64, "only {} distinct tags", tags.len());
+    }
+
+    #[test]
+    fn a_collector_fed_verified_replicas_as_they_arrive_replays_like_the_whole_set() {
+        let (source, model) = source();
+        let copies = segments(&source);
+        for (bytes, certificate) in &copies {
+            let header = SegmentIterator::new(bytes, certificate).unwrap().next().unwrap();
+            let Entry::SegmentHeader(header) = header.unwrap().entry else { panic!("header") };
+            stratus_log::verify_replica(bytes, certificate, header.log_id, header.segment_id)
+                .unwrap();
+        }
+        let accept = |_: usize, _: TableId, _: KeyHash| true;
+        let mut collector = ReplayCollector::new(&accept);
+        // Arrival order: odd-indexed segments first, then the even ones from the end.
+        let order: Vec<usize> = (0..copies.len())
+            .filter(|index| index % 2 == 1)
+            .chain((0..copies.len()).rev().filter(|index| index % 2 == 0))
+            .collect();
+        for &index in &order {
+            let (bytes, certificate) = &copies[index];
+            collector.add_verified(index, bytes, certificate).unwrap();
+        }
+        let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        let statistics = target.replay_collected(collector, 5, ReplayInto::Head).unwrap();
+        assert_eq!(statistics.segments, copies.len() as u64);
+        for (key, expected) in &model {
+            assert_eq!(&read(&target, key), expected, "key {:?}", String::from_utf8_lossy(key));
+        }
     }
 
     #[test]

@@ -111,10 +111,11 @@ struct Winner<'a> {
 }
 
 /// The maps of a replay hash by the key hash alone, which is already computed (a 64-bit hash
-/// of table and key): no second hash of the key bytes per object, one multiplication. The maps iterate in the same order on every
-/// run, as they must: the winners are appended to the log in that order, and a replay must be
-/// a function of its input (the deterministic simulation replays and compares). A client that
-/// chose keys to collide could slow one recovery, not corrupt it.
+/// of table and key): no second hash of the key bytes per object, one multiplication. The maps
+/// iterate in the same order on every run, as they must: the winners are appended to the log
+/// in that order, and a replay must be a function of its input (the deterministic simulation
+/// replays and compares). A client that chose keys to collide could slow one recovery, not
+/// corrupt it.
 #[derive(Clone, Copy, Debug, Default)]
 struct KeyHashOnly;
 
@@ -186,8 +187,7 @@ impl std::fmt::Debug for ReplayInto<'_> {
 /// key and the highest version are noted. Nothing is written until
 /// [`ObjectStore::replay_collected`]: a later segment may hold a newer version or the
 /// tombstone of an object seen earlier. Keys and contents are borrowed from the segments,
-/// which must outlive it (a recovery master adds each replica as it arrives, while the others
-/// are still being read).
+/// which must outlive it.
 pub struct ReplayCollector<'a> {
     accept: &'a dyn Fn(usize, TableId, KeyHash) -> bool,
     dead: HashMap<ReplayedKey<'a>, Version, KeyHashOnly>,

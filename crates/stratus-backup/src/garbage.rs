@@ -17,6 +17,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use stratus_env::{join_all, BoxFuture};
 use stratus_rpc::ChannelPool;
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{Request, Response, ResponseBody, ServerStatus, Status, BACKUP_REPLICAS_MAX};
@@ -56,16 +57,6 @@ pub async fn collect_once(backup: &BackupService, coordinator: &str, pool: &Chan
         .map(|server| server.server_id)
         .collect();
     let mut freed = 0;
-    for server in servers.iter().filter(|server| {
-        server.status == ServerStatus::Up
-            && server.services.has_master()
-            && held.contains(&server.server_id)
-    }) {
-        match free_unneeded(backup, pool, server.server_id, &server.address).await {
-            Ok(count) => freed += count,
-            Err(()) => return freed,
-        }
-    }
     for master_id in removed {
         for replica in backup.list(master_id) {
             match backup.free(master_id, replica.segment_id) {
@@ -79,48 +70,65 @@ pub async fn collect_once(backup: &BackupService, coordinator: &str, pool: &Chan
         }
         tracing::info!(%master_id, "freed the replicas of a recovered master");
     }
+    // Every up master is asked at once: one that does not answer (each call is bounded by the
+    // pool's request timeout) delays none of the others.
+    let mut questions: Vec<BoxFuture<'_, _>> = Vec::new();
+    for server in servers.iter().filter(|server| {
+        server.status == ServerStatus::Up
+            && server.services.has_master()
+            && held.contains(&server.server_id)
+    }) {
+        let mut segment_ids: Vec<SegmentId> =
+            backup.list(server.server_id).iter().map(|replica| replica.segment_id).collect();
+        segment_ids.truncate(BACKUP_REPLICAS_MAX);
+        if segment_ids.is_empty() {
+            continue;
+        }
+        let (master_id, address) = (server.server_id, server.address.as_str());
+        questions.push(Box::pin(async move {
+            let not_needed = ask_replicas_needed(pool, master_id, address, &segment_ids).await;
+            (master_id, segment_ids, not_needed)
+        }));
+    }
+    for answered in join_all(questions).await {
+        let (master_id, asked, Some(not_needed)) = answered else { continue };
+        let asked: BTreeSet<SegmentId> = asked.into_iter().collect();
+        let mut freed_here = 0;
+        // Only segments asked about: an answer naming others is ignored for those.
+        for segment_id in not_needed.into_iter().filter(|segment_id| asked.contains(segment_id)) {
+            match backup.free(master_id, segment_id) {
+                Ok(()) => freed_here += 1,
+                Err(error) => {
+                    tracing::debug!(%master_id, status = %error.status, "replica not freed yet");
+                    return freed + freed_here;
+                }
+            }
+        }
+        if freed_here > 0 {
+            tracing::info!(%master_id, freed = freed_here, "freed replicas the master no longer needs");
+        }
+        freed += freed_here;
+    }
     freed
 }
 
-/// Asks the live master `master_id` at `address` which of its replicas here it no longer
-/// needs, and frees those. Returns how many were freed; `Err` when the disk queue is full (the
-/// collection stops until the next one). A master that does not answer keeps its replicas.
-async fn free_unneeded(
-    backup: &BackupService,
+/// Asks the live master `master_id` at `address` which of `segment_ids` (its segments this
+/// backup holds replicas of) it no longer needs. `None` when it does not answer, or answers
+/// otherwise than OK: the replicas are kept until the next collection.
+async fn ask_replicas_needed(
     pool: &ChannelPool,
     master_id: ServerId,
     address: &str,
-) -> Result<usize, ()> {
-    let mut segment_ids: Vec<SegmentId> =
-        backup.list(master_id).iter().map(|replica| replica.segment_id).collect();
-    segment_ids.truncate(BACKUP_REPLICAS_MAX);
-    if segment_ids.is_empty() {
-        return Ok(0);
-    }
-    let asked: BTreeSet<SegmentId> = segment_ids.iter().copied().collect();
-    let request = Request::ReplicasNeeded { master_id, segment_ids };
-    let not_needed = match pool.call(address, &request).await {
+    segment_ids: &[SegmentId],
+) -> Option<Vec<SegmentId>> {
+    let request = Request::ReplicasNeeded { master_id, segment_ids: segment_ids.to_vec() };
+    match pool.call(address, &request).await {
         Ok((Status::Ok, ResponseBody::Operation(Response::ReplicasNeeded { not_needed }))) => {
-            not_needed
+            Some(not_needed)
         }
         other => {
             tracing::debug!(%master_id, ?other, "no answer about needed replicas");
-            return Ok(0);
-        }
-    };
-    let mut freed = 0;
-    // Only segments asked about: an answer naming others is ignored for those.
-    for segment_id in not_needed.into_iter().filter(|segment_id| asked.contains(segment_id)) {
-        match backup.free(master_id, segment_id) {
-            Ok(()) => freed += 1,
-            Err(error) => {
-                tracing::debug!(%master_id, status = %error.status, "replica not freed yet");
-                return Err(());
-            }
+            None
         }
     }
-    if freed > 0 {
-        tracing::info!(%master_id, freed, "freed replicas the master no longer needs");
-    }
-    Ok(freed)
 }

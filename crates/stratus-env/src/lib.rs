@@ -24,6 +24,31 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// A boxed future, for object-safe async trait methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Runs `futures` concurrently on the current task and returns their outputs in order (no task
+/// per future: on a loaded machine each spawn is a scheduling hop, and the futures may borrow
+/// from the caller).
+pub async fn join_all<T>(mut futures: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(|output| output.expect("every future completed")).collect()
+}
+
 /// The reading half of a connection.
 pub type BoxReader = Box<dyn AsyncRead + Send + Unpin>;
 /// The writing half of a connection.

@@ -24,7 +24,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stratus_env::{BoxFuture, Environment};
+use stratus_env::{join_all, BoxFuture, Environment};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
 use stratus_store::ObjectStore;
 use stratus_store::SegmentDurability;
@@ -1233,29 +1233,6 @@ impl BackupCall {
             }
         }
     }
-}
-
-/// Runs `futures` concurrently on the current task and returns their outputs in order.
-async fn join_all<T>(mut futures: Vec<BoxFuture<'static, T>>) -> Vec<T> {
-    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|context| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(context) {
-                    std::task::Poll::Ready(value) => *output = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().map(|output| output.expect("every future completed")).collect()
 }
 
 /// The copysets of a cluster: up backups sorted by server id, cut into consecutive groups of

@@ -127,8 +127,9 @@ struct Plan {
     segment_mib: u32,
     /// Log memory of every server: the killed master's data with headroom. Every server gets
     /// it, because the coordinator picks the table's master after the servers started; a
-    /// recovery master needs only its share (data / (servers − 1)), and log memory is reserved,
-    /// not touched, until used.
+    /// recovery master needs only its share (data / (servers − 1)). Without prefaulting, log
+    /// memory is reserved, not touched, until used; with it (the default), every server holds
+    /// all of it (`memory_needed_bytes` counts that).
     log_mib: u64,
     /// Storage frames of every backup: its share of the killed master's replicas and of the
     /// replicas of the recovered data, twice over.

@@ -83,10 +83,15 @@ async fn coordinator_reporting(state: stratus_types::TabletState) -> String {
             stratus_rpc::Handled::Done
         }
     }
+    serve_on_loopback(Arc::new(MapService(state))).await
+}
+
+/// Serves `service` on a free loopback port; returns its address.
+async fn serve_on_loopback(service: Arc<dyn stratus_rpc::Service>) -> String {
     let environment = stratus_env::Environment::system();
     let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_address();
-    tokio::spawn(stratus_rpc::serve(listener, Arc::new(MapService(state))));
+    tokio::spawn(stratus_rpc::serve(listener, service));
     address
 }
 
@@ -155,11 +160,7 @@ async fn coordinator_dropping(answer_first: bool) -> (String, Arc<AtomicUsize>) 
     }
     let requests = Arc::new(AtomicUsize::new(0));
     let service = DropService { answer_first, requests: requests.clone() };
-    let environment = stratus_env::Environment::system();
-    let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_address();
-    tokio::spawn(stratus_rpc::serve(listener, Arc::new(service)));
-    (address, requests)
+    (serve_on_loopback(Arc::new(service)).await, requests)
 }
 
 #[tokio::test]

@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering;
 
 use stratus_log::format::{ObjectPrefix, TombstonePrefix};
 use stratus_log::{
-    AppendEntry, AppendPriority, Certificate, Entry, EntryType, ObjectView, SegmentIterator,
-    SideLog, TombstoneView,
+    AppendEntry, AppendPriority, Certificate, Entry, EntryType, FormatError, ObjectView,
+    SegmentIterator, SideLog, TombstoneView,
 };
 use stratus_types::{key_hash, KeyHash, SegmentId, TableId, Version};
 
@@ -232,10 +232,7 @@ impl<'a> ReplayCollector<'a> {
         bytes: &'a [u8],
         certificate: &Certificate,
     ) -> Result<(), ReplayError> {
-        let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
-        let iterator =
-            SegmentIterator::new(bytes, certificate).map_err(|error| corrupt(error.to_string()))?;
-        self.note(index, iterator)
+        self.note(index, SegmentIterator::new(bytes, certificate))
     }
 
     /// [`ReplayCollector::add`] for bytes that already passed `stratus_log::verify_replica`
@@ -247,15 +244,16 @@ impl<'a> ReplayCollector<'a> {
         bytes: &'a [u8],
         certificate: &Certificate,
     ) -> Result<(), ReplayError> {
-        let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
-        let iterator = SegmentIterator::of_verified(bytes, certificate)
-            .map_err(|error| corrupt(error.to_string()))?;
-        self.note(index, iterator)
+        self.note(index, SegmentIterator::of_verified(bytes, certificate))
     }
 
-    fn note(&mut self, index: usize, iterator: SegmentIterator<'a>) -> Result<(), ReplayError> {
+    fn note(
+        &mut self,
+        index: usize,
+        iterator: Result<SegmentIterator<'a>, FormatError>,
+    ) -> Result<(), ReplayError> {
         let corrupt = |reason: String| ReplayError::CorruptSegment { index, reason };
-        for entry in iterator {
+        for entry in iterator.map_err(|error| corrupt(error.to_string()))? {
             let entry = entry.map_err(|error| corrupt(error.to_string()))?;
             match entry.entry {
                 Entry::Object(object) => {

@@ -26,14 +26,27 @@ fn free_port() -> Result<u16, String> {
 
 impl LocalEtcd {
     /// Starts etcd with its data in `data_directory`, on free loopback ports, configured for
-    /// the coordinator's limits, and waits until it answers.
+    /// the coordinator's limits, and waits until it answers. Its log is `data_directory` with
+    /// the extension `log`.
     pub fn start(data_directory: &Path) -> Result<LocalEtcd, String> {
+        LocalEtcd::start_with(data_directory, &data_directory.with_extension("log"), |_| {})
+    }
+
+    /// As [`LocalEtcd::start`], with its log in `log_file`, and `prepare` run on the command
+    /// before it is spawned (`stratus up` uses it to tie etcd's life to its own).
+    pub fn start_with(
+        data_directory: &Path,
+        log_file: &Path,
+        prepare: impl FnOnce(&mut Command),
+    ) -> Result<LocalEtcd, String> {
         let binary = std::env::var("STRATUS_ETCD_BINARY").unwrap_or_else(|_| "etcd".to_string());
         let client_url = format!("http://127.0.0.1:{}", free_port()?);
         let peer_url = format!("http://127.0.0.1:{}", free_port()?);
-        let log = std::fs::File::create(data_directory.with_extension("log"))
-            .map_err(|error| format!("etcd log file: {error}"))?;
-        let child = Command::new(&binary)
+        let log = std::fs::File::create(log_file)
+            .map_err(|error| format!("etcd log file {}: {error}", log_file.display()))?;
+        let mut command = Command::new(&binary);
+        prepare(&mut command);
+        let child = command
             .arg("--name=stratus-local")
             .arg(format!("--data-dir={}", data_directory.display()))
             .arg(format!("--listen-client-urls={client_url}"))
@@ -75,6 +88,16 @@ impl LocalEtcd {
     /// The URL clients reach it at.
     pub fn client_url(&self) -> &str {
         &self.client_url
+    }
+
+    /// How it exited, if it did.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Its process id.
+    pub fn process_id(&self) -> u32 {
+        self.child.id()
     }
 
     /// Kills it (SIGKILL) and waits for it to exit.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use stratus_client::{Client, ClientConfig};
+use stratus_meta_etcd::local::LocalEtcd;
 use stratus_wire::ServerStatus;
 
 /// `stratus up`.
@@ -19,6 +20,13 @@ pub struct UpArguments {
     /// Directory for all of the cluster's data and logs.
     #[arg(long, default_value = "stratus-data")]
     pub dir: PathBuf,
+    /// Coordinators to run. With more than one, the cluster's metadata lives in an etcd that
+    /// `up` starts (the `etcd` binary; Debian: etcd-server) and every coordinator but the
+    /// first stands by: when the active one dies, a standby takes over within seconds and the
+    /// cluster carries on. They listen on the coordinator address's port, then the ports after
+    /// it. A directory keeps the kind it was created with (one coordinator, or etcd).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=COORDINATORS_MAX as i64))]
+    pub coordinators: u32,
     /// Number of storage servers. Four by default: with two replicas per segment the cluster
     /// then stays writable and recovers a crashed master (each survivor still has two backups
     /// besides itself).
@@ -168,18 +176,126 @@ fn print_metrics_addresses(names: &[String], logs: &Path) {
     }
 }
 
+/// Coordinators `up` runs at most: one is active, the others only wait for the leadership,
+/// so a few cover any failure one machine can show.
+const COORDINATORS_MAX: u32 = 5;
+
+/// The addresses of `count` coordinators: `first`, then the ports after its port.
+fn coordinator_addresses(first: &str, count: u32) -> Result<Vec<String>, String> {
+    if count == 1 {
+        return Ok(vec![first.to_string()]);
+    }
+    let (host, port) = first
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+        .ok_or_else(|| format!("coordinator address {first:?} is not host:port"))?;
+    (0..count)
+        .map(|index| {
+            let port = u32::from(port) + index;
+            if port == 0 || port > u32::from(u16::MAX) {
+                return Err(format!(
+                    "--coordinators {count} from port {port} leaves the port range"
+                ));
+            }
+            Ok(format!("{host}:{port}"))
+        })
+        .collect()
+}
+
+/// Where the coordinator keeps the cluster's metadata under `DIR`: the embedded store's
+/// directory, or etcd's data directory.
+fn metadata_directories(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("coordinator"), dir.join("etcd"))
+}
+
+/// Refuses to start a directory's cluster with the other kind of metadata store than it was
+/// created with: the new store would be empty, and the servers' backups would hold replicas
+/// of masters it never heard of.
+fn check_metadata_kind(dir: &Path, on_etcd: bool) -> Result<(), String> {
+    let (embedded, etcd) = metadata_directories(dir);
+    let holds_files = |path: &Path| {
+        std::fs::read_dir(path).map(|mut entries| entries.next().is_some()).unwrap_or(false)
+    };
+    if on_etcd && holds_files(&embedded) {
+        return Err(format!(
+            "{} holds a cluster with one coordinator (metadata in {}); start it without \
+             --coordinators, or use another --dir",
+            dir.display(),
+            embedded.display()
+        ));
+    }
+    if !on_etcd && holds_files(&etcd) {
+        return Err(format!(
+            "{} holds a cluster whose metadata is in etcd ({}); start it with --coordinators \
+             2 or more, or use another --dir",
+            dir.display(),
+            etcd.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Starts the etcd that holds the metadata of a cluster with standby coordinators, its data
+/// under `DIR/etcd` and its log in `logs`. The kernel kills it when this thread (`up`'s main
+/// thread, which lives as long as `up`) ends, so an `up` killed with SIGKILL leaves no etcd
+/// holding the directory, as its other children stop by themselves.
+fn start_etcd(dir: &Path, logs: &Path) -> Result<LocalEtcd, String> {
+    let (_, data) = metadata_directories(dir);
+    let parent = std::process::id();
+    LocalEtcd::start_with(&data, &logs.join("etcd.log"), |command| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2)
+        // and getppid(2), which are async-signal-safe; it allocates nothing and takes no lock.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the death signal was armed.
+                if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                    return Err(std::io::Error::other("stratus up exited while starting etcd"));
+                }
+                Ok(())
+            });
+        }
+    })
+}
+
 /// How long the cluster may take to come up before `up` gives up.
 const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How long children get to exit after SIGTERM before they are killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// One child process of `up`.
+struct ChildProcess {
+    name: String,
+    child: Child,
+    /// A coordinator with standbys: its exit is reported, and ends the cluster only when no
+    /// coordinator is left.
+    has_standbys: bool,
+    /// Its exit status, once it exited (then it is reaped: its pid may belong to another
+    /// process, and no signal may be sent to it).
+    exit_status: Option<std::process::ExitStatus>,
+}
+
 struct Children {
-    processes: Vec<(String, Child)>,
+    processes: Vec<ChildProcess>,
 }
 
 impl Children {
     fn spawn(&mut self, name: &str, arguments: &[String], logs: &Path) -> Result<(), String> {
+        self.spawn_process(name, arguments, logs, false)
+    }
+
+    fn spawn_process(
+        &mut self,
+        name: &str,
+        arguments: &[String],
+        logs: &Path,
+        has_standbys: bool,
+    ) -> Result<(), String> {
         let log_path = logs.join(format!("{name}.log"));
         let log = std::fs::File::create(&log_path)
             .map_err(|error| format!("{}: {error}", log_path.display()))?;
@@ -192,29 +308,72 @@ impl Children {
             .stderr(error_log)
             .spawn()
             .map_err(|error| format!("starting {name}: {error}"))?;
-        self.processes.push((name.to_string(), child));
+        self.processes.push(ChildProcess {
+            name: name.to_string(),
+            child,
+            has_standbys,
+            exit_status: None,
+        });
         Ok(())
     }
 
-    /// The first child that exited, if any.
+    /// Why the cluster cannot go on, if a child's exit means that: any child but a
+    /// coordinator with standbys, or the last of those. A coordinator that exits while
+    /// another is left is reported here once.
     fn exited(&mut self) -> Option<String> {
-        for (name, child) in &mut self.processes {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(format!("{name} exited ({status})"));
+        let mut fatal = None;
+        for process in &mut self.processes {
+            if process.exit_status.is_some() {
+                continue;
+            }
+            let Ok(Some(status)) = process.child.try_wait() else { continue };
+            process.exit_status = Some(status);
+            if process.has_standbys {
+                println!(
+                    "stratus up: {} exited ({status}); a standby coordinator takes over",
+                    process.name
+                );
+            } else {
+                fatal.get_or_insert(format!("{} exited ({status})", process.name));
             }
         }
-        None
+        let coordinators_left = self
+            .processes
+            .iter()
+            .filter(|process| process.has_standbys && process.exit_status.is_none())
+            .count();
+        if fatal.is_none()
+            && coordinators_left == 0
+            && self.processes.iter().any(|process| process.has_standbys)
+        {
+            fatal = Some("every coordinator exited".to_string());
+        }
+        fatal
+    }
+
+    /// Each child's name and process id, as one line.
+    fn process_ids(&self) -> String {
+        let ids: Vec<String> = self
+            .processes
+            .iter()
+            .map(|process| format!("{}={}", process.name, process.child.id()))
+            .collect();
+        ids.join(" ")
     }
 
     fn stop(&mut self) {
-        for (_, child) in &mut self.processes {
-            if let Ok(pid) = i32::try_from(child.id()) {
+        for process in &mut self.processes {
+            // Not a child already reaped: its pid may have been reused.
+            if process.exit_status.is_some() || matches!(process.child.try_wait(), Ok(Some(_))) {
+                continue;
+            }
+            if let Ok(pid) = i32::try_from(process.child.id()) {
                 // An error means the child is already gone, which is what we want.
                 let _ = send_signal(pid, libc::SIGTERM);
             }
         }
         let deadline = Instant::now() + SHUTDOWN_GRACE;
-        for (name, child) in &mut self.processes {
+        for ChildProcess { name, child, .. } in &mut self.processes {
             loop {
                 match child.try_wait() {
                     Ok(Some(_)) | Err(_) => break,
@@ -265,11 +424,6 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|error| error.to_string())?;
-    if let Some(base) = arguments.metrics_port {
-        if u32::from(base) + arguments.servers > u32::from(u16::MAX) {
-            return Err(format!("--metrics-port {base} leaves no port for every server"));
-        }
-    }
     if let Some(base) = arguments.resp_port {
         if u32::from(base) + arguments.servers > u32::from(u16::MAX) + 1 {
             return Err(format!("--resp-port {base} leaves no port for every server"));
@@ -280,43 +434,70 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         .worker_threads
         .unwrap_or_else(|| (cpus / arguments.servers.max(1) as usize).max(1))
         .max(1);
-    let mut children = Children { processes: Vec::new() };
-    let coordinator_dir = arguments.dir.join("coordinator");
-    let mut coordinator_arguments = vec![
-        "coordinator".to_string(),
-        "--listen".to_string(),
-        coordinator.to_string(),
-        "--dir".to_string(),
-        coordinator_dir.display().to_string(),
-        "--exit-with-parent".to_string(),
-        "--probe-misses".to_string(),
-        arguments.probe_misses.to_string(),
-    ];
-    if let Some(address) = metrics_address(&arguments, 0) {
-        coordinator_arguments.extend(["--metrics-listen".to_string(), address]);
+    let coordinators = coordinator_addresses(coordinator, arguments.coordinators)?;
+    let on_etcd = coordinators.len() > 1;
+    check_metadata_kind(&arguments.dir, on_etcd)?;
+    if let Some(base) = arguments.metrics_port {
+        let last = u32::from(base) + arguments.servers + arguments.coordinators - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(format!("--metrics-port {base} leaves no port for every process"));
+        }
     }
-    children.spawn("coordinator", &coordinator_arguments, &logs)?;
-    let mut config = ClientConfig::new(coordinator);
-    config.operation_timeout = Duration::from_secs(2);
-    let client = {
+    let mut etcd = if on_etcd { Some(start_etcd(&arguments.dir, &logs)?) } else { None };
+    let mut children = Children { processes: Vec::new() };
+    let started = Instant::now();
+    let mut client = None;
+    let mut baseline = 0;
+    for (index, address) in coordinators.iter().enumerate() {
+        let name = coordinator_name(index);
+        let mut coordinator_arguments = vec![
+            "coordinator".to_string(),
+            "--listen".to_string(),
+            address.clone(),
+            "--exit-with-parent".to_string(),
+            "--probe-misses".to_string(),
+            arguments.probe_misses.to_string(),
+        ];
+        match &etcd {
+            Some(etcd) => {
+                coordinator_arguments.extend(["--etcd".to_string(), etcd.client_url().to_string()])
+            }
+            None => {
+                let (directory, _) = metadata_directories(&arguments.dir);
+                coordinator_arguments.extend(["--dir".to_string(), directory.display().to_string()])
+            }
+        }
+        // The first coordinator's metrics on the first port, as without standbys; the
+        // standbys' after the servers'.
+        let offset = if index == 0 { 0 } else { arguments.servers + index as u32 };
+        if let Some(address) = metrics_address(&arguments, offset) {
+            coordinator_arguments.extend(["--metrics-listen".to_string(), address]);
+        }
+        children.spawn_process(&name, &coordinator_arguments, &logs, on_etcd)?;
+        if index == 0 {
+            // The first is active before any standby starts, so which one serves is known.
+            let (first_client, servers_before) = wait_for_coordinator(
+                &runtime,
+                address,
+                &mut children,
+                &logs.join("coordinator.log"),
+            )?;
+            client = Some(first_client);
+            baseline = servers_before;
+        } else {
+            wait_for_standby(&mut children, &logs.join(format!("{name}.log")))?;
+        }
+    }
+    let coordinator_list = coordinators.join(",");
+    let client = if on_etcd {
+        let mut config = ClientConfig::new(coordinator_list.clone());
+        config.operation_timeout = Duration::from_secs(2);
         let _guard = runtime.enter();
         Client::new(config)
+    } else {
+        client.expect("one coordinator was started")
     };
-    let started = Instant::now();
-    let baseline = loop {
-        if let Some(reason) = children.exited() {
-            return Err(format!("{reason}; see {}", logs.join("coordinator.log").display()));
-        }
-        match runtime.block_on(client.server_list()) {
-            Ok(servers) => {
-                break servers.iter().map(|server| server.server_id.0).max().unwrap_or(0)
-            }
-            Err(_) if started.elapsed() < STARTUP_PATIENCE => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(error) => return Err(format!("coordinator did not come up: {error}")),
-        }
-    };
+    let coordinator = coordinator_list.as_str();
     for index in 0..arguments.servers {
         let mut extra = Vec::new();
         if let Some(levels) = arguments.cleaner_levels {
@@ -375,7 +556,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         )?;
     }
     loop {
-        if let Some(reason) = children.exited() {
+        if let Some(reason) = children.exited().or_else(|| etcd_exited(&mut etcd)) {
             return Err(format!("{reason} during startup; logs in {}", logs.display()));
         }
         let enlisted = runtime
@@ -403,7 +584,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     }
     // Before the ready line: whoever waits for it may stop the cluster right after.
     if !arguments.no_metrics {
-        let names: Vec<String> = std::iter::once("coordinator".to_string())
+        // A standby serves its metrics only once it is active.
+        let names: Vec<String> = std::iter::once(coordinator_name(0))
             .chain((0..arguments.servers).map(|index| format!("server-{index}")))
             .collect();
         print_metrics_addresses(&names, &logs);
@@ -411,8 +593,19 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     if arguments.resp_port.is_some() {
         print_resp_addresses(arguments.servers, &logs);
     }
+    if let Some(etcd) = &etcd {
+        println!(
+            "coordinators: {} active, {} standing by; metadata in etcd at {} (pid {})",
+            coordinators[0],
+            coordinators[1..].join(","),
+            etcd.client_url(),
+            etcd.process_id()
+        );
+    }
+    println!("processes: {}", children.process_ids());
+    let kind = if on_etcd { "coordinators" } else { "coordinator" };
     println!(
-        "stratus cluster ready: coordinator {coordinator}, {} servers, {replicas} replicas, \
+        "stratus cluster ready: {kind} {coordinator}, {} servers, {replicas} replicas, \
          data and logs in {}",
         arguments.servers,
         arguments.dir.display()
@@ -427,7 +620,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 _ = terminate.recv() => return Ok(()),
                 _ = interrupt.recv() => return Ok(()),
                 _ = poll.tick() => {
-                    if let Some(reason) = children.exited() {
+                    if let Some(reason) = children.exited().or_else(|| etcd_exited(&mut etcd)) {
                         return Err(format!("{reason}; stopping the cluster (logs in {})", logs.display()));
                     }
                 }
@@ -436,5 +629,75 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     });
     println!("stratus up: stopping");
     children.stop();
+    // After the coordinators, which would otherwise lose their store first.
+    drop(etcd);
     outcome
+}
+
+/// The name (and log file stem) of coordinator `index`.
+fn coordinator_name(index: usize) -> String {
+    if index == 0 {
+        "coordinator".to_string()
+    } else {
+        format!("coordinator-{index}")
+    }
+}
+
+/// Why the cluster's etcd is gone, if it is.
+fn etcd_exited(etcd: &mut Option<LocalEtcd>) -> Option<String> {
+    let status = etcd.as_mut()?.exited()?;
+    Some(format!("etcd exited ({status})"))
+}
+
+/// Waits until the coordinator at `address` answers; returns a client of it and the highest
+/// server id it already knew (servers of an earlier run of the same directory).
+fn wait_for_coordinator(
+    runtime: &tokio::runtime::Runtime,
+    address: &str,
+    children: &mut Children,
+    log: &Path,
+) -> Result<(Client, u64), String> {
+    let mut config = ClientConfig::new(address);
+    config.operation_timeout = Duration::from_secs(2);
+    let client = {
+        let _guard = runtime.enter();
+        Client::new(config)
+    };
+    let started = Instant::now();
+    loop {
+        if let Some(reason) = children.exited() {
+            return Err(format!("{reason}; see {}", log.display()));
+        }
+        match runtime.block_on(client.server_list()) {
+            Ok(servers) => {
+                let highest = servers.iter().map(|server| server.server_id.0).max().unwrap_or(0);
+                return Ok((client, highest));
+            }
+            Err(_) if started.elapsed() < STARTUP_PATIENCE => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(error) => return Err(format!("coordinator did not come up: {error}")),
+        }
+    }
+}
+
+/// The line a coordinator on etcd prints once it campaigns for the leadership (`roles.rs`).
+const STANDBY_LINE: &str = "standing by for the leadership";
+
+/// Waits until a standby coordinator, logging to `log`, campaigns for the leadership.
+fn wait_for_standby(children: &mut Children, log: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        if let Some(reason) = children.exited() {
+            return Err(format!("{reason}; see {}", log.display()));
+        }
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(STANDBY_LINE) {
+            return Ok(());
+        }
+        if started.elapsed() > STARTUP_PATIENCE {
+            return Err(format!("a standby coordinator did not start; see {}", log.display()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -144,14 +144,100 @@ fn servers_of_a_killed_up_stop_by_themselves() {
     up.signal(libc::SIGKILL);
     // Every port stops answering within a bounded time.
     for address in servers.iter().chain(std::iter::once(&coordinator)) {
-        let mut stopped = false;
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(address).is_err() {
-                stopped = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(stopped, "{address} still accepts connections after its `up` was killed");
+        assert!(
+            stops_answering(address),
+            "{address} still accepts connections after its `up` was killed"
+        );
     }
+}
+
+/// Whether `address` stops accepting connections within about 10 s.
+fn stops_answering(address: &str) -> bool {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(address).is_err() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// `stratus up --coordinators 2`: the metadata lives in an etcd that `up` starts, the second
+/// coordinator stands by, and when the active one is killed the standby takes over while `up`
+/// and the cluster carry on. An `up` killed with SIGKILL leaves no etcd behind.
+///
+/// Needs the `etcd` binary (Debian: etcd-server). Without it the test says so and passes,
+/// unless STRATUS_REQUIRE_ETCD is set, as CI does.
+#[test]
+fn up_with_a_standby_coordinator_survives_the_active_one_dying() {
+    if !common::installed("etcd") {
+        assert!(
+            std::env::var_os("STRATUS_REQUIRE_ETCD").is_none(),
+            "STRATUS_REQUIRE_ETCD is set but there is no etcd binary"
+        );
+        eprintln!("SKIPPED: no etcd to test against");
+        return;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    let first = free_address();
+    let data = directory.path().join("data");
+    let mut up = Process::start(&[
+        "--coordinator".to_string(),
+        first.clone(),
+        "up".to_string(),
+        "--dir".to_string(),
+        data.display().to_string(),
+        "--coordinators".to_string(),
+        "2".to_string(),
+        "--servers".to_string(),
+        "3".to_string(),
+        "--log-mib".to_string(),
+        "16".to_string(),
+        "--segment-mib".to_string(),
+        "1".to_string(),
+    ]);
+    let patience = Duration::from_secs(60);
+    let coordinators_line = up.wait_for_line("coordinators:", patience);
+    let processes_line = up.wait_for_line("processes:", patience);
+    let ready = up.wait_for_line("ready", patience);
+    // "coordinators: A active, B standing by; metadata in etcd at http://HOST:PORT (pid N)"
+    let standby = coordinators_line
+        .split(" active, ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .expect("the standby's address")
+        .to_string();
+    assert!(coordinators_line.starts_with(&format!("coordinators: {first} active")));
+    let etcd_address = coordinators_line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .expect("etcd's address")
+        .to_string();
+    let both = format!("{first},{standby}");
+    assert!(ready.contains(&both), "{ready}");
+    let active_pid: i32 = processes_line
+        .split_whitespace()
+        .find_map(|entry| entry.strip_prefix("coordinator="))
+        .and_then(|pid| pid.parse().ok())
+        .expect("the active coordinator's pid");
+
+    let created = stratus(&both, &["table", "create", "users", "--span", "3"], None);
+    assert!(created.success, "{}", created.stderr);
+    assert!(stratus(&both, &["put", "users", "alice", "before"], None).success);
+
+    common::send_signal(active_pid, libc::SIGKILL);
+    up.wait_for_line("a standby coordinator takes over", patience);
+    // The standby takes over once the lease runs out; the command waits for it.
+    let created = stratus(&both, &["--timeout-ms", "60000", "table", "create", "later"], None);
+    assert!(created.success, "{}", created.stderr);
+    let get = stratus(&both, &["get", "users", "alice"], None);
+    assert!(get.success, "{}", get.stderr);
+    assert_eq!(text(&get), "before\n");
+    assert!(stratus(&both, &["put", "users", "bob", "after"], None).success);
+    assert!(up.wait_exit(Duration::from_millis(500)).is_none(), "up stopped with the coordinator");
+
+    up.signal(libc::SIGKILL);
+    assert!(stops_answering(&etcd_address), "etcd outlived its `up`");
+    assert!(stops_answering(&standby), "the coordinator outlived its `up`");
 }

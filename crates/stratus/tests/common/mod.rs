@@ -72,13 +72,8 @@ impl Process {
         }
     }
 
-    #[allow(unsafe_code)]
     pub fn signal(&self, signal: i32) {
-        let pid = i32::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) with our own child's pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(pid, signal);
-        }
+        send_signal(i32::try_from(self.child.id()).expect("pid"), signal);
     }
 
     pub fn kill(&mut self) {
@@ -102,6 +97,15 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Sends `signal` to the process `pid` (a child of the test, or of one of its children).
+#[allow(unsafe_code)]
+pub fn send_signal(pid: i32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, signal);
     }
 }
 

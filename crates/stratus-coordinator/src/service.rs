@@ -42,6 +42,19 @@ const DELIVERY_PERSISTENCE: Duration = Duration::from_secs(120);
 /// abandoned and the tablet stays where it was.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Tries at telling a failed transfer's target to drop its copy: the copy only costs memory
+/// until the range next arrives there, so a target unreachable for a few seconds is left
+/// with it rather than holding the migration lock longer.
+const ABANDON_ATTEMPTS_MAX: usize = 5;
+
+/// The partial copy a failed transfer may have left on its target.
+struct AbandonedCopy {
+    target: ServerId,
+    address: String,
+    range: HashRange,
+    transfer_epoch: u64,
+}
+
 /// How long one TRANSFER_TABLET request waits for its answer before the coordinator asks
 /// again (on a fresh connection). The source answers a repeated request with IN_PROGRESS while
 /// the transfer runs and with its outcome once it ended, so an answer lost on a connection
@@ -656,6 +669,12 @@ impl Inner {
             (chosen.0, chosen.1, chosen.2, chosen.3, epoch)
         };
         tracing::info!(%table_id, %name, start_hash, source = %tablet.owner, %target, transfer_epoch, "migrating a tablet");
+        let copy = AbandonedCopy {
+            target,
+            address: target_address.clone(),
+            range: tablet.range,
+            transfer_epoch,
+        };
         let request = Request::TransferTablet {
             master_id: tablet.owner,
             table_id,
@@ -664,13 +683,16 @@ impl Inner {
             target,
             target_address,
         };
-        let (creation_segment, objects_sent) =
-            match self.transfer(tablet.owner, &source_address, &request).await {
-                Ok(outcome) => outcome,
-                Err((status, message)) => {
-                    return Err(self.abandon_migration(table_id, tablet, status, message).await)
-                }
-            };
+        let (creation_segment, objects_sent) = match self
+            .transfer(tablet.owner, &source_address, &request)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err((status, message)) => {
+                let failure = (status, message);
+                return Err(self.abandon_migration(table_id, tablet, failure, Some(copy)).await);
+            }
+        };
         let moved = TabletRecord { range: tablet.range, owner: target, creation_segment };
         let commit_epoch = {
             let mut state = self.state.lock().await;
@@ -683,15 +705,18 @@ impl Inner {
             let (Some(table), Some(index), true) = (unchanged, index, both_up) else {
                 drop(state);
                 let message = "the source or the target failed during the transfer".to_string();
-                return Err(self.abandon_migration(table_id, tablet, Status::Retry, message).await);
+                let failure = (Status::Retry, message);
+                return Err(self.abandon_migration(table_id, tablet, failure, Some(copy)).await);
             };
             let mut updated = table.clone();
             updated.tablets[index] = moved.clone();
             let (epoch, persist_epoch) = state.next_assignment_epoch();
             let batch = vec![put_table(&name, &updated), persist_epoch];
-            if let Err((status, message)) = self.persist(batch).await {
+            if let Err(failure) = self.persist(batch).await {
                 drop(state);
-                return Err(self.abandon_migration(table_id, tablet, status, message).await);
+                // The target's copy is left alone: whether the new owner was recorded is not
+                // known here (the coordinator that loads the store next knows).
+                return Err(self.abandon_migration(table_id, tablet, failure, None).await);
             }
             state.tables.insert(name.clone(), updated);
             epoch
@@ -753,14 +778,14 @@ impl Inner {
 
     /// After a failed transfer: tells the source to serve `tablet` again (and to end a
     /// transfer still running), waiting until it acknowledged, was declared crashed (then its
-    /// recovery serves the tablet), or gave up after [`DELIVERY_PERSISTENCE`]. Returns the
-    /// failure to report.
+    /// recovery serves the tablet), or gave up after [`DELIVERY_PERSISTENCE`]; then tells the
+    /// target to drop the partial `copy` (when given). Returns the failure to report.
     async fn abandon_migration(
         self: &Arc<Self>,
         table_id: TableId,
         tablet: TabletRecord,
-        status: Status,
-        message: String,
+        (status, message): Failure,
+        copy: Option<AbandonedCopy>,
     ) -> Failure {
         tracing::warn!(%table_id, source = %tablet.owner, %status, %message, "migration failed; the source keeps the tablet");
         // At a new epoch, above the transfer's: the source has seen that one.
@@ -778,7 +803,56 @@ impl Inner {
             epoch
         };
         deliver(self.clone(), table_id, tablet, true, epoch).await;
+        if let Some(copy) = copy {
+            // After the source's TAKE: its transfer has ended, so no batch of it starts after
+            // this (one still on its way is refused by the target once the copy is abandoned).
+            self.drop_abandoned_copy(table_id, copy).await;
+        }
         (status, message)
+    }
+
+    /// Tells the target of a failed transfer to drop what the transfer copied there
+    /// (ABANDON_MIGRATION), so that its memory is not held until the range next arrives there.
+    /// Best effort, a few tries: a target that is down lost the copy with its memory, and one
+    /// that cannot be reached keeps it, as before (it is dropped when the range next arrives
+    /// there). The target itself decides whether the copy is still the transfer's to drop.
+    async fn drop_abandoned_copy(self: &Arc<Self>, table_id: TableId, copy: AbandonedCopy) {
+        let request = Request::AbandonMigration {
+            master_id: copy.target,
+            table_id,
+            range: copy.range,
+            assignment_epoch: copy.transfer_epoch,
+        };
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        for _ in 0..ABANDON_ATTEMPTS_MAX {
+            let target_up = {
+                let state = self.state.lock().await;
+                let server = state.servers.get(&copy.target);
+                server.is_some_and(|server| server.status == ServerStatus::Up)
+            };
+            if !target_up || !self.is_active() {
+                return;
+            }
+            match self.pool.call(&copy.address, &request).await {
+                Ok((
+                    Status::Ok,
+                    ResponseBody::Operation(Response::AbandonMigration { objects_dropped }),
+                )) => {
+                    tracing::info!(%table_id, target = %copy.target, objects_dropped, "the target dropped the copy of a failed transfer");
+                    return;
+                }
+                Ok((status, _)) => {
+                    tracing::warn!(%status, target = %copy.target, "the target refused to drop a failed transfer's copy");
+                    return;
+                }
+                Err(error) => {
+                    self.pool.forget(&copy.address);
+                    tracing::debug!(%error, target = %copy.target, "ABANDON_MIGRATION not delivered yet");
+                }
+            }
+            tokio::time::sleep(backoff.next_delay(&*self.environment.entropy)).await;
+        }
+        tracing::warn!(%table_id, target = %copy.target, "a failed transfer's copy stays on its target until the range returns there");
     }
 
     /// Tells every owner of `record`'s tablets to take (or drop) them; waits a bounded time

@@ -54,30 +54,103 @@ pub(crate) struct IncomingTransfer {
     pub(crate) transfer_id: u64,
 }
 
-/// The transfers this master is receiving (or received).
+/// A transfer into this master as remembered: receiving, or abandoned (the coordinator said
+/// it failed, or a recovery of an overlapping range began here), after which none of its
+/// batches is taken, its first included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RememberedTransfer {
+    transfer: IncomingTransfer,
+    abandoned: bool,
+}
+
+/// The transfers this master is receiving (or received, or abandoned).
 #[derive(Debug, Default)]
 pub(crate) struct IncomingTransfers {
-    transfers: Mutex<Vec<IncomingTransfer>>,
+    transfers: Mutex<Vec<RememberedTransfer>>,
+}
+
+/// Whether `transfer` is the transfer of `table`'s `range` at `assignment_epoch` (the
+/// coordinator's name for it; the source's transfer id is not known to the coordinator).
+fn names(transfer: &IncomingTransfer, table: TableId, range: HashRange, epoch: u64) -> bool {
+    transfer.table == table && transfer.range == range && transfer.assignment_epoch == epoch
 }
 
 impl IncomingTransfers {
-    /// Remembers `transfer` as the one for its range, replacing every overlapping one.
-    pub(crate) fn begin(&self, transfer: IncomingTransfer) {
-        let mut transfers = self.transfers.lock().unwrap_or_else(|poison| poison.into_inner());
-        transfers.retain(|other| {
-            other.table != transfer.table || other.range.intersection(&transfer.range).is_none()
-        });
-        if transfers.len() >= INCOMING_TRANSFERS_REMEMBERED_MAX {
-            transfers.remove(0);
-        }
-        transfers.push(transfer);
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RememberedTransfer>> {
+        self.transfers.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// True if `transfer` is the one remembered for its range.
-    pub(crate) fn is_current(&self, transfer: &IncomingTransfer) -> bool {
-        let transfers = self.transfers.lock().unwrap_or_else(|poison| poison.into_inner());
-        transfers.contains(transfer)
+    /// Remembers `transfer` as the one for its range, replacing every overlapping one; false
+    /// (and nothing changes) if it was abandoned: a late first batch must not start it again.
+    pub(crate) fn begin(&self, transfer: IncomingTransfer) -> bool {
+        let mut transfers = self.lock();
+        let abandoned = transfers.iter().any(|other| {
+            other.abandoned
+                && names(&other.transfer, transfer.table, transfer.range, transfer.assignment_epoch)
+        });
+        if abandoned {
+            return false;
+        }
+        transfers.retain(|other| {
+            other.transfer.table != transfer.table
+                || other.transfer.range.intersection(&transfer.range).is_none()
+        });
+        remember(&mut transfers, RememberedTransfer { transfer, abandoned: false });
+        true
     }
+
+    /// True if `transfer` is the one remembered for its range, and not abandoned.
+    pub(crate) fn is_current(&self, transfer: &IncomingTransfer) -> bool {
+        let wanted = RememberedTransfer { transfer: *transfer, abandoned: false };
+        self.lock().contains(&wanted)
+    }
+
+    /// Marks the transfer of `table`'s `range` at `assignment_epoch` abandoned. True if it was
+    /// receiving here until now: its copy is this master's to drop. Otherwise (never begun
+    /// here, replaced by a later transfer, or abandoned before) it is remembered as abandoned
+    /// all the same, so that a batch of it still on its way is refused.
+    pub(crate) fn abandon(&self, table: TableId, range: HashRange, assignment_epoch: u64) -> bool {
+        let mut transfers = self.lock();
+        let named = transfers
+            .iter_mut()
+            .find(|other| names(&other.transfer, table, range, assignment_epoch));
+        match named {
+            Some(other) => !std::mem::replace(&mut other.abandoned, true),
+            None => {
+                let transfer = IncomingTransfer {
+                    table,
+                    range,
+                    assignment_epoch,
+                    source: stratus_types::ServerId(0),
+                    transfer_id: 0,
+                };
+                remember(&mut transfers, RememberedTransfer { transfer, abandoned: true });
+                false
+            }
+        }
+    }
+
+    /// A recovery of `range` of `table` begins here: every transfer of an overlapping range is
+    /// abandoned, so that neither its batches nor an ABANDON_MIGRATION of it touch what the
+    /// recovery replays.
+    pub(crate) fn supersede_overlapping(&self, table: TableId, range: &HashRange) {
+        for other in self.lock().iter_mut() {
+            if other.transfer.table == table && other.transfer.range.intersection(range).is_some() {
+                other.abandoned = true;
+            }
+        }
+    }
+}
+
+/// Adds `transfer`, forgetting one past [`INCOMING_TRANSFERS_REMEMBERED_MAX`]: the oldest
+/// abandoned one if there is any (a marker that only refuses late batches), so that a marker
+/// does not push out a transfer still receiving; else the oldest.
+fn remember(transfers: &mut Vec<RememberedTransfer>, transfer: RememberedTransfer) {
+    if transfers.len() >= INCOMING_TRANSFERS_REMEMBERED_MAX {
+        let oldest_abandoned = transfers.iter().position(|other| other.abandoned);
+        transfers.remove(oldest_abandoned.unwrap_or(0));
+    }
+    transfers.push(transfer);
 }
 
 /// A transfer out of this master that ended: (table, range, assignment epoch) and what it
@@ -608,19 +681,82 @@ mod tests {
             source: ServerId(1),
             transfer_id: 0,
         };
-        incoming.begin(first);
+        assert!(incoming.begin(first));
         assert!(incoming.is_current(&first));
         let second = IncomingTransfer { range: HashRange::new(50, 150).unwrap(), ..first };
-        incoming.begin(second);
+        assert!(incoming.begin(second));
         assert!(!incoming.is_current(&first), "a late batch of the first is refused");
         assert!(incoming.is_current(&second));
         let other_table = IncomingTransfer { table: TableId(2), ..first };
-        incoming.begin(other_table);
+        assert!(incoming.begin(other_table));
         assert!(incoming.is_current(&second) && incoming.is_current(&other_table));
         for transfer_id in 1..=INCOMING_TRANSFERS_REMEMBERED_MAX as u64 {
             let range = HashRange::new(1_000 * transfer_id, 1_000 * transfer_id + 1).unwrap();
             incoming.begin(IncomingTransfer { range, transfer_id, ..first });
         }
         assert!(!incoming.is_current(&second), "the oldest is forgotten first");
+    }
+
+    fn transfer_of(range: HashRange, assignment_epoch: u64) -> IncomingTransfer {
+        IncomingTransfer {
+            table: TableId(1),
+            range,
+            assignment_epoch,
+            source: ServerId(3),
+            transfer_id: 7,
+        }
+    }
+
+    #[test]
+    fn an_abandoned_transfer_takes_no_batch_and_is_dropped_once() {
+        let incoming = IncomingTransfers::default();
+        let range = HashRange::new(0, 99).unwrap();
+        let transfer = transfer_of(range, 4);
+        assert!(incoming.begin(transfer));
+        // Another epoch or range names another transfer.
+        assert!(!incoming.abandon(TableId(1), range, 5));
+        assert!(!incoming.abandon(TableId(1), HashRange::new(0, 98).unwrap(), 4));
+        assert!(incoming.is_current(&transfer));
+        assert!(incoming.abandon(TableId(1), range, 4), "its copy is to be dropped");
+        assert!(!incoming.is_current(&transfer), "later batches are refused");
+        assert!(!incoming.begin(transfer), "a late first batch does not start it again");
+        assert!(!incoming.abandon(TableId(1), range, 4), "dropped once only");
+        // A later transfer of the range starts as usual.
+        let later = transfer_of(range, 6);
+        assert!(incoming.begin(later) && incoming.is_current(&later));
+    }
+
+    #[test]
+    fn a_transfer_abandoned_before_its_first_batch_never_starts() {
+        let incoming = IncomingTransfers::default();
+        let range = HashRange::new(10, 20).unwrap();
+        assert!(!incoming.abandon(TableId(1), range, 4), "nothing here to drop");
+        assert!(!incoming.begin(transfer_of(range, 4)));
+    }
+
+    #[test]
+    fn markers_of_abandoned_transfers_do_not_push_out_one_still_receiving() {
+        let incoming = IncomingTransfers::default();
+        let receiving = transfer_of(HashRange::new(0, 0).unwrap(), 1);
+        assert!(incoming.begin(receiving));
+        for epoch in 0..2 * INCOMING_TRANSFERS_REMEMBERED_MAX as u64 {
+            let range = HashRange::new(10 + epoch, 10 + epoch).unwrap();
+            incoming.abandon(TableId(1), range, 100 + epoch);
+        }
+        assert_eq!(incoming.lock().len(), INCOMING_TRANSFERS_REMEMBERED_MAX, "bounded");
+        assert!(incoming.is_current(&receiving));
+    }
+
+    #[test]
+    fn a_recovery_of_an_overlapping_range_supersedes_a_transfer() {
+        let incoming = IncomingTransfers::default();
+        let range = HashRange::new(0, 99).unwrap();
+        let transfer = transfer_of(range, 4);
+        let elsewhere = transfer_of(HashRange::new(200, 300).unwrap(), 5);
+        assert!(incoming.begin(transfer) && incoming.begin(elsewhere));
+        incoming.supersede_overlapping(TableId(1), &HashRange::new(50, 60).unwrap());
+        assert!(!incoming.is_current(&transfer), "its batches are refused");
+        assert!(!incoming.abandon(TableId(1), range, 4), "its ABANDON drops nothing");
+        assert!(incoming.is_current(&elsewhere), "a transfer of another range goes on");
     }
 }

@@ -317,6 +317,7 @@ impl Master {
             Request::TakeTabletOwnership { master_id, .. }
             | Request::DropTabletOwnership { master_id, .. }
             | Request::ReplicasNeeded { master_id, .. }
+            | Request::AbandonMigration { master_id, .. }
                 if master_id != self.server_id =>
             {
                 // Meant for an earlier process at this address (it crashed, this one enlisted
@@ -357,6 +358,11 @@ impl Master {
                     }
                 }
                 encode_response(out, request_id, Status::Ok, &Response::DropTabletOwnership);
+            }
+            Request::AbandonMigration { table_id, range, assignment_epoch, .. } => {
+                let objects_dropped = self.abandon_migration(table_id, range, assignment_epoch);
+                let response = Response::AbandonMigration { objects_dropped };
+                encode_response(out, request_id, Status::Ok, &response);
             }
             Request::ReplicasNeeded { segment_ids, .. } => {
                 // A master without replication has no replicas anywhere: none is needed.
@@ -840,6 +846,47 @@ impl Master {
         Handled::Done
     }
 
+    /// ABANDON_MIGRATION: drops what the transfer of `table`'s `range` at `assignment_epoch`
+    /// copied here, and refuses its later batches; returns the objects dropped.
+    ///
+    /// Only the copy of that transfer, and only while nothing overtook it: the transfer must
+    /// be the one receiving here (not replaced by a later one, and not superseded by a
+    /// recovery of an overlapping range, which marks it when it begins), and no assignment of
+    /// the range may be newer or served here. A recovery that replayed into the range and
+    /// waits for its TAKE has marked the transfer, so its objects are never the ones dropped.
+    fn abandon_migration(&self, table: TableId, range: HashRange, assignment_epoch: u64) -> u64 {
+        // Held throughout, as a batch holds it: a recovery of the range cannot begin between
+        // the checks and the drop.
+        let in_flight =
+            self.recoveries_in_flight.lock().unwrap_or_else(|poison| poison.into_inner());
+        let recovering = in_flight
+            .iter()
+            .any(|other| other.table_id == table && other.range.intersection(&range).is_some());
+        let dropped = self.ownership.while_receiving(table, range, assignment_epoch, || {
+            // Marked abandoned whatever happens next, so that no batch of it lands after this.
+            let receiving = self.incoming.abandon(table, range, assignment_epoch);
+            if receiving && !recovering {
+                self.store.drop_range(table, range)
+            } else {
+                0
+            }
+        });
+        drop(in_flight);
+        match dropped {
+            Ok(objects) => {
+                tracing::info!(table = %table, start = range.start, assignment_epoch, objects, "dropped the copy of an abandoned transfer");
+                objects
+            }
+            Err(refusal) => {
+                // The range was assigned since (a recovery's TAKE, or a later transfer): what
+                // this master holds of it is not the abandoned copy's to drop.
+                self.incoming.abandon(table, range, assignment_epoch);
+                tracing::info!(table = %table, start = range.start, assignment_epoch, ?refusal, "an abandoned transfer was overtaken; nothing dropped");
+                0
+            }
+        }
+    }
+
     fn apply_migration_batch(&self, batch: &MigrationBatch) -> Result<SegmentId, MigrationFailure> {
         let MigrationBatch { transfer, safe_version, first, objects, removed_keys } = batch;
         let (safe_version, first) = (*safe_version, *first);
@@ -876,10 +923,15 @@ impl Master {
         let written = self.ownership.while_receiving(table, range, assignment_epoch, || {
             let log = self.store.log();
             let creation_segment = if first {
+                if !self.incoming.begin(*transfer) {
+                    return Err((
+                        Status::InvalidParameter,
+                        "the transfer was abandoned".to_string(),
+                    ));
+                }
                 // Whatever this master still holds of the range is from an earlier time it had
                 // it (or an abandoned transfer): invisible (not owned), and it must stay so.
                 self.store.drop_range(table, range);
-                self.incoming.begin(*transfer);
                 log.raise_safe_version(safe_version);
                 // The new head starts the tablet in this log (and records the raised safe
                 // version): recovery ignores the range's entries in older segments.
@@ -986,6 +1038,11 @@ impl Master {
             {
                 Some((Status::InvalidParameter, "this master already serves part of the range"))
             } else {
+                for tablet in &tablets {
+                    // A transfer of the range into this master is over: its batches, and an
+                    // ABANDON_MIGRATION of it, must not touch what this recovery replays.
+                    self.incoming.supersede_overlapping(tablet.table_id, &tablet.range);
+                }
                 in_flight.extend(tablets.iter().copied());
                 None
             }

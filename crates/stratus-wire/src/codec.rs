@@ -362,7 +362,8 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u32(out, *bytes_max);
         }
         Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch }
-        | Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch } => {
+        | Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch }
+        | Request::AbandonMigration { master_id, table_id, range, assignment_epoch } => {
             put_u64(out, master_id.0);
             put_u64(out, table_id.0);
             put_range(out, range);
@@ -458,6 +459,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         }
         Response::ReceiveMigrationData { creation_segment } => put_u64(out, creation_segment.0),
         Response::ReplicasNeeded { not_needed } => put_segment_ids(out, not_needed),
+        Response::AbandonMigration { objects_dropped } => put_u64(out, *objects_dropped),
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
         Response::BackupStartPartitioning { replicas_to_partition } => {
             put_u32(out, *replicas_to_partition)
@@ -1135,6 +1137,12 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             range: reader.range()?,
             assignment_epoch: reader.u64()?,
         },
+        Opcode::AbandonMigration => Request::AbandonMigration {
+            master_id: reader.server_id()?,
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            assignment_epoch: reader.u64()?,
+        },
         Opcode::GetServerStatistics => Request::GetServerStatistics,
         Opcode::BackupWrite => Request::BackupWrite {
             master_id: reader.server_id()?,
@@ -1326,6 +1334,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
             creation_segment: reader.segment_id()?,
             objects_sent: reader.u64()?,
         },
+        Opcode::AbandonMigration => Response::AbandonMigration { objects_dropped: reader.u64()? },
         Opcode::ReplicasNeeded => Response::ReplicasNeeded {
             not_needed: reader.list(BACKUP_REPLICAS_MAX, 8, |reader| reader.segment_id())?,
         },

@@ -77,6 +77,9 @@ pub enum Opcode {
     /// Master (from a backup): which of the backup's replicas of this master's segments it no
     /// longer needs (the backup frees them).
     ReplicasNeeded = 46,
+    /// Master (from the coordinator): a transfer into this master failed; drop what it copied
+    /// here, unless a recovery or an assignment of the range overtook it.
+    AbandonMigration = 47,
     /// Backup: append to a replica of a master's segment (opening or closing it), then store
     /// the certificate that commits it.
     BackupWrite = 50,
@@ -99,7 +102,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 38] = [
+    pub const ALL: [Opcode; 39] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -130,6 +133,7 @@ impl Opcode {
         Opcode::TransferTablet,
         Opcode::ReceiveMigrationData,
         Opcode::ReplicasNeeded,
+        Opcode::AbandonMigration,
         Opcode::BackupWrite,
         Opcode::BackupFree,
         Opcode::BackupListReplicas,
@@ -681,6 +685,19 @@ pub enum Request {
         /// epochs"): a master ignores an assignment older than one it has seen for the range.
         assignment_epoch: u64,
     },
+    /// ABANDON_MIGRATION: the transfer of `range` into `master_id` at `assignment_epoch`
+    /// failed; its partial copy there is dropped unless the range was recovered or assigned
+    /// there since.
+    AbandonMigration {
+        /// The target of the transfer (another server at its address answers WRONG_SERVER).
+        master_id: ServerId,
+        /// Table.
+        table_id: TableId,
+        /// The tablet's range, exactly as transferred.
+        range: HashRange,
+        /// The transfer's assignment epoch (TRANSFER_TABLET's), which names the transfer.
+        assignment_epoch: u64,
+    },
     /// GET_SERVER_STATISTICS.
     GetServerStatistics,
     /// RECOVER_TABLETS: become the owner-to-be of `tablets` of the crashed master by replaying
@@ -898,6 +915,11 @@ pub enum Response {
     TakeTabletOwnership,
     /// DROP_TABLET_OWNERSHIP.
     DropTabletOwnership,
+    /// ABANDON_MIGRATION: what the target dropped.
+    AbandonMigration {
+        /// Objects of the abandoned copy dropped (0 when there was none, or it was ignored).
+        objects_dropped: u64,
+    },
     /// GET_SERVER_STATISTICS.
     GetServerStatistics {
         /// Statistics.
@@ -1021,6 +1043,7 @@ impl Request {
             Request::Enumerate { .. } => Opcode::Enumerate,
             Request::TakeTabletOwnership { .. } => Opcode::TakeTabletOwnership,
             Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
+            Request::AbandonMigration { .. } => Opcode::AbandonMigration,
             Request::GetServerStatistics => Opcode::GetServerStatistics,
             Request::RecoverTablets { .. } => Opcode::RecoverTablets,
             Request::BackupFenceMaster { .. } => Opcode::BackupFenceMaster,
@@ -1078,6 +1101,7 @@ impl Response {
             Response::MigrateTablet => Opcode::MigrateTablet,
             Response::TransferTablet { .. } => Opcode::TransferTablet,
             Response::ReceiveMigrationData { .. } => Opcode::ReceiveMigrationData,
+            Response::AbandonMigration { .. } => Opcode::AbandonMigration,
             Response::ReplicasNeeded { .. } => Opcode::ReplicasNeeded,
             Response::BackupGetRecoveryData { .. } => Opcode::BackupGetRecoveryData,
             Response::BackupStartPartitioning { .. } => Opcode::BackupStartPartitioning,

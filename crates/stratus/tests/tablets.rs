@@ -425,10 +425,11 @@ async fn a_migration_to_a_dead_master_fails_and_the_tablet_stays_writable() {
 }
 
 /// A migration that fails part-way (the target runs out of memory) changes nothing a client
-/// sees: the source still serves the tablet, the target its own table, every object readable.
-/// (The target keeps what it received, invisible, until the range next arrives there; each
-/// retry starts by dropping it, with the target's cleaner busy, which once crashed the target:
-/// an object dropped from the index was counted dead after its segment had been cleaned.)
+/// sees: the source still serves the tablet, the target its own table, every object readable;
+/// and the target holds nothing of what it received (the coordinator tells it to drop the
+/// copy). (Each retry also starts by dropping it, with the target's cleaner busy, which once
+/// crashed the target: an object dropped from the index was counted dead after its segment
+/// had been cleaned.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_migration_changes_nothing_clients_see() {
     let cluster = TestCluster::start_with_replicas(2, 0);
@@ -449,6 +450,10 @@ async fn a_failed_migration_changes_nothing_clients_see() {
     assert_ne!(error.status, Status::Ok, "{error:?}");
     assert_eq!(tablets_of(&client, big).await, vec![(0, u64::MAX, source)]);
     assert_eq!(tablets_of(&client, filler).await, vec![(0, u64::MAX, target.0)]);
+    let servers = client.server_list().await.unwrap();
+    let target_address = &servers.iter().find(|server| server.server_id == target).unwrap().address;
+    let statistics = client.server_statistics(target_address).await.unwrap();
+    assert_eq!(statistics.objects_live, 2_000, "the target holds its own table's objects only");
     for index in (0..2_000u32).step_by(37) {
         let key = format!("key-{index}");
         assert_eq!(client.read(big, key.as_bytes()).await.unwrap().0, value);

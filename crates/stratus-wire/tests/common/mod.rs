@@ -235,6 +235,14 @@ pub fn request() -> impl Strategy<Value = Request> {
                 assignment_epoch,
             }
         ),
+        (server_id(), table_id(), range(), any::<u64>()).prop_map(
+            |(master_id, table_id, range, assignment_epoch)| Request::AbandonMigration {
+                master_id,
+                table_id,
+                range,
+                assignment_epoch,
+            }
+        ),
         Just(Request::GetServerStatistics),
         (
             server_id(),
@@ -426,6 +434,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::BackupWrite),
         Just(Response::BackupFree),
         vec(segment_id(), 0..4).prop_map(|not_needed| Response::ReplicasNeeded { not_needed }),
+        any::<u64>().prop_map(|objects_dropped| Response::AbandonMigration { objects_dropped }),
         vec(replica_entry(), 0..4).prop_map(|replicas| Response::BackupListReplicas { replicas }),
         (any::<u64>(), any::<u32>(), any::<[bool; 2]>(), value()).prop_map(
             |(epoch, checksum, [closed, primary], data)| Response::BackupReadReplica {

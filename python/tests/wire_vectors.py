@@ -278,7 +278,7 @@ fd 01 00 00               # frames free 509
 00                        # storage failure: absent
 """,
     "recover-tablets-request": """
-5d 00 00 00               # frame length 93
+65 00 00 00               # frame length 101
 01 00                     # kind: request, flags
 2b 00                     # opcode 43 RECOVER_TABLETS
 10 00 00 00 00 00 00 00   # request id 16
@@ -294,6 +294,7 @@ ff ff ff ff ff ff ff 7f   #   range end 0x7fffffffffffffff
 03 00 00 00 00 00 00 00   #   segment 3
 01 00 00 00               # backups: 1
 03 00 62 3a 31            #   "b:1"
+07 00 00 00 00 00 00 00   # assignment epoch 7
 """,
     "renew-lease-request": """
 14 00 00 00               # frame length 20

@@ -698,6 +698,17 @@ impl Inner {
         if !self.is_active() {
             return Attempt::Again("not the active coordinator".to_string());
         }
+        // Above every assignment made before this attempt, the transfers of these ranges
+        // included: each recovery master refuses their batches from now on (a first batch
+        // arriving late would drop what it replays). Persisted before any message carries it.
+        let assignment_epoch = {
+            let mut state = self.state.lock().await;
+            let (epoch, persist_epoch) = state.next_assignment_epoch();
+            if let Err((_, reason)) = self.persist(vec![persist_epoch]).await {
+                return Attempt::Again(format!("persisting the recovery's epoch: {reason}"));
+            }
+            epoch
+        };
         // Each recovery master's tablets, exactly as its RECOVER_TABLETS names them: the
         // backups cut their replicas for these partitions ahead of the requests.
         let partitions: Vec<_> = partitions
@@ -727,6 +738,7 @@ impl Inner {
                 tablets,
                 segments: segments.clone(),
                 backups: backups.to_vec(),
+                assignment_epoch,
             };
             let inner = self.clone();
             calls.spawn(async move {

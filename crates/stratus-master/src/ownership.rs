@@ -310,6 +310,15 @@ impl TabletOwnership {
         Ok(apply())
     }
 
+    /// A recovery of `range` of `table` at `epoch` begins here (RECOVER_TABLETS): remembered
+    /// as an assignment seen, so that every older assignment of the range, a transfer's
+    /// batches included, is stale from now on. The coordinator's TAKE of the recovered range
+    /// comes at a newer epoch.
+    pub fn note_recovery(&self, table: TableId, range: HashRange, epoch: u64) {
+        let _assigning = self.assigning();
+        self.write().record(table, range, (epoch, Direction::Serve));
+    }
+
     /// Ends the transfer `transfer_id` (it failed): its tablet is served as before.
     pub fn unfreeze(&self, transfer_id: u64) {
         self.write().frozen.retain(|frozen| frozen.transfer_id != transfer_id);
@@ -510,6 +519,26 @@ mod tests {
         ownership.drop_within_then(table, &HashRange::FULL, 2, || ()).unwrap();
         assert!(!ownership.owns(table, KeyHash(5)));
         assert_eq!(ownership.count(), 0);
+    }
+
+    /// A transfer's batch delayed past the start of a recovery of its range here is stale,
+    /// however late it comes before the recovery's TAKE; the TAKE and later transfers are not.
+    #[test]
+    fn a_recovery_makes_batches_of_earlier_transfers_of_its_range_stale() {
+        let ownership = TabletOwnership::default();
+        let table = TableId(2);
+        let range = HashRange::new(0, 99).unwrap();
+        let part = HashRange::new(50, 59).unwrap();
+        let receive = |epoch| ownership.while_receiving(table, range, epoch, || ());
+        // The transfer's first batch never arrived; the recovery of a part of it begins.
+        ownership.note_recovery(table, part, 8);
+        assert_eq!(receive(7), Err(AssignmentRefusal::Stale), "a batch of the earlier transfer");
+        let elsewhere = HashRange::new(200, 299).unwrap();
+        assert_eq!(ownership.while_receiving(table, elsewhere, 7, || ()), Ok(()));
+        ownership.take(table, part, 9).unwrap();
+        assert!(ownership.owns(table, KeyHash(55)), "the recovery's TAKE is newer");
+        ownership.drop_within_then(table, &part, 10, || ()).unwrap();
+        assert_eq!(receive(11), Ok(()), "a later transfer of the range");
     }
 
     #[test]

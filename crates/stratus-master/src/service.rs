@@ -627,8 +627,10 @@ impl Service for Master {
                 tablets,
                 segments,
                 backups,
+                assignment_epoch,
             }) => {
-                let request = (master_id, crashed_master, tablets, segments, backups);
+                let request =
+                    (master_id, crashed_master, tablets, segments, backups, assignment_epoch);
                 return self.recover(header.request_id, request, started, out);
             }
             Ok(Request::TransferTablet {
@@ -988,8 +990,8 @@ impl Master {
 }
 
 /// A RECOVER_TABLETS request: the recovery master it is meant for, the crashed master, the
-/// tablets, its segments, the backups.
-type RecoverRequest = (ServerId, ServerId, Vec<RecoveryTablet>, Vec<SegmentId>, Vec<String>);
+/// tablets, its segments, the backups, the recovery's assignment epoch.
+type RecoverRequest = (ServerId, ServerId, Vec<RecoveryTablet>, Vec<SegmentId>, Vec<String>, u64);
 
 impl Master {
     /// RECOVER_TABLETS: replays the partition in the background and answers when it is
@@ -1001,7 +1003,7 @@ impl Master {
         started: tokio::time::Instant,
         out: &mut BytesMut,
     ) -> Handled {
-        let (master_id, crashed_master, tablets, segments, backups) = request;
+        let (master_id, crashed_master, tablets, segments, backups, assignment_epoch) = request;
         let refuse = |out: &mut BytesMut, status: Status, message: &str| {
             let opcode = Opcode::RecoverTablets.code();
             encode_error_response(out, request_id, opcode, status, message);
@@ -1040,8 +1042,12 @@ impl Master {
             } else {
                 for tablet in &tablets {
                     // A transfer of the range into this master is over: its batches, and an
-                    // ABANDON_MIGRATION of it, must not touch what this recovery replays.
+                    // ABANDON_MIGRATION of it, must not touch what this recovery replays. One
+                    // whose first batch has not arrived yet is not remembered here: the
+                    // recovery's epoch, above the transfer's, makes its batches stale.
                     self.incoming.supersede_overlapping(tablet.table_id, &tablet.range);
+                    let (table, range) = (tablet.table_id, tablet.range);
+                    self.ownership.note_recovery(table, range, assignment_epoch);
                 }
                 in_flight.extend(tablets.iter().copied());
                 None

@@ -420,7 +420,14 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, master_id.0);
             put_segment_ids(out, segment_ids);
         }
-        Request::RecoverTablets { master_id, crashed_master, tablets, segments, backups } => {
+        Request::RecoverTablets {
+            master_id,
+            crashed_master,
+            tablets,
+            segments,
+            backups,
+            assignment_epoch,
+        } => {
             put_u64(out, master_id.0);
             put_u64(out, crashed_master.0);
             put_count(out, tablets.len());
@@ -435,6 +442,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             for backup in backups {
                 put_string(out, backup);
             }
+            put_u64(out, *assignment_epoch);
         }
     }
 }
@@ -1208,6 +1216,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             backups: reader.list(SERVERS_MAX, 2, |reader| {
                 reader.string(SERVER_ADDRESS_BYTES_MAX, "backup address")
             })?,
+            assignment_epoch: reader.u64()?,
         },
     })
 }

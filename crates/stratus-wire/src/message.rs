@@ -714,6 +714,10 @@ pub enum Request {
         segments: Vec<SegmentId>,
         /// Addresses of the backups that may hold replicas of them.
         backups: Vec<String>,
+        /// An assignment epoch the coordinator persisted for this recovery attempt: above every
+        /// assignment made before it, so the recovery master refuses batches of any earlier
+        /// transfer of these ranges (wire-protocol.md, RECOVER_TABLETS).
+        assignment_epoch: u64,
     },
     /// BACKUP_WRITE: append `data` at `offset` of the replica of (`master_id`, `segment_id`),
     /// then store `certificate`.

@@ -218,6 +218,7 @@ fn expected(name: &str) -> Expected {
                 }],
                 segments: vec![SegmentId(1), SegmentId(3)],
                 backups: vec!["b:1".to_string()],
+                assignment_epoch: 7,
             },
         },
         "renew-lease-request" => Expected::Request {

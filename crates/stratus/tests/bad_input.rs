@@ -139,6 +139,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         tablets,
         segments: vec![SegmentId(1)],
         backups: vec![master.clone()],
+        assignment_epoch: 1,
     };
     encode_request(&mut recovery, 10, &recover(Vec::new()));
     let owned =
@@ -199,6 +200,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         tablets: vec![RecoveryTablet { table_id: other_table, ..owned }],
         segments: vec![SegmentId(1)],
         backups: vec![master.clone()],
+        assignment_epoch: 1,
     };
     encode_request(&mut misaddressed, 14, &recovery_elsewhere);
     stream.write_all(&misaddressed).await.unwrap();

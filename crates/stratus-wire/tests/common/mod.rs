@@ -297,11 +297,24 @@ pub fn request() -> impl Strategy<Value = Request> {
                 partitions
             }
         ),
-        (server_id(), vec(recovery_tablet(), 0..4), vec(segment_id(), 0..6), vec(name(), 0..3))
-            .prop_map(|(crashed_master, tablets, segments, backups)| {
+        (
+            server_id(),
+            vec(recovery_tablet(), 0..4),
+            vec(segment_id(), 0..6),
+            vec(name(), 0..3),
+            any::<u64>()
+        )
+            .prop_map(|(crashed_master, tablets, segments, backups, assignment_epoch)| {
                 // The recovery master's id: any id encodes alike.
                 let master_id = ServerId(crashed_master.0 ^ 1);
-                Request::RecoverTablets { master_id, crashed_master, tablets, segments, backups }
+                Request::RecoverTablets {
+                    master_id,
+                    crashed_master,
+                    tablets,
+                    segments,
+                    backups,
+                    assignment_epoch,
+                }
             }),
     ]
 }

@@ -71,7 +71,10 @@ impl LocalEtcd {
                 Ok(_) => return Ok(etcd),
                 Err(error) => {
                     if let Ok(Some(status)) = etcd.child.try_wait() {
-                        return Err(format!("etcd exited at start ({status}); see its log"));
+                        return Err(format!(
+                            "etcd exited at start ({status}); see {}",
+                            log_file.display()
+                        ));
                     }
                     if Instant::now() >= deadline {
                         etcd.kill();

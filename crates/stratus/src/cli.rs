@@ -30,7 +30,8 @@ pub struct Arguments {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a local cluster in the foreground: a coordinator and N storage servers on loopback.
+    /// Run a local cluster in the foreground: a coordinator (or several, on an etcd it starts)
+    /// and N storage servers on loopback.
     Up(crate::up::UpArguments),
     /// Run the coordinator.
     Coordinator(crate::roles::CoordinatorArguments),

@@ -300,6 +300,11 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
     let lease_ttl = Duration::from_secs(arguments.etcd_lease_seconds.max(1));
     let config =
         LeadershipConfig { lease_ttl, takeover_delay: lease_ttl, ..LeadershipConfig::default() };
+    // A standby listens only once it is active; an address it cannot listen on must show now,
+    // not when it takes over (it would then exit with the leadership, and no coordinator would
+    // serve until its lease ran out). Another process can still take the port meanwhile.
+    std::net::TcpListener::bind(&arguments.listen)
+        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
     println!(
         "coordinator standing by for the leadership in etcd ({})",
         client.endpoints().join(",")

@@ -1,7 +1,8 @@
 //! `stratus up`: a whole local cluster in the foreground.
 //!
-//! The coordinator and every storage server are child processes of this one (the same binary
-//! in its other roles), on loopback, with their logs under `DIR/logs`. The command prints a line
+//! The coordinator (or, with `--coordinators N`, N coordinators and the etcd that holds their
+//! metadata) and every storage server are child processes of this one (the same binary in its
+//! other roles; etcd's own binary), on loopback, with their logs under `DIR/logs`. The command prints a line
 //! containing `ready` once every server has enlisted, and on SIGINT or SIGTERM stops every child
 //! (SIGTERM, then SIGKILL after a grace period) before exiting.
 
@@ -68,8 +69,10 @@ pub struct UpArguments {
     #[arg(long, default_value_t = stratus_backup::BackupConfig::FRAME_COUNT_DEFAULT)]
     pub backup_frames: u32,
     /// First port of the metrics endpoints, on 127.0.0.1: the coordinator's (with the status
-    /// page) on this port, server i's on this port + 1 + i. Without it, each process takes a
-    /// free port; either way they are printed once the cluster is ready.
+    /// page) on this port, server i's on this port + 1 + i, and standby coordinator j's (with
+    /// `--coordinators`) on this port + servers + j, served once it is active. Without it,
+    /// each process takes a free port; the first coordinator's and the servers' are printed
+    /// once the cluster is ready (a standby that takes over prints its own in its log).
     #[arg(long, conflicts_with = "no_metrics")]
     pub metrics_port: Option<u16>,
     /// Serve no metrics and no status page.
@@ -182,6 +185,11 @@ const COORDINATORS_MAX: u32 = 5;
 
 /// The addresses of `count` coordinators: `first`, then the ports after its port.
 fn coordinator_addresses(first: &str, count: u32) -> Result<Vec<String>, String> {
+    if first.contains(',') {
+        return Err(format!(
+            "`up` starts its coordinators itself: give one address (--coordinator), not {first:?}"
+        ));
+    }
     if count == 1 {
         return Ok(vec![first.to_string()]);
     }
@@ -189,17 +197,13 @@ fn coordinator_addresses(first: &str, count: u32) -> Result<Vec<String>, String>
         .rsplit_once(':')
         .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
         .ok_or_else(|| format!("coordinator address {first:?} is not host:port"))?;
-    (0..count)
-        .map(|index| {
-            let port = u32::from(port) + index;
-            if port == 0 || port > u32::from(u16::MAX) {
-                return Err(format!(
-                    "--coordinators {count} from port {port} leaves the port range"
-                ));
-            }
-            Ok(format!("{host}:{port}"))
-        })
-        .collect()
+    if port == 0 {
+        return Err("--coordinators needs a fixed coordinator port, not 0".to_string());
+    }
+    if u32::from(port) + count - 1 > u32::from(u16::MAX) {
+        return Err(format!("--coordinators {count} from port {port} leaves the port range"));
+    }
+    Ok((0..count).map(|index| format!("{host}:{}", u32::from(port) + index)).collect())
 }
 
 /// Where the coordinator keeps the cluster's metadata under `DIR`: the embedded store's
@@ -245,7 +249,8 @@ fn start_etcd(dir: &Path, logs: &Path) -> Result<LocalEtcd, String> {
     LocalEtcd::start_with(&data, &logs.join("etcd.log"), |command| {
         use std::os::unix::process::CommandExt;
         // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2)
-        // and getppid(2), which are async-signal-safe; it allocates nothing and takes no lock.
+        // and getppid(2), which are async-signal-safe; it allocates nothing (its errors are
+        // bare OS codes) and takes no lock.
         #[allow(unsafe_code)]
         unsafe {
             command.pre_exec(move || {
@@ -254,7 +259,7 @@ fn start_etcd(dir: &Path, logs: &Path) -> Result<LocalEtcd, String> {
                 }
                 // The parent may have died before the death signal was armed.
                 if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                    return Err(std::io::Error::other("stratus up exited while starting etcd"));
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
@@ -317,24 +322,24 @@ impl Children {
         Ok(())
     }
 
-    /// Why the cluster cannot go on, if a child's exit means that: any child but a
-    /// coordinator with standbys, or the last of those. A coordinator that exits while
-    /// another is left is reported here once.
-    fn exited(&mut self) -> Option<String> {
+    /// Why the cluster cannot go on, if a child's exit means that: any child's, except that
+    /// once the cluster is up (`standbys_may_take_over`) a coordinator with standbys may exit
+    /// while another coordinator is left (reported here, once). During startup every exit is
+    /// a failure to start.
+    fn exited(&mut self, standbys_may_take_over: bool) -> Option<String> {
         let mut fatal = None;
+        let mut coordinator_exits = Vec::new();
         for process in &mut self.processes {
             if process.exit_status.is_some() {
                 continue;
             }
             let Ok(Some(status)) = process.child.try_wait() else { continue };
             process.exit_status = Some(status);
-            if process.has_standbys {
-                println!(
-                    "stratus up: {} exited ({status}); a standby coordinator takes over",
-                    process.name
-                );
+            let exit = format!("{} exited ({status})", process.name);
+            if process.has_standbys && standbys_may_take_over {
+                coordinator_exits.push(exit);
             } else {
-                fatal.get_or_insert(format!("{} exited ({status})", process.name));
+                fatal.get_or_insert(exit);
             }
         }
         let coordinators_left = self
@@ -342,11 +347,15 @@ impl Children {
             .iter()
             .filter(|process| process.has_standbys && process.exit_status.is_none())
             .count();
-        if fatal.is_none()
-            && coordinators_left == 0
-            && self.processes.iter().any(|process| process.has_standbys)
-        {
-            fatal = Some("every coordinator exited".to_string());
+        for exit in coordinator_exits {
+            if coordinators_left == 0 {
+                fatal.get_or_insert(format!("{exit}: it was the last coordinator"));
+            } else {
+                println!(
+                    "stratus up: {exit}; {coordinators_left} coordinator(s) left, of which one \
+                     takes over if it was the active one"
+                );
+            }
         }
         fatal
     }
@@ -476,16 +485,13 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         children.spawn_process(&name, &coordinator_arguments, &logs, on_etcd)?;
         if index == 0 {
             // The first is active before any standby starts, so which one serves is known.
-            let (first_client, servers_before) = wait_for_coordinator(
-                &runtime,
-                address,
-                &mut children,
-                &logs.join("coordinator.log"),
-            )?;
+            let log = logs.join("coordinator.log");
+            let (first_client, servers_before) =
+                wait_for_coordinator(&runtime, address, &mut children, &mut etcd, &log)?;
             client = Some(first_client);
             baseline = servers_before;
         } else {
-            wait_for_standby(&mut children, &logs.join(format!("{name}.log")))?;
+            wait_for_standby(&mut children, &mut etcd, &logs.join(format!("{name}.log")))?;
         }
     }
     let coordinator_list = coordinators.join(",");
@@ -556,7 +562,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         )?;
     }
     loop {
-        if let Some(reason) = children.exited().or_else(|| etcd_exited(&mut etcd)) {
+        if let Some(reason) = children.exited(true).or_else(|| etcd_exited(&mut etcd)) {
             return Err(format!("{reason} during startup; logs in {}", logs.display()));
         }
         let enlisted = runtime
@@ -620,7 +626,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 _ = terminate.recv() => return Ok(()),
                 _ = interrupt.recv() => return Ok(()),
                 _ = poll.tick() => {
-                    if let Some(reason) = children.exited().or_else(|| etcd_exited(&mut etcd)) {
+                    if let Some(reason) = children.exited(true).or_else(|| etcd_exited(&mut etcd)) {
                         return Err(format!("{reason}; stopping the cluster (logs in {})", logs.display()));
                     }
                 }
@@ -655,6 +661,7 @@ fn wait_for_coordinator(
     runtime: &tokio::runtime::Runtime,
     address: &str,
     children: &mut Children,
+    etcd: &mut Option<LocalEtcd>,
     log: &Path,
 ) -> Result<(Client, u64), String> {
     let mut config = ClientConfig::new(address);
@@ -665,7 +672,7 @@ fn wait_for_coordinator(
     };
     let started = Instant::now();
     loop {
-        if let Some(reason) = children.exited() {
+        if let Some(reason) = children.exited(false).or_else(|| etcd_exited(etcd)) {
             return Err(format!("{reason}; see {}", log.display()));
         }
         match runtime.block_on(client.server_list()) {
@@ -684,11 +691,16 @@ fn wait_for_coordinator(
 /// The line a coordinator on etcd prints once it campaigns for the leadership (`roles.rs`).
 const STANDBY_LINE: &str = "standing by for the leadership";
 
-/// Waits until a standby coordinator, logging to `log`, campaigns for the leadership.
-fn wait_for_standby(children: &mut Children, log: &Path) -> Result<(), String> {
+/// Waits until a standby coordinator, logging to `log`, campaigns for the leadership (it
+/// checks that it can listen on its address first: see `roles.rs`).
+fn wait_for_standby(
+    children: &mut Children,
+    etcd: &mut Option<LocalEtcd>,
+    log: &Path,
+) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        if let Some(reason) = children.exited() {
+        if let Some(reason) = children.exited(false).or_else(|| etcd_exited(etcd)) {
             return Err(format!("{reason}; see {}", log.display()));
         }
         let text = std::fs::read_to_string(log).unwrap_or_default();

@@ -310,13 +310,26 @@ impl TabletOwnership {
         Ok(apply())
     }
 
-    /// A recovery of `range` of `table` at `epoch` begins here (RECOVER_TABLETS): remembered
-    /// as an assignment seen, so that every older assignment of the range, a transfer's
-    /// batches included, is stale from now on. The coordinator's TAKE of the recovered range
-    /// comes at a newer epoch.
-    pub fn note_recovery(&self, table: TableId, range: HashRange, epoch: u64) {
+    /// A recovery of the ranges `tablets` at `epoch` begins here (RECOVER_TABLETS): each is
+    /// remembered as an assignment seen, so that every older assignment of it, a transfer's
+    /// batches included, is stale from now on (the coordinator's TAKE of a recovered range
+    /// comes at a newer epoch). False, and nothing recorded, if the recovery itself is stale:
+    /// an assignment of an overlapping range newer than it was seen here.
+    pub fn note_recovery(
+        &self,
+        tablets: impl Iterator<Item = (TableId, HashRange)> + Clone,
+        epoch: u64,
+    ) -> bool {
         let _assigning = self.assigning();
-        self.write().record(table, range, (epoch, Direction::Serve));
+        let mut owned = self.write();
+        let rank = (epoch, Direction::Serve);
+        if tablets.clone().any(|(table, range)| owned.is_stale(table, &range, rank)) {
+            return false;
+        }
+        for (table, range) in tablets {
+            owned.record(table, range, rank);
+        }
+        true
     }
 
     /// Ends the transfer `transfer_id` (it failed): its tablet is served as before.
@@ -531,7 +544,7 @@ mod tests {
         let part = HashRange::new(50, 59).unwrap();
         let receive = |epoch| ownership.while_receiving(table, range, epoch, || ());
         // The transfer's first batch never arrived; the recovery of a part of it begins.
-        ownership.note_recovery(table, part, 8);
+        assert!(ownership.note_recovery([(table, part)].into_iter(), 8));
         assert_eq!(receive(7), Err(AssignmentRefusal::Stale), "a batch of the earlier transfer");
         let elsewhere = HashRange::new(200, 299).unwrap();
         assert_eq!(ownership.while_receiving(table, elsewhere, 7, || ()), Ok(()));
@@ -539,6 +552,11 @@ mod tests {
         assert!(ownership.owns(table, KeyHash(55)), "the recovery's TAKE is newer");
         ownership.drop_within_then(table, &part, 10, || ()).unwrap();
         assert_eq!(receive(11), Ok(()), "a later transfer of the range");
+        // A request of an earlier recovery attempt that arrives now is refused, and changes
+        // nothing: the batches of the later transfer still go in.
+        let overlapping = HashRange::new(40, 60).unwrap();
+        assert!(!ownership.note_recovery([(table, overlapping)].into_iter(), 9));
+        assert_eq!(receive(11), Ok(()));
     }
 
     #[test]

@@ -1039,6 +1039,17 @@ impl Master {
                 .any(|tablet| self.ownership.overlaps(tablet.table_id, &tablet.range))
             {
                 Some((Status::InvalidParameter, "this master already serves part of the range"))
+            } else if !self.ownership.note_recovery(
+                tablets.iter().map(|tablet| (tablet.table_id, tablet.range)),
+                assignment_epoch,
+            ) {
+                // A request of an earlier attempt that arrives late (the range may have been
+                // recovered elsewhere and migrated here since): replaying it would drop what
+                // this master received. A current attempt is never older than what it saw.
+                Some((
+                    Status::Retry,
+                    "an assignment of the range newer than this recovery was seen here",
+                ))
             } else {
                 for tablet in &tablets {
                     // A transfer of the range into this master is over: its batches, and an
@@ -1046,8 +1057,6 @@ impl Master {
                     // whose first batch has not arrived yet is not remembered here: the
                     // recovery's epoch, above the transfer's, makes its batches stale.
                     self.incoming.supersede_overlapping(tablet.table_id, &tablet.range);
-                    let (table, range) = (tablet.table_id, tablet.range);
-                    self.ownership.note_recovery(table, range, assignment_epoch);
                 }
                 in_flight.extend(tablets.iter().copied());
                 None

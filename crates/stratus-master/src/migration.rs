@@ -20,10 +20,12 @@ use stratus_wire::{EnumeratedObject, Request, Response, ResponseBody, Status};
 
 use crate::ownership::{AssignmentRefusal, ChangedDuringCopy, TabletOwnership};
 
-/// Transfers a target remembers (source and transfer id per range). One per migration the
-/// coordinator ran to this master, and it runs one at a time; a range's entry is replaced by
-/// the next transfer of an overlapping range, so this bounds only ranges never transferred
-/// again, oldest forgotten first (a forgotten transfer's late batch is then refused).
+/// Transfers a target remembers (source and transfer id per range, and whether each was
+/// abandoned). One per migration the coordinator ran to this master, and it runs one at a
+/// time; a range's entry is replaced by the next transfer of an overlapping range, so this
+/// bounds only ranges never transferred again. Abandoned ones are forgotten first, then the
+/// oldest (a forgotten transfer's late batch is then refused, unless it is a first batch of
+/// an abandoned transfer: that one starts it again, as before abandoning existed).
 pub const INCOMING_TRANSFERS_REMEMBERED_MAX: usize = 64;
 
 /// Ended transfers out of this master a master remembers, so that the coordinator, whose

@@ -2,9 +2,9 @@
 //!
 //! The coordinator (or, with `--coordinators N`, N coordinators and the etcd that holds their
 //! metadata) and every storage server are child processes of this one (the same binary in its
-//! other roles; etcd's own binary), on loopback, with their logs under `DIR/logs`. The command prints a line
-//! containing `ready` once every server has enlisted, and on SIGINT or SIGTERM stops every child
-//! (SIGTERM, then SIGKILL after a grace period) before exiting.
+//! other roles; etcd's own binary), on loopback, with their logs under `DIR/logs`. The command
+//! prints a line containing `ready` once every server has enlisted, and on SIGINT or SIGTERM
+//! stops every child (SIGTERM, then SIGKILL after a grace period) before exiting.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -179,11 +179,13 @@ impl TestCluster {
         coordinator_extra: &[&str],
     ) -> TestCluster {
         let directory = tempfile::tempdir().expect("temporary directory");
-        let coordinator_address = free_address();
         let coordinator_extra: Vec<String> =
             coordinator_extra.iter().map(|argument| argument.to_string()).collect();
-        let coordinator =
-            Self::start_coordinator_with(&coordinator_address, &directory, &coordinator_extra);
+        // Port 0: the coordinator binds a free port itself and says which. (A port found free
+        // here and bound later by the child can be taken in between by another test's
+        // connection: CI saw "Address already in use".) Restarts reuse the port it got.
+        let (coordinator, coordinator_address) =
+            Self::launch_coordinator("127.0.0.1:0", &directory, &coordinator_extra);
         let mut cluster = TestCluster {
             coordinator_address,
             directory,
@@ -230,6 +232,16 @@ impl TestCluster {
         directory: &tempfile::TempDir,
         extra: &[String],
     ) -> Process {
+        Self::launch_coordinator(address, directory, extra).0
+    }
+
+    /// Starts a coordinator listening on `address` and waits until it listens; returns it and
+    /// the address it listens on (the port it was given, or the one it chose for port 0).
+    fn launch_coordinator(
+        address: &str,
+        directory: &tempfile::TempDir,
+        extra: &[String],
+    ) -> (Process, String) {
         let mut arguments = vec![
             "coordinator".to_string(),
             "--listen".to_string(),
@@ -239,8 +251,9 @@ impl TestCluster {
         ];
         arguments.extend(extra.iter().cloned());
         let coordinator = Process::start(&arguments);
-        coordinator.wait_for_line("listening on", Duration::from_secs(30));
-        coordinator
+        let line = coordinator.wait_for_line("listening on", Duration::from_secs(30));
+        let listening = line.split_whitespace().last().expect("an address").to_string();
+        (coordinator, listening)
     }
 
     /// Kills the coordinator with SIGKILL and starts a new one on the same directory.

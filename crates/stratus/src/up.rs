@@ -4,7 +4,9 @@
 //! metadata) and every storage server are child processes of this one (the same binary in its
 //! other roles; etcd's own binary), on loopback, with their logs under `DIR/logs`. The command
 //! prints a line containing `ready` once every server has enlisted, and on SIGINT or SIGTERM
-//! stops every child (SIGTERM, then SIGKILL after a grace period) before exiting.
+//! stops every child (SIGTERM, then SIGKILL after a grace period) before exiting. Given a
+//! coordinator address with port 0 (one coordinator only), the coordinator picks a free port,
+//! and the ready line names the address it listens on.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -198,6 +200,8 @@ fn coordinator_addresses(first: &str, count: u32) -> Result<Vec<String>, String>
         .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
         .ok_or_else(|| format!("coordinator address {first:?} is not host:port"))?;
     if port == 0 {
+        // One coordinator may take a free port (it prints which); standbys' ports follow the
+        // first's, so they need it fixed.
         return Err("--coordinators needs a fixed coordinator port, not 0".to_string());
     }
     if u32::from(port) + count - 1 > u32::from(u16::MAX) {
@@ -443,7 +447,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         .worker_threads
         .unwrap_or_else(|| (cpus / arguments.servers.max(1) as usize).max(1))
         .max(1);
-    let coordinators = coordinator_addresses(coordinator, arguments.coordinators)?;
+    let mut coordinators = coordinator_addresses(coordinator, arguments.coordinators)?;
     let on_etcd = coordinators.len() > 1;
     check_metadata_kind(&arguments.dir, on_etcd)?;
     if let Some(base) = arguments.metrics_port {
@@ -457,7 +461,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     let started = Instant::now();
     let mut client = None;
     let mut baseline = 0;
-    for (index, address) in coordinators.iter().enumerate() {
+    for index in 0..coordinators.len() {
+        let address = coordinators[index].clone();
         let name = coordinator_name(index);
         let mut coordinator_arguments = vec![
             "coordinator".to_string(),
@@ -486,8 +491,13 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         if index == 0 {
             // The first is active before any standby starts, so which one serves is known.
             let log = logs.join("coordinator.log");
+            if address.ends_with(":0") {
+                // A single coordinator given port 0 (see `coordinator_addresses`) picks a free
+                // one itself: what the servers and clients are told is what it printed.
+                coordinators[0] = printed_coordinator_address(&mut children, &log)?;
+            }
             let (first_client, servers_before) =
-                wait_for_coordinator(&runtime, address, &mut children, &mut etcd, &log)?;
+                wait_for_coordinator(&runtime, &coordinators[0], &mut children, &mut etcd, &log)?;
             client = Some(first_client);
             baseline = servers_before;
         } else {
@@ -685,6 +695,31 @@ fn wait_for_coordinator(
             }
             Err(error) => return Err(format!("coordinator did not come up: {error}")),
         }
+    }
+}
+
+/// The part of the line a coordinator prints once it listens, before its address (`roles.rs`).
+const COORDINATOR_LISTENING_LINE: &str = "coordinator listening on ";
+
+/// The address the coordinator logging to `log` printed once it listened.
+fn printed_coordinator_address(children: &mut Children, log: &Path) -> Result<String, String> {
+    let started = Instant::now();
+    loop {
+        if let Some(reason) = children.exited(false) {
+            return Err(format!("{reason}; see {}", log.display()));
+        }
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let printed = text.lines().find_map(|line| {
+            let address = line.split(COORDINATOR_LISTENING_LINE).nth(1)?;
+            Some(address.trim().to_string())
+        });
+        if let Some(address) = printed {
+            return Ok(address);
+        }
+        if started.elapsed() > STARTUP_PATIENCE {
+            return Err(format!("the coordinator did not listen in time; see {}", log.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

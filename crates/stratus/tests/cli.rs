@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_address, stratus_binary, Process};
+use common::{stratus_binary, Process};
 
 struct CommandOutput {
     success: bool,
@@ -34,6 +34,12 @@ fn stratus(coordinator: &str, arguments: &[&str], stdin: Option<&[u8]>) -> Comma
     }
 }
 
+/// The coordinator address in `stratus up`'s ready line ("… ready: coordinator ADDRESS, …").
+fn coordinator_of(ready: &str) -> String {
+    let rest = ready.split("coordinator ").nth(1).expect("the coordinator in the ready line");
+    rest.split(',').next().expect("an address").to_string()
+}
+
 fn text(output: &CommandOutput) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -41,7 +47,8 @@ fn text(output: &CommandOutput) -> String {
 #[test]
 fn cli_against_a_local_cluster() {
     let directory = tempfile::tempdir().unwrap();
-    let coordinator = free_address();
+    // Port 0: the coordinator picks a free port itself, and the ready line names it.
+    let coordinator = "127.0.0.1:0".to_string();
     let data = directory.path().join("data");
     let mut up = Process::start(&[
         "--coordinator".to_string(),
@@ -56,7 +63,7 @@ fn cli_against_a_local_cluster() {
         "--segment-mib".to_string(),
         "1".to_string(),
     ]);
-    up.wait_for_line("ready", Duration::from_secs(60));
+    let coordinator = coordinator_of(&up.wait_for_line("ready", Duration::from_secs(60)));
 
     let created = stratus(&coordinator, &["table", "create", "users", "--span", "2"], None);
     assert!(created.success, "{}", created.stderr);
@@ -116,7 +123,8 @@ fn cli_against_a_local_cluster() {
 #[test]
 fn servers_of_a_killed_up_stop_by_themselves() {
     let directory = tempfile::tempdir().unwrap();
-    let coordinator = free_address();
+    // Port 0: the coordinator picks a free port itself, and the ready line names it.
+    let coordinator = "127.0.0.1:0".to_string();
     let data = directory.path().join("data");
     let up = Process::start(&[
         "--coordinator".to_string(),
@@ -131,7 +139,7 @@ fn servers_of_a_killed_up_stop_by_themselves() {
         "--segment-mib".to_string(),
         "1".to_string(),
     ]);
-    up.wait_for_line("ready", Duration::from_secs(60));
+    let coordinator = coordinator_of(&up.wait_for_line("ready", Duration::from_secs(60)));
     let listed = stratus(&coordinator, &["status"], None);
     assert!(listed.success, "{}", listed.stderr);
     let servers: Vec<String> = text(&listed)

@@ -93,7 +93,7 @@ fn stratus_up_gives_every_process_a_metrics_port_and_prints_them() {
     let directory = tempfile::tempdir().expect("temporary directory");
     let up = Process::start(&[
         "--coordinator".to_string(),
-        common::free_address(),
+        "127.0.0.1:0".to_string(),
         "up".to_string(),
         "--dir".to_string(),
         directory.path().join("data").display().to_string(),

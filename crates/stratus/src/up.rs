@@ -494,14 +494,17 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             if address.ends_with(":0") {
                 // A single coordinator given port 0 (see `coordinator_addresses`) picks a free
                 // one itself: what the servers and clients are told is what it printed.
-                coordinators[0] = printed_coordinator_address(&mut children, &log)?;
+                let marker = COORDINATOR_LISTENING_LINE;
+                coordinators[0] = wait_for_printed(&mut children, &mut etcd, &log, marker)?;
             }
             let (first_client, servers_before) =
                 wait_for_coordinator(&runtime, &coordinators[0], &mut children, &mut etcd, &log)?;
             client = Some(first_client);
             baseline = servers_before;
         } else {
-            wait_for_standby(&mut children, &mut etcd, &logs.join(format!("{name}.log")))?;
+            // A standby checks that it can listen on its address before it says so (`roles.rs`).
+            let log = logs.join(format!("{name}.log"));
+            wait_for_printed(&mut children, &mut etcd, &log, STANDBY_LINE)?;
         }
     }
     let coordinator_list = coordinators.join(",");
@@ -701,23 +704,27 @@ fn wait_for_coordinator(
 /// The part of the line a coordinator prints once it listens, before its address (`roles.rs`).
 const COORDINATOR_LISTENING_LINE: &str = "coordinator listening on ";
 
-/// The address the coordinator logging to `log` printed once it listened.
-fn printed_coordinator_address(children: &mut Children, log: &Path) -> Result<String, String> {
+/// Waits (at most the startup patience) until the child logging to `log` printed a line
+/// containing `marker`; returns what follows the marker on that line, trimmed. Fails at once
+/// when a child or etcd exits.
+fn wait_for_printed(
+    children: &mut Children,
+    etcd: &mut Option<LocalEtcd>,
+    log: &Path,
+    marker: &str,
+) -> Result<String, String> {
     let started = Instant::now();
     loop {
-        if let Some(reason) = children.exited(false) {
+        if let Some(reason) = children.exited(false).or_else(|| etcd_exited(etcd)) {
             return Err(format!("{reason}; see {}", log.display()));
         }
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        let printed = text.lines().find_map(|line| {
-            let address = line.split(COORDINATOR_LISTENING_LINE).nth(1)?;
-            Some(address.trim().to_string())
-        });
-        if let Some(address) = printed {
-            return Ok(address);
+        let printed = text.lines().find_map(|line| line.split(marker).nth(1));
+        if let Some(rest) = printed {
+            return Ok(rest.trim().to_string());
         }
         if started.elapsed() > STARTUP_PATIENCE {
-            return Err(format!("the coordinator did not listen in time; see {}", log.display()));
+            return Err(format!("no {marker:?} in time; see {}", log.display()));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -725,26 +732,3 @@ fn printed_coordinator_address(children: &mut Children, log: &Path) -> Result<St
 
 /// The line a coordinator on etcd prints once it campaigns for the leadership (`roles.rs`).
 const STANDBY_LINE: &str = "standing by for the leadership";
-
-/// Waits until a standby coordinator, logging to `log`, campaigns for the leadership (it
-/// checks that it can listen on its address first: see `roles.rs`).
-fn wait_for_standby(
-    children: &mut Children,
-    etcd: &mut Option<LocalEtcd>,
-    log: &Path,
-) -> Result<(), String> {
-    let started = Instant::now();
-    loop {
-        if let Some(reason) = children.exited(false).or_else(|| etcd_exited(etcd)) {
-            return Err(format!("{reason}; see {}", log.display()));
-        }
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.contains(STANDBY_LINE) {
-            return Ok(());
-        }
-        if started.elapsed() > STARTUP_PATIENCE {
-            return Err(format!("a standby coordinator did not start; see {}", log.display()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}

@@ -203,15 +203,26 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         assignment_epoch: 1,
     };
     encode_request(&mut misaddressed, 14, &recovery_elsewhere);
+    let abandon = |master_id, table_id| Request::AbandonMigration {
+        master_id,
+        table_id,
+        range: HashRange::FULL,
+        assignment_epoch: u64::MAX,
+    };
+    encode_request(&mut misaddressed, 23, &abandon(ServerId(owner.0 + 1_000), table));
     stream.write_all(&misaddressed).await.unwrap();
     let mut answers = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..3 {
         answers.push(read_response(&mut stream, &mut received).await);
     }
     answers.sort_unstable_by_key(|(request_id, _)| *request_id);
-    assert_eq!(answers, vec![(13, Status::WrongServer), (14, Status::WrongServer)]);
+    assert_eq!(
+        answers,
+        vec![(13, Status::WrongServer), (14, Status::WrongServer), (23, Status::WrongServer)]
+    );
     let statistics = client.server_statistics(&master).await.unwrap();
     assert_eq!(statistics.tablets_owned, 1, "only the table's own tablet");
+    let objects_before = statistics.objects_live;
     // Migration requests this master cannot act on: a batch for a range it serves, a batch
     // with an object outside its range, a transfer of a range that is not one of its
     // tablets. Clear statuses, and the master still serves its tablet with its objects.
@@ -255,9 +266,12 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
             target_address: master.clone(),
         },
     );
+    // Abandoning a transfer of a range this master serves (no such transfer ran): answered,
+    // and nothing of the served tablet is dropped.
+    encode_request(&mut migration, 24, &abandon(owner, table));
     stream.write_all(&migration).await.unwrap();
     let mut answers = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..6 {
         answers.push(read_response(&mut stream, &mut received).await);
     }
     answers.sort_unstable_by_key(|(request_id, _)| *request_id);
@@ -268,11 +282,13 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
             (16, Status::InvalidParameter),
             (17, Status::UnknownTablet),
             (19, Status::InvalidParameter),
-            (22, Status::InvalidParameter)
+            (22, Status::InvalidParameter),
+            (24, Status::Ok)
         ]
     );
     let statistics = client.server_statistics(&master).await.unwrap();
     assert_eq!(statistics.tablets_owned, 1);
+    assert_eq!(statistics.objects_live, objects_before, "the served tablet keeps its objects");
     // Lease and log-head requests for a server the coordinator does not know: told it is not
     // up (a master would stop serving).
     let mut coordinator = handshaken(&cluster.coordinator_address).await;

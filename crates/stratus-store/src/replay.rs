@@ -329,7 +329,8 @@ impl ObjectStore {
     }
 
     /// Writes what `collector` gathered into this store: the second half of
-    /// [`ObjectStore::replay_filtered`], for a caller that adds segments as they arrive.
+    /// [`ObjectStore::replay_filtered`], for a caller that adds the segments itself (the
+    /// recovery master adds replicas it already verified with [`ReplayCollector::add_verified`]).
     pub fn replay_collected(
         &self,
         collector: ReplayCollector<'_>,

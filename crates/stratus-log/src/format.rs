@@ -1,4 +1,4 @@
-//! The byte formats of the log: entry headers, the five entry types and segment certificates.
+//! The byte formats of the log: entry headers, the six entry types and segment certificates.
 //! Replicas and recovery depend on these bytes, so they are specified byte by byte in
 //! docs/design/log-format.md; change that document and these functions together. Everything is
 //! little-endian. Decoders return errors (never panic) on any input.
@@ -18,19 +18,23 @@ pub enum EntryType {
     LogDigest = 4,
     /// The master's version high-water mark when the segment became head.
     SafeVersion = 5,
+    /// Live bytes and objects per table when the segment became head (recovery sizes its
+    /// partitions with them).
+    TableStats = 6,
 }
 
 /// Number of slots in per-type arrays (index = the type's code; slot 0 is the invalid type).
-pub const ENTRY_TYPE_SLOTS: usize = 6;
+pub const ENTRY_TYPE_SLOTS: usize = 7;
 
 impl EntryType {
     /// Every valid type, in code order.
-    pub const ALL: [EntryType; 5] = [
+    pub const ALL: [EntryType; 6] = [
         EntryType::SegmentHeader,
         EntryType::Object,
         EntryType::Tombstone,
         EntryType::LogDigest,
         EntryType::SafeVersion,
+        EntryType::TableStats,
     ];
 
     /// The 6-bit code.
@@ -38,7 +42,7 @@ impl EntryType {
         self as u8
     }
 
-    /// The type with this code; `None` for 0 (invalid) and the reserved codes 6..63.
+    /// The type with this code; `None` for 0 (invalid) and the reserved codes 7..63.
     pub fn from_code(code: u8) -> Option<EntryType> {
         EntryType::ALL.into_iter().find(|entry_type| entry_type.code() == code)
     }
@@ -513,6 +517,89 @@ pub fn decode_safe_version(content: &[u8]) -> Result<Version, FormatError> {
     Ok(Version(read_uint(content, &mut position, 8)?))
 }
 
+/// Tables a TABLE_STATS entry lists one by one: the largest by live bytes; the others are
+/// summed into one remainder. Bounds the entry (24 + 24 · 128 = 3 096 bytes) so that it fits
+/// beside the digest in every head, however many tables a master holds.
+pub const TABLE_STATS_TABLES_MAX: usize = 128;
+
+/// Bytes of a TABLE_STATS entry's content listing `table_count` tables.
+pub fn table_stats_content_bytes(table_count: usize) -> usize {
+    24 + 24 * table_count
+}
+
+/// The live data of one table on a master.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableTally {
+    /// Bytes of the table's live objects (whole entries, headers included).
+    pub bytes: u64,
+    /// Live objects.
+    pub objects: u64,
+}
+
+/// What a TABLE_STATS entry says: live data per table when the head opened. `tables` is sorted
+/// by table id, each at most once; `others` sums the tables not listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Tables listed one by one (at most [`TABLE_STATS_TABLES_MAX`]), ascending by id.
+    pub tables: Vec<(TableId, TableTally)>,
+    /// The tables not listed, summed.
+    pub others: TableTally,
+}
+
+/// Encodes a TABLE_STATS entry. Panics if `statistics.tables` is longer than
+/// [`TABLE_STATS_TABLES_MAX`] or not strictly ascending by table id (the log builds it so).
+pub fn encode_table_stats(statistics: &TableStats) -> Vec<u8> {
+    assert!(statistics.tables.len() <= TABLE_STATS_TABLES_MAX, "too many tables listed");
+    assert!(
+        statistics.tables.windows(2).all(|pair| pair[0].0 < pair[1].0),
+        "table stats must list tables once each, ascending"
+    );
+    let count = statistics.tables.len() as u32;
+    let mut content = Vec::with_capacity(table_stats_content_bytes(statistics.tables.len()));
+    content.extend_from_slice(&[0; 4]);
+    content.extend_from_slice(&count.to_le_bytes());
+    content.extend_from_slice(&statistics.others.bytes.to_le_bytes());
+    content.extend_from_slice(&statistics.others.objects.to_le_bytes());
+    for (table, tally) in &statistics.tables {
+        content.extend_from_slice(&table.0.to_le_bytes());
+        content.extend_from_slice(&tally.bytes.to_le_bytes());
+        content.extend_from_slice(&tally.objects.to_le_bytes());
+    }
+    let crc = checksum(&content[4..]);
+    content[..4].copy_from_slice(&crc.to_le_bytes());
+    content
+}
+
+/// Decodes and verifies a TABLE_STATS entry.
+pub fn decode_table_stats(content: &[u8]) -> Result<TableStats, FormatError> {
+    let mut position = 4;
+    let count = read_u32(content, &mut position)? as usize;
+    if count > TABLE_STATS_TABLES_MAX {
+        return Err(FormatError::Malformed("table stats list too many tables"));
+    }
+    if content.len() != table_stats_content_bytes(count) {
+        return Err(FormatError::Malformed("table stats length"));
+    }
+    verify_leading_checksum(content, EntryType::TableStats)?;
+    let others = TableTally {
+        bytes: read_uint(content, &mut position, 8)?,
+        objects: read_uint(content, &mut position, 8)?,
+    };
+    let mut tables: Vec<(TableId, TableTally)> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let table = TableId(read_uint(content, &mut position, 8)?);
+        let tally = TableTally {
+            bytes: read_uint(content, &mut position, 8)?,
+            objects: read_uint(content, &mut position, 8)?,
+        };
+        if tables.last().is_some_and(|(previous, _)| *previous >= table) {
+            return Err(FormatError::Malformed("table stats not ascending by table id"));
+        }
+        tables.push((table, tally));
+    }
+    Ok(TableStats { tables, others })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decoded entries
 // ---------------------------------------------------------------------------------------------
@@ -530,6 +617,8 @@ pub enum Entry<'a> {
     LogDigest(Vec<SegmentId>),
     /// A safe version.
     SafeVersion(Version),
+    /// Live data per table.
+    TableStats(TableStats),
 }
 
 /// Decodes and verifies the content of an entry of `entry_type`.
@@ -540,6 +629,7 @@ pub fn decode_entry(entry_type: EntryType, content: &[u8]) -> Result<Entry<'_>, 
         EntryType::Tombstone => Entry::Tombstone(decode_tombstone(content)?),
         EntryType::LogDigest => Entry::LogDigest(decode_log_digest(content)?),
         EntryType::SafeVersion => Entry::SafeVersion(decode_safe_version(content)?),
+        EntryType::TableStats => Entry::TableStats(decode_table_stats(content)?),
     })
 }
 
@@ -614,7 +704,7 @@ mod tests {
             assert_eq!(decoded.header_bytes, header_bytes);
         }
         assert_eq!(decode_entry_header(&[0x02 | 0x40, 5, 0]), Err(FormatError::NonMinimalLength));
-        assert_eq!(decode_entry_header(&[0x06, 5]), Err(FormatError::InvalidEntryType(6)));
+        assert_eq!(decode_entry_header(&[0x07, 5]), Err(FormatError::InvalidEntryType(7)));
         assert_eq!(decode_entry_header(&[0x00, 5]), Err(FormatError::InvalidEntryType(0)));
         assert_eq!(decode_entry_header(&[0x02 | 0x80, 5]), Err(FormatError::Truncated));
         assert_eq!(decode_entry_header(&[]), Err(FormatError::Truncated));
@@ -767,6 +857,27 @@ mod tests {
         }
 
         #[test]
+        fn table_stats_round_trip(
+            tables in proptest::collection::btree_map(
+                proptest::prelude::any::<u64>(),
+                (proptest::prelude::any::<u64>(), proptest::prelude::any::<u64>()),
+                0..=TABLE_STATS_TABLES_MAX,
+            ),
+            others in (proptest::prelude::any::<u64>(), proptest::prelude::any::<u64>()),
+        ) {
+            let statistics = TableStats {
+                tables: tables
+                    .into_iter()
+                    .map(|(table, (bytes, objects))| (TableId(table), TableTally { bytes, objects }))
+                    .collect(),
+                others: TableTally { bytes: others.0, objects: others.1 },
+            };
+            let content = encode_table_stats(&statistics);
+            proptest::prop_assert_eq!(content.len(), table_stats_content_bytes(statistics.tables.len()));
+            proptest::prop_assert_eq!(decode_table_stats(&content).unwrap(), statistics);
+        }
+
+        #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)) {
             let _ = decode_entry_header(&bytes);
             for entry_type in EntryType::ALL {
@@ -775,6 +886,54 @@ mod tests {
         }
     }
 }
+#[cfg(test)]
+mod table_stats_tests {
+    use super::*;
+
+    fn two_tables() -> TableStats {
+        TableStats {
+            tables: vec![
+                (TableId(1), TableTally { bytes: 1000, objects: 10 }),
+                (TableId(4), TableTally { bytes: 50, objects: 1 }),
+            ],
+            others: TableTally { bytes: 7, objects: 2 },
+        }
+    }
+
+    #[test]
+    fn a_corrupt_or_malformed_table_stats_entry_is_refused() {
+        let good = encode_table_stats(&two_tables());
+        for index in 0..good.len() {
+            let mut corrupt = good.clone();
+            corrupt[index] ^= 0x01;
+            assert!(decode_table_stats(&corrupt).is_err(), "a flip at byte {index} passed");
+        }
+        assert_eq!(
+            decode_table_stats(&good[..good.len() - 1]),
+            Err(FormatError::Malformed("table stats length"))
+        );
+        // Tables out of order (checksum recomputed, so only the order is wrong).
+        let mut swapped = good.clone();
+        let (first, second) = (24..48, 48..72);
+        let first_bytes = swapped[first.clone()].to_vec();
+        swapped.copy_within(second.clone(), first.start);
+        swapped[second].copy_from_slice(&first_bytes);
+        let crc = checksum(&swapped[4..]);
+        swapped[..4].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode_table_stats(&swapped),
+            Err(FormatError::Malformed("table stats not ascending by table id"))
+        );
+        // A count past the limit is refused before the length is trusted.
+        let mut huge = good;
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode_table_stats(&huge),
+            Err(FormatError::Malformed("table stats list too many tables"))
+        );
+    }
+}
+
 #[cfg(test)]
 mod golden {
     //! The worked example of docs/design/log-format.md, pinned: if these bytes change, stored
@@ -818,11 +977,25 @@ mod golden {
         );
         let safe = encode_safe_version(Version(5));
         assert_eq!(safe.to_vec(), bytes("c0 4d 09 e4 05 00 00 00 00 00 00 00"));
+        let table_stats = encode_table_stats(&TableStats {
+            tables: vec![(TableId(7), TableTally { bytes: 40, objects: 2 })],
+            others: TableTally::default(),
+        });
+        assert_eq!(
+            table_stats,
+            bytes(
+                "cd 4b 70 16 01 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 \
+                 07 00 00 00 00 00 00 00 28 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00"
+            )
+        );
+        assert_eq!(EntryHeader::new(EntryType::TableStats, 48).as_bytes(), &[0x06, 0x30]);
         let mut builder = CertificateBuilder::default();
-        for header in [[0x01, 0x20], [0x04, 0x18], [0x05, 0x0c], [0x02, 0x10], [0x03, 0x0f]] {
+        for header in
+            [[0x01, 0x20], [0x04, 0x18], [0x05, 0x0c], [0x06, 0x30], [0x02, 0x10], [0x03, 0x0f]]
+        {
             builder.add_header(&header);
         }
-        let certificate = builder.certificate(109);
-        assert_eq!(certificate.to_bytes().to_vec(), bytes("6d 00 00 00 f4 93 82 e5"));
+        let certificate = builder.certificate(159);
+        assert_eq!(certificate.to_bytes().to_vec(), bytes("9f 00 00 00 45 2e 42 8e"));
     }
 }

@@ -145,6 +145,9 @@ pub struct VerifiedReplica {
     /// The log digest the segment holds, if it is a head (heads start with header, digest,
     /// safe version; survivors and compacted copies hold none).
     pub digest: Option<Vec<stratus_types::SegmentId>>,
+    /// The live data per table the segment records, if it is a head written since heads
+    /// carry TABLE_STATS (older heads hold none).
+    pub table_stats: Option<crate::format::TableStats>,
     /// Entries in the certified prefix.
     pub entries: u64,
 }
@@ -159,7 +162,7 @@ pub fn verify_replica(
     segment_id: stratus_types::SegmentId,
 ) -> Result<VerifiedReplica, String> {
     let iterator = SegmentIterator::new(bytes, certificate).map_err(|error| error.to_string())?;
-    let mut verified = VerifiedReplica { digest: None, entries: 0 };
+    let mut verified = VerifiedReplica { digest: None, table_stats: None, entries: 0 };
     for entry in iterator {
         let entry = entry.map_err(|error| format!("entry {}: {error}", verified.entries))?;
         match entry.entry {
@@ -173,6 +176,9 @@ pub fn verify_replica(
             }
             Entry::LogDigest(listed) if verified.digest.is_none() => {
                 verified.digest = Some(listed);
+            }
+            Entry::TableStats(statistics) if verified.table_stats.is_none() => {
+                verified.table_stats = Some(statistics);
             }
             _ => {}
         }

@@ -15,8 +15,11 @@ pub mod format;
 pub mod iterator;
 pub mod log;
 pub mod seglet_memory;
+pub mod table_tallies;
 
-pub use format::{Certificate, Entry, EntryType, FormatError, ObjectView, TombstoneView};
+pub use format::{
+    Certificate, Entry, EntryType, FormatError, ObjectView, TableStats, TableTally, TombstoneView,
+};
 pub use iterator::{
     filter_segment, partition_segment, verify_replica, IteratedEntry, SegmentIterator,
     VerifiedReplica,
@@ -27,3 +30,4 @@ pub use log::{
     DROPPED_SEGMENTS_REMEMBERED_MAX, LOG_BYTES_MAX, REFERENCE_BITS,
 };
 pub use seglet_memory::{EpochGuard, EPOCH_SLOTS};
+pub use table_tallies::TableTallies;

@@ -23,11 +23,13 @@ use stratus_types::{SegmentId, ServerId, Version};
 
 use crate::format::{
     decode_entry_header, decode_tombstone, encode_log_digest, encode_safe_version,
-    entry_header_bytes_from_first_byte, log_digest_content_bytes, tombstone_segment_id,
-    Certificate, CertificateBuilder, EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX,
-    ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
+    encode_table_stats, entry_header_bytes_from_first_byte, log_digest_content_bytes,
+    table_stats_content_bytes, tombstone_segment_id, Certificate, CertificateBuilder, EntryHeader,
+    EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES,
+    SEGMENT_HEADER_CONTENT_BYTES, TABLE_STATS_TABLES_MAX,
 };
 use crate::seglet_memory::{EpochGuard, SegletMemory};
+use crate::table_tallies::TableTallies;
 
 /// Bits of a reference: the hash table stores references in 47 bits.
 pub const REFERENCE_BITS: u32 = 47;
@@ -113,13 +115,24 @@ impl LogConfig {
         (DISK_EXPANSION_FACTOR * (self.log_bytes / u64::from(self.segment_bytes))) as usize + 2
     }
 
-    /// Bytes a new head's fixed entries (header, digest, safe version) can take at most.
+    /// Tables a new head's TABLE_STATS entry lists one by one: [`TABLE_STATS_TABLES_MAX`], or
+    /// fewer where that entry would take more than 1/64 of a segment (small test logs).
+    pub fn table_stats_tables_max(&self) -> usize {
+        let room = (self.segment_bytes as usize / 64).saturating_sub(table_stats_content_bytes(0));
+        (room / table_stats_content_bytes(1).saturating_sub(table_stats_content_bytes(0)))
+            .min(TABLE_STATS_TABLES_MAX)
+    }
+
+    /// Bytes a new head's fixed entries (header, digest, safe version, table stats) can take
+    /// at most.
     pub fn head_entries_bytes_max(&self) -> usize {
         2 * ENTRY_HEADER_BYTES_MAX
             + SEGMENT_HEADER_CONTENT_BYTES
             + log_digest_content_bytes(self.segment_count_max())
             + ENTRY_HEADER_BYTES_MAX
             + SAFE_VERSION_CONTENT_BYTES
+            + ENTRY_HEADER_BYTES_MAX
+            + table_stats_content_bytes(self.table_stats_tables_max())
     }
 
     /// Checks the sizes; `Err` names the broken rule.
@@ -401,6 +414,8 @@ pub struct Log {
     safe_version: AtomicU64,
     /// The latest time (seconds) a caller reported; stamps new segments.
     latest_seconds: AtomicU32,
+    /// Live data per table, kept by the store; every new head records it.
+    table_tallies: TableTallies,
     state: Mutex<LogState>,
 }
 
@@ -438,6 +453,7 @@ impl Log {
             seglet_next: (0..seglet_count).map(|_| AtomicU32::new(NO_SEGLET)).collect(),
             safe_version: AtomicU64::new(1),
             latest_seconds: AtomicU32::new(0),
+            table_tallies: TableTallies::default(),
             state: Mutex::new(LogState {
                 // Reversed so that seglets are handed out in ascending order (easier to debug).
                 // Seglet 0 is never used: reference 0 means "no entry" in the hash table, and
@@ -460,6 +476,12 @@ impl Log {
     /// The log's owner.
     pub fn log_id(&self) -> ServerId {
         self.log_id
+    }
+
+    /// Live data per table: the store reports every object's birth and death here, and every
+    /// new head records it in a TABLE_STATS entry.
+    pub fn table_tallies(&self) -> &TableTallies {
+        &self.table_tallies
     }
 
     fn lock(&self) -> MutexGuard<'_, LogState> {
@@ -546,11 +568,14 @@ impl Log {
                 <= self.config.segment_bytes as usize
         });
         if !head_fits {
-            let head_entries = self.new_head_entry_bytes(&state, 0);
+            let table_stats = encode_table_stats(
+                &self.table_tallies.snapshot(self.config.table_stats_tables_max()),
+            );
+            let head_entries = self.new_head_entry_bytes(&state, 0, &table_stats);
             let needed = self.seglets_for(head_entries + append_bytes);
             self.check_free_seglets(&mut state, needed, priority)?;
             self.check_segment_count(&state, priority, 0)?;
-            self.open_head(&mut state);
+            self.open_head(&mut state, &table_stats);
         } else {
             let head = &state.segments[&state.head.expect("head exists")];
             let needed = self
@@ -577,10 +602,12 @@ impl Log {
     /// cleaned segments).
     pub fn roll_head(&self, priority: AppendPriority) -> Result<SegmentId, AppendError> {
         let mut state = self.lock();
-        let needed = self.seglets_for(self.new_head_entry_bytes(&state, 0));
+        let table_stats =
+            encode_table_stats(&self.table_tallies.snapshot(self.config.table_stats_tables_max()));
+        let needed = self.seglets_for(self.new_head_entry_bytes(&state, 0, &table_stats));
         self.check_free_seglets(&mut state, needed, priority)?;
         self.check_segment_count(&state, priority, 0)?;
-        Ok(self.open_head(&mut state))
+        Ok(self.open_head(&mut state, &table_stats))
     }
 
     fn seglets_for(&self, bytes: usize) -> usize {
@@ -649,9 +676,9 @@ impl Log {
             .collect()
     }
 
-    /// Bytes of the header, digest and safe version a new head would start with, when `fused`
-    /// side segments join the log with it.
-    fn new_head_entry_bytes(&self, state: &LogState, fused: usize) -> usize {
+    /// Bytes of the header, digest, safe version and `table_stats` (the encoded TABLE_STATS
+    /// content) a new head would start with, when `fused` side segments join the log with it.
+    fn new_head_entry_bytes(&self, state: &LogState, fused: usize, table_stats: &[u8]) -> usize {
         let digest = log_digest_content_bytes(self.digest_members(state).len() + fused + 1);
         EntryHeader::new(EntryType::SegmentHeader, SEGMENT_HEADER_CONTENT_BYTES as u32)
             .header_bytes()
@@ -661,6 +688,8 @@ impl Log {
             + EntryHeader::new(EntryType::SafeVersion, SAFE_VERSION_CONTENT_BYTES as u32)
                 .header_bytes()
             + SAFE_VERSION_CONTENT_BYTES
+            + EntryHeader::new(EntryType::TableStats, table_stats.len() as u32).header_bytes()
+            + table_stats.len()
     }
 
     fn new_record(&self, membership: Membership) -> SegmentRecord {
@@ -682,9 +711,10 @@ impl Log {
     }
 
     /// Opens a new head holding SEGMENT_HEADER, LOG_DIGEST (every segment in the log, the new
-    /// head included, with pending survivors fused in and cleaned segments dropped) and
-    /// SAFE_VERSION. The caller checked that enough seglets are free.
-    fn open_head(&self, state: &mut LogState) -> SegmentId {
+    /// head included, with pending survivors fused in and cleaned segments dropped),
+    /// SAFE_VERSION and TABLE_STATS (`table_stats`, encoded, sized by the caller's check). The
+    /// caller checked that enough seglets are free.
+    fn open_head(&self, state: &mut LogState, table_stats: &[u8]) -> SegmentId {
         let segment_id = SegmentId(state.next_segment_id);
         state.next_segment_id += 1;
         let mut members = self.digest_members(state);
@@ -709,6 +739,7 @@ impl Log {
             AppendEntry::new(EntryType::SegmentHeader, &header),
             AppendEntry::new(EntryType::LogDigest, &digest),
             AppendEntry::new(EntryType::SafeVersion, &safe_version),
+            AppendEntry::new(EntryType::TableStats, table_stats),
         ] {
             self.append_entry(state, segment_id, &entry);
         }
@@ -950,13 +981,16 @@ impl Log {
             let segment = state.segments.get(id).expect("fusing a missing side segment");
             assert_eq!(segment.membership, Membership::Side, "fusing a segment not beside the log");
         }
-        let needed = self.seglets_for(self.new_head_entry_bytes(&state, segment_ids.len()));
+        let table_stats =
+            encode_table_stats(&self.table_tallies.snapshot(self.config.table_stats_tables_max()));
+        let needed =
+            self.seglets_for(self.new_head_entry_bytes(&state, segment_ids.len(), &table_stats));
         self.check_free_seglets(&mut state, needed, priority)?;
         self.check_segment_count(&state, priority, segment_ids.len())?;
         for id in segment_ids {
             state.segments.get_mut(id).expect("checked above").membership = Membership::FusePending;
         }
-        Ok(self.open_head(&mut state))
+        Ok(self.open_head(&mut state, &table_stats))
     }
 
     /// Drops side segments that will never join the log (a recovery that failed): their
@@ -1206,8 +1240,9 @@ impl Log {
     }
 
     /// Records the entry at `reference` as dead in its segment's statistics (its memory is
-    /// reclaimed when the cleaner moves the segment's live entries away).
-    pub fn free(&self, guard: &EpochGuard<'_>, reference: Reference) {
+    /// reclaimed when the cleaner moves the segment's live entries away). Returns the entry's
+    /// bytes, header included.
+    pub fn free(&self, guard: &EpochGuard<'_>, reference: Reference) -> u64 {
         let segment_id = self.segment_of(reference);
         let (entry_type, content) = self.entry(guard, reference);
         let content_bytes = content.len();
@@ -1231,6 +1266,7 @@ impl Log {
             statistics.dead_bytes[type_index] <= statistics.entry_bytes[type_index],
             "more bytes freed than appended"
         );
+        entry_bytes as u64
     }
 
     /// The references and types of every entry of a segment, in order (for the cleaner).
@@ -1678,7 +1714,8 @@ mod tests {
         let verified =
             crate::verify_replica(&bytes, &certificate, ServerId(7), SegmentId(1)).unwrap();
         assert_eq!(verified.digest, Some(vec![SegmentId(1)]));
-        assert_eq!(verified.entries, 4);
+        assert_eq!(verified.table_stats, Some(crate::TableStats::default()));
+        assert_eq!(verified.entries, 5);
         // Another log's or another segment's replica is refused.
         assert!(crate::verify_replica(&bytes, &certificate, ServerId(8), SegmentId(1)).is_err());
         assert!(crate::verify_replica(&bytes, &certificate, ServerId(7), SegmentId(2)).is_err());
@@ -1693,23 +1730,34 @@ mod tests {
     }
 
     #[test]
-    fn first_append_opens_a_head_with_header_digest_and_safe_version() {
+    fn first_append_opens_a_head_with_header_digest_safe_version_and_table_stats() {
         let log = Log::new(small_config(), ServerId(7));
         let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");
+        // The store reports live objects; the head records what it reported.
+        let tally = crate::TableTally { bytes: 300, objects: 2 };
+        log.table_tallies().object_added(TableId(4), 100);
+        log.table_tallies().object_added(TableId(4), 200);
         let appended = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
         assert_eq!(appended.segment_id, SegmentId(1));
         let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
         let entries: Vec<_> =
             SegmentIterator::new(&bytes, &certificate).unwrap().map(Result::unwrap).collect();
-        assert_eq!(entries.len(), 4);
+        assert_eq!(entries.len(), 5);
         assert!(matches!(entries[0].entry, Entry::SegmentHeader(header)
             if header.segment_id == SegmentId(1) && header.log_id == ServerId(7)));
         assert_eq!(entries[1].entry, Entry::LogDigest(vec![SegmentId(1)]));
         assert_eq!(entries[2].entry, Entry::SafeVersion(Version(1)));
-        assert!(matches!(entries[3].entry, Entry::Object(view) if view.key == b"k"));
+        assert_eq!(
+            entries[3].entry,
+            Entry::TableStats(crate::TableStats {
+                tables: vec![(TableId(4), tally)],
+                others: crate::TableTally::default()
+            })
+        );
+        assert!(matches!(entries[4].entry, Entry::Object(view) if view.key == b"k"));
         // The first segment starts at seglet 1 (seglet 0 is never used).
         let seglet_bytes = u64::from(log.config().seglet_bytes);
-        assert_eq!(u64::from(entries[3].offset) + seglet_bytes, appended.references[0].0);
+        assert_eq!(u64::from(entries[4].offset) + seglet_bytes, appended.references[0].0);
         let guard = log.pin();
         let (entry_type, content) = log.entry(&guard, appended.references[0]);
         assert_eq!(entry_type, EntryType::Object);

@@ -12,7 +12,7 @@ use stratus_env::SplitMix64;
 use stratus_log::{Certificate, SegmentIterator};
 use stratus_types::{key_hash, RejectRules, SegmentId, ServerId, TableId, Version};
 
-use crate::tests::replay;
+use crate::tests::{replay, tally_of_model};
 use crate::{CleanOutcome, CleanerConfig, CostBenefit, ObjectError, ObjectStore, StoreConfig};
 use crate::{CleanStep, SegmentDurability, StoreStatistics};
 
@@ -564,9 +564,12 @@ proptest! {
         }
         prop_assert_eq!(store.statistics().objects_live, model.len() as u64);
         prop_assert_eq!(&replay(&store), &model);
-        // Cleaning everything possible keeps the model, and so does the replay.
+        prop_assert_eq!(store.log().table_tallies().of(TABLE), tally_of_model(TABLE, &model));
+        // Cleaning everything possible keeps the model, and so does the replay; moving
+        // objects changes no table's live data.
         while let CleanOutcome::Combined { .. } = store.clean_combined_now(now + 1000) {}
         prop_assert_eq!(&replay(&store), &model);
+        prop_assert_eq!(store.log().table_tallies().of(TABLE), tally_of_model(TABLE, &model));
         for (key, (value, version)) in &model {
             prop_assert_eq!(read(&store, key), Some((value.clone(), *version)));
         }

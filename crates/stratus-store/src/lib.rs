@@ -322,14 +322,17 @@ impl ObjectStore {
         }
         .map_err(append_error)?;
         let reference = appended.references[0];
+        let new_bytes = object.entry_bytes() as u64;
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                self.log.free(epoch, current.reference);
+                let old_bytes = self.log.free(epoch, current.reference);
+                self.log.table_tallies().object_replaced(table, old_bytes, new_bytes);
             }
             None => {
                 guard.insert(reference.0);
                 self.objects_live.fetch_add(1, Ordering::Relaxed);
+                self.log.table_tallies().object_added(table, new_bytes);
             }
         }
         Ok(version)
@@ -367,7 +370,8 @@ impl ObjectStore {
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
-        self.log.free(&epoch, current.reference);
+        let old_bytes = self.log.free(&epoch, current.reference);
+        self.log.table_tallies().object_removed(table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         Ok(current.version)
     }
@@ -435,7 +439,8 @@ impl ObjectStore {
                 // dead and may clean its segment away, and a free after that would find no
                 // segment (a migration target under memory pressure did).
                 if drop {
-                    self.log.free(&epoch, Reference(reference));
+                    let bytes = self.log.free(&epoch, Reference(reference));
+                    self.log.table_tallies().object_removed(table, bytes);
                 }
                 !drop
             });

@@ -286,7 +286,7 @@ impl<'a> ReplayCollector<'a> {
                 Entry::SafeVersion(version) => {
                     self.highest_version = self.highest_version.max(version);
                 }
-                Entry::SegmentHeader(_) | Entry::LogDigest(_) => {}
+                Entry::SegmentHeader(_) | Entry::LogDigest(_) | Entry::TableStats(_) => {}
             }
         }
         self.statistics.segments += 1;
@@ -533,14 +533,17 @@ impl ObjectStore {
             append(&tombstone_entry(&tombstone, key))?;
         }
         let reference = append(&object)?;
+        let new_bytes = object.entry_bytes() as u64;
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                self.log.free(&epoch, current.reference);
+                let old_bytes = self.log.free(&epoch, current.reference);
+                self.log.table_tallies().object_replaced(table, old_bytes, new_bytes);
             }
             None => {
                 guard.insert(reference.0);
                 self.objects_live.fetch_add(1, Ordering::Relaxed);
+                self.log.table_tallies().object_added(table, new_bytes);
             }
         }
         Ok(true)

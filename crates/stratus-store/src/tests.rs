@@ -352,6 +352,47 @@ fn drop_range_forgets_objects() {
 }
 
 #[test]
+fn table_tallies_follow_every_table_and_each_new_head_records_them() {
+    let store = store();
+    let other = TableId(8);
+    let mut models: BTreeMap<TableId, Model> = BTreeMap::new();
+    for index in 0..300u32 {
+        let table = if index % 3 == 0 { other } else { TABLE };
+        let key = format!("k{}", index % 120).into_bytes();
+        let value = vec![b'v'; (index as usize * 37) % 900];
+        let version = store
+            .write(table, &key, key_hash(table, &key), &value, &RejectRules::NONE, NOW)
+            .unwrap();
+        models.entry(table).or_default().insert(key, (value, version));
+    }
+    let remove_key = b"k5".to_vec();
+    remove(&store, &remove_key).unwrap();
+    models.get_mut(&TABLE).unwrap().remove(&remove_key);
+    let [low, _] = HashRange::split_evenly(2)[..] else { unreachable!() };
+    store.drop_range(other, low);
+    models.get_mut(&other).unwrap().retain(|key, _| !low.contains(key_hash(other, key)));
+    for (table, model) in &models {
+        assert_eq!(store.log().table_tallies().of(*table), tally_of_model(*table, model));
+    }
+    // A new head records what was live when it opened.
+    let head = store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let (bytes, certificate) = store.log().segment_contents(head).unwrap();
+    let recorded: Vec<_> = SegmentIterator::new(&bytes, &certificate)
+        .unwrap()
+        .filter_map(|entry| match entry.unwrap().entry {
+            Entry::TableStats(statistics) => Some(statistics),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<_> =
+        models.iter().map(|(table, model)| (*table, tally_of_model(*table, model))).collect();
+    assert_eq!(
+        recorded,
+        vec![stratus_log::TableStats { tables: expected, others: Default::default() }]
+    );
+}
+
+#[test]
 fn statistics_track_the_log() {
     let store = store();
     let empty = store.statistics();
@@ -414,6 +455,26 @@ fn model_key(key: u8) -> Vec<u8> {
     format!("model-key-{key}").into_bytes()
 }
 
+/// What a store should hold: key → (value, version).
+pub(crate) type Model = BTreeMap<Vec<u8>, (Vec<u8>, Version)>;
+
+/// The live data of `table` that `model` implies: whole object entries.
+pub(crate) fn tally_of_model(table: TableId, model: &Model) -> stratus_log::TableTally {
+    let bytes = model
+        .iter()
+        .map(|(key, (value, version))| {
+            // The timestamp is a fixed-width field: any time gives the same length.
+            let content = stratus_log::format::encode_object(table, *version, NOW, key, value);
+            let header = stratus_log::format::EntryHeader::new(
+                stratus_log::EntryType::Object,
+                content.len() as u32,
+            );
+            (header.header_bytes() + content.len()) as u64
+        })
+        .sum();
+    stratus_log::TableTally { bytes, objects: model.len() as u64 }
+}
+
 /// Replays every segment through the validating iterator with RAMCloud's version rules:
 /// per key, the newest object is live unless a tombstone with a version >= it exists.
 pub(crate) fn replay(store: &ObjectStore) -> BTreeMap<Vec<u8>, (Vec<u8>, Version)> {
@@ -440,6 +501,7 @@ pub(crate) fn replay(store: &ObjectStore) -> BTreeMap<Vec<u8>, (Vec<u8>, Version
                 Entry::SafeVersion(version) => safe_version_max = safe_version_max.max(version),
                 Entry::SegmentHeader(header) => assert_eq!(header.segment_id, segment_id),
                 Entry::LogDigest(ids) => assert_eq!(ids.last(), Some(&segment_id)),
+                Entry::TableStats(_) => {}
             }
         }
     }
@@ -521,6 +583,7 @@ proptest! {
             }
         }
         prop_assert_eq!(store.statistics().objects_live, model.len() as u64);
+        prop_assert_eq!(store.log().table_tallies().of(TABLE), tally_of_model(TABLE, &model));
         prop_assert_eq!(replay(&store), model.clone());
         let enumerated: BTreeMap<_, _> = enumerate_all(&store, HashRange::FULL, 300, |_| {})
             .into_iter()

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use stratus_log::{verify_replica, Certificate};
+use stratus_log::{verify_replica, Certificate, TableStats, TableTally};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::TABLETS_PER_TABLE_MAX;
 use stratus_types::{HashRange, SegmentId, ServerId, TableId};
@@ -195,33 +195,128 @@ fn recovery_participants(state: &CoordinatorState, crashed: ServerId) -> Partici
     (tablets, masters, backups)
 }
 
+/// One crashed tablet's live data as recovery expects it: the crashed master's TABLE_STATS
+/// (what it held per table when its newest head opened) divided over the tablets of each table
+/// it owned, in proportion to their hash spans. `None` for every tablet when the head holds no
+/// TABLE_STATS (a log written before it existed): recovery then weighs tablets by span alone.
+fn estimate_tablets(
+    tablets: &[(TableId, HashRange, SegmentId)],
+    statistics: Option<&TableStats>,
+) -> Vec<Option<TableTally>> {
+    let Some(statistics) = statistics else { return vec![None; tablets.len()] };
+    let span = |range: &HashRange| u128::from(range.end - range.start) + 1;
+    let listed =
+        |table: TableId| statistics.tables.binary_search_by_key(&table, |(listed, _)| *listed).ok();
+    // Per listed table (or, for `None`, all tables not listed together): the spans owned.
+    let mut spans: BTreeMap<Option<usize>, u128> = BTreeMap::new();
+    for (table, range, _) in tablets {
+        *spans.entry(listed(*table)).or_default() += span(range);
+    }
+    tablets
+        .iter()
+        .map(|(table, range, _)| {
+            let group = listed(*table);
+            let total = match group {
+                Some(index) => statistics.tables[index].1,
+                None => statistics.others,
+            };
+            let share = |value: u64| {
+                // span ≤ owned ≤ 2^64 and value < 2^64: the product fits in u128, and the
+                // quotient is at most `value`.
+                (u128::from(value) * span(range) / spans[&group]) as u64
+            };
+            Some(TableTally { bytes: share(total.bytes), objects: share(total.objects) })
+        })
+        .collect()
+}
+
+/// A part of a crashed tablet, as one recovery master replays it: (table, whole tablet, part,
+/// the tablet's creation segment in the crashed log).
+type PlannedPart = (TableId, HashRange, HashRange, SegmentId);
+
 /// A recovery's partitions: for each recovery master (an index into the masters, who number
-/// `master_count`), its parts as (table, whole tablet, part, the tablet's creation segment in
-/// the crashed log). One part per master in all, spread over the tablets and dealt round-robin
-/// from master `first`; each tablet is cut into at most `PARTS_PER_TABLET_MAX` equal hash
-/// ranges, and into no more than `tablet_room` (per table: how many tablets it may still gain)
-/// allows, since every part becomes a tablet of its own.
+/// `master_count`), its parts, with what it is expected to replay.
+///
+/// Every master gets work when there are parts enough: the tablets are cut into `master_count`
+/// parts in all (more when there are more tablets), and each cut goes to the tablet whose
+/// parts are largest (by `estimates`, or by hash span where there are none), so large tablets
+/// are cut finely and empty ones not at all. A tablet is cut into at most
+/// `PARTS_PER_TABLET_MAX` (and `master_count`) equal hash ranges, and into no more than
+/// `tablet_room` (per table: how many tablets it may still gain) allows, since every part
+/// becomes a tablet of its own. The parts are then dealt largest first, each to the master with
+/// the least expected so far (ties: fewest parts, then the order from master `first`, which
+/// the caller picks at random to spread recoveries over the cluster).
 fn plan_partitions(
     tablets: &[(TableId, HashRange, SegmentId)],
+    estimates: &[Option<TableTally>],
     master_count: usize,
     first: usize,
     mut tablet_room: BTreeMap<TableId, usize>,
-) -> BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> {
+) -> BTreeMap<usize, (Vec<PlannedPart>, Option<TableTally>)> {
     assert!(master_count > 0 && !tablets.is_empty(), "a recovery has masters and tablets");
-    let parts_per_tablet = (master_count.div_ceil(tablets.len()) as u32)
-        .clamp(1, PARTS_PER_TABLET_MAX.min(master_count as u32));
-    let mut partitions: BTreeMap<usize, Vec<(TableId, HashRange, HashRange, SegmentId)>> =
-        BTreeMap::new();
-    let mut slot = first;
-    for &(table_id, range, creation_segment) in tablets {
-        // A tablet cut into k parts adds k − 1 tablets to its table.
-        let room = tablet_room.entry(table_id).or_insert(0);
-        let parts = parts_per_tablet.min(1 + u32::try_from(*room).unwrap_or(u32::MAX));
-        *room -= (parts - 1) as usize;
-        for part in range.split(parts) {
-            let entry = (table_id, range, part, creation_segment);
-            partitions.entry(slot % master_count).or_default().push(entry);
-            slot += 1;
+    assert_eq!(tablets.len(), estimates.len(), "one estimate per tablet");
+    let weight = |index: usize| -> u128 {
+        match estimates[index] {
+            Some(estimate) => u128::from(estimate.bytes),
+            None => u128::from(tablets[index].1.end - tablets[index].1.start) + 1,
+        }
+    };
+    let parts_per_tablet_max = PARTS_PER_TABLET_MAX.min(master_count as u32);
+    let mut parts = vec![1u32; tablets.len()];
+    let mut parts_total = tablets.len();
+    while parts_total < master_count {
+        // The tablet whose parts are largest, among those that may be cut further: weight / k
+        // compared as weight_a · k_b against weight_b · k_a, exact in u128.
+        let next = (0..tablets.len())
+            .filter(|&index| {
+                weight(index) > 0
+                    && parts[index] < parts_per_tablet_max
+                    && tablet_room.get(&tablets[index].0).copied().unwrap_or(0) > 0
+            })
+            .max_by(|&a, &b| {
+                (weight(a) * u128::from(parts[b]))
+                    .cmp(&(weight(b) * u128::from(parts[a])))
+                    .then(b.cmp(&a))
+            });
+        let Some(index) = next else { break };
+        parts[index] += 1;
+        parts_total += 1;
+        *tablet_room.get_mut(&tablets[index].0).expect("filtered on room above") -= 1;
+    }
+    // Every part, largest first (stable: ties keep the tablets' order).
+    let mut cut: Vec<(PlannedPart, Option<TableTally>, u128)> = Vec::with_capacity(parts_total);
+    for (index, &(table_id, range, creation_segment)) in tablets.iter().enumerate() {
+        let count = parts[index];
+        for part in range.split(count) {
+            let share = estimates[index].map(|estimate| TableTally {
+                bytes: estimate.bytes / u64::from(count),
+                objects: estimate.objects / u64::from(count),
+            });
+            cut.push((
+                (table_id, range, part, creation_segment),
+                share,
+                weight(index) / u128::from(count),
+            ));
+        }
+    }
+    cut.sort_by_key(|part| std::cmp::Reverse(part.2));
+    // Per master: expected weight and parts so far.
+    let mut loads: Vec<(u128, usize)> = vec![(0, 0); master_count];
+    let mut partitions: BTreeMap<usize, (Vec<PlannedPart>, Option<TableTally>)> = BTreeMap::new();
+    for (part, share, part_weight) in cut {
+        let master = (0..master_count)
+            .map(|offset| (first + offset) % master_count)
+            .min_by_key(|&master| loads[master])
+            .expect("at least one master");
+        loads[master].0 += part_weight;
+        loads[master].1 += 1;
+        let (planned, expected) = partitions
+            .entry(master)
+            .or_insert_with(|| (Vec::new(), share.map(|_| TableTally::default())));
+        planned.push(part);
+        if let (Some(expected), Some(share)) = (expected.as_mut(), share) {
+            expected.bytes += share.bytes;
+            expected.objects += share.objects;
         }
     }
     partitions
@@ -538,12 +633,12 @@ impl Inner {
             self.unrecoverable().remove(&crashed);
         }
         let head = self.log_heads.lock().await.get(&crashed).copied();
-        let segments = match head {
+        let (segments, table_stats) = match head {
             // It never reported a head, so it never had a replicated write acknowledged: nothing
             // to replay. (A master without replicas reports none either: handled above.)
             None => {
                 tracing::warn!(%crashed, "the crashed master never reported a log head: its tablets are handed over empty");
-                Vec::new()
+                (Vec::new(), None)
             }
             // It had writes acknowledged (it reported a head), yet no backup that is up holds
             // anything of its log: no complete log can be read — unless a backup holding it is
@@ -574,7 +669,7 @@ impl Inner {
                     ));
                 }
                 match self.newest_digest(crashed, &locations, head).await {
-                    Ok(listed) => listed,
+                    Ok((listed, table_stats)) => (listed, table_stats),
                     Err(reason) => return Attempt::Again(reason),
                 }
             }
@@ -584,7 +679,15 @@ impl Inner {
                 "the log is incomplete: no live backup holds segment {missing} of the digest"
             ));
         }
-        self.recover_partitions(crashed, &tablets, &masters, &backups, segments).await
+        self.recover_partitions(
+            crashed,
+            &tablets,
+            &masters,
+            &backups,
+            segments,
+            table_stats.as_ref(),
+        )
+        .await
     }
 
     /// A recovery that cannot succeed: no complete copy of `crashed`'s log exists. Unless an
@@ -619,7 +722,7 @@ impl Inner {
         if masters.is_empty() {
             return Attempt::Again("no master is up to recover onto".to_string());
         }
-        self.recover_partitions(crashed, &tablets, &masters, &backups, Vec::new()).await
+        self.recover_partitions(crashed, &tablets, &masters, &backups, Vec::new(), None).await
     }
 
     /// Since when no backup that is up has held anything of each crashed master's log (only
@@ -665,7 +768,8 @@ impl Inner {
     }
 
     /// Sends each recovery master its partition of `tablets` (replaying `segments`, none to
-    /// hand the tablets over empty) and commits what comes back durable.
+    /// hand the tablets over empty; `table_stats` from the crashed log's newest head sizes
+    /// the partitions) and commits what comes back durable.
     async fn recover_partitions(
         self: &Arc<Self>,
         crashed: ServerId,
@@ -673,6 +777,7 @@ impl Inner {
         masters: &[(ServerId, String)],
         backups: &[String],
         segments: Vec<SegmentId>,
+        table_stats: Option<&TableStats>,
     ) -> Attempt {
         // Room for more tablets in each table: recovered parts become tablets of their own.
         let tablet_room: BTreeMap<TableId, usize> = {
@@ -686,14 +791,30 @@ impl Inner {
                 .collect()
         };
         let first = self.environment.entropy.below(masters.len() as u64) as usize;
-        let partitions = plan_partitions(tablets, masters.len(), first, tablet_room);
+        let estimates = estimate_tablets(tablets, table_stats);
+        let partitions = plan_partitions(tablets, &estimates, masters.len(), first, tablet_room);
         tracing::info!(
             %crashed,
             tablets = tablets.len(),
             segments = segments.len(),
             recovery_masters = partitions.len(),
+            sized_by = if table_stats.is_some() { "table stats" } else { "hash span" },
             "recovering"
         );
+        for (index, (parts, expected)) in &partitions {
+            let (bytes, objects) =
+                expected.map_or((None, None), |e| (Some(e.bytes), Some(e.objects)));
+            tracing::info!(
+                %crashed,
+                recovery_master = %masters[*index].0,
+                parts = parts.len(),
+                expected_bytes = ?bytes,
+                expected_objects = ?objects,
+                "recovery partition planned"
+            );
+        }
+        let partitions: BTreeMap<usize, Vec<PlannedPart>> =
+            partitions.into_iter().map(|(index, (parts, _))| (index, parts)).collect();
 
         if !self.is_active() {
             return Attempt::Again("not the active coordinator".to_string());
@@ -937,8 +1058,9 @@ impl Inner {
         Ok(locations)
     }
 
-    /// The members of the crashed log's newest digest: the one in its last head, the segment it
-    /// reported with SET_LOG_HEAD before acknowledging any write there. Only a replica at the
+    /// The members of the crashed log's newest digest, and the TABLE_STATS beside it (if the
+    /// head holds one): the one in its last head, the segment it reported with SET_LOG_HEAD
+    /// before acknowledging any write there. Only a replica at the
     /// reported epoch or newer is read (an older one may lack the end of the head). Earlier
     /// heads hold digests too, but older ones: looking for "the highest segment with a digest"
     /// among the replicas that happen to be visible could pick one of those.
@@ -947,13 +1069,15 @@ impl Inner {
         crashed: ServerId,
         locations: &BTreeMap<SegmentId, Vec<Location>>,
         head: LogHead,
-    ) -> Result<Vec<SegmentId>, String> {
+    ) -> Result<(Vec<SegmentId>, Option<TableStats>), String> {
         let replicas = locations.get(&head.segment_id).map(Vec::as_slice).unwrap_or_default();
         let mut problems = Vec::new();
         for location in replicas.iter().filter(|location| location.epoch >= head.epoch) {
             match self.read_replica(crashed, head.segment_id, &location.backup).await {
-                Ok(Some(digest)) => return Ok(digest),
-                Ok(None) => problems.push(format!("{}: no digest in the head", location.backup)),
+                Ok((Some(digest), table_stats)) => return Ok((digest, table_stats)),
+                Ok((None, _)) => {
+                    problems.push(format!("{}: no digest in the head", location.backup))
+                }
                 Err(reason) => problems.push(format!("{}: {reason}", location.backup)),
             }
         }
@@ -965,13 +1089,13 @@ impl Inner {
         ))
     }
 
-    /// Reads and verifies one replica; returns the digest it holds, if any.
+    /// Reads and verifies one replica; returns the digest and table stats it holds, if any.
     async fn read_replica(
         &self,
         crashed: ServerId,
         segment_id: SegmentId,
         backup: &str,
-    ) -> Result<Option<Vec<SegmentId>>, String> {
+    ) -> Result<(Option<Vec<SegmentId>>, Option<TableStats>), String> {
         let request = Request::BackupReadReplica { master_id: crashed, segment_id };
         let (certificate, data): (Certificate, Bytes) =
             match self.recovery_pools.backups.call(backup, &request).await {
@@ -993,7 +1117,8 @@ impl Inner {
                     return Err(error.to_string());
                 }
             };
-        verify_replica(&data, &certificate, crashed, segment_id).map(|verified| verified.digest)
+        verify_replica(&data, &certificate, crashed, segment_id)
+            .map(|verified| (verified.digest, verified.table_stats))
     }
 
     /// Hands recovered parts to their new masters: the tablet map changes first (one durable
@@ -1110,18 +1235,10 @@ mod tests {
     fn partitions_cut_tablets_for_every_master_but_never_past_a_table_s_tablet_limit() {
         let whole = HashRange { start: 0, end: u64::MAX };
         let tablets = [(TableId(1), whole, SegmentId(0)), (TableId(2), whole, SegmentId(3))];
-        let covered = |parts: &[(TableId, HashRange, HashRange, SegmentId)], table| {
-            let mut ranges: Vec<HashRange> =
-                parts.iter().filter(|part| part.0 == table).map(|part| part.2).collect();
-            ranges.sort_by_key(|range| range.start);
-            assert_eq!(ranges.first().map(|range| range.start), Some(0));
-            assert_eq!(ranges.last().map(|range| range.end), Some(u64::MAX));
-            assert!(ranges.windows(2).all(|pair| pair[0].end + 1 == pair[1].start), "{ranges:?}");
-            ranges.len()
-        };
-        // Room everywhere: 8 masters, 2 tablets → 4 parts each, one per master.
+        let unknown = [None, None];
+        // Room everywhere: 8 masters, 2 tablets of equal span → 4 parts each, one per master.
         let room = BTreeMap::from([(TableId(1), 100), (TableId(2), 100)]);
-        let plan = plan_partitions(&tablets, 8, 3, room);
+        let plan = parts_of(plan_partitions(&tablets, &unknown, 8, 3, room));
         assert_eq!(plan.len(), 8);
         assert!(plan.values().all(|parts| parts.len() == 1));
         let parts: Vec<_> = plan.values().flatten().copied().collect();
@@ -1133,7 +1250,7 @@ mod tests {
             .all(|part| part.3 == SegmentId(3)));
         // Table 1 may gain only one tablet, table 2 none (unknown: no room): 2 parts and 1.
         let room = BTreeMap::from([(TableId(1), 1)]);
-        let plan = plan_partitions(&tablets, 8, 0, room);
+        let plan = parts_of(plan_partitions(&tablets, &unknown, 8, 0, room));
         let parts: Vec<_> = plan.values().flatten().copied().collect();
         assert_eq!((covered(&parts, TableId(1)), covered(&parts, TableId(2))), (2, 1));
         // Room is shared by a table's tablets: two halves of table 1 with room for one more.
@@ -1141,8 +1258,104 @@ mod tests {
             (TableId(1), HashRange { start: 0, end: u64::MAX / 2 }, SegmentId(0)),
             (TableId(1), HashRange { start: u64::MAX / 2 + 1, end: u64::MAX }, SegmentId(0)),
         ];
-        let plan = plan_partitions(&halves, 8, 0, BTreeMap::from([(TableId(1), 1)]));
-        assert_eq!(plan.values().flatten().count(), 3);
+        let plan = plan_partitions(&halves, &unknown, 8, 0, BTreeMap::from([(TableId(1), 1)]));
+        assert_eq!(plan.values().map(|(parts, _)| parts.len()).sum::<usize>(), 3);
+    }
+
+    /// The planned parts per master, without the expectations.
+    fn parts_of(
+        plan: BTreeMap<usize, (Vec<PlannedPart>, Option<TableTally>)>,
+    ) -> BTreeMap<usize, Vec<PlannedPart>> {
+        plan.into_iter().map(|(index, (parts, _))| (index, parts)).collect()
+    }
+
+    /// How many parts cover `table`, checking that they cover all of its hash space once.
+    fn covered(parts: &[PlannedPart], table: TableId) -> usize {
+        let mut ranges: Vec<HashRange> =
+            parts.iter().filter(|part| part.0 == table).map(|part| part.2).collect();
+        ranges.sort_by_key(|range| range.start);
+        assert_eq!(ranges.first().map(|range| range.start), Some(0));
+        assert_eq!(ranges.last().map(|range| range.end), Some(u64::MAX));
+        assert!(ranges.windows(2).all(|pair| pair[0].end + 1 == pair[1].start), "{ranges:?}");
+        ranges.len()
+    }
+
+    fn tally(bytes: u64, objects: u64) -> TableTally {
+        TableTally { bytes, objects }
+    }
+
+    #[test]
+    fn table_stats_size_the_parts_so_large_tablets_are_cut_and_empty_ones_are_not() {
+        let whole = HashRange::FULL;
+        let tablets = [
+            (TableId(1), whole, SegmentId(0)),
+            (TableId(2), whole, SegmentId(0)),
+            (TableId(3), whole, SegmentId(0)),
+        ];
+        let megabyte = 1 << 20;
+        let estimates = [
+            Some(tally(900 * megabyte, 900_000)),
+            Some(tally(100 * megabyte, 100_000)),
+            Some(tally(0, 0)),
+        ];
+        let room = BTreeMap::from([(TableId(1), 100), (TableId(2), 100), (TableId(3), 100)]);
+        let plan = plan_partitions(&tablets, &estimates, 5, 2, room);
+        let parts: Vec<_> = plan.values().flat_map(|(parts, _)| parts.clone()).collect();
+        // Five masters: the 900 MB tablet in three parts of 300, the others whole. Equal cuts
+        // per tablet (two each) would have given two masters 450 MB each.
+        assert_eq!(
+            [TableId(1), TableId(2), TableId(3)].map(|table| covered(&parts, table)),
+            [3, 1, 1]
+        );
+        assert_eq!(plan.len(), 5, "every master recovers something");
+        let heaviest = plan.values().filter_map(|(_, expected)| *expected).max_by_key(|e| e.bytes);
+        assert_eq!(heaviest, Some(tally(300 * megabyte, 300_000)));
+        let expected_total: u64 =
+            plan.values().filter_map(|(_, expected)| expected.map(|e| e.bytes)).sum();
+        assert_eq!(expected_total, 1000 * megabyte);
+    }
+
+    #[test]
+    fn more_parts_than_masters_are_dealt_to_the_least_loaded() {
+        let tablets: Vec<_> =
+            (1..=5).map(|table| (TableId(table), HashRange::FULL, SegmentId(0))).collect();
+        let estimates = [5, 4, 3, 3, 3].map(|bytes| Some(tally(bytes, bytes)));
+        let plan = plan_partitions(&tablets, &estimates, 2, 0, BTreeMap::new());
+        let loads: Vec<u64> = plan.values().map(|(_, expected)| expected.unwrap().bytes).collect();
+        // Largest first, each to the lighter master: 5 | 4, then 3 → 7, 3 → 8, 3 → 10.
+        assert_eq!(loads.iter().sum::<u64>(), 18);
+        assert_eq!(loads.iter().max(), Some(&10));
+        // No data at all: the tablets are dealt round-robin, not piled on one master.
+        let empty = [Some(tally(0, 0)); 5];
+        let plan = plan_partitions(&tablets, &empty, 2, 1, BTreeMap::new());
+        let counts: Vec<usize> = plan.values().map(|(parts, _)| parts.len()).collect();
+        assert_eq!(counts, vec![2, 3]);
+    }
+
+    #[test]
+    fn a_table_s_statistics_are_shared_by_its_tablets_in_proportion_to_their_spans() {
+        let quarter = HashRange { start: 0, end: u64::MAX / 4 };
+        let rest = HashRange { start: u64::MAX / 4 + 1, end: u64::MAX };
+        let tablets = [
+            (TableId(1), quarter, SegmentId(0)),
+            (TableId(1), rest, SegmentId(0)),
+            (TableId(2), HashRange::FULL, SegmentId(0)),
+            (TableId(3), HashRange::FULL, SegmentId(0)),
+        ];
+        let statistics =
+            TableStats { tables: vec![(TableId(1), tally(4000, 400))], others: tally(600, 60) };
+        let estimates = estimate_tablets(&tablets, Some(&statistics));
+        assert_eq!(
+            estimates,
+            vec![
+                Some(tally(1000, 100)),
+                Some(tally(3000, 300)),
+                // Tables 2 and 3 are not listed: "others" is split between them by span.
+                Some(tally(300, 30)),
+                Some(tally(300, 30)),
+            ]
+        );
+        assert_eq!(estimate_tablets(&tablets, None), vec![None; 4]);
     }
 
     fn coordinator() -> Coordinator {

@@ -38,8 +38,8 @@ use crate::redis_reference::{self, RedisRestart};
 use crate::replica_files::{self, PhysicalRead};
 use crate::report::{print_json, Field};
 use crate::server_logs::{
-    crash_declaration_time, partitions_recovered, print_log_tails, recovery_finished_elapsed,
-    PartitionRecovered,
+    crash_declaration_time, objects_expected, partitions_recovered, print_log_tails,
+    recovery_finished_elapsed, PartitionRecovered,
 };
 
 /// `stratus bench recovery`.
@@ -305,6 +305,9 @@ struct ClusterMeasurement {
     coordinator_recovery: Option<Duration>,
     /// What each recovery master reported of its partitions.
     partitions: Vec<PartitionRecovered>,
+    /// The objects the coordinator expected each recovery master to replay (from the crashed
+    /// log's table statistics), if it logged them.
+    objects_expected: Option<Vec<u64>>,
     acknowledged_writes_lost: u64,
 }
 
@@ -405,6 +408,16 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
     let longest = |phase: &dyn Fn(&PartitionRecovered) -> Duration| {
         partitions.iter().map(|partition| milliseconds(phase(partition))).max_by(f64::total_cmp)
     };
+    // How evenly the partitions shared the work: the most objects one master replayed over
+    // the mean (1.0 is perfect balance).
+    let objects_replayed: u64 = partitions.iter().map(|partition| partition.objects).sum();
+    let objects_max_over_mean = partitions
+        .iter()
+        .map(|partition| partition.objects)
+        .max()
+        .map(|most| most as f64 * partitions.len() as f64 / objects_replayed.max(1) as f64);
+    let objects_expected: Option<u64> =
+        measured.objects_expected.as_ref().map(|expected| expected.iter().sum());
 
     println!(
         "{:>7} {:>8} {:>9} {:>9} {:>17} {:>21} {:>20} {:>17} {:>16} {:>11}",
@@ -448,6 +461,12 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
         ),
         ("recovered_mb_per_sec", Field::Number(recovered_mb_per_sec)),
         ("recovery_masters", Field::Number(partitions.len() as f64)),
+        ("objects_replayed", Field::Number(objects_replayed as f64)),
+        (
+            "objects_expected",
+            Field::optional_number(objects_expected.map(|expected| expected as f64)),
+        ),
+        ("recovery_master_objects_max_over_mean", Field::optional_number(objects_max_over_mean)),
         ("recovery_master_mb_per_sec_min", Field::optional_number(master_mb_per_sec)),
         ("replay_mb_per_sec_min", Field::optional_number(replay_mb_per_sec)),
         ("read_ms_max", Field::optional_number(longest(&|partition| partition.read))),
@@ -664,6 +683,7 @@ async fn measure_cluster(
         .map_err(|error| format!("{}: {error}", cluster.coordinator_log.display()))?;
     let (kill_to_decision, decision_source) = crash_decision(&coordinator_log, victim, &served)?;
     let coordinator_recovery = recovery_finished_elapsed(&coordinator_log, victim);
+    let objects_expected = objects_expected(&coordinator_log, victim);
     let mut partitions = Vec::new();
     for server in cluster.servers.iter().filter(|server| server.server_id != victim) {
         let log = std::fs::read_to_string(&server.log)
@@ -688,6 +708,7 @@ async fn measure_cluster(
         decision_source,
         coordinator_recovery,
         partitions,
+        objects_expected,
         acknowledged_writes_lost,
     })
 }

@@ -29,6 +29,8 @@ pub fn recovery_finished_elapsed(log: &str, server: ServerId) -> Option<Duration
 /// durable" line): the replica bytes it read and how long each phase took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionRecovered {
+    /// Objects it replayed into its store.
+    pub objects: u64,
     /// Bytes of replicas read from the backups.
     pub replica_bytes_read: u64,
     /// From the start until every replica of the partition was read.
@@ -51,6 +53,7 @@ pub fn partitions_recovered(log: &str, crashed: ServerId) -> Vec<PartitionRecove
         .filter_map(|line| {
             let number = |name: &str| field_value(&line, name)?.parse::<u64>().ok();
             Some(PartitionRecovered {
+                objects: number("objects")?,
                 replica_bytes_read: number("replica_bytes_read")?,
                 read: Duration::from_millis(number("read_ms")?),
                 replay: Duration::from_millis(number("replay_ms")?),
@@ -58,6 +61,25 @@ pub fn partitions_recovered(log: &str, crashed: ServerId) -> Vec<PartitionRecove
             })
         })
         .collect()
+}
+
+/// The objects the coordinator expected each recovery master of `crashed` to replay, from the
+/// "recovery partition planned" lines after its last "recovering" line for `crashed` (the
+/// last attempt). `None` when it planned without table statistics, or logged no plan.
+pub fn objects_expected(log: &str, crashed: ServerId) -> Option<Vec<u64>> {
+    let crashed = crashed.to_string();
+    let lines: Vec<String> = log
+        .lines()
+        .map(strip_terminal_escapes)
+        .filter(|line| field_value(line, "crashed") == Some(crashed.as_str()))
+        .collect();
+    let last_attempt = lines.iter().rposition(|line| line.contains(" recovering "))?;
+    lines[last_attempt + 1..]
+        .iter()
+        .filter(|line| line.contains("recovery partition planned"))
+        .map(|line| field_value(line, "expected_objects")?.parse().ok())
+        .collect::<Option<Vec<u64>>>()
+        .filter(|expected| !expected.is_empty())
 }
 
 /// The first line of `log` (colour codes removed) with `message` whose field `field` is
@@ -203,6 +225,7 @@ crashed_master=4 segments=3 objects=1 replica_bytes_read=1 read_ms=1 replay_ms=1
         assert_eq!(
             partitions_recovered(log, ServerId(1)),
             vec![PartitionRecovered {
+                objects: 134_754,
                 replica_bytes_read: 139_843_339,
                 read: Duration::from_millis(375),
                 replay: Duration::from_millis(280),
@@ -210,6 +233,23 @@ crashed_master=4 segments=3 objects=1 replica_bytes_read=1 read_ms=1 replay_ms=1
             }]
         );
         assert!(partitions_recovered(log, ServerId(2)).is_empty());
+    }
+
+    #[test]
+    fn the_last_attempt_s_expectations_are_found() {
+        let log = "\
+2026-11-26T09:50:29.1Z  INFO stratus_coordinator::recovery: recovering crashed=1 tablets=1 segments=3 recovery_masters=2 sized_by=\"table stats\"
+2026-11-26T09:50:29.2Z  INFO stratus_coordinator::recovery: recovery partition planned crashed=1 recovery_master=2 parts=1 expected_bytes=9 expected_objects=5
+2026-11-26T09:50:29.3Z  INFO stratus_coordinator::recovery: recovering crashed=1 tablets=1 segments=3 recovery_masters=2 sized_by=\"table stats\"
+2026-11-26T09:50:29.4Z  INFO stratus_coordinator::recovery: recovery partition planned crashed=1 recovery_master=2 parts=1 expected_bytes=9 expected_objects=7
+2026-11-26T09:50:29.4Z  INFO stratus_coordinator::recovery: recovery partition planned crashed=3 recovery_master=2 parts=1 expected_bytes=9 expected_objects=1
+2026-11-26T09:50:29.5Z  INFO stratus_coordinator::recovery: recovery partition planned crashed=1 recovery_master=4 parts=2 expected_bytes=9 expected_objects=8
+2026-11-26T09:50:30.1Z  INFO stratus_coordinator::recovery: recovering crashed=5 tablets=1 segments=3 recovery_masters=1 sized_by=\"hash span\"
+2026-11-26T09:50:30.2Z  INFO stratus_coordinator::recovery: recovery partition planned crashed=5 recovery_master=2 parts=1
+";
+        assert_eq!(objects_expected(log, ServerId(1)), Some(vec![7, 8]));
+        assert_eq!(objects_expected(log, ServerId(5)), None);
+        assert_eq!(objects_expected(log, ServerId(9)), None);
     }
 
     #[test]

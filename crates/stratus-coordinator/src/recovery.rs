@@ -802,16 +802,23 @@ impl Inner {
             "recovering"
         );
         for (index, (parts, expected)) in &partitions {
-            let (bytes, objects) =
-                expected.map_or((None, None), |e| (Some(e.bytes), Some(e.objects)));
-            tracing::info!(
-                %crashed,
-                recovery_master = %masters[*index].0,
-                parts = parts.len(),
-                expected_bytes = ?bytes,
-                expected_objects = ?objects,
-                "recovery partition planned"
-            );
+            let recovery_master = masters[*index].0;
+            match expected {
+                Some(expected) => tracing::info!(
+                    %crashed,
+                    %recovery_master,
+                    parts = parts.len(),
+                    expected_bytes = expected.bytes,
+                    expected_objects = expected.objects,
+                    "recovery partition planned"
+                ),
+                None => tracing::info!(
+                    %crashed,
+                    %recovery_master,
+                    parts = parts.len(),
+                    "recovery partition planned"
+                ),
+            }
         }
         let partitions: BTreeMap<usize, Vec<PlannedPart>> =
             partitions.into_iter().map(|(index, (parts, _))| (index, parts)).collect();

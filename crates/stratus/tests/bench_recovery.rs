@@ -30,6 +30,13 @@ fn bench_recovery_recovers_every_object_and_reports_each_recovery_master() {
     assert!(number("physical_bound_ms") > 0.0, "{row:?}");
     // Both survivors recover a partition, and the report has each one's figures from its log.
     assert_eq!(number("recovery_masters"), 2.0, "{row:?}");
+    // The coordinator sized the partitions from the table statistics in the crashed head: it
+    // expected every object but those written since that head opened (less than a segment of
+    // 1 MiB, about 1 040 objects), and the two halves shared the work about evenly.
+    assert!(number("objects_replayed") >= 16_777.0, "{row:?}");
+    let expected = number("objects_expected");
+    assert!((16_777.0 - 1_100.0..=16_777.0).contains(&expected), "{row:?}");
+    assert!(number("recovery_master_objects_max_over_mean") < 1.2, "{row:?}");
     for field in ["recovery_master_mb_per_sec_min", "replay_mb_per_sec_min"] {
         assert!(number(field) > 0.0, "{field}: {row:?}");
     }

@@ -221,8 +221,8 @@ fn estimate_tablets(
                 None => statistics.others,
             };
             let share = |value: u64| {
-                // span ≤ owned ≤ 2^64 and value < 2^64: the product fits in u128, and the
-                // quotient is at most `value`.
+                // span ≤ 2^64 and value < 2^64: the product fits in u128; span ≤ the group's
+                // spans, so the quotient is at most `value`.
                 (u128::from(value) * span(range) / spans[&group]) as u64
             };
             Some(TableTally { bytes: share(total.bytes), objects: share(total.objects) })
@@ -255,10 +255,11 @@ fn plan_partitions(
 ) -> BTreeMap<usize, (Vec<PlannedPart>, Option<TableTally>)> {
     assert!(master_count > 0 && !tablets.is_empty(), "a recovery has masters and tablets");
     assert_eq!(tablets.len(), estimates.len(), "one estimate per tablet");
+    let span = |index: usize| u128::from(tablets[index].1.end - tablets[index].1.start) + 1;
     let weight = |index: usize| -> u128 {
         match estimates[index] {
             Some(estimate) => u128::from(estimate.bytes),
-            None => u128::from(tablets[index].1.end - tablets[index].1.start) + 1,
+            None => span(index),
         }
     };
     let parts_per_tablet_max = PARTS_PER_TABLET_MAX.min(master_count as u32);
@@ -271,6 +272,8 @@ fn plan_partitions(
             .filter(|&index| {
                 weight(index) > 0
                     && parts[index] < parts_per_tablet_max
+                    // A range of n hashes splits into at most n parts.
+                    && u128::from(parts[index]) < span(index)
                     && tablet_room.get(&tablets[index].0).copied().unwrap_or(0) > 0
             })
             .max_by(|&a, &b| {
@@ -286,11 +289,13 @@ fn plan_partitions(
     // Every part, largest first (stable: ties keep the tablets' order).
     let mut cut: Vec<(PlannedPart, Option<TableTally>, u128)> = Vec::with_capacity(parts_total);
     for (index, &(table_id, range, creation_segment)) in tablets.iter().enumerate() {
-        let count = parts[index];
-        for part in range.split(count) {
+        let pieces = range.split(parts[index]);
+        assert_eq!(pieces.len(), parts[index] as usize, "a cut past the tablet's hash span");
+        let count = pieces.len() as u64;
+        for part in pieces {
             let share = estimates[index].map(|estimate| TableTally {
-                bytes: estimate.bytes / u64::from(count),
-                objects: estimate.objects / u64::from(count),
+                bytes: estimate.bytes / count,
+                objects: estimate.objects / count,
             });
             cut.push((
                 (table_id, range, part, creation_segment),
@@ -315,8 +320,9 @@ fn plan_partitions(
             .or_insert_with(|| (Vec::new(), share.map(|_| TableTally::default())));
         planned.push(part);
         if let (Some(expected), Some(share)) = (expected.as_mut(), share) {
-            expected.bytes += share.bytes;
-            expected.objects += share.objects;
+            // Saturating: the statistics come from replica bytes, checksummed but not trusted.
+            expected.bytes = expected.bytes.saturating_add(share.bytes);
+            expected.objects = expected.objects.saturating_add(share.objects);
         }
     }
     partitions
@@ -1320,6 +1326,25 @@ mod tests {
         let expected_total: u64 =
             plan.values().filter_map(|(_, expected)| expected.map(|e| e.bytes)).sum();
         assert_eq!(expected_total, 1000 * megabyte);
+    }
+
+    #[test]
+    fn a_tablet_is_never_cut_finer_than_its_hashes_and_huge_estimates_saturate() {
+        let narrow = HashRange { start: 10, end: 11 };
+        let tablets = [(TableId(1), narrow, SegmentId(0))];
+        let gigabyte = 1 << 30;
+        let room = BTreeMap::from([(TableId(1), 100)]);
+        let plan = plan_partitions(&tablets, &[Some(tally(gigabyte, 10))], 8, 0, room);
+        let parts: Vec<_> = plan.values().flat_map(|(parts, _)| parts.clone()).collect();
+        assert_eq!(parts.iter().map(|part| part.2).collect::<Vec<_>>().len(), 2);
+        let expected: u64 = plan.values().map(|(_, expected)| expected.unwrap().bytes).sum();
+        assert_eq!(expected, gigabyte);
+        // Hostile statistics: sums saturate instead of overflowing.
+        let tablets: Vec<_> =
+            (1..=3).map(|table| (TableId(table), HashRange::FULL, SegmentId(0))).collect();
+        let plan =
+            plan_partitions(&tablets, &[Some(tally(u64::MAX, u64::MAX)); 3], 1, 0, BTreeMap::new());
+        assert_eq!(plan[&0].1, Some(tally(u64::MAX, u64::MAX)));
     }
 
     #[test]

@@ -409,8 +409,13 @@ pub fn decode_tombstone(content: &[u8]) -> Result<TombstoneView<'_>, FormatError
 
 /// Magic bytes at the start of every segment header.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"SGMT";
-/// The segment format version this code writes and reads.
-pub const SEGMENT_FORMAT_VERSION: u16 = 1;
+/// The segment format version this code writes. Version 2 added TABLE_STATS to every head;
+/// version 1 segments (no TABLE_STATS) are still read, so a cluster upgraded in place recovers
+/// logs written before it. A binary that knows only version 1 refuses version 2 segments by
+/// their header, with a clear error, rather than at an unknown entry type.
+pub const SEGMENT_FORMAT_VERSION: u16 = 2;
+/// Every segment format version this code reads.
+pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 2] = [1, 2];
 /// Bytes of a segment header's content.
 pub const SEGMENT_HEADER_CONTENT_BYTES: usize = 32;
 
@@ -452,7 +457,8 @@ impl SegmentHeader {
             return Err(FormatError::Malformed("segment magic"));
         }
         let mut position = 4;
-        if read_uint(content, &mut position, 2)? != u64::from(SEGMENT_FORMAT_VERSION) {
+        let version = read_uint(content, &mut position, 2)?;
+        if !SEGMENT_FORMAT_VERSIONS_READ.iter().any(|&known| u64::from(known) == version) {
             return Err(FormatError::Malformed("segment format version"));
         }
         if read_uint(content, &mut position, 2)? != 0 {
@@ -890,6 +896,27 @@ mod tests {
 mod table_stats_tests {
     use super::*;
 
+    #[test]
+    fn version_1_segment_headers_are_still_read_and_unknown_versions_refused() {
+        let header =
+            SegmentHeader { log_id: ServerId(2), segment_id: SegmentId(3), capacity_bytes: 1024 };
+        let with_version = |version: u16| {
+            let mut bytes = header.encode();
+            bytes[4..6].copy_from_slice(&version.to_le_bytes());
+            let crc = checksum(&bytes[0..28]);
+            bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+            bytes
+        };
+        assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
+        assert_eq!(SegmentHeader::decode(&with_version(1)), Ok(header));
+        for unknown in [0, 3, u16::MAX] {
+            assert_eq!(
+                SegmentHeader::decode(&with_version(unknown)),
+                Err(FormatError::Malformed("segment format version"))
+            );
+        }
+    }
+
     fn two_tables() -> TableStats {
         TableStats {
             tables: vec![
@@ -966,8 +993,8 @@ mod golden {
         assert_eq!(
             header.to_vec(),
             bytes(
-                "53 47 4d 54 01 00 00 00 02 00 00 00 00 00 00 00 \
-                 03 00 00 00 00 00 00 00 00 00 10 00 49 91 03 ac"
+                "53 47 4d 54 02 00 00 00 02 00 00 00 00 00 00 00 \
+                 03 00 00 00 00 00 00 00 00 00 10 00 2a a0 3f 67"
             )
         );
         let digest = encode_log_digest(&[SegmentId(1), SegmentId(3)]);

@@ -568,14 +568,11 @@ impl Log {
                 <= self.config.segment_bytes as usize
         });
         if !head_fits {
-            let table_stats = encode_table_stats(
-                &self.table_tallies.snapshot(self.config.table_stats_tables_max()),
-            );
-            let head_entries = self.new_head_entry_bytes(&state, 0, &table_stats);
+            let head_entries = self.new_head_entry_bytes(&state, 0);
             let needed = self.seglets_for(head_entries + append_bytes);
             self.check_free_seglets(&mut state, needed, priority)?;
             self.check_segment_count(&state, priority, 0)?;
-            self.open_head(&mut state, &table_stats);
+            self.open_head(&mut state);
         } else {
             let head = &state.segments[&state.head.expect("head exists")];
             let needed = self
@@ -602,12 +599,10 @@ impl Log {
     /// cleaned segments).
     pub fn roll_head(&self, priority: AppendPriority) -> Result<SegmentId, AppendError> {
         let mut state = self.lock();
-        let table_stats =
-            encode_table_stats(&self.table_tallies.snapshot(self.config.table_stats_tables_max()));
-        let needed = self.seglets_for(self.new_head_entry_bytes(&state, 0, &table_stats));
+        let needed = self.seglets_for(self.new_head_entry_bytes(&state, 0));
         self.check_free_seglets(&mut state, needed, priority)?;
         self.check_segment_count(&state, priority, 0)?;
-        Ok(self.open_head(&mut state, &table_stats))
+        Ok(self.open_head(&mut state))
     }
 
     fn seglets_for(&self, bytes: usize) -> usize {
@@ -676,9 +671,12 @@ impl Log {
             .collect()
     }
 
-    /// Bytes of the header, digest, safe version and `table_stats` (the encoded TABLE_STATS
-    /// content) a new head would start with, when `fused` side segments join the log with it.
-    fn new_head_entry_bytes(&self, state: &LogState, fused: usize, table_stats: &[u8]) -> usize {
+    /// Bytes of the header, digest, safe version and table stats a new head would start with
+    /// at most, when `fused` side segments join the log with it. The table stats are counted at
+    /// their largest (at most 1/64 of a segment), so that a write refused for memory does not
+    /// snapshot the tallies only to throw them away; the snapshot is taken once the head opens.
+    fn new_head_entry_bytes(&self, state: &LogState, fused: usize) -> usize {
+        let table_stats = table_stats_content_bytes(self.config.table_stats_tables_max());
         let digest = log_digest_content_bytes(self.digest_members(state).len() + fused + 1);
         EntryHeader::new(EntryType::SegmentHeader, SEGMENT_HEADER_CONTENT_BYTES as u32)
             .header_bytes()
@@ -688,8 +686,8 @@ impl Log {
             + EntryHeader::new(EntryType::SafeVersion, SAFE_VERSION_CONTENT_BYTES as u32)
                 .header_bytes()
             + SAFE_VERSION_CONTENT_BYTES
-            + EntryHeader::new(EntryType::TableStats, table_stats.len() as u32).header_bytes()
-            + table_stats.len()
+            + EntryHeader::new(EntryType::TableStats, table_stats as u32).header_bytes()
+            + table_stats
     }
 
     fn new_record(&self, membership: Membership) -> SegmentRecord {
@@ -712,9 +710,10 @@ impl Log {
 
     /// Opens a new head holding SEGMENT_HEADER, LOG_DIGEST (every segment in the log, the new
     /// head included, with pending survivors fused in and cleaned segments dropped),
-    /// SAFE_VERSION and TABLE_STATS (`table_stats`, encoded, sized by the caller's check). The
+    /// SAFE_VERSION and TABLE_STATS (the store's tallies now, no larger than the caller's check
+    /// allowed for). The
     /// caller checked that enough seglets are free.
-    fn open_head(&self, state: &mut LogState, table_stats: &[u8]) -> SegmentId {
+    fn open_head(&self, state: &mut LogState) -> SegmentId {
         let segment_id = SegmentId(state.next_segment_id);
         state.next_segment_id += 1;
         let mut members = self.digest_members(state);
@@ -734,12 +733,18 @@ impl Log {
         }
         .encode();
         let digest = encode_log_digest(&members);
+        let table_stats =
+            encode_table_stats(&self.table_tallies.snapshot(self.config.table_stats_tables_max()));
+        assert!(
+            table_stats.len() <= table_stats_content_bytes(self.config.table_stats_tables_max()),
+            "table stats larger than a new head was sized for"
+        );
         let safe_version = encode_safe_version(self.safe_version());
         for entry in [
             AppendEntry::new(EntryType::SegmentHeader, &header),
             AppendEntry::new(EntryType::LogDigest, &digest),
             AppendEntry::new(EntryType::SafeVersion, &safe_version),
-            AppendEntry::new(EntryType::TableStats, table_stats),
+            AppendEntry::new(EntryType::TableStats, &table_stats),
         ] {
             self.append_entry(state, segment_id, &entry);
         }
@@ -981,16 +986,13 @@ impl Log {
             let segment = state.segments.get(id).expect("fusing a missing side segment");
             assert_eq!(segment.membership, Membership::Side, "fusing a segment not beside the log");
         }
-        let table_stats =
-            encode_table_stats(&self.table_tallies.snapshot(self.config.table_stats_tables_max()));
-        let needed =
-            self.seglets_for(self.new_head_entry_bytes(&state, segment_ids.len(), &table_stats));
+        let needed = self.seglets_for(self.new_head_entry_bytes(&state, segment_ids.len()));
         self.check_free_seglets(&mut state, needed, priority)?;
         self.check_segment_count(&state, priority, segment_ids.len())?;
         for id in segment_ids {
             state.segments.get_mut(id).expect("checked above").membership = Membership::FusePending;
         }
-        Ok(self.open_head(&mut state, &table_stats))
+        Ok(self.open_head(&mut state))
     }
 
     /// Drops side segments that will never join the log (a recovery that failed): their

@@ -1737,8 +1737,8 @@ mod tests {
         let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");
         // The store reports live objects; the head records what it reported.
         let tally = crate::TableTally { bytes: 300, objects: 2 };
-        log.table_tallies().object_added(TableId(4), 100);
-        log.table_tallies().object_added(TableId(4), 200);
+        log.table_tallies().object_added(0, TableId(4), 100);
+        log.table_tallies().object_added(1, TableId(4), 200);
         let appended = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
         assert_eq!(appended.segment_id, SegmentId(1));
         let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();

@@ -327,12 +327,17 @@ impl ObjectStore {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
                 let old_bytes = self.log.free(epoch, current.reference);
-                self.log.table_tallies().object_replaced(table, old_bytes, new_bytes);
+                self.log.table_tallies().object_replaced(
+                    guard.bucket_index(),
+                    table,
+                    old_bytes,
+                    new_bytes,
+                );
             }
             None => {
                 guard.insert(reference.0);
                 self.objects_live.fetch_add(1, Ordering::Relaxed);
-                self.log.table_tallies().object_added(table, new_bytes);
+                self.log.table_tallies().object_added(guard.bucket_index(), table, new_bytes);
             }
         }
         Ok(version)
@@ -371,7 +376,7 @@ impl ObjectStore {
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
         let old_bytes = self.log.free(&epoch, current.reference);
-        self.log.table_tallies().object_removed(table, old_bytes);
+        self.log.table_tallies().object_removed(guard.bucket_index(), table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         Ok(current.version)
     }
@@ -440,7 +445,8 @@ impl ObjectStore {
                 // segment (a migration target under memory pressure did).
                 if drop {
                     let bytes = self.log.free(&epoch, Reference(reference));
-                    self.log.table_tallies().object_removed(table, bytes);
+                    // The tallies are sharded by bucket, as the store's other calls pass it.
+                    self.log.table_tallies().object_removed(bucket_index, table, bytes);
                 }
                 !drop
             });

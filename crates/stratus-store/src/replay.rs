@@ -538,12 +538,17 @@ impl ObjectStore {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
                 let old_bytes = self.log.free(&epoch, current.reference);
-                self.log.table_tallies().object_replaced(table, old_bytes, new_bytes);
+                self.log.table_tallies().object_replaced(
+                    guard.bucket_index(),
+                    table,
+                    old_bytes,
+                    new_bytes,
+                );
             }
             None => {
                 guard.insert(reference.0);
                 self.objects_live.fetch_add(1, Ordering::Relaxed);
-                self.log.table_tallies().object_added(table, new_bytes);
+                self.log.table_tallies().object_added(guard.bucket_index(), table, new_bytes);
             }
         }
         Ok(true)

@@ -82,6 +82,12 @@ pub struct RecoveryArguments {
     /// O_DIRECT, as RAMCloud's and DXRAM's backups do, rather than through the page cache).
     #[arg(long)]
     pub backup_direct_io: bool,
+    /// Extra tables of one tablet each, moved onto the master that is killed and left empty:
+    /// a crashed master whose tablets differ in size, to see how recovery sizes its partitions
+    /// (with one, in a 3-server cluster, equal cuts per tablet would give one recovery master
+    /// all the data).
+    #[arg(long, default_value_t = 0)]
+    pub empty_tables: u32,
 }
 
 /// Bytes an object entry takes in the log besides its key and value (entry header and object
@@ -138,6 +144,7 @@ struct Plan {
     recovery_timeout: Duration,
     prefault_memory: bool,
     backup_direct_io: bool,
+    empty_tables: u32,
 }
 
 impl Plan {
@@ -204,6 +211,7 @@ impl Plan {
             recovery_timeout: Duration::from_secs(arguments.recovery_timeout_seconds),
             prefault_memory: arguments.prefault_memory,
             backup_direct_io: arguments.backup_direct_io,
+            empty_tables: arguments.empty_tables,
         })
     }
 
@@ -447,6 +455,7 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
         ("segment_mib", Field::Number(f64::from(plan.segment_mib))),
         ("prefault_memory", Field::Boolean(plan.prefault_memory)),
         ("backup_direct_io", Field::Boolean(plan.backup_direct_io)),
+        ("empty_tables", Field::Number(f64::from(plan.empty_tables))),
         ("data_bytes", Field::Number(plan.data_bytes as f64)),
         ("object_bytes", Field::Number(plan.object_bytes as f64)),
         ("objects", Field::Number(plan.objects as f64)),
@@ -643,6 +652,25 @@ async fn measure_cluster(
         return Err("a table of server span 1 is spread over several masters".into());
     }
     let victim_address = tablets[0].owner_address.clone();
+    for index in 0..plan.empty_tables {
+        let name = format!("bench-recovery-empty-{index}");
+        let empty = loader
+            .create_table(&name, 1)
+            .await
+            .map_err(|error| format!("creating table {name}: {error}"))?;
+        let owner = loader
+            .tablet_map(empty)
+            .await
+            .map_err(|error| format!("tablet map of {name}: {error}"))?
+            .first()
+            .map(|tablet| tablet.owner);
+        if owner != Some(victim) {
+            loader
+                .migrate_tablet(&name, 0, victim)
+                .await
+                .map_err(|error| format!("moving table {name} to master {victim}: {error}"))?;
+        }
+    }
 
     eprintln!("bench recovery: loading {} objects onto master {victim}", plan.objects);
     let started = Instant::now();

@@ -237,10 +237,11 @@ type PlannedPart = (TableId, HashRange, HashRange, SegmentId);
 /// A recovery's partitions: for each recovery master (an index into the masters, who number
 /// `master_count`), its parts, with what it is expected to replay.
 ///
-/// Every master gets work when there are parts enough: the tablets are cut into `master_count`
-/// parts in all (more when there are more tablets), and each cut goes to the tablet whose
-/// parts are largest (by `estimates`, or by hash span where there are none), so large tablets
-/// are cut finely and empty ones not at all. A tablet is cut into at most
+/// Every master gets work when there are parts enough: the tablets are cut until there are at
+/// least `master_count` parts and no part is larger than an even share (the whole over
+/// `master_count`), each cut going to the tablet whose parts are largest (by `estimates`, or
+/// by hash span where there are none), so large tablets are cut finely and empty ones not at
+/// all. A tablet is cut into at most
 /// `PARTS_PER_TABLET_MAX` (and `master_count`) equal hash ranges, and into no more than
 /// `tablet_room` (per table: how many tablets it may still gain) allows, since every part
 /// becomes a tablet of its own. The parts are then dealt largest first, each to the master with
@@ -265,7 +266,8 @@ fn plan_partitions(
     let parts_per_tablet_max = PARTS_PER_TABLET_MAX.min(master_count as u32);
     let mut parts = vec![1u32; tablets.len()];
     let mut parts_total = tablets.len();
-    while parts_total < master_count {
+    let weight_total: u128 = (0..tablets.len()).map(weight).sum();
+    loop {
         // The tablet whose parts are largest, among those that may be cut further: weight / k
         // compared as weight_a · k_b against weight_b · k_a, exact in u128.
         let next = (0..tablets.len())
@@ -282,6 +284,12 @@ fn plan_partitions(
                     .then(b.cmp(&a))
             });
         let Some(index) = next else { break };
+        // Above an even share of the whole (weight_total / master_count)?
+        let above_even_share =
+            weight(index) * master_count as u128 > weight_total * u128::from(parts[index]);
+        if parts_total >= master_count && !above_even_share {
+            break;
+        }
         parts[index] += 1;
         parts_total += 1;
         *tablet_room.get_mut(&tablets[index].0).expect("filtered on room above") -= 1;
@@ -1314,15 +1322,16 @@ mod tests {
         let room = BTreeMap::from([(TableId(1), 100), (TableId(2), 100), (TableId(3), 100)]);
         let plan = plan_partitions(&tablets, &estimates, 5, 2, room);
         let parts: Vec<_> = plan.values().flat_map(|(parts, _)| parts.clone()).collect();
-        // Five masters: the 900 MB tablet in three parts of 300, the others whole. Equal cuts
-        // per tablet (two each) would have given two masters 450 MB each.
+        // Five masters, an even share of 200 MB each: the 900 MB tablet in five parts of 180,
+        // the others whole; the heaviest master gets 180 + 100. Equal cuts per tablet (two
+        // each, as before table statistics) gave two masters 450 MB each.
         assert_eq!(
             [TableId(1), TableId(2), TableId(3)].map(|table| covered(&parts, table)),
-            [3, 1, 1]
+            [5, 1, 1]
         );
         assert_eq!(plan.len(), 5, "every master recovers something");
         let heaviest = plan.values().filter_map(|(_, expected)| *expected).max_by_key(|e| e.bytes);
-        assert_eq!(heaviest, Some(tally(300 * megabyte, 300_000)));
+        assert_eq!(heaviest, Some(tally(280 * megabyte, 280_000)));
         let expected_total: u64 =
             plan.values().filter_map(|(_, expected)| expected.map(|e| e.bytes)).sum();
         assert_eq!(expected_total, 1000 * megabyte);
@@ -1345,6 +1354,34 @@ mod tests {
         let plan =
             plan_partitions(&tablets, &[Some(tally(u64::MAX, u64::MAX)); 3], 1, 0, BTreeMap::new());
         assert_eq!(plan[&0].1, Some(tally(u64::MAX, u64::MAX)));
+    }
+
+    #[test]
+    fn a_crashed_master_s_one_large_tablet_is_cut_even_among_as_many_tablets_as_masters() {
+        // Two tablets, two masters: enough parts already, but one holds everything.
+        let tablets = [
+            (TableId(1), HashRange::FULL, SegmentId(0)),
+            (TableId(2), HashRange::FULL, SegmentId(0)),
+        ];
+        let estimates = [Some(tally(800, 8)), Some(tally(0, 0))];
+        let room = BTreeMap::from([(TableId(1), 100), (TableId(2), 100)]);
+        let plan = plan_partitions(&tablets, &estimates, 2, 0, room);
+        let loads: Vec<u64> = plan.values().map(|(_, expected)| expected.unwrap().bytes).collect();
+        assert_eq!(loads.iter().max(), Some(&400), "{plan:?}");
+    }
+
+    #[test]
+    fn a_tablet_that_may_not_be_cut_does_not_get_others_cut_for_nothing() {
+        // Table 1's huge tablet has no room to grow; table 2's small one has room, but its
+        // part is already below an even share: nothing is cut.
+        let tablets = [
+            (TableId(1), HashRange::FULL, SegmentId(0)),
+            (TableId(2), HashRange::FULL, SegmentId(0)),
+        ];
+        let estimates = [Some(tally(1000, 10)), Some(tally(10, 1))];
+        let room = BTreeMap::from([(TableId(2), 100)]);
+        let plan = plan_partitions(&tablets, &estimates, 2, 0, room);
+        assert_eq!(plan.values().map(|(parts, _)| parts.len()).sum::<usize>(), 2);
     }
 
     #[test]

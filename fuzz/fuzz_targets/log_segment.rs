@@ -12,8 +12,8 @@
 use libfuzzer_sys::fuzz_target;
 use stratus_log::format::{
     decode_entry, decode_entry_header, decode_log_digest, decode_object, decode_safe_version,
-    decode_tombstone, encode_log_digest, encode_object, encode_safe_version, encode_tombstone,
-    tombstone_segment_id, Certificate, CertificateBuilder, Entry, EntryType, SegmentHeader,
+    decode_table_stats, decode_tombstone, encode_log_digest, encode_object, encode_safe_version,
+    encode_table_stats, encode_tombstone, tombstone_segment_id, Certificate, CertificateBuilder, Entry, EntryType, SegmentHeader,
     CERTIFICATE_BYTES,
 };
 use stratus_log::iterator::SegmentIterator;
@@ -148,6 +148,11 @@ fn check_round_trip(entry_type: EntryType, content: &[u8]) {
         }
         Entry::SafeVersion(version) => {
             assert_eq!(decode_safe_version(&encode_safe_version(version)), Ok(version));
+        }
+        Entry::TableStats(statistics) => {
+            let encoded = encode_table_stats(&statistics);
+            assert_eq!(encoded, content, "TABLE_STATS has one encoding");
+            assert_eq!(decode_table_stats(&encoded), Ok(statistics));
         }
     }
 }

@@ -241,12 +241,12 @@ type PlannedPart = (TableId, HashRange, HashRange, SegmentId);
 /// least `master_count` parts and no part is larger than an even share (the whole over
 /// `master_count`), each cut going to the tablet whose parts are largest (by `estimates`, or
 /// by hash span where there are none), so large tablets are cut finely and empty ones not at
-/// all. A tablet is cut into at most
-/// `PARTS_PER_TABLET_MAX` (and `master_count`) equal hash ranges, and into no more than
-/// `tablet_room` (per table: how many tablets it may still gain) allows, since every part
-/// becomes a tablet of its own. The parts are then dealt largest first, each to the master with
-/// the least expected so far (ties: fewest parts, then the order from master `first`, which
-/// the caller picks at random to spread recoveries over the cluster).
+/// all. A tablet is cut into at most `PARTS_PER_TABLET_MAX` (and `master_count`) equal hash
+/// ranges, never into more parts than it has hashes, and into no more than `tablet_room` (per
+/// table: how many tablets it may still gain) allows, since every part becomes a tablet of its
+/// own. The parts are then dealt largest first, each to the master with the least expected so
+/// far (ties: fewest parts, then the order from master `first`, which the caller picks at
+/// random to spread recoveries over the cluster).
 fn plan_partitions(
     tablets: &[(TableId, HashRange, SegmentId)],
     estimates: &[Option<TableTally>],
@@ -683,7 +683,7 @@ impl Inner {
                     ));
                 }
                 match self.newest_digest(crashed, &locations, head).await {
-                    Ok((listed, table_stats)) => (listed, table_stats),
+                    Ok(found) => found,
                     Err(reason) => return Attempt::Again(reason),
                 }
             }

@@ -711,8 +711,7 @@ impl Log {
     /// Opens a new head holding SEGMENT_HEADER, LOG_DIGEST (every segment in the log, the new
     /// head included, with pending survivors fused in and cleaned segments dropped),
     /// SAFE_VERSION and TABLE_STATS (the store's tallies now, no larger than the caller's check
-    /// allowed for). The
-    /// caller checked that enough seglets are free.
+    /// allowed for). The caller checked that enough seglets are free.
     fn open_head(&self, state: &mut LogState) -> SegmentId {
         let segment_id = SegmentId(state.next_segment_id);
         state.next_segment_id += 1;

@@ -584,6 +584,11 @@ proptest! {
         }
         prop_assert_eq!(store.statistics().objects_live, model.len() as u64);
         prop_assert_eq!(store.log().table_tallies().of(TABLE), tally_of_model(TABLE, &model));
+        // The log counts the same live object bytes on its own, per segment.
+        prop_assert_eq!(
+            store.log().table_tallies().of(TABLE).bytes,
+            store.statistics().log_bytes_live_objects
+        );
         prop_assert_eq!(replay(&store), model.clone());
         let enumerated: BTreeMap<_, _> = enumerate_all(&store, HashRange::FULL, 300, |_| {})
             .into_iter()

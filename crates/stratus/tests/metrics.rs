@@ -303,8 +303,15 @@ fn servers_and_coordinator_export_what_they_do_through_a_crash_and_its_recovery(
     assert!(total(&recovered, "stratus_recovery_read_bytes_total", &[]) > 0.0);
     assert!(total(&recovered, "stratus_recovery_objects_replayed_total", &[]) >= 1.0);
     assert_eq!(total(&recovered, "stratus_recovery_tablets_in_progress", &[]), 0.0);
-    // Every object lives on the survivors now, and their gauges say so.
+    // Every object lives on the survivors now, and their gauges say so, per table too (the
+    // tallies recovery sizes partitions by).
     assert_eq!(total(&recovered, "stratus_master_objects", &[]), live_objects as f64);
+    let per_table: f64 = recovered
+        .iter()
+        .flat_map(|scrape| scrape.find("stratus_master_table_objects", &[]))
+        .map(|sample| sample.value)
+        .sum();
+    assert_eq!(per_table, live_objects as f64);
     // Recovery may split the crashed master's tablet in parts: the masters own what the
     // coordinator's map holds.
     let tablets = value(&scrape(&coordinator), "stratus_coordinator_tablets", &normal);

@@ -158,6 +158,7 @@ fn render_master(master: &Master, out: &mut Exposition) {
 
     let store = master.store().statistics();
     out.gauge("stratus_master_objects", "Live objects in the master's store.", store.objects_live);
+    render_tables(master, out);
     out.gauge(
         "stratus_log_capacity_bytes",
         "Bytes of the log's memory region.",
@@ -359,6 +360,39 @@ fn render_master(master: &Master, out: &mut Exposition) {
         "Objects replayed into this master's log (a partition that then fails drops them).",
         recovery.objects_replayed,
     );
+}
+
+/// Live data per table, as the next new head's TABLE_STATS will record it: the largest tables
+/// one by one, the rest (if any) under `table="others"`, so the label's values stay bounded
+/// however many tables a master holds.
+fn render_tables(master: &Master, out: &mut Exposition) {
+    // At most TABLE_STATS_TABLES_MAX tables, whatever is asked for.
+    let statistics = master.store().log().table_tallies().snapshot(usize::MAX);
+    let others = statistics.others;
+    let tables: Vec<(String, u64, u64)> = statistics
+        .tables
+        .iter()
+        .map(|(table, tally)| (table.0.to_string(), tally.bytes, tally.objects))
+        .chain((others.objects > 0).then(|| ("others".to_string(), others.bytes, others.objects)))
+        .collect();
+    let mut bytes = out.family(
+        "stratus_master_table_live_bytes",
+        "Bytes of live objects per table, entry headers included (the 128 largest tables; the \
+         rest summed under table=\"others\").",
+        MetricType::Gauge,
+    );
+    for (table, live_bytes, _) in &tables {
+        bytes.sample(&[("table", table)], *live_bytes);
+    }
+    let mut objects = out.family(
+        "stratus_master_table_objects",
+        "Live objects per table (the 128 largest tables by bytes; the rest summed under \
+         table=\"others\").",
+        MetricType::Gauge,
+    );
+    for (table, _, live_objects) in &tables {
+        objects.sample(&[("table", table)], *live_objects);
+    }
 }
 
 fn render_backup(backup: &BackupService, out: &mut Exposition) {

@@ -1,17 +1,40 @@
-//! A synchronous wrapper around [`Client`] for code without an async runtime.
+//! A synchronous client for code without an async runtime.
+//!
+//! Single-object operations (read, write, remove, increment) whose tablet is in the cached map
+//! go straight to the master over a [`BlockingChannel`]: the calling thread sends and then
+//! waits in `recv`, with no runtime between it and the socket. Everything else, and every
+//! single-object attempt that must be retried (a stale map, a tablet being recovered, a master
+//! that cannot be reached), runs on the async [`Client`] inside, on a small runtime of its own;
+//! both paths judge an attempt's outcome with the same rules (`Inner::judge_attempt`), so the
+//! blocking client retries exactly what the async one would.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use bytes::Bytes;
-use stratus_types::{RejectRules, TableId, Version};
-use stratus_wire::{EnumeratedObject, IncrementItem, KeyItem, ServerEntry, TableEntry, WriteItem};
+use stratus_rpc::BlockingChannel;
+use stratus_types::{key_hash, RejectRules, TableId, Version};
+use stratus_wire::{
+    EnumeratedObject, IncrementItem, KeyItem, Request, ResponseBody, ServerEntry, Status,
+    TableEntry, WriteItem,
+};
 
-use crate::client::{Client, ClientConfig};
+use crate::client::{
+    check_key, increment_result, read_result, remove_result, write_result, Attempt, Client,
+    ClientConfig,
+};
 use crate::error::{Error, Result};
 
-/// A blocking client: owns a small tokio runtime and runs each call to completion on it.
+/// A blocking client. Safe to share between threads: each call takes a connection to its
+/// master out of the client for the time of the call, so concurrent calls never wait for each
+/// other (a thread that finds no idle connection opens its own, and the client keeps one per
+/// master afterwards).
 #[derive(Debug)]
 pub struct BlockingClient {
     runtime: tokio::runtime::Runtime,
     client: Client,
+    /// Idle direct connections, one per master address at most.
+    channels: Mutex<HashMap<String, BlockingChannel>>,
 }
 
 impl BlockingClient {
@@ -25,7 +48,7 @@ impl BlockingClient {
             let _guard = runtime.enter();
             Client::new(config)
         };
-        Ok(BlockingClient { runtime, client })
+        Ok(BlockingClient { runtime, client, channels: Mutex::new(HashMap::new()) })
     }
 
     /// The async client inside.
@@ -65,7 +88,9 @@ impl BlockingClient {
         key: &[u8],
         rules: RejectRules,
     ) -> Result<(Bytes, Version)> {
-        self.runtime.block_on(self.client.read_with(table_id, key, rules))
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Read { table_id, key: key.clone(), rules };
+        read_result(self.object_call(table_id, &key, &request)?)
     }
 
     /// See [`Client::write_with`].
@@ -76,17 +101,17 @@ impl BlockingClient {
         value: &[u8],
         rules: RejectRules,
     ) -> Result<Version> {
-        self.runtime.block_on(self.client.write_with(
-            table_id,
-            key,
-            Bytes::copy_from_slice(value),
-            rules,
-        ))
+        let key = Bytes::copy_from_slice(key);
+        let value = Bytes::copy_from_slice(value);
+        let request = Request::Write { table_id, key: key.clone(), value, rules };
+        write_result(self.object_call(table_id, &key, &request)?)
     }
 
     /// See [`Client::remove_with`].
     pub fn remove(&self, table_id: TableId, key: &[u8], rules: RejectRules) -> Result<Version> {
-        self.runtime.block_on(self.client.remove_with(table_id, key, rules))
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Remove { table_id, key: key.clone(), rules };
+        remove_result(self.object_call(table_id, &key, &request)?)
     }
 
     /// See [`Client::increment_with`].
@@ -97,7 +122,58 @@ impl BlockingClient {
         delta: i64,
         rules: RejectRules,
     ) -> Result<(i64, Version)> {
-        self.runtime.block_on(self.client.increment_with(table_id, key, delta, rules))
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::Increment { table_id, key: key.clone(), delta, rules };
+        increment_result(self.object_call(table_id, &key, &request)?)
+    }
+
+    /// One single-object request: first straight to the master if the cached map names it,
+    /// then (when that attempt did not settle the request) the async client's retry loop,
+    /// which has the whole operation timeout of its own.
+    fn object_call(
+        &self,
+        table_id: TableId,
+        key: &Bytes,
+        request: &Request,
+    ) -> Result<(Status, ResponseBody)> {
+        check_key(key)?;
+        if let Some(outcome) = self.direct_attempt(table_id, key, request) {
+            return outcome;
+        }
+        self.runtime.block_on(self.client.inner.object_call(table_id, key, request))
+    }
+
+    /// Sends `request` once over a direct connection to the master the cached map names.
+    /// `None` when there is no such master in the cache, no connection could be opened, or the
+    /// attempt's outcome says to try again.
+    fn direct_attempt(
+        &self,
+        table_id: TableId,
+        key: &Bytes,
+        request: &Request,
+    ) -> Option<Result<(Status, ResponseBody)>> {
+        let inner = &self.client.inner;
+        let tablet = inner.cached_served_tablet(table_id, key_hash(table_id, key))?;
+        let address = tablet.owner_address;
+        let idle = self.lock_channels().remove(&address);
+        let mut channel = match idle {
+            Some(channel) => channel,
+            // Nothing was sent: the async path connects again and reports the failure.
+            None => BlockingChannel::connect(&address, &inner.config().rpc).ok()?,
+        };
+        let sent = channel.call(request, inner.config().rpc.request_timeout);
+        if sent.is_ok() {
+            // At most one idle connection per master: a concurrent call's extra one closes.
+            self.lock_channels().entry(address.clone()).or_insert(channel);
+        }
+        match inner.judge_attempt(table_id, &address, request, sent) {
+            Attempt::Finished(outcome) => Some(outcome),
+            Attempt::Retry(_) => None,
+        }
+    }
+
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, BlockingChannel>> {
+        self.channels.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// See [`Client::multi_read`].

@@ -99,7 +99,7 @@ fn is_stale_map(status: Status) -> bool {
     matches!(status, Status::UnknownTablet | Status::WrongServer)
 }
 
-fn check_key(key: &[u8]) -> Result<()> {
+pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() || key.len() > KEY_BYTES_MAX {
         return Err(Error::new(Status::InvalidKey, format!("key of {} bytes", key.len())));
     }
@@ -133,6 +133,51 @@ fn failure(status: Status, body: ResponseBody) -> Error {
         }
         ResponseBody::Operation(_) => Error::new(status, ""),
     }
+}
+
+/// A READ's answer as its caller sees it.
+pub(crate) fn read_result(outcome: (Status, ResponseBody)) -> Result<(Bytes, Version)> {
+    match outcome {
+        (Status::Ok, ResponseBody::Operation(Response::Read { version, value })) => {
+            Ok((value, version))
+        }
+        (status, body) => Err(failure(status, body)),
+    }
+}
+
+/// A WRITE's answer as its caller sees it.
+pub(crate) fn write_result(outcome: (Status, ResponseBody)) -> Result<Version> {
+    match outcome {
+        (Status::Ok, ResponseBody::Operation(Response::Write { version })) => Ok(version),
+        (status, body) => Err(failure(status, body)),
+    }
+}
+
+/// A REMOVE's answer as its caller sees it.
+pub(crate) fn remove_result(outcome: (Status, ResponseBody)) -> Result<Version> {
+    match outcome {
+        (Status::Ok, ResponseBody::Operation(Response::Remove { version })) => Ok(version),
+        (status, body) => Err(failure(status, body)),
+    }
+}
+
+/// An INCREMENT's answer as its caller sees it.
+pub(crate) fn increment_result(outcome: (Status, ResponseBody)) -> Result<(i64, Version)> {
+    match outcome {
+        (Status::Ok, ResponseBody::Operation(Response::Increment { version, value })) => {
+            Ok((value, version))
+        }
+        (status, body) => Err(failure(status, body)),
+    }
+}
+
+/// What one attempt of a single-object request decided.
+pub(crate) enum Attempt {
+    /// The caller's answer: the master's status and body, or an error retrying cannot cure.
+    Finished(Result<(Status, ResponseBody)>),
+    /// Sending the request again (after the map is fetched afresh) may succeed; the error is
+    /// what to report if the deadline passes first.
+    Retry(Error),
 }
 
 impl Client {
@@ -305,12 +350,7 @@ impl Client {
     ) -> Result<(Bytes, Version)> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Read { table_id, key: key.clone(), rules };
-        match self.inner.object_call(table_id, &key, &request).await? {
-            (Status::Ok, ResponseBody::Operation(Response::Read { version, value })) => {
-                Ok((value, version))
-            }
-            (status, body) => Err(failure(status, body)),
-        }
+        read_result(self.inner.object_call(table_id, &key, &request).await?)
     }
 
     /// Writes an object; returns its new version.
@@ -328,10 +368,7 @@ impl Client {
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Write { table_id, key: key.clone(), value, rules };
-        match self.inner.object_call(table_id, &key, &request).await? {
-            (Status::Ok, ResponseBody::Operation(Response::Write { version })) => Ok(version),
-            (status, body) => Err(failure(status, body)),
-        }
+        write_result(self.inner.object_call(table_id, &key, &request).await?)
     }
 
     /// Removes an object; returns the removed version (0 if there was none).
@@ -348,10 +385,7 @@ impl Client {
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Remove { table_id, key: key.clone(), rules };
-        match self.inner.object_call(table_id, &key, &request).await? {
-            (Status::Ok, ResponseBody::Operation(Response::Remove { version })) => Ok(version),
-            (status, body) => Err(failure(status, body)),
-        }
+        remove_result(self.inner.object_call(table_id, &key, &request).await?)
     }
 
     /// Adds `delta` to an 8-byte little-endian integer object (a missing object counts as 0);
@@ -375,12 +409,7 @@ impl Client {
     ) -> Result<(i64, Version)> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Increment { table_id, key: key.clone(), delta, rules };
-        match self.inner.object_call(table_id, &key, &request).await? {
-            (Status::Ok, ResponseBody::Operation(Response::Increment { version, value })) => {
-                Ok((value, version))
-            }
-            (status, body) => Err(failure(status, body)),
-        }
+        increment_result(self.inner.object_call(table_id, &key, &request).await?)
     }
 
     /// Reads many objects, from every master involved in parallel; one result per item.
@@ -643,9 +672,68 @@ impl Inner {
         }
     }
 
+    /// The served tablet holding `hash` if the cached map has one, without any I/O: where a
+    /// caller may send a single-object request at once (anything else takes
+    /// [`Inner::object_call`]'s path, which fetches maps and waits out recoveries).
+    pub(crate) fn cached_served_tablet(
+        &self,
+        table_id: TableId,
+        hash: KeyHash,
+    ) -> Option<TabletEntry> {
+        let maps = self.tablet_maps.read().unwrap_or_else(|poison| poison.into_inner());
+        let map = maps.get(&table_id)?;
+        let index = map.partition_point(|tablet| tablet.range.end < hash.0);
+        map.get(index)
+            .filter(|tablet| tablet.range.contains(hash) && tablet.state == TabletState::Normal)
+            .cloned()
+    }
+
+    /// Judges the result of sending a single-object `request` once to the master at
+    /// `address`: the caller's answer, or an error after which the request may go again. Forgets
+    /// the cached map (and the pool's connection) where the result shows them stale. The one
+    /// place that decides what may be retried, for the async path and the blocking one alike:
+    /// a mutation whose outcome is unknown goes again only if `retry_ambiguous_mutations`.
+    pub(crate) fn judge_attempt(
+        &self,
+        table_id: TableId,
+        address: &str,
+        request: &Request,
+        result: std::result::Result<(Status, ResponseBody), RpcError>,
+    ) -> Attempt {
+        match result {
+            Ok((status, body)) if is_stale_map(status) => {
+                self.forget_table(table_id);
+                Attempt::Retry(failure(status, body))
+            }
+            Ok((Status::Retry, body)) => {
+                let error = failure(Status::Retry, body);
+                if !self.config.retry_ambiguous_mutations && is_mutation(request) {
+                    return Attempt::Finished(Err(error));
+                }
+                Attempt::Retry(error)
+            }
+            Ok(outcome) => Attempt::Finished(Ok(outcome)),
+            Err(error) => {
+                self.pool.forget(address);
+                self.forget_table(table_id);
+                let may_have_run = !matches!(error, RpcError::Connect(_));
+                let permanent = is_permanent(&error);
+                let error = Error::new(error.status(), format!("master {address}: {error}"));
+                if permanent
+                    || (may_have_run
+                        && !self.config.retry_ambiguous_mutations
+                        && is_mutation(request))
+                {
+                    return Attempt::Finished(Err(error));
+                }
+                Attempt::Retry(error)
+            }
+        }
+    }
+
     /// Sends a single-object request to the key's master, refreshing the map and retrying as
     /// needed. Returns the first non-retryable status with its body.
-    async fn object_call(
+    pub(crate) async fn object_call(
         &self,
         table_id: TableId,
         key: &Bytes,
@@ -675,40 +763,13 @@ impl Inner {
                     self.forget_table(table_id);
                     recovering_error(&tablet)
                 }
-                Ok(tablet) => match self.pool.call(&tablet.owner_address, request).await {
-                    Ok((status, body)) if is_stale_map(status) => {
-                        self.forget_table(table_id);
-                        failure(status, body)
+                Ok(tablet) => {
+                    let sent = self.pool.call(&tablet.owner_address, request).await;
+                    match self.judge_attempt(table_id, &tablet.owner_address, request, sent) {
+                        Attempt::Finished(outcome) => return outcome,
+                        Attempt::Retry(error) => error,
                     }
-                    Ok((Status::Retry, body)) => {
-                        let error = failure(Status::Retry, body);
-                        if !self.config.retry_ambiguous_mutations && is_mutation(request) {
-                            return Err(error);
-                        }
-                        error
-                    }
-                    Ok(outcome) => return Ok(outcome),
-                    Err(error) => {
-                        self.pool.forget(&tablet.owner_address);
-                        self.forget_table(table_id);
-                        let may_have_run = !matches!(error, RpcError::Connect(_));
-                        let permanent = is_permanent(&error);
-                        let error = Error::new(
-                            error.status(),
-                            format!("master {}: {error}", tablet.owner_address),
-                        );
-                        if permanent {
-                            return Err(error);
-                        }
-                        if may_have_run
-                            && !self.config.retry_ambiguous_mutations
-                            && is_mutation(request)
-                        {
-                            return Err(error);
-                        }
-                        error
-                    }
-                },
+                }
             };
             if Instant::now() >= deadline {
                 return Err(last);

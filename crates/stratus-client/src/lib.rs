@@ -1,6 +1,8 @@
 //! The Stratus client library.
 //!
-//! [`Client`] is async (tokio); [`BlockingClient`] wraps it for synchronous code. A client asks
+//! [`Client`] is async (tokio); [`BlockingClient`] is for synchronous code: it sends a
+//! single-object request whose master it knows over a blocking socket of its own, and runs
+//! everything else on an async `Client` inside. A client asks
 //! the coordinator for a table's tablet map once, caches it, and sends each request straight to
 //! the master that owns the key. When a master answers UNKNOWN_TABLET or WRONG_SERVER, or cannot
 //! be reached, the client drops the cached map, fetches a fresh one and retries with backoff;

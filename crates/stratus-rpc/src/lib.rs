@@ -6,15 +6,19 @@
 //! - [`server`]: the accept loop and the per-connection loop that performs the handshake,
 //!   validates every frame before a service sees it, runs synchronous handlers inline (no task
 //!   per request) and spawns only the handlers that must wait.
+//! - [`blocking`]: [`blocking::BlockingChannel`], one request at a time over a blocking socket,
+//!   for callers without an async runtime.
 //! - [`backoff`]: bounded exponential backoff with jitter, used by every retry loop.
 //!
 //! Every queue here is bounded: requests in flight per connection, bytes buffered for a peer
 //! that does not read, and frame sizes.
 
 pub mod backoff;
+pub mod blocking;
 pub mod client;
 pub mod server;
 
 pub use backoff::Backoff;
+pub use blocking::BlockingChannel;
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
 pub use server::{serve, Handled, Service};

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use stratus_env::{Network, TcpNetwork};
-use stratus_rpc::{serve, Channel, ChannelPool, Handled, RpcConfig, RpcError, Service};
+use stratus_rpc::{
+    serve, BlockingChannel, Channel, ChannelPool, Handled, RpcConfig, RpcError, Service,
+};
 use stratus_types::TableId;
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
@@ -15,7 +17,8 @@ use stratus_wire::{
 };
 
 /// Answers PING at once, GET_TABLE_ID after a delay given by the name's length in
-/// milliseconds (so responses complete out of order), and never answers LIST_TABLES.
+/// milliseconds (so responses complete out of order), READ with a value as long as the key
+/// says, and never answers LIST_TABLES.
 struct TestService {
     handled: AtomicU64,
 }
@@ -37,6 +40,14 @@ impl Service for TestService {
                 frame
             })),
             Ok(Request::ListTables) => Handled::Later(Box::pin(std::future::pending())),
+            Ok(Request::Read { key, .. }) => {
+                // The key is the value's size in decimal: responses of any size.
+                let bytes: usize = std::str::from_utf8(&key).unwrap().parse().unwrap();
+                let value = Bytes::from(vec![0xab; bytes]);
+                let response = Response::Read { version: stratus_types::Version(7), value };
+                encode_response(out, request_id, Status::Ok, &response);
+                Handled::Done
+            }
             Ok(_) => {
                 encode_error_response(
                     out,
@@ -228,4 +239,149 @@ async fn in_process_handlers_that_never_end_are_bounded_like_a_connection() {
     assert_eq!(handled, REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX as u64);
     assert_eq!(pool.call(address, &Request::Ping).await, Err(RpcError::Timeout));
     assert_eq!(in_process.handled.load(Ordering::Relaxed), handled);
+}
+
+/// Runs `work` on a thread of its own, as a blocking caller would, while the server runs on
+/// the test's runtime.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work).await.unwrap()
+}
+
+fn read_of(bytes: usize) -> Request {
+    Request::Read {
+        table_id: TableId(1),
+        key: Bytes::from(bytes.to_string()),
+        rules: stratus_types::RejectRules::NONE,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_channel_answers_requests_one_after_another_of_any_size() {
+    let (address, _server) = start_server().await;
+    blocking(move || {
+        let mut channel = BlockingChannel::connect(&address, &RpcConfig::default()).unwrap();
+        let timeout = Duration::from_secs(10);
+        for round in 0..200u64 {
+            assert_eq!(
+                channel.call(&Request::Ping, timeout).unwrap(),
+                (Status::Ok, ResponseBody::Operation(Response::Ping))
+            );
+            // Answered later by the server (a spawned handler), after a delay.
+            let name = "x".repeat((round % 3) as usize + 1);
+            let (status, body) =
+                channel.call(&Request::GetTableId { name: name.clone() }, timeout).unwrap();
+            assert_eq!(status, Status::Ok);
+            let table_id = TableId(name.len() as u64);
+            assert_eq!(body, ResponseBody::Operation(Response::GetTableId { table_id }));
+        }
+        // Responses larger than the channel's read buffer, then small ones again.
+        for bytes in [0, 100, 64 << 10, 3 << 20, 10, 200 << 10, 1] {
+            let (status, body) = channel.call(&read_of(bytes), timeout).unwrap();
+            assert_eq!(status, Status::Ok);
+            match body {
+                ResponseBody::Operation(Response::Read { value, .. }) => {
+                    assert_eq!(value.len(), bytes);
+                    assert!(value.iter().all(|&byte| byte == 0xab));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // An error status travels back decoded.
+        let (status, _) = channel.call(&Request::GetServerStatistics, timeout).unwrap();
+        assert_eq!(status, Status::UnimplementedRequest);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_call_without_answer_times_out() {
+    let (address, _server) = start_server().await;
+    blocking(move || {
+        let config =
+            RpcConfig { request_timeout: Duration::from_millis(100), ..RpcConfig::default() };
+        let mut channel = BlockingChannel::connect(&address, &config).unwrap();
+        let outcome = channel.call(&Request::ListTables, Duration::from_millis(100));
+        assert_eq!(outcome.unwrap_err(), RpcError::Timeout);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_channel_reports_a_lost_connection_and_a_refused_one() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(flaky_server(listener));
+    let lost = address.clone();
+    blocking(move || {
+        // The first connection is hung up on after the request.
+        let mut channel = BlockingChannel::connect(&lost, &RpcConfig::default()).unwrap();
+        let outcome = channel.call(&Request::ListTables, Duration::from_secs(10));
+        assert!(matches!(outcome, Err(RpcError::ConnectionLost(_))), "{outcome:?}");
+        // The second one answers.
+        let mut channel = BlockingChannel::connect(&lost, &RpcConfig::default()).unwrap();
+        assert_eq!(channel.call(&Request::Ping, Duration::from_secs(10)).unwrap().0, Status::Ok);
+    })
+    .await;
+    server.await.unwrap();
+    blocking(|| {
+        let refused = BlockingChannel::connect("127.0.0.1:1", &RpcConfig::default());
+        assert!(matches!(refused, Err(RpcError::Connect(_))), "{refused:?}");
+    })
+    .await;
+}
+
+/// A hand-written peer: completes the handshake announcing `version`, then answers every
+/// request with `answer` (raw bytes) and keeps the connection open.
+async fn scripted_peer(version: u16, answer: &'static [u8]) -> String {
+    use stratus_wire::{Hello, HELLO_BYTES};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut hello = [0u8; HELLO_BYTES];
+                if stream.read_exact(&mut hello).await.is_err() {
+                    return;
+                }
+                let status = if version == stratus_wire::PROTOCOL_VERSION {
+                    Status::Ok
+                } else {
+                    Status::ProtocolVersionMismatch
+                };
+                let _ = stream.write_all(&Hello { version, status }.encode()).await;
+                let mut request = [0u8; 256];
+                while matches!(stream.read(&mut request).await, Ok(count) if count > 0) {
+                    let _ = stream.write_all(answer).await;
+                }
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_channel_refuses_a_peer_that_breaks_the_protocol() {
+    // A length of 12 bytes, then a frame kind that does not exist.
+    let garbage = scripted_peer(
+        stratus_wire::PROTOCOL_VERSION,
+        &[12, 0, 0, 0, 0xEE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    )
+    .await;
+    // A length over the frame limit.
+    let oversized = scripted_peer(stratus_wire::PROTOCOL_VERSION, &[0xff, 0xff, 0xff, 0xff]).await;
+    let other_version = scripted_peer(stratus_wire::PROTOCOL_VERSION + 1, b"").await;
+    blocking(move || {
+        for address in [garbage, oversized] {
+            let mut channel = BlockingChannel::connect(&address, &RpcConfig::default()).unwrap();
+            let outcome = channel.call(&Request::Ping, Duration::from_secs(10));
+            assert!(matches!(outcome, Err(RpcError::Protocol(_))), "{outcome:?}");
+        }
+        let refused = BlockingChannel::connect(&other_version, &RpcConfig::default());
+        assert!(
+            matches!(refused, Err(RpcError::VersionMismatch { server_version }) if server_version == stratus_wire::PROTOCOL_VERSION + 1),
+            "{refused:?}"
+        );
+    })
+    .await;
 }

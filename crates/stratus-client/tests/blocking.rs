@@ -1,0 +1,196 @@
+//! The blocking client against scripted servers: single-object calls go straight to the master
+//! the cached map names, over one reused connection, and anything that must be retried falls
+//! back to the async client's rules (a stale map is refreshed; a mutation whose outcome is
+//! unknown is sent again only when the configuration allows it).
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use stratus_client::{BlockingClient, ClientConfig, RejectRules, Status, TableId};
+use stratus_env::{BoxFuture, Connection, Listener};
+use stratus_rpc::{Handled, Service};
+use stratus_types::{HashRange, ServerId, TabletState, Version};
+use stratus_wire::{
+    decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
+    TabletEntry,
+};
+
+/// Counts the connections a listener accepted.
+#[derive(Debug)]
+struct CountingListener {
+    inner: Box<dyn Listener>,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl Listener for CountingListener {
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<Connection>> {
+        Box::pin(async move {
+            let connection = self.inner.accept().await?;
+            self.accepted.fetch_add(1, Ordering::SeqCst);
+            Ok(connection)
+        })
+    }
+
+    fn local_address(&self) -> String {
+        self.inner.local_address()
+    }
+}
+
+/// A server on a free loopback port, on `runtime`: its address and its accepted connections.
+fn serve(
+    runtime: &tokio::runtime::Runtime,
+    service: Arc<dyn Service>,
+) -> (String, Arc<AtomicUsize>) {
+    runtime.block_on(async move {
+        let environment = stratus_env::Environment::system();
+        let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_address();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let listener = Box::new(CountingListener { inner: listener, accepted: accepted.clone() });
+        tokio::spawn(stratus_rpc::serve(listener, service));
+        (address, accepted)
+    })
+}
+
+/// A coordinator whose map of table 1 is one tablet owned by whichever master `owner` names;
+/// counts the maps it served.
+struct Coordinator {
+    owner: Arc<Mutex<String>>,
+    maps_served: AtomicUsize,
+}
+
+impl Service for Coordinator {
+    fn handle(&self, header: &FrameHeader, _body: Bytes, out: &mut BytesMut) -> Handled {
+        self.maps_served.fetch_add(1, Ordering::SeqCst);
+        let tablets = vec![TabletEntry {
+            table_id: TableId(1),
+            range: HashRange::FULL,
+            owner: ServerId(1),
+            owner_address: self.owner.lock().unwrap().clone(),
+            state: TabletState::Normal,
+        }];
+        encode_response(out, header.request_id, Status::Ok, &Response::GetTabletMap { tablets });
+        Handled::Done
+    }
+}
+
+/// How a scripted master answers a request: a status and response, or `None` to leave it
+/// unanswered.
+type Script = Box<dyn Fn(&Request) -> Option<(Status, Response)> + Send + Sync>;
+
+/// A master that answers each request as its script says and counts them.
+struct Master {
+    requests: AtomicUsize,
+    script: Script,
+}
+
+impl Service for Master {
+    fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let request = decode_request(header.opcode_code, body).unwrap();
+        match (self.script)(&request) {
+            Some((Status::Ok, response)) => {
+                encode_response(out, header.request_id, Status::Ok, &response);
+                Handled::Done
+            }
+            Some((status, _)) => {
+                encode_error_response(out, header.request_id, header.opcode_code, status, "");
+                Handled::Done
+            }
+            None => Handled::Later(Box::pin(std::future::pending())),
+        }
+    }
+}
+
+fn master(
+    script: impl Fn(&Request) -> Option<(Status, Response)> + Send + Sync + 'static,
+) -> Arc<Master> {
+    Arc::new(Master { requests: AtomicUsize::new(0), script: Box::new(script) })
+}
+
+fn servers_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+#[test]
+fn reads_go_straight_to_the_master_and_follow_a_moved_tablet() {
+    let runtime = servers_runtime();
+    let owner = Arc::new(Mutex::new(String::new()));
+    // The new master answers every read with the object.
+    let new_master = master(|_| {
+        let value = Bytes::from_static(b"value");
+        Some((Status::Ok, Response::Read { version: Version(3), value }))
+    });
+    let (new_address, new_connections) = serve(&runtime, new_master.clone());
+    // The old master lost the tablet: it says so, and the coordinator's map moves on.
+    let moved_to = (owner.clone(), new_address.clone());
+    let old_master = master(move |_| {
+        *moved_to.0.lock().unwrap() = moved_to.1.clone();
+        Some((Status::UnknownTablet, Response::Ping))
+    });
+    let (old_address, _) = serve(&runtime, old_master.clone());
+    *owner.lock().unwrap() = old_address;
+    let coordinator = Arc::new(Coordinator { owner, maps_served: AtomicUsize::new(0) });
+    let (coordinator_address, _) = serve(&runtime, coordinator.clone());
+
+    let client = BlockingClient::new(ClientConfig::new(coordinator_address)).unwrap();
+    for _ in 0..50 {
+        let (value, version) = client.read(TableId(1), b"key", RejectRules::NONE).unwrap();
+        assert_eq!((&value[..], version), (&b"value"[..], Version(3)));
+    }
+    assert_eq!(old_master.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(new_master.requests.load(Ordering::SeqCst), 50);
+    assert_eq!(coordinator.maps_served.load(Ordering::SeqCst), 2, "the map was fetched twice");
+    // One connection of the async client's retry, one direct connection for all the rest.
+    assert_eq!(new_connections.load(Ordering::SeqCst), 2);
+}
+
+/// A cluster of one coordinator and one master whose first write is never answered and whose
+/// later writes succeed. Returns the client (with `retry_ambiguous_mutations` as given) and the
+/// master.
+fn cluster_losing_the_first_write_answer(
+    runtime: &tokio::runtime::Runtime,
+    retry_ambiguous_mutations: bool,
+) -> (BlockingClient, Arc<Master>) {
+    let writes = AtomicUsize::new(0);
+    let master = master(move |request| match request {
+        Request::Write { .. } if writes.fetch_add(1, Ordering::SeqCst) == 0 => None,
+        Request::Write { .. } => Some((Status::Ok, Response::Write { version: Version(9) })),
+        _ => Some((Status::UnimplementedRequest, Response::Ping)),
+    });
+    let (master_address, _) = serve(runtime, master.clone());
+    let owner = Arc::new(Mutex::new(master_address));
+    let coordinator = Arc::new(Coordinator { owner, maps_served: AtomicUsize::new(0) });
+    let (coordinator_address, _) = serve(runtime, coordinator);
+    let mut config = ClientConfig::new(coordinator_address);
+    config.rpc.request_timeout = Duration::from_millis(200);
+    config.operation_timeout = Duration::from_secs(20);
+    config.retry_ambiguous_mutations = retry_ambiguous_mutations;
+    (BlockingClient::new(config).unwrap(), master)
+}
+
+#[test]
+fn a_write_whose_answer_is_lost_is_not_sent_again_when_ambiguity_is_refused() {
+    let runtime = servers_runtime();
+    let (client, master) = cluster_losing_the_first_write_answer(&runtime, false);
+    // A read fills the map cache, so that the write takes the direct path.
+    let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
+    assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
+    let error = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap_err();
+    assert_eq!(error.status, Status::Timeout, "{error}");
+    assert_eq!(master.requests.load(Ordering::SeqCst), 2, "the write was sent again");
+}
+
+#[test]
+fn a_write_whose_answer_is_lost_is_sent_again_by_default() {
+    let runtime = servers_runtime();
+    let (client, master) = cluster_losing_the_first_write_answer(&runtime, true);
+    let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
+    assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
+    let version = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap();
+    assert_eq!(version, Version(9));
+    assert_eq!(master.requests.load(Ordering::SeqCst), 3);
+}

@@ -629,8 +629,14 @@ impl Service for Master {
                 backups,
                 assignment_epoch,
             }) => {
-                let request =
-                    (master_id, crashed_master, tablets, segments, backups, assignment_epoch);
+                let request = RecoverRequest {
+                    master_id,
+                    crashed_master,
+                    tablets,
+                    segments,
+                    backups,
+                    assignment_epoch,
+                };
                 return self.recover(header.request_id, request, started, out);
             }
             Ok(Request::TransferTablet {
@@ -641,7 +647,13 @@ impl Service for Master {
                 target: _,
                 target_address,
             }) => {
-                let request = (master_id, table_id, range, assignment_epoch, target_address);
+                let request = TransferRequest {
+                    master_id,
+                    table_id,
+                    range,
+                    assignment_epoch,
+                    target_address,
+                };
                 return self.transfer(header.request_id, request, started, out);
             }
             Ok(Request::ReceiveMigrationData {
@@ -693,9 +705,18 @@ impl Service for Master {
     }
 }
 
-/// A TRANSFER_TABLET request: the master it is meant for, the table, the tablet, the
-/// assignment epoch, the target's address.
-type TransferRequest = (ServerId, TableId, HashRange, u64, String);
+/// A TRANSFER_TABLET request (wire-protocol.md).
+struct TransferRequest {
+    /// The master it is meant for (the tablet's owner).
+    master_id: ServerId,
+    table_id: TableId,
+    /// The tablet to copy.
+    range: HashRange,
+    /// The migration's assignment epoch.
+    assignment_epoch: u64,
+    /// Where the target master listens.
+    target_address: String,
+}
 
 /// A RECEIVE_MIGRATION_DATA batch (wire-protocol.md).
 struct MigrationBatch {
@@ -716,10 +737,12 @@ impl Master {
     fn transfer(
         &self,
         request_id: u64,
-        (master_id, table, range, assignment_epoch, target_address): TransferRequest,
+        request: TransferRequest,
         started: tokio::time::Instant,
         out: &mut BytesMut,
     ) -> Handled {
+        let TransferRequest { master_id, table_id: table, range, assignment_epoch, target_address } =
+            request;
         let opcode = Opcode::TransferTablet.code();
         let refuse = |out: &mut BytesMut, status: Status, message: &str| {
             encode_error_response(out, request_id, opcode, status, message);
@@ -989,9 +1012,20 @@ impl Master {
     }
 }
 
-/// A RECOVER_TABLETS request: the recovery master it is meant for, the crashed master, the
-/// tablets, its segments, the backups, the recovery's assignment epoch.
-type RecoverRequest = (ServerId, ServerId, Vec<RecoveryTablet>, Vec<SegmentId>, Vec<String>, u64);
+/// A RECOVER_TABLETS request (wire-protocol.md).
+struct RecoverRequest {
+    /// The recovery master it is meant for.
+    master_id: ServerId,
+    crashed_master: ServerId,
+    /// The partition: the tablets (parts of the crashed master's) to replay.
+    tablets: Vec<RecoveryTablet>,
+    /// The crashed log's segments, as its newest digest lists them.
+    segments: Vec<SegmentId>,
+    /// The backups to fetch the partition's entries from.
+    backups: Vec<String>,
+    /// The recovery's assignment epoch.
+    assignment_epoch: u64,
+}
 
 impl Master {
     /// RECOVER_TABLETS: replays the partition in the background and answers when it is
@@ -1003,7 +1037,14 @@ impl Master {
         started: tokio::time::Instant,
         out: &mut BytesMut,
     ) -> Handled {
-        let (master_id, crashed_master, tablets, segments, backups, assignment_epoch) = request;
+        let RecoverRequest {
+            master_id,
+            crashed_master,
+            tablets,
+            segments,
+            backups,
+            assignment_epoch,
+        } = request;
         let refuse = |out: &mut BytesMut, status: Status, message: &str| {
             let opcode = Opcode::RecoverTablets.code();
             encode_error_response(out, request_id, opcode, status, message);

@@ -3,10 +3,9 @@
 //! entry, so that recovery can size its partitions from the crashed log alone.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
-use stratus_types::TableId;
+use stratus_types::{IntegerHashing, TableId};
 
 use crate::format::{TableStats, TableTally, TABLE_STATS_TABLES_MAX};
 
@@ -28,33 +27,10 @@ pub struct TableTallies {
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Shard {
-    tables: Mutex<HashMap<TableId, TableTally, BuildHasherDefault<TableIdHasher>>>,
+    tables: Mutex<HashMap<TableId, TableTally, IntegerHashing>>,
 }
 
-/// Table ids are small integers chosen by the coordinator, not by clients, so nothing needs
-/// SipHash's resistance to chosen keys: a multiplicative hash spreads them well enough for a
-/// multiply per lookup.
-#[derive(Debug, Default)]
-struct TableIdHasher(u64);
-
-impl Hasher for TableIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type ShardGuard<'a> =
-    std::sync::MutexGuard<'a, HashMap<TableId, TableTally, BuildHasherDefault<TableIdHasher>>>;
+type ShardGuard<'a> = std::sync::MutexGuard<'a, HashMap<TableId, TableTally, IntegerHashing>>;
 
 impl TableTallies {
     fn shard(&self, key_shard: u64) -> ShardGuard<'_> {

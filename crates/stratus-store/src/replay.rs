@@ -16,7 +16,7 @@
 //! (their checksums were verified, not computed again).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 
 use std::sync::atomic::Ordering;
 
@@ -25,7 +25,7 @@ use stratus_log::{
     AppendEntry, AppendPriority, Certificate, Entry, EntryType, FormatError, ObjectView,
     SegmentIterator, SideLog, TombstoneView,
 };
-use stratus_types::{key_hash, KeyHash, SegmentId, TableId, Version};
+use stratus_types::{key_hash, IntegerHashing, KeyHash, SegmentId, TableId, Version};
 
 use crate::{append_error, tombstone_entry, ObjectError, ObjectStore};
 
@@ -111,46 +111,12 @@ struct Winner<'a> {
 }
 
 /// The maps of a replay hash by the key hash alone, which is already computed (a 64-bit hash
-/// of table and key): no second hash of the key bytes per object, one multiplication. The maps
-/// iterate in the same order on every run, as they must: the winners are appended to the log
-/// in that order, and a replay must be a function of its input (the deterministic simulation
-/// replays and compares). A client that chose keys to collide could slow one recovery, not
-/// corrupt it.
-#[derive(Clone, Copy, Debug, Default)]
-struct KeyHashOnly;
-
-impl BuildHasher for KeyHashOnly {
-    type Hasher = KeyHashHasher;
-
-    fn build_hasher(&self) -> KeyHashHasher {
-        KeyHashHasher(0)
-    }
-}
-
-/// Mixes the one u64 written to it ([`ReplayedKey`] writes only its key hash).
-#[derive(Clone, Copy, Debug)]
-struct KeyHashHasher(u64);
-
-impl Hasher for KeyHashHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by ReplayedKey; a fallback that still mixes every byte.
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        // Mixed, not passed on as it is: a recovery partition is a contiguous range of key
-        // hashes, so their top bits are all alike, and the map takes its per-slot tags from
-        // the top bits (equal tags would make every probe compare keys). The product's top
-        // bits depend on every bit of the hash.
-        self.0 = (value ^ (value >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+/// of table and key): no second hash of the key bytes per object, one multiplication
+/// ([`IntegerHashing`]). The maps iterate in the same order on every run, as they must: the
+/// winners are appended to the log in that order, and a replay must be a function of its input
+/// (the deterministic simulation replays and compares). A client that chose keys to collide
+/// could slow one recovery, not corrupt it.
+type KeyHashOnly = IntegerHashing;
 
 /// Where a replay writes the objects it keeps.
 pub enum ReplayInto<'a> {
@@ -618,22 +584,6 @@ mod tests {
         log.segment_ids().into_iter().filter_map(|id| log.segment_contents(id)).collect()
     }
 
-    /// Replaying every segment of a log, in any order, rebuilds exactly its objects with
-    /// their versions; removed keys stay removed; new versions stay above the replayed ones.
-    #[test]
-    fn key_hashes_of_one_partition_spread_over_the_maps_tags() {
-        // A partition's key hashes share their top bits; the map's tags are the top 7 bits of
-        // what the hasher gives.
-        let tags: std::collections::BTreeSet<u64> = (0..256u64)
-            .map(|index| {
-                let mut hasher = KeyHashOnly.build_hasher();
-                hasher.write_u64((0xAB << 56) | index.wrapping_mul(0x0001_0000_0100_0001));
-                hasher.finish() >> 57
-            })
-            .collect();
-        assert!(tags.len() > 64, "only {} distinct tags", tags.len());
-    }
-
     #[test]
     fn a_collector_fed_verified_replicas_as_they_arrive_replays_like_the_whole_set() {
         let (source, model) = source();
@@ -663,6 +613,8 @@ mod tests {
         }
     }
 
+    /// Replaying every segment of a log, in any order, rebuilds exactly its objects with
+    /// their versions; removed keys stay removed; new versions stay above the replayed ones.
     #[test]
     fn replay_in_any_order_rebuilds_the_store() {
         let (source, model) = source();

@@ -11,7 +11,7 @@ pub mod limits;
 pub mod reject;
 pub mod tablet;
 
-pub use hash::key_hash;
+pub use hash::{key_hash, IntegerHasher, IntegerHashing};
 pub use ids::{KeyHash, SegmentId, ServerId, TableId, Version};
 pub use reject::{RejectReason, RejectRules};
 pub use tablet::{HashRange, TabletState};

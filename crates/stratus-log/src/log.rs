@@ -44,8 +44,9 @@ pub const LOG_BYTES_MAX: u64 = 1 << REFERENCE_BITS;
 pub const DISK_EXPANSION_FACTOR: u64 = 2;
 
 /// Segment ids the cleaner dropped from the log that are remembered for replication until it
-/// asks ([`Log::take_dropped_segments`]); older ones are forgotten (a backup learns of them
-/// from the digest anyway).
+/// asks ([`Log::take_dropped_segments`]); older ones are forgotten and only counted
+/// ([`Log::dropped_segments_forgotten`]), so replication knows to find them by membership
+/// instead (a segment it tracks that is no longer in the log).
 pub const DROPPED_SEGMENTS_REMEMBERED_MAX: usize = 4096;
 
 /// Marks "no next seglet" in the seglet chain table.
@@ -384,11 +385,23 @@ struct LogState {
     next_segment_id: u64,
     /// Segments dropped from the log by cleaning, not yet taken by replication.
     dropped: VecDeque<SegmentId>,
+    /// Dropped segment ids pushed out of `dropped` before replication took them.
+    dropped_forgotten: u64,
     /// Whether segments must be reported replicated before the cleaner may touch them.
     replication_required: bool,
 }
 
 impl LogState {
+    /// Remembers a dropped segment for replication, forgetting (and counting) the oldest one
+    /// when the list is full.
+    fn remember_dropped(&mut self, segment_id: SegmentId) {
+        if self.dropped.len() == DROPPED_SEGMENTS_REMEMBERED_MAX {
+            self.dropped.pop_front();
+            self.dropped_forgotten += 1;
+        }
+        self.dropped.push_back(segment_id);
+    }
+
     /// Segments the newest digest lists.
     fn in_log_count(&self) -> usize {
         self.segments
@@ -463,6 +476,7 @@ impl Log {
                 head: None,
                 next_segment_id: 1,
                 dropped: VecDeque::new(),
+                dropped_forgotten: 0,
                 replication_required: false,
             }),
         }
@@ -762,10 +776,7 @@ impl Log {
         }
         for id in &dropped_ids {
             state.segments.remove(id);
-            if state.dropped.len() == DROPPED_SEGMENTS_REMEMBERED_MAX {
-                state.dropped.pop_front();
-            }
-            state.dropped.push_back(*id);
+            state.remember_dropped(*id);
         }
         if !retired.is_empty() {
             self.memory.retire(&retired);
@@ -1012,10 +1023,7 @@ impl Log {
                 "abandoning a side segment whose objects are still referenced"
             );
             retired.extend_from_slice(&segment.seglets);
-            if state.dropped.len() == DROPPED_SEGMENTS_REMEMBERED_MAX {
-                state.dropped.pop_front();
-            }
-            state.dropped.push_back(*id);
+            state.remember_dropped(*id);
         }
         if !retired.is_empty() {
             self.memory.retire(&retired);
@@ -1052,6 +1060,14 @@ impl Log {
     /// [`DROPPED_SEGMENTS_REMEMBERED_MAX`], oldest first): replication frees their replicas.
     pub fn take_dropped_segments(&self) -> Vec<SegmentId> {
         self.lock().dropped.drain(..).collect()
+    }
+
+    /// How many dropped segment ids were forgotten, since the log began, because more than
+    /// [`DROPPED_SEGMENTS_REMEMBERED_MAX`] piled up between two calls of
+    /// [`Log::take_dropped_segments`]. When it grows, every segment no longer in the log
+    /// ([`Log::certificate`] is `None`) counts as dropped.
+    pub fn dropped_segments_forgotten(&self) -> u64 {
+        self.lock().dropped_forgotten
     }
 
     /// Dead-tombstone scanning (RAMCloud §4.2.2): tombstones die silently when the segment
@@ -1585,6 +1601,29 @@ mod tests {
         assert_eq!(log.take_dropped_segments(), side_log.segments());
         log.reclaim();
         assert_eq!(log.statistics().seglets_free, free_filled + side_seglets, "memory came back");
+    }
+
+    /// More drops than are remembered between two takes: the oldest are forgotten, and
+    /// counted, so replication can find them by membership.
+    #[test]
+    fn drops_past_the_remembered_limit_are_counted_as_forgotten() {
+        let log = Log::new(small_config(), ServerId(1));
+        log.append(&[object_entry(&[1; 100])], AppendPriority::Normal).unwrap();
+        let mut abandoned = Vec::new();
+        for _ in 0..DROPPED_SEGMENTS_REMEMBERED_MAX + 3 {
+            let mut side_log = SideLog::new(AppendPriority::Normal);
+            let (reference, _) = side_log.append(&log, &object_entry(&[7; 100])).unwrap();
+            let guard = log.pin();
+            log.free(&guard, reference);
+            drop(guard);
+            log.abandon_side_segments(side_log.segments());
+            abandoned.extend_from_slice(side_log.segments());
+            log.reclaim();
+        }
+        assert_eq!(log.dropped_segments_forgotten(), 3);
+        assert_eq!(log.take_dropped_segments(), abandoned[3..]);
+        assert!(abandoned.iter().all(|&id| log.certificate(id).is_none()));
+        assert_eq!(log.dropped_segments_forgotten(), 3, "a take forgets nothing");
     }
 
     /// Fusing with room: the side segments join the log with the new head, in one digest.

@@ -457,6 +457,8 @@ struct Pump {
     pending_survivor: Option<SurvivorRequest>,
     /// The newest (head segment, epoch) the coordinator has recorded (SET_LOG_HEAD).
     recorded_head: Option<(u64, u64)>,
+    /// The log's count of forgotten dropped segments when this pump last looked.
+    dropped_forgotten_seen: u64,
 }
 
 /// Where the bytes of a segment being replicated come from.
@@ -514,6 +516,7 @@ impl Pump {
             survivors,
             pending_survivor: None,
             recorded_head: None,
+            dropped_forgotten_seen: 0,
         }
     }
 
@@ -582,6 +585,13 @@ impl Pump {
             if let Some(segment) = self.segments.get_mut(&dropped.0) {
                 segment.dropped_under_head.get_or_insert(head.0);
             }
+        }
+        let forgotten = log.dropped_segments_forgotten();
+        if forgotten != self.dropped_forgotten_seen {
+            // Drops the log could not remember until now: without this their replicas would
+            // be kept forever.
+            self.dropped_forgotten_seen = forgotten;
+            mark_dropped_by_membership(&mut self.segments, log, head);
         }
         self.free_orphans().await;
         // Only segments older than the head are closed: a head rolled since `head` was read
@@ -1192,6 +1202,21 @@ impl Pump {
     }
 }
 
+/// Marks as dropped under `head` every tracked segment no longer in `log`. Every tracked
+/// segment was in the log before it was tracked (survivors too: a side segment is in the log's
+/// memory, outside its digest, until fused or abandoned), so one missing now was dropped.
+fn mark_dropped_by_membership(
+    segments: &mut BTreeMap<u64, SegmentReplicas>,
+    log: &stratus_log::Log,
+    head: SegmentId,
+) {
+    for (id, segment) in segments.iter_mut() {
+        if segment.dropped_under_head.is_none() && log.certificate(SegmentId(*id)).is_none() {
+            segment.dropped_under_head = Some(head.0);
+        }
+    }
+}
+
 /// One BACKUP_WRITE to send (maybe in several pieces).
 struct BackupCall {
     master_id: ServerId,
@@ -1268,6 +1293,58 @@ mod tests {
 
     fn ids(groups: &[Vec<ServerEntry>]) -> Vec<Vec<u64>> {
         groups.iter().map(|group| group.iter().map(|entry| entry.server_id.0).collect()).collect()
+    }
+
+    #[test]
+    fn tracked_segments_gone_from_the_log_are_marked_dropped() {
+        use stratus_log::{AppendEntry, AppendPriority, EntryType, Log, LogConfig, SideLog};
+        let config = LogConfig {
+            log_bytes: 96 << 10,
+            segment_bytes: 8 << 10,
+            seglet_bytes: 1 << 10,
+            prefault_memory: false,
+        };
+        let log = Log::new(config, ServerId(1));
+        let entry = [AppendEntry::new(EntryType::Object, &[1; 100])];
+        log.append(&entry, AppendPriority::Normal).unwrap();
+        let head = log.head_segment_id().unwrap();
+        // A side segment that stays, and one abandoned (its drop forgotten, say).
+        let mut kept = SideLog::new(AppendPriority::Normal);
+        kept.append(&log, &entry[0]).unwrap();
+        let mut abandoned = SideLog::new(AppendPriority::Normal);
+        let (reference, _) = abandoned.append(&log, &entry[0]).unwrap();
+        let guard = log.pin();
+        log.free(&guard, reference);
+        drop(guard);
+        log.abandon_side_segments(abandoned.segments());
+        let tracked = |dropped_under_head| SegmentReplicas {
+            epoch: 1,
+            holders: Vec::new(),
+            excluded: BTreeSet::new(),
+            dropped_under_head,
+            complete: true,
+            ever_complete: true,
+        };
+        let (kept_id, abandoned_id) = (kept.segments()[0], abandoned.segments()[0]);
+        // Not in this log either, but already marked under an older head.
+        let marked_before = SegmentId(head.0 + 100);
+        let mut segments = BTreeMap::from([
+            (head.0, tracked(None)),
+            (kept_id.0, tracked(None)),
+            (abandoned_id.0, tracked(None)),
+            (marked_before.0, tracked(Some(0))),
+        ]);
+        mark_dropped_by_membership(&mut segments, &log, head);
+        let marks: Vec<(u64, Option<u64>)> =
+            segments.iter().map(|(id, segment)| (*id, segment.dropped_under_head)).collect();
+        let mut expected = vec![
+            (head.0, None),
+            (kept_id.0, None),
+            (abandoned_id.0, Some(head.0)),
+            (marked_before.0, Some(0)),
+        ];
+        expected.sort();
+        assert_eq!(marks, expected);
     }
 
     #[test]

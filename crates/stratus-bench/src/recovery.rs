@@ -88,6 +88,11 @@ pub struct RecoveryArguments {
     /// all the data).
     #[arg(long, default_value_t = 0)]
     pub empty_tables: u32,
+    /// Also fill a second table on the master that is killed, with as many bytes as the first
+    /// (`--data-mib` more) in objects of this many bytes: a crashed master holding small
+    /// objects beside large ones, to see how recovery weighs object counts against bytes.
+    #[arg(long)]
+    pub second_table_object_bytes: Option<usize>,
 }
 
 /// Bytes an object entry takes in the log besides its key and value (entry header and object
@@ -127,8 +132,13 @@ const MEMORY_FRACTION_MAX: f64 = 0.8;
 struct Plan {
     servers: u32,
     replicas: u32,
+    /// Value bytes of the first table's objects.
     object_bytes: usize,
+    /// Objects of both tables: indexes below `first_table_objects` are the first table's.
     objects: u64,
+    first_table_objects: u64,
+    /// Value bytes of the second table's objects, if there is one.
+    second_table_object_bytes: Option<usize>,
     data_bytes: u64,
     segment_mib: u32,
     /// Log memory of every server: the killed master's data with headroom. Every server gets
@@ -180,15 +190,25 @@ impl Plan {
         if arguments.object_bytes == 0 || arguments.object_bytes as u64 > value_bytes_max {
             return Err(format!("--object-bytes must be 1 to {value_bytes_max}"));
         }
+        if let Some(bytes) = arguments.second_table_object_bytes {
+            if bytes == 0 || bytes as u64 > value_bytes_max {
+                return Err(format!("--second-table-object-bytes must be 1 to {value_bytes_max}"));
+            }
+        }
         if arguments.recovery_timeout_seconds == 0 {
             return Err("--recovery-timeout-seconds must be at least 1".into());
         }
         let data_bytes_wanted = arguments.data_mib << 20;
-        let objects = (data_bytes_wanted / arguments.object_bytes as u64).max(1);
-        let data_bytes = objects * arguments.object_bytes as u64;
+        let first_table_objects = (data_bytes_wanted / arguments.object_bytes as u64).max(1);
+        let second_table_objects = arguments
+            .second_table_object_bytes
+            .map_or(0, |bytes| (data_bytes_wanted / bytes as u64).max(1));
+        let objects = first_table_objects + second_table_objects;
+        let second_table_bytes = arguments.second_table_object_bytes.unwrap_or(0) as u64;
+        let data_bytes = first_table_objects * arguments.object_bytes as u64
+            + second_table_objects * second_table_bytes;
         let key_bytes = object_key(objects).len() as u64;
-        let live_log_bytes =
-            objects * (arguments.object_bytes as u64 + key_bytes + OBJECT_ENTRY_OVERHEAD_BYTES);
+        let live_log_bytes = data_bytes + objects * (key_bytes + OBJECT_ENTRY_OVERHEAD_BYTES);
         let log_bytes = (live_log_bytes as f64 / LIVE_FRACTION_OF_LOG_MAX) as u64
             + LOG_HEADROOM_SEGMENTS * segment_bytes;
         let log_mib = log_bytes.div_ceil(segment_bytes) * u64::from(arguments.segment_mib);
@@ -203,6 +223,8 @@ impl Plan {
             replicas,
             object_bytes: arguments.object_bytes,
             objects,
+            first_table_objects,
+            second_table_object_bytes: arguments.second_table_object_bytes,
             data_bytes,
             segment_mib: arguments.segment_mib,
             log_mib,
@@ -213,6 +235,14 @@ impl Plan {
             backup_direct_io: arguments.backup_direct_io,
             empty_tables: arguments.empty_tables,
         })
+    }
+
+    /// The value bytes of object `index`.
+    fn value_bytes(&self, index: u64) -> usize {
+        match self.second_table_object_bytes {
+            Some(bytes) if index >= self.first_table_objects => bytes,
+            _ => self.object_bytes,
+        }
     }
 
     /// Memory the run needs at its peak, roughly: during recovery the recovery masters hold
@@ -241,6 +271,29 @@ fn parse_memory_available_bytes(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|line| line.starts_with("MemAvailable:"))?;
     let kibibytes: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kibibytes * 1024)
+}
+
+/// The tables the objects are loaded into.
+#[derive(Clone, Copy, Debug)]
+struct Tables {
+    first: TableId,
+    /// With `--second-table-object-bytes`.
+    second: Option<TableId>,
+    first_table_objects: u64,
+}
+
+impl Tables {
+    /// The table of object `index` (keys are distinct over both tables).
+    fn of(&self, index: u64) -> TableId {
+        match self.second {
+            Some(second) if index >= self.first_table_objects => second,
+            _ => self.first,
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = TableId> {
+        std::iter::once(self.first).chain(self.second)
+    }
 }
 
 /// The key of object `index`.
@@ -320,12 +373,19 @@ struct ClusterMeasurement {
 }
 
 fn run_in(plan: &Plan, directory: &Path) -> Result<(), String> {
+    let second_table = match plan.second_table_object_bytes {
+        Some(bytes) => format!(
+            " and {} of {bytes} bytes in a second table",
+            plan.objects - plan.first_table_objects
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "bench recovery: {} servers, {} replicas, {} objects of {} bytes ({:.1} MB), log {} MiB \
-         per server, data in {}",
+        "bench recovery: {} servers, {} replicas, {} objects of {} bytes{second_table} ({:.1} \
+         MB), log {} MiB per server, data in {}",
         plan.servers,
         plan.replicas,
-        plan.objects,
+        plan.first_table_objects,
         plan.object_bytes,
         plan.data_bytes as f64 / 1e6,
         plan.log_mib,
@@ -355,12 +415,11 @@ fn run_in(plan: &Plan, directory: &Path) -> Result<(), String> {
         }
         Some(executable) => {
             eprintln!("bench recovery: loading Redis and restarting it from its AOF");
-            let object_bytes = plan.object_bytes;
             match redis_reference::measure_restart(
                 &executable,
                 &directory.join("redis"),
                 plan.objects,
-                |index| (object_key(index), object_value(index, object_bytes)),
+                |index| (object_key(index), object_value(index, plan.value_bytes(index))),
                 plan.recovery_timeout,
             ) {
                 Ok(restart) => Some(restart),
@@ -426,6 +485,12 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
         .map(|most| most as f64 * partitions.len() as f64 / objects_replayed.max(1) as f64);
     let objects_expected: Option<u64> =
         measured.objects_expected.as_ref().map(|expected| expected.iter().sum());
+    // The same for the replay phases' durations: how evenly the modelled work was shared.
+    let replay_ms: Vec<f64> =
+        partitions.iter().map(|partition| milliseconds(partition.replay)).collect();
+    let replay_ms_max_over_mean = replay_ms.iter().copied().max_by(f64::total_cmp).map(|most| {
+        most * replay_ms.len() as f64 / replay_ms.iter().sum::<f64>().max(f64::MIN_POSITIVE)
+    });
 
     println!(
         "{:>7} {:>8} {:>9} {:>9} {:>17} {:>21} {:>20} {:>17} {:>16} {:>11}",
@@ -458,6 +523,10 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
         ("empty_tables", Field::Number(f64::from(plan.empty_tables))),
         ("data_bytes", Field::Number(plan.data_bytes as f64)),
         ("object_bytes", Field::Number(plan.object_bytes as f64)),
+        (
+            "second_table_object_bytes",
+            Field::optional_number(plan.second_table_object_bytes.map(|bytes| bytes as f64)),
+        ),
         ("objects", Field::Number(plan.objects as f64)),
         ("load_mb_per_sec", Field::Number(load_mb_per_sec)),
         ("kill_to_decision_ms", Field::Number(milliseconds(measured.kill_to_decision))),
@@ -480,6 +549,7 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
         ("replay_mb_per_sec_min", Field::optional_number(replay_mb_per_sec)),
         ("read_ms_max", Field::optional_number(longest(&|partition| partition.read))),
         ("replay_ms_max", Field::optional_number(longest(&|partition| partition.replay))),
+        ("replay_ms_max_over_mean", Field::optional_number(replay_ms_max_over_mean)),
         ("durable_ms_max", Field::optional_number(longest(&|partition| partition.durable))),
         (
             "recovery_master_over_redis_load",
@@ -672,11 +742,36 @@ async fn measure_cluster(
         }
     }
 
+    let second = match plan.second_table_object_bytes {
+        None => None,
+        Some(_) => {
+            let name = "bench-recovery-second";
+            let second = loader
+                .create_table(name, 1)
+                .await
+                .map_err(|error| format!("creating table {name}: {error}"))?;
+            let owner = loader
+                .tablet_map(second)
+                .await
+                .map_err(|error| format!("tablet map of {name}: {error}"))?
+                .first()
+                .map(|tablet| tablet.owner);
+            if owner != Some(victim) {
+                loader
+                    .migrate_tablet(name, 0, victim)
+                    .await
+                    .map_err(|error| format!("moving table {name} to master {victim}: {error}"))?;
+            }
+            Some(second)
+        }
+    };
+    let tables = Tables { first: table, second, first_table_objects: plan.first_table_objects };
+
     eprintln!("bench recovery: loading {} objects onto master {victim}", plan.objects);
     let started = Instant::now();
     // At least 1 MB/s, or something is wrong.
     let load_patience = Duration::from_secs(120 + plan.data_bytes / 1_000_000);
-    tokio::time::timeout(load_patience, load(&loader, table, plan))
+    tokio::time::timeout(load_patience, load(&loader, tables, plan))
         .await
         .map_err(|_| format!("loading took more than {} s", load_patience.as_secs()))??;
     let load_time = started.elapsed();
@@ -706,7 +801,7 @@ async fn measure_cluster(
     .await
     .map_err(|error| format!("reading the replicas: {error}"))??;
 
-    let served = kill_and_wait_until_served(plan, cluster, table, victim).await?;
+    let served = kill_and_wait_until_served(plan, cluster, tables, victim).await?;
     let coordinator_log = std::fs::read_to_string(&cluster.coordinator_log)
         .map_err(|error| format!("{}: {error}", cluster.coordinator_log.display()))?;
     let (kill_to_decision, decision_source) = crash_decision(&coordinator_log, victim, &served)?;
@@ -722,7 +817,7 @@ async fn measure_cluster(
     eprintln!("bench recovery: reading back all {} objects", plan.objects);
     let acknowledged_writes_lost = tokio::time::timeout(
         plan.recovery_timeout,
-        count_lost(&cluster.coordinator_address, table, plan),
+        count_lost(&cluster.coordinator_address, tables, plan),
     )
     .await
     .map_err(|_| {
@@ -751,13 +846,13 @@ struct KillToServed {
     kill_to_served: Duration,
 }
 
-/// Kills `victim` with SIGKILL, then polls the coordinator until every tablet of `table` is
+/// Kills `victim` with SIGKILL, then polls the coordinator until every tablet of `tables` is
 /// normal on another master, then reads a sample of keys; fails after the recovery timeout or
 /// if another process of the cluster exits.
 async fn kill_and_wait_until_served(
     plan: &Plan,
     cluster: &mut LocalCluster,
-    table: TableId,
+    tables: Tables,
     victim: ServerId,
 ) -> Result<KillToServed, String> {
     let observer = client(&cluster.coordinator_address, Duration::from_secs(2));
@@ -796,17 +891,20 @@ async fn kill_and_wait_until_served(
                 crash_seen_at = Some(Instant::now());
             }
         }
-        let tablets = observer.tablet_map(table).await.unwrap_or_default();
-        let moved = !tablets.is_empty()
-            && tablets
-                .iter()
-                .all(|tablet| tablet.state == TabletState::Normal && tablet.owner != victim);
+        let mut moved = true;
+        for table in tables.all() {
+            let tablets = observer.tablet_map(table).await.unwrap_or_default();
+            moved &= !tablets.is_empty()
+                && tablets
+                    .iter()
+                    .all(|tablet| tablet.state == TabletState::Normal && tablet.owner != victim);
+        }
         if moved {
             break;
         }
         tokio::time::sleep(RECOVERY_POLL_INTERVAL).await;
     }
-    read_sample(&cluster.coordinator_address, table, plan, deadline).await?;
+    read_sample(&cluster.coordinator_address, tables, plan, deadline).await?;
     Ok(KillToServed {
         killed_at_wall,
         killed_at,
@@ -834,14 +932,15 @@ fn crash_decision(
 }
 
 /// Writes every object with concurrent MULTI_WRITEs; every item must be acknowledged.
-async fn load(client: &Client, table: TableId, plan: &Plan) -> Result<(), String> {
+async fn load(client: &Client, tables: Tables, plan: &Plan) -> Result<(), String> {
     let next_batch = Arc::new(AtomicU64::new(0));
     let mut writers = tokio::task::JoinSet::<Result<(), String>>::new();
     for _ in 0..LOAD_REQUESTS_IN_FLIGHT {
         let client = client.clone();
         let next_batch = next_batch.clone();
-        let (objects, object_bytes) = (plan.objects, plan.object_bytes);
+        let plan = plan.clone();
         writers.spawn(async move {
+            let objects = plan.objects;
             loop {
                 let first = next_batch.fetch_add(1, Ordering::Relaxed) * LOAD_BATCH_OBJECTS;
                 if first >= objects {
@@ -849,9 +948,9 @@ async fn load(client: &Client, table: TableId, plan: &Plan) -> Result<(), String
                 }
                 let items: Vec<WriteItem> = (first..(first + LOAD_BATCH_OBJECTS).min(objects))
                     .map(|index| WriteItem {
-                        table_id: table,
+                        table_id: tables.of(index),
                         key: Bytes::from(object_key(index)),
-                        value: Bytes::from(object_value(index, object_bytes)),
+                        value: Bytes::from(object_value(index, plan.value_bytes(index))),
                         rules: RejectRules::NONE,
                     })
                     .collect();
@@ -909,11 +1008,11 @@ async fn wait_until_idle(
     Ok(())
 }
 
-/// Reads a sample of keys spread over the table until every one comes back right, with a new
+/// Reads a sample of keys spread over the tables until every one comes back right, with a new
 /// client (no cached tablet map), or fails at `deadline`.
 async fn read_sample(
     coordinator: &str,
-    table: TableId,
+    tables: Tables,
     plan: &Plan,
     deadline: Instant,
 ) -> Result<(), String> {
@@ -922,7 +1021,7 @@ async fn read_sample(
     let items: Vec<KeyItem> = indexes
         .iter()
         .map(|&index| KeyItem {
-            table_id: table,
+            table_id: tables.of(index),
             key: Bytes::from(object_key(index)),
             rules: RejectRules::NONE,
         })
@@ -939,7 +1038,7 @@ async fn read_sample(
         let reader = client(coordinator, remaining);
         let outcomes = reader.multi_read(&items).await;
         let problem = indexes.iter().zip(&outcomes).find_map(|(&index, outcome)| match outcome {
-            Ok((value, _)) if value[..] == object_value(index, plan.object_bytes)[..] => None,
+            Ok((value, _)) if value[..] == object_value(index, plan.value_bytes(index))[..] => None,
             Ok(_) => Some(format!("key {index} has another value")),
             Err(error) => Some(format!("key {index}: {error}")),
         });
@@ -953,15 +1052,16 @@ async fn read_sample(
 
 /// Reads every object back; returns how many are missing, hold another value, or cannot be
 /// read (each acknowledged when it was loaded).
-async fn count_lost(coordinator: &str, table: TableId, plan: &Plan) -> Result<u64, String> {
+async fn count_lost(coordinator: &str, tables: Tables, plan: &Plan) -> Result<u64, String> {
     let reader = client(coordinator, Duration::from_secs(30));
     let next_batch = Arc::new(AtomicU64::new(0));
     let mut checkers = tokio::task::JoinSet::new();
     for _ in 0..VERIFY_REQUESTS_IN_FLIGHT {
         let reader = reader.clone();
         let next_batch = next_batch.clone();
-        let (objects, object_bytes) = (plan.objects, plan.object_bytes);
+        let plan = plan.clone();
         checkers.spawn(async move {
+            let objects = plan.objects;
             let mut lost = 0u64;
             loop {
                 let first = next_batch.fetch_add(1, Ordering::Relaxed) * VERIFY_BATCH_OBJECTS;
@@ -972,7 +1072,7 @@ async fn count_lost(coordinator: &str, table: TableId, plan: &Plan) -> Result<u6
                 let items: Vec<KeyItem> = indexes
                     .clone()
                     .map(|index| KeyItem {
-                        table_id: table,
+                        table_id: tables.of(index),
                         key: Bytes::from(object_key(index)),
                         rules: RejectRules::NONE,
                     })
@@ -980,7 +1080,9 @@ async fn count_lost(coordinator: &str, table: TableId, plan: &Plan) -> Result<u6
                 let outcomes = reader.multi_read(&items).await;
                 for (index, outcome) in indexes.zip(outcomes) {
                     let intact = match &outcome {
-                        Ok((value, _)) => value[..] == object_value(index, object_bytes)[..],
+                        Ok((value, _)) => {
+                            value[..] == object_value(index, plan.value_bytes(index))[..]
+                        }
                         Err(_) => false,
                     };
                     if !intact {

@@ -65,3 +65,35 @@ fn bench_recovery_recovers_every_object_and_reports_each_recovery_master() {
         assert!(row["redis_restart_ms"].is_null(), "{row:?}");
     }
 }
+
+#[test]
+fn bench_recovery_shares_a_table_of_small_objects_by_its_objects_too() {
+    // 8 MiB in 1 000-byte objects and 8 MiB in 100-byte objects on the killed master. Weighed
+    // by bytes alone, the small objects' table (more bytes, with its entries' headers) is
+    // halved and one recovery master gets both halves, 83 886 of the 92 274 objects (1.82 ×
+    // the mean); weighed by objects as well, each master replays one half and one of them the
+    // large objects too (about 1.09 × the mean).
+    let arguments = [
+        "bench",
+        "recovery",
+        "--servers",
+        "3",
+        "--data-mib",
+        "8",
+        "--segment-mib",
+        "1",
+        "--second-table-object-bytes",
+        "100",
+    ];
+    let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
+    assert_eq!(rows.len(), 1, "one result row:\n{stdout}");
+    let row = &rows[0];
+    let number = |field: &str| row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"));
+    assert_eq!(number("acknowledged_writes_lost"), 0.0, "{row:?}");
+    assert_eq!(number("objects"), (8_388 + 83_886) as f64, "{row:?}");
+    assert_eq!(number("second_table_object_bytes"), 100.0, "{row:?}");
+    assert_eq!(number("recovery_masters"), 2.0, "{row:?}");
+    assert!(number("objects_replayed") >= 92_274.0, "{row:?}");
+    assert!(number("recovery_master_objects_max_over_mean") < 1.3, "{row:?}");
+    assert!(number("replay_ms_max_over_mean") >= 1.0, "{row:?}");
+}

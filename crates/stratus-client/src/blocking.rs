@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use stratus_rpc::BlockingChannel;
@@ -128,8 +129,8 @@ impl BlockingClient {
     }
 
     /// One single-object request: first straight to the master if the cached map names it,
-    /// then (when that attempt did not settle the request) the async client's retry loop,
-    /// which has the whole operation timeout of its own.
+    /// then, when that attempt did not settle the request, the async client's retry loop (after
+    /// a backoff), all within one operation timeout.
     fn object_call(
         &self,
         table_id: TableId,
@@ -137,39 +138,50 @@ impl BlockingClient {
         request: &Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        if let Some(outcome) = self.direct_attempt(table_id, key, request) {
-            return outcome;
-        }
-        self.runtime.block_on(self.client.inner.object_call(table_id, key, request))
+        let now = Instant::now();
+        let timeout = self.client.inner.config().operation_timeout;
+        let deadline = now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32));
+        let failed = match self.direct_attempt(table_id, key, request, deadline) {
+            Some(Attempt::Finished(outcome)) => return outcome,
+            Some(Attempt::Retry(error)) => Some(error),
+            None => None,
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let retried = self.client.inner.object_call_until(table_id, key, request, deadline, failed);
+        self.runtime.block_on(retried)
     }
 
-    /// Sends `request` once over a direct connection to the master the cached map names.
-    /// `None` when there is no such master in the cache, no connection could be opened, or the
-    /// attempt's outcome says to try again.
+    /// Sends `request` once over a direct connection to the master the cached map names, and
+    /// judges the outcome; `None` when the cache names no master.
     fn direct_attempt(
         &self,
         table_id: TableId,
         key: &Bytes,
         request: &Request,
-    ) -> Option<Result<(Status, ResponseBody)>> {
+        deadline: Instant,
+    ) -> Option<Attempt> {
         let inner = &self.client.inner;
         let tablet = inner.cached_served_tablet(table_id, key_hash(table_id, key))?;
         let address = tablet.owner_address;
+        let rpc = &inner.config().rpc;
         let idle = self.lock_channels().remove(&address);
-        let mut channel = match idle {
-            Some(channel) => channel,
-            // Nothing was sent: the async path connects again and reports the failure.
-            None => BlockingChannel::connect(&address, &inner.config().rpc).ok()?,
+        let connected = match idle {
+            // A connection the server closed while it was idle (it restarted, say) would lose
+            // the request: connect afresh instead, so nothing is sent that may not arrive.
+            Some(channel) if channel.is_open() => Ok(channel),
+            _ => BlockingChannel::connect(&address, rpc),
         };
-        let sent = channel.call(request, inner.config().rpc.request_timeout);
-        if sent.is_ok() {
-            // At most one idle connection per master: a concurrent call's extra one closes.
-            self.lock_channels().entry(address.clone()).or_insert(channel);
-        }
-        match inner.judge_attempt(table_id, &address, request, sent) {
-            Attempt::Finished(outcome) => Some(outcome),
-            Attempt::Retry(_) => None,
-        }
+        let sent = connected.and_then(|mut channel| {
+            let timeout =
+                rpc.request_timeout.min(deadline.saturating_duration_since(Instant::now()));
+            let outcome = channel.call(request, timeout);
+            if outcome.is_ok() {
+                // At most one idle connection per master: a concurrent call's extra one closes.
+                self.lock_channels().entry(address.clone()).or_insert(channel);
+            }
+            outcome
+        });
+        Some(inner.judge_attempt(table_id, &address, request, sent))
     }
 
     fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, BlockingChannel>> {

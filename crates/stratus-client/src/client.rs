@@ -740,9 +740,30 @@ impl Inner {
         request: &Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        let hash = key_hash(table_id, key);
         let deadline = Instant::now() + self.config.operation_timeout;
+        self.object_call_until(table_id, key, request, deadline, None).await
+    }
+
+    /// [`Inner::object_call`] with the operation's deadline given. `failed`: the error of an
+    /// attempt the caller already made (the blocking client's direct one, judged retryable by
+    /// [`Inner::judge_attempt`]); the loop then backs off before its first attempt, as it does
+    /// after each of its own, and reports that error if the deadline has passed already.
+    pub(crate) async fn object_call_until(
+        &self,
+        table_id: TableId,
+        key: &Bytes,
+        request: &Request,
+        deadline: Instant,
+        failed: Option<Error>,
+    ) -> Result<(Status, ResponseBody)> {
+        let hash = key_hash(table_id, key);
         let mut backoff = Backoff::for_client();
+        if let Some(last) = failed {
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+        }
         // Whether the map was fetched afresh after it said the tablet is unavailable.
         let mut unavailable_confirmed = false;
         loop {

@@ -194,3 +194,114 @@ fn a_write_whose_answer_is_lost_is_sent_again_by_default() {
     assert_eq!(version, Version(9));
     assert_eq!(master.requests.load(Ordering::SeqCst), 3);
 }
+
+/// A master that answers one request per connection (WRITE with version 5, anything else
+/// UNIMPLEMENTED_REQUEST) and then closes it, as a master that restarted between two calls
+/// would have: its address and the requests it received.
+fn master_closing_after_each_answer() -> (String, Arc<AtomicUsize>) {
+    use std::io::{Read, Write};
+    use stratus_wire::{
+        body_offset, decode_frame_header, frame_length, FrameKind, Hello, HELLO_BYTES,
+        PROTOCOL_VERSION,
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut hello = [0u8; HELLO_BYTES];
+            if stream.read_exact(&mut hello).is_err() {
+                continue;
+            }
+            let welcome = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
+            let _ = stream.write_all(&welcome.encode());
+            let mut frame = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let length = loop {
+                if let Ok(Some(length)) = frame_length(&frame) {
+                    if frame.len() >= length {
+                        break Some(length);
+                    }
+                }
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break None,
+                    Ok(read) => frame.extend_from_slice(&chunk[..read]),
+                }
+            };
+            let Some(length) = length else { continue };
+            counted.fetch_add(1, Ordering::SeqCst);
+            let header = decode_frame_header(&frame[..length]).unwrap();
+            let body = Bytes::copy_from_slice(&frame[body_offset(FrameKind::Request)..length]);
+            let mut out = BytesMut::new();
+            match decode_request(header.opcode_code, body).unwrap() {
+                Request::Write { .. } => {
+                    let response = Response::Write { version: Version(5) };
+                    encode_response(&mut out, header.request_id, Status::Ok, &response);
+                }
+                _ => {
+                    let status = Status::UnimplementedRequest;
+                    encode_error_response(
+                        &mut out,
+                        header.request_id,
+                        header.opcode_code,
+                        status,
+                        "",
+                    );
+                }
+            }
+            let _ = stream.write_all(&out);
+            // Dropping the stream closes the connection.
+        }
+    });
+    (address, requests)
+}
+
+#[test]
+fn a_connection_the_master_closed_while_idle_is_not_used_for_a_write() {
+    let runtime = servers_runtime();
+    let (master_address, requests) = master_closing_after_each_answer();
+    let owner = Arc::new(Mutex::new(master_address));
+    let coordinator = Arc::new(Coordinator { owner, maps_served: AtomicUsize::new(0) });
+    let (coordinator_address, _) = serve(&runtime, coordinator);
+    let mut config = ClientConfig::new(coordinator_address);
+    // A write sent on a dead connection would fail instead of being sent again.
+    config.retry_ambiguous_mutations = false;
+    let client = BlockingClient::new(config).unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap(),
+            Version(5)
+        );
+        // Idle long enough for the client to check the connection before its next use.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn an_operation_ends_at_its_deadline_though_its_request_could_wait_longer() {
+    let runtime = servers_runtime();
+    // Reads are refused at once (they fill the map cache); writes are never answered.
+    let master = master(|request| match request {
+        Request::Write { .. } => None,
+        _ => Some((Status::UnimplementedRequest, Response::Ping)),
+    });
+    let (master_address, _) = serve(&runtime, master.clone());
+    let owner = Arc::new(Mutex::new(master_address));
+    let coordinator = Arc::new(Coordinator { owner, maps_served: AtomicUsize::new(0) });
+    let (coordinator_address, _) = serve(&runtime, coordinator);
+    let mut config = ClientConfig::new(coordinator_address);
+    config.rpc.request_timeout = Duration::from_secs(60);
+    config.operation_timeout = Duration::from_millis(300);
+    let client = BlockingClient::new(config).unwrap();
+    let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
+    assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
+    // The direct attempt waits until the operation's deadline, not the request timeout (or
+    // this test would take a minute), and no attempt follows once that deadline has passed
+    // (the retry loop used to start a deadline of its own).
+    let error = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap_err();
+    assert_eq!(error.status, Status::Timeout, "{error}");
+    assert_eq!(master.requests.load(Ordering::SeqCst), 2, "a request after the deadline");
+}

@@ -27,6 +27,17 @@ use crate::client::{decode_response_frame, RpcConfig, RpcError};
 /// response of a small object and the header of a large one.
 const INPUT_BYTES_DEFAULT: usize = 64 << 10;
 
+/// How far a socket's timeout may lie above the time a call has left before it is lowered (a
+/// system call): a call overshoots its timeout by at most this, and a call answered within it
+/// changes no timeout at all.
+const TIMEOUT_SLACK: Duration = Duration::from_millis(5);
+
+/// How long a connection may sit idle before [`BlockingChannel::is_open`] asks the kernel
+/// whether the server closed it (three system calls). Below it the check is skipped: a server
+/// that went away within this time of its last answer costs the next call a lost connection,
+/// as it would had it gone away just after that call was sent.
+const IDLE_CHECK_AFTER: Duration = Duration::from_millis(1);
+
 /// One blocking connection to a server: a request, then its response, then the next request.
 ///
 /// After any error the connection's state is unknown (a response may still arrive for a
@@ -40,6 +51,10 @@ pub struct BlockingChannel {
     filled: usize,
     output: BytesMut,
     next_request_id: u64,
+    /// The read and write timeouts the socket has now.
+    socket_timeout: Duration,
+    /// When the last call ended.
+    last_used: Instant,
 }
 
 impl BlockingChannel {
@@ -90,7 +105,26 @@ impl BlockingChannel {
             filled: 0,
             output: BytesMut::with_capacity(INPUT_BYTES_DEFAULT),
             next_request_id: 1,
+            socket_timeout: config.request_timeout,
+            last_used: Instant::now(),
         })
+    }
+
+    /// False if the server closed the connection (or sent something unasked) while it was
+    /// idle, so that a request sent on it would be lost before it reached anyone. Checked only
+    /// after [`IDLE_CHECK_AFTER`] of idleness, without waiting.
+    pub fn is_open(&self) -> bool {
+        if self.last_used.elapsed() < IDLE_CHECK_AFTER {
+            return true;
+        }
+        if self.stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let idle = matches!(
+            self.stream.peek(&mut [0u8; 1]),
+            Err(error) if error.kind() == ErrorKind::WouldBlock
+        );
+        self.stream.set_nonblocking(false).is_ok() && idle
     }
 
     /// The server's address.
@@ -98,23 +132,27 @@ impl BlockingChannel {
         &self.address
     }
 
-    /// Sends `request` and waits for its response, at most about `timeout` (each read of the
-    /// socket is bounded by the request timeout the channel was connected with, and no read
-    /// starts after `timeout` has passed).
+    /// Sends `request` and waits for its response, for at most `timeout` (give or take
+    /// [`TIMEOUT_SLACK`]).
     pub fn call(
         &mut self,
         request: &Request,
         timeout: Duration,
     ) -> Result<(Status, ResponseBody), RpcError> {
-        let deadline = Instant::now() + timeout;
+        let now = Instant::now();
+        // A timeout too long to add is as good as none.
+        let deadline = now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32));
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         self.output.clear();
         encode_request(&mut self.output, request_id, request);
-        if let Err(error) = self.stream.write_all(&self.output) {
-            return Err(transport_error(error, "sending"));
+        self.send_output(deadline)?;
+        if self.output.capacity() > 4 * INPUT_BYTES_DEFAULT {
+            // A large request passed: give its memory back.
+            self.output = BytesMut::with_capacity(INPUT_BYTES_DEFAULT);
         }
         let frame = self.read_frame(deadline)?;
+        self.last_used = Instant::now();
         let header = decode_frame_header(&frame)
             .map_err(|error| RpcError::Protocol(format!("bad frame: {error}")))?;
         if header.kind != FrameKind::Response {
@@ -129,6 +167,45 @@ impl BlockingChannel {
             )));
         }
         decode_response_frame(request.opcode(), frame)
+    }
+
+    /// Writes the whole output buffer, each write bounded by the time left.
+    fn send_output(&mut self, deadline: Instant) -> Result<(), RpcError> {
+        let mut sent = 0;
+        while sent < self.output.len() {
+            self.bound_socket_waits(deadline)?;
+            match self.stream.write(&self.output[sent..]) {
+                Ok(0) => {
+                    return Err(RpcError::ConnectionLost("sending: the socket took nothing".into()))
+                }
+                Ok(written) => sent += written,
+                // The deadline decides, not a socket timeout that may fire a little early.
+                Err(error) if is_wait_over(&error) => {}
+                Err(error) => return Err(RpcError::ConnectionLost(format!("sending: {error}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails with a timeout once `deadline` has passed; otherwise makes sure the next blocking
+    /// read or write of the socket cannot wait (much) past it, or (much) less than is left.
+    fn bound_socket_waits(&mut self, deadline: Instant) -> Result<(), RpcError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RpcError::Timeout);
+        }
+        if left + TIMEOUT_SLACK < self.socket_timeout || left > self.socket_timeout + TIMEOUT_SLACK
+        {
+            let set = |stream: &TcpStream| -> std::io::Result<()> {
+                stream.set_read_timeout(Some(left))?;
+                stream.set_write_timeout(Some(left))
+            };
+            set(&self.stream).map_err(|error| {
+                RpcError::ConnectionLost(format!("setting a socket timeout: {error}"))
+            })?;
+            self.socket_timeout = left;
+        }
+        Ok(())
     }
 
     /// Reads until one whole frame is buffered and returns it.
@@ -153,9 +230,7 @@ impl BlockingChannel {
                 Ok(_) => {}
                 Err(error) => return Err(RpcError::Protocol(format!("bad frame: {error}"))),
             }
-            if Instant::now() >= deadline {
-                return Err(RpcError::Timeout);
-            }
+            self.bound_socket_waits(deadline)?;
             match self.stream.read(&mut self.input[self.filled..]) {
                 Ok(0) => {
                     return Err(RpcError::ConnectionLost(format!(
@@ -164,17 +239,15 @@ impl BlockingChannel {
                     )))
                 }
                 Ok(read) => self.filled += read,
-                Err(error) if error.kind() == ErrorKind::Interrupted => {}
-                Err(error) => return Err(transport_error(error, "receiving")),
+                Err(error) if is_wait_over(&error) => {}
+                Err(error) => return Err(RpcError::ConnectionLost(format!("receiving: {error}"))),
             }
         }
     }
 }
 
-/// The RPC error for a failed socket operation: an expired socket timeout is a timeout.
-fn transport_error(error: std::io::Error, doing: &str) -> RpcError {
-    match error.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => RpcError::Timeout,
-        _ => RpcError::ConnectionLost(format!("{doing}: {error}")),
-    }
+/// Whether a socket operation ended without failing the connection: its timeout expired or a
+/// signal interrupted it (the caller checks the deadline and tries again).
+fn is_wait_over(error: &std::io::Error) -> bool {
+    matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
 }

@@ -269,8 +269,9 @@ fn plan_partitions(
     assert!(master_count > 0 && !tablets.is_empty(), "a recovery has masters and tablets");
     assert_eq!(tablets.len(), estimates.len(), "one estimate per tablet");
     let span = |index: usize| u128::from(tablets[index].1.end - tablets[index].1.start) + 1;
-    // The modelled replay time of a tablet, in bytes (no overflow: 2^64 × 1 100 and sums of
-    // a few thousand such fit in u128).
+    // The modelled replay time of a tablet, in bytes: at most 2^64 × 1 101 < 2^75, so sums
+    // over any number of tablets and the products with part and master counts below stay
+    // far inside u128.
     let weight = |index: usize| -> u128 {
         match estimates[index] {
             Some(estimate) => {

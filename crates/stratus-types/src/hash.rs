@@ -34,6 +34,14 @@ impl std::hash::Hasher for IntegerHasher {
         }
     }
 
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+
     fn write_u64(&mut self, value: u64) {
         let mixed = self.0.rotate_left(5) ^ value;
         self.0 = (mixed ^ (mixed >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);

@@ -165,11 +165,15 @@ impl BlockingClient {
         let address = tablet.owner_address;
         let rpc = &inner.config().rpc;
         let idle = self.lock_channels().remove(&address);
+        let left = deadline.saturating_duration_since(Instant::now());
         let connected = match idle {
-            // A connection the server closed while it was idle (it restarted, say) would lose
-            // the request: connect afresh instead, so nothing is sent that may not arrive.
             Some(channel) if channel.is_open() => Ok(channel),
-            _ => BlockingChannel::connect(&address, rpc),
+            // A connection the server closed while it was idle (it restarted, say) would lose
+            // the request: close it and connect afresh, so nothing is sent that cannot arrive.
+            closed => {
+                drop(closed);
+                BlockingChannel::connect_within(&address, rpc, left)
+            }
         };
         let sent = connected.and_then(|mut channel| {
             let timeout =

@@ -740,7 +740,11 @@ impl Inner {
         request: &Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        let deadline = Instant::now() + self.config.operation_timeout;
+        let now = Instant::now();
+        // A timeout too long to add is as good as none.
+        let deadline = now
+            .checked_add(self.config.operation_timeout)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
         self.object_call_until(table_id, key, request, deadline, None).await
     }
 
@@ -758,11 +762,17 @@ impl Inner {
     ) -> Result<(Status, ResponseBody)> {
         let hash = key_hash(table_id, key);
         let mut backoff = Backoff::for_client();
+        // Backoffs end at the deadline at the latest; an attempt that finds no time left
+        // fails without sending anything.
+        let pause = |backoff: &mut Backoff| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(backoff.next_delay(self.entropy()).min(left))
+        };
         if let Some(last) = failed {
             if Instant::now() >= deadline {
                 return Err(last);
             }
-            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+            pause(&mut backoff).await;
         }
         // Whether the map was fetched afresh after it said the tablet is unavailable.
         let mut unavailable_confirmed = false;
@@ -785,8 +795,14 @@ impl Inner {
                     recovering_error(&tablet)
                 }
                 Ok(tablet) => {
-                    let sent = self.pool.call(&tablet.owner_address, request).await;
-                    match self.judge_attempt(table_id, &tablet.owner_address, request, sent) {
+                    let address = &tablet.owner_address;
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        let message = format!("master {address}: the operation's time ran out");
+                        return Err(Error::new(Status::Timeout, message));
+                    }
+                    let sent = self.pool.call_within(address, request, left).await;
+                    match self.judge_attempt(table_id, address, request, sent) {
                         Attempt::Finished(outcome) => return outcome,
                         Attempt::Retry(error) => error,
                     }
@@ -795,7 +811,7 @@ impl Inner {
             if Instant::now() >= deadline {
                 return Err(last);
             }
-            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+            pause(&mut backoff).await;
         }
     }
 

@@ -197,8 +197,8 @@ fn a_write_whose_answer_is_lost_is_sent_again_by_default() {
 
 /// A master that answers one request per connection (WRITE with version 5, anything else
 /// UNIMPLEMENTED_REQUEST) and then closes it, as a master that restarted between two calls
-/// would have: its address and the requests it received.
-fn master_closing_after_each_answer() -> (String, Arc<AtomicUsize>) {
+/// would have: its address, the requests it received and the connections it closed.
+fn master_closing_after_each_answer() -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     use std::io::{Read, Write};
     use stratus_wire::{
         body_offset, decode_frame_header, frame_length, FrameKind, Hello, HELLO_BYTES,
@@ -207,7 +207,8 @@ fn master_closing_after_each_answer() -> (String, Arc<AtomicUsize>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let requests = Arc::new(AtomicUsize::new(0));
-    let counted = requests.clone();
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (counted, closing) = (requests.clone(), closed.clone());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
@@ -252,16 +253,17 @@ fn master_closing_after_each_answer() -> (String, Arc<AtomicUsize>) {
                 }
             }
             let _ = stream.write_all(&out);
-            // Dropping the stream closes the connection.
+            drop(stream);
+            closing.fetch_add(1, Ordering::SeqCst);
         }
     });
-    (address, requests)
+    (address, requests, closed)
 }
 
 #[test]
 fn a_connection_the_master_closed_while_idle_is_not_used_for_a_write() {
     let runtime = servers_runtime();
-    let (master_address, requests) = master_closing_after_each_answer();
+    let (master_address, requests, closed) = master_closing_after_each_answer();
     let owner = Arc::new(Mutex::new(master_address));
     let coordinator = Arc::new(Coordinator { owner, maps_served: AtomicUsize::new(0) });
     let (coordinator_address, _) = serve(&runtime, coordinator);
@@ -269,13 +271,17 @@ fn a_connection_the_master_closed_while_idle_is_not_used_for_a_write() {
     // A write sent on a dead connection would fail instead of being sent again.
     config.retry_ambiguous_mutations = false;
     let client = BlockingClient::new(config).unwrap();
-    for _ in 0..3 {
+    for written in 1..=3 {
         assert_eq!(
             client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap(),
             Version(5)
         );
-        // Idle long enough for the client to check the connection before its next use.
-        std::thread::sleep(Duration::from_millis(20));
+        // The master has closed the connection, and the client's is idle long enough to be
+        // checked before its next use.
+        while closed.load(Ordering::SeqCst) < written {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(requests.load(Ordering::SeqCst), 3);
 }
@@ -294,13 +300,13 @@ fn an_operation_ends_at_its_deadline_though_its_request_could_wait_longer() {
     let (coordinator_address, _) = serve(&runtime, coordinator);
     let mut config = ClientConfig::new(coordinator_address);
     config.rpc.request_timeout = Duration::from_secs(60);
-    config.operation_timeout = Duration::from_millis(300);
+    config.operation_timeout = Duration::from_secs(2);
     let client = BlockingClient::new(config).unwrap();
     let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
     assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
-    // The direct attempt waits until the operation's deadline, not the request timeout (or
-    // this test would take a minute), and no attempt follows once that deadline has passed
-    // (the retry loop used to start a deadline of its own).
+    // The direct attempt waits until the operation's deadline (2 s), not the request timeout
+    // (or this test would take a minute), and no attempt follows once that deadline has
+    // passed (the retry loop used to start a deadline of its own).
     let error = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap_err();
     assert_eq!(error.status, Status::Timeout, "{error}");
     assert_eq!(master.requests.load(Ordering::SeqCst), 2, "a request after the deadline");

@@ -28,8 +28,8 @@ use crate::client::{decode_response_frame, RpcConfig, RpcError};
 const INPUT_BYTES_DEFAULT: usize = 64 << 10;
 
 /// How far a socket's timeout may lie above the time a call has left before it is lowered (a
-/// system call): a call overshoots its timeout by at most this, and a call answered within it
-/// changes no timeout at all.
+/// system call): a call overshoots its timeout by at most this (plus the kernel's rounding of
+/// socket timeouts up to its tick), and a call answered within it changes no timeout at all.
 const TIMEOUT_SLACK: Duration = Duration::from_millis(5);
 
 /// How long a connection may sit idle before [`BlockingChannel::is_open`] asks the kernel
@@ -59,14 +59,36 @@ pub struct BlockingChannel {
 
 impl BlockingChannel {
     /// Connects to `address` ("host:port") and performs the version handshake, within the
-    /// connect timeout of `config` per address the name resolves to.
+    /// connect timeout of `config`.
     pub fn connect(address: &str, config: &RpcConfig) -> Result<BlockingChannel, RpcError> {
+        BlockingChannel::connect_within(address, config, config.connect_timeout)
+    }
+
+    /// [`BlockingChannel::connect`] within `timeout` (and the connect timeout of `config`), for
+    /// a caller whose operation has less time left than that.
+    pub fn connect_within(
+        address: &str,
+        config: &RpcConfig,
+        timeout: Duration,
+    ) -> Result<BlockingChannel, RpcError> {
         let connect_error =
             |error: std::io::Error| RpcError::Connect(format!("{address}: {error}"));
+        let started = Instant::now();
+        let deadline = started
+            .checked_add(timeout.min(config.connect_timeout))
+            .unwrap_or(started + Duration::from_secs(1 << 32));
+        let left = || {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                Err(RpcError::Connect(format!("{address}: no connection in time")))
+            } else {
+                Ok(left)
+            }
+        };
         let mut last_error = None;
         let mut connected = None;
         for socket_address in address.to_socket_addrs().map_err(connect_error)? {
-            match TcpStream::connect_timeout(&socket_address, config.connect_timeout) {
+            match TcpStream::connect_timeout(&socket_address, left()?) {
                 Ok(stream) => {
                     connected = Some(stream);
                     break;
@@ -85,7 +107,7 @@ impl BlockingChannel {
             stream.set_read_timeout(Some(timeout))?;
             stream.set_write_timeout(Some(timeout))
         };
-        configure(&stream, config.connect_timeout).map_err(connect_error)?;
+        configure(&stream, left()?).map_err(connect_error)?;
         stream.set_nodelay(true).map_err(connect_error)?;
         let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
         stream.write_all(&hello.encode()).map_err(connect_error)?;
@@ -114,6 +136,10 @@ impl BlockingChannel {
     /// idle, so that a request sent on it would be lost before it reached anyone. Checked only
     /// after [`IDLE_CHECK_AFTER`] of idleness, without waiting.
     pub fn is_open(&self) -> bool {
+        if self.filled != 0 {
+            // Bytes nobody asked for: the stream is out of step.
+            return false;
+        }
         if self.last_used.elapsed() < IDLE_CHECK_AFTER {
             return true;
         }

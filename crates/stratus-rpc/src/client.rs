@@ -513,11 +513,30 @@ impl ChannelPool {
         address: &str,
         request: &Request,
     ) -> Result<(Status, ResponseBody), RpcError> {
+        self.call_within(address, request, self.config.request_timeout).await
+    }
+
+    /// One attempt of `request` against `address` that ends within `timeout` (or the
+    /// configured request timeout, if shorter), connecting included: for a caller whose
+    /// operation has less time left. A connection not made in time fails as not connected
+    /// (nothing was sent).
+    pub async fn call_within(
+        &self,
+        address: &str,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<(Status, ResponseBody), RpcError> {
+        let timeout = timeout.min(self.config.request_timeout);
         if let Some(server) = self.in_process.as_ref().filter(|server| server.address == address) {
-            return server.call(request, self.config.request_timeout).await;
+            return server.call(request, timeout).await;
         }
-        let channel = self.channel(address).await?;
-        channel.call(request, self.config.request_timeout).await
+        // Only the connecting is cut short from outside: a call cancelled halfway would leave
+        // its completion slot behind, so the call keeps its own timeout.
+        let channel = match tokio::time::timeout(timeout, self.channel(address)).await {
+            Ok(channel) => channel?,
+            Err(_) => return Err(RpcError::Connect(format!("no connection to {address} in time"))),
+        };
+        channel.call(request, timeout).await
     }
 
     /// One attempt of `request` against the coordinator at `coordinators`: one address, or

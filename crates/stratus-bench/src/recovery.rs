@@ -723,47 +723,11 @@ async fn measure_cluster(
     }
     let victim_address = tablets[0].owner_address.clone();
     for index in 0..plan.empty_tables {
-        let name = format!("bench-recovery-empty-{index}");
-        let empty = loader
-            .create_table(&name, 1)
-            .await
-            .map_err(|error| format!("creating table {name}: {error}"))?;
-        let owner = loader
-            .tablet_map(empty)
-            .await
-            .map_err(|error| format!("tablet map of {name}: {error}"))?
-            .first()
-            .map(|tablet| tablet.owner);
-        if owner != Some(victim) {
-            loader
-                .migrate_tablet(&name, 0, victim)
-                .await
-                .map_err(|error| format!("moving table {name} to master {victim}: {error}"))?;
-        }
+        create_table_on(&loader, &format!("bench-recovery-empty-{index}"), victim).await?;
     }
-
     let second = match plan.second_table_object_bytes {
         None => None,
-        Some(_) => {
-            let name = "bench-recovery-second";
-            let second = loader
-                .create_table(name, 1)
-                .await
-                .map_err(|error| format!("creating table {name}: {error}"))?;
-            let owner = loader
-                .tablet_map(second)
-                .await
-                .map_err(|error| format!("tablet map of {name}: {error}"))?
-                .first()
-                .map(|tablet| tablet.owner);
-            if owner != Some(victim) {
-                loader
-                    .migrate_tablet(name, 0, victim)
-                    .await
-                    .map_err(|error| format!("moving table {name} to master {victim}: {error}"))?;
-            }
-            Some(second)
-        }
+        Some(_) => Some(create_table_on(&loader, "bench-recovery-second", victim).await?),
     };
     let tables = Tables { first: table, second, first_table_objects: plan.first_table_objects };
 
@@ -834,6 +798,27 @@ async fn measure_cluster(
         objects_expected,
         acknowledged_writes_lost,
     })
+}
+
+/// Creates table `name` of one tablet and moves it onto `master` if it was placed elsewhere.
+async fn create_table_on(client: &Client, name: &str, master: ServerId) -> Result<TableId, String> {
+    let table = client
+        .create_table(name, 1)
+        .await
+        .map_err(|error| format!("creating table {name}: {error}"))?;
+    let owner = client
+        .tablet_map(table)
+        .await
+        .map_err(|error| format!("tablet map of {name}: {error}"))?
+        .first()
+        .map(|tablet| tablet.owner);
+    if owner != Some(master) {
+        client
+            .migrate_tablet(name, 0, master)
+            .await
+            .map_err(|error| format!("moving table {name} to master {master}: {error}"))?;
+    }
+    Ok(table)
 }
 
 /// What happened between the kill and the data being served again.

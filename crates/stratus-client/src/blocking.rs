@@ -10,10 +10,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
-use stratus_rpc::BlockingChannel;
+use stratus_rpc::{deadline_after, BlockingChannel};
 use stratus_types::{key_hash, RejectRules, TableId, Version};
 use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, Request, ResponseBody, ServerEntry, Status,
@@ -25,6 +25,10 @@ use crate::client::{
     ClientConfig,
 };
 use crate::error::{Error, Result};
+
+/// Masters a blocking client keeps an idle direct connection to, at most: a cluster's masters
+/// with room to spare; past it a call opens a connection of its own and closes it after.
+const IDLE_MASTERS_MAX: usize = 1_024;
 
 /// A blocking client. Safe to share between threads: each call takes a connection to its
 /// master out of the client for the time of the call, so concurrent calls never wait for each
@@ -138,9 +142,7 @@ impl BlockingClient {
         request: &Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        let now = Instant::now();
-        let timeout = self.client.inner.config().operation_timeout;
-        let deadline = now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32));
+        let deadline = deadline_after(self.client.inner.config().operation_timeout);
         let failed = match self.direct_attempt(table_id, key, request, deadline) {
             Some(Attempt::Finished(outcome)) => return outcome,
             Some(Attempt::Retry(error)) => Some(error),
@@ -175,17 +177,28 @@ impl BlockingClient {
                 BlockingChannel::connect_within(&address, rpc, left)
             }
         };
-        let sent = connected.and_then(|mut channel| {
-            let timeout =
-                rpc.request_timeout.min(deadline.saturating_duration_since(Instant::now()));
-            let outcome = channel.call(request, timeout);
-            if outcome.is_ok() {
-                // At most one idle connection per master: a concurrent call's extra one closes.
-                self.lock_channels().entry(address.clone()).or_insert(channel);
+        let (sent, reusable) = match connected {
+            Ok(mut channel) => {
+                let timeout =
+                    rpc.request_timeout.min(deadline.saturating_duration_since(Instant::now()));
+                let outcome = channel.call(request, timeout);
+                // After an error the connection's state is unknown: it closes.
+                let reusable = outcome.is_ok().then_some(channel);
+                (outcome, reusable)
             }
-            outcome
-        });
-        Some(inner.judge_attempt(table_id, &address, request, sent))
+            Err(error) => (Err(error), None),
+        };
+        let attempt = inner.judge_attempt(table_id, &address, request, sent);
+        if let Some(channel) = reusable {
+            let mut channels = self.lock_channels();
+            // At most one idle connection per master (a concurrent call's extra one closes),
+            // and connections to at most IDLE_MASTERS_MAX masters: masters that left the
+            // cluster would otherwise keep theirs open for the client's lifetime.
+            if channels.len() < IDLE_MASTERS_MAX || channels.contains_key(&address) {
+                channels.entry(address).or_insert(channel);
+            }
+        }
+        Some(attempt)
     }
 
     fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, BlockingChannel>> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_env::Environment;
-use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
+use stratus_rpc::{deadline_after, Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::{KEY_BYTES_MAX, MULTI_OP_ITEMS_MAX};
 use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
 use stratus_wire::{
@@ -566,7 +566,8 @@ impl Inner {
     /// Sends a request to the coordinator, retrying connection failures and RETRY until the
     /// operation deadline.
     pub(crate) async fn coordinator_call(&self, request: &Request) -> Result<Response> {
-        self.coordinator_call_until(request, Instant::now() + self.config.operation_timeout).await
+        let deadline = Instant::from_std(deadline_after(self.config.operation_timeout));
+        self.coordinator_call_until(request, deadline).await
     }
 
     /// [`Inner::coordinator_call`] within an operation's own deadline (a tablet-map fetch on
@@ -740,11 +741,7 @@ impl Inner {
         request: &Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        let now = Instant::now();
-        // A timeout too long to add is as good as none.
-        let deadline = now
-            .checked_add(self.config.operation_timeout)
-            .unwrap_or(now + Duration::from_secs(1 << 32));
+        let deadline = Instant::from_std(deadline_after(self.config.operation_timeout));
         self.object_call_until(table_id, key, request, deadline, None).await
     }
 
@@ -827,7 +824,7 @@ impl Inner {
                 Err(error) => outcomes[index] = Some(Err(error)),
             }
         }
-        let deadline = Instant::now() + self.config.operation_timeout;
+        let deadline = Instant::from_std(deadline_after(self.config.operation_timeout));
         let mut backoff = Backoff::for_client();
         let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
         // Tables whose map was fetched afresh after it said a tablet is unavailable.

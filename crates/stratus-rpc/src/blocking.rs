@@ -38,6 +38,13 @@ const TIMEOUT_SLACK: Duration = Duration::from_millis(5);
 /// as it would had it gone away just after that call was sent.
 const IDLE_CHECK_AFTER: Duration = Duration::from_millis(1);
 
+/// The instant `timeout` from now; a timeout too long to add (`Duration::MAX`, say) is as good
+/// as none, and gives an instant more than a century away instead of a panic.
+pub fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32))
+}
+
 /// One blocking connection to a server: a request, then its response, then the next request.
 ///
 /// After any error the connection's state is unknown (a response may still arrive for a
@@ -73,10 +80,7 @@ impl BlockingChannel {
     ) -> Result<BlockingChannel, RpcError> {
         let connect_error =
             |error: std::io::Error| RpcError::Connect(format!("{address}: {error}"));
-        let started = Instant::now();
-        let deadline = started
-            .checked_add(timeout.min(config.connect_timeout))
-            .unwrap_or(started + Duration::from_secs(1 << 32));
+        let deadline = deadline_after(timeout.min(config.connect_timeout));
         let left = || {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -165,9 +169,7 @@ impl BlockingChannel {
         request: &Request,
         timeout: Duration,
     ) -> Result<(Status, ResponseBody), RpcError> {
-        let now = Instant::now();
-        // A timeout too long to add is as good as none.
-        let deadline = now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32));
+        let deadline = deadline_after(timeout);
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         self.output.clear();
@@ -276,4 +278,17 @@ impl BlockingChannel {
 /// signal interrupted it (the caller checks the deadline and tries again).
 fn is_wait_over(error: &std::io::Error) -> bool {
     matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_too_far_to_add_saturates_instead_of_panicking() {
+        let far = deadline_after(Duration::MAX);
+        assert!(far > Instant::now() + Duration::from_secs(100 * 365 * 86_400));
+        let near = deadline_after(Duration::from_millis(5));
+        assert!(near <= Instant::now() + Duration::from_millis(5));
+    }
 }

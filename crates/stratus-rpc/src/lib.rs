@@ -19,6 +19,6 @@ pub mod client;
 pub mod server;
 
 pub use backoff::Backoff;
-pub use blocking::BlockingChannel;
+pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
 pub use server::{serve, Handled, Service};

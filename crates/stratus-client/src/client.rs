@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_env::Environment;
-use stratus_rpc::{deadline_after, Backoff, ChannelPool, RpcConfig, RpcError};
+use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::{KEY_BYTES_MAX, MULTI_OP_ITEMS_MAX};
 use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
 use stratus_wire::{
@@ -91,6 +91,14 @@ pub(crate) fn unavailable_error(tablet: &TabletEntry) -> Error {
             tablet.range.start, tablet.range.end, tablet.table_id, tablet.owner, tablet.owner
         ),
     )
+}
+
+/// The deadline of an operation that starts now, on tokio's clock (not `std`'s, as
+/// `stratus_rpc::deadline_after` is: the deterministic simulation runs the async client on a
+/// paused, virtual clock). A timeout too long to add is as good as none.
+fn operation_deadline(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32))
 }
 
 /// Statuses after which the same request may succeed if sent again after refreshing the tablet
@@ -566,7 +574,7 @@ impl Inner {
     /// Sends a request to the coordinator, retrying connection failures and RETRY until the
     /// operation deadline.
     pub(crate) async fn coordinator_call(&self, request: &Request) -> Result<Response> {
-        let deadline = Instant::from_std(deadline_after(self.config.operation_timeout));
+        let deadline = operation_deadline(self.config.operation_timeout);
         self.coordinator_call_until(request, deadline).await
     }
 
@@ -741,7 +749,7 @@ impl Inner {
         request: &Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        let deadline = Instant::from_std(deadline_after(self.config.operation_timeout));
+        let deadline = operation_deadline(self.config.operation_timeout);
         self.object_call_until(table_id, key, request, deadline, None).await
     }
 
@@ -824,7 +832,7 @@ impl Inner {
                 Err(error) => outcomes[index] = Some(Err(error)),
             }
         }
-        let deadline = Instant::from_std(deadline_after(self.config.operation_timeout));
+        let deadline = operation_deadline(self.config.operation_timeout);
         let mut backoff = Backoff::for_client();
         let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
         // Tables whose map was fetched afresh after it said a tablet is unavailable.

@@ -343,8 +343,8 @@ fn chromium() -> PathBuf {
         }
     }
     panic!(
-        "the status page test needs a headless browser: install chromium \
-         (`apt-get install chromium`, as .ci/run does) or set STRATUS_CHROMIUM"
+        "the status page test needs a headless browser, `chromium`, which is not on PATH: run \
+         the tests with scripts/test (README.md), which installs it, or set STRATUS_CHROMIUM"
     );
 }
 

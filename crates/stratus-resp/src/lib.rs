@@ -65,7 +65,7 @@ mod server;
 pub mod value;
 
 pub use gateway::{Gateway, GatewayConfig, Session};
-pub use request::{ProtocolError, RequestLimits, RequestParser};
+pub use request::{Parsed, ProtocolError, RequestLimits, RequestParser};
 pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};
 pub use value::{parse_value, ParseError, Protocol, Value};
 

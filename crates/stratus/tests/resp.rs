@@ -401,22 +401,28 @@ fn resp_gateway_serves_redis_commands_over_raw_tcp() {
     broken.send_raw(b"*1\r\n:5\r\n");
     assert_eq!(broken.reply(), error("ERR Protocol error: expected '$', got ':'"));
     assert!(broken.closed());
+    // Past what Redis itself would take (512 MiB), an argument ends the connection...
     let mut too_large = Connection::open(&setup.address);
     too_large.send_raw(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$999999999\r\n");
-    assert_error_starts(&too_large.reply(), "ERR Protocol error: argument of 999999999 bytes");
+    assert_eq!(too_large.reply(), error("ERR Protocol error: invalid bulk length"));
     assert!(too_large.closed());
+    // ... but one over the cluster's value limit (128 KiB here) is read, refused with the
+    // limit named, and the connection goes on.
+    let mut over_limit = Connection::open(&setup.address);
+    let big = vec![b'z'; 200 << 10];
+    assert_error_starts(
+        &over_limit.call(&[b"SET", b"big", &big]),
+        "ERR argument of 204800 bytes is longer than the limit of 131072 bytes",
+    );
+    assert_eq!(over_limit.call(&[b"GET", b"s"]), bulk(b"6"));
     let mut fresh = Connection::open(&setup.address);
     assert_eq!(fresh.call(&[b"GET", b"s"]), bulk(b"6"));
 }
 
-/// `redis-cli` against the gateway. Skipped (with a notice) when redis-cli is not installed;
-/// the Debian/Ubuntu package is `redis-tools`.
+/// `redis-cli` against the gateway (the Debian package `redis-tools`).
 #[test]
 fn redis_cli_talks_to_the_gateway() {
-    if Command::new("redis-cli").arg("--version").output().is_err() {
-        eprintln!("NOTICE: redis-cli not found (apt-get install redis-tools); skipping");
-        return;
-    }
+    common::require_installed("redis-cli");
     let setup = start();
     let port = setup.address.rsplit(':').next().unwrap().to_string();
     let cli = |arguments: &[&str]| -> String {
@@ -454,6 +460,25 @@ fn redis_cli_talks_to_the_gateway() {
     child.stdin.take().unwrap().write_all(b"SET k v\nGET k\nDBSIZE\n").unwrap();
     let output = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout), "OK\nv\n1\n");
+    // A value over the cluster's limit from stdin: redis-cli sends all of it and must see the
+    // error, not a connection closed under it (it would print nothing and die of SIGPIPE).
+    let mut child = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port, "-x", "SET", "big"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run redis-cli");
+    let mut input = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || input.write_all(&vec![b'v'; 2 << 20]));
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap().expect("redis-cli read all of its input");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains("longer than the limit of 131072 bytes"),
+        "redis-cli -x SET with 2 MiB: {output:?}"
+    );
+    assert_eq!(cli(&["EXISTS", "big"]), "0");
 }
 
 /// Every storage server speaks RESP itself (`stratus server --resp-listen`): through either
@@ -568,12 +593,8 @@ impl Drop for RedisServer {
 /// same commands go to a redis-server and to the gateway, and every reply must match.
 #[test]
 fn hashes_answer_what_redis_answers() {
-    let required = std::env::var_os("STRATUS_REQUIRE_PEERS").is_some();
-    let Some(redis) = RedisServer::start() else {
-        assert!(!required, "STRATUS_REQUIRE_PEERS is set but redis-server does not start");
-        eprintln!("NOTICE: redis-server not found (scripts/install-peers); skipping");
-        return;
-    };
+    common::require_installed("redis-server");
+    let redis = RedisServer::start().expect("redis-server starts");
     let setup = start();
     let mut stratus = Connection::open(&setup.address);
     let mut reference = Connection::open(&redis.address);

@@ -250,7 +250,9 @@ fn check_metadata_kind(dir: &Path, on_etcd: bool) -> Result<(), String> {
 fn start_etcd(dir: &Path, logs: &Path) -> Result<LocalEtcd, String> {
     let (_, data) = metadata_directories(dir);
     let parent = std::process::id();
-    LocalEtcd::start_with(&data, &logs.join("etcd.log"), |command| {
+    let log = logs.join("etcd.log");
+    keep_as_previous(&log, &logs.join("etcd.previous.log"))?;
+    LocalEtcd::start_with(&data, &log, |command| {
         use std::os::unix::process::CommandExt;
         // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2)
         // and getppid(2), which are async-signal-safe; it allocates nothing (its errors are
@@ -306,6 +308,7 @@ impl Children {
         has_standbys: bool,
     ) -> Result<(), String> {
         let log_path = logs.join(format!("{name}.log"));
+        keep_as_previous(&log_path, &logs.join(format!("{name}.previous.log")))?;
         let log = std::fs::File::create(&log_path)
             .map_err(|error| format!("{}: {error}", log_path.display()))?;
         let error_log = log.try_clone().map_err(|error| error.to_string())?;
@@ -402,6 +405,16 @@ impl Children {
         }
         // Every child is reaped now; forget their pids so no signal can reach a recycled one.
         self.processes.clear();
+    }
+}
+
+/// Moves the log of the previous run, if there is one, to `previous` (replacing the one before
+/// it): each run's log starts empty, and the last run's stays readable after a restart.
+fn keep_as_previous(log: &Path, previous: &Path) -> Result<(), String> {
+    match std::fs::rename(log, previous) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(format!("{} -> {}: {error}", log.display(), previous.display())),
     }
 }
 

@@ -109,7 +109,8 @@ fn is_stale_map(status: Status) -> bool {
 
 pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() || key.len() > KEY_BYTES_MAX {
-        return Err(Error::new(Status::InvalidKey, format!("key of {} bytes", key.len())));
+        let message = format!("a key is 1 to {KEY_BYTES_MAX} bytes, this one is {}", key.len());
+        return Err(Error::new(Status::InvalidKey, message));
     }
     Ok(())
 }

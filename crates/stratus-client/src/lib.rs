@@ -31,6 +31,6 @@ pub use error::{Error, Result};
 pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
 pub use stratus_types::{RejectRules, TableId, Version};
 pub use stratus_wire::{
-    EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, Status, TableEntry,
-    TabletEntry, WriteItem,
+    EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, ServerStatus, Status,
+    TableEntry, TabletEntry, WriteItem,
 };

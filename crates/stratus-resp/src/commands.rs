@@ -6,7 +6,9 @@
 //! then changed nothing, and the second recreates the table.
 
 use bytes::{Bytes, BytesMut};
-use stratus_client::{Error, KeyItem, RejectRules, Status, TableId, Version, WriteItem};
+use stratus_client::{
+    Error, KeyItem, RejectRules, ServerOverview, ServerStatus, Status, TableId, Version, WriteItem,
+};
 use stratus_types::limits::KEY_BYTES_MAX;
 
 use crate::gateway::{Gateway, OpenScan, Session};
@@ -96,13 +98,14 @@ pub(crate) enum Change {
     Remove,
 }
 
-/// A client error as a reply: `ERR stratus: <status> (<details>)`.
+/// How long INFO's `stratus` section waits for one server's figures: a server that takes
+/// longer is counted unreachable rather than holding the reply.
+const INFO_SERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A client error as a reply: `ERR stratus: <status>: <details>`, the words every Stratus
+/// tool uses for it (the error's `Display`).
 fn client_error_reply(error: &Error) -> Value {
-    let mut text = format!("ERR stratus: {}", error.status.description());
-    if !error.message.is_empty() {
-        text.push_str(&format!(" ({})", error.message));
-    }
-    Value::Error(text)
+    Value::Error(format!("ERR stratus: {error}"))
 }
 
 /// A command's name, arity (Redis's convention: n means exactly n arguments including the
@@ -511,16 +514,26 @@ impl Gateway {
             );
         }
         if include("stratus") {
-            // The cluster's own figures: every master's statistics, summed.
-            let servers = self.client.server_list().await?;
-            let tables = self.client.list_tables().await?;
+            // The cluster's own figures: every live master's statistics, summed. Servers
+            // that crashed or were removed are counted apart, not as unreachable masters.
+            let overview = self.client.cluster_overview(INFO_SERVER_PATIENCE).await?;
+            let up = |server: &&ServerOverview| server.entry.status == ServerStatus::Up;
+            let servers_up = overview.servers.iter().filter(up).count();
+            let servers_down = overview
+                .servers
+                .iter()
+                .filter(|server| server.entry.status == ServerStatus::Crashed);
             let (mut masters, mut unreachable) = (0u64, 0u64);
             let (mut objects, mut live, mut allocated, mut total, mut requests) =
                 (0u64, 0u64, 0u64, 0u64, 0u64);
-            // A server that is down answers nothing and counts as unreachable.
-            for server in servers.iter().filter(|server| server.services.has_master()) {
-                match self.client.server_statistics(&server.address).await {
-                    Ok(statistics) => {
+            let live_masters = overview
+                .servers
+                .iter()
+                .filter(up)
+                .filter(|server| server.entry.services.has_master());
+            for server in live_masters {
+                match &server.statistics {
+                    Some(statistics) => {
                         masters += 1;
                         objects += statistics.objects_live;
                         live += statistics.log_bytes_live;
@@ -528,14 +541,14 @@ impl Gateway {
                         total += statistics.log_bytes_total;
                         requests += statistics.requests_served;
                     }
-                    Err(_) => unreachable += 1,
+                    None => unreachable += 1,
                 }
             }
             let _ = write!(
                 text,
-                "# Stratus\r\nstratus_servers:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n",
-                servers.len(),
-                tables.len()
+                "# Stratus\r\nstratus_servers:{servers_up}\r\nstratus_servers_crashed:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n",
+                servers_down.count(),
+                overview.tables.len()
             );
             // Where this front end runs: in a storage server (whose master's keys cost no
             // hop) or in a gateway process.

@@ -7,7 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use stratus_client::{Client, ClientConfig, Error as ClientError, RejectRules, TableId};
-use stratus_types::HashRange;
 
 /// Default coordinator address of a local cluster.
 pub const DEFAULT_COORDINATOR: &str = "127.0.0.1:7400";
@@ -53,8 +52,8 @@ pub enum Command {
     /// Print every object of a table, one "key<TAB>value" line each (non-printable bytes
     /// escaped).
     Scan(TableArgument),
-    /// Show servers, tablets and memory use.
-    Status,
+    /// Show servers, backups, tables and tablets, and memory use, as tables (or as JSON).
+    Status(StatusArguments),
     /// Operator decisions about crash recovery.
     #[command(subcommand)]
     Recovery(RecoveryCommand),
@@ -197,8 +196,20 @@ pub struct GetArguments {
     #[arg(long)]
     pub raw: bool,
     /// Write the exact value bytes to this file instead of stdout.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "int")]
     pub output: Option<PathBuf>,
+    /// Print the value as the signed integer `incr` keeps (8 bytes, little-endian), in
+    /// decimal; a value of any other length is an error.
+    #[arg(long, conflicts_with = "raw")]
+    pub int: bool,
+}
+
+/// `stratus status`.
+#[derive(Debug, Args)]
+pub struct StatusArguments {
+    /// Print one JSON document with every figure the servers report, for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `stratus incr`.
@@ -258,7 +269,7 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
             config.operation_timeout = Duration::from_millis(arguments.timeout_ms);
             runtime.block_on(async move {
                 let client = Client::new(config);
-                run_client_command(&client, command).await.map_err(|error| describe(&error))
+                run_client_command(&client, command).await.map_err(|error| error.to_string())
             })
         }
     }
@@ -305,11 +316,32 @@ fn run_resp(resp: RespArguments, coordinator: &str, timeout_ms: u64) -> Result<(
     })
 }
 
-fn describe(error: &ClientError) -> String {
-    if error.message.is_empty() {
-        error.status.description().to_string()
-    } else {
-        format!("{} ({})", error.status.description(), error.message)
+/// Why a client command failed: the cluster's answer, or a local file (or stdin, stdout) that
+/// could not be used. Printed as the one line before a non-zero exit.
+#[derive(Debug)]
+enum CommandError {
+    Cluster(ClientError),
+    Local {
+        what: String,
+        error: std::io::Error,
+    },
+    /// The value is not what the command was asked to print it as.
+    Value(String),
+}
+
+impl From<ClientError> for CommandError {
+    fn from(error: ClientError) -> CommandError {
+        CommandError::Cluster(error)
+    }
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommandError::Cluster(error) => write!(f, "{error}"),
+            CommandError::Local { what, error } => write!(f, "{what}: {error}"),
+            CommandError::Value(message) => f.write_str(message),
+        }
     }
 }
 
@@ -317,7 +349,7 @@ async fn table_id(client: &Client, name: &str) -> Result<TableId, ClientError> {
     client.get_table_id(name).await
 }
 
-async fn run_client_command(client: &Client, command: Command) -> Result<(), ClientError> {
+async fn run_client_command(client: &Client, command: Command) -> Result<(), CommandError> {
     let mut stdout = std::io::stdout().lock();
     match command {
         Command::Table(TableCommand::Create { name, span }) => {
@@ -355,9 +387,7 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             }
         }
         Command::Put(put) => {
-            let value = read_value(&put).map_err(|message| {
-                ClientError::new(stratus_client::Status::InvalidParameter, message)
-            })?;
+            let value = read_value(&put)?;
             let table = table_id(client, &put.table).await?;
             let version =
                 client.write_with(table, put.key.as_bytes(), value, RejectRules::NONE).await?;
@@ -367,12 +397,12 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             let table = table_id(client, &get.table).await?;
             let (value, _version) = client.read(table, get.key.as_bytes()).await?;
             if let Some(path) = get.output {
-                std::fs::write(&path, &value).map_err(|error| {
-                    ClientError::new(
-                        stratus_client::Status::InternalError,
-                        format!("{}: {error}", path.display()),
-                    )
+                std::fs::write(&path, &value).map_err(|error| CommandError::Local {
+                    what: format!("cannot write {}", path.display()),
+                    error,
                 })?;
+            } else if get.int {
+                let _ = writeln!(stdout, "{}", integer_value(&value)?);
             } else {
                 let _ = stdout.write_all(&value);
                 if !get.raw {
@@ -405,7 +435,22 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
                 }
             }
         }
-        Command::Status => print_status(client, &mut stdout).await?,
+        Command::Status(arguments) => {
+            let status = crate::status::ClusterStatus::gather(client).await?;
+            let printed = if arguments.json {
+                writeln!(stdout, "{:#}", status.to_json())
+            } else {
+                status.print_text(&mut stdout)
+            };
+            match printed {
+                // A reader that stopped early (`| head`) wanted no more: not a failure.
+                Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
+                printed => printed.map_err(|error| CommandError::Local {
+                    what: "cannot write stdout".to_string(),
+                    error,
+                })?,
+            }
+        }
         Command::Up(_)
         | Command::Coordinator(_)
         | Command::Server(_)
@@ -418,124 +463,35 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
     Ok(())
 }
 
-fn read_value(put: &PutArguments) -> Result<Bytes, String> {
+fn read_value(put: &PutArguments) -> Result<Bytes, CommandError> {
     if let Some(path) = &put.file {
-        return std::fs::read(path)
-            .map(Bytes::from)
-            .map_err(|error| format!("{}: {error}", path.display()));
+        return std::fs::read(path).map(Bytes::from).map_err(|error| CommandError::Local {
+            what: format!("cannot read {}", path.display()),
+            error,
+        });
     }
     match put.value.as_deref() {
         Some("-") | None => {
             let mut value = Vec::new();
-            std::io::stdin().read_to_end(&mut value).map_err(|error| format!("stdin: {error}"))?;
+            std::io::stdin().read_to_end(&mut value).map_err(|error| CommandError::Local {
+                what: "cannot read stdin".to_string(),
+                error,
+            })?;
             Ok(Bytes::from(value))
         }
         Some(text) => Ok(Bytes::copy_from_slice(text.as_bytes())),
     }
 }
 
-async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), ClientError> {
-    let servers = client.server_list().await?;
-    let tablets = client.tablet_map(TableId(0)).await?;
-    let _ = writeln!(out, "servers:");
-    for server in &servers {
-        let _ = write!(
-            out,
-            "  id={} address={} status={:?}",
-            server.server_id, server.address, server.status
-        );
-        let unavailable = tablets.iter().any(|tablet| {
-            tablet.owner == server.server_id
-                && tablet.state == stratus_types::TabletState::Unavailable
-        });
-        if unavailable {
-            let _ = write!(
-                out,
-                " RECOVERY IMPOSSIBLE: no complete copy of its log exists, its tablets are \
-                 unavailable; `stratus recovery accept-loss {}` hands them over empty",
-                server.server_id
-            );
-        }
-        if server.status == stratus_wire::ServerStatus::Up && server.services.has_master() {
-            match client.server_statistics(&server.address).await {
-                Ok(statistics) => {
-                    let utilization = if statistics.log_bytes_allocated == 0 {
-                        0.0
-                    } else {
-                        100.0 * statistics.log_bytes_live as f64
-                            / statistics.log_bytes_allocated as f64
-                    };
-                    let _ = write!(
-                        out,
-                        " objects={} tablets={} log_live={}B log_allocated={}B log_total={}B utilization={utilization:.1}% seglets_free={}/{} segments={} requests={} replicas={} replicated={}B cleaner_replicated={}B segments_cleaned={} cleaner_relocated={}B compactions={} compacted={}B",
-                        statistics.objects_live,
-                        statistics.tablets_owned,
-                        statistics.log_bytes_live,
-                        statistics.log_bytes_allocated,
-                        statistics.log_bytes_total,
-                        statistics.seglets_free,
-                        statistics.seglets_total,
-                        statistics.segments_in_log,
-                        statistics.requests_served,
-                        statistics.replicas,
-                        statistics.bytes_replicated,
-                        statistics.cleaner_bytes_replicated,
-                        statistics.segments_cleaned,
-                        statistics.cleaner_bytes_relocated,
-                        statistics.compactions,
-                        statistics.bytes_compacted,
-                    );
-                }
-                Err(error) => {
-                    let _ = write!(out, " unreachable ({})", describe(&error));
-                }
-            }
-        }
-        if server.status == stratus_wire::ServerStatus::Up && server.services.has_backup() {
-            match client.backup_statistics(&server.address).await {
-                Ok(backup) => {
-                    let durability = match backup.durability {
-                        stratus_wire::BackupDurability::Buffered => "buffered",
-                        stratus_wire::BackupDurability::Fsync => "fsync",
-                    };
-                    let _ = write!(
-                        out,
-                        " backup: durability={durability} replicas={} open={} buffers={}/{} frames_free={}/{} disk_syncs={} disk_writes={} disk_bytes={}B",
-                        backup.replicas,
-                        backup.replicas_open,
-                        backup.buffers_in_use,
-                        backup.buffer_count,
-                        backup.frames_free,
-                        backup.frame_count,
-                        backup.disk_syncs,
-                        backup.disk_write_jobs,
-                        backup.disk_data_bytes_written,
-                    );
-                    if let Some(reason) = backup.storage_failure {
-                        let _ = write!(out, " STORAGE FAILED ({reason})");
-                    }
-                }
-                Err(error) => {
-                    let _ = write!(out, " backup unreachable ({})", describe(&error));
-                }
-            }
-        }
-        let _ = writeln!(out);
-    }
-    let _ = writeln!(out, "tables:");
-    let tables = client.list_tables().await?;
-    for table in tables {
-        let _ = writeln!(out, "  {} id={}", table.name, table.table_id);
-        for tablet in tablets.iter().filter(|tablet| tablet.table_id == table.table_id) {
-            let HashRange { start, end } = tablet.range;
-            let _ = writeln!(
-                out,
-                "    tablet [{start:#018x}, {end:#018x}] owner={} ({}) state={:?}",
-                tablet.owner, tablet.owner_address, tablet.state
-            );
-        }
-    }
-    Ok(())
+/// A value as the integer `incr` keeps: 8 bytes, little-endian, signed.
+fn integer_value(value: &[u8]) -> Result<i64, CommandError> {
+    let bytes: [u8; 8] = value.try_into().map_err(|_| {
+        CommandError::Value(format!(
+            "the value is {} bytes, not an integer of 8 (as `incr` keeps them)",
+            value.len()
+        ))
+    })?;
+    Ok(i64::from_le_bytes(bytes))
 }
 
 #[cfg(test)]

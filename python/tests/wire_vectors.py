@@ -8,12 +8,12 @@ repository is present, so a change to the protocol cannot leave this client behi
 VECTORS = {
     "hello": """
 53 54 52 41   # magic "STRA"
-01 00         # version 1
+02 00         # version 2
 00 00         # status OK
 """,
     "hello-version-mismatch": """
 53 54 52 41   # magic "STRA"
-01 00         # the server's version, 1
+02 00         # the server's version, 2
 10 00         # status 16 PROTOCOL_VERSION_MISMATCH
 """,
     "ping-request": """

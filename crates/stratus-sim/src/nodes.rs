@@ -328,7 +328,11 @@ async fn enlist(
     services: ServiceMask,
 ) -> Option<ServerId> {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
-    let request = Request::EnlistServer { address: address.to_string(), services };
+    let request = Request::EnlistServer {
+        address: address.to_string(),
+        services,
+        previous_server_id: ServerId(0),
+    };
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {
         match pool.call(COORDINATOR_ADDRESS, &request).await {

@@ -258,9 +258,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         | Request::ListTables
         | Request::GetServerStatistics
         | Request::BackupGetStatistics => {}
-        Request::EnlistServer { address, services } => {
+        Request::EnlistServer { address, services, previous_server_id } => {
             put_string(out, address);
             put_u32(out, services.0);
+            put_u64(out, previous_server_id.0);
         }
         Request::CreateTable { name, server_span } => {
             put_string(out, name);
@@ -388,6 +389,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         }
         Request::RenewLease { server_id }
         | Request::HintServerCrashed { server_id }
+        | Request::ServerStopping { server_id }
         | Request::RecoveryAcceptLoss { server_id } => put_u64(out, server_id.0),
         Request::SetLogHead { server_id, segment_id, epoch } => {
             put_u64(out, server_id.0);
@@ -458,6 +460,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::BackupFenceMaster
         | Response::SetLogHead
         | Response::HintServerCrashed
+        | Response::ServerStopping
         | Response::RecoveryAcceptLoss
         | Response::SplitTablet
         | Response::MigrateTablet => {}
@@ -966,6 +969,7 @@ impl Reader {
             0 => Ok(ServerStatus::Up),
             1 => Ok(ServerStatus::Crashed),
             2 => Ok(ServerStatus::Removed),
+            3 => Ok(ServerStatus::Stopped),
             _ => Err(DecodeError::InvalidField("server status")),
         }
     }
@@ -1035,6 +1039,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::EnlistServer => Request::EnlistServer {
             address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
             services: reader.services()?,
+            previous_server_id: reader.server_id()?,
         },
         Opcode::GetServerList => Request::GetServerList,
         Opcode::CreateTable => Request::CreateTable {
@@ -1176,6 +1181,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
         Opcode::HintServerCrashed => Request::HintServerCrashed { server_id: reader.server_id()? },
+        Opcode::ServerStopping => Request::ServerStopping { server_id: reader.server_id()? },
         Opcode::RecoveryAcceptLoss => {
             Request::RecoveryAcceptLoss { server_id: reader.server_id()? }
         }
@@ -1336,6 +1342,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
         Opcode::SetLogHead => Response::SetLogHead,
         Opcode::HintServerCrashed => Response::HintServerCrashed,
+        Opcode::ServerStopping => Response::ServerStopping,
         Opcode::RecoveryAcceptLoss => Response::RecoveryAcceptLoss,
         Opcode::SplitTablet => Response::SplitTablet,
         Opcode::MigrateTablet => Response::MigrateTablet,

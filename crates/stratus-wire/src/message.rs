@@ -43,6 +43,9 @@ pub enum Opcode {
     SplitTablet = 21,
     /// Coordinator: move a tablet to another master while clients keep running.
     MigrateTablet = 22,
+    /// Coordinator (from a server): the server is stopping in order and serves nothing from
+    /// now on; its tablets are recovered from its replicas as a crashed server's are.
+    ServerStopping = 23,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -102,7 +105,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 39] = [
+    pub const ALL: [Opcode; 40] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -117,6 +120,7 @@ impl Opcode {
         Opcode::RecoveryAcceptLoss,
         Opcode::SplitTablet,
         Opcode::MigrateTablet,
+        Opcode::ServerStopping,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -193,8 +197,19 @@ pub enum ServerStatus {
     Up = 0,
     /// Declared crashed; its tablets are being recovered.
     Crashed = 1,
-    /// Removed from the cluster for good.
+    /// Recovered (or never owned a tablet): nothing of it is needed any more.
     Removed = 2,
+    /// Stopped in order (it said so, SERVER_STOPPING); its tablets are being recovered, as a
+    /// crashed server's are.
+    Stopped = 3,
+}
+
+impl ServerStatus {
+    /// Gone, crashed or stopped, and not recovered yet: its tablets are being recovered from
+    /// its replicas.
+    pub fn awaits_recovery(self) -> bool {
+        matches!(self, ServerStatus::Crashed | ServerStatus::Stopped)
+    }
 }
 
 /// One entry of the server list.
@@ -494,6 +509,9 @@ pub enum Request {
         address: String,
         /// Services it runs.
         services: ServiceMask,
+        /// The id the server had before it restarted (kept in its data directory), whose
+        /// index it takes again; `ServerId(0)` for a server new to the cluster.
+        previous_server_id: ServerId,
     },
     /// GET_SERVER_LIST.
     GetServerList,
@@ -784,6 +802,11 @@ pub enum Request {
         /// The suspect.
         server_id: ServerId,
     },
+    /// SERVER_STOPPING.
+    ServerStopping {
+        /// The server that stops.
+        server_id: ServerId,
+    },
     /// RECOVERY_ACCEPT_LOSS: an operator accepts that the data of crashed master `server_id`
     /// is lost; its tablets are handed over empty.
     RecoveryAcceptLoss {
@@ -934,6 +957,8 @@ pub enum Response {
     /// SET_LOG_HEAD: recorded durably.
     SetLogHead,
     /// HINT_SERVER_CRASHED: noted (the suspect is checked, or already was).
+    /// SERVER_STOPPING.
+    ServerStopping,
     HintServerCrashed,
     /// RECOVERY_ACCEPT_LOSS: the loss is accepted; the tablets are handed over empty.
     RecoveryAcceptLoss,
@@ -1054,6 +1079,7 @@ impl Request {
             Request::RenewLease { .. } => Opcode::RenewLease,
             Request::SetLogHead { .. } => Opcode::SetLogHead,
             Request::HintServerCrashed { .. } => Opcode::HintServerCrashed,
+            Request::ServerStopping { .. } => Opcode::ServerStopping,
             Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
             Request::SplitTablet { .. } => Opcode::SplitTablet,
             Request::MigrateTablet { .. } => Opcode::MigrateTablet,
@@ -1100,6 +1126,7 @@ impl Response {
             Response::RenewLease { .. } => Opcode::RenewLease,
             Response::SetLogHead => Opcode::SetLogHead,
             Response::HintServerCrashed => Opcode::HintServerCrashed,
+            Response::ServerStopping => Opcode::ServerStopping,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::SplitTablet => Opcode::SplitTablet,
             Response::MigrateTablet => Opcode::MigrateTablet,

@@ -32,9 +32,9 @@ fn expected(name: &str) -> Expected {
         body: ResponseBody::Operation(response),
     };
     match name {
-        "hello" => Expected::Hello(Hello { version: 1, status: Status::Ok }),
+        "hello" => Expected::Hello(Hello { version: 2, status: Status::Ok }),
         "hello-version-mismatch" => {
-            Expected::Hello(Hello { version: 1, status: Status::ProtocolVersionMismatch })
+            Expected::Hello(Hello { version: 2, status: Status::ProtocolVersionMismatch })
         }
         "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
         "ping-response" => ok(1, Response::Ping),

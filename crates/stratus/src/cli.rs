@@ -117,16 +117,18 @@ pub enum TableCommand {
         #[arg(value_parser = parse_key_hash)]
         split_hash: u64,
     },
-    /// Move the tablet that starts at START_HASH to the master SERVER_ID (ids as `stratus
-    /// status` shows them) while clients keep running; split first to move part of a tablet.
+    /// Move the tablet that starts at START_HASH to the master SERVER (as `stratus status`
+    /// shows it) while clients keep running; split first to move part of a tablet.
     Migrate {
         /// Table name.
         name: String,
         /// First key hash of the tablet: decimal, or hexadecimal with 0x.
         #[arg(value_parser = parse_key_hash)]
         start_hash: u64,
-        /// The master that is to serve it.
-        server_id: u64,
+        /// The master that is to serve it: its index (`2`, the server at that place now,
+        /// restarts included) or its full id (`2.1`).
+        #[arg(value_parser = parse_server_name)]
+        server: ServerName,
     },
 }
 
@@ -143,6 +145,46 @@ pub fn parse_key_hash(text: &str) -> Result<u64, String> {
     })
 }
 
+/// A server as an operator names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerName {
+    /// `2`: whichever server holds that index (its place in the cluster, kept across
+    /// restarts on the same data directory).
+    Index(u32),
+    /// `2.1`: exactly that id (index and generation).
+    Id(stratus_types::ServerId),
+}
+
+/// A server given as its index (`2`) or its full id (`2.1`).
+pub fn parse_server_name(text: &str) -> Result<ServerName, String> {
+    let id = stratus_types::ServerId::parse(text.trim()).ok_or_else(|| {
+        format!("{text:?} is not a server: give its index (2) or its id (2.1), as `stratus status` shows them")
+    })?;
+    Ok(if text.contains('.') { ServerName::Id(id) } else { ServerName::Index(id.index()) })
+}
+
+/// The id `name` stands for now: an index names the newest server at that index for which
+/// `fits` holds (`what` says what was looked for, for the error).
+async fn resolve_server(
+    client: &Client,
+    name: ServerName,
+    fits: impl Fn(&stratus_client::ServerEntry) -> bool,
+    what: &str,
+) -> Result<stratus_types::ServerId, CommandError> {
+    let index = match name {
+        ServerName::Id(id) => return Ok(id),
+        ServerName::Index(index) => index,
+    };
+    let servers = client.server_list().await?;
+    let newest = servers
+        .iter()
+        .filter(|server| server.server_id.index() == index && fits(server))
+        .max_by_key(|server| server.server_id.generation());
+    newest.map(|server| server.server_id).ok_or_else(|| {
+        CommandError::Value(format!("no {what} has index {index} (see `stratus status`)"))
+    })
+}
+
 /// `stratus recovery ...`
 #[derive(Debug, Subcommand)]
 pub enum RecoveryCommand {
@@ -150,8 +192,10 @@ pub enum RecoveryCommand {
     /// replicas, or no backup holds its log; `stratus status` says so), and its tablets are
     /// handed to other masters empty. Every object it held is gone for good.
     AcceptLoss {
-        /// The crashed master's server id (as `stratus status` shows it).
-        server_id: u64,
+        /// The crashed master (as `stratus status` shows it): its full id (`2.1`), or its
+        /// index (`2`) for the newest crashed server at that place.
+        #[arg(value_parser = parse_server_name)]
+        server: ServerName,
     },
 }
 
@@ -360,8 +404,12 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
             client.drop_table(&name).await?;
             let _ = writeln!(stdout, "dropped {name}");
         }
-        Command::Recovery(RecoveryCommand::AcceptLoss { server_id }) => {
-            client.recovery_accept_loss(stratus_types::ServerId(server_id)).await?;
+        Command::Recovery(RecoveryCommand::AcceptLoss { server }) => {
+            let awaits_recovery =
+                |server: &stratus_client::ServerEntry| server.status.awaits_recovery();
+            let server_id =
+                resolve_server(client, server, awaits_recovery, "crashed server").await?;
+            client.recovery_accept_loss(server_id).await?;
             let _ = writeln!(
                 stdout,
                 "loss accepted: the tablets of server {server_id} are handed over empty"
@@ -371,11 +419,14 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
             client.split_tablet(&name, split_hash).await?;
             let _ = writeln!(stdout, "split {name} at {split_hash:#018x}");
         }
-        Command::Table(TableCommand::Migrate { name, start_hash, server_id }) => {
-            let target = stratus_types::ServerId(server_id);
+        Command::Table(TableCommand::Migrate { name, start_hash, server }) => {
+            let serving = |server: &stratus_client::ServerEntry| {
+                server.status == stratus_client::ServerStatus::Up && server.services.has_master()
+            };
+            let target = resolve_server(client, server, serving, "master that is up").await?;
             client.migrate_tablet(&name, start_hash, target).await?;
             let _ =
-                writeln!(stdout, "migrated {name} tablet {start_hash:#018x} to server {server_id}");
+                writeln!(stdout, "migrated {name} tablet {start_hash:#018x} to server {target}");
         }
         Command::Table(TableCommand::List) => {
             for table in client.list_tables().await? {
@@ -507,6 +558,18 @@ mod tests {
         assert_eq!(parse_key_hash("0x8000_0000_0000_0000"), Ok(1 << 63));
         for bad in ["", "0x", "-1", "18446744073709551616", "0x1ffffffffffffffff", "12ab", "x1"] {
             assert!(parse_key_hash(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn servers_are_named_by_index_or_by_full_id() {
+        use super::{parse_server_name, ServerName};
+        use stratus_types::ServerId;
+        assert_eq!(parse_server_name("2"), Ok(ServerName::Index(2)));
+        assert_eq!(parse_server_name("2.0"), Ok(ServerName::Id(ServerId(2))));
+        assert_eq!(parse_server_name("2.1"), Ok(ServerName::Id(ServerId::new(2, 1))));
+        for bad in ["", "0", "two", "2.", "-2"] {
+            assert!(parse_server_name(bad).is_err(), "{bad:?} must be refused");
         }
     }
 }

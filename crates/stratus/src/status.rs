@@ -225,6 +225,7 @@ fn status_name(server: &ServerOverview) -> String {
         ServerStatus::Up => "up",
         ServerStatus::Crashed => "crashed",
         ServerStatus::Removed => "removed",
+        ServerStatus::Stopped => "stopped",
     }
     .to_string()
 }

@@ -199,6 +199,8 @@ class ServerStatus(enum.IntEnum):
     """Declared crashed; its tablets are being recovered elsewhere."""
     REMOVED = 2
     """Recovered: it is gone for good."""
+    STOPPED = 3
+    """Stopped in order; its tablets are being recovered elsewhere, as a crashed server's."""
 
 
 SERVICE_MASTER = 1 << 0

@@ -118,8 +118,9 @@ fn key_item() -> impl Strategy<Value = KeyItem> {
 pub fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         Just(Request::Ping),
-        (name(), services())
-            .prop_map(|(address, services)| Request::EnlistServer { address, services }),
+        (name(), services(), server_id()).prop_map(|(address, services, previous_server_id)| {
+            Request::EnlistServer { address, services, previous_server_id }
+        }),
         Just(Request::GetServerList),
         (name(), any::<u32>())
             .prop_map(|(name, server_span)| Request::CreateTable { name, server_span }),
@@ -279,6 +280,7 @@ pub fn request() -> impl Strategy<Value = Request> {
         server_id().prop_map(|master_id| Request::BackupFenceMaster { master_id }),
         server_id().prop_map(|server_id| Request::RenewLease { server_id }),
         server_id().prop_map(|server_id| Request::HintServerCrashed { server_id }),
+        server_id().prop_map(|server_id| Request::ServerStopping { server_id }),
         server_id().prop_map(|server_id| Request::RecoveryAcceptLoss { server_id }),
         (server_id(), segment_id(), any::<u64>()).prop_map(|(server_id, segment_id, epoch)| {
             Request::SetLogHead { server_id, segment_id, epoch }
@@ -333,11 +335,12 @@ fn replica_entry() -> impl Strategy<Value = ReplicaEntry> {
 }
 
 fn server_entry() -> impl Strategy<Value = ServerEntry> {
-    (server_id(), name(), services(), 0u8..3).prop_map(|(server_id, address, services, status)| {
+    (server_id(), name(), services(), 0u8..4).prop_map(|(server_id, address, services, status)| {
         let status = match status {
             0 => ServerStatus::Up,
             1 => ServerStatus::Crashed,
-            _ => ServerStatus::Removed,
+            2 => ServerStatus::Removed,
+            _ => ServerStatus::Stopped,
         };
         ServerEntry { server_id, address, services, status }
     })
@@ -463,6 +466,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::BackupFenceMaster),
         Just(Response::SetLogHead),
         Just(Response::HintServerCrashed),
+        Just(Response::ServerStopping),
         Just(Response::RecoveryAcceptLoss),
         Just(Response::SplitTablet),
         Just(Response::MigrateTablet),

@@ -187,7 +187,8 @@ impl Master {
     /// Starts the log cleaner on `threads` threads of its own, concurrent with requests: each
     /// asks the store for one unit of work at a time (the store's balancer decides whether to
     /// clean and how; only one thread at a time runs combined cleaning, the others compact).
-    /// The threads end when the master is dropped.
+    /// The threads end when the master is dropped, or once survivors can no longer be made
+    /// durable (the master was declared crashed, or replication stopped).
     pub fn start_cleaner(&self, threads: usize) -> std::io::Result<()> {
         for index in 0..threads {
             let store = Arc::downgrade(&self.store);
@@ -196,8 +197,19 @@ impl Master {
                 while let Some(store) = store.upgrade() {
                     let outcome = store.clean_once(clock.now_seconds());
                     drop(store);
-                    if matches!(outcome, CleanOutcome::Idle | CleanOutcome::NothingToClean) {
-                        std::thread::sleep(CLEANER_IDLE_SLEEP);
+                    match outcome {
+                        // Fenced, or replication stopped: no survivor can become durable
+                        // again, so no combined pass can finish; this thread is done.
+                        CleanOutcome::SurvivorsNotDurable(error) if error.is_final() => {
+                            tracing::warn!(%error, "the cleaner stops");
+                            return;
+                        }
+                        CleanOutcome::Idle
+                        | CleanOutcome::NothingToClean
+                        | CleanOutcome::SurvivorsNotDurable(_) => {
+                            std::thread::sleep(CLEANER_IDLE_SLEEP)
+                        }
+                        CleanOutcome::Combined { .. } | CleanOutcome::Compacted { .. } => {}
                     }
                 }
             })?;

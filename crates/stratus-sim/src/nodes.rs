@@ -268,7 +268,12 @@ async fn clean(master: Arc<Master>, replication: ReplicaManager, environment: En
                 for &segment_id in pass.survivor_segments() {
                     let (bytes, certificate) =
                         store.log().segment_contents(segment_id).expect("survivor segment");
-                    replication.replicate_survivor(segment_id, bytes, certificate).await;
+                    // Fenced, or the pump gone: this server is stopping, and so does its
+                    // cleaner (its pass stays pending; nothing of it was fused).
+                    if replication.replicate_survivor(segment_id, bytes, certificate).await.is_err()
+                    {
+                        return;
+                    }
                 }
                 store.finish_combined_pass(pass)
             }

@@ -140,6 +140,11 @@ pub enum CleanOutcome {
         /// Seglets freed.
         seglets_freed: u64,
     },
+    /// A combined pass moved its survivors, but they could not all be made durable: the pass
+    /// waits (no other combined pass starts meanwhile), and the next `clean_once` tries again.
+    /// After a [final](DurabilityError::is_final) error nothing will succeed again: the caller
+    /// stops cleaning.
+    SurvivorsNotDurable(DurabilityError),
 }
 
 /// What one [`ObjectStore::clean_step`] call did.
@@ -162,6 +167,9 @@ pub struct PendingCombinedPass {
     chosen: Vec<SegmentId>,
     chosen_seglets: Vec<u64>,
     survivor_segments: Vec<SegmentId>,
+    /// How many of `survivor_segments`, from the first, the durability hook made durable
+    /// (a pass whose hook failed goes on from there).
+    survivors_durable: usize,
     remaining: Vec<usize>,
     out_of_memory: bool,
     object_bytes: u64,
@@ -174,16 +182,6 @@ impl PendingCombinedPass {
     pub fn survivor_segments(&self) -> &[SegmentId] {
         &self.survivor_segments
     }
-}
-
-/// Who makes a combined pass's survivors durable before the commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SurvivorReplication {
-    /// The store, through the [`SegmentDurability`] hook (which may block).
-    ThroughHook,
-    /// The caller, between [`ObjectStore::clean_step`] and
-    /// [`ObjectStore::finish_combined_pass`].
-    ByCaller,
 }
 
 /// Counters of the cleaner's work since the store was created.
@@ -217,23 +215,66 @@ pub struct CleanerStatistics {
     pub dead_tombstone_bytes_found: u64,
     /// `clean_once` calls that found memory short but nothing worth cleaning.
     pub nothing_to_clean: u64,
+    /// Times the durability hook failed to make a survivor durable (its pass waited).
+    pub survivors_not_durable: u64,
 }
 
 /// A hook replication provides: the cleaner blocks on it for every survivor segment before the
 /// survivors are fused into the log (RAMCloud waits until survivors are fully replicated).
 pub trait SegmentDurability: Send + Sync + std::fmt::Debug {
-    /// Makes `bytes` (the whole survivor segment, committed by `certificate`) durable.
-    fn make_durable(&self, segment_id: SegmentId, bytes: &[u8], certificate: Certificate);
+    /// Makes `bytes` (the whole survivor segment, committed by `certificate`) durable, waiting
+    /// at most a bound of the hook's own: `Ok` once it is on every replica.
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        bytes: &[u8],
+        certificate: Certificate,
+    ) -> Result<(), DurabilityError>;
 }
+
+/// Why a survivor segment was not made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurabilityError {
+    /// Not on every replica within the hook's bound (backups slow or down): it may be later.
+    TimedOut,
+    /// This master was declared crashed (a backup or the coordinator refused it): nothing it
+    /// writes can become durable any more.
+    Fenced,
+    /// Replication has stopped (the process is stopping).
+    Stopped,
+}
+
+impl DurabilityError {
+    /// True when no later attempt can succeed: the caller stops cleaning.
+    pub fn is_final(self) -> bool {
+        !matches!(self, DurabilityError::TimedOut)
+    }
+}
+
+impl std::fmt::Display for DurabilityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DurabilityError::TimedOut => "survivor not replicated in time",
+            DurabilityError::Fenced => "this master was declared crashed",
+            DurabilityError::Stopped => "replication has stopped",
+        })
+    }
+}
+
+impl std::error::Error for DurabilityError {}
 
 /// The cleaner's shared state inside the store.
 #[derive(Debug, Default)]
 pub(crate) struct CleanerState {
     /// Held by the one combined cleaner (RAMCloud: at most one combined-cleaning thread).
     pub(crate) combined: std::sync::Mutex<()>,
-    /// A combined pass relocated its survivors and waits for its caller to replicate them
-    /// ([`ObjectStore::clean_step`]): no other combined pass may start until it is finished.
+    /// A combined pass relocated its survivors and waits for them to be replicated (by the
+    /// caller of [`ObjectStore::clean_step`], or by `clean_once` through the hook): no other
+    /// combined pass may start until it is finished.
     pub(crate) pass_pending: AtomicBool,
+    /// The pending pass whose survivors the hook failed to make durable, for the next
+    /// `clean_once` to go on with.
+    pub(crate) stalled_pass: std::sync::Mutex<Option<PendingCombinedPass>>,
     pub(crate) statistics: std::sync::Mutex<CleanerStatistics>,
     /// The last compaction freed nothing: the next unit is combined cleaning.
     pub(crate) compaction_failed: AtomicBool,
@@ -295,11 +336,49 @@ impl ObjectStore {
     /// readers are gone, then runs one combined pass or one compaction. Safe to call from any
     /// number of threads concurrently with requests (one combined cleaner at a time; other
     /// callers compact, or return [`CleanOutcome::NothingToClean`] in memory-only mode).
+    ///
+    /// A combined pass's survivors are made durable through the [`SegmentDurability`] hook,
+    /// with the combined-cleaner lock released: the hook waits for backups, and nothing else
+    /// needs to wait for it (no other combined pass starts while one is pending). A pass
+    /// whose survivors the hook could not make durable is kept, and the next call goes on with
+    /// it ([`CleanOutcome::SurvivorsNotDurable`]).
     pub fn clean_once(&self, now_seconds: u32) -> CleanOutcome {
-        match self.clean_unit(now_seconds, SurvivorReplication::ThroughHook) {
-            CleanStep::Finished(outcome) => outcome,
-            CleanStep::Replicate(_) => unreachable!("the hook replicated the survivors"),
+        if let Some(pass) = self.take_stalled_pass() {
+            return self.replicate_then_finish(pass);
         }
+        match self.clean_unit(now_seconds) {
+            CleanStep::Finished(outcome) => outcome,
+            CleanStep::Replicate(pass) => self.replicate_then_finish(pass),
+        }
+    }
+
+    fn take_stalled_pass(&self) -> Option<PendingCombinedPass> {
+        self.cleaner.stalled_pass.lock().expect("stalled pass lock poisoned").take()
+    }
+
+    /// Makes the survivors of `pass` durable through the hook (those not yet), then commits
+    /// the pass; keeps it for the next call if the hook fails. Holds no cleaner lock.
+    fn replicate_then_finish(&self, mut pass: PendingCombinedPass) -> CleanOutcome {
+        debug_assert!(self.cleaner.pass_pending.load(Ordering::Acquire), "an unpended pass");
+        // The hook may have been removed since the pass began: then nothing needs replicas.
+        if let Some(durability) = self.durability_hook() {
+            while let Some(&segment_id) = pass.survivor_segments.get(pass.survivors_durable) {
+                let (bytes, certificate) =
+                    self.log.segment_contents(segment_id).expect("survivor segment");
+                if let Err(error) = durability.make_durable(segment_id, &bytes, certificate) {
+                    self.count(|statistics| statistics.survivors_not_durable += 1);
+                    *self.cleaner.stalled_pass.lock().expect("stalled pass lock poisoned") =
+                        Some(pass);
+                    return CleanOutcome::SurvivorsNotDurable(error);
+                }
+                pass.survivors_durable += 1;
+            }
+        }
+        self.finish_combined_pass(pass)
+    }
+
+    fn durability_hook(&self) -> Option<Arc<dyn SegmentDurability>> {
+        self.cleaner.durability.read().expect("durability hook lock poisoned").clone()
     }
 
     /// Like [`ObjectStore::clean_once`], for a caller that must not block (a task on an async
@@ -308,7 +387,7 @@ impl ObjectStore {
     /// [`ObjectStore::finish_combined_pass`]. Without replication (no durability hook), or for
     /// a compaction, the step is finished at once.
     pub fn clean_step(&self, now_seconds: u32) -> CleanStep {
-        self.clean_unit(now_seconds, SurvivorReplication::ByCaller)
+        self.clean_unit(now_seconds)
     }
 
     /// Commits a pass [`ObjectStore::clean_step`] returned, once its survivors are durable:
@@ -330,7 +409,7 @@ impl ObjectStore {
         (!self.cleaner.pass_pending.load(Ordering::Acquire)).then_some(lock)
     }
 
-    fn clean_unit(&self, now_seconds: u32, replication: SurvivorReplication) -> CleanStep {
+    fn clean_unit(&self, now_seconds: u32) -> CleanStep {
         self.log.observe_time(now_seconds);
         self.log.reclaim();
         let Some(work) = self.balance() else {
@@ -338,13 +417,13 @@ impl ObjectStore {
         };
         let step = match work {
             Work::Combined(goal) => match self.try_combined() {
-                Some(_lock) => self.clean_combined(now_seconds, goal, replication),
+                Some(_lock) => self.clean_combined(now_seconds, goal),
                 None if self.config.cleaner.replicas > 0 => CleanStep::Finished(self.compact_one()),
                 None => CleanStep::Finished(CleanOutcome::NothingToClean),
             },
             Work::Compaction => match self.compact_one() {
                 CleanOutcome::NothingToClean => match self.try_combined() {
-                    Some(_lock) => self.clean_combined(now_seconds, Goal::Memory, replication),
+                    Some(_lock) => self.clean_combined(now_seconds, Goal::Memory),
                     None => CleanStep::Finished(CleanOutcome::NothingToClean),
                 },
                 outcome => CleanStep::Finished(outcome),
@@ -358,25 +437,26 @@ impl ObjectStore {
     }
 
     /// Runs one combined pass now, whatever the balancer says (tests, tools, and a server that
-    /// wants memory back before an operation). Waits for a concurrent combined pass to finish.
+    /// wants memory back before an operation). Waits for a concurrent combined pass to finish;
+    /// a pass whose survivors could not be made durable is this one (it goes on).
     pub fn clean_combined_now(&self, now_seconds: u32) -> CleanOutcome {
         self.log.observe_time(now_seconds);
         self.log.reclaim();
         loop {
+            if let Some(pass) = self.take_stalled_pass() {
+                return self.replicate_then_finish(pass);
+            }
             let lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
             if !self.cleaner.pass_pending.load(Ordering::Acquire) {
-                let step = self.clean_combined(
-                    now_seconds,
-                    Goal::Memory,
-                    SurvivorReplication::ThroughHook,
-                );
+                let step = self.clean_combined(now_seconds, Goal::Memory);
                 drop(lock);
-                match step {
-                    CleanStep::Finished(outcome) => return outcome,
-                    CleanStep::Replicate(_) => unreachable!("the hook replicated the survivors"),
-                }
+                return match step {
+                    CleanStep::Finished(outcome) => outcome,
+                    CleanStep::Replicate(pass) => self.replicate_then_finish(pass),
+                };
             }
-            // A pass waits for its caller's replication: let it finish first.
+            // A pass waits for its replication (each wait of the hook is bounded): let it
+            // finish first.
             drop(lock);
             std::thread::yield_now();
         }
@@ -492,30 +572,22 @@ impl ObjectStore {
 
     /// One combined pass (the caller holds the combined-cleaner lock), preceded by a
     /// dead-tombstone scan when one is due.
-    fn clean_combined(
-        &self,
-        now_seconds: u32,
-        goal: Goal,
-        replication: SurvivorReplication,
-    ) -> CleanStep {
+    fn clean_combined(&self, now_seconds: u32, goal: Goal) -> CleanStep {
         self.scan_tombstones_if_due(now_seconds, false);
-        match self.clean_combined_pass(now_seconds, goal, replication) {
+        match self.clean_combined_pass(now_seconds, goal) {
             CleanStep::Finished(CleanOutcome::NothingToClean) => {
                 // Segments full of dead tombstones look live until scanned: scan, retry once.
                 self.scan_tombstones_if_due(now_seconds, true);
-                self.clean_combined_pass(now_seconds, goal, replication)
+                self.clean_combined_pass(now_seconds, goal)
             }
             step => step,
         }
     }
 
-    /// One combined pass without the scan.
-    fn clean_combined_pass(
-        &self,
-        now_seconds: u32,
-        goal: Goal,
-        replication: SurvivorReplication,
-    ) -> CleanStep {
+    /// One combined pass without the scan, up to its survivors' replication: with a durability
+    /// hook installed the pass is pending when this returns, and whoever holds it replicates
+    /// the survivors (without the combined-cleaner lock) and then finishes it.
+    fn clean_combined_pass(&self, now_seconds: u32, goal: Goal) -> CleanStep {
         let log_config = *self.log.config();
         let statistics = self.log.statistics();
         // Survivors may use every free seglet but those a commit head needs (the writes'
@@ -572,25 +644,11 @@ impl ObjectStore {
         }
         let pass = self.relocate(chosen, chosen_seglets);
         // Replication makes the survivors durable before they join the log.
-        let durability =
-            self.cleaner.durability.read().expect("durability hook lock poisoned").clone();
-        let Some(durability) = durability else {
+        if self.durability_hook().is_none() {
             return CleanStep::Finished(self.commit_pass(pass));
-        };
-        match replication {
-            SurvivorReplication::ThroughHook => {
-                for &segment_id in &pass.survivor_segments {
-                    let (bytes, certificate) =
-                        self.log.segment_contents(segment_id).expect("survivor segment");
-                    durability.make_durable(segment_id, &bytes, certificate);
-                }
-                CleanStep::Finished(self.commit_pass(pass))
-            }
-            SurvivorReplication::ByCaller => {
-                self.cleaner.pass_pending.store(true, Ordering::Release);
-                CleanStep::Replicate(pass)
-            }
         }
+        self.cleaner.pass_pending.store(true, Ordering::Release);
+        CleanStep::Replicate(pass)
     }
 
     /// Moves the live entries of `chosen` (marked as being cleaned) into survivor segments
@@ -696,6 +754,7 @@ impl ObjectStore {
             chosen,
             chosen_seglets,
             survivor_segments: side_log.segments().to_vec(),
+            survivors_durable: 0,
             remaining,
             out_of_memory,
             object_bytes,
@@ -711,6 +770,7 @@ impl ObjectStore {
             chosen,
             chosen_seglets,
             survivor_segments,
+            survivors_durable: _,
             remaining,
             out_of_memory,
             object_bytes,

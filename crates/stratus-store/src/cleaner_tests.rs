@@ -14,7 +14,7 @@ use stratus_types::{key_hash, RejectRules, SegmentId, ServerId, TableId, Version
 
 use crate::tests::{replay, tally_of_model};
 use crate::{CleanOutcome, CleanerConfig, CostBenefit, ObjectError, ObjectStore, StoreConfig};
-use crate::{CleanStep, SegmentDurability, StoreStatistics};
+use crate::{CleanStep, DurabilityError, SegmentDurability, StoreStatistics};
 
 const TABLE: TableId = TableId(7);
 const NOW: u32 = 1_700_000_000;
@@ -170,13 +170,125 @@ struct RecordingDurability {
 }
 
 impl SegmentDurability for RecordingDurability {
-    fn make_durable(&self, segment_id: SegmentId, bytes: &[u8], certificate: Certificate) {
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        bytes: &[u8],
+        certificate: Certificate,
+    ) -> Result<(), DurabilityError> {
         // The bytes are a whole, valid segment.
         for entry in SegmentIterator::new(bytes, &certificate).unwrap() {
             entry.unwrap();
         }
         self.made_durable.lock().unwrap().push((segment_id, bytes.len(), certificate));
+        Ok(())
     }
+}
+
+/// A durability hook that fails as scripted (one outcome per call, then `Ok`), and notes
+/// whether the combined-cleaner lock was free while it ran.
+#[derive(Debug)]
+struct ScriptedDurability {
+    store: std::sync::Weak<ObjectStore>,
+    failures: Mutex<Vec<DurabilityError>>,
+    calls: Mutex<Vec<SegmentId>>,
+    lock_held_during_a_call: AtomicBool,
+}
+
+impl ScriptedDurability {
+    fn install(store: &Arc<ObjectStore>, failures: Vec<DurabilityError>) -> Arc<Self> {
+        let durability = Arc::new(ScriptedDurability {
+            store: Arc::downgrade(store),
+            failures: Mutex::new(failures),
+            calls: Mutex::new(Vec::new()),
+            lock_held_during_a_call: AtomicBool::new(false),
+        });
+        store.set_segment_durability(Some(durability.clone()));
+        durability
+    }
+}
+
+impl SegmentDurability for ScriptedDurability {
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        _bytes: &[u8],
+        _certificate: Certificate,
+    ) -> Result<(), DurabilityError> {
+        let store = self.store.upgrade().expect("the store outlives its cleaning");
+        if store.cleaner.combined.try_lock().is_err() {
+            self.lock_held_during_a_call.store(true, Ordering::SeqCst);
+        }
+        self.calls.lock().unwrap().push(segment_id);
+        let mut failures = self.failures.lock().unwrap();
+        if failures.is_empty() {
+            return Ok(());
+        }
+        Err(failures.remove(0))
+    }
+}
+
+/// A store with enough dead versions that a combined pass with survivors is worth running.
+fn store_needing_a_combined_pass() -> Arc<ObjectStore> {
+    let store = Arc::new(store_with(small_config()));
+    for generation in 0..8u32 {
+        for key in 0..60u32 {
+            write_at(&store, format!("k{key}").as_bytes(), &value_for(key, generation, 800), NOW)
+                .unwrap();
+        }
+    }
+    store
+}
+
+#[test]
+fn survivors_are_made_durable_without_the_combined_cleaner_lock() {
+    let store = store_needing_a_combined_pass();
+    let durability = ScriptedDurability::install(&store, Vec::new());
+    let outcome = store.clean_combined_now(NOW);
+    assert!(
+        matches!(outcome, CleanOutcome::Combined { survivor_segments, .. } if survivor_segments > 0)
+    );
+    assert!(!durability.calls.lock().unwrap().is_empty());
+    assert!(
+        !durability.lock_held_during_a_call.load(Ordering::SeqCst),
+        "the cleaner held its lock while waiting for replication"
+    );
+}
+
+#[test]
+fn a_pass_whose_survivors_were_not_replicated_in_time_waits_and_goes_on_later() {
+    let store = store_needing_a_combined_pass();
+    let durability = ScriptedDurability::install(&store, vec![DurabilityError::TimedOut]);
+    let segments_before = store.log().segment_ids();
+    let outcome = store.clean_combined_now(NOW);
+    assert_eq!(outcome, CleanOutcome::SurvivorsNotDurable(DurabilityError::TimedOut));
+    assert_eq!(store.cleaner_statistics().survivors_not_durable, 1);
+    // Nothing was fused or dropped, and every value reads back (from the survivors).
+    assert_eq!(store.log().segment_ids(), segments_before);
+    for key in 0..60u32 {
+        assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, value_for(key, 7, 800));
+    }
+    // No other combined pass starts meanwhile: the next call goes on with this one, from
+    // the survivor that failed.
+    let first_survivor = durability.calls.lock().unwrap()[0];
+    let outcome = store.clean_once(NOW);
+    assert!(matches!(outcome, CleanOutcome::Combined { .. }), "{outcome:?}");
+    let calls = durability.calls.lock().unwrap().clone();
+    assert_eq!(calls[1], first_survivor, "the pass went on with the survivor that failed");
+    assert_eq!(calls.iter().filter(|&&call| call == first_survivor).count(), 2);
+    for key in 0..60u32 {
+        assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, value_for(key, 7, 800));
+    }
+}
+
+#[test]
+fn a_fenced_master_s_cleaner_is_told_so_instead_of_waiting() {
+    let store = store_needing_a_combined_pass();
+    ScriptedDurability::install(&store, vec![DurabilityError::Fenced]);
+    let outcome = store.clean_combined_now(NOW);
+    assert_eq!(outcome, CleanOutcome::SurvivorsNotDurable(DurabilityError::Fenced));
+    assert!(DurabilityError::Fenced.is_final() && DurabilityError::Stopped.is_final());
+    assert!(!DurabilityError::TimedOut.is_final());
 }
 
 #[test]

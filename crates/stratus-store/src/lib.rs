@@ -24,10 +24,10 @@ mod enumerate;
 mod replay;
 
 pub use cleaner::{
-    CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, PendingCombinedPass,
-    SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT, CLEAN_FREE_PERCENT_MAX,
-    COMPACTED_UTILIZATION_MAX_PERCENT, PASS_LIVE_SEGMENTS_MAX, SEGMENT_COUNT_FORCE_PERCENT,
-    TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
+    CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, DurabilityError,
+    PendingCombinedPass, SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT,
+    CLEAN_FREE_PERCENT_MAX, COMPACTED_UTILIZATION_MAX_PERCENT, PASS_LIVE_SEGMENTS_MAX,
+    SEGMENT_COUNT_FORCE_PERCENT, TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
 };
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};

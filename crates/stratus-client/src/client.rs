@@ -8,7 +8,7 @@ use bytes::Bytes;
 use stratus_env::Environment;
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
+use stratus_types::{key_hash, Expiry, KeyHash, RejectRules, TableId, TabletState, Version};
 use stratus_wire::{
     BackupServiceStatistics, IncrementItem, KeyItem, Request, Response, ResponseBody, ServerEntry,
     ServerStatistics, Status, TableEntry, TabletEntry, WriteItem,
@@ -136,7 +136,13 @@ fn is_permanent(error: &RpcError) -> bool {
 
 /// True for a single-object request that changes the object.
 fn is_mutation(request: &Request) -> bool {
-    matches!(request, Request::Write { .. } | Request::Remove { .. } | Request::Increment { .. })
+    matches!(
+        request,
+        Request::Write { .. }
+            | Request::Remove { .. }
+            | Request::Increment { .. }
+            | Request::SetExpiry { .. }
+    )
 }
 
 fn unexpected(response: &ResponseBody) -> Error {
@@ -149,6 +155,7 @@ pub(crate) fn failure(status: Status, body: ResponseBody) -> Error {
         ResponseBody::Error { message } => Error::new(status, message),
         ResponseBody::Operation(Response::Read { version, .. })
         | ResponseBody::Operation(Response::Write { version })
+        | ResponseBody::Operation(Response::SetExpiry { version })
         | ResponseBody::Operation(Response::Remove { version })
         | ResponseBody::Operation(Response::Increment { version, .. }) => {
             Error::with_version(status, version)
@@ -157,12 +164,37 @@ pub(crate) fn failure(status: Status, body: ResponseBody) -> Error {
     }
 }
 
+/// An object as a read found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRead {
+    /// Its value.
+    pub value: Bytes,
+    /// Its version.
+    pub version: Version,
+    /// How long until it expires, by its master's clock when it answered (rounded up to the
+    /// millisecond); `None` if it does not expire.
+    pub expires_in: Option<Duration>,
+}
+
 /// A READ's answer as its caller sees it.
-pub(crate) fn read_result(outcome: (Status, ResponseBody)) -> Result<(Bytes, Version)> {
+pub(crate) fn read_result(outcome: (Status, ResponseBody)) -> Result<ObjectRead> {
     match outcome {
-        (Status::Ok, ResponseBody::Operation(Response::Read { version, value })) => {
-            Ok((value, version))
+        (
+            Status::Ok,
+            ResponseBody::Operation(Response::Read { version, value, expires_in_millis }),
+        ) => {
+            let expires_in =
+                (expires_in_millis > 0).then(|| Duration::from_millis(expires_in_millis));
+            Ok(ObjectRead { value, version, expires_in })
         }
+        (status, body) => Err(failure(status, body)),
+    }
+}
+
+/// A SET_EXPIRY's answer as its caller sees it.
+pub(crate) fn set_expiry_result(outcome: (Status, ResponseBody)) -> Result<Version> {
+    match outcome {
+        (Status::Ok, ResponseBody::Operation(Response::SetExpiry { version })) => Ok(version),
         (status, body) => Err(failure(status, body)),
     }
 }
@@ -387,6 +419,17 @@ impl Client {
         key: &[u8],
         rules: RejectRules,
     ) -> Result<(Bytes, Version)> {
+        let object = self.read_object(table_id, key, rules).await?;
+        Ok((object.value, object.version))
+    }
+
+    /// Reads an object subject to reject rules: its value, version and time to live.
+    pub async fn read_object(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        rules: RejectRules,
+    ) -> Result<ObjectRead> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Read { table_id, key: key.clone(), rules };
         read_result(self.inner.object_call(table_id, &key, &request).await?)
@@ -397,7 +440,8 @@ impl Client {
         self.write_with(table_id, key, Bytes::copy_from_slice(value), RejectRules::NONE).await
     }
 
-    /// Writes an object subject to reject rules; returns its new version.
+    /// Writes an object subject to reject rules; returns its new version. The object does not
+    /// expire (an expiry the key had is cleared, as Redis's SET clears one).
     pub async fn write_with(
         &self,
         table_id: TableId,
@@ -405,9 +449,37 @@ impl Client {
         value: Bytes,
         rules: RejectRules,
     ) -> Result<Version> {
+        self.write_expiring(table_id, key, value, rules, Expiry::Never).await
+    }
+
+    /// Writes an object subject to reject rules that expires as `expiry` says (relative
+    /// expiries count from when its master applies the write, by that master's clock); returns
+    /// its new version.
+    pub async fn write_expiring(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        value: Bytes,
+        rules: RejectRules,
+        expiry: Expiry,
+    ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Write { table_id, key: key.clone(), value, rules };
+        let request = Request::Write { table_id, key: key.clone(), value, rules, expiry };
         write_result(self.inner.object_call(table_id, &key, &request).await?)
+    }
+
+    /// Sets when an existing object expires (`Expiry::Never`: never), keeping its value;
+    /// returns its new version. OBJECT_DOESNT_EXIST for a missing or expired object.
+    pub async fn set_expiry(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        expiry: Expiry,
+        rules: RejectRules,
+    ) -> Result<Version> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules };
+        set_expiry_result(self.inner.object_call(table_id, &key, &request).await?)
     }
 
     /// Removes an object; returns the removed version (0 if there was none).

@@ -30,11 +30,11 @@ mod multi;
 mod overview;
 
 pub use blocking::BlockingClient;
-pub use client::{Client, ClientConfig};
+pub use client::{Client, ClientConfig, ObjectRead};
 pub use enumeration::Enumeration;
 pub use error::{Error, Result};
 pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
-pub use stratus_types::{RejectRules, TableId, Version};
+pub use stratus_types::{ExpiresAt, Expiry, RejectRules, TableId, Version};
 pub use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, ServerStatus, Status,
     TableEntry, TabletEntry, WriteItem,

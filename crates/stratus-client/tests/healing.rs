@@ -114,6 +114,7 @@ fn a_blocking_multi_read_whose_master_is_gone_heals_once_the_map_names_a_new_mas
         key: Bytes::from_static(b"key"),
         value: Bytes::from_static(b"value"),
         rules: RejectRules::NONE,
+        expiry: stratus_client::Expiry::Never,
     }]);
     assert!(matches!(outcomes[..], [Ok(_)]), "{outcomes:?}");
 }

@@ -129,7 +129,13 @@ pub async fn multi_operation(
                     _ => RejectRules::version_equals(*last_seen),
                 };
                 let value = unique_item_value(client_id, sequence, item);
-                writes.push(WriteItem { table_id: table, key: key.clone(), value, rules });
+                writes.push(WriteItem {
+                    table_id: table,
+                    key: key.clone(),
+                    value,
+                    rules,
+                    expiry: stratus_client::Expiry::Never,
+                });
             }
             client.multi_write(&writes).await.into_iter().map(Result::ok).collect()
         }

@@ -1487,7 +1487,17 @@ mod tests {
             let (table, key) = (stratus_types::TableId(1), b"key");
             let hash = stratus_types::key_hash(table, key);
             let rules = stratus_types::RejectRules::NONE;
-            store.write(table, key, hash, b"value", &rules, 0).unwrap();
+            store
+                .write(
+                    table,
+                    key,
+                    hash,
+                    b"value",
+                    &rules,
+                    stratus_store::Expiry::Never,
+                    stratus_store::WallTime::from_seconds(0),
+                )
+                .unwrap();
             let mut config = ReplicationConfig::new(1, address);
             config.sync_timeout = Duration::from_secs(600);
             ReplicaManager::start(ServerId(1), config, store, environment)

@@ -57,6 +57,7 @@
 //! `HELLO 3` switches a connection's replies to RESP3 (maps, `_` nulls).
 
 pub mod commands;
+mod expiry;
 mod gateway;
 mod glob;
 pub mod hash;

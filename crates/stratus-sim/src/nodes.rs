@@ -262,7 +262,9 @@ async fn run_server(setup: ServerSetup) -> HostResult {
 async fn clean(master: Arc<Master>, replication: ReplicaManager, environment: Environment) {
     loop {
         let store = master.store();
-        let outcome = match store.clean_step(environment.wall_clock.now_seconds()) {
+        let outcome = match store
+            .clean_step(stratus_store::WallTime::from_millis(environment.wall_clock.now_millis()))
+        {
             CleanStep::Finished(outcome) => outcome,
             CleanStep::Replicate(pass) => {
                 for &segment_id in pass.survivor_segments() {

@@ -5,7 +5,8 @@
 //! copying it.
 
 use bytes::Bytes;
-use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
+use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
+use stratus_types::{TabletState, Version};
 
 use crate::status::Status;
 
@@ -64,6 +65,8 @@ pub enum Opcode {
     MultiIncrement = 37,
     /// Master: the next batch of a table enumeration.
     Enumerate = 38,
+    /// Master: set (or clear) when an object expires, keeping its value.
+    SetExpiry = 39,
     /// Master (from the coordinator): start serving a tablet.
     TakeTabletOwnership = 40,
     /// Master (from the coordinator): stop serving a tablet and drop its objects.
@@ -105,7 +108,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 40] = [
+    pub const ALL: [Opcode; 41] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -130,6 +133,7 @@ impl Opcode {
         Opcode::MultiRemove,
         Opcode::MultiIncrement,
         Opcode::Enumerate,
+        Opcode::SetExpiry,
         Opcode::TakeTabletOwnership,
         Opcode::DropTabletOwnership,
         Opcode::GetServerStatistics,
@@ -272,6 +276,8 @@ pub struct EnumeratedObject {
     pub value: Bytes,
     /// The version.
     pub version: Version,
+    /// When it expires (by its master's clock), if it does.
+    pub expires_at: Option<ExpiresAt>,
 }
 
 /// An item of a MULTI_READ or MULTI_REMOVE request.
@@ -296,6 +302,8 @@ pub struct WriteItem {
     pub value: Bytes,
     /// Conditions.
     pub rules: RejectRules,
+    /// When the new object expires.
+    pub expiry: Expiry,
 }
 
 /// An item of a MULTI_INCREMENT request.
@@ -625,6 +633,19 @@ pub enum Request {
         value: Bytes,
         /// Conditions.
         rules: RejectRules,
+        /// When the new object expires.
+        expiry: Expiry,
+    },
+    /// SET_EXPIRY.
+    SetExpiry {
+        /// Table.
+        table_id: TableId,
+        /// Key.
+        key: Bytes,
+        /// The object's new expiry (`Keep` changes nothing but the version).
+        expiry: Expiry,
+        /// Conditions.
+        rules: RejectRules,
     },
     /// REMOVE.
     Remove {
@@ -893,10 +914,18 @@ pub enum Response {
         version: Version,
         /// Value (empty unless OK).
         value: Bytes,
+        /// Milliseconds until the object expires, by its master's clock, rounded up; 0 when
+        /// it has no expiry (an expired object is never returned).
+        expires_in_millis: u64,
     },
     /// WRITE.
     Write {
         /// The new version, or the current one on rejection.
+        version: Version,
+    },
+    /// SET_EXPIRY.
+    SetExpiry {
+        /// The new version, or the current one on rejection (0 if missing or expired).
         version: Version,
     },
     /// REMOVE.
@@ -1063,6 +1092,7 @@ impl Request {
             Request::GetTabletMap { .. } => Opcode::GetTabletMap,
             Request::Read { .. } => Opcode::Read,
             Request::Write { .. } => Opcode::Write,
+            Request::SetExpiry { .. } => Opcode::SetExpiry,
             Request::Remove { .. } => Opcode::Remove,
             Request::Increment { .. } => Opcode::Increment,
             Request::MultiRead { .. } => Opcode::MultiRead,
@@ -1111,6 +1141,7 @@ impl Response {
             Response::GetTabletMap { .. } => Opcode::GetTabletMap,
             Response::Read { .. } => Opcode::Read,
             Response::Write { .. } => Opcode::Write,
+            Response::SetExpiry { .. } => Opcode::SetExpiry,
             Response::Remove { .. } => Opcode::Remove,
             Response::Increment { .. } => Opcode::Increment,
             Response::MultiRead { .. } => Opcode::MultiRead,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
-use stratus_client::{Client, ClientConfig, Error as ClientError, RejectRules, TableId};
+use stratus_client::{Client, ClientConfig, Error as ClientError, Expiry, RejectRules, TableId};
 
 /// Default coordinator address of a local cluster.
 pub const DEFAULT_COORDINATOR: &str = "127.0.0.1:7400";
@@ -49,6 +49,10 @@ pub enum Command {
     Del(KeyArguments),
     /// Add DELTA (default 1) to an 8-byte integer object and print the new value.
     Incr(IncrArguments),
+    /// Make an object expire after a time to live (or never again, with --never).
+    Expire(ExpireArguments),
+    /// Print how long an object has left before it expires, or "no expiry".
+    Ttl(KeyArguments),
     /// Print every object of a table, one "key<TAB>value" line each (non-printable bytes
     /// escaped).
     Scan(TableArgument),
@@ -227,6 +231,47 @@ pub struct PutArguments {
     /// Read the value from this file (binary-safe).
     #[arg(long, conflicts_with = "value")]
     pub file: Option<PathBuf>,
+    /// Expire the object after this time to live (`90`, `90s`, `500ms`, `15m`, `2h`, `1d`),
+    /// counted by its master's clock from when it applies the write. Without it the object
+    /// does not expire (an expiry it had is cleared).
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+}
+
+/// `stratus expire`.
+#[derive(Debug, Args)]
+pub struct ExpireArguments {
+    /// Table name.
+    pub table: String,
+    /// Key.
+    pub key: String,
+    /// Time to live from now (`90`, `90s`, `500ms`, `15m`, `2h`, `1d`).
+    #[arg(value_parser = parse_duration, required_unless_present = "never")]
+    pub ttl: Option<Duration>,
+    /// Remove the object's expiry instead: it lives until removed.
+    #[arg(long, conflicts_with = "ttl")]
+    pub never: bool,
+}
+
+/// A duration as a number with an optional unit: ms, s (the default), m, h or d.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let number: u64 =
+        number.parse().map_err(|_| format!("{text:?} is not a duration such as 90s or 500ms"))?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?}: the unit is ms, s, m, h or d")),
+    };
+    number
+        .checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long a duration"))
 }
 
 /// `stratus get`.
@@ -440,8 +485,10 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
         Command::Put(put) => {
             let value = read_value(&put)?;
             let table = table_id(client, &put.table).await?;
+            let expiry = put.ttl.map_or(Expiry::Never, |ttl| Expiry::AfterMillis(millis_of(ttl)));
+            let key = put.key.as_bytes();
             let version =
-                client.write_with(table, put.key.as_bytes(), value, RejectRules::NONE).await?;
+                client.write_expiring(table, key, value, RejectRules::NONE, expiry).await?;
             let _ = writeln!(stdout, "ok version={version}");
         }
         Command::Get(get) => {
@@ -471,6 +518,22 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
             let (value, _version) =
                 client.increment(table, incr.key.as_bytes(), incr.delta).await?;
             let _ = writeln!(stdout, "{value}");
+        }
+        Command::Expire(expire) => {
+            let table = table_id(client, &expire.table).await?;
+            let expiry =
+                expire.ttl.map_or(Expiry::Never, |ttl| Expiry::AfterMillis(millis_of(ttl)));
+            let key = expire.key.as_bytes();
+            let version = client.set_expiry(table, key, expiry, RejectRules::NONE).await?;
+            let _ = writeln!(stdout, "ok version={version}");
+        }
+        Command::Ttl(ttl) => {
+            let table = table_id(client, &ttl.table).await?;
+            let object = client.read_object(table, ttl.key.as_bytes(), RejectRules::NONE).await?;
+            let _ = match object.expires_in {
+                Some(left) => writeln!(stdout, "{:.3}s", left.as_secs_f64()),
+                None => writeln!(stdout, "no expiry"),
+            };
         }
         Command::Scan(scan) => {
             let table = table_id(client, &scan.table).await?;
@@ -534,6 +597,11 @@ fn read_value(put: &PutArguments) -> Result<Bytes, CommandError> {
     }
 }
 
+/// Whole milliseconds of `duration`, saturating.
+fn millis_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A value as the integer `incr` keeps: 8 bytes, little-endian, signed.
 fn integer_value(value: &[u8]) -> Result<i64, CommandError> {
     let bytes: [u8; 8] = value.try_into().map_err(|_| {
@@ -558,6 +626,21 @@ mod tests {
         assert_eq!(parse_key_hash("0x8000_0000_0000_0000"), Ok(1 << 63));
         for bad in ["", "0x", "-1", "18446744073709551616", "0x1ffffffffffffffff", "12ab", "x1"] {
             assert!(parse_key_hash(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn durations_take_a_unit_and_default_to_seconds() {
+        use super::parse_duration;
+        use std::time::Duration;
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7_200)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        for bad in ["", "s", "1.5s", "-1", "10w", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} must be refused");
         }
     }
 

@@ -151,6 +151,36 @@ fn cli_against_a_local_cluster() {
         "{}",
         unreadable.stderr
     );
+    // Objects that expire: a time to live on put, shown by ttl, changed by expire.
+    let session = stratus(&coordinator, &["put", "users", "session", "token", "--ttl", "1h"], None);
+    assert!(session.success, "{}", session.stderr);
+    let left = text(&stratus(&coordinator, &["ttl", "users", "session"], None));
+    let seconds: f64 = left.trim().trim_end_matches('s').parse().expect("seconds left");
+    assert!((3_500.0..=3_600.0).contains(&seconds), "{left}");
+    assert!(stratus(&coordinator, &["expire", "users", "session", "--never"], None).success);
+    assert_eq!(text(&stratus(&coordinator, &["ttl", "users", "session"], None)), "no expiry\n");
+    assert!(stratus(&coordinator, &["expire", "users", "session", "200ms"], None).success);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stratus(&coordinator, &["get", "users", "session"], None).success {
+        assert!(std::time::Instant::now() < deadline, "the session never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let expired = stratus(&coordinator, &["ttl", "users", "session"], None);
+    assert_eq!(expired.stderr, "stratus: object doesn't exist\n");
+    stratus(&coordinator, &["del", "users", "session"], None);
+
+    // A value over the servers' limit (an eighth of a 1 MiB segment here) names the limit.
+    let big = directory.path().join("big");
+    std::fs::write(&big, vec![b'x'; 200 << 10]).unwrap();
+    let refused =
+        stratus(&coordinator, &["put", "users", "big", "--file", big.to_str().unwrap()], None);
+    assert!(!refused.success);
+    assert_eq!(
+        refused.stderr,
+        "stratus: value too large: a value of 204800 bytes; this server takes values of at most \
+         131072 bytes (--value-bytes-max)\n"
+    );
+
     // Every failure is one line.
     let empty_key = stratus(&coordinator, &["get", "users", ""], None);
     assert!(!empty_key.success);

@@ -185,7 +185,13 @@ fn servers_and_coordinator_export_what_they_do_through_a_crash_and_its_recovery(
         let rules = RejectRules::default();
         let writes: Vec<WriteItem> = keys
             .iter()
-            .map(|key| WriteItem { table_id: table, key: key.clone(), value: key.clone(), rules })
+            .map(|key| WriteItem {
+                table_id: table,
+                key: key.clone(),
+                value: key.clone(),
+                rules,
+                expiry: stratus_client::Expiry::Never,
+            })
             .collect();
         assert!(client.multi_write(&writes).await.iter().all(Result::is_ok));
         let reads: Vec<KeyItem> =

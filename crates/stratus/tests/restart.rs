@@ -168,7 +168,13 @@ fn a_cluster_stopped_in_order_restarts_calmly_and_keeps_its_server_indexes() {
     assert!(info.contains("stratus_servers:3\r\n"), "{info}");
     assert!(info.contains("stratus_masters_unreachable:0\r\n"), "{info}");
     stop_up(up);
-    let noisy = warnings_and_errors(&data.join("logs"));
+    // Each run has a log of its own: the first run's is kept beside the second's.
+    let logs = data.join("logs");
+    let first = std::fs::read_to_string(logs.join("coordinator.previous.log")).unwrap();
+    let second = std::fs::read_to_string(logs.join("coordinator.log")).unwrap();
+    assert!(first.contains("created an empty metadata log"), "{first}");
+    assert!(!second.contains("created an empty metadata log"), "{second}");
+    let noisy = warnings_and_errors(&logs);
     assert!(
         noisy.is_empty(),
         "a stop and a restart in order log no warning:\n{}",

@@ -127,7 +127,7 @@ pub const VERSION: Version = Version(3);
 pub fn healthy_answer(request: &Request) -> Option<(Status, Response)> {
     let value = Bytes::from_static(b"value");
     let response = match request {
-        Request::Read { .. } => Response::Read { version: VERSION, value },
+        Request::Read { .. } => Response::Read { version: VERSION, value, expires_in_millis: 0 },
         Request::Write { .. } => Response::Write { version: Version(4) },
         Request::Remove { .. } => Response::Remove { version: VERSION },
         Request::Increment { delta, .. } => {
@@ -170,6 +170,7 @@ pub fn healthy_answer(request: &Request) -> Option<(Status, Response)> {
                 key: Bytes::from_static(b"key"),
                 value,
                 version: VERSION,
+                expires_at: None,
             }],
             next: None,
         },

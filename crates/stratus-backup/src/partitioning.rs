@@ -402,16 +402,22 @@ pub(crate) fn partition_replica(
         checksum: contents.certificate.checksum,
     };
     let place = |entry: &Entry<'_>, parts: &mut [bool]| {
-        let (table, key) = match entry {
-            Entry::Object(object) => (object.table, object.key),
-            Entry::Tombstone(tombstone) => (tombstone.table, tombstone.key),
+        let (table, hash) = match entry {
+            Entry::Object(object) => (object.table, key_hash(object.table, object.key)),
+            Entry::Tombstone(tombstone) => {
+                (tombstone.table, key_hash(tombstone.table, tombstone.key))
+            }
+            // A mutation's result goes where its object goes: the recovery master that serves
+            // the key answers the mutation's retries.
+            Entry::Completion(completion) => {
+                (completion.table, stratus_types::KeyHash(completion.key_hash))
+            }
             Entry::SafeVersion(_) => {
                 parts.fill(true);
                 return;
             }
             _ => return,
         };
-        let hash = key_hash(table, key);
         for (keep, tablets) in parts.iter_mut().zip(partitions) {
             *keep = tablets
                 .iter()

@@ -1,4 +1,4 @@
-//! The byte formats of the log: entry headers, the six entry types and segment certificates.
+//! The byte formats of the log: entry headers, the seven entry types and segment certificates.
 //! Replicas and recovery depend on these bytes, so they are specified byte by byte in
 //! docs/design/log-format.md; change that document and these functions together. Everything is
 //! little-endian. Decoders return errors (never panic) on any input.
@@ -21,20 +21,24 @@ pub enum EntryType {
     /// Live bytes and objects per table when the segment became head (recovery sizes its
     /// partitions with them).
     TableStats = 6,
+    /// The result of a mutation that took effect, kept until its client acknowledges it, so a
+    /// retry gets it instead of applying the mutation again (docs/design/exactly-once.md).
+    Completion = 7,
 }
 
 /// Number of slots in per-type arrays (index = the type's code; slot 0 is the invalid type).
-pub const ENTRY_TYPE_SLOTS: usize = 7;
+pub const ENTRY_TYPE_SLOTS: usize = 8;
 
 impl EntryType {
     /// Every valid type, in code order.
-    pub const ALL: [EntryType; 6] = [
+    pub const ALL: [EntryType; 7] = [
         EntryType::SegmentHeader,
         EntryType::Object,
         EntryType::Tombstone,
         EntryType::LogDigest,
         EntryType::SafeVersion,
         EntryType::TableStats,
+        EntryType::Completion,
     ];
 
     /// The 6-bit code.
@@ -442,13 +446,13 @@ pub fn decode_tombstone(content: &[u8]) -> Result<TombstoneView<'_>, FormatError
 /// Magic bytes at the start of every segment header.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"SGMT";
 /// The segment format version this code writes. Version 2 added TABLE_STATS to every head;
-/// version 3 lets an object carry an expiry time (widths bit 7, which older versions refuse).
-/// Older segments are still read, so a cluster upgraded in place recovers logs written before
+/// version 3 lets an object carry an expiry time (widths bit 7, which older versions refuse);
+/// version 4 adds COMPLETION entries (type 7: exactly-once results). Older segments are still read, so a cluster upgraded in place recovers logs written before
 /// it. A binary that knows only older versions refuses newer segments by their header, with a
 /// clear error, rather than at an unknown entry type or a bit it does not know.
-pub const SEGMENT_FORMAT_VERSION: u16 = 3;
+pub const SEGMENT_FORMAT_VERSION: u16 = 4;
 /// Every segment format version this code reads.
-pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 3] = [1, 2, 3];
+pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 4] = [1, 2, 3, 4];
 /// Bytes of a segment header's content.
 pub const SEGMENT_HEADER_CONTENT_BYTES: usize = 32;
 
@@ -640,6 +644,128 @@ pub fn decode_table_stats(content: &[u8]) -> Result<TableStats, FormatError> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Completion
+// ---------------------------------------------------------------------------------------------
+
+/// The result of a mutation that took effect, as a COMPLETION entry records it: which client's
+/// RPC (lease id, rpc id, and what the client had acknowledged when it sent it), which object
+/// (table and key hash, so recovery and migration take it with the object's tablet) and what
+/// the client was answered (the version, and the new value of an increment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CompletionRecord {
+    /// The object's table.
+    pub table: TableId,
+    /// The object's key hash.
+    pub key_hash: u64,
+    /// The client's lease.
+    pub lease_id: u64,
+    /// The RPC's id within the lease (at least 1).
+    pub rpc_id: u64,
+    /// Every rpc id at or below this, the client had the result of when it sent the RPC.
+    pub acknowledged: u64,
+    /// The version answered (the new version; the removed one for a remove).
+    pub version: Version,
+    /// The value answered by an increment; `None` for other mutations.
+    pub integer: Option<i64>,
+}
+
+/// Bytes before a completion's variable fields: checksum, widths, key hash.
+const COMPLETION_FIXED_BYTES: usize = 4 + 2 + 8;
+
+/// The most bytes a COMPLETION entry's content takes: every field at its widest.
+pub const COMPLETION_CONTENT_BYTES_MAX: usize = COMPLETION_FIXED_BYTES + 5 * 8 + 8;
+
+/// The widths bit that says an increment's value follows the version.
+const COMPLETION_HAS_INTEGER: u16 = 1 << 15;
+
+/// A COMPLETION entry's content, encoded on the stack (a mutation of an exactly-once client
+/// appends one; no allocation on that path).
+#[derive(Clone, Copy, Debug)]
+pub struct CompletionContent {
+    bytes: [u8; COMPLETION_CONTENT_BYTES_MAX],
+    length: usize,
+}
+
+impl CompletionContent {
+    /// The encoded bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.length]
+    }
+}
+
+impl CompletionRecord {
+    /// The entry content: checksum, two bytes of field widths (3 bits each: table, lease,
+    /// rpc id, acknowledged, version; bit 15: an integer follows), the key hash, the fields at
+    /// their minimal widths, and the integer if any (docs/design/log-format.md).
+    pub fn encode(&self) -> CompletionContent {
+        let fields = [self.table.0, self.lease_id, self.rpc_id, self.acknowledged, self.version.0];
+        let mut widths = 0u16;
+        for (index, field) in fields.iter().enumerate() {
+            widths |= ((width_of(*field) - 1) as u16) << (3 * index);
+        }
+        if self.integer.is_some() {
+            widths |= COMPLETION_HAS_INTEGER;
+        }
+        let mut content = CompletionContent { bytes: [0; COMPLETION_CONTENT_BYTES_MAX], length: 4 };
+        let mut put = |bytes: &[u8]| {
+            content.bytes[content.length..content.length + bytes.len()].copy_from_slice(bytes);
+            content.length += bytes.len();
+        };
+        put(&widths.to_le_bytes());
+        put(&self.key_hash.to_le_bytes());
+        for field in fields {
+            put(&field.to_le_bytes()[..width_of(field)]);
+        }
+        if let Some(integer) = self.integer {
+            put(&integer.to_le_bytes());
+        }
+        let crc = checksum(&content.bytes[4..content.length]);
+        content.bytes[..4].copy_from_slice(&crc.to_le_bytes());
+        content
+    }
+}
+
+/// Decodes a COMPLETION entry without verifying its checksum (the log's own, verified copy).
+pub fn decode_completion_unverified(content: &[u8]) -> Result<CompletionRecord, FormatError> {
+    let mut position = 4;
+    let widths = read_uint(content, &mut position, 2)? as u16;
+    let key_hash = read_uint(content, &mut position, 8)?;
+    let mut fields = [0u64; 5];
+    for (index, field) in fields.iter_mut().enumerate() {
+        let width = usize::from((widths >> (3 * index)) & 7) + 1;
+        *field = read_uint(content, &mut position, width)?;
+    }
+    let integer = if widths & COMPLETION_HAS_INTEGER != 0 {
+        Some(read_uint(content, &mut position, 8)? as i64)
+    } else {
+        None
+    };
+    if position != content.len() {
+        return Err(FormatError::Malformed("completion length"));
+    }
+    let [table, lease_id, rpc_id, acknowledged, version] = fields;
+    if rpc_id == 0 {
+        return Err(FormatError::Malformed("completion of rpc id 0"));
+    }
+    Ok(CompletionRecord {
+        table: TableId(table),
+        key_hash,
+        lease_id,
+        rpc_id,
+        acknowledged,
+        version: Version(version),
+        integer,
+    })
+}
+
+/// Decodes and verifies a COMPLETION entry.
+pub fn decode_completion(content: &[u8]) -> Result<CompletionRecord, FormatError> {
+    let record = decode_completion_unverified(content)?;
+    verify_leading_checksum(content, EntryType::Completion)?;
+    Ok(record)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Decoded entries
 // ---------------------------------------------------------------------------------------------
 
@@ -658,6 +784,8 @@ pub enum Entry<'a> {
     SafeVersion(Version),
     /// Live data per table.
     TableStats(TableStats),
+    /// A mutation's result kept for its retries.
+    Completion(CompletionRecord),
 }
 
 /// Decodes and verifies the content of an entry of `entry_type`.
@@ -669,6 +797,7 @@ pub fn decode_entry(entry_type: EntryType, content: &[u8]) -> Result<Entry<'_>, 
         EntryType::LogDigest => Entry::LogDigest(decode_log_digest(content)?),
         EntryType::SafeVersion => Entry::SafeVersion(decode_safe_version(content)?),
         EntryType::TableStats => Entry::TableStats(decode_table_stats(content)?),
+        EntryType::Completion => Entry::Completion(decode_completion(content)?),
     })
 }
 
@@ -743,7 +872,7 @@ mod tests {
             assert_eq!(decoded.header_bytes, header_bytes);
         }
         assert_eq!(decode_entry_header(&[0x02 | 0x40, 5, 0]), Err(FormatError::NonMinimalLength));
-        assert_eq!(decode_entry_header(&[0x07, 5]), Err(FormatError::InvalidEntryType(7)));
+        assert_eq!(decode_entry_header(&[0x08, 5]), Err(FormatError::InvalidEntryType(8)));
         assert_eq!(decode_entry_header(&[0x00, 5]), Err(FormatError::InvalidEntryType(0)));
         assert_eq!(decode_entry_header(&[0x02 | 0x80, 5]), Err(FormatError::Truncated));
         assert_eq!(decode_entry_header(&[]), Err(FormatError::Truncated));
@@ -906,6 +1035,30 @@ mod tests {
         }
 
         #[test]
+        fn completion_round_trips(
+            table in proptest::prelude::any::<u64>(),
+            key_hash in proptest::prelude::any::<u64>(),
+            lease_id in proptest::prelude::any::<u64>(),
+            rpc_id in 1..u64::MAX,
+            acknowledged in proptest::prelude::any::<u64>(),
+            version in proptest::prelude::any::<u64>(),
+            integer in proptest::option::of(proptest::prelude::any::<i64>()),
+        ) {
+            let record = CompletionRecord {
+                table: TableId(table), key_hash, lease_id, rpc_id, acknowledged,
+                version: Version(version), integer,
+            };
+            let content = record.encode().as_bytes().to_vec();
+            proptest::prop_assert!(content.len() <= COMPLETION_CONTENT_BYTES_MAX);
+            proptest::prop_assert_eq!(decode_completion(&content), Ok(record));
+            // Any single flipped bit is caught.
+            let mut corrupt = content.clone();
+            let bit = (key_hash as usize) % (corrupt.len() * 8);
+            corrupt[bit / 8] ^= 1 << (bit % 8);
+            proptest::prop_assert_ne!(decode_completion(&corrupt), Ok(record));
+        }
+
+        #[test]
         fn table_stats_round_trip(
             tables in proptest::collection::btree_map(
                 proptest::prelude::any::<u64>(),
@@ -953,7 +1106,8 @@ mod table_stats_tests {
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
         assert_eq!(SegmentHeader::decode(&with_version(1)), Ok(header));
         assert_eq!(SegmentHeader::decode(&with_version(2)), Ok(header));
-        for unknown in [0, 4, u16::MAX] {
+        assert_eq!(SegmentHeader::decode(&with_version(3)), Ok(header));
+        for unknown in [0, 5, u16::MAX] {
             assert_eq!(
                 SegmentHeader::decode(&with_version(unknown)),
                 Err(FormatError::Malformed("segment format version"))
@@ -1006,6 +1160,57 @@ mod table_stats_tests {
 }
 
 #[cfg(test)]
+mod completion_tests {
+    use super::*;
+
+    /// A write's completion with a small table, a lease among the first thousands, a client a
+    /// few thousand RPCs in and a version below 2^24 takes 28 bytes with its entry header:
+    /// within the 32 bytes a mutation may add to the log until it is acknowledged.
+    #[test]
+    fn a_typical_completion_takes_under_32_bytes() {
+        let record = CompletionRecord {
+            table: TableId(3),
+            key_hash: 0x0123_4567_89ab_cdef,
+            lease_id: 4_000,
+            rpc_id: 70_000,
+            acknowledged: 69_990,
+            version: Version(5_000_000),
+            integer: None,
+        };
+        let content = record.encode().as_bytes().to_vec();
+        let header = EntryHeader::new(EntryType::Completion, content.len() as u32);
+        assert_eq!(header.header_bytes() + content.len(), 28);
+        assert_eq!(decode_completion(&content), Ok(record));
+        // An increment's adds its 8-byte value.
+        let increment = CompletionRecord { integer: Some(-7), ..record };
+        assert_eq!(increment.encode().as_bytes().len(), content.len() + 8);
+    }
+
+    #[test]
+    fn malformed_completions_are_refused() {
+        let record = CompletionRecord {
+            table: TableId(1),
+            key_hash: 9,
+            lease_id: 1,
+            rpc_id: 1,
+            acknowledged: 0,
+            version: Version(1),
+            integer: None,
+        };
+        let content = record.encode().as_bytes().to_vec();
+        assert_eq!(decode_completion(&content[..content.len() - 1]), Err(FormatError::Truncated));
+        let mut longer = content.clone();
+        longer.push(0);
+        assert!(decode_completion(&longer).is_err());
+        let zero = CompletionRecord { rpc_id: 0, ..record }.encode();
+        assert_eq!(
+            decode_completion(zero.as_bytes()),
+            Err(FormatError::Malformed("completion of rpc id 0"))
+        );
+    }
+}
+
+#[cfg(test)]
 mod golden {
     //! The worked example of docs/design/log-format.md, pinned: if these bytes change, stored
     //! segments and replicas become unreadable.
@@ -1050,8 +1255,8 @@ mod golden {
         assert_eq!(
             header.to_vec(),
             bytes(
-                "53 47 4d 54 03 00 00 00 02 00 00 00 00 00 00 00 \
-                 03 00 00 00 00 00 00 00 00 00 10 00 a4 62 70 dd"
+                "53 47 4d 54 04 00 00 00 02 00 00 00 00 00 00 00 \
+                 03 00 00 00 00 00 00 00 00 00 10 00 1d b4 ab f4"
             )
         );
         let digest = encode_log_digest(&[SegmentId(1), SegmentId(3)]);
@@ -1073,6 +1278,20 @@ mod golden {
             )
         );
         assert_eq!(EntryHeader::new(EntryType::TableStats, 48).as_bytes(), &[0x06, 0x30]);
+        let completion = CompletionRecord {
+            table: TableId(7),
+            key_hash: 0x0123_4567_89ab_cdef,
+            lease_id: 4,
+            rpc_id: 12,
+            acknowledged: 10,
+            version: Version(1),
+            integer: None,
+        };
+        assert_eq!(
+            completion.encode().as_bytes(),
+            bytes("2c be 0e e5 00 00 ef cd ab 89 67 45 23 01 07 04 0c 0a 01")
+        );
+        assert_eq!(EntryHeader::new(EntryType::Completion, 19).as_bytes(), &[0x07, 0x13]);
         let mut builder = CertificateBuilder::default();
         for header in
             [[0x01, 0x20], [0x04, 0x18], [0x05, 0x0c], [0x06, 0x30], [0x02, 0x10], [0x03, 0x0f]]

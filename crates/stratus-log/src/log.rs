@@ -265,11 +265,13 @@ impl SegmentStatistics {
         self.entry_bytes[index] - self.dead_bytes[index]
     }
 
-    /// Bytes the cleaner would have to move: objects not freed and tombstones (whose death is
-    /// not tracked: they die when the segment they name leaves the log). Segment headers,
-    /// digests and safe versions are never moved.
+    /// Bytes the cleaner would have to move: objects and completion records not freed, and
+    /// tombstones (whose death is not tracked: they die when the segment they name leaves the
+    /// log). Segment headers, digests and safe versions are never moved.
     pub fn movable_bytes(&self) -> u64 {
-        self.live_bytes_of(EntryType::Object) + self.live_bytes_of(EntryType::Tombstone)
+        self.live_bytes_of(EntryType::Object)
+            + self.live_bytes_of(EntryType::Tombstone)
+            + self.live_bytes_of(EntryType::Completion)
     }
 
     /// Bytes of live objects that are expired at `now_millis`, as far as these counters can

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use stratus_log::format::{
-    decode_object_unverified, decode_tombstone, ENTRY_HEADER_BYTES_MAX,
-    SEGMENT_HEADER_CONTENT_BYTES,
+    decode_completion_unverified, decode_object_unverified, decode_tombstone,
+    ENTRY_HEADER_BYTES_MAX, SEGMENT_HEADER_CONTENT_BYTES,
 };
 use stratus_log::{
     AppendEntry, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig, Reference,
@@ -29,6 +29,7 @@ use stratus_log::{
 };
 use stratus_types::{key_hash, SegmentId};
 
+use crate::completions::Relocation;
 use crate::{ObjectStore, WallTime};
 
 /// Percent of a segment's allocated memory that may be live for combined cleaning to choose it
@@ -174,6 +175,7 @@ pub struct PendingCombinedPass {
     out_of_memory: bool,
     object_bytes: u64,
     tombstone_bytes: u64,
+    completion_bytes: u64,
     tombstones_dropped: u64,
 }
 
@@ -197,6 +199,8 @@ pub struct CleanerStatistics {
     pub object_bytes_relocated: u64,
     /// Bytes of tombstones moved by combined cleaning.
     pub tombstone_bytes_relocated: u64,
+    /// Bytes of unacknowledged completion records moved by combined cleaning.
+    pub completion_bytes_relocated: u64,
     /// Tombstones dropped because the segment they name left the log.
     pub tombstones_dropped: u64,
     /// Seglets of the segments combined cleaning dropped.
@@ -689,6 +693,16 @@ impl ObjectStore {
                         }
                         (tombstone.timestamp, 0)
                     }
+                    EntryType::Completion => {
+                        let record = decode_completion_unverified(&content)
+                            .expect("corrupt completion in the log");
+                        if !self.completions.names(&record, reference) {
+                            continue;
+                        }
+                        // Results live until their client's next requests acknowledge them:
+                        // as young as anything in the log.
+                        (now.seconds(), 0)
+                    }
                     // Headers, digests and safe versions are superseded by the next head.
                     _ => continue,
                 };
@@ -708,6 +722,7 @@ impl ObjectStore {
         let mut side_log = SideLog::new(AppendPriority::Cleaner);
         let mut object_bytes = 0u64;
         let mut tombstone_bytes = 0u64;
+        let mut completion_bytes = 0u64;
         let mut out_of_memory = false;
         for (position, survivor) in survivors.iter().enumerate() {
             if let Some(ahead) = survivors.get(position + PREFETCH_DISTANCE_ENTRIES) {
@@ -748,6 +763,30 @@ impl ObjectStore {
                         }
                     }
                 }
+                EntryType::Completion => {
+                    let record = decode_completion_unverified(&content)
+                        .expect("corrupt completion in the log");
+                    let mut refused = None;
+                    let relocation = self.completions.relocate(&record, survivor.reference, || {
+                        match side_log.append(&self.log, &entry) {
+                            Ok((moved, _)) => Some(moved),
+                            Err(error) => {
+                                refused = Some(error);
+                                None
+                            }
+                        }
+                    });
+                    match (relocation, refused) {
+                        (Relocation::Moved, _) => {
+                            self.log.free(&epoch, survivor.reference);
+                            completion_bytes += entry.entry_bytes() as u64;
+                            Ok(entry.entry_bytes())
+                        }
+                        (Relocation::Failed, Some(error)) => Err(error),
+                        // Acknowledged since it was chosen: nothing to move.
+                        _ => Ok(0),
+                    }
+                }
                 _ => {
                     let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
                     if self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
@@ -781,6 +820,7 @@ impl ObjectStore {
             out_of_memory,
             object_bytes,
             tombstone_bytes,
+            completion_bytes,
             tombstones_dropped,
         }
     }
@@ -797,6 +837,7 @@ impl ObjectStore {
             out_of_memory,
             object_bytes,
             tombstone_bytes,
+            completion_bytes,
             tombstones_dropped,
         } = pass;
         let mut cleaned = Vec::new();
@@ -824,6 +865,7 @@ impl ObjectStore {
             statistics.survivor_segments_written += survivor_segments.len() as u64;
             statistics.object_bytes_relocated += object_bytes;
             statistics.tombstone_bytes_relocated += tombstone_bytes;
+            statistics.completion_bytes_relocated += completion_bytes;
             statistics.tombstones_dropped += tombstones_dropped;
             statistics.seglets_cleaned += seglets_cleaned;
         });
@@ -833,7 +875,7 @@ impl ObjectStore {
         CleanOutcome::Combined {
             segments_cleaned: cleaned.len() as u64,
             survivor_segments: survivor_segments.len() as u64,
-            bytes_relocated: object_bytes + tombstone_bytes,
+            bytes_relocated: object_bytes + tombstone_bytes + completion_bytes,
         }
     }
 
@@ -917,8 +959,14 @@ impl ObjectStore {
             .collect();
         let mut object_index = 0;
         // The segment header first (the segment keeps its identity), then tombstones (so
-        // tombstone scans can stop early), then objects.
-        for pass in [EntryType::SegmentHeader, EntryType::Tombstone, EntryType::Object] {
+        // tombstone scans can stop early), then completion records, then objects.
+        let passes = [
+            EntryType::SegmentHeader,
+            EntryType::Tombstone,
+            EntryType::Completion,
+            EntryType::Object,
+        ];
+        for pass in passes {
             for &(reference, entry_type) in entries.iter().filter(|(_, kind)| *kind == pass) {
                 let (_, content) = self.log.entry(&epoch, reference);
                 let entry = AppendEntry::new(entry_type, &content);
@@ -950,6 +998,17 @@ impl ObjectStore {
                             bytes_moved += entry.entry_bytes() as u64;
                         } else {
                             tombstones_dropped += 1;
+                        }
+                    }
+                    EntryType::Completion => {
+                        let record = decode_completion_unverified(&content)
+                            .expect("corrupt completion in the log");
+                        let relocation = self.completions.relocate(&record, reference, || {
+                            Some(self.log.append_to_compacted(segment_id, &entry))
+                        });
+                        if relocation == Relocation::Moved {
+                            self.log.free(&epoch, reference);
+                            bytes_moved += entry.entry_bytes() as u64;
                         }
                     }
                     _ => {

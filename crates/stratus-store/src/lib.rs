@@ -19,12 +19,19 @@
 //! enumeration — while still overwriting or removing its bytes as usual (so versions keep
 //! increasing). The cleaner drops expired objects it meets, without a tombstone.
 //!
+//! Exactly-once (RIFL, docs/design/exactly-once.md): a mutation may carry its client's
+//! [`RpcIdentity`] ([`ObjectStore::mutate`]). One that takes effect appends a COMPLETION entry
+//! with its result in the same append as its object or tombstone, and the completion table
+//! (`completions.rs`) keeps the result until the client acknowledges it; the same RPC arriving
+//! again is answered from there, under the same bucket lock, without applying anything.
+//!
 //! Memory is reclaimed by the cleaner ([`ObjectStore::clean_once`], see `cleaner.rs` and
 //! docs/design/cleaner.md), which a server thread drives concurrently with requests. Every
 //! operation pins an epoch for as long as it holds bytes of the log, so the cleaner never
 //! reuses memory a request can still read.
 
 mod cleaner;
+mod completions;
 mod config;
 mod enumerate;
 mod replay;
@@ -35,6 +42,7 @@ pub use cleaner::{
     CLEAN_FREE_PERCENT_MAX, COMPACTED_UTILIZATION_MAX_PERCENT, PASS_LIVE_SEGMENTS_MAX,
     SEGMENT_COUNT_FORCE_PERCENT, TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
 };
+pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
 pub use replay::{ReplayCollector, ReplayError, ReplayInto, ReplayStatistics};
@@ -43,13 +51,15 @@ pub use stratus_types::{ExpiresAt, Expiry};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use stratus_index::{BucketGuard, HashTable, Slot};
-use stratus_log::format::{decode_object_unverified, ObjectPrefix, TombstonePrefix};
+use stratus_log::format::{
+    decode_object_unverified, CompletionRecord, ObjectPrefix, TombstonePrefix,
+};
 use stratus_log::{
     AppendEntry, AppendError, AppendPriority, EntryType, EpochGuard, Log, Reference,
     SegmentStatistics, TombstoneView,
 };
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules};
+use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules, RpcIdentity};
 use stratus_types::{SegmentId, ServerId, TableId, Version};
 
 /// A reading of the master's wall clock, taken by the caller of every operation that needs
@@ -138,6 +148,49 @@ pub enum ObjectError {
     InvalidKey,
     /// The value is longer than the configured maximum.
     ValueTooLarge,
+    /// The client acknowledged this RPC already: the request is an old duplicate, and nothing
+    /// was applied (RIFL's STALE_RPC).
+    StaleRpc,
+    /// The client's lease holds as many unacknowledged results as it may: retry once it has
+    /// acknowledged some.
+    TooManyUnacknowledged,
+    /// The RPC identity cannot be right (lease 0, rpc 0, or an rpc that acknowledges itself).
+    InvalidRpcIdentity,
+}
+
+/// A change to one object, as [`ObjectStore::mutate`] applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation<'a> {
+    /// Create or overwrite with `value`, expiring as `expiry` says.
+    Write {
+        /// The new value.
+        value: &'a [u8],
+        /// When the new object expires ([`Expiry::Keep`]: when the one it replaces would have).
+        expiry: Expiry,
+    },
+    /// Remove (a missing object is no error unless the rules say so).
+    Remove,
+    /// Add `delta` to an 8-byte little-endian i64 (a missing object counts as 0).
+    Increment {
+        /// The amount.
+        delta: i64,
+    },
+    /// Change when a live object expires, keeping its value.
+    SetExpiry {
+        /// The new expiry.
+        expiry: Expiry,
+    },
+}
+
+/// What a mutation answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mutated {
+    /// The new version; for a remove, the removed version (0 when there was none).
+    pub version: Version,
+    /// An increment's new value.
+    pub integer: Option<i64>,
+    /// True when this was a retry of an RPC already applied, answered from its record.
+    pub repeated: bool,
 }
 
 /// Totals for monitoring.
@@ -200,6 +253,7 @@ pub struct ObjectStore {
     index: HashTable,
     objects_live: AtomicU64,
     cleaner: cleaner::CleanerState,
+    completions: completions::CompletionTable,
 }
 
 /// The current object of a key, found under its bucket lock: live, or expired and not yet
@@ -244,6 +298,7 @@ impl ObjectStore {
             config,
             objects_live: AtomicU64::new(0),
             cleaner: cleaner::CleanerState::default(),
+            completions: completions::CompletionTable::default(),
         })
     }
 
@@ -350,19 +405,8 @@ impl ObjectStore {
         expiry: Expiry,
         now: WallTime,
     ) -> Result<Version, ObjectError> {
-        Self::check_key(key)?;
-        if value.len() > self.config.value_bytes_max as usize {
-            return Err(ObjectError::ValueTooLarge);
-        }
-        self.log.observe_time(now.seconds());
-        let epoch = self.log.pin();
-        let mut guard = self.index.lock(hash.0);
-        let current = self.lookup(&epoch, &guard, table, key);
-        check_rules(rules, live_version(current.as_ref(), now))?;
-        let kept = live(current.as_ref(), now).and_then(|current| current.expires_at);
-        let expires_at = expiry.resolve(now.millis(), kept);
-        let new = NewObject { table, key, value, expires_at, timestamp: now.seconds() };
-        self.store_object(&epoch, &mut guard, current, new, None)
+        let mutation = Mutation::Write { value, expiry };
+        self.mutate((table, key, hash), rules, mutation, None, now).map(|done| done.version)
     }
 
     /// Sets when a live object expires, keeping its value: a new version of it, with the
@@ -377,64 +421,222 @@ impl ObjectStore {
         rules: &RejectRules,
         now: WallTime,
     ) -> Result<Version, ObjectError> {
+        let mutation = Mutation::SetExpiry { expiry };
+        self.mutate((table, key, hash), rules, mutation, None, now).map(|done| done.version)
+    }
+
+    /// Removes an object at `now`; returns the removed version, or 0 if there was none (or it
+    /// had expired, which removes its bytes all the same) and the rules allowed that.
+    pub fn remove(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        rules: &RejectRules,
+        now: WallTime,
+    ) -> Result<Version, ObjectError> {
+        self.mutate((table, key, hash), rules, Mutation::Remove, None, now).map(|done| done.version)
+    }
+
+    /// Adds `delta` to an 8-byte little-endian i64 value at `now` (a missing or expired object
+    /// counts as 0 and is created). The object keeps its expiry, as Redis's INCR keeps a
+    /// key's. Returns the new version and value.
+    pub fn increment(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        delta: i64,
+        rules: &RejectRules,
+        now: WallTime,
+    ) -> Result<(Version, i64), ObjectError> {
+        let mutation = Mutation::Increment { delta };
+        let done = self.mutate((table, key, hash), rules, mutation, None, now)?;
+        Ok((done.version, done.integer.expect("an increment answers its value")))
+    }
+
+    /// Applies `mutation` to the object of (`table`, `key`, its `hash`) at `now`, if `rules`
+    /// allow it. With `rpc`, exactly once: the RPC's result is recorded with its effect (one
+    /// append), and the same RPC arriving again is answered with it (`repeated`) without
+    /// applying anything; an RPC the client acknowledged already is refused
+    /// ([`ObjectError::StaleRpc`]). A mutation refused, or one that changes nothing (the
+    /// remove of a missing object), records nothing: applying it again is as correct as the
+    /// first time, since nothing of the first was visible.
+    pub fn mutate(
+        &self,
+        (table, key, hash): (TableId, &[u8], KeyHash),
+        rules: &RejectRules,
+        mutation: Mutation<'_>,
+        rpc: Option<RpcIdentity>,
+        now: WallTime,
+    ) -> Result<Mutated, ObjectError> {
         Self::check_key(key)?;
+        if let Mutation::Write { value, .. } = mutation {
+            if value.len() > self.config.value_bytes_max as usize {
+                return Err(ObjectError::ValueTooLarge);
+            }
+        }
+        if rpc.is_some_and(|rpc| rpc.validate().is_err()) {
+            return Err(ObjectError::InvalidRpcIdentity);
+        }
         self.log.observe_time(now.seconds());
         let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
+        let mut free = |reference| self.log.free(&epoch, reference);
+        if let Some(rpc) = &rpc {
+            match self.completions.check(rpc, &mut free) {
+                Ok(completions::Check::New) => {}
+                Ok(completions::Check::Completed(result)) => {
+                    let CompletionResult { version, integer } = result;
+                    return Ok(Mutated { version, integer, repeated: true });
+                }
+                Err(completions::CheckError::Stale) => return Err(ObjectError::StaleRpc),
+                Err(completions::CheckError::TooManyUnacknowledged) => {
+                    return Err(ObjectError::TooManyUnacknowledged)
+                }
+            }
+        }
         let current = self.lookup(&epoch, &guard, table, key);
-        let Some(live_object) = live(current.as_ref(), now) else {
-            return Err(ObjectError::Rejected {
-                reason: RejectReason::ObjectDoesntExist,
-                current: Version::NONEXISTENT,
-            });
+        let draft = rpc.map(|rpc| CompletionDraft { rpc, key_hash: hash.0 });
+        let (result, completion) = match mutation {
+            Mutation::Write { value, expiry } => {
+                check_rules(rules, live_version(current.as_ref(), now))?;
+                let kept = live(current.as_ref(), now).and_then(|current| current.expires_at);
+                let expires_at = expiry.resolve(now.millis(), kept);
+                let new = NewObject { table, key, value, expires_at, timestamp: now.seconds() };
+                let stored = self.store_object(&epoch, &mut guard, current, new, draft, None)?;
+                (CompletionResult { version: stored.0, integer: None }, stored.1)
+            }
+            Mutation::SetExpiry { expiry } => {
+                let Some(live_object) = live(current.as_ref(), now) else {
+                    return Err(ObjectError::Rejected {
+                        reason: RejectReason::ObjectDoesntExist,
+                        current: Version::NONEXISTENT,
+                    });
+                };
+                check_rules(rules, live_object.version)?;
+                let expires_at = expiry.resolve(now.millis(), live_object.expires_at);
+                let (_, content) = self.log.entry(&epoch, live_object.reference);
+                let object = decode_object_unverified(&content).expect("corrupt object in the log");
+                let value = object.value;
+                let new = NewObject { table, key, value, expires_at, timestamp: now.seconds() };
+                let stored = self.store_object(&epoch, &mut guard, current, new, draft, None)?;
+                (CompletionResult { version: stored.0, integer: None }, stored.1)
+            }
+            Mutation::Remove => {
+                let removed_version = live_version(current.as_ref(), now);
+                check_rules(rules, removed_version)?;
+                let result = CompletionResult { version: removed_version, integer: None };
+                let completion = match current {
+                    Some(current) => {
+                        let draft = draft.map(|draft| (draft, result));
+                        self.remove_current(&epoch, &mut guard, current, (table, key), now, draft)?
+                    }
+                    None => None,
+                };
+                (result, completion)
+            }
+            Mutation::Increment { delta } => {
+                let current_version = live_version(current.as_ref(), now);
+                check_rules(rules, current_version)?;
+                let live_object = live(current.as_ref(), now);
+                let expires_at = live_object.and_then(|current| current.expires_at);
+                let old_value = match live_object {
+                    None => 0,
+                    Some(current) => {
+                        let (_, content) = self.log.entry(&epoch, current.reference);
+                        let object =
+                            decode_object_unverified(&content).expect("corrupt object in the log");
+                        let bytes: [u8; 8] = object
+                            .value
+                            .try_into()
+                            .map_err(|_| ObjectError::NotAnInteger { current: current_version })?;
+                        i64::from_le_bytes(bytes)
+                    }
+                };
+                let new_value = old_value
+                    .checked_add(delta)
+                    .ok_or(ObjectError::IncrementOverflow { current: current_version })?;
+                let value = new_value.to_le_bytes();
+                let new =
+                    NewObject { table, key, value: &value, expires_at, timestamp: now.seconds() };
+                let integer = Some(new_value);
+                let stored = self.store_object(&epoch, &mut guard, current, new, draft, integer)?;
+                (CompletionResult { version: stored.0, integer }, stored.1)
+            }
         };
-        check_rules(rules, live_object.version)?;
-        let expires_at = expiry.resolve(now.millis(), live_object.expires_at);
-        let (_, content) = self.log.entry(&epoch, live_object.reference);
-        let object = decode_object_unverified(&content).expect("corrupt object in the log");
-        let new =
-            NewObject { table, key, value: object.value, expires_at, timestamp: now.seconds() };
-        self.store_object(&epoch, &mut guard, current, new, None)
+        if let (Some(rpc), Some(entry)) = (rpc, completion) {
+            // Under the bucket lock still: the same RPC arriving now waits for it, then finds
+            // the record.
+            self.completions.record(&rpc, (table, hash.0), result, entry, &mut free);
+        }
+        let CompletionResult { version, integer } = result;
+        Ok(Mutated { version, integer, repeated: false })
     }
 
-    /// Appends a new version of an object (plus the old version's tombstone) and points the
-    /// index at it. `current` is what the key holds, expired or not: its bytes die either
-    /// way, and the new version is above it. The caller holds the bucket lock and has checked
-    /// the rules.
+    /// Appends a new version of an object (plus the old version's tombstone, plus the
+    /// COMPLETION entry recording it for `completion`'s RPC) and points the index at it.
+    /// `current` is what the key holds, expired or not: its bytes die either way, and the new
+    /// version is above it. The caller holds the bucket lock and has checked the rules.
+    /// Returns the new version and the completion entry's reference and bytes.
     fn store_object(
         &self,
         epoch: &EpochGuard<'_>,
         guard: &mut BucketGuard<'_>,
         current: Option<Current>,
         new: NewObject<'_>,
-        replayed_version: Option<Version>,
-    ) -> Result<Version, ObjectError> {
-        let NewObject { table, key, value, expires_at, timestamp } = new;
-        let version = match (&current, replayed_version) {
-            // Replay keeps the version the object had in the replayed log.
-            (_, Some(version)) => version,
-            (Some(current), None) => Version(current.version.0 + 1),
-            (None, None) => self.log.allocate_version(),
+        completion: Option<CompletionDraft>,
+        integer: Option<i64>,
+    ) -> Result<(Version, Option<(Reference, u64)>), ObjectError> {
+        let version = match &current {
+            Some(current) => Version(current.version.0 + 1),
+            None => self.log.allocate_version(),
         };
+        self.store_version(epoch, guard, current, new, version, completion, integer)
+    }
+
+    /// [`ObjectStore::store_object`] at a given `version` (replay keeps the versions objects
+    /// had in the replayed log).
+    #[allow(clippy::too_many_arguments)]
+    fn store_version(
+        &self,
+        epoch: &EpochGuard<'_>,
+        guard: &mut BucketGuard<'_>,
+        current: Option<Current>,
+        new: NewObject<'_>,
+        version: Version,
+        completion: Option<CompletionDraft>,
+        integer: Option<i64>,
+    ) -> Result<(Version, Option<(Reference, u64)>), ObjectError> {
+        let NewObject { table, key, value, expires_at, timestamp } = new;
         let prefix = ObjectPrefix::new(table, version, timestamp, expires_at, key, value);
         let object =
             AppendEntry { entry_type: EntryType::Object, pieces: [prefix.as_bytes(), key, value] };
-        let appended = match &current {
-            Some(current) => {
-                let tombstone = TombstonePrefix::new(&TombstoneView {
-                    table,
-                    segment_id: self.log.segment_of(current.reference),
-                    object_version: current.version,
-                    timestamp,
-                    key,
-                });
-                let entries = [object, tombstone_entry(&tombstone, key)];
-                self.log.append(&entries, AppendPriority::Normal)
-            }
-            None => self.log.append(&[object], AppendPriority::Normal),
+        let tombstone = current.as_ref().map(|current| {
+            TombstonePrefix::new(&TombstoneView {
+                table,
+                segment_id: self.log.segment_of(current.reference),
+                object_version: current.version,
+                timestamp,
+                key,
+            })
+        });
+        let completion_content = completion
+            .map(|draft| draft.record(table, CompletionResult { version, integer }).encode());
+        let mut entries = Vec::with_capacity(3);
+        entries.push(object);
+        if let Some(tombstone) = &tombstone {
+            entries.push(tombstone_entry(tombstone, key));
         }
-        .map_err(append_error)?;
+        if let Some(content) = &completion_content {
+            entries.push(AppendEntry::new(EntryType::Completion, content.as_bytes()));
+        }
+        let appended = self.log.append(&entries, AppendPriority::Normal).map_err(append_error)?;
         let reference = appended.references[0];
+        let completion_entry = completion_content.map(|_| {
+            let last = entries.len() - 1;
+            (appended.references[last], entries[last].entry_bytes() as u64)
+        });
         let new_bytes = object.entry_bytes() as u64;
         match current {
             Some(current) => {
@@ -453,43 +655,22 @@ impl ObjectStore {
                 self.log.table_tallies().object_added(guard.bucket_index(), table, new_bytes);
             }
         }
-        Ok(version)
+        Ok((version, completion_entry))
     }
 
-    /// Removes an object at `now`; returns the removed version, or 0 if there was none (or it
-    /// had expired, which removes its bytes all the same) and the rules allowed that.
-    pub fn remove(
-        &self,
-        table: TableId,
-        key: &[u8],
-        hash: KeyHash,
-        rules: &RejectRules,
-        now: WallTime,
-    ) -> Result<Version, ObjectError> {
-        Self::check_key(key)?;
-        self.log.observe_time(now.seconds());
-        let epoch = self.log.pin();
-        let mut guard = self.index.lock(hash.0);
-        let current = self.lookup(&epoch, &guard, table, key);
-        let removed_version = live_version(current.as_ref(), now);
-        check_rules(rules, removed_version)?;
-        if let Some(current) = current {
-            self.remove_current(&epoch, &mut guard, current, table, key, now)?;
-        }
-        Ok(removed_version)
-    }
-
-    /// Removes `current`, what the key holds (live or expired): a tombstone for its version,
-    /// the index entry gone, its bytes dead. The caller holds the bucket lock.
+    /// Removes `current`, what the key holds (live or expired): a tombstone for its version
+    /// (with the COMPLETION entry of `completion`, in the same append), the index entry gone,
+    /// its bytes dead. The caller holds the bucket lock. Returns the completion entry's
+    /// reference and bytes.
     fn remove_current(
         &self,
         epoch: &EpochGuard<'_>,
         guard: &mut BucketGuard<'_>,
         current: Current,
-        table: TableId,
-        key: &[u8],
+        (table, key): (TableId, &[u8]),
         now: WallTime,
-    ) -> Result<(), ObjectError> {
+        completion: Option<(CompletionDraft, CompletionResult)>,
+    ) -> Result<Option<(Reference, u64)>, ObjectError> {
         let tombstone = TombstonePrefix::new(&TombstoneView {
             table,
             segment_id: self.log.segment_of(current.reference),
@@ -497,58 +678,21 @@ impl ObjectStore {
             timestamp: now.seconds(),
             key,
         });
-        self.log
-            .append(&[tombstone_entry(&tombstone, key)], AppendPriority::MayUseReserve)
-            .map_err(append_error)?;
+        let completion_content =
+            completion.map(|(draft, result)| draft.record(table, result).encode());
+        let mut entries = vec![tombstone_entry(&tombstone, key)];
+        if let Some(content) = &completion_content {
+            entries.push(AppendEntry::new(EntryType::Completion, content.as_bytes()));
+        }
+        let appended =
+            self.log.append(&entries, AppendPriority::MayUseReserve).map_err(append_error)?;
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
         let old_bytes = self.log.free(epoch, current.reference);
         self.log.table_tallies().object_removed(guard.bucket_index(), table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Adds `delta` to an 8-byte little-endian i64 value at `now` (a missing or expired object
-    /// counts as 0 and is created). The object keeps its expiry, as Redis's INCR keeps a
-    /// key's. Returns the new version and value.
-    pub fn increment(
-        &self,
-        table: TableId,
-        key: &[u8],
-        hash: KeyHash,
-        delta: i64,
-        rules: &RejectRules,
-        now: WallTime,
-    ) -> Result<(Version, i64), ObjectError> {
-        Self::check_key(key)?;
-        self.log.observe_time(now.seconds());
-        let epoch = self.log.pin();
-        let mut guard = self.index.lock(hash.0);
-        let current = self.lookup(&epoch, &guard, table, key);
-        let current_version = live_version(current.as_ref(), now);
-        check_rules(rules, current_version)?;
-        let live_object = live(current.as_ref(), now);
-        let expires_at = live_object.and_then(|current| current.expires_at);
-        let old_value = match live_object {
-            None => 0,
-            Some(current) => {
-                let (_, content) = self.log.entry(&epoch, current.reference);
-                let object = decode_object_unverified(&content).expect("corrupt object in the log");
-                let bytes: [u8; 8] = object
-                    .value
-                    .try_into()
-                    .map_err(|_| ObjectError::NotAnInteger { current: current_version })?;
-                i64::from_le_bytes(bytes)
-            }
-        };
-        let new_value = old_value
-            .checked_add(delta)
-            .ok_or(ObjectError::IncrementOverflow { current: current_version })?;
-        let value = new_value.to_le_bytes();
-        let new = NewObject { table, key, value: &value, expires_at, timestamp: now.seconds() };
-        let version = self.store_object(&epoch, &mut guard, current, new, None)?;
-        Ok((version, new_value))
+        Ok(completion_content.map(|_| (appended.references[1], entries[1].entry_bytes() as u64)))
     }
 
     /// Forgets every object of `table` whose key hash lies in `range`: removes it from the
@@ -576,6 +720,11 @@ impl ObjectStore {
             });
         }
         self.objects_live.fetch_sub(dropped, Ordering::Relaxed);
+        // The tablet's results go with it: its new master has its own copies (a transfer
+        // carries them), and this master answers nothing of the tablet any more.
+        let epoch = self.log.pin();
+        let mut free = |reference| self.log.free(&epoch, reference);
+        self.completions.forget_range(table, range, &mut free);
         dropped
     }
 
@@ -631,6 +780,28 @@ struct NewObject<'a> {
     timestamp: u32,
 }
 
+/// The identity of an RPC whose result is to be recorded with its effect, and its key's hash.
+#[derive(Clone, Copy, Debug)]
+struct CompletionDraft {
+    rpc: RpcIdentity,
+    key_hash: u64,
+}
+
+impl CompletionDraft {
+    /// The COMPLETION entry recording `result` for this RPC on `table`.
+    fn record(&self, table: TableId, result: CompletionResult) -> CompletionRecord {
+        CompletionRecord {
+            table,
+            key_hash: self.key_hash,
+            lease_id: self.rpc.lease.0,
+            rpc_id: self.rpc.rpc.0,
+            acknowledged: self.rpc.acknowledged.0,
+            version: result.version,
+            integer: result.integer,
+        }
+    }
+}
+
 fn check_rules(rules: &RejectRules, current: Version) -> Result<(), ObjectError> {
     rules.check(current).map_err(|reason| ObjectError::Rejected { reason, current })
 }
@@ -652,6 +823,8 @@ fn append_error(error: AppendError) -> ObjectError {
 
 #[cfg(test)]
 mod cleaner_tests;
+#[cfg(test)]
+mod completion_tests;
 #[cfg(test)]
 mod expiry_tests;
 #[cfg(test)]

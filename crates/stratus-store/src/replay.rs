@@ -15,12 +15,12 @@
 //! recovery master, not a whole cluster. The winners are copied into the log as they were read
 //! (their checksums were verified, not computed again).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
 use std::sync::atomic::Ordering;
 
-use stratus_log::format::{ObjectPrefix, TombstonePrefix};
+use stratus_log::format::{CompletionRecord, ObjectPrefix, TombstonePrefix};
 use stratus_log::{
     AppendEntry, AppendPriority, Certificate, Entry, EntryType, FormatError, ObjectView,
     SegmentIterator, SideLog, TombstoneView,
@@ -78,6 +78,8 @@ pub struct ReplayStatistics {
     pub objects_skipped: u64,
     /// Objects of this store removed because a replayed tombstone named them.
     pub objects_removed: u64,
+    /// Results of mutations kept for their clients' retries.
+    pub completions_replayed: u64,
 }
 
 /// A replayed key, borrowed from the segment it was read from, with its key hash (computed
@@ -161,6 +163,9 @@ pub struct ReplayCollector<'a> {
     highest_version: Version,
     objects_seen: u64,
     statistics: ReplayStatistics,
+    /// Results of mutations (by lease and rpc id: a cleaned segment's record may be seen twice,
+    /// and the order must be the same on every run).
+    completions: BTreeMap<(u64, u64), CompletionRecord>,
 }
 
 impl std::fmt::Debug for ReplayCollector<'_> {
@@ -185,6 +190,7 @@ impl<'a> ReplayCollector<'a> {
             highest_version: Version(0),
             objects_seen: 0,
             statistics: ReplayStatistics::default(),
+            completions: BTreeMap::new(),
         }
     }
 
@@ -252,6 +258,12 @@ impl<'a> ReplayCollector<'a> {
                 Entry::SafeVersion(version) => {
                     self.highest_version = self.highest_version.max(version);
                 }
+                Entry::Completion(record) => {
+                    // A result goes with its object's tablet, as the object does.
+                    if (self.accept)(index, record.table, KeyHash(record.key_hash)) {
+                        self.completions.insert((record.lease_id, record.rpc_id), record);
+                    }
+                }
                 Entry::SegmentHeader(_) | Entry::LogDigest(_) | Entry::TableStats(_) => {}
             }
         }
@@ -310,6 +322,7 @@ impl ObjectStore {
             highest_version,
             objects_seen,
             mut statistics,
+            completions,
             ..
         } = collector;
         // A key's newest object is live unless a tombstone names its version or a newer one
@@ -338,6 +351,23 @@ impl ObjectStore {
                 Ok(false) => statistics.objects_skipped += 1,
                 Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
                 Err(error) => unreachable!("replaying a verified object failed: {error:?}"),
+            }
+        }
+        // The results of mutations of these tablets that their clients have not acknowledged:
+        // a retry that reaches this master now gets the original result.
+        let mut marks: HashMap<u64, u64> = HashMap::new();
+        for record in completions.values() {
+            let mark = marks.entry(record.lease_id).or_default();
+            *mark = (*mark).max(record.acknowledged);
+        }
+        let unacknowledged =
+            completions.values().filter(|record| record.rpc_id > marks[&record.lease_id]);
+        for record in unacknowledged {
+            match self.import_completion(record, &mut into) {
+                Ok(true) => statistics.completions_replayed += 1,
+                Ok(false) => {}
+                Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
+                Err(error) => unreachable!("replaying a verified completion failed: {error:?}"),
             }
         }
         // Objects this store already held that a replayed tombstone names are dead too.
@@ -422,7 +452,7 @@ impl ObjectStore {
         // Whatever it holds, live or expired: the source removed the key.
         match self.lookup(&epoch, &guard, table, key) {
             Some(current) if current.version < below => {
-                self.remove_current(&epoch, &mut guard, current, table, key, now)?;
+                self.remove_current(&epoch, &mut guard, current, (table, key), now, None)?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -456,7 +486,7 @@ impl ObjectStore {
         }
         let ReplayInto::SideLog { side_log, closed } = into else {
             let new = NewObject { table, key, value, expires_at, timestamp };
-            self.store_object(&epoch, &mut guard, current, new, Some(version))?;
+            self.store_version(&epoch, &mut guard, current, new, version, None, None)?;
             return Ok(true);
         };
         let prefix;

@@ -10,10 +10,12 @@ pub mod hash;
 pub mod ids;
 pub mod limits;
 pub mod reject;
+pub mod rifl;
 pub mod tablet;
 
 pub use expiry::{ExpiresAt, Expiry};
 pub use hash::{key_hash, IntegerHasher, IntegerHashing};
 pub use ids::{KeyHash, SegmentId, ServerId, TableId, Version};
 pub use reject::{RejectReason, RejectRules};
+pub use rifl::{LeaseId, RpcId, RpcIdentity, RpcIdentityError};
 pub use tablet::{HashRange, TabletState};

@@ -102,3 +102,40 @@ const _: () = assert!(
     TABLETS_PER_TABLE_MAX * (8 + 16 + 8 + 2 + SERVER_ADDRESS_BYTES_MAX + 1) + 4_096
         < FRAME_BYTES_MAX
 );
+
+/// How long a client lease lasts after its last renewal (RIFL, docs/design/exactly-once.md):
+/// a client's unacknowledged results are kept at least this long after it was last heard of.
+/// Long enough that a client paused by a garbage collector or a busy machine keeps its lease,
+/// short enough that a dead client's results are not kept for long.
+pub const CLIENT_LEASE_TERM_MILLIS: u64 = 30_000;
+
+/// How often a client renews its lease: three tries per term, so two lost renewals in a row
+/// still leave it valid.
+pub const CLIENT_LEASE_RENEW_INTERVAL_MILLIS: u64 = CLIENT_LEASE_TERM_MILLIS / 3;
+
+/// Unacknowledged results a master keeps per client lease. A client acknowledges every result
+/// it has up to its oldest outstanding mutation, so it holds about as many as it has
+/// mutations in flight: this bounds a client whose oldest mutation is stuck while the others
+/// go on (past it, its new mutations get RETRY until it acknowledges). About 100 bytes each
+/// (28 in the log, the rest in the table): under 1 MiB per client.
+pub const COMPLETIONS_PER_LEASE_MAX: usize = 8_192;
+
+/// Leases one CHECK_CLIENT_LEASES request asks about (a master checks the leases it holds
+/// results of in batches of this size).
+pub const CLIENT_LEASES_PER_CHECK_MAX: usize = 1_024;
+
+/// Client leases a coordinator keeps at once: bounds its memory (about 48 bytes each). Past
+/// it, new leases are refused with RETRY until old ones expire.
+pub const CLIENT_LEASES_MAX: usize = 1 << 20;
+
+/// Lease ids a coordinator reserves with one metadata write: ids are unique across coordinator
+/// restarts and failovers because the next free id is persisted before any id below it is
+/// granted, and reserving in blocks keeps that to one write per this many leases.
+pub const CLIENT_LEASE_IDS_PER_RESERVATION: u64 = 1_024;
+
+/// Completion records one RECEIVE_MIGRATION_DATA batch carries at most (about 50 bytes each on
+/// the wire).
+pub const MIGRATION_COMPLETIONS_PER_BATCH_MAX: usize = 16_384;
+
+const _: () = assert!(MIGRATION_COMPLETIONS_PER_BATCH_MAX * 64 + 4_096 < FRAME_BYTES_MAX);
+const _: () = assert!(CLIENT_LEASES_PER_CHECK_MAX * 16 + 4_096 < FRAME_BYTES_MAX);

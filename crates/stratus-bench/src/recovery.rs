@@ -938,6 +938,7 @@ async fn load(client: &Client, tables: Tables, plan: &Plan) -> Result<(), String
                         value: Bytes::from(object_value(index, plan.value_bytes(index))),
                         rules: RejectRules::NONE,
                         expiry: stratus_types::Expiry::Never,
+                        rpc: None,
                     })
                     .collect();
                 for outcome in client.multi_write(&items).await {

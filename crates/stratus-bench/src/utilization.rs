@@ -297,6 +297,7 @@ fn measure_cluster(
             value: value.clone(),
             rules: RejectRules::NONE,
             expiry: stratus_types::Expiry::Never,
+            rpc: None,
         };
         let write_batch = |indexes: Vec<u64>| {
             let client = client.clone();

@@ -6,7 +6,9 @@
 //! single-object attempt that must be retried (a stale map, a tablet being recovered, a master
 //! that cannot be reached), runs on the async [`Client`] inside, on a small runtime of its own;
 //! both paths judge an attempt's outcome with the same rules (`Inner::judge_attempt`), so the
-//! blocking client retries exactly what the async one would.
+//! blocking client retries exactly what the async one would. A mutation takes its
+//! exactly-once ticket from the same lease agent as the async client's (its lease is renewed
+//! on the runtime's worker thread, between calls too).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,8 +23,8 @@ use stratus_wire::{
 };
 
 use crate::client::{
-    check_key, increment_result, read_result, remove_result, set_expiry_result, write_result,
-    Attempt, Client, ClientConfig, ObjectRead,
+    check_key, increment_result, is_mutation, may_have_run, read_result, remove_result,
+    set_expiry_result, write_result, Attempt, Client, ClientConfig, ObjectCall, ObjectRead,
 };
 use crate::error::{Error, Result};
 
@@ -45,7 +47,11 @@ pub struct BlockingClient {
 impl BlockingClient {
     /// A blocking client of the cluster described by `config`.
     pub fn new(config: ClientConfig) -> Result<BlockingClient> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // One worker thread: the client's lease renewals run there while no call is in
+        // progress (a current-thread runtime runs tasks only inside `block_on`).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("stratus-client")
             .enable_all()
             .build()
             .map_err(|error| Error::new(stratus_wire::Status::InternalError, error.to_string()))?;
@@ -106,7 +112,7 @@ impl BlockingClient {
     ) -> Result<ObjectRead> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Read { table_id, key: key.clone(), rules };
-        read_result(self.object_call(table_id, &key, &request)?)
+        read_result(self.object_call(table_id, &key, request)?)
     }
 
     /// See [`Client::write_with`].
@@ -131,8 +137,9 @@ impl BlockingClient {
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
         let value = Bytes::copy_from_slice(value);
-        let request = Request::Write { table_id, key: key.clone(), value, rules, expiry };
-        write_result(self.object_call(table_id, &key, &request)?)
+        let request =
+            Request::Write { table_id, key: key.clone(), value, rules, expiry, rpc: None };
+        write_result(self.object_call(table_id, &key, request)?)
     }
 
     /// See [`Client::set_expiry`].
@@ -144,15 +151,15 @@ impl BlockingClient {
         rules: RejectRules,
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules };
-        set_expiry_result(self.object_call(table_id, &key, &request)?)
+        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules, rpc: None };
+        set_expiry_result(self.object_call(table_id, &key, request)?)
     }
 
     /// See [`Client::remove_with`].
     pub fn remove(&self, table_id: TableId, key: &[u8], rules: RejectRules) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Remove { table_id, key: key.clone(), rules };
-        remove_result(self.object_call(table_id, &key, &request)?)
+        let request = Request::Remove { table_id, key: key.clone(), rules, rpc: None };
+        remove_result(self.object_call(table_id, &key, request)?)
     }
 
     /// See [`Client::increment_with`].
@@ -164,8 +171,8 @@ impl BlockingClient {
         rules: RejectRules,
     ) -> Result<(i64, Version)> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Increment { table_id, key: key.clone(), delta, rules };
-        increment_result(self.object_call(table_id, &key, &request)?)
+        let request = Request::Increment { table_id, key: key.clone(), delta, rules, rpc: None };
+        increment_result(self.object_call(table_id, &key, request)?)
     }
 
     /// One single-object request: first straight to the master if the cached map names it,
@@ -175,18 +182,48 @@ impl BlockingClient {
         &self,
         table_id: TableId,
         key: &Bytes,
-        request: &Request,
+        request: Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
-        let deadline = deadline_after(self.client.inner.config().operation_timeout);
-        let failed = match self.direct_attempt(table_id, key, request, deadline) {
+        let inner = &self.client.inner;
+        let deadline = deadline_after(inner.config().operation_timeout);
+        let mut call = self.prepare(request, deadline)?;
+        let mut lease_expired = false;
+        let failed = match self.direct_attempt(table_id, key, &call.request, deadline) {
+            Some(Attempt::Finished(outcome)) if call.lease_expired(&outcome) => {
+                lease_expired = true;
+                None
+            }
             Some(Attempt::Finished(outcome)) => return outcome,
-            Some(Attempt::Retry(error)) => Some(error),
+            Some(Attempt::Retry(error)) => {
+                call.may_have_run |= may_have_run(&error);
+                Some(error)
+            }
             None => None,
         };
         let deadline = tokio::time::Instant::from_std(deadline);
-        let retried = self.client.inner.object_call_until(table_id, key, request, deadline, failed);
-        self.runtime.block_on(retried)
+        self.runtime.block_on(async {
+            if lease_expired {
+                inner.retake_ticket(&mut call, deadline).await?;
+            }
+            inner.object_call_until(table_id, key, &mut call, deadline, failed).await
+        })
+    }
+
+    /// `request` ready for its first attempt (see `Inner::prepare`): a mutation's ticket comes
+    /// without leaving this thread while the client holds a usable lease.
+    fn prepare(&self, request: Request, deadline: Instant) -> Result<ObjectCall> {
+        let inner = &self.client.inner;
+        if !(inner.config().exactly_once && is_mutation(&request)) {
+            return Ok(ObjectCall::plain(request));
+        }
+        // Inside the runtime: a renewal that falls due starts on its worker.
+        let _runtime = self.runtime.enter();
+        if let Some(ticket) = inner.lease_agent().ticket_now(inner.me()) {
+            return Ok(ObjectCall::with_ticket(request, ticket));
+        }
+        let deadline = tokio::time::Instant::from_std(deadline);
+        self.runtime.block_on(inner.prepare(request, deadline))
     }
 
     /// Sends `request` once over a direct connection to the master the cached map names, and

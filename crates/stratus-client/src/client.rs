@@ -1,22 +1,25 @@
 //! The async client.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_env::Environment;
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{key_hash, Expiry, KeyHash, RejectRules, TableId, TabletState, Version};
+use stratus_types::{
+    key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Version,
+};
 use stratus_wire::{
-    BackupServiceStatistics, IncrementItem, KeyItem, Request, Response, ResponseBody, ServerEntry,
-    ServerStatistics, Status, TableEntry, TabletEntry, WriteItem,
+    BackupServiceStatistics, IncrementItem, KeyItem, RemoveItem, Request, Response, ResponseBody,
+    ServerEntry, ServerStatistics, Status, TableEntry, TabletEntry, WriteItem,
 };
 use tokio::time::Instant;
 
 use crate::enumeration::Enumeration;
 use crate::error::{Error, Result};
+use crate::exactly_once::{LeaseAgent, RpcTicket};
 use crate::multi::MultiItems;
 
 /// Settings of a client.
@@ -30,15 +33,16 @@ pub struct ClientConfig {
     /// How long one operation may take, retries included, before it fails with TIMEOUT (or the
     /// last error seen).
     pub operation_timeout: Duration,
-    /// Whether a write, remove or increment is sent again after an attempt whose outcome is
-    /// unknown (the request timed out, the connection broke after it was sent, or the master
-    /// answered RETRY because replication did not confirm in time). The attempt may have taken
-    /// effect, so a retry may apply it twice: a second version of a blind write, a second
-    /// delta of an increment, or a conditional write reported refused by its own first
-    /// attempt's effect. Until exactly-once RPCs exist, `true` (the default) trades that for
-    /// availability; `false` returns the ambiguous error to the caller instead, so every
-    /// operation takes effect at most once (the deterministic simulation checks histories
-    /// this way).
+    /// Whether every mutation (write, remove, increment, set-expiry, each item of the
+    /// multi-operations) carries an exactly-once identity under a client lease (RIFL,
+    /// docs/design/exactly-once.md): then a mutation sent again after an attempt whose outcome
+    /// is unknown is applied at most once, and its retry gets the first attempt's answer.
+    /// On by default; off, the client sends no identity and takes no lease.
+    pub exactly_once: bool,
+    /// Only for a client with `exactly_once` off: whether a mutation is sent again after an
+    /// attempt whose outcome is unknown (a timeout, a connection broken after sending, RETRY
+    /// from a master whose replication did not confirm in time). Such a retry may apply it
+    /// twice; `false` returns the ambiguous error to the caller instead.
     pub retry_ambiguous_mutations: bool,
 }
 
@@ -49,6 +53,7 @@ impl ClientConfig {
             coordinator_address: coordinator_address.into(),
             rpc: RpcConfig::default(),
             operation_timeout: Duration::from_secs(10),
+            exactly_once: true,
             retry_ambiguous_mutations: true,
         }
     }
@@ -66,6 +71,10 @@ pub(crate) struct Inner {
     pool: ChannelPool,
     environment: Environment,
     tablet_maps: RwLock<HashMap<TableId, Arc<Vec<TabletEntry>>>>,
+    /// The client's lease and rpc ids (exactly-once mutations).
+    lease_agent: LeaseAgent,
+    /// This, for background work (lease renewals) that must not keep the client alive.
+    me: Weak<Inner>,
 }
 
 /// The error for a tablet whose master crashed and is still being recovered: retryable, and
@@ -135,7 +144,7 @@ fn is_permanent(error: &RpcError) -> bool {
 }
 
 /// True for a single-object request that changes the object.
-fn is_mutation(request: &Request) -> bool {
+pub(crate) fn is_mutation(request: &Request) -> bool {
     matches!(
         request,
         Request::Write { .. }
@@ -143,6 +152,81 @@ fn is_mutation(request: &Request) -> bool {
             | Request::Increment { .. }
             | Request::SetExpiry { .. }
     )
+}
+
+/// True for a mutation without an exactly-once identity: sending it again may apply it
+/// twice.
+fn is_unprotected_mutation(request: &Request) -> bool {
+    match request {
+        Request::Write { rpc, .. }
+        | Request::Remove { rpc, .. }
+        | Request::Increment { rpc, .. }
+        | Request::SetExpiry { rpc, .. } => rpc.is_none(),
+        _ => false,
+    }
+}
+
+/// Gives a single-object mutation its exactly-once identity.
+fn set_identity(request: &mut Request, identity: RpcIdentity) {
+    match request {
+        Request::Write { rpc, .. }
+        | Request::Remove { rpc, .. }
+        | Request::Increment { rpc, .. }
+        | Request::SetExpiry { rpc, .. } => *rpc = Some(identity),
+        _ => {}
+    }
+}
+
+/// True when an attempt that failed with `error` may have reached a master and been applied
+/// there (anything but a map found stale, or a connection never made).
+pub(crate) fn may_have_run(error: &Error) -> bool {
+    !matches!(error.status, Status::UnknownTablet | Status::WrongServer | Status::CouldntConnect)
+}
+
+/// What a mutation reports when its lease expired after an attempt that may have been
+/// applied: retrying under a new lease could apply it twice, so its outcome is unknown.
+pub(crate) fn lease_lost_error() -> Error {
+    Error::new(
+        Status::Timeout,
+        "the client's lease expired before the mutation's outcome was known: it may or may not \
+         have been applied",
+    )
+}
+
+/// A single-object request on its way: the request, the exactly-once ticket of a mutation
+/// (every attempt carries its identity), and whether an attempt may have been applied.
+#[derive(Debug)]
+pub(crate) struct ObjectCall {
+    pub(crate) request: Request,
+    pub(crate) ticket: Option<RpcTicket>,
+    pub(crate) may_have_run: bool,
+}
+
+impl ObjectCall {
+    /// A request that carries no identity (a read, or a mutation of a client without
+    /// exactly-once).
+    pub(crate) fn plain(request: Request) -> ObjectCall {
+        ObjectCall { request, ticket: None, may_have_run: false }
+    }
+
+    /// A mutation under `ticket`.
+    pub(crate) fn with_ticket(mut request: Request, ticket: RpcTicket) -> ObjectCall {
+        set_identity(&mut request, ticket.identity());
+        ObjectCall { request, ticket: Some(ticket), may_have_run: false }
+    }
+
+    /// Brings the identity up to date (what the client acknowledged grows) before an attempt.
+    pub(crate) fn refresh_identity(&mut self) {
+        if let Some(ticket) = &self.ticket {
+            set_identity(&mut self.request, ticket.identity());
+        }
+    }
+
+    /// Whether the answer says the ticket's lease expired.
+    pub(crate) fn lease_expired(&self, outcome: &Result<(Status, ResponseBody)>) -> bool {
+        self.ticket.is_some()
+            && matches!(outcome, Ok((status, _)) if *status == Status::ExpiredLease)
+    }
 }
 
 fn unexpected(response: &ResponseBody) -> Error {
@@ -290,8 +374,15 @@ impl Client {
     }
 
     fn with_pool(config: ClientConfig, pool: ChannelPool, environment: Environment) -> Client {
-        let inner = Inner { config, pool, environment, tablet_maps: RwLock::new(HashMap::new()) };
-        Client { inner: Arc::new(inner) }
+        let inner = Arc::new_cyclic(|me| Inner {
+            config,
+            pool,
+            environment,
+            tablet_maps: RwLock::new(HashMap::new()),
+            lease_agent: LeaseAgent::default(),
+            me: me.clone(),
+        });
+        Client { inner }
     }
 
     /// Creates a table spread over `server_span` masters; returns its id (the existing id if
@@ -432,7 +523,7 @@ impl Client {
     ) -> Result<ObjectRead> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Read { table_id, key: key.clone(), rules };
-        read_result(self.inner.object_call(table_id, &key, &request).await?)
+        read_result(self.inner.object_call(table_id, &key, request).await?)
     }
 
     /// Writes an object; returns its new version.
@@ -464,8 +555,9 @@ impl Client {
         expiry: Expiry,
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Write { table_id, key: key.clone(), value, rules, expiry };
-        write_result(self.inner.object_call(table_id, &key, &request).await?)
+        let request =
+            Request::Write { table_id, key: key.clone(), value, rules, expiry, rpc: None };
+        write_result(self.inner.object_call(table_id, &key, request).await?)
     }
 
     /// Sets when an existing object expires (`Expiry::Never`: never), keeping its value;
@@ -478,8 +570,8 @@ impl Client {
         rules: RejectRules,
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules };
-        set_expiry_result(self.inner.object_call(table_id, &key, &request).await?)
+        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules, rpc: None };
+        set_expiry_result(self.inner.object_call(table_id, &key, request).await?)
     }
 
     /// Removes an object; returns the removed version (0 if there was none).
@@ -495,8 +587,8 @@ impl Client {
         rules: RejectRules,
     ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Remove { table_id, key: key.clone(), rules };
-        remove_result(self.inner.object_call(table_id, &key, &request).await?)
+        let request = Request::Remove { table_id, key: key.clone(), rules, rpc: None };
+        remove_result(self.inner.object_call(table_id, &key, request).await?)
     }
 
     /// Adds `delta` to an 8-byte little-endian integer object (a missing object counts as 0);
@@ -519,8 +611,8 @@ impl Client {
         rules: RejectRules,
     ) -> Result<(i64, Version)> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Increment { table_id, key: key.clone(), delta, rules };
-        increment_result(self.inner.object_call(table_id, &key, &request).await?)
+        let request = Request::Increment { table_id, key: key.clone(), delta, rules, rpc: None };
+        increment_result(self.inner.object_call(table_id, &key, request).await?)
     }
 
     /// Reads many objects, from every master involved in parallel; one result per item.
@@ -540,7 +632,16 @@ impl Client {
 
     /// Removes many objects; one result (removed version) per item.
     pub async fn multi_remove(&self, items: &[KeyItem]) -> Vec<Result<Version>> {
-        let outcomes = self.inner.clone().multi(MultiItems::Remove(items.to_vec())).await;
+        let items = items
+            .iter()
+            .map(|item| RemoveItem {
+                table_id: item.table_id,
+                key: item.key.clone(),
+                rules: item.rules,
+                rpc: None,
+            })
+            .collect();
+        let outcomes = self.inner.clone().multi(MultiItems::Remove(items)).await;
         outcomes.into_iter().map(|outcome| outcome.map(|(_, version, _)| version)).collect()
     }
 
@@ -563,6 +664,43 @@ impl Client {
 impl Inner {
     pub(crate) fn config(&self) -> &ClientConfig {
         &self.config
+    }
+
+    pub(crate) fn me(&self) -> &Weak<Inner> {
+        &self.me
+    }
+
+    pub(crate) fn lease_agent(&self) -> &LeaseAgent {
+        &self.lease_agent
+    }
+
+    /// `request` ready for its first attempt: a mutation of an exactly-once client gets a
+    /// ticket (a lease is opened first if the client holds none, within `deadline`).
+    pub(crate) async fn prepare(&self, request: Request, deadline: Instant) -> Result<ObjectCall> {
+        if !(self.config.exactly_once && is_mutation(&request)) {
+            return Ok(ObjectCall::plain(request));
+        }
+        let ticket = self.lease_agent.ticket(self, deadline).await?;
+        Ok(ObjectCall::with_ticket(request, ticket))
+    }
+
+    /// After a master said `call`'s lease expired: a new ticket under a new lease if no
+    /// attempt may have been applied (none of it survives anywhere), else the mutation's
+    /// outcome is unknown.
+    pub(crate) async fn retake_ticket(
+        &self,
+        call: &mut ObjectCall,
+        deadline: Instant,
+    ) -> Result<()> {
+        if call.may_have_run {
+            return Err(lease_lost_error());
+        }
+        if let Some(ticket) = call.ticket.take() {
+            self.lease_agent.lost(ticket.lease());
+        }
+        let ticket = self.lease_agent.ticket(self, deadline).await?;
+        *call = ObjectCall::with_ticket(call.request.clone(), ticket);
+        Ok(())
     }
 
     pub(crate) fn entropy(&self) -> &dyn stratus_env::Entropy {
@@ -748,7 +886,7 @@ impl Inner {
         request: &Request,
         result: std::result::Result<(Status, ResponseBody), RpcError>,
     ) -> Attempt {
-        let mutation = is_mutation(request);
+        let mutation = is_unprotected_mutation(request);
         match result {
             Ok((status, body)) => match self.judge_status(table_id, status, mutation) {
                 Judgement::Final => Attempt::Finished(Ok((status, body))),
@@ -766,10 +904,11 @@ impl Inner {
     }
 
     /// The retry policy for a status a master answered to an object request (a whole request,
-    /// or one item of a multi-operation) on `table_id`; `mutation` if it changes objects.
-    /// A stale map is dropped (the next attempt fetches it afresh). RETRY (no lease, a tablet
-    /// at the end of its transfer, replication not confirmed in time) goes again, but for a
-    /// mutation only if `retry_ambiguous_mutations`: it may have taken effect.
+    /// or one item of a multi-operation) on `table_id`; `mutation` if it changes objects
+    /// without an exactly-once identity. A stale map is dropped (the next attempt fetches it
+    /// afresh). RETRY (no lease, a tablet at the end of its transfer, replication not
+    /// confirmed in time) goes again, but for such a mutation only if
+    /// `retry_ambiguous_mutations`: it may have taken effect.
     pub(crate) fn judge_status(
         &self,
         table_id: TableId,
@@ -844,16 +983,18 @@ impl Inner {
     }
 
     /// Sends a single-object request to the key's master, refreshing the map and retrying as
-    /// needed. Returns the first non-retryable status with its body.
+    /// needed (a mutation exactly once, see [`Inner::prepare`]). Returns the first
+    /// non-retryable status with its body.
     pub(crate) async fn object_call(
         &self,
         table_id: TableId,
         key: &Bytes,
-        request: &Request,
+        request: Request,
     ) -> Result<(Status, ResponseBody)> {
         check_key(key)?;
         let deadline = operation_deadline(self.config.operation_timeout);
-        self.object_call_until(table_id, key, request, deadline, None).await
+        let mut call = self.prepare(request, deadline).await?;
+        self.object_call_until(table_id, key, &mut call, deadline, None).await
     }
 
     /// [`Inner::object_call`] with the operation's deadline given. `failed`: the error of an
@@ -864,7 +1005,7 @@ impl Inner {
         &self,
         table_id: TableId,
         key: &Bytes,
-        request: &Request,
+        call: &mut ObjectCall,
         deadline: Instant,
         failed: Option<Error>,
     ) -> Result<(Status, ResponseBody)> {
@@ -891,9 +1032,21 @@ impl Inner {
                     let Some(left) = time_left(deadline) else {
                         return Err(out_of_time(&format!("master {address}")));
                     };
-                    match self.send_once(table_id, address, request, left).await {
+                    if call.ticket.is_some() {
+                        // A mutation that retries for long keeps its lease alive.
+                        self.lease_agent.renew_if_due(&self.me);
+                        call.refresh_identity();
+                    }
+                    match self.send_once(table_id, address, &call.request, left).await {
+                        Attempt::Finished(outcome) if call.lease_expired(&outcome) => {
+                            self.retake_ticket(call, deadline).await?;
+                            continue;
+                        }
                         Attempt::Finished(outcome) => return outcome,
-                        Attempt::Retry(error) => error,
+                        Attempt::Retry(error) => {
+                            call.may_have_run |= may_have_run(&error);
+                            error
+                        }
                     }
                 }
             };

@@ -17,15 +17,18 @@
 //! This crate depends on no server crate: only the shared types, the wire protocol and the RPC
 //! layer.
 //!
-//! Until exactly-once RPCs exist, a mutation retried after an attempt whose outcome is unknown
-//! may run twice (for `increment`, the delta applied twice), unless
-//! [`ClientConfig::retry_ambiguous_mutations`] is off: then the caller gets the ambiguous
-//! error instead.
+//! Mutations are exactly-once (RIFL, docs/design/exactly-once.md): the client holds a lease
+//! from the coordinator and gives every mutation an id that all its attempts carry, so a
+//! mutation retried after an attempt whose outcome is unknown is applied once, and the retry
+//! gets the first answer. A client with [`ClientConfig::exactly_once`] off sends no identity:
+//! then such a retry may apply a mutation twice, unless
+//! [`ClientConfig::retry_ambiguous_mutations`] is off too (the caller gets the ambiguous error).
 
 mod blocking;
 mod client;
 mod enumeration;
 mod error;
+mod exactly_once;
 mod multi;
 mod overview;
 
@@ -35,6 +38,7 @@ pub use enumeration::Enumeration;
 pub use error::{Error, Result};
 pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
 pub use stratus_types::{ExpiresAt, Expiry, RejectRules, TableId, Version};
+pub use stratus_types::{LeaseId, RpcId, RpcIdentity};
 pub use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, ServerStatus, Status,
     TableEntry, TabletEntry, WriteItem,

@@ -9,6 +9,10 @@
 //! requests use too — decide whether it goes again and drop the cached map and connection
 //! where the outcome shows them stale. Every request is bounded by the time the operation has
 //! left, and every pause ends at its deadline.
+//!
+//! Each item of a mutating multi-operation of an exactly-once client has its own ticket (its
+//! own rpc id), which every attempt of the item carries whichever master it goes to and
+//! whichever items it travels with.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,22 +20,25 @@ use std::sync::Arc;
 use bytes::Bytes;
 use stratus_rpc::{Backoff, RpcError};
 use stratus_types::limits::MULTI_OP_ITEMS_MAX;
-use stratus_types::{key_hash, TableId, Version};
-use stratus_wire::{IncrementItem, KeyItem, Request, Response, ResponseBody, Status, WriteItem};
+use stratus_types::{key_hash, RpcIdentity, TableId, Version};
+use stratus_wire::{
+    IncrementItem, KeyItem, RemoveItem, Request, Response, ResponseBody, Status, WriteItem,
+};
 use tokio::time::Instant;
 
 use crate::client::{
-    check_key, failure, operation_deadline, out_of_time, time_left, Inner, Judgement, Route,
-    UnavailableTables,
+    check_key, failure, lease_lost_error, may_have_run, operation_deadline, out_of_time, time_left,
+    Inner, Judgement, Route, UnavailableTables,
 };
 use crate::error::{Error, Result};
+use crate::exactly_once::RpcTicket;
 
 /// The items of one multi-operation, all of one kind.
 #[derive(Clone, Debug)]
 pub(crate) enum MultiItems {
     Read(Vec<KeyItem>),
     Write(Vec<WriteItem>),
-    Remove(Vec<KeyItem>),
+    Remove(Vec<RemoveItem>),
     Increment(Vec<IncrementItem>),
 }
 
@@ -41,7 +48,8 @@ pub(crate) type ItemOutcome = Result<(Bytes, Version, i64)>;
 impl MultiItems {
     fn len(&self) -> usize {
         match self {
-            MultiItems::Read(items) | MultiItems::Remove(items) => items.len(),
+            MultiItems::Read(items) => items.len(),
+            MultiItems::Remove(items) => items.len(),
             MultiItems::Write(items) => items.len(),
             MultiItems::Increment(items) => items.len(),
         }
@@ -49,18 +57,26 @@ impl MultiItems {
 
     fn table_and_key(&self, index: usize) -> (TableId, &Bytes) {
         match self {
-            MultiItems::Read(items) | MultiItems::Remove(items) => {
-                (items[index].table_id, &items[index].key)
-            }
+            MultiItems::Read(items) => (items[index].table_id, &items[index].key),
+            MultiItems::Remove(items) => (items[index].table_id, &items[index].key),
             MultiItems::Write(items) => (items[index].table_id, &items[index].key),
             MultiItems::Increment(items) => (items[index].table_id, &items[index].key),
         }
     }
 
-    /// Whether the items change objects (then an attempt whose outcome is unknown is sent
-    /// again only if the configuration allows it).
+    /// Whether the items change objects.
     fn are_mutations(&self) -> bool {
         !matches!(self, MultiItems::Read(_))
+    }
+
+    /// Sets (or clears) the exactly-once identity of item `index`.
+    fn set_identity(&mut self, index: usize, identity: Option<RpcIdentity>) {
+        match self {
+            MultiItems::Read(_) => {}
+            MultiItems::Remove(items) => items[index].rpc = identity,
+            MultiItems::Write(items) => items[index].rpc = identity,
+            MultiItems::Increment(items) => items[index].rpc = identity,
+        }
     }
 
     /// The request carrying the items at `indices`.
@@ -118,14 +134,27 @@ struct Progress {
     /// For each item without an outcome, the failure of its last attempt (what it reports if
     /// the deadline passes first).
     last_failures: Vec<Option<Error>>,
+    /// Each item's exactly-once ticket (mutations of an exactly-once client), held until
+    /// the item ends.
+    tickets: Vec<Option<RpcTicket>>,
+    /// Whether an attempt of the item may have been applied.
+    may_have_run: Vec<bool>,
+    /// Items whose lease a master said expired before any attempt may have been applied:
+    /// they take a new ticket before the next round.
+    lease_expired: Vec<usize>,
 }
 
 impl Progress {
     /// Every item pending, but those whose key no request may carry.
     fn new(items: &MultiItems) -> Progress {
         let count = items.len();
-        let mut progress =
-            Progress { outcomes: vec![None; count], last_failures: vec![None; count] };
+        let mut progress = Progress {
+            outcomes: vec![None; count],
+            last_failures: vec![None; count],
+            tickets: (0..count).map(|_| None).collect(),
+            may_have_run: vec![false; count],
+            lease_expired: Vec::new(),
+        };
         for index in 0..count {
             if let Err(error) = check_key(items.table_and_key(index).1) {
                 progress.finish(index, Err(error));
@@ -142,15 +171,17 @@ impl Progress {
         self.outcomes.iter().all(Option::is_some)
     }
 
-    /// The item's outcome, final.
+    /// The item's outcome, final; its ticket is given back (acknowledged).
     fn finish(&mut self, index: usize, outcome: ItemOutcome) {
         debug_assert!(self.outcomes[index].is_none(), "item {index} finished twice");
         self.outcomes[index] = Some(outcome);
         self.last_failures[index] = None;
+        self.tickets[index] = None;
     }
 
     /// The item failed in a way that another attempt may cure.
     fn failed(&mut self, index: usize, error: Error) {
+        self.may_have_run[index] |= may_have_run(&error);
         self.last_failures[index] = Some(error);
     }
 
@@ -178,12 +209,22 @@ impl Inner {
     /// Runs a multi-operation: rounds of routing the items still pending, sending one request
     /// per master, and judging each item's outcome, with a pause between rounds, until every
     /// item has an outcome or the operation's deadline passes.
-    pub(crate) async fn multi(self: Arc<Self>, items: MultiItems) -> Vec<ItemOutcome> {
+    pub(crate) async fn multi(self: Arc<Self>, mut items: MultiItems) -> Vec<ItemOutcome> {
         let deadline = operation_deadline(self.config().operation_timeout);
         let mut progress = Progress::new(&items);
         let mut unavailable = UnavailableTables::default();
         let mut backoff = Backoff::for_client();
+        let exactly_once = self.config().exactly_once && items.are_mutations();
+        if exactly_once {
+            progress.lease_expired = progress.pending();
+        }
         while !progress.is_done() {
+            if exactly_once {
+                self.ticket_items(&mut items, &mut progress, deadline).await;
+                if progress.is_done() {
+                    break;
+                }
+            }
             let batches =
                 self.route_pending(&items, &mut progress, &mut unavailable, deadline).await;
             self.send_batches(&items, batches, &mut progress, deadline).await;
@@ -193,6 +234,34 @@ impl Inner {
             self.pause(&mut backoff, deadline).await;
         }
         progress.into_outcomes()
+    }
+
+    /// Gives each item that needs one a ticket (at the start, and after its lease expired),
+    /// and every pending item its identity as it stands now (the acknowledged mark grows).
+    async fn ticket_items(
+        &self,
+        items: &mut MultiItems,
+        progress: &mut Progress,
+        deadline: Instant,
+    ) {
+        for index in std::mem::take(&mut progress.lease_expired) {
+            if let Some(old) = progress.tickets[index].take() {
+                self.lease_agent().lost(old.lease());
+            }
+            if progress.may_have_run[index] {
+                progress.finish(index, Err(lease_lost_error()));
+                continue;
+            }
+            match self.lease_agent().ticket(self, deadline).await {
+                Ok(ticket) => progress.tickets[index] = Some(ticket),
+                Err(error) => progress.finish(index, Err(error)),
+            }
+        }
+        self.lease_agent().renew_if_due(self.me());
+        for index in progress.pending() {
+            let identity = progress.tickets[index].as_ref().map(RpcTicket::identity);
+            items.set_identity(index, identity);
+        }
     }
 
     /// Groups the pending items by the master their tablet names; items with nowhere to go
@@ -281,7 +350,7 @@ impl Inner {
             Err(error) => {
                 let failed =
                     Error::new(error.status(), format!("master {}: {error}", batch.address));
-                let mutation = items.are_mutations();
+                let mutation = items.are_mutations() && !self.config().exactly_once;
                 for &index in &batch.indices {
                     let table_id = items.table_and_key(index).0;
                     match self.judge_transport(table_id, &batch.address, &error, mutation) {
@@ -303,7 +372,12 @@ impl Inner {
         progress: &mut Progress,
     ) {
         let table_id = items.table_and_key(index).0;
-        match (self.judge_status(table_id, status, items.are_mutations()), outcome) {
+        if status == Status::ExpiredLease && progress.tickets[index].is_some() {
+            progress.lease_expired.push(index);
+            return;
+        }
+        let unprotected = items.are_mutations() && !self.config().exactly_once;
+        match (self.judge_status(table_id, status, unprotected), outcome) {
             (Judgement::Retry, Err(error)) => progress.failed(index, error),
             (Judgement::Retry, Ok(_)) => unreachable!("an OK item is never retried"),
             (Judgement::Final, outcome) => progress.finish(index, outcome),

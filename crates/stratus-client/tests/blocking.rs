@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use stratus_client::{BlockingClient, ClientConfig, RejectRules, Status, TableId};
 use stratus_env::{BoxFuture, Connection, Listener};
 use stratus_rpc::{Handled, Service};
-use stratus_types::{HashRange, ServerId, TabletState, Version};
+use stratus_types::{HashRange, LeaseId, RpcIdentity, ServerId, TabletState, Version};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
     TabletEntry,
@@ -56,14 +56,19 @@ fn serve(
 }
 
 /// A coordinator whose map of table 1 is one tablet owned by whichever master `owner` names;
-/// counts the maps it served.
+/// counts the maps it served. It grants lease 1 to every client.
 struct Coordinator {
     owner: Arc<Mutex<String>>,
     maps_served: AtomicUsize,
 }
 
 impl Service for Coordinator {
-    fn handle(&self, header: &FrameHeader, _body: Bytes, out: &mut BytesMut) -> Handled {
+    fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
+        if let Ok(Request::ClientLease { .. }) = decode_request(header.opcode_code, body) {
+            let response = Response::ClientLease { lease: LeaseId(1), term_ms: 30_000 };
+            encode_response(out, header.request_id, Status::Ok, &response);
+            return Handled::Done;
+        }
         self.maps_served.fetch_add(1, Ordering::SeqCst);
         let tablets = vec![TabletEntry {
             table_id: TableId(1),
@@ -148,17 +153,27 @@ fn reads_go_straight_to_the_master_and_follow_a_moved_tablet() {
     assert_eq!(new_connections.load(Ordering::SeqCst), 2);
 }
 
+/// The identities of the writes a scripted master received, in order.
+type Identities = Arc<Mutex<Vec<Option<RpcIdentity>>>>;
+
 /// A cluster of one coordinator and one master whose first write is never answered and whose
-/// later writes succeed. Returns the client (with `retry_ambiguous_mutations` as given) and the
-/// master.
+/// later writes succeed. Returns the client (exactly-once as given, with
+/// `retry_ambiguous_mutations` as given), the master, and the identities its writes carried.
 fn cluster_losing_the_first_write_answer(
     runtime: &tokio::runtime::Runtime,
-    retry_ambiguous_mutations: bool,
-) -> (BlockingClient, Arc<Master>) {
+    (exactly_once, retry_ambiguous_mutations): (bool, bool),
+) -> (BlockingClient, Arc<Master>, Identities) {
     let writes = AtomicUsize::new(0);
+    let identities = Identities::default();
+    let seen = identities.clone();
     let master = master(move |request| match request {
-        Request::Write { .. } if writes.fetch_add(1, Ordering::SeqCst) == 0 => None,
-        Request::Write { .. } => Some((Status::Ok, Response::Write { version: Version(9) })),
+        Request::Write { rpc, .. } => {
+            seen.lock().unwrap().push(*rpc);
+            if writes.fetch_add(1, Ordering::SeqCst) == 0 {
+                return None;
+            }
+            Some((Status::Ok, Response::Write { version: Version(9) }))
+        }
         _ => Some((Status::UnimplementedRequest, Response::Ping)),
     });
     let (master_address, _) = serve(runtime, master.clone());
@@ -168,31 +183,62 @@ fn cluster_losing_the_first_write_answer(
     let mut config = ClientConfig::new(coordinator_address);
     config.rpc.request_timeout = Duration::from_millis(200);
     config.operation_timeout = Duration::from_secs(20);
+    config.exactly_once = exactly_once;
     config.retry_ambiguous_mutations = retry_ambiguous_mutations;
-    (BlockingClient::new(config).unwrap(), master)
+    (BlockingClient::new(config).unwrap(), master, identities)
 }
 
 #[test]
 fn a_write_whose_answer_is_lost_is_not_sent_again_when_ambiguity_is_refused() {
     let runtime = servers_runtime();
-    let (client, master) = cluster_losing_the_first_write_answer(&runtime, false);
+    let (client, master, identities) =
+        cluster_losing_the_first_write_answer(&runtime, (false, false));
     // A read fills the map cache, so that the write takes the direct path.
     let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
     assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
     let error = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap_err();
     assert_eq!(error.status, Status::Timeout, "{error}");
     assert_eq!(master.requests.load(Ordering::SeqCst), 2, "the write was sent again");
+    assert_eq!(*identities.lock().unwrap(), [None], "no identity without exactly-once");
 }
 
+/// By default a mutation is exactly-once: sent again after a lost answer, with the identity
+/// its first attempt carried (so the master that applied it answers without applying it
+/// again).
 #[test]
-fn a_write_whose_answer_is_lost_is_sent_again_by_default() {
+fn a_write_whose_answer_is_lost_is_sent_again_with_the_same_identity() {
     let runtime = servers_runtime();
-    let (client, master) = cluster_losing_the_first_write_answer(&runtime, true);
+    let (client, master, identities) =
+        cluster_losing_the_first_write_answer(&runtime, (true, false));
     let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
     assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
     let version = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap();
     assert_eq!(version, Version(9));
     assert_eq!(master.requests.load(Ordering::SeqCst), 3);
+    let first = identities.lock().unwrap()[0].expect("an exactly-once write carries its identity");
+    assert_eq!(first.lease, LeaseId(1));
+    assert_eq!(
+        *identities.lock().unwrap(),
+        [Some(first), Some(first)],
+        "the retry is the same rpc"
+    );
+    // The next write is the next rpc, and acknowledges the first (its result arrived).
+    client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap();
+    let next = identities.lock().unwrap()[2].unwrap();
+    assert_eq!((next.rpc.0, next.acknowledged), (first.rpc.0 + 1, first.rpc));
+}
+
+#[test]
+fn a_write_whose_answer_is_lost_is_sent_again_without_exactly_once_if_allowed() {
+    let runtime = servers_runtime();
+    let (client, master, identities) =
+        cluster_losing_the_first_write_answer(&runtime, (false, true));
+    let error = client.read(TableId(1), b"key", RejectRules::NONE).unwrap_err();
+    assert_eq!(error.status, Status::UnimplementedRequest, "{error}");
+    let version = client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap();
+    assert_eq!(version, Version(9));
+    assert_eq!(master.requests.load(Ordering::SeqCst), 3);
+    assert_eq!(*identities.lock().unwrap(), [None, None]);
 }
 
 /// A master that answers one request per connection (WRITE with version 5, anything else
@@ -269,6 +315,7 @@ fn a_connection_the_master_closed_while_idle_is_not_used_for_a_write() {
     let (coordinator_address, _) = serve(&runtime, coordinator);
     let mut config = ClientConfig::new(coordinator_address);
     // A write sent on a dead connection would fail instead of being sent again.
+    config.exactly_once = false;
     config.retry_ambiguous_mutations = false;
     let client = BlockingClient::new(config).unwrap();
     for written in 1..=3 {

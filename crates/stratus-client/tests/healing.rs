@@ -1,7 +1,8 @@
 //! Every client path heals the way a single-object read does: after a failure that a fresh
 //! tablet map (or a fresh connection) can cure, it drops what it cached and tries again, within
 //! its operation's deadline; and a mutation whose outcome is unknown is sent again only when
-//! `retry_ambiguous_mutations` allows it. Each test kills or moves the master under the call.
+//! exactly-once is on (the default) or `retry_ambiguous_mutations` allows it. Each test kills or
+//! moves the master under the call.
 
 mod scripted;
 
@@ -50,6 +51,7 @@ fn increment_items(count: usize) -> Vec<IncrementItem> {
             key: Bytes::from(format!("key-{index}")),
             delta: 7,
             rules: RejectRules::NONE,
+            rpc: None,
         })
         .collect()
 }
@@ -115,6 +117,7 @@ fn a_blocking_multi_read_whose_master_is_gone_heals_once_the_map_names_a_new_mas
         value: Bytes::from_static(b"value"),
         rules: RejectRules::NONE,
         expiry: stratus_client::Expiry::Never,
+        rpc: None,
     }]);
     assert!(matches!(outcomes[..], [Ok(_)]), "{outcomes:?}");
 }
@@ -135,6 +138,7 @@ async fn a_multi_increment_whose_answer_is_lost_is_not_sent_again_when_ambiguity
     let coordinator = Coordinator::serving(serve(master.clone()).await);
     let mut config = config(serve(coordinator).await);
     config.rpc.request_timeout = Duration::from_millis(200);
+    config.exactly_once = false;
     config.retry_ambiguous_mutations = false;
     let client = Client::new(config);
     let outcomes = bounded(client.multi_increment(&increment_items(2))).await;
@@ -179,6 +183,7 @@ async fn a_multi_increment_item_answered_retry_is_not_sent_again_when_ambiguity_
     });
     let coordinator = Coordinator::serving(serve(master.clone()).await);
     let mut config = config(serve(coordinator).await);
+    config.exactly_once = false;
     config.retry_ambiguous_mutations = false;
     let client = Client::new(config);
     let outcomes = bounded(client.multi_increment(&increment_items(2))).await;

@@ -11,6 +11,7 @@
 //! repeated after a restart, which covers a crash between persisting a table and informing its
 //! masters. The byte layout of the records is in docs/design/coordinator-records.md.
 
+mod client_leases;
 mod metrics;
 mod records;
 mod recovery;

@@ -23,6 +23,7 @@ pub(crate) struct CoordinatorCounters {
     pub(crate) recoveries_abandoned: AtomicU64,
     pub(crate) crash_hints_received: AtomicU64,
     pub(crate) crash_hints_dropped: AtomicU64,
+    pub(crate) client_leases_opened: AtomicU64,
 }
 
 impl CoordinatorCounters {
@@ -75,6 +76,10 @@ pub struct CoordinatorMetrics {
     pub crash_hints_received: u64,
     /// Suspects not checked because too many checks were running.
     pub crash_hints_dropped: u64,
+    /// Client leases opened since this coordinator started.
+    pub client_leases_opened: u64,
+    /// Client leases live now (granted or renewed within a term).
+    pub client_leases_live: u64,
 }
 
 impl Coordinator {
@@ -129,6 +134,8 @@ impl Coordinator {
         metrics.recoveries_abandoned = load(&counters.recoveries_abandoned);
         metrics.crash_hints_received = load(&counters.crash_hints_received);
         metrics.crash_hints_dropped = load(&counters.crash_hints_dropped);
+        metrics.client_leases_opened = load(&counters.client_leases_opened);
+        metrics.client_leases_live = inner.client_leases_live() as u64;
         metrics
     }
 }

@@ -1,7 +1,8 @@
 //! The coordinator's durable records and their byte layout (docs/design/coordinator-records.md).
 //!
 //! Keys in the MetaStore:
-//! - `counter/next-server-id`, `counter/next-table-id`: u64 little-endian.
+//! - `counter/next-server-id`, `counter/next-table-id`, `counter/assignment-epoch`,
+//!   `counter/next-client-lease`: u64 little-endian.
 //! - `server/<id, 20 decimal digits>`: a [`ServerEntry`].
 //! - `table/<name>`: a [`TableRecord`] with its tablets.
 //! - `loghead/<id, 20 decimal digits>`: a master's [`LogHead`].
@@ -16,6 +17,9 @@ use stratus_wire::{ServerEntry, ServerStatus, ServiceMask};
 pub const NEXT_SERVER_ID_KEY: &str = "counter/next-server-id";
 /// Key of the next table id counter.
 pub const NEXT_TABLE_ID_KEY: &str = "counter/next-table-id";
+/// Key of the client lease ids reserved so far: every id below it may have been granted
+/// (docs/design/exactly-once.md, "Leases across coordinator restarts and failover").
+pub const NEXT_CLIENT_LEASE_KEY: &str = "counter/next-client-lease";
 /// Key of the last tablet assignment epoch handed out (wire-protocol.md, "Assignment epochs").
 pub const ASSIGNMENT_EPOCH_KEY: &str = "counter/assignment-epoch";
 const SERVER_PREFIX: &str = "server/";
@@ -118,6 +122,8 @@ pub struct CoordinatorState {
     pub next_table_id: u64,
     /// The last tablet assignment epoch handed out (0: none yet).
     pub assignment_epoch: u64,
+    /// Client lease ids below this may have been granted (ids start at 1).
+    pub client_lease_ids_reserved: u64,
     /// Servers by id.
     pub servers: BTreeMap<ServerId, ServerEntry>,
     /// Tables by name.
@@ -344,8 +350,12 @@ fn decode_counter(key: &str, bytes: &[u8]) -> Result<u64, MetaError> {
 impl CoordinatorState {
     /// Loads the state from `store` (an empty store gives the initial state).
     pub fn load(store: &dyn MetaStore) -> Result<CoordinatorState, MetaError> {
-        let mut state =
-            CoordinatorState { next_server_index: 1, next_table_id: 1, ..Default::default() };
+        let mut state = CoordinatorState {
+            next_server_index: 1,
+            next_table_id: 1,
+            client_lease_ids_reserved: 1,
+            ..Default::default()
+        };
         if let Some(bytes) = store.get(NEXT_SERVER_ID_KEY)? {
             state.next_server_index = decode_counter(NEXT_SERVER_ID_KEY, &bytes)?;
         }
@@ -354,6 +364,9 @@ impl CoordinatorState {
         }
         if let Some(bytes) = store.get(ASSIGNMENT_EPOCH_KEY)? {
             state.assignment_epoch = decode_counter(ASSIGNMENT_EPOCH_KEY, &bytes)?;
+        }
+        if let Some(bytes) = store.get(NEXT_CLIENT_LEASE_KEY)? {
+            state.client_lease_ids_reserved = decode_counter(NEXT_CLIENT_LEASE_KEY, &bytes)?.max(1);
         }
         for (key, bytes) in store.scan_prefix(SERVER_PREFIX)? {
             let server = decode_server(&key, &bytes)?;

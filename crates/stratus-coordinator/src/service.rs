@@ -13,17 +13,19 @@ use stratus_types::limits::{
     SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX,
 };
-use stratus_types::{HashRange, SegmentId, ServerId, TableId, TabletState};
+use stratus_types::{HashRange, LeaseId, SegmentId, ServerId, TableId, TabletState};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
     ResponseBody, ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
 };
 use tokio::sync::Mutex;
 
+use crate::client_leases::{ClientLeases, LeaseRefusal, CLIENT_LEASE_TERM};
 use crate::metrics::CoordinatorCounters;
 use crate::records::{
     put_counter, put_log_head, put_server, put_table, table_key, CoordinatorState, LogHead,
-    TableRecord, TabletRecord, TabletSplit, NEXT_SERVER_ID_KEY, NEXT_TABLE_ID_KEY,
+    TableRecord, TabletRecord, TabletSplit, NEXT_CLIENT_LEASE_KEY, NEXT_SERVER_ID_KEY,
+    NEXT_TABLE_ID_KEY,
 };
 use crate::recovery::{
     FailureDetectorConfig, RecoveryPools, Suspects, Unrecoverable, LEASE_DURATION, LEASE_MARGIN,
@@ -114,6 +116,8 @@ pub(crate) struct Inner {
     migration: Mutex<()>,
     /// Connections for TRANSFER_TABLET, whose answer takes as long as the copy.
     transfer_pool: ChannelPool,
+    /// Clients' leases (exactly-once). Its own short lock, never held across I/O.
+    pub(crate) client_leases: std::sync::Mutex<ClientLeases>,
 }
 
 /// Whether a coordinator is the cluster's active coordinator right now.
@@ -159,6 +163,8 @@ impl Coordinator {
         let mut state = CoordinatorState::load(&*meta)?;
         let members = state.servers_in(ServerStatus::Up).map(|server| server.server_id).collect();
         let log_heads = std::mem::take(&mut state.log_heads);
+        let client_leases =
+            ClientLeases::starting(state.client_lease_ids_reserved, tokio::time::Instant::now());
         tracing::info!(
             servers = state.servers.len(),
             tables = state.tables.len(),
@@ -189,6 +195,7 @@ impl Coordinator {
             authority,
             migration: Mutex::new(()),
             transfer_pool,
+            client_leases: std::sync::Mutex::new(client_leases),
         };
         Ok(Coordinator { inner: Arc::new(inner) })
     }
@@ -371,6 +378,8 @@ impl Inner {
             }
             Request::HintServerCrashed { server_id } => self.hint_server_crashed(server_id).await,
             Request::RecoveryAcceptLoss { server_id } => self.accept_loss(server_id).await,
+            Request::ClientLease { lease } => self.client_lease(lease).await,
+            Request::CheckClientLeases { leases } => Ok(self.check_client_leases(&leases)),
             other => Err((
                 Status::UnimplementedRequest,
                 format!("{:?} is served by masters, not the coordinator", other.opcode()),
@@ -923,6 +932,61 @@ impl Inner {
         })
         .await;
         deliveries.detach_all();
+    }
+
+    fn client_leases(&self) -> std::sync::MutexGuard<'_, ClientLeases> {
+        self.client_leases.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// CLIENT_LEASE: a new lease (`lease` 0), or a renewal. A new lease's id is granted only
+    /// below a durably reserved mark (raised a block at a time), so it is unique across
+    /// restarts and failovers; an expired lease is refused with EXPIRED_LEASE.
+    async fn client_lease(&self, lease: LeaseId) -> Result<Response, Failure> {
+        let term_ms = u32::try_from(CLIENT_LEASE_TERM.as_millis()).unwrap_or(u32::MAX);
+        if lease.0 != 0 {
+            let renewed = self.client_leases().renew(lease, tokio::time::Instant::now());
+            return match renewed {
+                Ok(()) => Ok(Response::ClientLease { lease, term_ms }),
+                Err(_) => Err((Status::ExpiredLease, format!("client lease {lease} expired"))),
+            };
+        }
+        // Bounded: each turn either grants or durably raises the mark past the next id.
+        for _ in 0..4 {
+            let opened = self.client_leases().open(tokio::time::Instant::now());
+            match opened {
+                Ok(lease) => {
+                    CoordinatorCounters::count(&self.counters.client_leases_opened, 1);
+                    return Ok(Response::ClientLease { lease, term_ms });
+                }
+                Err(LeaseRefusal::NeedsReservation(mark)) => {
+                    self.persist(vec![put_counter(NEXT_CLIENT_LEASE_KEY, mark)]).await?;
+                    self.client_leases().reserved(mark);
+                }
+                Err(LeaseRefusal::TooMany) => {
+                    return Err((Status::Retry, "too many client leases are live".to_string()))
+                }
+                Err(LeaseRefusal::Expired) => unreachable!("opening a lease never finds one"),
+            }
+        }
+        Err((Status::Retry, "client lease ids could not be reserved".to_string()))
+    }
+
+    /// CHECK_CLIENT_LEASES: how long each lease stays valid at least.
+    fn check_client_leases(&self, leases: &[LeaseId]) -> Response {
+        let now = tokio::time::Instant::now();
+        let table = self.client_leases();
+        let remaining_ms = leases
+            .iter()
+            .map(|lease| {
+                u32::try_from(table.remaining(*lease, now).as_millis()).unwrap_or(u32::MAX)
+            })
+            .collect();
+        Response::CheckClientLeases { remaining_ms }
+    }
+
+    /// Client leases live now (for metrics).
+    pub(crate) fn client_leases_live(&self) -> usize {
+        self.client_leases().live(tokio::time::Instant::now())
     }
 
     /// The lease table.

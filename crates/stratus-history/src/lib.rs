@@ -20,15 +20,21 @@
 //!
 //! A violation names the smallest set of operations found that still fails on its own.
 //!
+//! Keys used only as counters (incremented by 1) are checked by [`check_counter`] too: there
+//! exactly-once is visible in the numbers (no increment applied twice, none lost), which a
+//! register model cannot see when nobody read the value in between.
+//!
 //! Dependency direction: this crate depends on `stratus-client` and `stratus-types`; nothing in
 //! the production path depends on it.
 
 mod checker;
+mod counter;
 mod history;
 mod model;
 mod recorder;
 pub mod workload;
 
 pub use checker::{check, check_key, CheckOptions, KeyReport, Report, Verdict, Violation};
+pub use counter::{check_counter, CounterReport, CounterViolation};
 pub use history::{History, Operation, OperationRecord, Outcome};
 pub use recorder::{Recorder, RecordingClient};

@@ -1,6 +1,7 @@
 //! The mixed workload that history tests drive: reads, blind writes, conditional writes,
 //! creates, removes and increments on a few shared keys, one key at a time or several in one
-//! multi-operation, chosen from a seeded generator, every call recorded. Shared by the
+//! multi-operation, chosen from a seeded generator, every call recorded; and increments by 1
+//! of counter keys, which the counter model checks. Shared by the
 //! real-process tests, `stratus workload` and the deterministic simulation, so the history they
 //! check is the same kind of history.
 
@@ -135,6 +136,7 @@ pub async fn multi_operation(
                     value,
                     rules,
                     expiry: stratus_client::Expiry::Never,
+                    rpc: None,
                 });
             }
             client.multi_write(&writes).await.into_iter().map(Result::ok).collect()
@@ -149,7 +151,13 @@ pub async fn multi_operation(
             for (key, _) in items {
                 let delta = choices.below(19) as i64 - 9;
                 let rules = RejectRules::NONE;
-                increments.push(IncrementItem { table_id: table, key: key.clone(), delta, rules });
+                increments.push(IncrementItem {
+                    table_id: table,
+                    key: key.clone(),
+                    delta,
+                    rules,
+                    rpc: None,
+                });
             }
             let results = client.multi_increment(&increments).await;
             results.into_iter().map(|result| result.ok().map(|(_, version)| version)).collect()
@@ -184,6 +192,39 @@ pub async fn mixed_operation(
             client.increment(table, key, delta).await.ok().map(|(_, version)| version)
         }
     }
+}
+
+/// Counter keys: incremented by 1 and nothing else, so the counter model
+/// ([`crate::check_counter`]) checks every increment was applied exactly once.
+pub fn counter_key(index: usize) -> Bytes {
+    Bytes::from(format!("counter-{index}"))
+}
+
+/// One step on the counters `0..counters` ([`counter_key`]): an increment by 1 of one of them,
+/// or, one step in four (with two counters or more), a multi-increment by 1 of two.
+pub async fn counter_step(
+    client: &RecordingClient,
+    table: TableId,
+    counters: usize,
+    choices: &mut Choices,
+) {
+    if counters == 0 {
+        return;
+    }
+    let first = choices.below(counters as u64) as usize;
+    if counters >= 2 && choices.below(4) == 0 {
+        let second = (first + 1 + choices.below(counters as u64 - 1) as usize) % counters;
+        let item = |index: usize| IncrementItem {
+            table_id: table,
+            key: counter_key(index),
+            delta: 1,
+            rules: RejectRules::NONE,
+            rpc: None,
+        };
+        let _ = client.multi_increment(&[item(first), item(second)]).await;
+        return;
+    }
+    let _ = client.increment(table, &counter_key(first), 1).await;
 }
 
 #[cfg(test)]

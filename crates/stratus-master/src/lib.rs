@@ -11,6 +11,7 @@
 //! Reads copy the value straight from the log into the response frame: one copy, no
 //! intermediate buffer.
 
+mod client_leases;
 mod lease;
 mod metrics;
 mod migration;
@@ -20,6 +21,7 @@ mod recovery;
 mod replication;
 mod service;
 
+pub use client_leases::{ClientLeaseChecks, LeaseStanding, CLIENT_LEASE_SWEEP_INTERVAL};
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
 pub use migration::INCOMING_TRANSFERS_REMEMBERED_MAX;

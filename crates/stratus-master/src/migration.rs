@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use stratus_rpc::ChannelPool;
 use stratus_store::ObjectStore;
-use stratus_types::limits::MIGRATION_BATCH_BYTES_MAX;
+use stratus_types::limits::{MIGRATION_BATCH_BYTES_MAX, MIGRATION_COMPLETIONS_PER_BATCH_MAX};
 use stratus_types::{key_hash, HashRange, RejectRules, SegmentId, ServerId, TableId, Version};
-use stratus_wire::{EnumeratedObject, Request, Response, ResponseBody, Status};
+use stratus_types::{LeaseId, RpcId};
+use stratus_wire::{EnumeratedObject, MigratedCompletion, Request, Response, ResponseBody, Status};
 
 use crate::ownership::{AssignmentRefusal, ChangedDuringCopy, TabletOwnership};
 
@@ -293,7 +294,36 @@ impl Transfer {
                 objects_sent += sent;
             }
         }
+        self.send_completions().await?;
         Ok((creation_segment, objects_sent))
+    }
+
+    /// Sends the unacknowledged results of the tablet's mutations (exactly-once), with writes
+    /// held so none is added meanwhile: a retry that reaches the target gets the result the
+    /// source answered, instead of applying the mutation again.
+    async fn send_completions(&self) -> Result<(), MigrationFailure> {
+        let records = self.store.completions_in_range(self.table, self.range);
+        if records.is_empty() {
+            return Ok(());
+        }
+        let safe_version = self.store.log().safe_version();
+        let count = records.len();
+        for chunk in records.chunks(MIGRATION_COMPLETIONS_PER_BATCH_MAX) {
+            let completions = chunk
+                .iter()
+                .map(|record| MigratedCompletion {
+                    key_hash: record.key_hash,
+                    lease: LeaseId(record.lease_id),
+                    rpc: RpcId(record.rpc_id),
+                    acknowledged: RpcId(record.acknowledged),
+                    version: record.version,
+                    integer: record.integer,
+                })
+                .collect();
+            self.send_batch(Vec::new(), Vec::new(), completions, safe_version, false).await?;
+        }
+        tracing::debug!(table = %self.table, start = self.range.start, count, "sent the tablet's unacknowledged results");
+        Ok(())
     }
 
     /// Sends `keys` again: the current object of each, or the key as a removal when it no
@@ -320,8 +350,8 @@ impl Transfer {
             if !batch.is_empty() && batch_bytes + size > MIGRATION_BATCH_BYTES_MAX {
                 objects_sent += batch.len() as u64;
                 let safe_version = self.store.log().safe_version();
-                self.send_batch(std::mem::take(&mut batch), Vec::new(), safe_version, false)
-                    .await?;
+                let objects = std::mem::take(&mut batch);
+                self.send_batch(objects, Vec::new(), Vec::new(), safe_version, false).await?;
                 batch_bytes = 0;
             }
             batch_bytes += size;
@@ -342,14 +372,14 @@ impl Transfer {
         if removals.is_empty() {
             if let Some(objects) = last_objects.take() {
                 objects_sent += objects.len() as u64;
-                self.send_batch(objects, Vec::new(), safe_version, false).await?;
+                self.send_batch(objects, Vec::new(), Vec::new(), safe_version, false).await?;
             }
         }
         for removed_keys in removals {
             // The last objects ride with the first removals.
             let objects = last_objects.take().unwrap_or_default();
             objects_sent += objects.len() as u64;
-            self.send_batch(objects, removed_keys, safe_version, false).await?;
+            self.send_batch(objects, removed_keys, Vec::new(), safe_version, false).await?;
         }
         Ok(objects_sent)
     }
@@ -385,7 +415,8 @@ impl Transfer {
             if !objects.is_empty() || creation_segment.is_none() {
                 objects_sent += objects.len() as u64;
                 let first = creation_segment.is_none();
-                let created = self.send_batch(objects, Vec::new(), safe_version, first).await?;
+                let created =
+                    self.send_batch(objects, Vec::new(), Vec::new(), safe_version, first).await?;
                 creation_segment.get_or_insert(created);
             } else if !self.ownership.is_frozen_by(self.transfer_id) {
                 return Err(transfer_ended());
@@ -405,6 +436,7 @@ impl Transfer {
         &self,
         objects: Vec<EnumeratedObject>,
         removed_keys: Vec<bytes::Bytes>,
+        completions: Vec<MigratedCompletion>,
         safe_version: Version,
         first: bool,
     ) -> Result<SegmentId, MigrationFailure> {
@@ -421,6 +453,7 @@ impl Transfer {
             first,
             objects,
             removed_keys,
+            completions,
         };
         match self.pool.call(&self.target_address, &request).await {
             Ok((

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use stratus_env::WallClock;
 use stratus_store::{ObjectError, ObjectStore, StoreConfig, WallTime};
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{key_hash, ServerId, TableId, Version};
+use stratus_types::{key_hash, RpcIdentity, ServerId, TableId, Version};
 use stratus_wire::{RecoveryTablet, Status};
 
+use crate::client_leases::{ClientLeaseChecks, LeaseStanding};
 use crate::lease::Lease;
 use crate::metrics::MasterMetrics;
 use crate::migration::{CompletedTransfers, IncomingTransfers};
@@ -58,6 +59,8 @@ pub struct Master {
     /// once (a late one failing would drop what the other replayed), and no range this master
     /// serves is recovered into (replay's removals are not atomic with client writes).
     recoveries_in_flight: Arc<std::sync::Mutex<Vec<RecoveryTablet>>>,
+    /// The client leases mutations are applied under (exactly-once).
+    client_leases: Arc<ClientLeaseChecks>,
 }
 
 /// What a request that changed the log needs until it is answered: the replica manager it
@@ -96,9 +99,11 @@ impl Master {
     ) -> Result<Master, String> {
         let store = ObjectStore::with_memory(config.store, server_id, memory)
             .map_err(|error| format!("invalid store configuration: {error:?}"))?;
+        let store = Arc::new(store);
         Ok(Master {
             server_id,
-            store: Arc::new(store),
+            client_leases: ClientLeaseChecks::vouching_all(store.clone()),
+            store,
             replication: None,
             ownership: Arc::default(),
             incoming: IncomingTransfers::default(),
@@ -127,6 +132,19 @@ impl Master {
     pub fn set_replication(&mut self, replication: ReplicaManager) {
         self.replication = Some(replication);
         self.update_sync_context();
+    }
+
+    /// From now on, applies a mutation with an exactly-once identity only under a client
+    /// lease the coordinator at `coordinator` vouched for (without this, every lease is taken
+    /// as valid: a master alone, in tests). Returns the sweep to run (it forgets the results
+    /// of clients whose lease expired).
+    pub fn check_client_leases(
+        &mut self,
+        coordinator: String,
+        network: Arc<dyn stratus_env::Network>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.client_leases = ClientLeaseChecks::new(self.store.clone(), coordinator, network);
+        self.client_leases.clone().sweep()
     }
 
     /// From now on, serves object requests only while `lease` is valid.
@@ -205,6 +223,17 @@ impl Master {
         Ok(key_hash(table, key))
     }
 
+    /// Admits a mutation's exactly-once identity: its lease must be vouched for (RETRY while
+    /// it is being checked, EXPIRED_LEASE once the coordinator said it expired).
+    fn admit_rpc(&self, rpc: Option<RpcIdentity>) -> Result<(), Status> {
+        let Some(rpc) = rpc else { return Ok(()) };
+        match self.client_leases.standing(rpc.lease) {
+            LeaseStanding::Vouched => Ok(()),
+            LeaseStanding::Expired => Err(Status::ExpiredLease),
+            LeaseStanding::Unknown => Err(Status::Retry),
+        }
+    }
+
     /// Admits a request that changes `key` of `table` and applies it with `apply` while the
     /// tablet can be neither frozen nor dropped (see `TabletOwnership::while_writable`). A
     /// tablet at the end of its transfer answers RETRY: the client tries again and finds the
@@ -213,9 +242,11 @@ impl Master {
         &self,
         table: TableId,
         key: &[u8],
+        rpc: Option<RpcIdentity>,
         apply: impl FnOnce(stratus_types::KeyHash) -> Result<T, ObjectError>,
     ) -> Result<T, (Status, Version)> {
         let hash = self.admit_key(table, key).map_err(|status| (status, Version(0)))?;
+        self.admit_rpc(rpc).map_err(|status| (status, Version(0)))?;
         match self.ownership.while_writable(table, hash, key, || apply(hash)) {
             Ok(Ok(applied)) => Ok(applied),
             Ok(Err(error)) => Err(status_of(error)),

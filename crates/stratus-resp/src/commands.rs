@@ -902,6 +902,7 @@ impl Gateway {
                 value: pair[1].clone(),
                 rules: RejectRules::NONE,
                 expiry: stratus_client::Expiry::Never,
+                rpc: None,
             })
             .collect();
         for outcome in self.client.multi_write(&items).await {

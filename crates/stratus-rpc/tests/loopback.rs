@@ -206,6 +206,7 @@ async fn calls_to_the_in_process_server_skip_the_network_and_answer_the_same() {
         value: Bytes::from(vec![0u8; stratus_types::limits::FRAME_BYTES_MAX]),
         rules: stratus_types::RejectRules::NONE,
         expiry: stratus_types::Expiry::Never,
+        rpc: None,
     };
     let (status, _) = pool.call(address, &oversized).await.unwrap();
     assert_eq!(status, Status::RequestTooLarge);

@@ -27,6 +27,7 @@ pub mod disk;
 pub mod network;
 pub mod nodes;
 pub mod schedule;
+mod zombie;
 
 use std::cell::RefCell;
 use std::fmt;
@@ -36,7 +37,7 @@ use std::time::Duration;
 
 use stratus_backup::Durability;
 use stratus_client::{Client, ClientConfig, TableId, Version};
-use stratus_history::workload::{mixed_step, unique_value};
+use stratus_history::workload::{counter_key, counter_step, mixed_step, unique_value};
 use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
 use stratus_meta::MemoryMetaStore;
 use stratus_wire::ServerStatus;
@@ -74,6 +75,10 @@ pub struct SimulationOptions {
     /// The servers' cleaning levels: 2 compacts in memory first (what a replicated server
     /// runs), 1 cleans with the combined cleaner alone (`stratus server --cleaner-levels 1`).
     pub cleaner_levels: u32,
+    /// Whether a zombie client runs: it applies a mutation under a client lease, falls
+    /// silent for longer than a lease term (after the faults), and must then find that
+    /// neither a new mutation nor its old one is applied under the expired lease.
+    pub zombie_client: bool,
 }
 
 impl SimulationOptions {
@@ -114,6 +119,7 @@ impl Default for SimulationOptions {
             time_limit: Duration::from_secs(150),
             tablet_moves: false,
             cleaner_levels: 2,
+            zombie_client: false,
         }
     }
 }
@@ -141,6 +147,8 @@ pub struct SimulationReport {
     pub known_outcomes: usize,
     /// Operations that were items of multi-operations.
     pub multi_operation_items: u64,
+    /// Acknowledged increments of the counter keys (each checked applied exactly once).
+    pub counted_increments: u64,
     /// Simulated time the run took.
     pub simulated: Duration,
     /// Simulation steps (of 1 ms).
@@ -164,7 +172,7 @@ impl fmt::Display for SimulationReport {
         writeln!(
             f,
             "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes, {} \
-             in multi-operations), {} faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
+             in multi-operations, {} counted increments), {} faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
              simulated, {} serving samples, {} tablet splits, {} migrations, fingerprint {:016x}",
             self.seed,
             self.shape.0,
@@ -174,6 +182,7 @@ impl fmt::Display for SimulationReport {
             self.operations,
             self.known_outcomes,
             self.multi_operation_items,
+            self.counted_increments,
             self.faults.len(),
             self.servers_recovered,
             self.cleaner_work.0,
@@ -341,13 +350,21 @@ struct Workload {
     /// Splits the operator asked for that the coordinator acknowledged.
     tablet_splits: AtomicU32,
     tablet_migrations: AtomicU32,
+    /// The counters' values the verifier read after the faults (the counter model's final
+    /// values).
+    counter_finals: Mutex<Vec<i64>>,
+    /// The zombie client finished its checks.
+    zombie_checked: AtomicBool,
 }
 
 fn client_config() -> ClientConfig {
     let mut config = ClientConfig::new(COORDINATOR_ADDRESS);
     // Long enough to ride out a recovery, short enough that a stuck operation shows.
     config.operation_timeout = Duration::from_secs(8);
-    // Every operation takes effect at most once, so the history is exact (see the option).
+    // Every operation takes effect at most once, so the history is exact: mutations are
+    // exactly-once (retried with their identity), and a client built without it would not
+    // send an ambiguous mutation again.
+    config.exactly_once = true;
     config.retry_ambiguous_mutations = false;
     config
 }
@@ -387,6 +404,10 @@ async fn run_client(
     let mut last_seen = vec![Version(0); keys.len()];
     for sequence in 0..options.operations_per_client {
         mixed_step(&client, table, &keys, &mut last_seen, client_id, sequence, &mut choices).await;
+        // Half the steps also count: increments by 1 that the counter model checks.
+        if choices.below(2) == 0 {
+            counter_step(&client, table, COUNTERS, &mut choices).await;
+        }
         // Filler: an overwrite of one of this client's own keys with a value of up to
         // FILLER_VALUE_BYTES_MAX (24 KiB), so the small logs fill with dead versions and the
         // cleaner must run.
@@ -450,6 +471,9 @@ async fn run_operator(
     Ok(())
 }
 
+/// Counter keys the clients increment by 1 (checked by the counter model).
+const COUNTERS: usize = 2;
+
 /// Keys each client overwrites with filler values.
 const FILLER_KEYS_PER_CLIENT: u64 = 6;
 
@@ -501,6 +525,27 @@ async fn verify(
             rules: stratus_client::RejectRules::NONE,
         })
         .collect();
+    let mut finals = Vec::with_capacity(COUNTERS);
+    for index in 0..COUNTERS {
+        let value = match client.read(table, &counter_key(index)).await {
+            Ok((value, _)) => {
+                let bytes: [u8; 8] = value[..].try_into().map_err(|_| {
+                    format!("counter {index} holds {} bytes, not an integer", value.len())
+                })?;
+                i64::from_le_bytes(bytes)
+            }
+            Err(error) if error.status == stratus_client::Status::ObjectDoesntExist => 0,
+            Err(error) => {
+                return Err(format!(
+                    "liveness: the final read of counter {index} failed after the faults \
+                     stopped: {error}"
+                )
+                .into())
+            }
+        };
+        finals.push(value);
+    }
+    *workload.counter_finals.lock().unwrap_or_else(|poison| poison.into_inner()) = finals;
     for (key, result) in keys.iter().zip(client.multi_read(&items).await) {
         if let Err(error) = result {
             if !Outcome::is_refusal(error.status) {
@@ -622,6 +667,8 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         verified: AtomicBool::new(false),
         tablet_splits: AtomicU32::new(0),
         tablet_migrations: AtomicU32::new(0),
+        counter_finals: Mutex::new(Vec::new()),
+        zombie_checked: AtomicBool::new(false),
     });
     let mut hosts: Vec<String> = vec!["coordinator".to_string()];
     hosts.extend((0..options.servers).map(server_host));
@@ -633,6 +680,10 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     if options.tablet_moves {
         hosts.push("operator".to_string());
         simulation.client("operator", run_operator(seed, options.clone(), workload.clone()));
+    }
+    if options.zombie_client {
+        hosts.push("zombie".to_string());
+        simulation.client("zombie", zombie::run(seed, options.clone(), workload.clone()));
     }
     hosts.push("verifier".to_string());
     simulation
@@ -771,6 +822,9 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     if !workload.verified.load(Ordering::Acquire) {
         return Err(fail("the verifier did not finish".to_string(), &report));
     }
+    if options.zombie_client && !workload.zombie_checked.load(Ordering::Acquire) {
+        return Err(fail("the zombie client did not finish its checks".to_string(), &report));
+    }
     let history = workload.recorder.history();
     report.operations = history.len();
     report.multi_operation_items = workload.recorder.multi_operation_items();
@@ -799,6 +853,22 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             }
         }
         return Err(fail(reason, &report));
+    }
+    // Exactly-once, where a register cannot see it: every counter's value is the number of
+    // its increments that took effect, no more, no fewer.
+    let finals =
+        workload.counter_finals.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+    let table = history.operations.iter().find(|operation| operation.key == counter_key(0));
+    if let Some(table) = table.map(|operation| operation.table) {
+        for (index, final_value) in finals.iter().enumerate() {
+            let key = counter_key(index);
+            match stratus_history::check_counter(&history, table, &key, *final_value) {
+                Ok(counted) => report.counted_increments += counted.acknowledged,
+                Err(violation) => {
+                    return Err(fail(format!("counter {index}: {violation}"), &report));
+                }
+            }
+        }
     }
     Ok(report)
 }

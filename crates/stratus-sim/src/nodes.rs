@@ -222,6 +222,9 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         replication.server_list(),
         environment.clone(),
     ));
+    let sweep =
+        master.check_client_leases(COORDINATOR_ADDRESS.to_string(), environment.network.clone());
+    tokio::spawn(sweep);
     let lease = Lease::new();
     master.set_lease(lease.clone());
     tokio::spawn(keep_lease(

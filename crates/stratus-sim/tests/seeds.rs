@@ -150,3 +150,25 @@ fn one_seed() {
         Err(failure) => panic!("{failure}"),
     }
 }
+
+/// Seeds with a zombie client: one increment under a client lease, silence for longer than a
+/// lease term (after the faults), then a new increment and the old one again under the expired
+/// lease: both are refused, and the counter holds the one increment (docs/design/exactly-once.md).
+const ZOMBIE_SEEDS: u64 = 3;
+
+#[test]
+fn a_zombie_client_applies_nothing_under_an_expired_lease() {
+    let mut failures = Vec::new();
+    for seed in seed_base()..seed_base() + ZOMBIE_SEEDS {
+        let options =
+            SimulationOptions { zombie_client: true, ..SimulationOptions::for_seed(seed) };
+        match run(seed, &options) {
+            Ok(report) => eprint!("{report}"),
+            Err(failure) => {
+                eprintln!("{failure}");
+                failures.push(failure.report.seed);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "failing seeds with a zombie client: {failures:?}");
+}

@@ -14,19 +14,20 @@ use std::fmt;
 
 use bytes::{Bytes, BytesMut};
 use stratus_types::limits::{
-    FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX,
-    TABLETS_PER_TABLE_MAX, TABLE_NAME_BYTES_MAX,
+    CLIENT_LEASES_PER_CHECK_MAX, FRAME_BYTES_MAX, MIGRATION_COMPLETIONS_PER_BATCH_MAX,
+    MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
+    TABLE_NAME_BYTES_MAX,
 };
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
-use stratus_types::{TabletState, Version};
+use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, Version};
 
 use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
-    RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry,
-    ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult,
-    WriteItem,
+    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
+    ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
+    Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,
+    VersionItemResult, WriteItem,
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
@@ -304,6 +305,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             first,
             objects,
             removed_keys,
+            completions,
         } => {
             put_u64(out, table_id.0);
             put_range(out, range);
@@ -317,33 +319,49 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             for key in removed_keys {
                 put_key(out, key);
             }
+            put_count(out, completions.len());
+            for completion in completions {
+                put_migrated_completion(out, completion);
+            }
         }
-        Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
+        Request::Read { table_id, key, rules } => put_key_item(out, *table_id, key, rules),
+        Request::Remove { table_id, key, rules, rpc } => {
             put_key_item(out, *table_id, key, rules);
+            put_rpc(out, rpc);
         }
-        Request::Write { table_id, key, value, rules, expiry } => {
+        Request::Write { table_id, key, value, rules, expiry, rpc } => {
             put_u64(out, table_id.0);
             put_key(out, key);
             put_value(out, value);
             put_rules(out, rules);
             put_expiry(out, expiry);
+            put_rpc(out, rpc);
         }
-        Request::SetExpiry { table_id, key, expiry, rules } => {
+        Request::SetExpiry { table_id, key, expiry, rules, rpc } => {
             put_u64(out, table_id.0);
             put_key(out, key);
             put_expiry(out, expiry);
             put_rules(out, rules);
+            put_rpc(out, rpc);
         }
-        Request::Increment { table_id, key, delta, rules } => {
+        Request::Increment { table_id, key, delta, rules, rpc } => {
             put_u64(out, table_id.0);
             put_key(out, key);
             put_i64(out, *delta);
             put_rules(out, rules);
+            put_rpc(out, rpc);
         }
-        Request::MultiRead { items } | Request::MultiRemove { items } => {
+        Request::MultiRead { items } => {
             put_count(out, items.len());
             for item in items {
                 put_key_item(out, item.table_id, &item.key, &item.rules);
+            }
+        }
+        Request::MultiRemove { items } => {
+            put_count(out, items.len());
+            for item in items {
+                put_key_item(out, item.table_id, &item.key, &item.rules);
+                put_rpc(out, &item.rpc);
             }
         }
         Request::MultiWrite { items } => {
@@ -354,6 +372,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_value(out, &item.value);
                 put_rules(out, &item.rules);
                 put_expiry(out, &item.expiry);
+                put_rpc(out, &item.rpc);
             }
         }
         Request::MultiIncrement { items } => {
@@ -363,6 +382,14 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_key(out, &item.key);
                 put_i64(out, item.delta);
                 put_rules(out, &item.rules);
+                put_rpc(out, &item.rpc);
+            }
+        }
+        Request::ClientLease { lease } => put_u64(out, lease.0),
+        Request::CheckClientLeases { leases } => {
+            put_count(out, leases.len());
+            for lease in leases {
+                put_u64(out, lease.0);
             }
         }
         Request::Enumerate { table_id, range, cursor, bytes_max } => {
@@ -481,6 +508,16 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         Response::ReplicasNeeded { not_needed } => put_segment_ids(out, not_needed),
         Response::AbandonMigration { objects_dropped } => put_u64(out, *objects_dropped),
         Response::RenewLease { lease_ms } => put_u32(out, *lease_ms),
+        Response::ClientLease { lease, term_ms } => {
+            put_u64(out, lease.0);
+            put_u32(out, *term_ms);
+        }
+        Response::CheckClientLeases { remaining_ms } => {
+            put_count(out, remaining_ms.len());
+            for remaining in remaining_ms {
+                put_u32(out, *remaining);
+            }
+        }
         Response::BackupStartPartitioning { replicas_to_partition } => {
             put_u32(out, *replicas_to_partition)
         }
@@ -715,6 +752,37 @@ fn put_expiry(out: &mut BytesMut, expiry: &Expiry) {
     put_u64(out, millis);
 }
 
+/// An exactly-once identity as an option: a tag byte (0 none, 1 present), then the lease id,
+/// the rpc id and the acknowledged mark, u64 each.
+fn put_rpc(out: &mut BytesMut, rpc: &Option<RpcIdentity>) {
+    match rpc {
+        None => put_u8(out, 0),
+        Some(rpc) => {
+            put_u8(out, 1);
+            put_u64(out, rpc.lease.0);
+            put_u64(out, rpc.rpc.0);
+            put_u64(out, rpc.acknowledged.0);
+        }
+    }
+}
+
+/// A migrated completion: key hash, lease, rpc id, acknowledged, version (u64 each), then the
+/// increment's value as an option (tag byte, i64).
+fn put_migrated_completion(out: &mut BytesMut, completion: &MigratedCompletion) {
+    put_u64(out, completion.key_hash);
+    put_u64(out, completion.lease.0);
+    put_u64(out, completion.rpc.0);
+    put_u64(out, completion.acknowledged.0);
+    put_version(out, completion.version);
+    match completion.integer {
+        None => put_u8(out, 0),
+        Some(integer) => {
+            put_u8(out, 1);
+            put_i64(out, integer);
+        }
+    }
+}
+
 /// An object's expiry time, as an option of u64 milliseconds since the Unix epoch.
 fn put_expires_at(out: &mut BytesMut, expires_at: Option<ExpiresAt>) {
     match expires_at {
@@ -924,6 +992,47 @@ impl Reader {
         }
     }
 
+    /// An option of an exactly-once identity (see [`put_rpc`]); one that cannot be right
+    /// (lease 0, rpc 0, an rpc acknowledging itself) is a format error.
+    fn rpc(&mut self) -> Result<Option<RpcIdentity>, DecodeError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => {
+                let rpc = RpcIdentity {
+                    lease: LeaseId(self.u64()?),
+                    rpc: RpcId(self.u64()?),
+                    acknowledged: RpcId(self.u64()?),
+                };
+                rpc.validate().map_err(|_| DecodeError::InvalidField("rpc identity"))?;
+                Ok(Some(rpc))
+            }
+            _ => Err(DecodeError::InvalidField("rpc identity tag")),
+        }
+    }
+
+    /// A migrated completion (see [`put_migrated_completion`]).
+    fn migrated_completion(&mut self) -> Result<MigratedCompletion, DecodeError> {
+        let completion = MigratedCompletion {
+            key_hash: self.u64()?,
+            lease: LeaseId(self.u64()?),
+            rpc: RpcId(self.u64()?),
+            acknowledged: RpcId(self.u64()?),
+            version: self.version()?,
+            integer: match self.u8()? {
+                0 => None,
+                1 => Some(self.i64()?),
+                _ => return Err(DecodeError::InvalidField("completion integer tag")),
+            },
+        };
+        let identity = RpcIdentity {
+            lease: completion.lease,
+            rpc: completion.rpc,
+            acknowledged: completion.acknowledged,
+        };
+        identity.validate().map_err(|_| DecodeError::InvalidField("completion rpc identity"))?;
+        Ok(completion)
+    }
+
     /// An option of an expiry time (see [`put_expires_at`]).
     fn expires_at(&mut self) -> Result<Option<ExpiresAt>, DecodeError> {
         match self.u8()? {
@@ -1077,8 +1186,10 @@ impl Reader {
 
 /// Smallest encodings of list items, for bounding pre-allocation.
 const KEY_ITEM_BYTES_MIN: usize = 8 + 2 + 9;
-const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9 + EXPIRY_BYTES;
-const INCREMENT_ITEM_BYTES_MIN: usize = 8 + 2 + 8 + 9;
+const REMOVE_ITEM_BYTES_MIN: usize = KEY_ITEM_BYTES_MIN + 1;
+const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9 + EXPIRY_BYTES + 1;
+const INCREMENT_ITEM_BYTES_MIN: usize = 8 + 2 + 8 + 9 + 1;
+const MIGRATED_COMPLETION_BYTES_MIN: usize = 5 * 8 + 1;
 const SERVER_ENTRY_BYTES_MIN: usize = 8 + 2 + 4 + 1;
 const TABLE_ENTRY_BYTES_MIN: usize = 2 + 8 + 4;
 const TABLET_ENTRY_BYTES_MIN: usize = 8 + 16 + 8 + 2 + 1;
@@ -1098,6 +1209,11 @@ const RECOVERY_TABLET_BYTES: usize = 8 + 16 + 8;
 
 fn key_item(reader: &mut Reader) -> Result<KeyItem, DecodeError> {
     Ok(KeyItem { table_id: reader.table_id()?, key: reader.key()?, rules: reader.rules()? })
+}
+
+fn remove_item(reader: &mut Reader) -> Result<RemoveItem, DecodeError> {
+    let KeyItem { table_id, key, rules } = key_item(reader)?;
+    Ok(RemoveItem { table_id, key, rules, rpc: reader.rpc()? })
 }
 
 fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, DecodeError> {
@@ -1152,6 +1268,11 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             },
             objects: reader.enumerated_objects()?,
             removed_keys: reader.list(REMOVED_KEYS_MAX, 2, |reader| reader.key())?,
+            completions: reader.list(
+                MIGRATION_COMPLETIONS_PER_BATCH_MAX,
+                MIGRATED_COMPLETION_BYTES_MIN,
+                |reader| reader.migrated_completion(),
+            )?,
         },
         Opcode::Read => {
             let KeyItem { table_id, key, rules } = key_item(reader)?;
@@ -1163,22 +1284,25 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             value: reader.value()?,
             rules: reader.rules()?,
             expiry: reader.expiry()?,
+            rpc: reader.rpc()?,
         },
         Opcode::SetExpiry => Request::SetExpiry {
             table_id: reader.table_id()?,
             key: reader.key()?,
             expiry: reader.expiry()?,
             rules: reader.rules()?,
+            rpc: reader.rpc()?,
         },
         Opcode::Remove => {
-            let KeyItem { table_id, key, rules } = key_item(reader)?;
-            Request::Remove { table_id, key, rules }
+            let RemoveItem { table_id, key, rules, rpc } = remove_item(reader)?;
+            Request::Remove { table_id, key, rules, rpc }
         }
         Opcode::Increment => Request::Increment {
             table_id: reader.table_id()?,
             key: reader.key()?,
             delta: reader.i64()?,
             rules: reader.rules()?,
+            rpc: reader.rpc()?,
         },
         Opcode::MultiRead => Request::MultiRead {
             items: reader.list(MULTI_OP_ITEMS_MAX, KEY_ITEM_BYTES_MIN, key_item)?,
@@ -1191,11 +1315,12 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                     value: reader.value()?,
                     rules: reader.rules()?,
                     expiry: reader.expiry()?,
+                    rpc: reader.rpc()?,
                 })
             })?,
         },
         Opcode::MultiRemove => Request::MultiRemove {
-            items: reader.list(MULTI_OP_ITEMS_MAX, KEY_ITEM_BYTES_MIN, key_item)?,
+            items: reader.list(MULTI_OP_ITEMS_MAX, REMOVE_ITEM_BYTES_MIN, remove_item)?,
         },
         Opcode::MultiIncrement => Request::MultiIncrement {
             items: reader.list(MULTI_OP_ITEMS_MAX, INCREMENT_ITEM_BYTES_MIN, |reader| {
@@ -1204,6 +1329,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                     key: reader.key()?,
                     delta: reader.i64()?,
                     rules: reader.rules()?,
+                    rpc: reader.rpc()?,
                 })
             })?,
         },
@@ -1255,6 +1381,11 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupGetStatistics => Request::BackupGetStatistics,
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
+        Opcode::ClientLease => Request::ClientLease { lease: LeaseId(reader.u64()?) },
+        Opcode::CheckClientLeases => Request::CheckClientLeases {
+            leases: reader
+                .list(CLIENT_LEASES_PER_CHECK_MAX, 8, |reader| reader.u64().map(LeaseId))?,
+        },
         Opcode::HintServerCrashed => Request::HintServerCrashed { server_id: reader.server_id()? },
         Opcode::ServerStopping => Request::ServerStopping { server_id: reader.server_id()? },
         Opcode::RecoveryAcceptLoss => {
@@ -1420,6 +1551,12 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::BackupFree => Response::BackupFree,
         Opcode::BackupFenceMaster => Response::BackupFenceMaster,
         Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
+        Opcode::ClientLease => {
+            Response::ClientLease { lease: LeaseId(reader.u64()?), term_ms: reader.u32()? }
+        }
+        Opcode::CheckClientLeases => Response::CheckClientLeases {
+            remaining_ms: reader.list(CLIENT_LEASES_PER_CHECK_MAX, 4, |reader| reader.u32())?,
+        },
         Opcode::SetLogHead => Response::SetLogHead,
         Opcode::HintServerCrashed => Response::HintServerCrashed,
         Opcode::ServerStopping => Response::ServerStopping,

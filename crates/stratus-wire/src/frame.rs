@@ -27,7 +27,7 @@ use crate::status::Status;
 pub const MAGIC: [u8; 4] = *b"STRA";
 
 /// The protocol version this crate speaks. Any change to a byte layout bumps it.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Size of the handshake message, in both directions.
 pub const HELLO_BYTES: usize = 8;

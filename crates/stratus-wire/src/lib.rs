@@ -34,9 +34,9 @@ pub use frame::{
 };
 pub use message::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
-    RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry,
-    ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry, VersionItemResult,
-    WriteItem,
+    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
+    ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
+    Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,
+    VersionItemResult, WriteItem,
 };
 pub use status::Status;

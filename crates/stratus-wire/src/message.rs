@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
+use stratus_types::{LeaseId, RpcIdentity};
 use stratus_types::{TabletState, Version};
 
 use crate::status::Status;
@@ -47,6 +48,10 @@ pub enum Opcode {
     /// Coordinator (from a server): the server is stopping in order and serves nothing from
     /// now on; its tablets are recovered from its replicas as a crashed server's are.
     ServerStopping = 23,
+    /// Coordinator (from a client): open a client lease (lease id 0) or renew one.
+    ClientLease = 24,
+    /// Coordinator (from a master): how long each of some client leases remains valid.
+    CheckClientLeases = 25,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -108,7 +113,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 41] = [
+    pub const ALL: [Opcode; 43] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -124,6 +129,8 @@ impl Opcode {
         Opcode::SplitTablet,
         Opcode::MigrateTablet,
         Opcode::ServerStopping,
+        Opcode::ClientLease,
+        Opcode::CheckClientLeases,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -280,7 +287,7 @@ pub struct EnumeratedObject {
     pub expires_at: Option<ExpiresAt>,
 }
 
-/// An item of a MULTI_READ or MULTI_REMOVE request.
+/// An item of a MULTI_READ request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyItem {
     /// Table.
@@ -289,6 +296,19 @@ pub struct KeyItem {
     pub key: Bytes,
     /// Conditions.
     pub rules: RejectRules,
+}
+
+/// An item of a MULTI_REMOVE request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoveItem {
+    /// Table.
+    pub table_id: TableId,
+    /// Key.
+    pub key: Bytes,
+    /// Conditions.
+    pub rules: RejectRules,
+    /// The item's exactly-once identity (docs/design/exactly-once.md), if its client has one.
+    pub rpc: Option<RpcIdentity>,
 }
 
 /// An item of a MULTI_WRITE request.
@@ -304,6 +324,8 @@ pub struct WriteItem {
     pub rules: RejectRules,
     /// When the new object expires.
     pub expiry: Expiry,
+    /// The item's exactly-once identity, if its client has one.
+    pub rpc: Option<RpcIdentity>,
 }
 
 /// An item of a MULTI_INCREMENT request.
@@ -317,6 +339,26 @@ pub struct IncrementItem {
     pub delta: i64,
     /// Conditions.
     pub rules: RejectRules,
+    /// The item's exactly-once identity, if its client has one.
+    pub rpc: Option<RpcIdentity>,
+}
+
+/// The unacknowledged result of a mutation of a tablet being transferred, as
+/// RECEIVE_MIGRATION_DATA carries it (the table is the request's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigratedCompletion {
+    /// The key hash of the mutated object.
+    pub key_hash: u64,
+    /// The client's lease.
+    pub lease: LeaseId,
+    /// The RPC, and what its client had acknowledged when it sent it.
+    pub rpc: stratus_types::RpcId,
+    /// See [`MigratedCompletion::rpc`].
+    pub acknowledged: stratus_types::RpcId,
+    /// The version answered.
+    pub version: Version,
+    /// The value an increment answered.
+    pub integer: Option<i64>,
 }
 
 /// Per-item result of MULTI_READ.
@@ -605,6 +647,9 @@ pub enum Request {
         /// Keys removed at the source while it copied the tablet: the receiver removes each one
         /// it holds at a version below `safe_version`.
         removed_keys: Vec<Bytes>,
+        /// Unacknowledged results of the tablet's mutations (sent once writes are held), so
+        /// their retries are answered at the target.
+        completions: Vec<MigratedCompletion>,
     },
     /// REPLICAS_NEEDED: a backup asks `master_id` about replicas of its segments it holds.
     ReplicasNeeded {
@@ -635,6 +680,8 @@ pub enum Request {
         rules: RejectRules,
         /// When the new object expires.
         expiry: Expiry,
+        /// Exactly-once identity, if the client has one.
+        rpc: Option<RpcIdentity>,
     },
     /// SET_EXPIRY.
     SetExpiry {
@@ -646,6 +693,8 @@ pub enum Request {
         expiry: Expiry,
         /// Conditions.
         rules: RejectRules,
+        /// Exactly-once identity, if the client has one.
+        rpc: Option<RpcIdentity>,
     },
     /// REMOVE.
     Remove {
@@ -655,6 +704,8 @@ pub enum Request {
         key: Bytes,
         /// Conditions.
         rules: RejectRules,
+        /// Exactly-once identity, if the client has one.
+        rpc: Option<RpcIdentity>,
     },
     /// INCREMENT.
     Increment {
@@ -666,6 +717,8 @@ pub enum Request {
         delta: i64,
         /// Conditions.
         rules: RejectRules,
+        /// Exactly-once identity, if the client has one.
+        rpc: Option<RpcIdentity>,
     },
     /// MULTI_READ.
     MultiRead {
@@ -680,7 +733,7 @@ pub enum Request {
     /// MULTI_REMOVE.
     MultiRemove {
         /// Items.
-        items: Vec<KeyItem>,
+        items: Vec<RemoveItem>,
     },
     /// MULTI_INCREMENT.
     MultiIncrement {
@@ -802,6 +855,16 @@ pub enum Request {
     BackupFenceMaster {
         /// The master the coordinator declared crashed.
         master_id: ServerId,
+    },
+    /// CLIENT_LEASE: a client asks for a new lease (`lease` 0) or to renew its lease.
+    ClientLease {
+        /// The lease to renew, or `LeaseId(0)` for a new one.
+        lease: LeaseId,
+    },
+    /// CHECK_CLIENT_LEASES: a master asks how long each lease remains valid.
+    CheckClientLeases {
+        /// The leases (at most `CLIENT_LEASES_PER_CHECK_MAX`).
+        leases: Vec<LeaseId>,
     },
     /// RENEW_LEASE: the master `server_id` asks to keep serving.
     RenewLease {
@@ -985,9 +1048,9 @@ pub enum Response {
     BackupFenceMaster,
     /// SET_LOG_HEAD: recorded durably.
     SetLogHead,
-    /// HINT_SERVER_CRASHED: noted (the suspect is checked, or already was).
     /// SERVER_STOPPING.
     ServerStopping,
+    /// HINT_SERVER_CRASHED: noted (the suspect is checked, or already was).
     HintServerCrashed,
     /// RECOVERY_ACCEPT_LOSS: the loss is accepted; the tablets are handed over empty.
     RecoveryAcceptLoss,
@@ -1030,6 +1093,20 @@ pub enum Response {
     BackupStartPartitioning {
         /// Replicas the backup will read and partition.
         replicas_to_partition: u32,
+    },
+    /// CLIENT_LEASE: the lease, valid for `term_ms` milliseconds from when the client sent the
+    /// request.
+    ClientLease {
+        /// The lease granted or renewed.
+        lease: LeaseId,
+        /// How long it stays valid.
+        term_ms: u32,
+    },
+    /// CHECK_CLIENT_LEASES: for each lease asked about, in order, how many more milliseconds
+    /// it stays valid at least; 0 when it expired (or was never granted).
+    CheckClientLeases {
+        /// One per lease of the request.
+        remaining_ms: Vec<u32>,
     },
     /// RENEW_LEASE: the master may serve for `lease_ms` milliseconds from when it sent the
     /// request.
@@ -1110,6 +1187,8 @@ impl Request {
             Request::SetLogHead { .. } => Opcode::SetLogHead,
             Request::HintServerCrashed { .. } => Opcode::HintServerCrashed,
             Request::ServerStopping { .. } => Opcode::ServerStopping,
+            Request::ClientLease { .. } => Opcode::ClientLease,
+            Request::CheckClientLeases { .. } => Opcode::CheckClientLeases,
             Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
             Request::SplitTablet { .. } => Opcode::SplitTablet,
             Request::MigrateTablet { .. } => Opcode::MigrateTablet,
@@ -1158,6 +1237,8 @@ impl Response {
             Response::SetLogHead => Opcode::SetLogHead,
             Response::HintServerCrashed => Opcode::HintServerCrashed,
             Response::ServerStopping => Opcode::ServerStopping,
+            Response::ClientLease { .. } => Opcode::ClientLease,
+            Response::CheckClientLeases { .. } => Opcode::CheckClientLeases,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::SplitTablet => Opcode::SplitTablet,
             Response::MigrateTablet => Opcode::MigrateTablet,

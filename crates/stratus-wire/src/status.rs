@@ -72,11 +72,17 @@ pub enum Status {
     /// What the request asked for was started by an earlier identical request and is still
     /// running: ask again later for its outcome (TRANSFER_TABLET repeated by the coordinator).
     InProgress = 28,
+    /// The client acknowledged this RPC already (it said it had the result), so the request
+    /// is an old duplicate: nothing was applied. A correct client never sees it.
+    StaleRpc = 29,
+    /// The client's lease expired (or was never granted): nothing was applied. The client
+    /// takes a new lease.
+    ExpiredLease = 30,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 29] = [
+    pub const ALL: [Status; 31] = [
         Status::Ok,
         Status::UnknownTablet,
         Status::TableDoesntExist,
@@ -106,6 +112,8 @@ impl Status {
         Status::BackupStorageFailed,
         Status::ServerCrashed,
         Status::InProgress,
+        Status::StaleRpc,
+        Status::ExpiredLease,
     ];
 
     /// The wire code.
@@ -159,6 +167,8 @@ impl Status {
             Status::BackupStorageFailed => "backup storage failed",
             Status::ServerCrashed => "server declared crashed",
             Status::InProgress => "still in progress",
+            Status::StaleRpc => "stale rpc: its result was acknowledged already",
+            Status::ExpiredLease => "client lease expired",
         }
     }
 }

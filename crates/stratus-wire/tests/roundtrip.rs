@@ -109,6 +109,7 @@ fn keys_and_values_are_zero_copy() {
         value: Bytes::from_static(b"value"),
         rules: stratus_types::RejectRules::NONE,
         expiry: stratus_types::Expiry::Never,
+        rpc: None,
     };
     let mut out = BytesMut::new();
     encode_request(&mut out, 1, &request);

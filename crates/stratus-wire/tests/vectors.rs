@@ -32,9 +32,9 @@ fn expected(name: &str) -> Expected {
         body: ResponseBody::Operation(response),
     };
     match name {
-        "hello" => Expected::Hello(Hello { version: 2, status: Status::Ok }),
+        "hello" => Expected::Hello(Hello { version: 3, status: Status::Ok }),
         "hello-version-mismatch" => {
-            Expected::Hello(Hello { version: 2, status: Status::ProtocolVersionMismatch })
+            Expected::Hello(Hello { version: 3, status: Status::ProtocolVersionMismatch })
         }
         "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
         "ping-response" => ok(1, Response::Ping),
@@ -68,8 +68,29 @@ fn expected(name: &str) -> Expected {
                 value: Bytes::from_static(b"v1"),
                 rules: RejectRules::create_only(),
                 expiry: stratus_types::Expiry::AfterMillis(60_000),
+                rpc: Some(stratus_types::RpcIdentity {
+                    lease: stratus_types::LeaseId(7),
+                    rpc: stratus_types::RpcId(12),
+                    acknowledged: stratus_types::RpcId(10),
+                }),
             },
         },
+        "client-lease-request" => Expected::Request {
+            request_id: 21,
+            request: Request::ClientLease { lease: stratus_types::LeaseId(0) },
+        },
+        "client-lease-response" => {
+            ok(21, Response::ClientLease { lease: stratus_types::LeaseId(7), term_ms: 30_000 })
+        }
+        "check-client-leases-request" => Expected::Request {
+            request_id: 22,
+            request: Request::CheckClientLeases {
+                leases: vec![stratus_types::LeaseId(7), stratus_types::LeaseId(9)],
+            },
+        },
+        "check-client-leases-response" => {
+            ok(22, Response::CheckClientLeases { remaining_ms: vec![25_000, 0] })
+        }
         "increment-response" => ok(5, Response::Increment { version: Version(9), value: -2 }),
         "multi-write-request" => Expected::Request {
             request_id: 6,
@@ -81,6 +102,7 @@ fn expected(name: &str) -> Expected {
                         value: Bytes::from_static(b"x"),
                         rules: RejectRules::NONE,
                         expiry: stratus_types::Expiry::Never,
+                        rpc: None,
                     },
                     WriteItem {
                         table_id: TableId(2),
@@ -88,6 +110,7 @@ fn expected(name: &str) -> Expected {
                         value: Bytes::from_static(b"yz"),
                         rules: RejectRules::version_equals(Version(3)),
                         expiry: stratus_types::Expiry::Keep,
+                        rpc: None,
                     },
                 ],
             },

@@ -500,6 +500,9 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
                 environment.clone(),
             ));
         }
+        // Mutations are applied exactly once under client leases the coordinator vouches for.
+        let sweep = master.check_client_leases(coordinator.clone(), environment.network.clone());
+        tokio::spawn(sweep);
         // The master serves only while the coordinator renews its lease.
         let lease = Lease::new();
         master.set_lease(lease.clone());

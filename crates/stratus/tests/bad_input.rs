@@ -237,6 +237,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         first: true,
         objects,
         removed_keys: Vec::new(),
+        completions: Vec::new(),
     };
     encode_request(&mut migration, 15, &batch(table, HashRange::FULL, Vec::new()));
     let stray = EnumeratedObject {

@@ -191,14 +191,20 @@ fn servers_and_coordinator_export_what_they_do_through_a_crash_and_its_recovery(
                 value: key.clone(),
                 rules,
                 expiry: stratus_client::Expiry::Never,
+                rpc: None,
             })
             .collect();
         assert!(client.multi_write(&writes).await.iter().all(Result::is_ok));
         let reads: Vec<KeyItem> =
             keys.iter().map(|key| KeyItem { table_id: table, key: key.clone(), rules }).collect();
         assert!(client.multi_read(&reads).await.iter().all(Result::is_ok));
-        let increment =
-            IncrementItem { table_id: table, key: Bytes::from("counter"), delta: 1, rules };
+        let increment = IncrementItem {
+            table_id: table,
+            key: Bytes::from("counter"),
+            delta: 1,
+            rules,
+            rpc: None,
+        };
         for _ in 0..INCREMENTS {
             client.increment(table, b"counter", 1).await.expect("increment");
         }

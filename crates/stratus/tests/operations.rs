@@ -174,6 +174,7 @@ async fn multi_operations_span_two_masters() {
             value: key.clone(),
             rules: RejectRules::NONE,
             expiry: stratus_client::Expiry::Never,
+            rpc: None,
         })
         .collect();
     let written = client.multi_write(&writes).await;
@@ -202,6 +203,7 @@ async fn multi_operations_span_two_masters() {
             key: Bytes::from(format!("counter-{index}")),
             delta: index,
             rules: RejectRules::NONE,
+            rpc: None,
         })
         .collect();
     for (index, result) in client.multi_increment(&increments).await.into_iter().enumerate() {

@@ -334,6 +334,7 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
                 value: Bytes::from_static(b"zombie value"),
                 rules: RejectRules::NONE,
                 expiry: stratus_client::Expiry::Never,
+                rpc: None,
             };
             pool.call(&address, &request).await
         })

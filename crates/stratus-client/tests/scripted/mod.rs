@@ -74,6 +74,11 @@ impl Service for Coordinator {
             Ok(Request::DropTable { .. }) => Response::DropTable,
             Ok(Request::ListTables) => Response::ListTables { tables: Vec::new() },
             Ok(Request::GetServerList) => Response::GetServerList { servers: Vec::new() },
+            // Every client gets lease 1 (or keeps the one it renews).
+            Ok(Request::ClientLease { lease }) => Response::ClientLease {
+                lease: stratus_types::LeaseId(lease.0.max(1)),
+                term_ms: 30_000,
+            },
             _ => {
                 let status = Status::UnimplementedRequest;
                 encode_error_response(out, header.request_id, header.opcode_code, status, "");

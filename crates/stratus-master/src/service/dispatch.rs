@@ -21,28 +21,29 @@ impl Master {
             Request::Read { table_id, key, rules } => {
                 self.read(request_id, table_id, &key, &rules, out);
             }
-            Request::Write { table_id, key, value, rules, expiry } => {
+            Request::Write { table_id, key, value, rules, expiry, rpc } => {
                 let write = ObjectWrite {
                     table: table_id,
                     key: &key,
                     value: &value,
                     rules: &rules,
                     expiry,
+                    rpc,
                 };
                 let outcome = self.write_one(write);
                 let message = self.write_refusal_message(outcome.0, &value);
                 respond_version(out, request_id, Opcode::Write, outcome, &message);
             }
-            Request::SetExpiry { table_id, key, expiry, rules } => {
-                let outcome = self.set_expiry_one(table_id, &key, expiry, &rules);
+            Request::SetExpiry { table_id, key, expiry, rules, rpc } => {
+                let outcome = self.set_expiry_one((table_id, &key), expiry, &rules, rpc);
                 respond_version(out, request_id, Opcode::SetExpiry, outcome, "");
             }
-            Request::Remove { table_id, key, rules } => {
-                let outcome = self.remove_one(table_id, &key, &rules);
+            Request::Remove { table_id, key, rules, rpc } => {
+                let outcome = self.remove_one((table_id, &key), &rules, rpc);
                 respond_version(out, request_id, Opcode::Remove, outcome, "");
             }
-            Request::Increment { table_id, key, delta, rules } => {
-                let result = self.increment_one(table_id, &key, delta, &rules);
+            Request::Increment { table_id, key, delta, rules, rpc } => {
+                let result = self.increment_one((table_id, &key), delta, &rules, rpc);
                 if result.status.carries_operation_body() {
                     let response =
                         Response::Increment { version: result.version, value: result.value };
@@ -214,6 +215,7 @@ impl Service for Master {
                 first,
                 objects,
                 removed_keys,
+                completions,
             }) => {
                 let transfer = IncomingTransfer {
                     table: table_id,
@@ -222,7 +224,14 @@ impl Service for Master {
                     source,
                     transfer_id,
                 };
-                let batch = MigrationBatch { transfer, safe_version, first, objects, removed_keys };
+                let batch = MigrationBatch {
+                    transfer,
+                    safe_version,
+                    first,
+                    objects,
+                    removed_keys,
+                    completions,
+                };
                 return self.receive_migration_data(header.request_id, batch, started, out);
             }
             Ok(request) => match &self.sync_context {
@@ -253,18 +262,20 @@ impl Service for Master {
     }
 }
 
-/// Requests that may append to the log and so must be replicated before they are answered.
 /// True for a request whose answer shows objects (or their absence).
 fn reads_objects(request: &Request) -> bool {
     matches!(request, Request::Read { .. } | Request::MultiRead { .. })
 }
 
+/// Requests that may append to the log and so must be replicated before they are answered
+/// (a retry answered from its completion record too: the record may not be durable yet).
 fn changes_log(request: &Request) -> bool {
     matches!(
         request,
         Request::Write { .. }
             | Request::Remove { .. }
             | Request::Increment { .. }
+            | Request::SetExpiry { .. }
             | Request::MultiWrite { .. }
             | Request::MultiRemove { .. }
             | Request::MultiIncrement { .. }

@@ -2,12 +2,14 @@
 //! ABANDON_MIGRATION on the target (the state machines are in `crate::migration`).
 
 use bytes::{Bytes, BytesMut};
+use stratus_log::format::CompletionRecord;
 use stratus_rpc::Handled;
 use stratus_store::ObjectError;
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{key_hash, HashRange, SegmentId, ServerId, TableId, Version};
+use stratus_types::{key_hash, HashRange, KeyHash, SegmentId, ServerId, TableId, Version};
 use stratus_wire::{
-    encode_error_response, encode_response, EnumeratedObject, Opcode, Response, Status,
+    encode_error_response, encode_response, EnumeratedObject, MigratedCompletion, Opcode, Response,
+    Status,
 };
 
 use super::durable_answer::answer_once_durable;
@@ -41,6 +43,8 @@ pub(super) struct MigrationBatch {
     pub(super) objects: Vec<EnumeratedObject>,
     /// Keys the source removed while it copied the tablet.
     pub(super) removed_keys: Vec<Bytes>,
+    /// Unacknowledged results of the tablet's mutations.
+    pub(super) completions: Vec<MigratedCompletion>,
 }
 
 impl Master {
@@ -232,7 +236,8 @@ impl Master {
     }
 
     fn apply_migration_batch(&self, batch: &MigrationBatch) -> Result<SegmentId, MigrationFailure> {
-        let MigrationBatch { transfer, safe_version, first, objects, removed_keys } = batch;
+        let MigrationBatch { transfer, safe_version, first, objects, removed_keys, completions } =
+            batch;
         let (safe_version, first) = (*safe_version, *first);
         if !self.may_serve() {
             return Err((Status::Retry, "no lease from the coordinator".to_string()));
@@ -249,6 +254,12 @@ impl Master {
                     "a migrated key lies outside the tablet".to_string(),
                 ));
             }
+        }
+        if completions.iter().any(|completion| !range.contains(KeyHash(completion.key_hash))) {
+            return Err((
+                Status::InvalidParameter,
+                "a migrated result lies outside the tablet".to_string(),
+            ));
         }
         // Held while the batch is written: a recovery of an overlapping range registers under
         // it, and must not interleave with this batch (its replay starts by dropping the
@@ -304,6 +315,19 @@ impl Master {
             for key in removed_keys {
                 self.store.remove_migrated(table, key, safe_version, now).map_err(refused)?;
             }
+            let records: Vec<CompletionRecord> = completions
+                .iter()
+                .map(|completion| CompletionRecord {
+                    table,
+                    key_hash: completion.key_hash,
+                    lease_id: completion.lease.0,
+                    rpc_id: completion.rpc.0,
+                    acknowledged: completion.acknowledged.0,
+                    version: completion.version,
+                    integer: completion.integer,
+                })
+                .collect();
+            self.store.import_completions(&records).map_err(refused)?;
             if !removed_keys.is_empty() {
                 // The removals raised the safe version past the removed versions; a new head
                 // records it, so a recovery of this master once it serves the tablet does not

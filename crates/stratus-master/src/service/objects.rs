@@ -2,13 +2,13 @@
 //! statistics, and how a store error is answered.
 
 use bytes::{Bytes, BytesMut};
-use stratus_store::{ByteSink, ExpiresAt, Expiry, ObjectError, WallTime};
+use stratus_store::{ByteSink, ExpiresAt, Expiry, Mutated, Mutation, ObjectError, WallTime};
 use stratus_types::limits::ENUMERATE_RESPONSE_BYTES_MAX;
-use stratus_types::{HashRange, RejectReason, RejectRules, TableId, Version};
+use stratus_types::{HashRange, RejectReason, RejectRules, RpcIdentity, TableId, Version};
 use stratus_wire::{
     begin_response, encode_error_response, encode_response, finish_frame, put, EnumeratedObject,
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
-    Response, ServerStatistics, Status, VersionItemResult, WriteItem,
+    RemoveItem, Response, ServerStatistics, Status, VersionItemResult, WriteItem,
 };
 
 use super::durable_answer::Observed;
@@ -110,13 +110,24 @@ impl Master {
         }
     }
 
-    pub(super) fn write_one(&self, write: ObjectWrite<'_>) -> (Status, Version) {
-        let ObjectWrite { table, key, value, rules, expiry } = write;
+    /// Applies `mutation` to (`table`, `key`) if `rules` allow it, exactly once under `rpc`.
+    fn apply(
+        &self,
+        (table, key): (TableId, &[u8]),
+        rules: &RejectRules,
+        mutation: Mutation<'_>,
+        rpc: Option<RpcIdentity>,
+    ) -> Result<Mutated, (Status, Version)> {
         let now = self.now();
-        match self.mutate(table, key, |hash| {
-            self.store.write(table, key, hash, value, rules, expiry, now)
-        }) {
-            Ok(version) => (Status::Ok, version),
+        self.mutate(table, key, rpc, |hash| {
+            self.store.mutate((table, key, hash), rules, mutation, rpc, now)
+        })
+    }
+
+    pub(super) fn write_one(&self, write: ObjectWrite<'_>) -> (Status, Version) {
+        let ObjectWrite { table, key, value, rules, expiry, rpc } = write;
+        match self.apply((table, key), rules, Mutation::Write { value, expiry }, rpc) {
+            Ok(done) => (Status::Ok, done.version),
             Err(refusal) => refusal,
         }
     }
@@ -128,6 +139,7 @@ impl Master {
             value: &item.value,
             rules: &item.rules,
             expiry: item.expiry,
+            rpc: item.rpc,
         });
         VersionItemResult { status, version }
     }
@@ -149,56 +161,53 @@ impl Master {
     /// SET_EXPIRY: the object keeps its value and gets a new version with `expiry`.
     pub(super) fn set_expiry_one(
         &self,
-        table: TableId,
-        key: &[u8],
+        (table, key): (TableId, &[u8]),
         expiry: Expiry,
         rules: &RejectRules,
+        rpc: Option<RpcIdentity>,
     ) -> (Status, Version) {
-        let now = self.now();
-        match self
-            .mutate(table, key, |hash| self.store.set_expiry(table, key, hash, expiry, rules, now))
-        {
-            Ok(version) => (Status::Ok, version),
+        match self.apply((table, key), rules, Mutation::SetExpiry { expiry }, rpc) {
+            Ok(done) => (Status::Ok, done.version),
             Err(refusal) => refusal,
         }
     }
 
     pub(super) fn remove_one(
         &self,
-        table: TableId,
-        key: &[u8],
+        (table, key): (TableId, &[u8]),
         rules: &RejectRules,
+        rpc: Option<RpcIdentity>,
     ) -> (Status, Version) {
-        let now = self.now();
-        match self.mutate(table, key, |hash| self.store.remove(table, key, hash, rules, now)) {
-            Ok(version) => (Status::Ok, version),
+        match self.apply((table, key), rules, Mutation::Remove, rpc) {
+            Ok(done) => (Status::Ok, done.version),
             Err(refusal) => refusal,
         }
     }
 
-    pub(super) fn remove_item(&self, item: &KeyItem) -> VersionItemResult {
-        let (status, version) = self.remove_one(item.table_id, &item.key, &item.rules);
+    pub(super) fn remove_item(&self, item: &RemoveItem) -> VersionItemResult {
+        let (status, version) = self.remove_one((item.table_id, &item.key), &item.rules, item.rpc);
         VersionItemResult { status, version }
     }
 
     pub(super) fn increment_one(
         &self,
-        table: TableId,
-        key: &[u8],
+        (table, key): (TableId, &[u8]),
         delta: i64,
         rules: &RejectRules,
+        rpc: Option<RpcIdentity>,
     ) -> IncrementItemResult {
-        let now = self.now();
-        match self
-            .mutate(table, key, |hash| self.store.increment(table, key, hash, delta, rules, now))
-        {
-            Ok((version, value)) => IncrementItemResult { status: Status::Ok, version, value },
+        match self.apply((table, key), rules, Mutation::Increment { delta }, rpc) {
+            Ok(done) => IncrementItemResult {
+                status: Status::Ok,
+                version: done.version,
+                value: done.integer.expect("an increment answers its value"),
+            },
             Err((status, version)) => IncrementItemResult { status, version, value: 0 },
         }
     }
 
     pub(super) fn increment_item(&self, item: &IncrementItem) -> IncrementItemResult {
-        self.increment_one(item.table_id, &item.key, item.delta, &item.rules)
+        self.increment_one((item.table_id, &item.key), item.delta, &item.rules, item.rpc)
     }
 
     pub(super) fn enumerate(
@@ -294,6 +303,7 @@ pub(super) struct ObjectWrite<'a> {
     pub(super) value: &'a [u8],
     pub(super) rules: &'a RejectRules,
     pub(super) expiry: Expiry,
+    pub(super) rpc: Option<RpcIdentity>,
 }
 
 /// What READ reports of an object's expiry: milliseconds left, rounded up so that a live
@@ -338,5 +348,9 @@ pub(super) fn status_of(error: ObjectError) -> (Status, Version) {
         ObjectError::IncrementOverflow { current } => (Status::InvalidObject, current),
         ObjectError::InvalidKey => (Status::InvalidKey, Version(0)),
         ObjectError::ValueTooLarge => (Status::ValueTooLarge, Version(0)),
+        ObjectError::StaleRpc => (Status::StaleRpc, Version(0)),
+        // The client's retry, once it has acknowledged results, goes through.
+        ObjectError::TooManyUnacknowledged => (Status::Retry, Version(0)),
+        ObjectError::InvalidRpcIdentity => (Status::RequestFormatError, Version(0)),
     }
 }

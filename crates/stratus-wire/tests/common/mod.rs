@@ -121,6 +121,42 @@ pub fn error_status() -> impl Strategy<Value = Status> {
     )
 }
 
+/// An exactly-once identity that can be right (lease and rpc id at least 1, acknowledging
+/// only ids below its own).
+pub fn rpc_identity() -> impl Strategy<Value = stratus_types::RpcIdentity> {
+    (1..u64::MAX, 1..u64::MAX, any::<u64>()).prop_map(|(lease, rpc, acknowledged)| {
+        stratus_types::RpcIdentity {
+            lease: stratus_types::LeaseId(lease),
+            rpc: stratus_types::RpcId(rpc),
+            acknowledged: stratus_types::RpcId(acknowledged % rpc),
+        }
+    })
+}
+
+/// An optional identity.
+pub fn rpc() -> impl Strategy<Value = Option<stratus_types::RpcIdentity>> {
+    option::of(rpc_identity())
+}
+
+fn remove_item() -> impl Strategy<Value = stratus_wire::RemoveItem> {
+    (table_id(), key(), rules(), rpc()).prop_map(|(table_id, key, rules, rpc)| {
+        stratus_wire::RemoveItem { table_id, key, rules, rpc }
+    })
+}
+
+fn migrated_completion() -> impl Strategy<Value = stratus_wire::MigratedCompletion> {
+    (any::<u64>(), rpc_identity(), version(), option::of(any::<i64>())).prop_map(
+        |(key_hash, identity, version, integer)| stratus_wire::MigratedCompletion {
+            key_hash,
+            lease: identity.lease,
+            rpc: identity.rpc,
+            acknowledged: identity.acknowledged,
+            version,
+            integer,
+        },
+    )
+}
+
 fn key_item() -> impl Strategy<Value = KeyItem> {
     (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| KeyItem { table_id, key, rules })
 }
@@ -170,7 +206,8 @@ pub fn request() -> impl Strategy<Value = Request> {
                 ),
                 0..4
             ),
-            vec(key(), 0..3)
+            vec(key(), 0..3),
+            vec(migrated_completion(), 0..3)
         )
             .prop_map(
                 |(
@@ -179,6 +216,7 @@ pub fn request() -> impl Strategy<Value = Request> {
                     first,
                     objects,
                     removed_keys,
+                    completions,
                 )| {
                     Request::ReceiveMigrationData {
                         table_id,
@@ -190,6 +228,7 @@ pub fn request() -> impl Strategy<Value = Request> {
                         first,
                         objects,
                         removed_keys,
+                        completions,
                     }
                 }
             ),
@@ -198,45 +237,55 @@ pub fn request() -> impl Strategy<Value = Request> {
             key,
             rules
         }),
-        (table_id(), key(), value(), rules(), expiry()).prop_map(
-            |(table_id, key, value, rules, expiry)| Request::Write {
+        (table_id(), key(), value(), rules(), expiry(), rpc()).prop_map(
+            |(table_id, key, value, rules, expiry, rpc)| Request::Write {
                 table_id,
                 key,
                 value,
                 rules,
-                expiry
+                expiry,
+                rpc
             }
         ),
-        (table_id(), key(), expiry(), rules()).prop_map(|(table_id, key, expiry, rules)| {
-            Request::SetExpiry { table_id, key, expiry, rules }
+        (table_id(), key(), expiry(), rules(), rpc()).prop_map(
+            |(table_id, key, expiry, rules, rpc)| {
+                Request::SetExpiry { table_id, key, expiry, rules, rpc }
+            }
+        ),
+        (table_id(), key(), rules(), rpc()).prop_map(|(table_id, key, rules, rpc)| {
+            Request::Remove { table_id, key, rules, rpc }
         }),
-        (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Remove {
-            table_id,
-            key,
-            rules
-        }),
-        (table_id(), key(), any::<i64>(), rules()).prop_map(|(table_id, key, delta, rules)| {
-            Request::Increment { table_id, key, delta, rules }
-        }),
+        (table_id(), key(), any::<i64>(), rules(), rpc()).prop_map(
+            |(table_id, key, delta, rules, rpc)| {
+                Request::Increment { table_id, key, delta, rules, rpc }
+            }
+        ),
         vec(key_item(), 0..4).prop_map(|items| Request::MultiRead { items }),
         vec(
-            (table_id(), key(), value(), rules(), expiry()).prop_map(
-                |(table_id, key, value, rules, expiry)| WriteItem {
+            (table_id(), key(), value(), rules(), expiry(), rpc()).prop_map(
+                |(table_id, key, value, rules, expiry, rpc)| WriteItem {
                     table_id,
                     key,
                     value,
                     rules,
-                    expiry
+                    expiry,
+                    rpc
                 }
             ),
             0..4
         )
         .prop_map(|items| Request::MultiWrite { items }),
-        vec(key_item(), 0..4).prop_map(|items| Request::MultiRemove { items }),
+        vec(remove_item(), 0..4).prop_map(|items| Request::MultiRemove { items }),
         vec(
-            (table_id(), key(), any::<i64>(), rules()).prop_map(|(table_id, key, delta, rules)| {
-                IncrementItem { table_id, key, delta, rules }
-            }),
+            (table_id(), key(), any::<i64>(), rules(), rpc()).prop_map(
+                |(table_id, key, delta, rules, rpc)| IncrementItem {
+                    table_id,
+                    key,
+                    delta,
+                    rules,
+                    rpc
+                }
+            ),
             0..4
         )
         .prop_map(|items| Request::MultiIncrement { items }),
@@ -307,6 +356,10 @@ pub fn request() -> impl Strategy<Value = Request> {
         Just(Request::BackupGetStatistics),
         server_id().prop_map(|master_id| Request::BackupFenceMaster { master_id }),
         server_id().prop_map(|server_id| Request::RenewLease { server_id }),
+        any::<u64>()
+            .prop_map(|lease| Request::ClientLease { lease: stratus_types::LeaseId(lease) }),
+        vec(any::<u64>().prop_map(stratus_types::LeaseId), 0..4)
+            .prop_map(|leases| Request::CheckClientLeases { leases }),
         server_id().prop_map(|server_id| Request::HintServerCrashed { server_id }),
         server_id().prop_map(|server_id| Request::ServerStopping { server_id }),
         server_id().prop_map(|server_id| Request::RecoveryAcceptLoss { server_id }),
@@ -510,6 +563,12 @@ pub fn response() -> impl Strategy<Value = Response> {
         segment_id()
             .prop_map(|creation_segment| Response::ReceiveMigrationData { creation_segment }),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
+        (any::<u64>(), any::<u32>()).prop_map(|(lease, term_ms)| Response::ClientLease {
+            lease: stratus_types::LeaseId(lease),
+            term_ms
+        }),
+        vec(any::<u32>(), 0..4)
+            .prop_map(|remaining_ms| Response::CheckClientLeases { remaining_ms }),
         any::<u32>().prop_map(|replicas_to_partition| Response::BackupStartPartitioning {
             replicas_to_partition
         }),

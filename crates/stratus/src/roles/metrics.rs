@@ -206,6 +206,32 @@ fn render_master(master: &Master, out: &mut Exposition) {
         "Buckets of the master's hash table.",
         store.hash_table_buckets,
     );
+    let completions = master.store().completion_statistics();
+    out.gauge(
+        "stratus_master_client_leases",
+        "Client leases the master holds exactly-once results or an acknowledged mark of.",
+        completions.leases,
+    );
+    out.gauge(
+        "stratus_master_unacknowledged_results",
+        "Results of exactly-once mutations kept until their clients acknowledge them.",
+        completions.records,
+    );
+    out.gauge(
+        "stratus_master_unacknowledged_result_bytes",
+        "Bytes of their COMPLETION entries in the log.",
+        completions.record_bytes,
+    );
+    out.counter(
+        "stratus_master_retries_answered_total",
+        "Exactly-once mutations that arrived again and were answered from their record.",
+        completions.retries_answered,
+    );
+    out.counter(
+        "stratus_master_stale_rpcs_total",
+        "Mutations refused because their client had acknowledged them already.",
+        completions.stale_refused,
+    );
 
     let cleaner = store.cleaner;
     let seglet_bytes = store.log_bytes_total.checked_div(store.seglets_total).unwrap_or(0);
@@ -554,6 +580,16 @@ async fn render_coordinator(coordinator: &Coordinator) -> String {
     .sample(&[("outcome", "received")], metrics.crash_hints_received)
     .sample(&[("outcome", "dropped")], metrics.crash_hints_dropped);
     out.counter("stratus_coordinator_enlistments_total", "Servers enlisted.", metrics.enlistments);
+    out.counter(
+        "stratus_coordinator_client_leases_opened_total",
+        "Client leases opened (exactly-once operations).",
+        metrics.client_leases_opened,
+    );
+    out.gauge(
+        "stratus_coordinator_client_leases",
+        "Client leases live now (granted or renewed within a term).",
+        metrics.client_leases_live,
+    );
     out.family(
         "stratus_coordinator_lease_renewals_total",
         "RENEW_LEASE requests, by outcome.",

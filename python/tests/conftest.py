@@ -215,3 +215,13 @@ def client(cluster):
 def table_name(request) -> str:
     """A table name unique to the test, so tests share the cluster without sharing data."""
     return request.node.name.replace("[", "-").replace("]", "")[:200]
+
+
+@pytest.fixture
+def servers():
+    """Collects fake servers (``fake_server.start``) so that every one is closed, whatever the
+    test's outcome."""
+    started = []
+    yield started
+    for server in started:
+        server.close()

@@ -4,7 +4,9 @@ cluster does not produce on demand: stale tablet maps, RETRY, silence, garbage.
 The server listens on loopback, answers the handshake (or sends what it is told to instead),
 then reads request frames and answers each with whatever its ``respond`` function returns.
 Every blocking call has a timeout, and ``close`` stops every thread, so a test that goes wrong
-fails instead of hanging.
+fails instead of hanging. ``ScriptedCoordinator`` answers GET_TABLET_MAP from a script and
+CLIENT_LEASE (exactly-once leases) with a ``LeaseGranter`` or a function of the test's;
+``rpc_identity`` and ``multi_identities`` read the exactly-once identities a client sent.
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HELLO_OK = b"STRA\x02\x00\x00\x00"
+HELLO_OK = b"STRA\x03\x00\x00\x00"
+
+READ, WRITE, REMOVE, INCREMENT = 30, 31, 32, 33
+MULTI_READ, MULTI_WRITE, MULTI_REMOVE, MULTI_INCREMENT = 34, 35, 36, 37
+SET_EXPIRY = 39
+CLIENT_LEASE = 24
+GET_TABLET_MAP = 16
+UNIMPLEMENTED_REQUEST = 8
+# The coordinator's lease term (CLIENT_LEASE_TERM).
+LEASE_TERM_MS = 30_000
 
 
 class Close:
@@ -63,6 +74,80 @@ def read_request_key(body: bytes) -> tuple[int, bytes]:
     """(table id, key) of a READ, WRITE, REMOVE or INCREMENT request body."""
     table_id, key_length = struct.unpack_from("<QH", body)
     return table_id, body[10 : 10 + key_length]
+
+
+def client_lease_grant(request: Request, lease: int, term_ms: int = LEASE_TERM_MS) -> bytes:
+    """CLIENT_LEASE's answer: ``lease`` granted for ``term_ms``."""
+    return response_frame(request, 0, struct.pack("<QI", lease, term_ms))
+
+
+def client_lease_asked(request: Request) -> int:
+    """The lease a CLIENT_LEASE request renews (0: it opens a new one)."""
+    (lease,) = struct.unpack("<Q", request.body)
+    return lease
+
+
+def _identity_at(body: bytes, offset: int) -> tuple[tuple[int, int, int] | None, int]:
+    """The rpc identity at ``offset`` (lease, rpc id, acknowledged; None for tag 0), and the
+    offset after it."""
+    tag = body[offset]
+    if tag == 0:
+        return None, offset + 1
+    assert tag == 1, f"rpc identity tag {tag}"
+    return struct.unpack_from("<QQQ", body, offset + 1), offset + 25
+
+
+def _item_end(opcode: int, body: bytes, offset: int) -> int:
+    """Where the fields before the rpc identity end, for a mutation's item or body at
+    ``offset`` (table id, key, then per opcode value / delta / expiry, rules, expiry)."""
+    (key_length,) = struct.unpack_from("<H", body, offset + 8)
+    offset += 10 + key_length
+    if opcode in (WRITE, MULTI_WRITE):
+        (value_length,) = struct.unpack_from("<I", body, offset)
+        return offset + 4 + value_length + 9 + 9  # value, rules, expiry
+    if opcode in (INCREMENT, MULTI_INCREMENT):
+        return offset + 8 + 9  # delta, rules
+    if opcode == SET_EXPIRY:
+        return offset + 9 + 9  # expiry, rules
+    assert opcode in (REMOVE, MULTI_REMOVE), f"opcode {opcode} is not a mutation"
+    return offset + 9  # rules
+
+
+def rpc_identity(request: Request):
+    """The rpc identity of a WRITE, REMOVE, INCREMENT or SET_EXPIRY request (None: none)."""
+    identity, end = _identity_at(request.body, _item_end(request.opcode, request.body, 0))
+    assert end == len(request.body), "the identity ends the body"
+    return identity
+
+
+def multi_identities(request: Request) -> list:
+    """The rpc identity of each item of a MULTI_WRITE, MULTI_REMOVE or MULTI_INCREMENT."""
+    (count,) = struct.unpack_from("<I", request.body)
+    identities, offset = [], 4
+    for _ in range(count):
+        end = _item_end(request.opcode, request.body, offset)
+        identity, offset = _identity_at(request.body, end)
+        identities.append(identity)
+    assert offset == len(request.body)
+    return identities
+
+
+class LeaseGranter:
+    """A coordinator's CLIENT_LEASE: opens leases 1, 2, 3... and renews any lease asked, each
+    for ``term_ms``."""
+
+    def __init__(self, term_ms: int = LEASE_TERM_MS) -> None:
+        self.term_ms = term_ms
+        self._lock = threading.Lock()
+        self.opened: list[int] = []
+
+    def __call__(self, request: Request) -> bytes:
+        lease = client_lease_asked(request)
+        if lease == 0:
+            with self._lock:
+                lease = len(self.opened) + 1
+                self.opened.append(lease)
+        return client_lease_grant(request, lease, self.term_ms)
 
 
 class FakeServer:
@@ -142,8 +227,9 @@ class FakeServer:
         return data
 
     def _serve(self, connection: socket.socket) -> None:
-        connection.settimeout(0.05)
         try:
+            # (Inside: ``close`` may have closed the socket already.)
+            connection.settimeout(0.05)
             if self._receive_exactly(connection, 8) is None:
                 return
             connection.sendall(self._hello)
@@ -169,3 +255,61 @@ class FakeServer:
             return
         finally:
             connection.close()
+
+
+class ScriptedCoordinator(FakeServer):
+    """Answers GET_TABLET_MAP with the scripted maps in turn, repeating the last one, and
+    CLIENT_LEASE with ``leases`` (by default a ``LeaseGranter``: leases 1, 2, 3...)."""
+
+    def __init__(self, *maps, leases=None) -> None:
+        self._maps = list(maps)
+        self._maps_lock = threading.Lock()
+        self.leases = leases if leases is not None else LeaseGranter()
+        super().__init__(self._answer)
+
+    def _answer(self, request: Request) -> bytes:
+        if request.opcode == CLIENT_LEASE:
+            return self.leases(request)
+        if request.opcode != GET_TABLET_MAP:
+            return error_frame(request, UNIMPLEMENTED_REQUEST, "not scripted")
+        with self._maps_lock:
+            tablets = self._maps.pop(0) if len(self._maps) > 1 else self._maps[0]
+        return response_frame(request, 0, tablet_map_body(tablets))
+
+    @property
+    def map_requests(self) -> int:
+        return len(self.requests_with_opcode(GET_TABLET_MAP))
+
+    @property
+    def lease_requests(self) -> list[int]:
+        """The lease each CLIENT_LEASE asked for (0: open a new one), in order."""
+        return [client_lease_asked(request) for request in self.requests_with_opcode(CLIENT_LEASE)]
+
+
+def answers_in_turn(*answers):
+    """A ``respond`` function giving ``answers[i](request)`` to the i-th request, then the
+    last one forever."""
+    script = list(answers)
+    lock = threading.Lock()
+
+    def respond(request: Request):
+        with lock:
+            answer = script.pop(0) if len(script) > 1 else script[0]
+        return answer(request)
+
+    return respond
+
+
+def unused_address() -> str:
+    """A loopback address nothing listens on (bound, then released)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return f"127.0.0.1:{port}"
+
+
+def start(servers: list[FakeServer], server: FakeServer) -> FakeServer:
+    """``server``, added to ``servers`` (the ``servers`` fixture's list) to be closed."""
+    servers.append(server)
+    return server

@@ -206,6 +206,48 @@ def test_increment(client, table_name):
     assert client.increment(table_id, b"largest", -((1 << 63) - 1))[0] == 0
 
 
+def test_a_resent_increment_is_applied_once(client, table_name):
+    """What a retry after a lost answer does: the same INCREMENT, identity included, reaches
+    the master twice. The second answer is the first one's, and the delta was added once."""
+    from stratus_client import codec
+    from stratus_client.codec import Opcode
+    from stratus_client.retry import Attempts
+
+    table_id = client.create_table(table_name, span=1)
+    client.increment(table_id, b"n", 10)
+    attempts = Attempts("resend", 30.0)
+    (tablet,) = client.tablet_map(table_id)
+    ticket = client._lease_agent.ticket(attempts)
+    try:
+        body = codec.increment_body(table_id, b"n", 5, None, ticket.identity())
+        answers = [
+            client._send(tablet.owner_address, Opcode.INCREMENT, body, attempts) for _ in range(2)
+        ]
+    finally:
+        ticket.release()
+    assert answers[0] == answers[1]
+    status, (version, value) = answers[0]
+    assert (status, value) == (stratus_client.Status.OK, 15)
+    stored, stored_version = client.read(table_id, b"n")
+    assert (as_integer(stored), stored_version) == (15, version)
+    # Later mutations acknowledge it; the client goes on as usual.
+    assert client.increment(table_id, b"n", 1)[0] == 16
+    assert client.multi_increment([(table_id, b"n", 1), (table_id, b"m", 2)]) == [
+        (17, client.read(table_id, b"n")[1]),
+        (2, client.read(table_id, b"m")[1]),
+    ]
+
+
+def test_a_client_without_exactly_once_still_works(cluster, table_name):
+    with cluster.client(exactly_once=False) as client:
+        table_id = client.create_table(table_name, span=2)
+        assert client.increment(table_id, b"n", 3)[0] == 3
+        client.write(table_id, b"k", b"v")
+        assert client.multi_remove([(table_id, b"k"), (table_id, b"n")])[0] > 0
+        with pytest.raises(stratus_client.ObjectDoesNotExist):
+            client.read(table_id, b"k")
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-operations: one result per item, values and typed errors mixed.
 

@@ -11,7 +11,7 @@ import pytest
 from wire_vectors import VECTORS, hex_bytes, vector_bytes
 
 from stratus_client import codec
-from stratus_client.codec import ErrorBody, MultiItemResult, Opcode
+from stratus_client.codec import ClientLeaseGrant, ErrorBody, MultiItemResult, Opcode, RpcIdentity
 from stratus_client.errors import InvalidKey, ProtocolError, RequestTooLarge
 from stratus_client.model import (
     FULL_HASH_RANGE,
@@ -19,6 +19,7 @@ from stratus_client.model import (
     EnumerationCursor,
     Expiry,
     HashRange,
+    IncrementItem,
     KeyItem,
     RejectRules,
     ServerEntry,
@@ -57,12 +58,13 @@ def test_copied_vectors_equal_the_specification():
 
 def test_client_handshake_vector():
     assert codec.encode_hello() == vector_bytes("hello")
-    assert codec.decode_hello(vector_bytes("hello")) == (2, Status.OK)
+    assert codec.PROTOCOL_VERSION == 3
+    assert codec.decode_hello(vector_bytes("hello")) == (3, Status.OK)
 
 
 def test_version_mismatch_handshake_vector():
     assert codec.decode_hello(vector_bytes("hello-version-mismatch")) == (
-        2,
+        3,
         Status.PROTOCOL_VERSION_MISMATCH,
     )
 
@@ -94,8 +96,89 @@ def test_read_request_vector():
 
 
 def test_write_request_vector():
-    body = codec.write_body(1, b"k", b"v1", RejectRules.only_if_missing(), Expiry.after(60))
+    body = codec.write_body(
+        1, b"k", b"v1", RejectRules.only_if_missing(), Expiry.after(60), RpcIdentity(7, 12, 10)
+    )
     assert codec.encode_request(Opcode.WRITE, 4, body) == vector_bytes("write-request")
+
+
+def test_mutations_end_with_their_rpc_identity():
+    identity = RpcIdentity(7, 12, 10)
+    encoded = b"\x01" + struct.pack("<QQQ", 7, 12, 10)
+    rules = RejectRules(given_version=3, version_ne_given=True)
+    for make in (
+        lambda rpc: codec.write_body(1, b"k", b"v", rules, Expiry.KEEP, rpc),
+        lambda rpc: codec.set_expiry_body(1, b"k", Expiry.after(5), rules, rpc),
+        lambda rpc: codec.remove_body(1, b"k", rules, rpc),
+        lambda rpc: codec.increment_body(1, b"k", -1, rules, rpc),
+    ):
+        without = make(None)
+        assert without.endswith(b"\x00")
+        assert make(identity) == without[:-1] + encoded
+    # REMOVE is READ's body and the identity.
+    assert codec.remove_body(1, b"k", rules) == codec.read_body(1, b"k", rules) + b"\x00"
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [RpcIdentity(0, 1, 0), RpcIdentity(1, 0, 0), RpcIdentity(1, 5, 5), RpcIdentity(1, 5, 9)],
+)
+def test_identities_a_master_would_refuse_are_not_encoded(identity):
+    with pytest.raises(ValueError, match="rpc identity"):
+        codec.write_body(1, b"k", b"v", None, None, identity)
+
+
+def test_multi_mutation_items_each_carry_an_identity():
+    identities = [RpcIdentity(3, 4, 2), None]
+    remove = codec.multi_body(Opcode.MULTI_REMOVE, [KeyItem(1, b"a"), KeyItem(2, b"b")], identities)
+    assert remove == (
+        struct.pack("<I", 2)
+        + struct.pack("<QH", 1, 1)
+        + b"a"
+        + struct.pack("<QB", 0, 0)
+        + b"\x01"
+        + struct.pack("<QQQ", 3, 4, 2)
+        + struct.pack("<QH", 2, 1)
+        + b"b"
+        + struct.pack("<QB", 0, 0)
+        + b"\x00"
+    )
+    increment = codec.multi_body(Opcode.MULTI_INCREMENT, [IncrementItem(1, b"n", -2)], [None])
+    assert increment == struct.pack("<IQH", 1, 1, 1) + b"n" + struct.pack("<qQBB", -2, 0, 0, 0)
+    # Without identities every mutation item has the "none" tag; reads have no field at all.
+    assert codec.multi_body(Opcode.MULTI_REMOVE, [KeyItem(1, b"a")]) == (
+        codec.multi_body(Opcode.MULTI_READ, [KeyItem(1, b"a")]) + b"\x00"
+    )
+    with pytest.raises(ValueError):
+        codec.multi_body(Opcode.MULTI_READ, [KeyItem(1, b"a")], [None])
+    with pytest.raises(ValueError):
+        codec.multi_body(Opcode.MULTI_WRITE, [WriteItem(1, b"a", b"")], [])
+    with pytest.raises(TypeError):
+        codec.multi_body(Opcode.MULTI_WRITE, [KeyItem(1, b"a")])
+    with pytest.raises(ValueError):
+        codec.multi_body(Opcode.READ, [KeyItem(1, b"a")])
+
+
+def test_client_lease_vectors():
+    assert codec.encode_request(
+        Opcode.CLIENT_LEASE, 21, codec.client_lease_body(0)
+    ) == vector_bytes("client-lease-request")
+    header, body = split_response(vector_bytes("client-lease-response"))
+    assert (header.opcode_code, header.request_id, header.status) == (24, 21, Status.OK)
+    grant = codec.decode_response_body(Opcode.CLIENT_LEASE, header.status, body)
+    assert grant == ClientLeaseGrant(lease=7, term_ms=30_000)
+
+
+def test_check_client_leases_vectors():
+    assert codec.encode_request(
+        Opcode.CHECK_CLIENT_LEASES, 22, codec.check_client_leases_body([7, 9])
+    ) == vector_bytes("check-client-leases-request")
+    header, body = split_response(vector_bytes("check-client-leases-response"))
+    assert (header.opcode_code, header.request_id, header.status) == (25, 22, Status.OK)
+    assert codec.decode_response_body(Opcode.CHECK_CLIENT_LEASES, header.status, body) == [
+        25_000,
+        0,
+    ]
 
 
 def test_multi_write_request_vector():
@@ -105,7 +188,7 @@ def test_multi_write_request_vector():
             2, b"b", b"yz", RejectRules(given_version=3, version_ne_given=True), Expiry.KEEP
         ),
     ]
-    frame = codec.encode_request(Opcode.MULTI_WRITE, 6, codec.multi_body(items))
+    frame = codec.encode_request(Opcode.MULTI_WRITE, 6, codec.multi_body(Opcode.MULTI_WRITE, items))
     assert frame == vector_bytes("multi-write-request")
 
 
@@ -137,11 +220,13 @@ def test_requests_of_other_roles_share_the_envelope():
 def test_other_request_encodings():
     assert codec.table_name_body("users") == b"\x05\x00users"
     assert codec.table_id_body(7) == struct.pack("<Q", 7)
-    remove = codec.read_body(3, b"key", None)
-    assert remove == struct.pack("<QH", 3, 3) + b"key" + struct.pack("<QB", 0, 0)
+    remove = codec.remove_body(3, b"key", None)
+    assert remove == struct.pack("<QH", 3, 3) + b"key" + struct.pack("<QBB", 0, 0, 0)
     increment = codec.increment_body(3, b"n", -5, RejectRules.only_if_exists())
-    assert increment == struct.pack("<QH", 3, 1) + b"n" + struct.pack("<qQB", -5, 0, 1)
-    multi_read = codec.multi_body([KeyItem(1, b"a"), KeyItem(2, b"bc", RejectRules(exists=True))])
+    assert increment == struct.pack("<QH", 3, 1) + b"n" + struct.pack("<qQBB", -5, 0, 1, 0)
+    multi_read = codec.multi_body(
+        Opcode.MULTI_READ, [KeyItem(1, b"a"), KeyItem(2, b"bc", RejectRules(exists=True))]
+    )
     assert multi_read == (
         struct.pack("<I", 2)
         + struct.pack("<QH", 1, 1)
@@ -305,7 +390,7 @@ def test_largest_frame_is_accepted():
         (struct.pack("<IBBHQH", 14, 1, 0, 1, 1, 0), "request frame"),
         (struct.pack("<IBBHQH", 14, 3, 0, 1, 1, 0), "unknown frame kind 3"),
         (struct.pack("<IBBHQH", 14, 2, 1, 1, 1, 0), "non-zero frame flags"),
-        (struct.pack("<IBBHQH", 14, 2, 0, 1, 1, 29), "unknown status code 29"),
+        (struct.pack("<IBBHQH", 14, 2, 0, 1, 1, 31), "unknown status code 31"),
         (struct.pack("<IBBHQH", 15, 2, 0, 1, 1, 0), "length field says"),
         (b"\x0e\x00\x00\x00\x02\x00", "shorter than a response header"),
     ],
@@ -352,6 +437,10 @@ def test_malformed_response_headers_are_refused(frame, problem):
             "unknown server status 4",
         ),
         (Opcode.ENUMERATE, Status.OK, struct.pack("<IB", 0, 2), "next-cursor option tag 2"),
+        (Opcode.CLIENT_LEASE, Status.OK, struct.pack("<Q", 7), "truncated"),
+        (Opcode.CLIENT_LEASE, Status.OK, struct.pack("<QIB", 7, 1, 0), "1 trailing bytes"),
+        (Opcode.CHECK_CLIENT_LEASES, Status.OK, struct.pack("<I", 1025), "exceeds the maximum"),
+        (Opcode.CHECK_CLIENT_LEASES, Status.OK, struct.pack("<II", 2, 1), "cannot fit"),
         (Opcode.ENUMERATE, Status.OK, struct.pack("<IBQB", 0, 1, 0, 5), "cursor after-key flag"),
         (
             Opcode.LIST_TABLES,
@@ -376,6 +465,8 @@ def test_mutated_frames_never_escape_as_anything_but_protocol_errors():
         "increment-response": Opcode.INCREMENT,
         "get-tablet-map-response": Opcode.GET_TABLET_MAP,
         "error-response-unknown-tablet": Opcode.READ,
+        "client-lease-response": Opcode.CLIENT_LEASE,
+        "check-client-leases-response": Opcode.CHECK_CLIENT_LEASES,
     }
     generator = random.Random(20240607)
     outcomes = {"decoded": 0, "refused": 0}

@@ -13,9 +13,10 @@ from stratus_client.errors import error_for_status
 
 def test_status_codes_are_the_specifications():
     # docs/design/wire-protocol.md, "Statuses": codes are never renumbered.
-    assert [status.value for status in Status] == list(range(29))
+    assert [status.value for status in Status] == list(range(31))
     assert Status.OBJECT_DOESNT_EXIST == 3 and Status.IN_PROGRESS == 28
-    assert Status.from_code(29) is None
+    assert Status.STALE_RPC == 29 and Status.EXPIRED_LEASE == 30
+    assert Status.from_code(31) is None
     assert {status for status in Status if status.carries_operation_body} == {
         Status.OK,
         Status.OBJECT_DOESNT_EXIST,
@@ -49,6 +50,8 @@ def test_status_codes_are_the_specifications():
         (Status.INVALID_PARAMETER, stratus_client.InvalidParameter),
         (Status.SERVER_CRASHED, stratus_client.StratusError),
         (Status.IN_PROGRESS, stratus_client.StratusError),
+        (Status.STALE_RPC, stratus_client.StaleRpc),
+        (Status.EXPIRED_LEASE, stratus_client.ExpiredLease),
         (Status.BACKUP_OPEN_REJECTED, stratus_client.StratusError),
     ],
 )
@@ -82,6 +85,9 @@ def test_transient_failures_are_unavailable():
     ):
         assert issubclass(error_class, stratus_client.Unavailable)
     assert not issubclass(stratus_client.ObjectExists, stratus_client.Unavailable)
+    # Neither is retried as it stands: a stale rpc is a bug, an expired lease needs a new one.
+    assert not issubclass(stratus_client.StaleRpc, stratus_client.Unavailable)
+    assert not issubclass(stratus_client.ExpiredLease, stratus_client.Unavailable)
     assert issubclass(stratus_client.ProtocolVersionMismatch, stratus_client.ProtocolError)
 
 

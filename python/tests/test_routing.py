@@ -9,20 +9,21 @@ duration.
 
 from __future__ import annotations
 
-import socket
 import struct
-import threading
 
 import pytest
 from fake_server import (
     Close,
     FakeServer,
     Request,
+    ScriptedCoordinator,
     Silence,
+    answers_in_turn,
     error_frame,
     read_request_key,
     response_frame,
-    tablet_map_body,
+    start,
+    unused_address,
 )
 
 import stratus_client
@@ -62,65 +63,8 @@ def read_ok(request: Request, version: int, value: bytes) -> bytes:
     return response_frame(request, 0, body)
 
 
-class ScriptedCoordinator(FakeServer):
-    """Answers GET_TABLET_MAP with the scripted maps in turn, repeating the last one."""
-
-    def __init__(self, *maps) -> None:
-        self._maps = list(maps)
-        self._maps_lock = threading.Lock()
-        super().__init__(self._answer)
-
-    def _answer(self, request: Request) -> bytes:
-        if request.opcode != GET_TABLET_MAP:
-            return error_frame(request, Status.UNIMPLEMENTED_REQUEST, "not scripted")
-        with self._maps_lock:
-            tablets = self._maps.pop(0) if len(self._maps) > 1 else self._maps[0]
-        return response_frame(request, 0, tablet_map_body(tablets))
-
-    @property
-    def map_requests(self) -> int:
-        return len(self.requests_with_opcode(GET_TABLET_MAP))
-
-
 def whole_table_on(master: FakeServer, state: int = NORMAL):
     return [(TABLE, 0, TOP, 1, master.address, state)]
-
-
-def answers_in_turn(*answers):
-    """A ``respond`` function giving ``answers[i](request)`` to the i-th request, then the
-    last one forever."""
-    script = list(answers)
-    lock = threading.Lock()
-
-    def respond(request: Request):
-        with lock:
-            answer = script.pop(0) if len(script) > 1 else script[0]
-        return answer(request)
-
-    return respond
-
-
-def unused_address() -> str:
-    """A loopback address nothing listens on (bound, then released)."""
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    return f"127.0.0.1:{port}"
-
-
-@pytest.fixture
-def servers():
-    """Collects fake servers so that every one is closed, whatever the test's outcome."""
-    started: list[FakeServer] = []
-    yield started
-    for server in started:
-        server.close()
-
-
-def start(servers, server):
-    servers.append(server)
-    return server
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,8 +190,9 @@ def test_rejections_carry_the_current_version(servers):
             client.write(TABLE, b"k", b"v", stratus_client.RejectRules.only_if_missing())
     assert raised.value.version == 41
     assert raised.value.status_name == "OBJECT_EXISTS"
-    # The rules' flags byte, before the expiry (kind and time, 9 bytes).
-    flags = master.requests[0].body[-10]
+    # The rules' flags byte, before the expiry (kind and time, 9 bytes) and the rpc identity
+    # (tag, lease, rpc id, acknowledged: 25 bytes).
+    flags = master.requests[0].body[-35]
     assert flags == 0b10
 
 

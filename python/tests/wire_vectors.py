@@ -8,12 +8,12 @@ repository is present, so a change to the protocol cannot leave this client behi
 VECTORS = {
     "hello": """
 53 54 52 41   # magic "STRA"
-02 00         # version 2
+03 00         # version 3
 00 00         # status OK
 """,
     "hello-version-mismatch": """
 53 54 52 41   # magic "STRA"
-02 00         # the server's version, 2
+03 00         # the server's version, 3
 10 00         # status 16 PROTOCOL_VERSION_MISMATCH
 """,
     "ping-request": """
@@ -64,7 +64,7 @@ dc 05 00 00 00 00 00 00   # expires in 1 500 ms
 00 00 00 00 00 00 00 00   # no expiry
 """,
     "write-request": """
-2f 00 00 00               # frame length 47
+48 00 00 00               # frame length 72
 01 00                     # kind: request, flags
 1f 00                     # opcode 31 WRITE
 04 00 00 00 00 00 00 00   # request id 4
@@ -75,6 +75,10 @@ dc 05 00 00 00 00 00 00   # expires in 1 500 ms
 02                        # rules: flags, bit 1 exists
 02                        # expiry: after milliseconds
 60 ea 00 00 00 00 00 00   # 60 000 ms
+01                        # rpc identity: present
+07 00 00 00 00 00 00 00   #   lease 7
+0c 00 00 00 00 00 00 00   #   rpc 12
+0a 00 00 00 00 00 00 00   #   acknowledged 10
 """,
     "increment-response": """
 1e 00 00 00               # frame length 30
@@ -86,7 +90,7 @@ dc 05 00 00 00 00 00 00   # expires in 1 500 ms
 fe ff ff ff ff ff ff ff   # value -2
 """,
     "multi-write-request": """
-55 00 00 00               # frame length 85
+57 00 00 00               # frame length 87
 01 00                     # kind: request, flags
 23 00                     # opcode 35 MULTI_WRITE
 06 00 00 00 00 00 00 00   # request id 6
@@ -98,6 +102,7 @@ fe ff ff ff ff ff ff ff   # value -2
 00                        #   rules: no flags
 00                        #   expiry: never
 00 00 00 00 00 00 00 00   #   (no time)
+00                        #   no rpc identity
 02 00 00 00 00 00 00 00   # item 2: table id 2
 01 00 62                  #   key "b"
 02 00 00 00 79 7a         #   value "yz"
@@ -105,6 +110,7 @@ fe ff ff ff ff ff ff ff   # value -2
 08                        #   rules: bit 3 version_ne_given
 01                        #   expiry: keep the current object's
 00 00 00 00 00 00 00 00   #   (no time)
+00                        #   no rpc identity
 """,
     "enumerate-request": """
 34 00 00 00               # frame length 52
@@ -297,6 +303,41 @@ ff ff ff ff ff ff ff 7f   #   range end 0x7fffffffffffffff
 11 00 00 00 00 00 00 00   # request id 17
 00 00                     # status OK
 ee 02 00 00               # lease 750 ms
+""",
+    "client-lease-request": """
+14 00 00 00               # frame length 20
+01 00                     # kind: request, flags
+18 00                     # opcode 24 CLIENT_LEASE
+15 00 00 00 00 00 00 00   # request id 21
+00 00 00 00 00 00 00 00   # lease 0: open a new one
+""",
+    "client-lease-response": """
+1a 00 00 00               # frame length 26
+02 00                     # kind: response, flags
+18 00                     # opcode 24 CLIENT_LEASE
+15 00 00 00 00 00 00 00   # request id 21
+00 00                     # status OK
+07 00 00 00 00 00 00 00   # lease 7
+30 75 00 00               # term 30 000 ms
+""",
+    "check-client-leases-request": """
+20 00 00 00               # frame length 32
+01 00                     # kind: request, flags
+19 00                     # opcode 25 CHECK_CLIENT_LEASES
+16 00 00 00 00 00 00 00   # request id 22
+02 00 00 00               # 2 leases
+07 00 00 00 00 00 00 00   #   lease 7
+09 00 00 00 00 00 00 00   #   lease 9
+""",
+    "check-client-leases-response": """
+1a 00 00 00               # frame length 26
+02 00                     # kind: response, flags
+19 00                     # opcode 25 CHECK_CLIENT_LEASES
+16 00 00 00 00 00 00 00   # request id 22
+00 00                     # status OK
+02 00 00 00               # 2 answers
+a8 61 00 00               #   25 000 ms
+00 00 00 00               #   expired
 """,
     "hint-server-crashed-request": """
 14 00 00 00               # frame length 20

@@ -14,6 +14,7 @@ from .client import Client
 from .enumeration import Enumeration, EnumerationPosition
 from .errors import (
     CouldNotConnect,
+    ExpiredLease,
     InternalError,
     InvalidKey,
     InvalidObject,
@@ -27,6 +28,7 @@ from .errors import (
     RequestTooLarge,
     RetryLater,
     ServiceNotAvailable,
+    StaleRpc,
     StratusError,
     TableDoesNotExist,
     Timeout,
@@ -63,6 +65,7 @@ __all__ = [
     "EnumeratedObject",
     "Enumeration",
     "EnumerationPosition",
+    "ExpiredLease",
     "Expiry",
     "HashRange",
     "IncrementItem",
@@ -84,6 +87,7 @@ __all__ = [
     "ServerEntry",
     "ServerStatus",
     "ServiceNotAvailable",
+    "StaleRpc",
     "Status",
     "StratusError",
     "TableDoesNotExist",

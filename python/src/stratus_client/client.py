@@ -9,9 +9,12 @@ jitter, and every operation has one deadline, ``timeout`` seconds after it start
 all of its attempts together: when it passes the operation fails with ``Timeout``, whose
 ``last_error`` says what the last attempt saw.
 
-Until the cluster has exactly-once RPCs, a request retried after a lost connection or a timeout
-may run twice; for ``increment`` that means the delta may be applied twice (as in the Rust
-client; see the README's "Status").
+Mutations are exactly-once (RIFL, docs/design/exactly-once.md; ``exactly_once.py``): each
+write, set_expiry, remove and increment, and each item of a mutating multi-operation, carries
+the client's lease and an rpc id of its own, the same in every attempt, so that a mutation
+retried after a timeout, a lost connection or RETRY is applied once and the retry gets the
+first result. A client made with ``exactly_once=False`` sends no identity: a mutation retried
+then may be applied twice (an ``increment``'s delta added twice).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from . import codec
-from .codec import MultiItemResult, Opcode
+from .codec import ClientLeaseGrant, MultiItemResult, Opcode, RpcIdentity
 from .connection import Connection, parse_address
 from .enumeration import Enumeration, EnumerationPosition
 from .errors import (
     CouldNotConnect,
+    InternalError,
     InvalidKey,
     InvalidParameter,
     ProtocolError,
@@ -41,6 +45,7 @@ from .errors import (
     WrongServer,
     error_for_status,
 )
+from .exactly_once import LeaseAgent, RpcTicket, outcome_unknown
 from .key_hash import key_hash
 from .model import (
     HASH_MAX,
@@ -69,6 +74,22 @@ _TRANSIENT_STATUSES = frozenset({Status.RETRY, Status.SERVICE_NOT_AVAILABLE})
 # Failures of an attempt that the next attempt may not see: the map was stale, or the cluster
 # was busy, recovering or unreachable. Everything else is the operation's answer.
 _RETRYABLE_ERRORS = (Unavailable, UnknownTablet, WrongServer)
+# The multi-operations that change objects: their items carry rpc identities.
+_MUTATING_MULTI_OPCODES = frozenset(
+    {Opcode.MULTI_WRITE, Opcode.MULTI_REMOVE, Opcode.MULTI_INCREMENT}
+)
+
+
+def _may_have_run(error: StratusError) -> bool:
+    """Whether an attempt that failed with ``error`` (and is to be retried) may have reached a
+    master and been applied there: anything but a map found stale or a request that never
+    left the client. Connection failures say which (``request_sent``); a status a master
+    answered, such as RETRY, counts (the master may have applied the mutation without
+    confirming it yet)."""
+    if isinstance(error, (UnknownTablet, WrongServer)):
+        return False
+    return getattr(error, "request_sent", True)
+
 
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
@@ -138,6 +159,13 @@ class Client:
 
     A client may be shared by threads: requests to the same server take turns on its one
     connection. Use it as a context manager, or call ``close()``, to close its sockets.
+
+    ``exactly_once`` (the default) makes every mutation exactly-once: the client opens a lease
+    at the coordinator on its first mutation and sends each mutation with its own rpc id under
+    it, so retrying one after a timeout, a lost connection or RETRY is safe. A mutation whose
+    lease expired after an attempt that may have been applied fails with ``Timeout`` (its
+    outcome is unknown). With ``exactly_once=False`` no lease is taken and no identity sent
+    (a mutation retried after a lost answer may be applied twice).
     """
 
     def __init__(
@@ -147,6 +175,7 @@ class Client:
         *,
         request_timeout: float = 2.0,
         connect_timeout: float = 2.0,
+        exactly_once: bool = True,
     ) -> None:
         # Several addresses, comma-separated: the coordinators of a cluster with standbys (one is
         # active and listens). Malformed addresses are refused now, not at the first call.
@@ -169,6 +198,9 @@ class Client:
         self._tablet_maps: dict[int, tuple[list[int], list[TabletEntry]]] = {}
         self._closed = False
         self._coordinator_index = 0  # the coordinator address that answered last
+        self.exactly_once = bool(exactly_once)
+        # The lease and rpc ids of exactly-once mutations.
+        self._lease_agent = LeaseAgent(self._client_lease_call)
 
     # -----------------------------------------------------------------------------------------
     # Lifetime.
@@ -269,7 +301,7 @@ class Client:
         table_id, key = _checked_table_id(table_id), _checked_key(key)
         body = codec.read_body(table_id, key, _checked_rules(reject_rules))
         version, value, expires_in_millis = self._object_operation(
-            "read", Opcode.READ, table_id, key, body
+            "read", Opcode.READ, table_id, key, lambda rpc: body
         )
         expires_in = expires_in_millis / 1000 if expires_in_millis else None
         return ObjectRead(value, version, expires_in)
@@ -291,10 +323,14 @@ class Client:
                 raise ValueError("give expiry or ttl, not both")
             expiry = Expiry.after(ttl)
         table_id, key = _checked_table_id(table_id), _checked_key(key)
-        body = codec.write_body(
-            table_id, key, _as_bytes(value, "value"), _checked_rules(reject_rules), expiry
+        value, rules = _as_bytes(value, "value"), _checked_rules(reject_rules)
+        return self._mutation(
+            "write",
+            Opcode.WRITE,
+            table_id,
+            key,
+            lambda rpc: codec.write_body(table_id, key, value, rules, expiry, rpc),
         )
-        return self._object_operation("write", Opcode.WRITE, table_id, key, body)
 
     def set_expiry(
         self,
@@ -306,16 +342,28 @@ class Client:
         """Sets when an existing object expires (``Expiry.NEVER``: never), keeping its value;
         returns its new version. ``ObjectDoesNotExist`` if it is missing or expired."""
         table_id, key = _checked_table_id(table_id), _checked_key(key)
-        body = codec.set_expiry_body(table_id, key, expiry, _checked_rules(reject_rules))
-        return self._object_operation("set_expiry", Opcode.SET_EXPIRY, table_id, key, body)
+        rules = _checked_rules(reject_rules)
+        return self._mutation(
+            "set_expiry",
+            Opcode.SET_EXPIRY,
+            table_id,
+            key,
+            lambda rpc: codec.set_expiry_body(table_id, key, expiry, rules, rpc),
+        )
 
     def remove(
         self, table_id: int, key: bytes | str, reject_rules: RejectRules | None = None
     ) -> int:
         """Removes an object; returns the removed version, 0 if it was missing."""
         table_id, key = _checked_table_id(table_id), _checked_key(key)
-        body = codec.read_body(table_id, key, _checked_rules(reject_rules))
-        return self._object_operation("remove", Opcode.REMOVE, table_id, key, body)
+        rules = _checked_rules(reject_rules)
+        return self._mutation(
+            "remove",
+            Opcode.REMOVE,
+            table_id,
+            key,
+            lambda rpc: codec.remove_body(table_id, key, rules, rpc),
+        )
 
     def increment(
         self,
@@ -328,10 +376,14 @@ class Client:
         counts as 0); returns (new value, new version). ``InvalidObject`` if the object is not
         8 bytes long or the sum would overflow."""
         table_id, key = _checked_table_id(table_id), _checked_key(key)
-        body = codec.increment_body(
-            table_id, key, _checked_delta(delta), _checked_rules(reject_rules)
+        delta, rules = _checked_delta(delta), _checked_rules(reject_rules)
+        version, value = self._mutation(
+            "increment",
+            Opcode.INCREMENT,
+            table_id,
+            key,
+            lambda rpc: codec.increment_body(table_id, key, delta, rules, rpc),
         )
-        version, value = self._object_operation("increment", Opcode.INCREMENT, table_id, key, body)
         return value, version
 
     # -----------------------------------------------------------------------------------------
@@ -435,8 +487,13 @@ class Client:
         self, address: str, opcode: Opcode, body: bytes, attempts: Attempts
     ) -> tuple[Status, object]:
         """One request to one server: (status, decoded body). Connection failures raise
-        ``CouldNotConnect`` or ``Timeout`` (retryable); the broken connection is dropped."""
-        connection = self._connection(address, attempts)
+        ``CouldNotConnect`` or ``Timeout`` (retryable); the broken connection is dropped. An
+        error's ``request_sent`` says whether the server may have received the request."""
+        try:
+            connection = self._connection(address, attempts)
+        except StratusError as error:
+            error.request_sent = False
+            raise
         deadline = min(time.monotonic() + self.request_timeout, attempts.deadline)
         try:
             return connection.call(opcode, body, deadline)
@@ -534,38 +591,101 @@ class Client:
             )
         return tablet
 
+    def _client_lease_call(self, lease: int, attempts: Attempts) -> ClientLeaseGrant:
+        """One CLIENT_LEASE to the coordinator: open a lease (0) or renew ``lease``."""
+        grant = self._coordinator_request(
+            Opcode.CLIENT_LEASE, codec.client_lease_body(lease), attempts
+        )
+        if lease and grant.lease != lease:
+            raise InternalError(
+                f"the coordinator answered a renewal of lease {lease} with lease {grant.lease}"
+            )
+        return grant
+
+    def _mutation(
+        self,
+        name: str,
+        opcode: Opcode,
+        table_id: int,
+        key: bytes,
+        make_body: Callable[[RpcIdentity | None], bytes],
+    ) -> object:
+        """A single-object mutation: exactly once unless the client was made without it."""
+        return self._object_operation(
+            name, opcode, table_id, key, make_body, exactly_once=self.exactly_once
+        )
+
     def _object_operation(
-        self, name: str, opcode: Opcode, table_id: int, key: bytes, body: bytes
+        self,
+        name: str,
+        opcode: Opcode,
+        table_id: int,
+        key: bytes,
+        make_body: Callable[[RpcIdentity | None], bytes],
+        *,
+        exactly_once: bool = False,
     ) -> object:
         """Sends a single-object request to the key's master, refreshing the map and retrying
-        as needed; returns the decoded OK body or raises the operation's typed error."""
+        as needed; returns the decoded OK body or raises the operation's typed error.
+
+        ``make_body`` makes the request's body for an rpc identity (None: none). With
+        ``exactly_once`` the request takes a ticket before its first attempt, and every attempt
+        carries its identity (the acknowledged mark brought up to date). When a master says the
+        ticket's lease expired, the request is sent again under a new lease only if no earlier
+        attempt may have been applied; otherwise its outcome is unknown: ``Timeout``.
+        """
         hash_value = key_hash(table_id, key)
         attempts = Attempts(f"{name}(table {table_id}, key {key[:64]!r})", self.timeout)
-        while True:
-            try:
-                tablet = self._locate(table_id, hash_value, attempts)
-            except (TableDoesNotExist, ProtocolError):
-                raise
-            except StratusError as error:
-                # Any other failure to find the tablet is retried, as the Rust client does:
-                # the coordinator may be restarting or the map changing under a recovery.
+        ticket: RpcTicket | None = None
+        may_have_run = False
+        # Made at once, so that an argument that cannot be encoded fails before any lease.
+        body = make_body(None)
+        try:
+            if exactly_once:
+                ticket = self._lease_agent.ticket(attempts)
+            while True:
+                try:
+                    tablet = self._locate(table_id, hash_value, attempts)
+                except (TableDoesNotExist, ProtocolError):
+                    raise
+                except StratusError as error:
+                    # Any other failure to find the tablet is retried, as the Rust client does:
+                    # the coordinator may be restarting or the map changing under a recovery.
+                    attempts.wait_before_retry(error)
+                    continue
+                if ticket is not None:
+                    # A mutation that retries for long keeps its lease alive.
+                    self._lease_agent.renew_if_due(attempts)
+                    body = make_body(ticket.identity())
+                try:
+                    status, decoded = self._send(tablet.owner_address, opcode, body, attempts)
+                except Unavailable as error:
+                    # The master may have crashed: its tablets will have new owners.
+                    self._forget_tablet_map(table_id)
+                    may_have_run = may_have_run or _may_have_run(error)
+                    attempts.wait_before_retry(error)
+                    continue
+                if status is Status.OK:
+                    return decoded
+                error = failure_from_response(status, decoded)
+                if status is Status.EXPIRED_LEASE and ticket is not None:
+                    # Nothing of this attempt was applied; of the earlier ones, maybe.
+                    self._lease_agent.lost(ticket.lease)
+                    ticket.release()
+                    ticket = None
+                    if may_have_run:
+                        raise outcome_unknown(error)
+                    ticket = self._lease_agent.ticket(attempts)
+                elif status in _STALE_MAP_STATUSES:
+                    self._forget_tablet_map(table_id)
+                elif status not in _TRANSIENT_STATUSES:
+                    raise error
+                else:
+                    may_have_run = may_have_run or _may_have_run(error)
                 attempts.wait_before_retry(error)
-                continue
-            try:
-                status, decoded = self._send(tablet.owner_address, opcode, body, attempts)
-            except Unavailable as error:
-                # The master may have crashed: its tablets will have new owners.
-                self._forget_tablet_map(table_id)
-                attempts.wait_before_retry(error)
-                continue
-            if status is Status.OK:
-                return decoded
-            error = failure_from_response(status, decoded)
-            if status in _STALE_MAP_STATUSES:
-                self._forget_tablet_map(table_id)
-            elif status not in _TRANSIENT_STATUSES:
-                raise error
-            attempts.wait_before_retry(error)
+        finally:
+            if ticket is not None:
+                ticket.release()
 
     def _normalize_item(self, item, item_type):
         """An item with a checked table id, bytes key and value, from an item or a tuple."""
@@ -594,7 +714,15 @@ class Client:
     ) -> list:
         """Runs a multi-operation: groups pending items by master, sends one request per master
         (in chunks of at most 4096 items), keeps the items whose status says "retry" pending,
-        and repeats with backoff until every item has an outcome or the deadline passes."""
+        and repeats with backoff until every item has an outcome or the deadline passes.
+
+        Each item of a mutating multi-operation of an exactly-once client has its own ticket
+        (its own rpc id), taken before its first attempt and carried by every attempt of it,
+        whichever master it goes to and whichever items it travels with; it is given back when
+        the item has its outcome. An item whose lease a master said expired takes a new ticket
+        for the next round if no attempt of it may have been applied; otherwise its outcome is
+        unknown (``Timeout``).
+        """
         outcomes: list[object] = [None] * len(items)
         hashes: list[int] = [0] * len(items)
         pending: list[int] = []
@@ -609,72 +737,138 @@ class Client:
             pending.append(index)
         attempts = Attempts(f"{name} of {len(items)} items", self.timeout)
         last_error: StratusError | None = None
-        while pending:
-            groups: dict[str, list[int]] = defaultdict(list)
-            # Tables whose map could not be fetched this round: one failed request to the
-            # coordinator is enough to know, rather than one per item.
-            unlocatable_tables: set[int] = set()
-            for index in pending:
-                table_id = items[index].table_id
-                if table_id in unlocatable_tables:
-                    continue
-                try:
-                    tablet = self._locate(table_id, hashes[index], attempts)
-                except TableDoesNotExist as error:
-                    outcomes[index] = error
-                    continue
-                except ProtocolError:
-                    raise
-                except StratusError as error:
-                    if not isinstance(error, (UnknownTablet, RetryLater)):
-                        unlocatable_tables.add(table_id)
-                    last_error = attempts.note(error)
-                    continue
-                groups[tablet.owner_address].append(index)
-            for address, indices in groups.items():
-                for first in range(0, len(indices), codec.MULTI_OP_ITEMS_MAX):
-                    chunk = indices[first : first + codec.MULTI_OP_ITEMS_MAX]
-                    body = codec.multi_body([items[index] for index in chunk])
+        exactly_once = self.exactly_once and opcode in _MUTATING_MULTI_OPCODES
+        tickets: list[RpcTicket | None] = [None] * len(items)
+        may_have_run = [False] * len(items)
+        # Items that need a (new) ticket before their next attempt: at first, every one.
+        needing_tickets: list[int] = list(pending) if exactly_once else []
+
+        def finish(index: int, outcome: object) -> None:
+            outcomes[index] = outcome
+            ticket = tickets[index]
+            if ticket is not None:
+                tickets[index] = None
+                ticket.release()
+
+        def failed(index: int, error: StratusError) -> None:
+            # The item failed in a way that another attempt may cure.
+            nonlocal last_error
+            if exactly_once:
+                may_have_run[index] = may_have_run[index] or _may_have_run(error)
+            last_error = attempts.note(error)
+
+        try:
+            while pending:
+                if exactly_once:
+                    ticket_error: StratusError | None = None
+                    for index in needing_tickets:
+                        old = tickets[index]
+                        if old is not None:
+                            tickets[index] = None
+                            self._lease_agent.lost(old.lease)
+                            old.release()
+                        if may_have_run[index]:
+                            finish(index, outcome_unknown(error_for_status(Status.EXPIRED_LEASE)))
+                            continue
+                        if ticket_error is not None:
+                            # No lease could be had (until the deadline, or at all): the same
+                            # for every item, so the coordinator is asked once, not per item.
+                            finish(index, ticket_error)
+                            continue
+                        try:
+                            tickets[index] = self._lease_agent.ticket(attempts)
+                        except StratusError as error:
+                            ticket_error = error
+                            finish(index, error)
+                    needing_tickets = []
+                    self._lease_agent.renew_if_due(attempts)
+                    pending = [index for index in pending if outcomes[index] is None]
+                    if not pending:
+                        break
+                groups: dict[str, list[int]] = defaultdict(list)
+                # Tables whose map could not be fetched this round: one failed request to the
+                # coordinator is enough to know, rather than one per item.
+                unlocatable_tables: set[int] = set()
+                for index in pending:
+                    table_id = items[index].table_id
+                    if table_id in unlocatable_tables:
+                        continue
                     try:
-                        status, decoded = self._send(address, opcode, body, attempts)
-                    except Unavailable as error:
-                        for index in chunk:
-                            self._forget_tablet_map(items[index].table_id)
+                        tablet = self._locate(table_id, hashes[index], attempts)
+                    except TableDoesNotExist as error:
+                        finish(index, error)
+                        continue
+                    except ProtocolError:
+                        raise
+                    except StratusError as error:
+                        if not isinstance(error, (UnknownTablet, RetryLater)):
+                            unlocatable_tables.add(table_id)
                         last_error = attempts.note(error)
                         continue
-                    if status is not Status.OK:
-                        error = failure_from_response(status, decoded)
-                        if status in _STALE_MAP_STATUSES:
+                    groups[tablet.owner_address].append(index)
+                for address, indices in groups.items():
+                    for first in range(0, len(indices), codec.MULTI_OP_ITEMS_MAX):
+                        chunk = indices[first : first + codec.MULTI_OP_ITEMS_MAX]
+                        identities = None
+                        if exactly_once:
+                            identities = [tickets[index].identity() for index in chunk]
+                        body = codec.multi_body(
+                            opcode, [items[index] for index in chunk], identities
+                        )
+                        try:
+                            status, decoded = self._send(address, opcode, body, attempts)
+                        except Unavailable as error:
                             for index in chunk:
                                 self._forget_tablet_map(items[index].table_id)
-                            last_error = attempts.note(error)
-                        elif status in _TRANSIENT_STATUSES:
-                            last_error = attempts.note(error)
-                        else:
-                            # The master refused the whole batch: sending it again cannot help.
-                            for index in chunk:
-                                outcomes[index] = failure_from_response(status, decoded)
-                        continue
-                    if len(decoded) != len(chunk):
-                        raise ProtocolError(
-                            f"{address} answered {len(decoded)} results to a {opcode.name} of "
-                            f"{len(chunk)} items"
-                        )
-                    for index, result in zip(chunk, decoded, strict=True):
-                        if result.status is Status.OK:
-                            outcomes[index] = success(result)
-                        elif result.status in _STALE_MAP_STATUSES:
-                            self._forget_tablet_map(items[index].table_id)
-                            last_error = attempts.note(error_for_status(result.status))
-                        elif result.status in _TRANSIENT_STATUSES:
-                            last_error = attempts.note(error_for_status(result.status))
-                        else:
-                            outcomes[index] = error_for_status(
-                                result.status, version=result.version
+                                failed(index, error)
+                            continue
+                        if status is not Status.OK:
+                            error = failure_from_response(status, decoded)
+                            if status is Status.EXPIRED_LEASE and exactly_once:
+                                # The lease of the batch's items: nothing of it was applied.
+                                needing_tickets.extend(chunk)
+                                last_error = attempts.note(error)
+                            elif status in _STALE_MAP_STATUSES:
+                                for index in chunk:
+                                    self._forget_tablet_map(items[index].table_id)
+                                last_error = attempts.note(error)
+                            elif status in _TRANSIENT_STATUSES:
+                                for index in chunk:
+                                    failed(index, error)
+                            else:
+                                # The master refused the whole batch: sending it again cannot
+                                # help.
+                                for index in chunk:
+                                    finish(index, failure_from_response(status, decoded))
+                            continue
+                        if len(decoded) != len(chunk):
+                            raise ProtocolError(
+                                f"{address} answered {len(decoded)} results to a {opcode.name} "
+                                f"of {len(chunk)} items"
                             )
-            pending = [index for index in pending if outcomes[index] is None]
-            if not pending or not attempts.pause_before_retry():
-                break
-        for index in pending:
-            outcomes[index] = attempts.timeout_error(last_error)
+                        for index, result in zip(chunk, decoded, strict=True):
+                            if result.status is Status.OK:
+                                finish(index, success(result))
+                            elif result.status is Status.EXPIRED_LEASE and exactly_once:
+                                needing_tickets.append(index)
+                                last_error = attempts.note(error_for_status(result.status))
+                            elif result.status in _STALE_MAP_STATUSES:
+                                self._forget_tablet_map(items[index].table_id)
+                                last_error = attempts.note(error_for_status(result.status))
+                            elif result.status in _TRANSIENT_STATUSES:
+                                failed(index, error_for_status(result.status))
+                            else:
+                                finish(
+                                    index,
+                                    error_for_status(result.status, version=result.version),
+                                )
+                pending = [index for index in pending if outcomes[index] is None]
+                if not pending or not attempts.pause_before_retry():
+                    break
+            for index in pending:
+                finish(index, attempts.timeout_error(last_error))
+        finally:
+            for ticket in tickets:
+                if ticket is not None:
+                    ticket.release()
         return outcomes

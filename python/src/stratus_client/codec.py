@@ -39,7 +39,7 @@ from .model import (
 from .status import Status
 
 MAGIC = b"STRA"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 HELLO_BYTES = 8
 LENGTH_FIELD_BYTES = 4
 REQUEST_HEADER_BYTES = 16
@@ -53,6 +53,7 @@ TABLE_NAME_BYTES_MAX = 256
 SERVER_ADDRESS_BYTES_MAX = 256
 ERROR_MESSAGE_BYTES_MAX = 1_024
 MULTI_OP_ITEMS_MAX = 4_096
+CLIENT_LEASES_PER_CHECK_MAX = 1_024
 SERVER_SPAN_MAX = 1_024
 TABLES_MAX = 65_536
 SERVERS_MAX = 16_384
@@ -91,6 +92,9 @@ class Opcode(enum.IntEnum):
     RECOVERY_ACCEPT_LOSS = 20
     SPLIT_TABLET = 21
     MIGRATE_TABLET = 22
+    SERVER_STOPPING = 23
+    CLIENT_LEASE = 24
+    CHECK_CLIENT_LEASES = 25
     READ = 30
     WRITE = 31
     REMOVE = 32
@@ -117,6 +121,25 @@ class Opcode(enum.IntEnum):
     BACKUP_FENCE_MASTER = 55
     BACKUP_GET_RECOVERY_DATA = 56
     BACKUP_START_PARTITIONING = 57
+
+
+class RpcIdentity(NamedTuple):
+    """A mutation's exactly-once identity (wire-protocol.md, "rpc identity";
+    docs/design/exactly-once.md): its client lease, its rpc id within the lease, and the
+    highest rpc id of the lease at or below which the client has the result of every rpc.
+    Every attempt of one mutation carries the same lease and rpc id."""
+
+    lease: int
+    rpc: int
+    acknowledged: int
+
+
+class ClientLeaseGrant(NamedTuple):
+    """The coordinator's answer to CLIENT_LEASE: the lease opened or renewed, and how long
+    it is valid from when the coordinator received the request."""
+
+    lease: int
+    term_ms: int
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +323,17 @@ class BodyWriter:
     def count(self, count: int) -> BodyWriter:
         return self.u32(count)
 
+    def rpc_identity(self, identity: RpcIdentity | None) -> BodyWriter:
+        """Option of (lease, rpc id, acknowledged); tag 0 when the mutation has none. An
+        identity a server would refuse as malformed (lease 0, rpc id 0, or acknowledged not
+        below the rpc id) is the caller's bug, refused here."""
+        if identity is None:
+            return self.u8(0)
+        lease, rpc, acknowledged = identity
+        if lease == 0 or rpc == 0 or not 0 <= acknowledged < rpc:
+            raise ValueError(f"not a valid rpc identity: {identity!r}")
+        return self.u8(1).u64(lease).u64(rpc).u64(acknowledged)
+
 
 def create_table_body(name: str, server_span: int) -> bytes:
     return BodyWriter().string(name, TABLE_NAME_BYTES_MAX).u32(server_span).to_bytes()
@@ -316,8 +350,15 @@ def table_id_body(table_id: int) -> bytes:
 
 
 def read_body(table_id: int, key: bytes, rules: RejectRules | None) -> bytes:
-    """The body of READ and REMOVE: table id, key, rules."""
+    """The body of READ: table id, key, rules."""
     return BodyWriter().u64(table_id).key(key).rules(rules).to_bytes()
+
+
+def remove_body(
+    table_id: int, key: bytes, rules: RejectRules | None, rpc: RpcIdentity | None = None
+) -> bytes:
+    """The body of REMOVE: table id, key, rules (as READ), then the rpc identity."""
+    return BodyWriter().u64(table_id).key(key).rules(rules).rpc_identity(rpc).to_bytes()
 
 
 def write_body(
@@ -326,39 +367,100 @@ def write_body(
     value: bytes,
     rules: RejectRules | None,
     expiry: Expiry | None = None,
+    rpc: RpcIdentity | None = None,
 ) -> bytes:
-    return BodyWriter().u64(table_id).key(key).value(value).rules(rules).expiry(expiry).to_bytes()
+    return (
+        BodyWriter()
+        .u64(table_id)
+        .key(key)
+        .value(value)
+        .rules(rules)
+        .expiry(expiry)
+        .rpc_identity(rpc)
+        .to_bytes()
+    )
 
 
 def set_expiry_body(
-    table_id: int, key: bytes, expiry: Expiry, rules: RejectRules | None
+    table_id: int,
+    key: bytes,
+    expiry: Expiry,
+    rules: RejectRules | None,
+    rpc: RpcIdentity | None = None,
 ) -> bytes:
-    return BodyWriter().u64(table_id).key(key).expiry(expiry).rules(rules).to_bytes()
+    return (
+        BodyWriter().u64(table_id).key(key).expiry(expiry).rules(rules).rpc_identity(rpc).to_bytes()
+    )
 
 
-def increment_body(table_id: int, key: bytes, delta: int, rules: RejectRules | None) -> bytes:
-    return BodyWriter().u64(table_id).key(key).i64(delta).rules(rules).to_bytes()
+def increment_body(
+    table_id: int,
+    key: bytes,
+    delta: int,
+    rules: RejectRules | None,
+    rpc: RpcIdentity | None = None,
+) -> bytes:
+    return BodyWriter().u64(table_id).key(key).i64(delta).rules(rules).rpc_identity(rpc).to_bytes()
 
 
-def multi_body(items: list) -> bytes:
-    """The body of MULTI_READ, MULTI_WRITE, MULTI_REMOVE or MULTI_INCREMENT, by item type.
+# The item type of each multi-operation (MULTI_REMOVE's items are key items, as MULTI_READ's,
+# but with an rpc identity).
+_MULTI_ITEM_TYPES = {
+    Opcode.MULTI_READ: KeyItem,
+    Opcode.MULTI_WRITE: WriteItem,
+    Opcode.MULTI_REMOVE: KeyItem,
+    Opcode.MULTI_INCREMENT: IncrementItem,
+}
 
-    Items' keys and values must already be ``bytes`` (the client normalises them).
+
+def multi_body(
+    opcode: Opcode, items: list, identities: list[RpcIdentity | None] | None = None
+) -> bytes:
+    """The body of MULTI_READ, MULTI_WRITE, MULTI_REMOVE or MULTI_INCREMENT.
+
+    Items' keys and values must already be ``bytes`` (the client normalises them). The items
+    of the mutations end with an rpc identity each: ``identities[i]`` for item ``i`` (None, or
+    no list at all: the item has none). MULTI_READ items carry none.
     """
+    item_type = _MULTI_ITEM_TYPES.get(opcode)
+    if item_type is None:
+        raise ValueError(f"{opcode!r} is not a multi-operation")
     if len(items) > MULTI_OP_ITEMS_MAX:
         raise ValueError(f"{len(items)} items exceed the maximum of {MULTI_OP_ITEMS_MAX}")
+    mutation = opcode is not Opcode.MULTI_READ
+    if identities is not None and (not mutation or len(identities) != len(items)):
+        raise ValueError(f"{opcode.name} of {len(items)} items given {len(identities)} identities")
     writer = BodyWriter().count(len(items))
-    for item in items:
+    for index, item in enumerate(items):
+        if not isinstance(item, item_type):
+            raise TypeError(f"not a {opcode.name} item: {item!r}")
         writer.u64(item.table_id).key(item.key)
         if isinstance(item, WriteItem):
             writer.value(item.value)
         elif isinstance(item, IncrementItem):
             writer.i64(item.delta)
-        elif not isinstance(item, KeyItem):
-            raise TypeError(f"not a multi-operation item: {item!r}")
         writer.rules(item.reject_rules)
         if isinstance(item, WriteItem):
             writer.expiry(item.expiry)
+        if mutation:
+            writer.rpc_identity(None if identities is None else identities[index])
+    return writer.to_bytes()
+
+
+def client_lease_body(lease: int) -> bytes:
+    """The body of CLIENT_LEASE: the lease to renew, or 0 to open a new one."""
+    return BodyWriter().u64(lease).to_bytes()
+
+
+def check_client_leases_body(leases: list[int]) -> bytes:
+    """The body of CHECK_CLIENT_LEASES (a master's request; here for the test vectors)."""
+    if len(leases) > CLIENT_LEASES_PER_CHECK_MAX:
+        raise ValueError(
+            f"{len(leases)} leases exceed the maximum of {CLIENT_LEASES_PER_CHECK_MAX}"
+        )
+    writer = BodyWriter().count(len(leases))
+    for lease in leases:
+        writer.u64(lease)
     return writer.to_bytes()
 
 
@@ -601,6 +703,11 @@ _OPERATION_BODY_DECODERS: dict[Opcode, Callable[[BodyReader], object]] = {
         MULTI_OP_ITEMS_MAX, 2 + 8 + 8, _increment_result
     ),
     Opcode.ENUMERATE: _decode_enumerate,
+    Opcode.CLIENT_LEASE: lambda reader: ClientLeaseGrant(reader.u64(), reader.u32()),
+    # Milliseconds each lease stays valid (0: expired), in the request's order.
+    Opcode.CHECK_CLIENT_LEASES: lambda reader: reader.list(
+        CLIENT_LEASES_PER_CHECK_MAX, 4, BodyReader.u32
+    ),
 }
 
 

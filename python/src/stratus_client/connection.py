@@ -40,6 +40,13 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def _unsent(error: StratusError) -> StratusError:
+    """``error``, noted as having happened before the request was sent whole: no server can
+    have run it (exactly-once mutations may then be retried under a new lease)."""
+    error.request_sent = False
+    return error
+
+
 def _seconds_left(deadline: float, address: str, doing: str) -> float:
     """Time left until ``deadline``; a ``Timeout`` when none is, so that no socket is ever
     given a zero timeout (which would make it non-blocking rather than fail)."""
@@ -118,20 +125,30 @@ class Connection:
 
         Raises ``Timeout`` (no answer in time) or ``CouldNotConnect`` (connection lost; the
         request may or may not have run), both retryable, or ``ProtocolError`` when the answer
-        violates the protocol. After any of these the connection is closed.
+        violates the protocol. After any of these the connection is closed. Each error's
+        ``request_sent`` says whether the whole request had been handed to the socket: if not,
+        the server cannot have run it (it never received a whole frame).
         """
-        if not self._turn.acquire(timeout=_seconds_left(deadline, self.address, "waiting")):
-            raise Timeout(f"{self.address}: the connection stayed busy with other requests")
+        try:
+            left = _seconds_left(deadline, self.address, "waiting")
+        except Timeout as error:
+            raise _unsent(error) from None
+        if not self._turn.acquire(timeout=left):
+            raise _unsent(
+                Timeout(f"{self.address}: the connection stayed busy with other requests")
+            )
         try:
             if self._socket is None:
-                raise CouldNotConnect(f"{self.address}: connection closed")
+                raise _unsent(CouldNotConnect(f"{self.address}: connection closed"))
             request_id = self._next_request_id
             self._next_request_id += 1
             # Encoded before anything is sent: a request that is too large fails alone and
             # leaves the connection usable.
             frame = codec.encode_request(opcode, request_id, body)
+            sent = False
             try:
                 self._send_all(frame, deadline)
+                sent = True
                 response = self._receive_frame(deadline)
                 header = codec.decode_response_header(response)
                 if header.request_id != request_id:
@@ -150,16 +167,19 @@ class Connection:
                 return header.status, decoded
             except ProtocolError as error:
                 self.close()
-                raise ProtocolError(f"{self.address}: {error.message}") from None
-            except StratusError:
+                failure: StratusError = ProtocolError(f"{self.address}: {error.message}")
+            except StratusError as error:
                 self.close()
+                error.request_sent = sent
                 raise
             except TimeoutError:
                 self.close()
-                raise Timeout(f"{self.address}: no response to {opcode.name} in time") from None
+                failure = Timeout(f"{self.address}: no response to {opcode.name} in time")
             except OSError as error:
                 self.close()
-                raise CouldNotConnect(f"{self.address}: connection lost: {error}") from None
+                failure = CouldNotConnect(f"{self.address}: connection lost: {error}")
+            failure.request_sent = sent
+            raise failure
         finally:
             self._turn.release()
 

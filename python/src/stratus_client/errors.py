@@ -17,6 +17,7 @@ from .status import Status
 
 __all__ = [
     "CouldNotConnect",
+    "ExpiredLease",
     "InternalError",
     "InvalidKey",
     "InvalidObject",
@@ -30,6 +31,7 @@ __all__ = [
     "RequestTooLarge",
     "RetryLater",
     "ServiceNotAvailable",
+    "StaleRpc",
     "StratusError",
     "TableDoesNotExist",
     "Timeout",
@@ -183,6 +185,23 @@ class InvalidParameter(StratusError):
     status = Status.INVALID_PARAMETER
 
 
+class StaleRpc(StratusError):
+    """A master refused a mutation as an old duplicate: its rpc id is at or below what this
+    client acknowledged. Nothing was applied. A correct client never sees it (it is a bug in
+    the client's exactly-once bookkeeping, or in the server's), so it is not retried."""
+
+    status = Status.STALE_RPC
+
+
+class ExpiredLease(StratusError):
+    """The client lease a mutation was sent under expired (nothing was applied). The client
+    handles it itself (it takes a new lease, and sends the mutation again under it when no
+    earlier attempt may have been applied); a caller sees it only as a ``Timeout``'s
+    ``last_error``, or when the coordinator refuses to open a lease."""
+
+    status = Status.EXPIRED_LEASE
+
+
 class Unavailable(StratusError):
     """The cluster could not serve the request now; trying again later may succeed."""
 
@@ -268,6 +287,8 @@ _CLASS_BY_STATUS: dict[Status, type[StratusError]] = {
         ValueTooLarge,
         InvalidObject,
         InvalidParameter,
+        StaleRpc,
+        ExpiredLease,
         RetryLater,
         CouldNotConnect,
         ServiceNotAvailable,

@@ -43,6 +43,8 @@ class Status(enum.IntEnum):
     BACKUP_STORAGE_FAILED = 26
     SERVER_CRASHED = 27
     IN_PROGRESS = 28
+    STALE_RPC = 29
+    EXPIRED_LEASE = 30
 
     @property
     def carries_operation_body(self) -> bool:
@@ -101,4 +103,6 @@ _DESCRIPTIONS = {
     Status.BACKUP_STORAGE_FAILED: "backup storage failed",
     Status.SERVER_CRASHED: "server declared crashed",
     Status.IN_PROGRESS: "still in progress",
+    Status.STALE_RPC: "stale rpc: its result was acknowledged already",
+    Status.EXPIRED_LEASE: "client lease expired",
 }

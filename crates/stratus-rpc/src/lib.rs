@@ -11,7 +11,8 @@
 //! - [`backoff`]: bounded exponential backoff with jitter, used by every retry loop.
 //!
 //! Every queue here is bounded: requests in flight per connection, bytes buffered for a peer
-//! that does not read, and frame sizes.
+//! that does not read (per connection and per server), connections per server, and frame
+//! sizes.
 
 pub mod backoff;
 pub mod blocking;
@@ -21,4 +22,4 @@ pub mod server;
 pub use backoff::Backoff;
 pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
-pub use server::{serve, Handled, Service};
+pub use server::{serve, serve_within, Handled, ServerLimits, Service};

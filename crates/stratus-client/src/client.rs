@@ -98,8 +98,7 @@ pub(crate) fn unavailable_error(tablet: &TabletEntry) -> Error {
 /// `stratus_rpc::deadline_after` is: the deterministic simulation runs the async client on a
 /// paused, virtual clock). A timeout too long to add is as good as none.
 pub(crate) fn operation_deadline(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32))
+    stratus_rpc::deadline_in(timeout)
 }
 
 /// The time an operation ending at `deadline` has left; `None` once the deadline has passed

@@ -19,7 +19,7 @@ pub mod blocking;
 pub mod client;
 pub mod server;
 
-pub use backoff::Backoff;
+pub use backoff::{deadline_in, Backoff};
 pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
 pub use server::{serve, serve_within, Handled, ServerLimits, Service};

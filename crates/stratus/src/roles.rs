@@ -588,7 +588,7 @@ async fn enlist(
 ) -> Result<stratus_types::ServerId, String> {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     let request = Request::EnlistServer { address: address.to_string(), services };
-    let deadline = tokio::time::Instant::now() + patience;
+    let deadline = stratus_rpc::deadline_in(patience);
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {
         match pool.call_coordinator(coordinator, &request).await {

@@ -255,6 +255,11 @@ impl Client {
         Client::with_pool(config, pool, environment)
     }
 
+    /// The settings this client was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
     fn with_pool(config: ClientConfig, pool: ChannelPool, environment: Environment) -> Client {
         let inner = Inner { config, pool, environment, tablet_maps: RwLock::new(HashMap::new()) };
         Client { inner: Arc::new(inner) }

@@ -1295,8 +1295,10 @@ fn answer_once_durable(
                 Ok(()) => frame,
                 Err(error) => {
                     // The change is in memory but not known durable. RETRY tells the client
-                    // to try again; a retried write re-applies harmlessly, a retried increment
-                    // may apply twice until exactly-once RPCs exist (documented in README).
+                    // to try again; until exactly-once RPCs exist a resent mutation applies
+                    // again (a second version, an increment's delta twice, a conditional
+                    // write refused by its own first attempt: README, "Status"), which is why
+                    // a client may be configured to return RETRY on a mutation instead.
                     let mut refusal = BytesMut::new();
                     encode_error_response(
                         &mut refusal,

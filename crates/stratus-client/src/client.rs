@@ -107,8 +107,7 @@ pub(crate) fn unavailable_error(tablet: &TabletEntry) -> Error {
 /// `stratus_rpc::deadline_after` is: the deterministic simulation runs the async client on a
 /// paused, virtual clock). A timeout too long to add is as good as none.
 pub(crate) fn operation_deadline(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32))
+    stratus_rpc::deadline_in(timeout)
 }
 
 /// The time an operation ending at `deadline` has left; `None` once the deadline has passed
@@ -371,6 +370,11 @@ impl Client {
         let pool = ChannelPool::new(environment.network.clone(), config.rpc.clone())
             .with_in_process_server(address, service);
         Client::with_pool(config, pool, environment)
+    }
+
+    /// The settings this client was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
     }
 
     fn with_pool(config: ClientConfig, pool: ChannelPool, environment: Environment) -> Client {

@@ -27,7 +27,8 @@ use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::TABLETS_PER_TABLE_MAX;
 use stratus_types::{HashRange, SegmentId, ServerId, TableId};
 use stratus_wire::{
-    RecoveryTablet, Request, Response, ResponseBody, ServerEntry, ServerStatus, Status,
+    RecoveryTablet, ReplicaEntry, Request, Response, ResponseBody, ServerEntry, ServerStatus,
+    Status,
 };
 
 use crate::metrics::CoordinatorCounters;
@@ -95,6 +96,15 @@ const RECOVERY_MASTER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long one replica read by the coordinator (looking for the newest digest) may take.
 const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long recovery waits for one backup to list the replicas it holds of the crashed master
+/// (BACKUP_LIST_REPLICAS), not a replica read's 30 s: a backup answers from its in-memory
+/// table at once, so this only covers a loaded machine, like the coordinator's other quick
+/// calls to backups (fencing, on a 2 s request timeout; PARTITIONING_START_PATIENCE). Every
+/// backup is asked at once, so a silent one costs a recovery attempt this long, once; the
+/// attempt then goes again after its backoff (a backup that does not answer may hold what
+/// completes the log).
+const LIST_REPLICAS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Recovery attempts for one crashed master before the coordinator gives up until it restarts
 /// (with the backoff below, well over half an hour of retrying).
@@ -1114,42 +1124,85 @@ impl Inner {
     }
 
     /// Asks every backup which replicas of `crashed` it holds. Every backup that is up must
-    /// answer: one that does not may hold what makes the log complete.
+    /// answer: one that does not may hold what makes the log complete. Each segment's
+    /// locations come newest epoch first, then longest, then in the order of `backups`.
     async fn locate_replicas(
-        &self,
+        self: &Arc<Self>,
         crashed: ServerId,
         backups: &[String],
     ) -> Result<BTreeMap<SegmentId, Vec<Location>>, String> {
+        let listings = self.list_replicas_everywhere(crashed, backups).await;
         let mut locations: BTreeMap<SegmentId, Vec<Location>> = BTreeMap::new();
-        for backup in backups {
-            let request = Request::BackupListReplicas { master_id: crashed };
-            match self.recovery_pools.backups.call(backup, &request).await {
-                Ok((
-                    Status::Ok,
-                    ResponseBody::Operation(Response::BackupListReplicas { replicas }),
-                )) => {
-                    for replica in replicas.into_iter().filter(|r| r.master_id == crashed) {
-                        locations.entry(replica.segment_id).or_default().push(Location {
-                            backup: backup.clone(),
-                            epoch: replica.epoch,
-                            length: replica.certificate.segment_length,
-                        });
-                    }
+        let mut silent = Vec::new();
+        for (backup, listing) in backups.iter().zip(listings) {
+            let replicas = match listing {
+                Ok(replicas) => replicas,
+                Err(reason) => {
+                    silent.push(reason);
+                    continue;
                 }
-                Ok((status, _)) => {
-                    return Err(format!("backup {backup} refused to list replicas: {status}"))
-                }
-                Err(error) => {
-                    self.recovery_pools.backups.forget(backup);
-                    return Err(format!("backup {backup} did not list its replicas: {error}"));
-                }
+            };
+            for replica in replicas {
+                locations.entry(replica.segment_id).or_default().push(Location {
+                    backup: backup.clone(),
+                    epoch: replica.epoch,
+                    length: replica.certificate.segment_length,
+                });
             }
+        }
+        if !silent.is_empty() {
+            return Err(silent.join("; "));
         }
         for replicas in locations.values_mut() {
             // Newest epoch first (an older one may miss acknowledged data), then the longest.
             replicas.sort_by(|a, b| b.epoch.cmp(&a.epoch).then(b.length.cmp(&a.length)));
         }
         Ok(locations)
+    }
+
+    /// Every backup's listing of `crashed`'s replicas, asked of all at once: one answer per
+    /// backup, in the order of `backups` (not of arrival, so a recovery does not depend on
+    /// which backup answered first).
+    async fn list_replicas_everywhere(
+        self: &Arc<Self>,
+        crashed: ServerId,
+        backups: &[String],
+    ) -> Vec<Result<Vec<ReplicaEntry>, String>> {
+        let mut asks = tokio::task::JoinSet::new();
+        for (index, backup) in backups.iter().enumerate() {
+            let (inner, backup) = (self.clone(), backup.clone());
+            asks.spawn(async move { (index, inner.list_replicas(crashed, &backup).await) });
+        }
+        let mut listings = vec![None; backups.len()];
+        while let Some(joined) = asks.join_next().await {
+            // Nothing cancels these tasks: an error is a panic, passed on.
+            let (index, listing) =
+                joined.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
+            listings[index] = Some(listing);
+        }
+        let asked = listings.into_iter().map(|listing| listing.expect("every backup was asked"));
+        asked.collect()
+    }
+
+    /// The replicas of `crashed` that `backup` holds, asked within [`LIST_REPLICAS_TIMEOUT`].
+    async fn list_replicas(
+        &self,
+        crashed: ServerId,
+        backup: &str,
+    ) -> Result<Vec<ReplicaEntry>, String> {
+        let request = Request::BackupListReplicas { master_id: crashed };
+        let pool = &self.recovery_pools.backups;
+        match pool.call_within(backup, &request, LIST_REPLICAS_TIMEOUT).await {
+            Ok((
+                Status::Ok,
+                ResponseBody::Operation(Response::BackupListReplicas { replicas }),
+            )) => Ok(replicas.into_iter().filter(|replica| replica.master_id == crashed).collect()),
+            Ok((status, _)) => Err(format!("backup {backup} refused to list replicas: {status}")),
+            Err(error) => {
+                pool.forget(backup);
+                Err(format!("backup {backup} did not list its replicas: {error}"))
+            }
+        }
     }
 
     /// The members of the crashed log's newest digest, and the TABLE_STATS beside it (if the
@@ -1646,6 +1699,78 @@ mod tests {
             coordinator.unrecoverable_masters(),
             vec![(server_id, "test".to_string(), true)]
         );
+    }
+
+    /// A backup that lists, for any master, replicas of segments 1 and 2 at `epoch`; or, with
+    /// `epoch` `None`, one that takes requests and never answers (a stalled machine).
+    struct ListingBackup {
+        epoch: Option<u64>,
+    }
+
+    impl stratus_rpc::Service for ListingBackup {
+        fn handle(
+            &self,
+            header: &stratus_wire::FrameHeader,
+            body: Bytes,
+            out: &mut bytes::BytesMut,
+        ) -> stratus_rpc::Handled {
+            let Some(epoch) = self.epoch else {
+                return stratus_rpc::Handled::Later(Box::pin(std::future::pending()));
+            };
+            let Ok(Request::BackupListReplicas { master_id }) =
+                stratus_wire::decode_request(header.opcode_code, body)
+            else {
+                panic!("only BACKUP_LIST_REPLICAS is asked");
+            };
+            let replica = |segment: u64| stratus_wire::ReplicaEntry {
+                master_id,
+                segment_id: SegmentId(segment),
+                epoch,
+                certificate: stratus_wire::ReplicaCertificate { segment_length: 100, checksum: 0 },
+                closed: true,
+                primary: false,
+            };
+            let response = Response::BackupListReplicas { replicas: vec![replica(1), replica(2)] };
+            stratus_wire::encode_response(out, header.request_id, Status::Ok, &response);
+            stratus_rpc::Handled::Done
+        }
+    }
+
+    async fn listing_backup(epoch: Option<u64>) -> String {
+        let listener = Environment::system().network.bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_address();
+        tokio::spawn(stratus_rpc::serve(listener, Arc::new(ListingBackup { epoch })));
+        address
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_are_located_on_every_backup_newest_epoch_first() {
+        let coordinator = coordinator();
+        let backups = vec![listing_backup(Some(3)).await, listing_backup(Some(4)).await];
+        let locations = coordinator.inner.locate_replicas(ServerId(9), &backups).await.unwrap();
+        assert_eq!(locations.keys().copied().collect::<Vec<_>>(), [SegmentId(1), SegmentId(2)]);
+        for replicas in locations.values() {
+            let found: Vec<(&str, u64)> =
+                replicas.iter().map(|location| (&location.backup[..], location.epoch)).collect();
+            assert_eq!(found, [(&backups[1][..], 4), (&backups[0][..], 3)]);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_backup_costs_a_recovery_one_short_wait_not_a_replica_read_s_timeout() {
+        let coordinator = coordinator();
+        let silent = listing_backup(None).await;
+        let backups = vec![silent.clone(), listing_backup(Some(3)).await, silent.clone()];
+        // Asked with a replica read's timeout, the first silent backup alone would take twice
+        // this.
+        let located = tokio::time::timeout(
+            REPLICA_READ_TIMEOUT / 2,
+            coordinator.inner.locate_replicas(ServerId(9), &backups),
+        )
+        .await
+        .expect("the silent backups held up the recovery attempt");
+        let reason = located.expect_err("a backup that did not answer may hold the log");
+        assert!(reason.contains(&silent), "{reason}");
     }
 
     /// The states of table 1's tablets in the coordinator's map.

@@ -5,6 +5,10 @@
 //! threads the way real time does) and its outcome. An outcome is *known* (a value, a version,
 //! an object status such as OBJECT_DOESNT_EXIST) or *unknown* (a timeout, a lost connection, any
 //! other failure): an unknown write may or may not have taken effect, now or at any later time.
+//! The recorded client must take each call into effect at most once (exactly-once, the
+//! default, or `retry_ambiguous_mutations` off): a call the library resent without an
+//! identity after an attempt of unknown outcome may have applied twice, which no outcome can
+//! record.
 //!
 //! [`check`] then verifies the [`History`] one key at a time (linearizability is compositional,
 //! so the keys are independent):

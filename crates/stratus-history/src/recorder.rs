@@ -75,6 +75,14 @@ impl Recorder {
 /// (give each concurrent task its own `client_id`). A multi-operation is recorded item by
 /// item: each item is an operation on its key, invoked before the call and completed after
 /// it, with the item's own outcome.
+///
+/// The client must take each mutation into effect at most once — exactly-once (the default,
+/// `ClientConfig::exactly_once`), or without it `retry_ambiguous_mutations` off: one recorded
+/// call is one operation of the history, and a call whose library resent an attempt of
+/// unknown outcome without an identity may have taken effect twice (an increment's delta
+/// twice, a blind write at two versions) or been refused because of its own first attempt. No
+/// outcome can record that, so such a history fails the check without any fault of the
+/// cluster; [`RecordingClient::new`] refuses such a client instead.
 #[derive(Clone, Debug)]
 pub struct RecordingClient {
     client: Client,
@@ -82,8 +90,10 @@ pub struct RecordingClient {
     client_id: u32,
 }
 
-/// Maps a failed call to its outcome: an object refusal is known to have had no effect; any
-/// other failure may hide an attempt that took effect (the client retries transparently).
+/// Maps a failed call to its outcome: an object refusal is known to have had no effect (the
+/// client resent nothing that might have run before it, or resent it with its identity, which
+/// is answered with the first result); any other failure may hide an attempt that took
+/// effect.
 fn failure_outcome(error: &Error) -> Outcome {
     if Outcome::is_refusal(error.status) {
         Outcome::Refused { status: error.status, version: error.version }
@@ -94,7 +104,19 @@ fn failure_outcome(error: &Error) -> Outcome {
 
 impl RecordingClient {
     /// Records the calls made through `client` into `recorder` as client `client_id`.
+    ///
+    /// # Panics
+    ///
+    /// If `client` resends mutations of unknown outcome (see [`RecordingClient`]): the
+    /// history it would record is not exact.
     pub fn new(client: Client, recorder: Arc<Recorder>, client_id: u32) -> RecordingClient {
+        let config = client.config();
+        assert!(
+            config.exactly_once || !config.retry_ambiguous_mutations,
+            "a recorded client must not retry ambiguous mutations without exactly-once: one call \
+             could take effect twice, or be refused by its own first attempt, and the history \
+             would be wrong"
+        );
         RecordingClient { client, recorder, client_id }
     }
 
@@ -328,6 +350,26 @@ mod tests {
         let history = recorder.history();
         assert_eq!(history.len(), 4000);
         assert!(history.operations.windows(2).all(|pair| pair[0].invoked < pair[1].invoked));
+    }
+
+    #[test]
+    #[should_panic(expected = "must not retry ambiguous mutations")]
+    fn a_client_that_resends_mutations_of_unknown_outcome_is_not_recorded() {
+        // Without exactly-once, and retrying: at-least-once.
+        let mut config = stratus_client::ClientConfig::new("127.0.0.1:1");
+        config.exactly_once = false;
+        RecordingClient::new(Client::new(config), Recorder::new(), 0);
+    }
+
+    #[test]
+    fn exactly_once_and_at_most_once_clients_are_recorded() {
+        // The default: exactly-once.
+        let client = Client::new(stratus_client::ClientConfig::new("127.0.0.1:1"));
+        RecordingClient::new(client, Recorder::new(), 0);
+        let mut config = stratus_client::ClientConfig::new("127.0.0.1:1");
+        config.exactly_once = false;
+        config.retry_ambiguous_mutations = false;
+        RecordingClient::new(Client::new(config), Recorder::new(), 0);
     }
 
     #[test]

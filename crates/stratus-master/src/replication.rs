@@ -1057,9 +1057,27 @@ impl Pump {
                 },
             );
         }
-        if self.shared.config.placement == Placement::Copyset {
-            return self.fill_from_copyset(segment_id);
+        let placed = if self.shared.config.placement == Placement::Copyset {
+            self.fill_from_copyset(segment_id)
+        } else {
+            self.fill_at_random(segment_id, needs)
+        };
+        if placed.is_err() {
+            // Too few backups in this master's copy of the server list, which may be older
+            // than a server that has joined since: at a cluster's start every master but the
+            // last fetched it before the last server was up. The next round fetches it again
+            // instead of after SERVER_LIST_REFRESH_INTERVAL, during which writes would wait
+            // (longer than a client's request timeout). The pump's backoff bounds how often
+            // that asks the coordinator while the cluster really is short of backups.
+            self.shared.server_list.mark_stale().await;
         }
+        placed
+    }
+
+    /// Random placement: `needs` more backups for the segment, each the less loaded of two
+    /// chosen at random.
+    fn fill_at_random(&mut self, segment_id: u64, needs: usize) -> Result<(), String> {
+        let replicas = self.shared.config.replicas;
         // Primaries per backup (each segment's first holder). Recovery reads the primary first,
         // and its backup cuts it for every recovery master: spreading primaries by their own
         // count spreads that work. (By replicas in all alone, 17 primaries once fell 10, 4, 3
@@ -1550,6 +1568,101 @@ mod tests {
         // The runtime ends, and the pump with it, before anything is replicated.
         runtime.shutdown_background();
         assert_eq!(make_durable_on_a_thread(&manager), Some(Err(DurabilityError::Stopped)));
+    }
+
+    /// A coordinator and every backup in one scripted server: the server list names the
+    /// backups of `backups` (all at this server's address) and grows when the test says;
+    /// replica writes, log heads, frees and pings all succeed.
+    struct GrowingCluster {
+        address: std::sync::Mutex<String>,
+        backups: std::sync::Mutex<Vec<u64>>,
+    }
+
+    impl stratus_rpc::Service for GrowingCluster {
+        fn handle(
+            &self,
+            header: &stratus_wire::FrameHeader,
+            body: Bytes,
+            out: &mut bytes::BytesMut,
+        ) -> stratus_rpc::Handled {
+            use stratus_wire::{decode_request, encode_error_response, encode_response, Response};
+            let response = match decode_request(header.opcode_code, body) {
+                Ok(Request::GetServerList) => {
+                    let address = self.address.lock().unwrap().clone();
+                    let backups = self.backups.lock().unwrap().clone();
+                    let servers = backups
+                        .into_iter()
+                        .map(|id| ServerEntry { address: address.clone(), ..backup(id) })
+                        .collect();
+                    Response::GetServerList { servers }
+                }
+                Ok(Request::BackupWrite { .. }) => Response::BackupWrite,
+                Ok(Request::SetLogHead { .. }) => Response::SetLogHead,
+                Ok(Request::BackupFree { .. }) => Response::BackupFree,
+                Ok(Request::Ping) => Response::Ping,
+                _ => {
+                    let status = Status::UnimplementedRequest;
+                    encode_error_response(out, header.request_id, header.opcode_code, status, "");
+                    return stratus_rpc::Handled::Done;
+                }
+            };
+            encode_response(out, header.request_id, Status::Ok, &response);
+            stratus_rpc::Handled::Done
+        }
+    }
+
+    #[test]
+    fn a_master_short_of_backups_finds_one_that_joined_without_waiting_out_the_list() {
+        use crate::peer_probe::SERVER_LIST_REFRESH_INTERVAL;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let environment = Environment::system();
+            let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_address();
+            let cluster = Arc::new(GrowingCluster {
+                address: std::sync::Mutex::new(address.clone()),
+                backups: std::sync::Mutex::new(vec![2]),
+            });
+            tokio::spawn(stratus_rpc::serve(listener, cluster.clone()));
+            let store = stratus_store::StoreConfig::for_testing();
+            let store = Arc::new(ObjectStore::new(store, ServerId(1)).unwrap());
+            let (table, key) = (stratus_types::TableId(1), b"key");
+            let hash = stratus_types::key_hash(table, key);
+            let rules = stratus_types::RejectRules::NONE;
+            store
+                .write(
+                    table,
+                    key,
+                    hash,
+                    b"value",
+                    &rules,
+                    stratus_store::Expiry::Never,
+                    stratus_store::WallTime::from_seconds(0),
+                )
+                .unwrap();
+            let mut config = ReplicationConfig::new(2, address);
+            // Shorter than the list is trusted: only a fetch that the shortage itself
+            // prompts can make the write durable in time.
+            config.sync_timeout = SERVER_LIST_REFRESH_INTERVAL / 2;
+            let manager = ReplicaManager::start(ServerId(1), config, store, environment);
+            // The pump fetched the list with one backup (of the two it needs) ...
+            for _ in 0..1_000 {
+                if manager.backups_available() == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(manager.backups_available(), 1, "the first list was never fetched");
+            // ... and then a second backup joins.
+            cluster.backups.lock().unwrap().push(3);
+            let synced = manager.sync(manager.position_to_sync()).await;
+            assert!(synced.is_ok(), "{synced:?}");
+            assert_eq!(manager.backups_available(), 2);
+        });
     }
 
     #[test]

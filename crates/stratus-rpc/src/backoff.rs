@@ -4,6 +4,15 @@ use std::time::Duration;
 
 use stratus_env::Entropy;
 
+/// The instant `timeout` from now on tokio's clock (virtual in a paused runtime, as the
+/// simulation runs it; `std`'s is [`crate::deadline_after`]); a timeout too long to add
+/// (`Duration::MAX`, say) is as good as none, and gives an instant more than a century away
+/// instead of a panic.
+pub fn deadline_in(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32))
+}
+
 /// Delays between retries: `initial`, doubling up to `max`, each scaled by a random factor in
 /// [0.5, 1.0) so that clients retrying after the same event do not retry in lockstep.
 #[derive(Clone, Debug)]
@@ -37,6 +46,13 @@ impl Backoff {
 mod tests {
     use super::*;
     use stratus_env::SeededEntropy;
+
+    #[test]
+    fn a_deadline_too_far_to_add_saturates_instead_of_panicking() {
+        let now = tokio::time::Instant::now();
+        assert!(deadline_in(Duration::MAX) > now + Duration::from_secs(100 * 365 * 86_400));
+        assert!(deadline_in(Duration::from_millis(5)) <= now + Duration::from_secs(5));
+    }
 
     #[test]
     fn delays_grow_and_stay_capped() {

@@ -11,14 +11,15 @@
 //! - [`backoff`]: bounded exponential backoff with jitter, used by every retry loop.
 //!
 //! Every queue here is bounded: requests in flight per connection, bytes buffered for a peer
-//! that does not read, and frame sizes.
+//! that does not read (per connection and per server), connections per server, and frame
+//! sizes.
 
 pub mod backoff;
 pub mod blocking;
 pub mod client;
 pub mod server;
 
-pub use backoff::Backoff;
+pub use backoff::{deadline_in, Backoff};
 pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
-pub use server::{serve, Handled, Service};
+pub use server::{serve, serve_within, Handled, ServerLimits, Service};

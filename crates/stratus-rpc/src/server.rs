@@ -7,13 +7,22 @@
 //! handlers that must wait (for example for replication) return a future, which is spawned and
 //! bounded per connection. Connections are spread over the runtime's worker threads, so a
 //! server uses every core.
+//!
+//! What one server's connections may hold is bounded as a whole too ([`ServerLimits`]): how
+//! many are open (past the limit a new one is closed at once, and counted), and how many bytes
+//! of responses they have unwritten (a connection with unwritten responses reads no request
+//! while it is over its own bound, or while the server is over its total).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use stratus_env::{BoxFuture, BoxReader, BoxWriter, Connection, Listener};
+use stratus_types::limits::{
+    RPC_CONNECTIONS_PER_SERVER_MAX, RPC_OUTPUT_BYTES_PER_CONNECTION_MAX,
+    RPC_OUTPUT_BYTES_PER_SERVER_MAX,
+};
 use stratus_wire::{
     body_offset, decode_frame_header, encode_error_response, frame_length, peek_request_identity,
     FrameError, FrameHeader, FrameKind, Hello, Status, HELLO_BYTES, PROTOCOL_VERSION,
@@ -24,10 +33,6 @@ use tokio::sync::{Notify, Semaphore};
 /// How long a new connection may take to send its handshake before it is dropped, so idle
 /// sockets cannot pile up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Bytes of responses buffered for a client that does not read them, before the server stops
-/// reading its requests (backpressure instead of unbounded memory).
-const OUTPUT_BYTES_HIGH_WATER: usize = 8 << 20;
 
 /// Handlers that wait (spawned futures) per connection.
 const DEFERRED_RESPONSES_PER_CONNECTION_MAX: usize = 1_024;
@@ -58,10 +63,91 @@ pub trait Service: Send + Sync + 'static {
     fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled;
 }
 
-/// Accepts connections forever, serving each with `service` on its own task.
-pub async fn serve(
+/// Bounds on what all the connections of one server hold together, and what they hold now.
+#[derive(Debug)]
+pub struct ServerLimits {
+    /// Connections open at most; past it a new connection is closed at once.
+    pub connections_max: usize,
+    /// Unwritten response bytes per connection before it reads no more requests.
+    pub output_bytes_per_connection_max: usize,
+    /// Unwritten response bytes of all connections together before a connection that has
+    /// any of its own unwritten reads no more requests.
+    pub output_bytes_max: usize,
+    connection_permits: Arc<Semaphore>,
+    output_bytes: AtomicUsize,
+    /// Woken when a connection's writer wrote responses while the server was over
+    /// `output_bytes_max`.
+    output_drained: Notify,
+    connections_refused: AtomicU64,
+}
+
+impl ServerLimits {
+    /// The limits of `stratus_types::limits` (RPC_CONNECTIONS_PER_SERVER_MAX and the two
+    /// output bounds).
+    pub fn standard() -> Arc<ServerLimits> {
+        ServerLimits::new(
+            RPC_CONNECTIONS_PER_SERVER_MAX,
+            RPC_OUTPUT_BYTES_PER_CONNECTION_MAX,
+            RPC_OUTPUT_BYTES_PER_SERVER_MAX,
+        )
+    }
+
+    /// Other limits (tests: a few connections, a few bytes).
+    pub fn new(
+        connections_max: usize,
+        output_bytes_per_connection_max: usize,
+        output_bytes_max: usize,
+    ) -> Arc<ServerLimits> {
+        assert!(connections_max >= 1 && output_bytes_per_connection_max <= output_bytes_max);
+        Arc::new(ServerLimits {
+            connections_max,
+            output_bytes_per_connection_max,
+            output_bytes_max,
+            connection_permits: Arc::new(Semaphore::new(connections_max)),
+            output_bytes: AtomicUsize::new(0),
+            output_drained: Notify::new(),
+            connections_refused: AtomicU64::new(0),
+        })
+    }
+
+    /// Connections open now.
+    pub fn connections_open(&self) -> usize {
+        self.connections_max - self.connection_permits.available_permits()
+    }
+
+    /// Connections closed at once because `connections_max` were open.
+    pub fn connections_refused(&self) -> u64 {
+        self.connections_refused.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of responses the connections have not written yet (buffered, or being written).
+    pub fn output_bytes(&self) -> usize {
+        self.output_bytes.load(Ordering::Relaxed)
+    }
+
+    fn refuse(&self, peer_address: &str) {
+        let refused = self.connections_refused.fetch_add(1, Ordering::Relaxed) + 1;
+        // Logged at 1, 2, 4, 8...: a flood of connections cannot flood the log.
+        if refused.is_power_of_two() {
+            tracing::warn!(
+                peer = %peer_address, refused, connections_max = self.connections_max,
+                "too many connections: a new one is closed at once"
+            );
+        }
+    }
+}
+
+/// Accepts connections forever, serving each with `service` on its own task, within the
+/// standard [`ServerLimits`].
+pub async fn serve(listener: Box<dyn Listener>, service: Arc<dyn Service>) -> std::io::Result<()> {
+    serve_within(listener, service, ServerLimits::standard()).await
+}
+
+/// [`serve`] within `limits`, which the caller may watch.
+pub async fn serve_within(
     mut listener: Box<dyn Listener>,
     service: Arc<dyn Service>,
+    limits: Arc<ServerLimits>,
 ) -> std::io::Result<()> {
     loop {
         let connection = match listener.accept().await {
@@ -73,7 +159,16 @@ pub async fn serve(
                 continue;
             }
         };
-        tokio::spawn(serve_connection(connection, service.clone()));
+        let Ok(permit) = limits.connection_permits.clone().try_acquire_owned() else {
+            limits.refuse(&connection.peer_address);
+            drop(connection);
+            continue;
+        };
+        let (service, limits) = (service.clone(), limits.clone());
+        tokio::spawn(async move {
+            serve_connection_within(connection, service, limits).await;
+            drop(permit);
+        });
     }
 }
 
@@ -83,27 +178,116 @@ struct Output {
     ready: Notify,
     drained: Notify,
     closed: AtomicBool,
+    /// Bytes of responses not written to the socket yet: buffered, or being written.
+    unwritten_bytes: AtomicUsize,
+    /// The server's account of every connection's unwritten bytes.
+    limits: Arc<ServerLimits>,
 }
 
 impl Output {
     fn push(&self, frame: &[u8]) {
         self.buffer.lock().unwrap_or_else(|poison| poison.into_inner()).extend_from_slice(frame);
+        self.added(frame.len());
         self.ready.notify_one();
     }
 
-    fn buffered_bytes(&self) -> usize {
-        self.buffer.lock().unwrap_or_else(|poison| poison.into_inner()).len()
+    /// `bytes` more responses, appended to the buffer.
+    fn added(&self, bytes: usize) {
+        self.unwritten_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.limits.output_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// `bytes` of responses are on the socket (or dropped with the connection).
+    fn written(&self, bytes: usize) {
+        self.unwritten_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let before = self.limits.output_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.drained.notify_waiters();
+        if before > self.limits.output_bytes_max {
+            self.limits.output_drained.notify_waiters();
+        }
+    }
+
+    /// Whether the connection may take another request, and if not, what it waits for. (A
+    /// connection with nothing unwritten always may: peers that read are never shut out by
+    /// peers that do not.)
+    fn room(&self) -> Room {
+        let own = self.unwritten_bytes.load(Ordering::Relaxed);
+        if own > self.limits.output_bytes_per_connection_max {
+            Room::WaitForOwnDrain
+        } else if own > 0 && self.limits.output_bytes() > self.limits.output_bytes_max {
+            Room::WaitForServerDrain
+        } else {
+            Room::Available
+        }
+    }
+
+    /// Returns once the connection may take another request (see [`Output::room`]); `false`
+    /// if the writer closed meanwhile.
+    async fn wait_for_room(&self) -> bool {
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            let drain = match self.room() {
+                Room::Available => return true,
+                Room::WaitForOwnDrain => &self.drained,
+                Room::WaitForServerDrain => &self.limits.output_drained,
+            };
+            // The responses waiting are what must drain: the writer flushes them now rather
+            // than after the batch of requests this one belongs to.
+            self.ready.notify_one();
+            // Registered before the second look, so a drain between the look and the wait is
+            // not missed (and only here: a connection with room never touches the server's
+            // shared waiter list).
+            let drained = drain.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if !self.closed.load(Ordering::SeqCst) && !matches!(self.room(), Room::Available) {
+                drained.await;
+            }
+        }
     }
 
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.ready.notify_one();
         self.drained.notify_waiters();
+        // Its reader may wait for the server's total to drop: it must see the close. (Other
+        // connections' readers wake too, look, and wait again: closes are rare.)
+        self.limits.output_drained.notify_waiters();
     }
 }
 
-/// Serves one connection until it closes or misbehaves.
+impl Drop for Output {
+    /// Responses never written (the connection ended first) leave the server's account.
+    fn drop(&mut self) {
+        let unwritten = *self.unwritten_bytes.get_mut();
+        self.limits.output_bytes.fetch_sub(unwritten, Ordering::Relaxed);
+        self.limits.output_drained.notify_waiters();
+    }
+}
+
+/// What a connection's reader waits for before it takes another request.
+enum Room {
+    Available,
+    /// Its own unwritten responses are over the per-connection bound.
+    WaitForOwnDrain,
+    /// It has unwritten responses and the server is over its total.
+    WaitForServerDrain,
+}
+
+/// Serves one connection until it closes or misbehaves, within the standard limits of a
+/// server that has only this connection (a caller with its own accept loop).
 pub async fn serve_connection(connection: Connection, service: Arc<dyn Service>) {
+    serve_connection_within(connection, service, ServerLimits::standard()).await
+}
+
+/// Serves one connection of a server with `limits` until it closes or misbehaves.
+async fn serve_connection_within(
+    connection: Connection,
+    service: Arc<dyn Service>,
+    limits: Arc<ServerLimits>,
+) {
     let Connection { mut reader, mut writer, peer_address } = connection;
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut writer)).await {
         Ok(Ok(())) => {}
@@ -122,6 +306,8 @@ pub async fn serve_connection(connection: Connection, service: Arc<dyn Service>)
         ready: Notify::new(),
         drained: Notify::new(),
         closed: AtomicBool::new(false),
+        unwritten_bytes: AtomicUsize::new(0),
+        limits,
     });
     let writer_task = tokio::spawn(write_loop(writer, output.clone()));
     let reason = read_loop(&mut reader, &service, &output).await;
@@ -154,10 +340,15 @@ async fn read_loop(
     let mut buffer = BytesMut::with_capacity(64 << 10);
     let deferred = Arc::new(Semaphore::new(DEFERRED_RESPONSES_PER_CONNECTION_MAX));
     loop {
-        // Handle every complete frame already received, then flush them together.
+        // Handle every complete frame already received, then flush them together. Each frame
+        // waits for room first: one read may bring thousands of requests, each asking for a
+        // large response.
         loop {
             match frame_length(&buffer) {
                 Ok(Some(length)) if buffer.len() >= length => {
+                    if !output.wait_for_room().await {
+                        return "writer closed".to_string();
+                    }
                     let frame = buffer.split_to(length).freeze();
                     if let Err(reason) = dispatch(frame, service, output, &deferred).await {
                         output.ready.notify_one();
@@ -180,20 +371,6 @@ async fn read_loop(
             }
         }
         output.ready.notify_one();
-        while output.buffered_bytes() > OUTPUT_BYTES_HIGH_WATER {
-            if output.closed.load(Ordering::SeqCst) {
-                return "writer closed".to_string();
-            }
-            // Register for the wake-up before the check, so a drain between the check and
-            // the wait cannot be missed.
-            let drained = output.drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if output.buffered_bytes() <= OUTPUT_BYTES_HIGH_WATER {
-                break;
-            }
-            drained.await;
-        }
         if output.closed.load(Ordering::SeqCst) {
             return "writer closed".to_string();
         }
@@ -219,7 +396,10 @@ async fn dispatch(
     let body = frame.slice(body_offset(FrameKind::Request)..);
     let handled = {
         let mut buffer = output.buffer.lock().unwrap_or_else(|poison| poison.into_inner());
-        service.handle(&header, body, &mut buffer)
+        let before = buffer.len();
+        let handled = service.handle(&header, body, &mut buffer);
+        output.added(buffer.len() - before);
+        handled
     };
     if let Handled::Later(future) = handled {
         let permit = deferred
@@ -278,12 +458,12 @@ async fn write_loop(mut writer: BoxWriter, output: Arc<Output>) {
             let mut buffer = output.buffer.lock().unwrap_or_else(|poison| poison.into_inner());
             std::mem::swap(&mut *buffer, &mut spare);
         }
-        output.drained.notify_waiters();
         if !spare.is_empty() {
             if writer.write_all(&spare).await.is_err() {
                 output.close();
                 break;
             }
+            output.written(spare.len());
             spare.clear();
             continue;
         }

@@ -67,6 +67,32 @@ pub const ASSIGNMENTS_REMEMBERED_MAX: usize = 4 * TABLETS_PER_TABLE_MAX;
 /// Most requests a client keeps outstanding on one connection (pipelining window).
 pub const REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX: usize = 1_024;
 
+/// Connections one RPC server (a storage server's port, a coordinator's) keeps open at once.
+/// Its peers are the other servers (replication, pings, migrations, and a recovery's reads,
+/// which may come from every master at once: up to [`SERVERS_MAX`]) and the client processes
+/// (one connection each by default); twice the largest cluster leaves as many for clients.
+/// Past it a new connection is closed at once and counted, so sockets that clients open and
+/// abandon cannot pile up without bound (each holds buffers and a task).
+pub const RPC_CONNECTIONS_PER_SERVER_MAX: usize = 2 * SERVERS_MAX;
+
+/// Bytes of responses one connection of an RPC server may have unwritten (its peer reads
+/// slowly or not at all) before the server reads no more of its requests: backpressure
+/// instead of unbounded memory, large enough that a fast peer never waits on it (it is over
+/// a hundred 64 KiB writes).
+pub const RPC_OUTPUT_BYTES_PER_CONNECTION_MAX: usize = 8 << 20;
+
+/// Bytes of responses all the connections of one RPC server together may have unwritten
+/// before a connection that has any of its own unwritten reads no more requests. Without it
+/// [`RPC_CONNECTIONS_PER_SERVER_MAX`] peers that send requests and never read the answers would
+/// hold 256 GiB; with it, one response per connection more at most (a connection with nothing
+/// unwritten still gets its next request answered, so peers that read are never shut out by
+/// peers that do not), besides the answers of requests whose handlers wait (for replication:
+/// counted when they arrive, not held back; at most 1 024 such requests per connection). As
+/// much as a storage server's default log (`--log-mib 256`): unwritten
+/// answers never take more memory than the data they come from, and 32 slow peers' worth of
+/// the per-connection bound fit before it matters.
+pub const RPC_OUTPUT_BYTES_PER_SERVER_MAX: usize = 256 << 20;
+
 /// Bytes of objects one enumeration response may carry; it always carries at least one object
 /// when one remains, so this must exceed the largest object.
 pub const ENUMERATE_RESPONSE_BYTES_MAX: usize = 4 << 20;
@@ -93,6 +119,8 @@ const _: () = assert!(ENUMERATE_RESPONSE_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_MAX + 4_096 < FRAME_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
 const _: () = assert!(TABLETS_PER_TABLE_MAX >= SERVER_SPAN_MAX as usize);
+const _: () = assert!(RPC_CONNECTIONS_PER_SERVER_MAX >= SERVERS_MAX);
+const _: () = assert!(RPC_OUTPUT_BYTES_PER_CONNECTION_MAX <= RPC_OUTPUT_BYTES_PER_SERVER_MAX);
 // A batch over the limit by its last object (the largest value a segment admits).
 const _: () = assert!(
     MIGRATION_BATCH_BYTES_MAX + SEGMENT_BYTES_MAX / 8 + KEY_BYTES_MAX + 4_096 < FRAME_BYTES_MAX

@@ -615,7 +615,7 @@ async fn enlist(
         services: enlistment.services,
         previous_server_id: enlistment.previous,
     };
-    let deadline = tokio::time::Instant::now() + patience;
+    let deadline = stratus_rpc::deadline_in(patience);
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {
         match pool.call_coordinator(coordinator, &request).await {

@@ -49,6 +49,7 @@ use stratus_history::{
     check, check_key, CheckOptions, History, Operation, OperationRecord, Outcome, Recorder,
     RecordingClient, Verdict,
 };
+use stratus_rpc::deadline_in;
 use stratus_types::Version;
 use stratus_wire::ServerStatus;
 
@@ -449,11 +450,15 @@ pub fn run(arguments: WorkloadArguments, coordinator: &str) -> ExitCode {
         arguments.keys, arguments.clients, arguments.seconds
     );
     let timeouts = timeouts(&arguments);
+    // Saturating: a phase given "forever" makes the watchdog wait forever, not panic or wrap.
+    let phases_seconds = arguments
+        .startup_seconds
+        .saturating_add(arguments.seconds)
+        .saturating_add(arguments.settle_seconds);
     start_watchdog(
-        Duration::from_secs(
-            arguments.startup_seconds + arguments.seconds + arguments.settle_seconds,
-        ) + 2 * timeouts.operation
-            + CHECK_PATIENCE,
+        Duration::from_secs(phases_seconds)
+            .saturating_add(timeouts.operation.saturating_mul(2))
+            .saturating_add(CHECK_PATIENCE),
     );
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
@@ -486,7 +491,7 @@ async fn run_phases(
     let mut admin_config = ClientConfig::new(coordinator.to_string());
     admin_config.operation_timeout = Duration::from_secs(10);
     let admin = Client::new(admin_config);
-    let startup_deadline = started + Duration::from_secs(arguments.startup_seconds);
+    let startup_deadline = deadline_in(Duration::from_secs(arguments.startup_seconds));
     let up = wait_for_cluster(&admin, arguments.servers, startup_deadline).await?;
     let span = arguments.span.unwrap_or(up as u32).max(1);
     let table = create_table(&admin, table_name, span).await?;
@@ -515,7 +520,7 @@ async fn run_phases(
         ));
     }
     let mixed_started = tokio::time::Instant::now();
-    let mixed_end = mixed_started + Duration::from_secs(arguments.seconds);
+    let mixed_end = deadline_in(Duration::from_secs(arguments.seconds));
     while tokio::time::Instant::now() < mixed_end {
         let next = (tokio::time::Instant::now() + PROGRESS_INTERVAL).min(mixed_end);
         tokio::time::sleep_until(next).await;
@@ -553,8 +558,7 @@ async fn run_phases(
         recorder.clone(),
         arguments.clients,
     );
-    let settle_deadline =
-        tokio::time::Instant::now() + Duration::from_secs(arguments.settle_seconds);
+    let settle_deadline = deadline_in(Duration::from_secs(arguments.settle_seconds));
     let final_reads = read_back(&reader, table, arguments.keys, settle_deadline).await;
     let unreadable = final_reads.iter().filter(|read| **read == FinalRead::Unreadable).count();
 

@@ -150,8 +150,9 @@ pub(super) fn answer_once_durable(
                 Ok(()) => frame,
                 Err(error) => {
                     // The change is in memory but not known durable. RETRY tells the client
-                    // to try again; a retried write re-applies harmlessly, a retried increment
-                    // may apply twice until exactly-once RPCs exist (documented in README).
+                    // to try again: an exactly-once mutation's retry is answered from its
+                    // completion record once durable; one without an identity is applied
+                    // again (docs/design/exactly-once.md).
                     let mut refusal = BytesMut::new();
                     encode_error_response(
                         &mut refusal,

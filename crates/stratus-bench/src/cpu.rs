@@ -119,6 +119,16 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, CpuError> {
     Ok(tree)
 }
 
+/// CPU time `pid` used since it started (its own and that of the children it reaped).
+pub fn cpu_since_start(pid: u32) -> Result<Duration, CpuError> {
+    let (_, ticks) = read_stat(pid)?;
+    Ok(ticks_to_duration(ticks))
+}
+
+fn ticks_to_duration(ticks: u64) -> Duration {
+    Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second() as f64)
+}
+
 /// CPU time of a fixed set of processes since the meter started.
 #[derive(Debug)]
 pub struct CpuMeter {
@@ -140,8 +150,7 @@ impl CpuMeter {
 
     /// CPU time the processes used since the start.
     pub fn elapsed(&self) -> Result<Duration, CpuError> {
-        let ticks = total_ticks(&self.pids)?.saturating_sub(self.ticks_at_start);
-        Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second() as f64))
+        Ok(ticks_to_duration(total_ticks(&self.pids)?.saturating_sub(self.ticks_at_start)))
     }
 
     /// How many processes are measured.

@@ -35,7 +35,7 @@ fn bench_ycsb_runs_workload_a_on_stratus_and_on_redis_with_replicas() {
         "--records",
         "500",
         "--operations",
-        "3000",
+        "5000",
         "--threads",
         "2",
     ];
@@ -48,8 +48,12 @@ fn bench_ycsb_runs_workload_a_on_stratus_and_on_redis_with_replicas() {
         assert_eq!(row["bench"], "ycsb");
         assert!(number("ops_per_sec") > 0.0, "{row:?}");
         assert!(number("driver_cpu_us_per_op") >= 0.0, "{row:?}");
-        // A whole phase of a multi-process system accumulates clock ticks.
-        assert!(number("cpu_us_per_op") > 0.0, "{row:?}");
+        // CPU is counted in clock ticks (10 ms): the load of 500 records may round to 0, the
+        // run phase of 5 000 operations (hundreds of ms of several processes' work) cannot.
+        assert!(number("cpu_us_per_op") >= 0.0, "{row:?}");
+        if text("phase") == "run" {
+            assert!(number("cpu_us_per_op") > 0.0, "{row:?}");
+        }
         match (text("system"), text("config")) {
             ("stratus", "r0") => assert!(number("cpu_processes") >= 2.0, "{row:?}"),
             ("redis", "wait-3") => {

@@ -134,7 +134,7 @@ fn check_round_trip(entry_type: EntryType, content: &[u8]) {
         }
         Entry::Object(view) => {
             let encoded =
-                encode_object(view.table, view.version, view.timestamp, view.key, view.value);
+                encode_object(view.table, view.version, view.timestamp, None, view.key, view.value);
             assert_eq!(decode_object(&encoded), Ok(view));
         }
         Entry::Tombstone(view) => {

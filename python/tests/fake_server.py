@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HELLO_OK = b"STRA\x01\x00\x00\x00"
+HELLO_OK = b"STRA\x02\x00\x00\x00"
 
 
 class Close:

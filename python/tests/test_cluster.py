@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import conftest
 import stratus_client
 from stratus_client import (
+    Expiry,
     IncrementItem,
     KeyItem,
     RejectRules,
@@ -206,6 +208,42 @@ def test_increment(client, table_name):
 
 # ---------------------------------------------------------------------------------------------
 # Multi-operations: one result per item, values and typed errors mixed.
+
+
+def test_objects_expire(client, table_name):
+    table = client.create_table(table_name)
+    client.write(table, "session", b"token", ttl=3600)
+    value, version, expires_in = client.read_object(table, "session")
+    assert value == b"token"
+    assert 3500 < expires_in <= 3600
+    # A plain write clears the expiry; KEEP keeps it.
+    client.write(table, "session", b"token2", expiry=Expiry.after(60))
+    client.write(table, "session", b"token3", expiry=Expiry.KEEP)
+    assert 50 < client.read_object(table, "session").expires_in <= 60
+    client.write(table, "session", b"token4")
+    assert client.read_object(table, "session").expires_in is None
+    # set_expiry keeps the value and makes a new version.
+    version = client.set_expiry(table, "session", Expiry.after(0.2))
+    assert client.read(table, "session") == (b"token4", version)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.read(table, "session")
+        except stratus_client.ObjectDoesNotExist:
+            break
+        assert time.monotonic() < deadline, "the session never expired"
+        time.sleep(0.05)
+    with pytest.raises(stratus_client.ObjectDoesNotExist):
+        client.set_expiry(table, "session", Expiry.NEVER)
+    with pytest.raises(ValueError):
+        client.write(table, "k", b"v", expiry=Expiry.NEVER, ttl=5)
+    # Multi-writes take an expiry per item.
+    results = client.multi_write(
+        [WriteItem(table, "a", b"1", expiry=Expiry.after(3600)), WriteItem(table, "b", b"2")]
+    )
+    assert all(isinstance(result, int) for result in results), results
+    assert client.read_object(table, "a").expires_in > 3500
+    assert client.read_object(table, "b").expires_in is None
 
 
 def test_multi_operations_with_mixed_results(client, table_name):

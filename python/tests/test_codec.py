@@ -17,6 +17,7 @@ from stratus_client.model import (
     FULL_HASH_RANGE,
     EnumeratedObject,
     EnumerationCursor,
+    Expiry,
     HashRange,
     KeyItem,
     RejectRules,
@@ -56,12 +57,12 @@ def test_copied_vectors_equal_the_specification():
 
 def test_client_handshake_vector():
     assert codec.encode_hello() == vector_bytes("hello")
-    assert codec.decode_hello(vector_bytes("hello")) == (1, Status.OK)
+    assert codec.decode_hello(vector_bytes("hello")) == (2, Status.OK)
 
 
 def test_version_mismatch_handshake_vector():
     assert codec.decode_hello(vector_bytes("hello-version-mismatch")) == (
-        1,
+        2,
         Status.PROTOCOL_VERSION_MISMATCH,
     )
 
@@ -93,14 +94,16 @@ def test_read_request_vector():
 
 
 def test_write_request_vector():
-    body = codec.write_body(1, b"k", b"v1", RejectRules.only_if_missing())
+    body = codec.write_body(1, b"k", b"v1", RejectRules.only_if_missing(), Expiry.after(60))
     assert codec.encode_request(Opcode.WRITE, 4, body) == vector_bytes("write-request")
 
 
 def test_multi_write_request_vector():
     items = [
         WriteItem(1, b"a", b"x"),
-        WriteItem(2, b"b", b"yz", RejectRules(given_version=3, version_ne_given=True)),
+        WriteItem(
+            2, b"b", b"yz", RejectRules(given_version=3, version_ne_given=True), Expiry.KEEP
+        ),
     ]
     frame = codec.encode_request(Opcode.MULTI_WRITE, 6, codec.multi_body(items))
     assert frame == vector_bytes("multi-write-request")
@@ -176,13 +179,13 @@ def test_ping_response_vector():
 def test_read_response_vector():
     header, body = split_response(vector_bytes("read-response-ok"))
     assert (header.opcode_code, header.request_id, header.status) == (30, 2, Status.OK)
-    assert codec.decode_response_body(Opcode.READ, header.status, body) == (5, b"world")
+    assert codec.decode_response_body(Opcode.READ, header.status, body) == (5, b"world", 1500)
 
 
 def test_read_of_missing_object_vector_carries_the_operation_body():
     header, body = split_response(vector_bytes("read-response-object-doesnt-exist"))
     assert (header.request_id, header.status) == (3, Status.OBJECT_DOESNT_EXIST)
-    assert codec.decode_response_body(Opcode.READ, header.status, body) == (0, b"")
+    assert codec.decode_response_body(Opcode.READ, header.status, body) == (0, b"", 0)
 
 
 def test_increment_response_vector():
@@ -262,7 +265,7 @@ def test_other_response_bodies():
         MultiItemResult(Status.WRONG_VERSION, 6),
     ]
     enumerate_last = struct.pack("<I", 1) + b"\x01\x00k" + struct.pack("<I", 1) + b"v"
-    enumerate_last += struct.pack("<QB", 3, 0)
+    enumerate_last += struct.pack("<QBQB", 3, 1, 1_700_000_000_000, 0)
     response = decode(Opcode.ENUMERATE, Status.OK, enumerate_last)
     assert response.objects == [EnumeratedObject(b"k", b"v", 3)]
     assert response.next_cursor is None
@@ -345,8 +348,8 @@ def test_malformed_response_headers_are_refused(frame, problem):
         (
             Opcode.GET_SERVER_LIST,
             Status.OK,
-            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IB", 1, 3),
-            "unknown server status 3",
+            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IB", 1, 4),
+            "unknown server status 4",
         ),
         (Opcode.ENUMERATE, Status.OK, struct.pack("<IB", 0, 2), "next-cursor option tag 2"),
         (Opcode.ENUMERATE, Status.OK, struct.pack("<IBQB", 0, 1, 0, 5), "cursor after-key flag"),

@@ -58,7 +58,8 @@ HIGH_KEY = key_where(lambda hash_value: hash_value >= HALF)
 
 
 def read_ok(request: Request, version: int, value: bytes) -> bytes:
-    return response_frame(request, 0, struct.pack("<QI", version, len(value)) + value)
+    body = struct.pack("<QI", version, len(value)) + value + struct.pack("<Q", 0)
+    return response_frame(request, 0, body)
 
 
 class ScriptedCoordinator(FakeServer):
@@ -245,7 +246,8 @@ def test_rejections_carry_the_current_version(servers):
             client.write(TABLE, b"k", b"v", stratus_client.RejectRules.only_if_missing())
     assert raised.value.version == 41
     assert raised.value.status_name == "OBJECT_EXISTS"
-    flags = master.requests[0].body[-1]
+    # The rules' flags byte, before the expiry (kind and time, 9 bytes).
+    flags = master.requests[0].body[-10]
     assert flags == 0b10
 
 
@@ -491,7 +493,7 @@ def enumerate_response(request: Request, objects: list[tuple[bytes, bytes, int]]
     body = struct.pack("<I", len(objects))
     for key, value, version in objects:
         body += struct.pack("<H", len(key)) + key + struct.pack("<I", len(value)) + value
-        body += struct.pack("<Q", version)
+        body += struct.pack("<QB", version, 0)
     if next_cursor is None:
         body += b"\x00"
     else:

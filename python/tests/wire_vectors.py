@@ -8,12 +8,12 @@ repository is present, so a change to the protocol cannot leave this client behi
 VECTORS = {
     "hello": """
 53 54 52 41   # magic "STRA"
-01 00         # version 1
+02 00         # version 2
 00 00         # status OK
 """,
     "hello-version-mismatch": """
 53 54 52 41   # magic "STRA"
-01 00         # the server's version, 1
+02 00         # the server's version, 2
 10 00         # status 16 PROTOCOL_VERSION_MISMATCH
 """,
     "ping-request": """
@@ -43,7 +43,7 @@ VECTORS = {
 08                        # rules: flags, bit 3 version_ne_given
 """,
     "read-response-ok": """
-1f 00 00 00               # frame length 31
+27 00 00 00               # frame length 39
 02 00                     # kind: response, flags
 1e 00                     # opcode 30 READ
 02 00 00 00 00 00 00 00   # request id 2
@@ -51,18 +51,20 @@ VECTORS = {
 05 00 00 00 00 00 00 00   # version 5
 05 00 00 00               # value length 5
 77 6f 72 6c 64            # "world"
+dc 05 00 00 00 00 00 00   # expires in 1 500 ms
 """,
     "read-response-object-doesnt-exist": """
-1a 00 00 00               # frame length 26
+22 00 00 00               # frame length 34
 02 00                     # kind: response, flags
 1e 00                     # opcode 30 READ
 03 00 00 00 00 00 00 00   # request id 3
 03 00                     # status 3 OBJECT_DOESNT_EXIST
 00 00 00 00 00 00 00 00   # version 0
 00 00 00 00               # value length 0
+00 00 00 00 00 00 00 00   # no expiry
 """,
     "write-request": """
-26 00 00 00               # frame length 38
+2f 00 00 00               # frame length 47
 01 00                     # kind: request, flags
 1f 00                     # opcode 31 WRITE
 04 00 00 00 00 00 00 00   # request id 4
@@ -71,6 +73,8 @@ VECTORS = {
 02 00 00 00 76 31         # value length 2, "v1"
 00 00 00 00 00 00 00 00   # rules: given version 0
 02                        # rules: flags, bit 1 exists
+02                        # expiry: after milliseconds
+60 ea 00 00 00 00 00 00   # 60 000 ms
 """,
     "increment-response": """
 1e 00 00 00               # frame length 30
@@ -82,7 +86,7 @@ VECTORS = {
 fe ff ff ff ff ff ff ff   # value -2
 """,
     "multi-write-request": """
-43 00 00 00               # frame length 67
+55 00 00 00               # frame length 85
 01 00                     # kind: request, flags
 23 00                     # opcode 35 MULTI_WRITE
 06 00 00 00 00 00 00 00   # request id 6
@@ -92,11 +96,15 @@ fe ff ff ff ff ff ff ff   # value -2
 01 00 00 00 78            #   value "x"
 00 00 00 00 00 00 00 00   #   rules: given version 0
 00                        #   rules: no flags
+00                        #   expiry: never
+00 00 00 00 00 00 00 00   #   (no time)
 02 00 00 00 00 00 00 00   # item 2: table id 2
 01 00 62                  #   key "b"
 02 00 00 00 79 7a         #   value "yz"
 03 00 00 00 00 00 00 00   #   rules: given version 3
 08                        #   rules: bit 3 version_ne_given
+01                        #   expiry: keep the current object's
+00 00 00 00 00 00 00 00   #   (no time)
 """,
     "enumerate-request": """
 34 00 00 00               # frame length 52
@@ -118,27 +126,6 @@ ff ff ff ff ff ff ff ff   # range end 2^64 - 1
 08 00 00 00 00 00 00 00   # request id 8
 05 00 75 73 65 72 73      # name "users"
 04 00 00 00               # server span 4
-""",
-    "hint-server-crashed-request": """
-14 00 00 00               # frame length 20
-01 00                     # kind: request, flags
-13 00                     # opcode 19 HINT_SERVER_CRASHED
-13 00 00 00 00 00 00 00   # request id 19
-04 00 00 00 00 00 00 00   # server id 4
-""",
-    "recovery-accept-loss-request": """
-14 00 00 00               # frame length 20
-01 00                     # kind: request, flags
-14 00                     # opcode 20 RECOVERY_ACCEPT_LOSS
-14 00 00 00 00 00 00 00   # request id 20
-02 00 00 00 00 00 00 00   # server id 2
-""",
-    "recovery-accept-loss-response": """
-0e 00 00 00               # frame length 14
-02 00                     # kind: response, flags
-14 00                     # opcode 20 RECOVERY_ACCEPT_LOSS
-14 00 00 00 00 00 00 00   # request id 20
-00 00                     # status OK
 """,
     "split-tablet-request": """
 1b 00 00 00               # frame length 27
@@ -311,23 +298,33 @@ ff ff ff ff ff ff ff 7f   #   range end 0x7fffffffffffffff
 00 00                     # status OK
 ee 02 00 00               # lease 750 ms
 """,
+    "hint-server-crashed-request": """
+14 00 00 00               # frame length 20
+01 00                     # kind: request, flags
+13 00                     # opcode 19 HINT_SERVER_CRASHED
+13 00 00 00 00 00 00 00   # request id 19
+04 00 00 00 00 00 00 00   # server id 4
+""",
+    "recovery-accept-loss-request": """
+14 00 00 00               # frame length 20
+01 00                     # kind: request, flags
+14 00                     # opcode 20 RECOVERY_ACCEPT_LOSS
+14 00 00 00 00 00 00 00   # request id 20
+02 00 00 00 00 00 00 00   # server id 2
+""",
+    "recovery-accept-loss-response": """
+0e 00 00 00               # frame length 14
+02 00                     # kind: response, flags
+14 00                     # opcode 20 RECOVERY_ACCEPT_LOSS
+14 00 00 00 00 00 00 00   # request id 20
+00 00                     # status OK
+""",
     "backup-fence-master-request": """
 14 00 00 00               # frame length 20
 01 00                     # kind: request, flags
 37 00                     # opcode 55 BACKUP_FENCE_MASTER
 12 00 00 00 00 00 00 00   # request id 18
 02 00 00 00 00 00 00 00   # master id 2
-""",
-    "recover-tablets-response": """
-2e 00 00 00               # frame length 46
-02 00                     # kind: response, flags
-2b 00                     # opcode 43 RECOVER_TABLETS
-10 00 00 00 00 00 00 00   # request id 16
-00 00                     # status OK
-02 00 00 00 00 00 00 00   # segments replayed 2
-00 00 02 00 00 00 00 00   # replica bytes read 131072
-e8 03 00 00 00 00 00 00   # objects replayed 1000
-07 00 00 00 00 00 00 00   # creation segment 7
 """,
     "backup-start-partitioning-request": """
 74 00 00 00               # frame length 116
@@ -357,6 +354,17 @@ ff ff ff ff ff ff ff ff   #     range end 0xffffffffffffffff
 15 00 00 00 00 00 00 00   # request id 21
 00 00                     # status OK
 01 00 00 00               # replicas to partition 1
+""",
+    "recover-tablets-response": """
+2e 00 00 00               # frame length 46
+02 00                     # kind: response, flags
+2b 00                     # opcode 43 RECOVER_TABLETS
+10 00 00 00 00 00 00 00   # request id 16
+00 00                     # status OK
+02 00 00 00 00 00 00 00   # segments replayed 2
+00 00 02 00 00 00 00 00   # replica bytes read 131072
+e8 03 00 00 00 00 00 00   # objects replayed 1000
+07 00 00 00 00 00 00 00   # creation segment 7
 """,
 }
 

@@ -27,6 +27,7 @@ volumes are removed in a finally block. Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import socket
@@ -176,10 +177,12 @@ def wait_for_servers(compose: Compose, count: int) -> str:
     """Polls `cli status` until `count` servers are up; returns the last status."""
     last = ""
     while time.monotonic() < compose.deadline:
-        result = compose.run("run", "--rm", "cli", "status", check=False)
+        result = compose.run("run", "--rm", "cli", "status", "--json", check=False)
         last = result.stdout + result.stderr
-        if result.returncode == 0 and result.stdout.count("status=Up") >= count:
-            return result.stdout
+        if result.returncode == 0:
+            servers = json.loads(result.stdout)["servers"]
+            if sum(1 for server in servers if server["status"] == "up") >= count:
+                return result.stdout
         time.sleep(2)
     raise TimeoutError(f"{count} servers not up before the deadline; last status:\n{last}")
 

@@ -175,39 +175,41 @@ class Cluster:
             return {}
         return json.loads(result.stdout)
 
-    def status_report(self) -> str | None:
+    def status_report(self, *options: str) -> str | None:
         """`stratus status` run inside the coordinator's container, or None."""
         result = docker("exec", self.coordinator, "stratus",
                         f"--coordinator=127.0.0.1:{COORDINATOR_PORT}", "--timeout-ms=2000",
-                        "status", check=False, timeout=20)
+                        "status", *options, check=False, timeout=20)
         return result.stdout if result.returncode == 0 else None
 
     def health(self) -> tuple[bool, str]:
         """Healthy: every server address has an up server that answers, every tablet is
-        served (state Normal) by an up server."""
-        report = self.status_report()
+        served (state normal) by an up server."""
+        report = self.status_report("--json")
         if report is None:
             return False, "the coordinator does not answer"
-        up: dict[str, str] = {}
+        status = json.loads(report)
+        up: dict[int, str] = {}
         problems = []
-        for match in re.finditer(r"^\s+id=(\d+) address=(\S+) status=(\w+)(.*)$", report,
-                                 re.MULTILINE):
-            server_id, address, status, rest = match.groups()
-            if status != "Up":
+        for server in status["servers"]:
+            if server["status"] != "up":
                 continue
+            server_id, address = server["server_id"], server["address"]
             up[server_id] = address
-            if "unreachable" in rest:
+            if server["problem"]:
                 problems.append(f"{address} (id {server_id}) is up but unreachable")
-            if "STORAGE FAILED" in rest:
+            if (server["backup"] or {}).get("storage_failure"):
                 problems.append(f"{address} (id {server_id}): backup storage failed")
         addresses = sorted(up.values())
         expected = sorted(f"{server}:{SERVER_PORT}" for server in self.servers)
         if addresses != expected:
             problems.append(f"up servers {addresses}")
-        for match in re.finditer(r"tablet \[\S+ \S+\] owner=(\d+) \((\S+)\) state=(\w+)", report):
-            owner, address, state = match.groups()
-            if state != "Normal" or owner not in up:
-                problems.append(f"a tablet owned by {owner} ({address}) is {state}")
+        tablets = [tablet for table in status["tables"] for tablet in table["tablets"]]
+        for tablet in tablets:
+            owner, state = tablet["server_id"], tablet["state"]
+            if state != "normal" or owner not in up:
+                problems.append(
+                    f"a tablet owned by {owner} ({tablet['server_address']}) is {state}")
                 break
         return not problems, "; ".join(problems) or "healthy"
 

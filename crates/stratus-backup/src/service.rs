@@ -897,7 +897,9 @@ impl BackupService {
     pub fn fence_master(&self, master_id: ServerId) {
         let mut state = self.state();
         if state.fenced_masters.insert(master_id) {
-            tracing::warn!(%master_id, "master declared crashed: refusing its writes");
+            // Every recovery fences, restarts included: routine, not a warning (the coordinator
+            // warns of a crash when it declares one).
+            tracing::info!(%master_id, "master fenced for its recovery: refusing its writes");
         }
         while state.fenced_masters.len() > FENCED_MASTERS_MAX {
             state.fenced_masters.pop_first();

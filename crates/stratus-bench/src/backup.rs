@@ -332,8 +332,14 @@ fn prepare_stream(
         let mut shipped = 0usize;
         loop {
             let key = format!("object-{}", stream.objects);
-            let content =
-                encode_object(TableId(1), Version(stream.objects + 1), 0, key.as_bytes(), &value);
+            let content = encode_object(
+                TableId(1),
+                Version(stream.objects + 1),
+                0,
+                None,
+                key.as_bytes(),
+                &value,
+            );
             let full = segment.len() + content.len() + 8 > segment_bytes;
             if !full {
                 append_entry(&mut segment, &mut certificate, EntryType::Object, &content);

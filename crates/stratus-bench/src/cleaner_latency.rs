@@ -226,7 +226,15 @@ fn measure(
         let hash = key_hash(table, key.as_bytes());
         // Bounded: 10 s of waiting for the cleaner per write at most.
         for _attempt in 0..100_000 {
-            match store.write(table, key.as_bytes(), hash, &value, &RejectRules::NONE, 0) {
+            match store.write(
+                table,
+                key.as_bytes(),
+                hash,
+                &value,
+                &RejectRules::NONE,
+                stratus_store::Expiry::Never,
+                stratus_store::WallTime::from_seconds(0),
+            ) {
                 Ok(_) => return Ok(()),
                 Err(ObjectError::LogFull) => std::thread::sleep(Duration::from_micros(100)),
                 Err(error) => return Err(format!("write: {error:?}")),

@@ -338,7 +338,7 @@ const VERSION_WIDE: Version = Version(1 << 31);
 /// `version` (versions are stored in as few bytes as they need).
 fn object_entry_bytes(value_bytes: u32, version: Version, pattern: &[u8]) -> u64 {
     let value = &pattern[..value_bytes as usize];
-    let prefix = ObjectPrefix::new(TableId(1), version, 0, &key_of(0), value);
+    let prefix = ObjectPrefix::new(TableId(1), version, 0, None, &key_of(0), value);
     let content = prefix.as_bytes().len() + KEY_BYTES as usize + value.len();
     let header = EntryHeader::new(EntryType::Object, content as u32);
     (header.header_bytes() + content) as u64
@@ -641,13 +641,27 @@ fn apply_records(store: &mut WorkerStore) -> Result<(Option<f64>, u64), String> 
                 let key = key_of(id);
                 let value = &pattern[..value_bytes as usize];
                 retry_while_log_full(|| {
-                    store.write(table, &key, key_hash(table, &key), value, &RejectRules::NONE, 0)
+                    store.write(
+                        table,
+                        &key,
+                        key_hash(table, &key),
+                        value,
+                        &RejectRules::NONE,
+                        stratus_store::Expiry::Never,
+                        stratus_store::WallTime::from_seconds(0),
+                    )
                 })?;
             }
             (WorkerRecord::Free { id }, WorkerStore::Stratus { store, .. }) => {
                 let key = key_of(id);
                 let removed = retry_while_log_full(|| {
-                    store.remove(table, &key, key_hash(table, &key), &RejectRules::NONE, 0)
+                    store.remove(
+                        table,
+                        &key,
+                        key_hash(table, &key),
+                        &RejectRules::NONE,
+                        stratus_store::WallTime::from_seconds(0),
+                    )
                 })?;
                 if removed == Version(0) {
                     return Err(format!("object {id} removed but not held"));

@@ -1087,6 +1087,7 @@ async fn load(client: &Client, tables: Tables, plan: &Plan) -> Result<(), String
                         key: Bytes::from(object_key(index)),
                         value: Bytes::from(object_value(index, plan.value_bytes(index))),
                         rules: RejectRules::NONE,
+                        expiry: stratus_types::Expiry::Never,
                     })
                     .collect();
                 for outcome in client.multi_write(&items).await {

@@ -68,7 +68,10 @@ pub(crate) fn spawn_cleaner(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
-            if matches!(store.clean_once(0), CleanOutcome::Idle | CleanOutcome::NothingToClean) {
+            if matches!(
+                store.clean_once(stratus_store::WallTime::from_seconds(0)),
+                CleanOutcome::Idle | CleanOutcome::NothingToClean
+            ) {
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
         }
@@ -174,7 +177,15 @@ fn measure(
         // LogFull means the cleaner is behind: the writer waits for it, as a client retrying
         // RETRY would. Bounded: 10 s of waiting per write at most.
         for _attempt in 0..100_000 {
-            match store.write(table, key.as_bytes(), hash, &value, &RejectRules::NONE, 0) {
+            match store.write(
+                table,
+                key.as_bytes(),
+                hash,
+                &value,
+                &RejectRules::NONE,
+                stratus_store::Expiry::Never,
+                stratus_store::WallTime::from_seconds(0),
+            ) {
                 Ok(_) => return Ok(()),
                 Err(ObjectError::LogFull) => {
                     std::thread::sleep(std::time::Duration::from_micros(100))
@@ -285,6 +296,7 @@ fn measure_cluster(
             key: bytes::Bytes::from(format!("object-{index:012}")),
             value: value.clone(),
             rules: RejectRules::NONE,
+            expiry: stratus_types::Expiry::Never,
         };
         let write_batch = |indexes: Vec<u64>| {
             let client = client.clone();

@@ -14,15 +14,15 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use stratus_rpc::{deadline_after, BlockingChannel};
-use stratus_types::{key_hash, RejectRules, TableId, Version};
+use stratus_types::{key_hash, Expiry, RejectRules, TableId, Version};
 use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, Request, ResponseBody, ServerEntry, Status,
     TableEntry, WriteItem,
 };
 
 use crate::client::{
-    check_key, increment_result, read_result, remove_result, write_result, Attempt, Client,
-    ClientConfig,
+    check_key, increment_result, read_result, remove_result, set_expiry_result, write_result,
+    Attempt, Client, ClientConfig, ObjectRead,
 };
 use crate::error::{Error, Result};
 
@@ -93,6 +93,17 @@ impl BlockingClient {
         key: &[u8],
         rules: RejectRules,
     ) -> Result<(Bytes, Version)> {
+        let object = self.read_object(table_id, key, rules)?;
+        Ok((object.value, object.version))
+    }
+
+    /// See [`Client::read_object`].
+    pub fn read_object(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        rules: RejectRules,
+    ) -> Result<ObjectRead> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Read { table_id, key: key.clone(), rules };
         read_result(self.object_call(table_id, &key, &request)?)
@@ -106,10 +117,35 @@ impl BlockingClient {
         value: &[u8],
         rules: RejectRules,
     ) -> Result<Version> {
+        self.write_expiring(table_id, key, value, rules, Expiry::Never)
+    }
+
+    /// See [`Client::write_expiring`].
+    pub fn write_expiring(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        value: &[u8],
+        rules: RejectRules,
+        expiry: Expiry,
+    ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
         let value = Bytes::copy_from_slice(value);
-        let request = Request::Write { table_id, key: key.clone(), value, rules };
+        let request = Request::Write { table_id, key: key.clone(), value, rules, expiry };
         write_result(self.object_call(table_id, &key, &request)?)
+    }
+
+    /// See [`Client::set_expiry`].
+    pub fn set_expiry(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        expiry: Expiry,
+        rules: RejectRules,
+    ) -> Result<Version> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules };
+        set_expiry_result(self.object_call(table_id, &key, &request)?)
     }
 
     /// See [`Client::remove_with`].

@@ -1,14 +1,14 @@
 //! The async client.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use stratus_env::Environment;
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
-use stratus_types::limits::{KEY_BYTES_MAX, MULTI_OP_ITEMS_MAX};
-use stratus_types::{key_hash, KeyHash, RejectRules, TableId, TabletState, Version};
+use stratus_types::limits::KEY_BYTES_MAX;
+use stratus_types::{key_hash, Expiry, KeyHash, RejectRules, TableId, TabletState, Version};
 use stratus_wire::{
     BackupServiceStatistics, IncrementItem, KeyItem, Request, Response, ResponseBody, ServerEntry,
     ServerStatistics, Status, TableEntry, TabletEntry, WriteItem,
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::enumeration::Enumeration;
 use crate::error::{Error, Result};
+use crate::multi::MultiItems;
 
 /// Settings of a client.
 #[derive(Clone, Debug)]
@@ -96,9 +97,21 @@ pub(crate) fn unavailable_error(tablet: &TabletEntry) -> Error {
 /// The deadline of an operation that starts now, on tokio's clock (not `std`'s, as
 /// `stratus_rpc::deadline_after` is: the deterministic simulation runs the async client on a
 /// paused, virtual clock). A timeout too long to add is as good as none.
-fn operation_deadline(timeout: Duration) -> Instant {
+pub(crate) fn operation_deadline(timeout: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(timeout).unwrap_or(now + Duration::from_secs(1 << 32))
+}
+
+/// The time an operation ending at `deadline` has left; `None` once the deadline has passed
+/// (an attempt that finds no time left sends nothing).
+pub(crate) fn time_left(deadline: Instant) -> Option<Duration> {
+    Some(deadline.saturating_duration_since(Instant::now())).filter(|left| !left.is_zero())
+}
+
+/// What an operation reports when its deadline passed before any attempt of `what` failed
+/// in a way of its own.
+pub(crate) fn out_of_time(what: &str) -> Error {
+    Error::new(Status::Timeout, format!("{what}: the operation's time ran out"))
 }
 
 /// Statuses after which the same request may succeed if sent again after refreshing the tablet
@@ -109,7 +122,8 @@ fn is_stale_map(status: Status) -> bool {
 
 pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() || key.len() > KEY_BYTES_MAX {
-        return Err(Error::new(Status::InvalidKey, format!("key of {} bytes", key.len())));
+        let message = format!("a key is 1 to {KEY_BYTES_MAX} bytes, this one is {}", key.len());
+        return Err(Error::new(Status::InvalidKey, message));
     }
     Ok(())
 }
@@ -122,7 +136,13 @@ fn is_permanent(error: &RpcError) -> bool {
 
 /// True for a single-object request that changes the object.
 fn is_mutation(request: &Request) -> bool {
-    matches!(request, Request::Write { .. } | Request::Remove { .. } | Request::Increment { .. })
+    matches!(
+        request,
+        Request::Write { .. }
+            | Request::Remove { .. }
+            | Request::Increment { .. }
+            | Request::SetExpiry { .. }
+    )
 }
 
 fn unexpected(response: &ResponseBody) -> Error {
@@ -130,11 +150,12 @@ fn unexpected(response: &ResponseBody) -> Error {
 }
 
 /// Turns a status and body into an error, for every status but OK.
-fn failure(status: Status, body: ResponseBody) -> Error {
+pub(crate) fn failure(status: Status, body: ResponseBody) -> Error {
     match body {
         ResponseBody::Error { message } => Error::new(status, message),
         ResponseBody::Operation(Response::Read { version, .. })
         | ResponseBody::Operation(Response::Write { version })
+        | ResponseBody::Operation(Response::SetExpiry { version })
         | ResponseBody::Operation(Response::Remove { version })
         | ResponseBody::Operation(Response::Increment { version, .. }) => {
             Error::with_version(status, version)
@@ -143,12 +164,37 @@ fn failure(status: Status, body: ResponseBody) -> Error {
     }
 }
 
+/// An object as a read found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRead {
+    /// Its value.
+    pub value: Bytes,
+    /// Its version.
+    pub version: Version,
+    /// How long until it expires, by its master's clock when it answered (rounded up to the
+    /// millisecond); `None` if it does not expire.
+    pub expires_in: Option<Duration>,
+}
+
 /// A READ's answer as its caller sees it.
-pub(crate) fn read_result(outcome: (Status, ResponseBody)) -> Result<(Bytes, Version)> {
+pub(crate) fn read_result(outcome: (Status, ResponseBody)) -> Result<ObjectRead> {
     match outcome {
-        (Status::Ok, ResponseBody::Operation(Response::Read { version, value })) => {
-            Ok((value, version))
+        (
+            Status::Ok,
+            ResponseBody::Operation(Response::Read { version, value, expires_in_millis }),
+        ) => {
+            let expires_in =
+                (expires_in_millis > 0).then(|| Duration::from_millis(expires_in_millis));
+            Ok(ObjectRead { value, version, expires_in })
         }
+        (status, body) => Err(failure(status, body)),
+    }
+}
+
+/// A SET_EXPIRY's answer as its caller sees it.
+pub(crate) fn set_expiry_result(outcome: (Status, ResponseBody)) -> Result<Version> {
+    match outcome {
+        (Status::Ok, ResponseBody::Operation(Response::SetExpiry { version })) => Ok(version),
         (status, body) => Err(failure(status, body)),
     }
 }
@@ -187,6 +233,35 @@ pub(crate) enum Attempt {
     /// what to report if the deadline passes first.
     Retry(Error),
 }
+
+/// What the outcome of one attempt allows, as [`Inner::judge_status`] and
+/// [`Inner::judge_transport`] decide it for every object request: single-object (async and
+/// blocking), each item of a multi-operation, each step of an enumeration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Judgement {
+    /// The outcome is the caller's answer: a success, an error retrying cannot cure, or a
+    /// mutation's ambiguous error that the configuration says not to resend.
+    Final,
+    /// Sending the request again (after the map is fetched afresh) may succeed.
+    Retry,
+}
+
+/// Where the next attempt of an object request goes, as [`Inner::route`] decides it.
+pub(crate) enum Route {
+    /// To the master serving the key's tablet.
+    Send(TabletEntry),
+    /// Nowhere yet (the tablet is being recovered, or no map could be fetched): try again
+    /// after a pause; the error is what to report if the deadline passes first.
+    Wait(Error),
+    /// Nowhere: the table does not exist, or the tablet's data is lost.
+    Fail(Error),
+}
+
+/// Tables whose map said a tablet is unavailable, within one operation. A cached map may be
+/// old (the loss accepted since), so the first such answer drops the map and waits; the
+/// second, from a fresh map, is believed.
+#[derive(Debug, Default)]
+pub(crate) struct UnavailableTables(BTreeSet<TableId>);
 
 impl Client {
     /// A client of the cluster described by `config`, on the real network.
@@ -234,7 +309,7 @@ impl Client {
     /// is gone, as asked, and the drop succeeds.
     pub async fn drop_table(&self, name: &str) -> Result<()> {
         let request = Request::DropTable { name: name.to_string() };
-        let deadline = Instant::now() + self.inner.config.operation_timeout;
+        let deadline = operation_deadline(self.inner.config.operation_timeout);
         match self.inner.coordinator_call_noting_ambiguity(&request, deadline).await {
             (Ok(_), _) => {}
             (Err(error), true) if error.status == Status::TableDoesntExist => {}
@@ -314,13 +389,7 @@ impl Client {
 
     /// Statistics of the master at `address`.
     pub async fn server_statistics(&self, address: &str) -> Result<ServerStatistics> {
-        let (status, body) = self
-            .inner
-            .pool
-            .call(address, &Request::GetServerStatistics)
-            .await
-            .map_err(|error| Error::new(error.status(), error.to_string()))?;
-        match (status, body) {
+        match self.inner.server_call(address, &Request::GetServerStatistics).await? {
             (Status::Ok, ResponseBody::Operation(Response::GetServerStatistics { statistics })) => {
                 Ok(statistics)
             }
@@ -330,13 +399,7 @@ impl Client {
 
     /// The durability mode and counters of the backup at `address` (for `stratus status`).
     pub async fn backup_statistics(&self, address: &str) -> Result<BackupServiceStatistics> {
-        let (status, body) = self
-            .inner
-            .pool
-            .call(address, &Request::BackupGetStatistics)
-            .await
-            .map_err(|error| Error::new(error.status(), error.to_string()))?;
-        match (status, body) {
+        match self.inner.server_call(address, &Request::BackupGetStatistics).await? {
             (Status::Ok, ResponseBody::Operation(Response::BackupGetStatistics { statistics })) => {
                 Ok(statistics)
             }
@@ -356,6 +419,17 @@ impl Client {
         key: &[u8],
         rules: RejectRules,
     ) -> Result<(Bytes, Version)> {
+        let object = self.read_object(table_id, key, rules).await?;
+        Ok((object.value, object.version))
+    }
+
+    /// Reads an object subject to reject rules: its value, version and time to live.
+    pub async fn read_object(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        rules: RejectRules,
+    ) -> Result<ObjectRead> {
         let key = Bytes::copy_from_slice(key);
         let request = Request::Read { table_id, key: key.clone(), rules };
         read_result(self.inner.object_call(table_id, &key, &request).await?)
@@ -366,7 +440,8 @@ impl Client {
         self.write_with(table_id, key, Bytes::copy_from_slice(value), RejectRules::NONE).await
     }
 
-    /// Writes an object subject to reject rules; returns its new version.
+    /// Writes an object subject to reject rules; returns its new version. The object does not
+    /// expire (an expiry the key had is cleared, as Redis's SET clears one).
     pub async fn write_with(
         &self,
         table_id: TableId,
@@ -374,9 +449,37 @@ impl Client {
         value: Bytes,
         rules: RejectRules,
     ) -> Result<Version> {
+        self.write_expiring(table_id, key, value, rules, Expiry::Never).await
+    }
+
+    /// Writes an object subject to reject rules that expires as `expiry` says (relative
+    /// expiries count from when its master applies the write, by that master's clock); returns
+    /// its new version.
+    pub async fn write_expiring(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        value: Bytes,
+        rules: RejectRules,
+        expiry: Expiry,
+    ) -> Result<Version> {
         let key = Bytes::copy_from_slice(key);
-        let request = Request::Write { table_id, key: key.clone(), value, rules };
+        let request = Request::Write { table_id, key: key.clone(), value, rules, expiry };
         write_result(self.inner.object_call(table_id, &key, &request).await?)
+    }
+
+    /// Sets when an existing object expires (`Expiry::Never`: never), keeping its value;
+    /// returns its new version. OBJECT_DOESNT_EXIST for a missing or expired object.
+    pub async fn set_expiry(
+        &self,
+        table_id: TableId,
+        key: &[u8],
+        expiry: Expiry,
+        rules: RejectRules,
+    ) -> Result<Version> {
+        let key = Bytes::copy_from_slice(key);
+        let request = Request::SetExpiry { table_id, key: key.clone(), expiry, rules };
+        set_expiry_result(self.inner.object_call(table_id, &key, &request).await?)
     }
 
     /// Removes an object; returns the removed version (0 if there was none).
@@ -422,8 +525,7 @@ impl Client {
 
     /// Reads many objects, from every master involved in parallel; one result per item.
     pub async fn multi_read(&self, items: &[KeyItem]) -> Vec<Result<(Bytes, Version)>> {
-        let outcomes =
-            self.inner.clone().multi(items.iter().cloned().map(MultiItem::Read).collect()).await;
+        let outcomes = self.inner.clone().multi(MultiItems::Read(items.to_vec())).await;
         outcomes
             .into_iter()
             .map(|outcome| outcome.map(|(value, version, _)| (value, version)))
@@ -432,25 +534,19 @@ impl Client {
 
     /// Writes many objects; one result (new version) per item.
     pub async fn multi_write(&self, items: &[WriteItem]) -> Vec<Result<Version>> {
-        let outcomes =
-            self.inner.clone().multi(items.iter().cloned().map(MultiItem::Write).collect()).await;
+        let outcomes = self.inner.clone().multi(MultiItems::Write(items.to_vec())).await;
         outcomes.into_iter().map(|outcome| outcome.map(|(_, version, _)| version)).collect()
     }
 
     /// Removes many objects; one result (removed version) per item.
     pub async fn multi_remove(&self, items: &[KeyItem]) -> Vec<Result<Version>> {
-        let outcomes =
-            self.inner.clone().multi(items.iter().cloned().map(MultiItem::Remove).collect()).await;
+        let outcomes = self.inner.clone().multi(MultiItems::Remove(items.to_vec())).await;
         outcomes.into_iter().map(|outcome| outcome.map(|(_, version, _)| version)).collect()
     }
 
     /// Increments many objects; one result (new value, version) per item.
     pub async fn multi_increment(&self, items: &[IncrementItem]) -> Vec<Result<(i64, Version)>> {
-        let outcomes = self
-            .inner
-            .clone()
-            .multi(items.iter().cloned().map(MultiItem::Increment).collect())
-            .await;
+        let outcomes = self.inner.clone().multi(MultiItems::Increment(items.to_vec())).await;
         outcomes
             .into_iter()
             .map(|outcome| outcome.map(|(_, version, value)| (value, version)))
@@ -464,104 +560,6 @@ impl Client {
     }
 }
 
-/// One item of a multi-operation, tagged with its kind.
-#[derive(Clone, Debug)]
-enum MultiItem {
-    Read(KeyItem),
-    Write(WriteItem),
-    Remove(KeyItem),
-    Increment(IncrementItem),
-}
-
-/// Value, version and integer of a finished item (unused parts are empty or zero).
-type ItemOutcome = Result<(Bytes, Version, i64)>;
-
-impl MultiItem {
-    fn table_and_key(&self) -> (TableId, &Bytes) {
-        match self {
-            MultiItem::Read(item) | MultiItem::Remove(item) => (item.table_id, &item.key),
-            MultiItem::Write(item) => (item.table_id, &item.key),
-            MultiItem::Increment(item) => (item.table_id, &item.key),
-        }
-    }
-
-    /// The request carrying `items`, all of this item's kind.
-    fn request(items: Vec<MultiItem>) -> Request {
-        match items.first() {
-            Some(MultiItem::Write(_)) => Request::MultiWrite {
-                items: items
-                    .into_iter()
-                    .filter_map(
-                        |item| if let MultiItem::Write(item) = item { Some(item) } else { None },
-                    )
-                    .collect(),
-            },
-            Some(MultiItem::Remove(_)) => Request::MultiRemove {
-                items: items
-                    .into_iter()
-                    .filter_map(
-                        |item| if let MultiItem::Remove(item) = item { Some(item) } else { None },
-                    )
-                    .collect(),
-            },
-            Some(MultiItem::Increment(_)) => Request::MultiIncrement {
-                items: items
-                    .into_iter()
-                    .filter_map(|item| {
-                        if let MultiItem::Increment(item) = item {
-                            Some(item)
-                        } else {
-                            None
-                        }
-                    })
-                    .collect(),
-            },
-            _ => Request::MultiRead {
-                items: items
-                    .into_iter()
-                    .filter_map(
-                        |item| if let MultiItem::Read(item) = item { Some(item) } else { None },
-                    )
-                    .collect(),
-            },
-        }
-    }
-}
-
-/// Per-item (status, outcome) from a multi-operation response.
-fn item_results(response: Response) -> Option<Vec<(Status, ItemOutcome)>> {
-    let convert = |status: Status, version: Version, ok: (Bytes, Version, i64)| {
-        if status == Status::Ok {
-            (status, Ok(ok))
-        } else {
-            (status, Err(Error::with_version(status, version)))
-        }
-    };
-    match response {
-        Response::MultiRead { results } => Some(
-            results
-                .into_iter()
-                .map(|item| convert(item.status, item.version, (item.value, item.version, 0)))
-                .collect(),
-        ),
-        Response::MultiWrite { results } | Response::MultiRemove { results } => Some(
-            results
-                .into_iter()
-                .map(|item| convert(item.status, item.version, (Bytes::new(), item.version, 0)))
-                .collect(),
-        ),
-        Response::MultiIncrement { results } => Some(
-            results
-                .into_iter()
-                .map(|item| {
-                    convert(item.status, item.version, (Bytes::new(), item.version, item.value))
-                })
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
 impl Inner {
     pub(crate) fn config(&self) -> &ClientConfig {
         &self.config
@@ -569,6 +567,16 @@ impl Inner {
 
     pub(crate) fn entropy(&self) -> &dyn stratus_env::Entropy {
         &*self.environment.entropy
+    }
+
+    pub(crate) fn pool(&self) -> &ChannelPool {
+        &self.pool
+    }
+
+    /// Sleeps the backoff's next delay, ending at `deadline` at the latest.
+    pub(crate) async fn pause(&self, backoff: &mut Backoff, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(backoff.next_delay(self.entropy()).min(left)).await;
     }
 
     /// Sends a request to the coordinator, retrying connection failures and RETRY until the
@@ -600,8 +608,13 @@ impl Inner {
         let mut backoff = Backoff::for_client();
         let address = &self.config.coordinator_address;
         let mut ambiguous = false;
+        let mut last = None;
         loop {
-            let last = match self.pool.call_coordinator(address, request).await {
+            let Some(left) = time_left(deadline) else {
+                let error = last.unwrap_or_else(|| out_of_time(&format!("coordinator {address}")));
+                return (Err(error), ambiguous);
+            };
+            let failed = match self.pool.call_coordinator_within(address, request, left).await {
                 Ok((Status::Ok, ResponseBody::Operation(response))) => {
                     return (Ok(response), ambiguous)
                 }
@@ -622,10 +635,37 @@ impl Inner {
                     failed
                 }
             };
-            if Instant::now() >= deadline {
-                return (Err(last), ambiguous);
+            last = Some(failed);
+            self.pause(&mut backoff, deadline).await;
+        }
+    }
+
+    /// Sends `request` (not an object request: statistics) to the server at `address`, within
+    /// the operation's deadline. A failure on the connection the pool kept (a server that
+    /// restarted at the same address broke it) goes again once on a fresh connection; a
+    /// server that cannot be reached or does not answer is reported at once, as callers
+    /// gathering many servers' figures want it.
+    pub(crate) async fn server_call(
+        &self,
+        address: &str,
+        request: &Request,
+    ) -> Result<(Status, ResponseBody)> {
+        let deadline = operation_deadline(self.config.operation_timeout);
+        let mut fresh_connection_tried = false;
+        loop {
+            let Some(left) = time_left(deadline) else {
+                return Err(out_of_time(&format!("server {address}")));
+            };
+            let error = match self.pool.call_within(address, request, left).await {
+                Ok(answer) => return Ok(answer),
+                Err(error) => error,
+            };
+            self.pool.forget(address);
+            let cached_connection_broke = matches!(error, RpcError::ConnectionLost(_));
+            if !cached_connection_broke || fresh_connection_tried {
+                return Err(Error::new(error.status(), format!("server {address}: {error}")));
             }
-            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
+            fresh_connection_tried = true;
         }
     }
 
@@ -698,10 +738,9 @@ impl Inner {
     }
 
     /// Judges the result of sending a single-object `request` once to the master at
-    /// `address`: the caller's answer, or an error after which the request may go again. Forgets
-    /// the cached map (and the pool's connection) where the result shows them stale. The one
-    /// place that decides what may be retried, for the async path and the blocking one alike:
-    /// a mutation whose outcome is unknown goes again only if `retry_ambiguous_mutations`.
+    /// `address`: the caller's answer, or an error after which the request may go again, as
+    /// [`Inner::judge_status`] and [`Inner::judge_transport`] decide (for the async path and
+    /// the blocking one alike).
     pub(crate) fn judge_attempt(
         &self,
         table_id: TableId,
@@ -709,33 +748,97 @@ impl Inner {
         request: &Request,
         result: std::result::Result<(Status, ResponseBody), RpcError>,
     ) -> Attempt {
+        let mutation = is_mutation(request);
         match result {
-            Ok((status, body)) if is_stale_map(status) => {
-                self.forget_table(table_id);
-                Attempt::Retry(failure(status, body))
-            }
-            Ok((Status::Retry, body)) => {
-                let error = failure(Status::Retry, body);
-                if !self.config.retry_ambiguous_mutations && is_mutation(request) {
-                    return Attempt::Finished(Err(error));
-                }
-                Attempt::Retry(error)
-            }
-            Ok(outcome) => Attempt::Finished(Ok(outcome)),
+            Ok((status, body)) => match self.judge_status(table_id, status, mutation) {
+                Judgement::Final => Attempt::Finished(Ok((status, body))),
+                Judgement::Retry => Attempt::Retry(failure(status, body)),
+            },
             Err(error) => {
-                self.pool.forget(address);
-                self.forget_table(table_id);
-                let may_have_run = !matches!(error, RpcError::Connect(_));
-                let permanent = is_permanent(&error);
+                let judgement = self.judge_transport(table_id, address, &error, mutation);
                 let error = Error::new(error.status(), format!("master {address}: {error}"));
-                if permanent
-                    || (may_have_run
-                        && !self.config.retry_ambiguous_mutations
-                        && is_mutation(request))
-                {
-                    return Attempt::Finished(Err(error));
+                match judgement {
+                    Judgement::Final => Attempt::Finished(Err(error)),
+                    Judgement::Retry => Attempt::Retry(error),
                 }
-                Attempt::Retry(error)
+            }
+        }
+    }
+
+    /// The retry policy for a status a master answered to an object request (a whole request,
+    /// or one item of a multi-operation) on `table_id`; `mutation` if it changes objects.
+    /// A stale map is dropped (the next attempt fetches it afresh). RETRY (no lease, a tablet
+    /// at the end of its transfer, replication not confirmed in time) goes again, but for a
+    /// mutation only if `retry_ambiguous_mutations`: it may have taken effect.
+    pub(crate) fn judge_status(
+        &self,
+        table_id: TableId,
+        status: Status,
+        mutation: bool,
+    ) -> Judgement {
+        if is_stale_map(status) {
+            self.forget_table(table_id);
+            return Judgement::Retry;
+        }
+        if status == Status::Retry && (!mutation || self.config.retry_ambiguous_mutations) {
+            return Judgement::Retry;
+        }
+        Judgement::Final
+    }
+
+    /// The retry policy for a request on `table_id` to the master at `address` that got no
+    /// answer. The connection and the table's map are dropped: the master may be gone, and
+    /// the next attempt asks the coordinator who serves the tablet now. A broken protocol is
+    /// final; so is a mutation that may have run (anything but a connection not made), unless
+    /// `retry_ambiguous_mutations`.
+    pub(crate) fn judge_transport(
+        &self,
+        table_id: TableId,
+        address: &str,
+        error: &RpcError,
+        mutation: bool,
+    ) -> Judgement {
+        self.pool.forget(address);
+        self.forget_table(table_id);
+        let may_have_run = !matches!(error, RpcError::Connect(_));
+        if is_permanent(error)
+            || (may_have_run && mutation && !self.config.retry_ambiguous_mutations)
+        {
+            return Judgement::Final;
+        }
+        Judgement::Retry
+    }
+
+    /// Where the next attempt of a request for `hash` of `table_id` goes, from the cached map
+    /// or a fresh one. A map that shows a tablet recovering or unavailable is dropped, so the
+    /// next attempt asks again.
+    pub(crate) async fn route(
+        &self,
+        table_id: TableId,
+        hash: KeyHash,
+        deadline: Instant,
+        unavailable: &mut UnavailableTables,
+    ) -> Route {
+        let tablet = match self.locate(table_id, hash, deadline).await {
+            Ok(tablet) => tablet,
+            Err(error) if error.status == Status::TableDoesntExist => return Route::Fail(error),
+            Err(error) => return Route::Wait(error),
+        };
+        match tablet.state {
+            TabletState::Normal => Route::Send(tablet),
+            TabletState::Recovering => {
+                self.forget_table(table_id);
+                Route::Wait(recovering_error(&tablet))
+            }
+            // Waiting cannot help: only an operator (or a backup that returns) can. But a
+            // cached map may be old: believed once a fresh one says so too.
+            TabletState::Unavailable => {
+                self.forget_table(table_id);
+                if unavailable.0.insert(table_id) {
+                    Route::Wait(unavailable_error(&tablet))
+                } else {
+                    Route::Fail(unavailable_error(&tablet))
+                }
             }
         }
     }
@@ -767,192 +870,48 @@ impl Inner {
     ) -> Result<(Status, ResponseBody)> {
         let hash = key_hash(table_id, key);
         let mut backoff = Backoff::for_client();
-        // Backoffs end at the deadline at the latest; an attempt that finds no time left
-        // fails without sending anything.
-        let pause = |backoff: &mut Backoff| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            tokio::time::sleep(backoff.next_delay(self.entropy()).min(left))
-        };
-        if let Some(last) = failed {
-            if Instant::now() >= deadline {
-                return Err(last);
-            }
-            pause(&mut backoff).await;
+        let mut unavailable = UnavailableTables::default();
+        if failed.is_some() {
+            self.pause(&mut backoff, deadline).await;
         }
-        // Whether the map was fetched afresh after it said the tablet is unavailable.
-        let mut unavailable_confirmed = false;
+        let mut last = failed;
         loop {
-            let last = match self.locate(table_id, hash, deadline).await {
-                Err(error) if error.status == Status::TableDoesntExist => return Err(error),
-                Err(error) => error,
-                Ok(tablet) if tablet.state == TabletState::Unavailable => {
-                    // Waiting cannot help: only an operator (or a backup that returns) can.
-                    // But a cached map may be old (the loss accepted since): ask once more.
-                    self.forget_table(table_id);
-                    if unavailable_confirmed {
-                        return Err(unavailable_error(&tablet));
-                    }
-                    unavailable_confirmed = true;
-                    continue;
+            // Out of time: the last attempt's failure says why (without one, an attempt still
+            // goes to report what stands in the way, sending nothing).
+            if time_left(deadline).is_none() {
+                if let Some(error) = last {
+                    return Err(error);
                 }
-                Ok(tablet) if tablet.state == TabletState::Recovering => {
-                    self.forget_table(table_id);
-                    recovering_error(&tablet)
-                }
-                Ok(tablet) => {
+            }
+            let error = match self.route(table_id, hash, deadline, &mut unavailable).await {
+                Route::Fail(error) => return Err(error),
+                Route::Wait(error) => error,
+                Route::Send(tablet) => {
                     let address = &tablet.owner_address;
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        let message = format!("master {address}: the operation's time ran out");
-                        return Err(Error::new(Status::Timeout, message));
-                    }
-                    let sent = self.pool.call_within(address, request, left).await;
-                    match self.judge_attempt(table_id, address, request, sent) {
+                    let Some(left) = time_left(deadline) else {
+                        return Err(out_of_time(&format!("master {address}")));
+                    };
+                    match self.send_once(table_id, address, request, left).await {
                         Attempt::Finished(outcome) => return outcome,
                         Attempt::Retry(error) => error,
                     }
                 }
             };
-            if Instant::now() >= deadline {
-                return Err(last);
-            }
-            pause(&mut backoff).await;
+            last = Some(error);
+            self.pause(&mut backoff, deadline).await;
         }
     }
 
-    /// Runs a multi-operation: groups pending items by master, sends one request per master
-    /// (all in parallel), keeps items whose status says "retry elsewhere" pending, and repeats
-    /// with backoff until every item has an outcome or the deadline passes.
-    async fn multi(self: Arc<Self>, items: Vec<MultiItem>) -> Vec<ItemOutcome> {
-        let mut outcomes: Vec<Option<ItemOutcome>> = vec![None; items.len()];
-        let mut pending: Vec<usize> = Vec::with_capacity(items.len());
-        for (index, item) in items.iter().enumerate() {
-            match check_key(item.table_and_key().1) {
-                Ok(()) => pending.push(index),
-                Err(error) => outcomes[index] = Some(Err(error)),
-            }
-        }
-        let deadline = operation_deadline(self.config.operation_timeout);
-        let mut backoff = Backoff::for_client();
-        let mut last_error = Error::new(Status::Timeout, "multi-operation did not finish in time");
-        // Tables whose map was fetched afresh after it said a tablet is unavailable.
-        let mut unavailable_confirmed: BTreeSet<TableId> = BTreeSet::new();
-        while !pending.is_empty() {
-            let mut unavailable_seen: BTreeSet<TableId> = BTreeSet::new();
-            let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-            for &index in &pending {
-                let (table_id, key) = items[index].table_and_key();
-                match self.locate(table_id, key_hash(table_id, key), deadline).await {
-                    Ok(tablet) if tablet.state == TabletState::Normal => {
-                        groups.entry(tablet.owner_address).or_default().push(index)
-                    }
-                    // A cached map may be old (the loss accepted since): the item fails only
-                    // once a fresh map says so too.
-                    Ok(tablet) if tablet.state == TabletState::Unavailable => {
-                        if unavailable_confirmed.contains(&tablet.table_id) {
-                            outcomes[index] = Some(Err(unavailable_error(&tablet)));
-                        } else {
-                            self.forget_table(tablet.table_id);
-                            unavailable_seen.insert(tablet.table_id);
-                            last_error = unavailable_error(&tablet);
-                        }
-                    }
-                    Ok(tablet) => last_error = recovering_error(&tablet),
-                    Err(error) if error.status == Status::TableDoesntExist => {
-                        outcomes[index] = Some(Err(error))
-                    }
-                    Err(error) => last_error = error,
-                }
-            }
-            let mut calls = tokio::task::JoinSet::new();
-            for (address, indices) in groups {
-                for chunk in indices.chunks(MULTI_OP_ITEMS_MAX) {
-                    let request = MultiItem::request(
-                        chunk.iter().map(|&index| items[index].clone()).collect(),
-                    );
-                    let inner = self.clone();
-                    let address = address.clone();
-                    let chunk = chunk.to_vec();
-                    calls.spawn(async move {
-                        let result = inner.pool.call(&address, &request).await;
-                        (address, chunk, result)
-                    });
-                }
-            }
-            while let Some(joined) = calls.join_next().await {
-                let Ok((address, chunk, result)) = joined else { continue };
-                match result {
-                    Ok((Status::Ok, ResponseBody::Operation(response))) => {
-                        match item_results(response) {
-                            Some(results) if results.len() == chunk.len() => {
-                                for (&index, (status, outcome)) in chunk.iter().zip(results) {
-                                    if is_stale_map(status) {
-                                        let (table_id, _) = items[index].table_and_key();
-                                        self.forget_table(table_id);
-                                    } else if status != Status::Retry {
-                                        outcomes[index] = Some(outcome);
-                                    }
-                                }
-                            }
-                            _ => {
-                                last_error = Error::new(
-                                    Status::InternalError,
-                                    "malformed multi-operation response",
-                                )
-                            }
-                        }
-                    }
-                    Ok((status, body)) if status == Status::Retry || is_stale_map(status) => {
-                        if is_stale_map(status) {
-                            for &index in &chunk {
-                                self.forget_table(items[index].table_and_key().0);
-                            }
-                        }
-                        last_error = failure(status, body);
-                    }
-                    // The master refused the whole request (it cannot have run): every item of
-                    // it fails with that status, at once.
-                    Ok((status, body)) => {
-                        let refused = failure(status, body);
-                        for &index in &chunk {
-                            outcomes[index] = Some(Err(refused.clone()));
-                        }
-                    }
-                    Err(error) => {
-                        self.pool.forget(&address);
-                        let failed =
-                            Error::new(error.status(), format!("master {address}: {error}"));
-                        if is_permanent(&error) {
-                            for &index in &chunk {
-                                outcomes[index] = Some(Err(failed.clone()));
-                            }
-                        }
-                        last_error = failed;
-                    }
-                }
-            }
-            pending.retain(|&index| outcomes[index].is_none());
-            // Their maps were forgotten: the next round fetches them afresh.
-            unavailable_confirmed.append(&mut unavailable_seen);
-            if pending.is_empty() || Instant::now() >= deadline {
-                break;
-            }
-            tokio::time::sleep(backoff.next_delay(self.entropy())).await;
-        }
-        outcomes
-            .into_iter()
-            .map(|outcome| outcome.unwrap_or_else(|| Err(last_error.clone())))
-            .collect()
-    }
-
-    pub(crate) async fn enumerate_call(
+    /// Sends an object `request` once to the master at `address`, within `left` (the time
+    /// its operation has left), and judges the outcome.
+    pub(crate) async fn send_once(
         &self,
+        table_id: TableId,
         address: &str,
         request: &Request,
-    ) -> std::result::Result<(Status, ResponseBody), Error> {
-        self.pool.call(address, request).await.map_err(|error| {
-            self.pool.forget(address);
-            Error::new(error.status(), format!("master {address}: {error}"))
-        })
+        left: Duration,
+    ) -> Attempt {
+        let sent = self.pool.call_within(address, request, left).await;
+        self.judge_attempt(table_id, address, request, sent)
     }
 }

@@ -13,12 +13,13 @@ use std::collections::VecDeque;
 
 use stratus_rpc::Backoff;
 use stratus_types::limits::ENUMERATE_RESPONSE_BYTES_MAX;
-use stratus_types::{HashRange, KeyHash, TableId, TabletState};
+use stratus_types::{HashRange, KeyHash, TableId};
 use stratus_wire::{EnumeratedObject, EnumerationCursor, Request, Response, ResponseBody, Status};
-use tokio::time::Instant;
 
-use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::client::{
+    failure, operation_deadline, out_of_time, time_left, Attempt, Client, Route, UnavailableTables,
+};
+use crate::error::Result;
 
 /// An enumeration in progress; see [`Client::enumerate`].
 #[derive(Debug)]
@@ -63,35 +64,26 @@ impl Enumeration {
         Ok(all)
     }
 
+    /// One request's worth of the work item (`range`, `cursor`): the objects of its part in
+    /// the tablet holding its first hash, the rest put back in the queue. Retried as a
+    /// single-object read would be (the same route and the same judgement of each attempt),
+    /// within one operation timeout.
     async fn step(
         &mut self,
         range: HashRange,
         cursor: EnumerationCursor,
     ) -> Result<Vec<EnumeratedObject>> {
-        let inner = &self.client.inner;
-        let deadline = Instant::now() + inner.config().operation_timeout;
+        let inner = self.client.inner.clone();
+        let deadline = operation_deadline(inner.config().operation_timeout);
         let mut backoff = Backoff::for_client();
-        // Whether the map was fetched afresh after it said the tablet is unavailable.
-        let mut unavailable_confirmed = false;
+        let mut unavailable = UnavailableTables::default();
         loop {
-            let last = match inner.locate(self.table_id, KeyHash(range.start), deadline).await {
-                Err(error) if error.status == Status::TableDoesntExist => return Err(error),
-                Err(error) => error,
-                // Its owner may be gone (the address may even be empty): wait for recovery.
-                Ok(tablet) if tablet.state == TabletState::Unavailable => {
-                    // A cached map may be old (the loss accepted since): ask once more.
-                    inner.forget_table(self.table_id);
-                    if unavailable_confirmed {
-                        return Err(crate::client::unavailable_error(&tablet));
-                    }
-                    unavailable_confirmed = true;
-                    continue;
-                }
-                Ok(tablet) if tablet.state == TabletState::Recovering => {
-                    inner.forget_table(self.table_id);
-                    crate::client::recovering_error(&tablet)
-                }
-                Ok(tablet) => {
+            let route =
+                inner.route(self.table_id, KeyHash(range.start), deadline, &mut unavailable);
+            let error = match route.await {
+                Route::Fail(error) => return Err(error),
+                Route::Wait(error) => error,
+                Route::Send(tablet) => {
                     let part = range.intersection(&tablet.range).unwrap_or(range);
                     let request = Request::Enumerate {
                         table_id: self.table_id,
@@ -99,41 +91,47 @@ impl Enumeration {
                         cursor: cursor.clone(),
                         bytes_max: self.batch_bytes,
                     };
-                    match inner.enumerate_call(&tablet.owner_address, &request).await {
-                        Ok((
+                    let address = &tablet.owner_address;
+                    let Some(left) = time_left(deadline) else {
+                        return Err(out_of_time(&format!("master {address}")));
+                    };
+                    match inner.send_once(self.table_id, address, &request, left).await {
+                        Attempt::Finished(Ok((
                             Status::Ok,
                             ResponseBody::Operation(Response::Enumerate { objects, next }),
-                        )) => {
-                            if part.end < range.end {
-                                let rest = HashRange { start: part.end + 1, end: range.end };
-                                self.work.push_front((rest, cursor));
-                            }
-                            if let Some(next) = next {
-                                self.work.push_front((part, next));
-                            }
+                        ))) => {
+                            self.put_back(range, part, cursor, next);
                             return Ok(objects);
                         }
-                        Ok((status, ResponseBody::Error { message }))
-                            if matches!(
-                                status,
-                                Status::UnknownTablet | Status::WrongServer | Status::Retry
-                            ) =>
-                        {
-                            inner.forget_table(self.table_id);
-                            Error::new(status, message)
-                        }
-                        Ok((status, body)) => return Err(Error::new(status, format!("{body:?}"))),
-                        Err(error) => {
-                            inner.forget_table(self.table_id);
-                            error
-                        }
+                        Attempt::Finished(Ok((status, body))) => return Err(failure(status, body)),
+                        Attempt::Finished(Err(error)) => return Err(error),
+                        Attempt::Retry(error) => error,
                     }
                 }
             };
-            if Instant::now() >= deadline {
-                return Err(last);
+            if time_left(deadline).is_none() {
+                return Err(error);
             }
-            tokio::time::sleep(backoff.next_delay(inner.entropy())).await;
+            inner.pause(&mut backoff, deadline).await;
+        }
+    }
+
+    /// After a step returned the objects of `part` (of the work item `range`) up to `next`:
+    /// the rest of `part` from `next` goes first, then the rest of `range` past `part` with
+    /// the step's own cursor.
+    fn put_back(
+        &mut self,
+        range: HashRange,
+        part: HashRange,
+        cursor: EnumerationCursor,
+        next: Option<EnumerationCursor>,
+    ) {
+        if part.end < range.end {
+            let rest = HashRange { start: part.end + 1, end: range.end };
+            self.work.push_front((rest, cursor));
+        }
+        if let Some(next) = next {
+            self.work.push_front((part, next));
         }
     }
 }

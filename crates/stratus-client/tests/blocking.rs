@@ -122,7 +122,7 @@ fn reads_go_straight_to_the_master_and_follow_a_moved_tablet() {
     // The new master answers every read with the object.
     let new_master = master(|_| {
         let value = Bytes::from_static(b"value");
-        Some((Status::Ok, Response::Read { version: Version(3), value }))
+        Some((Status::Ok, Response::Read { version: Version(3), value, expires_in_millis: 0 }))
     });
     let (new_address, new_connections) = serve(&runtime, new_master.clone());
     // The old master lost the tablet: it says so, and the coordinator's map moves on.

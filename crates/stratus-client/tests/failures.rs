@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stratus_client::{Client, ClientConfig, Status, TableId};
-use stratus_wire::{Hello, HELLO_BYTES};
+use stratus_wire::{Hello, HELLO_BYTES, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A peer that completes the handshake, then answers the first request with bytes that are
@@ -23,7 +23,7 @@ async fn garbage_speaker() -> (String, Arc<AtomicUsize>) {
                 if stream.read_exact(&mut hello).await.is_err() {
                     return;
                 }
-                let answer = Hello { version: 1, status: Status::Ok }.encode();
+                let answer = Hello { version: PROTOCOL_VERSION, status: Status::Ok }.encode();
                 let _ = stream.write_all(&answer).await;
                 let mut request = [0u8; 64];
                 let _ = stream.read(&mut request).await;

@@ -16,6 +16,7 @@ pub(crate) struct CoordinatorCounters {
     pub(crate) lease_renewals_granted: AtomicU64,
     pub(crate) lease_renewals_refused: AtomicU64,
     pub(crate) servers_declared_crashed: AtomicU64,
+    pub(crate) servers_stopped_in_order: AtomicU64,
     pub(crate) recoveries_started: AtomicU64,
     pub(crate) recoveries_completed: AtomicU64,
     pub(crate) recovery_attempts_incomplete: AtomicU64,
@@ -39,6 +40,8 @@ pub struct CoordinatorMetrics {
     pub servers_crashed: u64,
     /// Servers removed for good (recovered).
     pub servers_removed: u64,
+    /// Servers that stopped in order whose recovery has not finished.
+    pub servers_stopped: u64,
     /// Tables.
     pub tables: u64,
     /// Tablets served by a master that is up.
@@ -58,6 +61,8 @@ pub struct CoordinatorMetrics {
     pub lease_renewals_refused: u64,
     /// Servers declared crashed (missed pings, gone at restart, or replaced at their address).
     pub servers_declared_crashed: u64,
+    /// Servers that said they were stopping (SERVER_STOPPING) while up.
+    pub servers_stopped_in_order: u64,
     /// Recoveries of crashed masters started.
     pub recoveries_started: u64,
     /// Recoveries finished: every tablet has a new owner.
@@ -91,6 +96,7 @@ impl Coordinator {
                     ServerStatus::Up => metrics.servers_up += 1,
                     ServerStatus::Crashed => metrics.servers_crashed += 1,
                     ServerStatus::Removed => metrics.servers_removed += 1,
+                    ServerStatus::Stopped => metrics.servers_stopped += 1,
                 }
             }
             metrics.tables = state.tables.len() as u64;
@@ -116,6 +122,7 @@ impl Coordinator {
         metrics.lease_renewals_granted = load(&counters.lease_renewals_granted);
         metrics.lease_renewals_refused = load(&counters.lease_renewals_refused);
         metrics.servers_declared_crashed = load(&counters.servers_declared_crashed);
+        metrics.servers_stopped_in_order = load(&counters.servers_stopped_in_order);
         metrics.recoveries_started = load(&counters.recoveries_started);
         metrics.recoveries_completed = load(&counters.recoveries_completed);
         metrics.recovery_attempts_incomplete = load(&counters.recovery_attempts_incomplete);

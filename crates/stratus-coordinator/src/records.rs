@@ -111,8 +111,9 @@ pub struct LogHead {
 /// Everything the coordinator keeps, as loaded from the MetaStore.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoordinatorState {
-    /// The next server id to hand out (ids start at 1).
-    pub next_server_id: u64,
+    /// The next server index to hand out (indexes start at 1; a server new to the cluster
+    /// gets the id of this index at generation 0).
+    pub next_server_index: u64,
     /// The next table id to hand out (ids start at 1).
     pub next_table_id: u64,
     /// The last tablet assignment epoch handed out (0: none yet).
@@ -130,6 +131,30 @@ impl CoordinatorState {
     /// The servers in `status`.
     pub fn servers_in(&self, status: ServerStatus) -> impl Iterator<Item = &ServerEntry> {
         self.servers.values().filter(move |server| server.status == status)
+    }
+
+    /// The servers that crashed or stopped and are not recovered yet.
+    pub fn servers_awaiting_recovery(&self) -> impl Iterator<Item = &ServerEntry> {
+        self.servers.values().filter(|server| server.status.awaits_recovery())
+    }
+
+    /// The id the next server to enlist gets: a restart at `previous`'s index (the next
+    /// generation of it) when the coordinator issued `previous`, otherwise a new index at
+    /// generation 0. The second value says whether `previous` was honoured.
+    pub fn id_for_enlistment(&self, previous: ServerId) -> (ServerId, bool) {
+        let generations_of_index = self
+            .servers
+            .keys()
+            .filter(|id| previous.is_valid() && id.index() == previous.index())
+            .map(|id| id.generation());
+        match generations_of_index.max() {
+            Some(newest) => (ServerId::new(previous.index(), newest.saturating_add(1)), true),
+            None => {
+                let index = u32::try_from(self.next_server_index)
+                    .expect("indexes stay below SERVERS_MAX, far under 2^32");
+                (ServerId::new(index, 0), false)
+            }
+        }
     }
 
     /// A new tablet assignment epoch, above every one handed out before, and the operation
@@ -277,6 +302,7 @@ fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
         0 => ServerStatus::Up,
         1 => ServerStatus::Crashed,
         2 => ServerStatus::Removed,
+        3 => ServerStatus::Stopped,
         _ => return Err(corrupt(key, "unknown server status")),
     };
     let address_length = usize::from(reader.u16()?);
@@ -319,9 +345,9 @@ impl CoordinatorState {
     /// Loads the state from `store` (an empty store gives the initial state).
     pub fn load(store: &dyn MetaStore) -> Result<CoordinatorState, MetaError> {
         let mut state =
-            CoordinatorState { next_server_id: 1, next_table_id: 1, ..Default::default() };
+            CoordinatorState { next_server_index: 1, next_table_id: 1, ..Default::default() };
         if let Some(bytes) = store.get(NEXT_SERVER_ID_KEY)? {
-            state.next_server_id = decode_counter(NEXT_SERVER_ID_KEY, &bytes)?;
+            state.next_server_index = decode_counter(NEXT_SERVER_ID_KEY, &bytes)?;
         }
         if let Some(bytes) = store.get(NEXT_TABLE_ID_KEY)? {
             state.next_table_id = decode_counter(NEXT_TABLE_ID_KEY, &bytes)?;
@@ -331,8 +357,8 @@ impl CoordinatorState {
         }
         for (key, bytes) in store.scan_prefix(SERVER_PREFIX)? {
             let server = decode_server(&key, &bytes)?;
-            if server.server_id.0 >= state.next_server_id {
-                return Err(corrupt(&key, "server id at or above the next-id counter"));
+            if u64::from(server.server_id.index()) >= state.next_server_index {
+                return Err(corrupt(&key, "server index at or above the next-index counter"));
             }
             state.servers.insert(server.server_id, server);
         }
@@ -392,7 +418,7 @@ mod tests {
             state.log_heads.get(&ServerId(3)),
             Some(&LogHead { segment_id: SegmentId(12), epoch: 2 })
         );
-        assert_eq!(state.next_server_id, 4);
+        assert_eq!(state.next_server_index, 4);
         assert_eq!(state.next_table_id, 10);
         assert_eq!(state.servers.get(&ServerId(3)), Some(&server));
         assert_eq!(state.tables.get("users"), Some(&table));

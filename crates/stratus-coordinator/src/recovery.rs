@@ -141,6 +141,55 @@ impl RecoveryPools {
     }
 }
 
+/// How long a recovery may wait (for backups to return, for a master to recover onto) before
+/// the wait is logged as a warning. Shorter waits are what a restart or a slow backup look
+/// like, and are logged once at info: a cluster restarted in order reads calmly.
+const RECOVERY_WAIT_WARNING_AFTER: Duration = Duration::from_secs(15);
+
+/// How often a recovery that keeps waiting repeats its warning.
+const RECOVERY_WAIT_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Reports why a recovery waits, as a person wants to read it: each new reason once at info,
+/// the same reason again only at debug, and a warning once the wait has lasted
+/// [`RECOVERY_WAIT_WARNING_AFTER`] (repeated every [`RECOVERY_WAIT_WARNING_INTERVAL`]).
+struct RecoveryWait {
+    crashed: ServerId,
+    since: tokio::time::Instant,
+    last_reason: Option<String>,
+    warned_at: Option<tokio::time::Instant>,
+}
+
+impl RecoveryWait {
+    fn new(crashed: ServerId) -> RecoveryWait {
+        RecoveryWait {
+            crashed,
+            since: tokio::time::Instant::now(),
+            last_reason: None,
+            warned_at: None,
+        }
+    }
+
+    fn report(&mut self, attempt: u32, reason: &str) {
+        let crashed = self.crashed;
+        let now = tokio::time::Instant::now();
+        let waited = now.duration_since(self.since);
+        let warning_due = waited >= RECOVERY_WAIT_WARNING_AFTER
+            && self
+                .warned_at
+                .is_none_or(|at| now.duration_since(at) >= RECOVERY_WAIT_WARNING_INTERVAL);
+        if warning_due {
+            let waited_seconds = waited.as_secs();
+            tracing::warn!(%crashed, attempt, waited_seconds, reason, "recovery still waiting");
+            self.warned_at = Some(now);
+        } else if self.last_reason.as_deref() != Some(reason) {
+            tracing::info!(%crashed, attempt, reason, "recovery waits; retrying");
+        } else {
+            tracing::debug!(%crashed, attempt, reason, "recovery waits; retrying");
+        }
+        self.last_reason = Some(reason.to_string());
+    }
+}
+
 /// What one recovery attempt concluded.
 enum Attempt {
     /// Every tablet of the crashed master is served elsewhere.
@@ -561,15 +610,15 @@ impl Inner {
         });
     }
 
-    /// Starts recoveries for every crashed server (after a restart of the coordinator, or after
-    /// servers were found gone). One that owns no tablet is simply marked removed, so backups
-    /// free its replicas.
+    /// Starts recoveries for every crashed or stopped server (after a restart of the
+    /// coordinator, or after servers were found gone). One that owns no tablet is simply marked
+    /// removed, so backups free its replicas.
     pub(crate) async fn resume_recoveries(self: &Arc<Self>) {
         let crashed: Vec<ServerId> = self
             .state
             .lock()
             .await
-            .servers_in(ServerStatus::Crashed)
+            .servers_awaiting_recovery()
             .map(|server| server.server_id)
             .collect();
         for server_id in crashed {
@@ -586,6 +635,7 @@ impl Inner {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut waiting = RecoveryWait::new(crashed);
         for attempt in 1..=RECOVERY_ATTEMPTS_MAX {
             if !self.is_active() {
                 // Deposed: the successor resumes this recovery from the metadata.
@@ -602,7 +652,7 @@ impl Inner {
                     return;
                 }
                 Attempt::Again(reason) => {
-                    tracing::warn!(%crashed, attempt, %reason, "recovery attempt incomplete; retrying");
+                    waiting.report(attempt, &reason);
                     CoordinatorCounters::count(&self.counters.recovery_attempts_incomplete, 1);
                 }
             }
@@ -617,7 +667,7 @@ impl Inner {
     async fn mark_removed(&self, server_id: ServerId) {
         let mut state = self.state.lock().await;
         let Some(server) = state.servers.get(&server_id).cloned() else { return };
-        if server.status != ServerStatus::Crashed {
+        if !server.status.awaits_recovery() {
             return;
         }
         // Its replicas are freed once it is removed: never while it still owns a tablet.
@@ -821,7 +871,13 @@ impl Inner {
                 })
                 .collect()
         };
-        let first = self.environment.entropy.below(masters.len() as u64) as usize;
+        // The restarted successor of the crashed server (the same index), if it is up, is
+        // dealt first: a server stopped and started again gets its tablets back when they fit
+        // one part each, so a restart leaves the cluster as it was. Otherwise a random master,
+        // to spread recoveries over the cluster.
+        let successor = masters.iter().position(|(id, _)| id.index() == crashed.index());
+        let first = successor
+            .unwrap_or_else(|| self.environment.entropy.below(masters.len() as u64) as usize);
         let estimates = estimate_tablets(tablets, table_stats);
         let partitions = plan_partitions(tablets, &estimates, masters.len(), first, tablet_room);
         tracing::info!(
@@ -1474,7 +1530,11 @@ mod tests {
 
     /// Enlists a server at `address` and returns its id.
     async fn enlist(coordinator: &Coordinator, address: &str, services: u32) -> ServerId {
-        match coordinator.inner.enlist(address.to_string(), ServiceMask(services)).await {
+        match coordinator
+            .inner
+            .enlist(address.to_string(), ServiceMask(services), ServerId(0))
+            .await
+        {
             Ok(Response::EnlistServer { server_id }) => server_id,
             other => panic!("enlistment failed: {other:?}"),
         }

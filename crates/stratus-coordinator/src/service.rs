@@ -328,7 +328,10 @@ impl Inner {
         }
         match request {
             Request::Ping => Ok(Response::Ping),
-            Request::EnlistServer { address, services } => self.enlist(address, services).await,
+            Request::EnlistServer { address, services, previous_server_id } => {
+                self.enlist(address, services, previous_server_id).await
+            }
+            Request::ServerStopping { server_id } => self.server_stopping(server_id).await,
             Request::GetServerList => {
                 let state = self.state.lock().await;
                 Ok(Response::GetServerList { servers: state.servers.values().cloned().collect() })
@@ -417,10 +420,14 @@ impl Inner {
         }
     }
 
+    /// ENLIST_SERVER: gives the server its id (a restart keeps its index, see
+    /// [`CoordinatorState::id_for_enlistment`]) and takes any earlier incarnation still listed
+    /// as up for crashed: it restarted faster than pings could tell.
     pub(crate) async fn enlist(
         self: &Arc<Self>,
         address: String,
         services: ServiceMask,
+        previous_server_id: ServerId,
     ) -> Result<Response, Failure> {
         if address.is_empty() || address.len() > SERVER_ADDRESS_BYTES_MAX {
             return Err((
@@ -435,21 +442,30 @@ impl Inner {
                 format!("cluster is at its limit of {SERVERS_MAX} servers"),
             ));
         }
-        let server_id = ServerId(state.next_server_id);
+        let (server_id, restarted) = state.id_for_enlistment(previous_server_id);
         let entry =
             ServerEntry { server_id, address: address.clone(), services, status: ServerStatus::Up };
-        let mut batch = vec![put_counter(NEXT_SERVER_ID_KEY, server_id.0 + 1), put_server(&entry)];
-        // A server that enlists at an address another live server had is that server restarted:
-        // the old incarnation is gone (failure detection proper arrives with recovery).
+        let mut batch = vec![put_server(&entry)];
+        if !restarted {
+            let next_index = u64::from(server_id.index()) + 1;
+            batch.push(put_counter(NEXT_SERVER_ID_KEY, next_index));
+        }
+        // An earlier incarnation still listed as up (at this index, or at this address for a
+        // server that keeps no identity) is that server restarted: the old one is gone.
         let replaced: Vec<ServerEntry> = state
             .servers
             .values()
-            .filter(|old| old.address == address && old.status == ServerStatus::Up)
+            .filter(|old| old.status == ServerStatus::Up)
+            .filter(|old| {
+                old.address == address || (restarted && old.server_id.index() == server_id.index())
+            })
             .map(|old| ServerEntry { status: ServerStatus::Crashed, ..old.clone() })
             .collect();
         batch.extend(replaced.iter().map(put_server));
         self.persist(batch).await?;
-        state.next_server_id = server_id.0 + 1;
+        if !restarted {
+            state.next_server_index = u64::from(server_id.index()) + 1;
+        }
         {
             let mut leases = self.leases();
             for old in &replaced {
@@ -458,18 +474,52 @@ impl Inner {
             leases.members.insert(server_id);
         }
         for old in &replaced {
-            tracing::warn!(old = %old.server_id, new = %server_id, %address, "server replaced at its address");
+            tracing::warn!(old = %old.server_id, new = %server_id, %address, "server restarted before it was found gone; recovering the old one's tablets");
             state.servers.insert(old.server_id, old.clone());
         }
         state.servers.insert(server_id, entry);
         drop(state);
         CoordinatorCounters::count(&self.counters.enlistments, 1);
         CoordinatorCounters::count(&self.counters.servers_declared_crashed, replaced.len() as u64);
-        tracing::info!(%server_id, %address, "server enlisted");
+        if restarted {
+            tracing::info!(%server_id, %address, previous = %previous_server_id, "server enlisted again after a restart");
+        } else {
+            if previous_server_id.is_valid() {
+                tracing::warn!(%server_id, %address, previous = %previous_server_id, "a server enlisted with an id this cluster never issued (another cluster's data directory?); it gets a new index");
+            }
+            tracing::info!(%server_id, %address, "server enlisted");
+        }
         for old in replaced {
             self.start_recovery(old.server_id).await;
         }
         Ok(Response::EnlistServer { server_id })
+    }
+
+    /// SERVER_STOPPING: the server stops in order. It is recorded as stopped (no further
+    /// lease) and its tablets are recovered as a crashed server's are; the recovery still
+    /// waits out any lease it holds, as every recovery does.
+    async fn server_stopping(self: &Arc<Self>, server_id: ServerId) -> Result<Response, Failure> {
+        {
+            let mut state = self.state.lock().await;
+            let Some(server) = state.servers.get(&server_id).cloned() else {
+                return Err((Status::InvalidParameter, format!("no server {server_id}")));
+            };
+            if server.status != ServerStatus::Up {
+                // A repeated notice, or the server was declared crashed first.
+                return Ok(Response::ServerStopping);
+            }
+            let stopped = ServerEntry { status: ServerStatus::Stopped, ..server };
+            self.leases().members.remove(&server_id);
+            if let Err(failure) = self.persist(vec![put_server(&stopped)]).await {
+                self.leases().members.insert(server_id);
+                return Err(failure);
+            }
+            tracing::info!(%server_id, address = %stopped.address, "server stopped in order; recovering its tablets from its replicas");
+            CoordinatorCounters::count(&self.counters.servers_stopped_in_order, 1);
+            state.servers.insert(server_id, stopped);
+        }
+        self.start_recovery(server_id).await;
+        Ok(Response::ServerStopping)
     }
 
     async fn create_table(

@@ -90,8 +90,13 @@ pub trait Network: Send + Sync + fmt::Debug + 'static {
 /// Wall-clock time, used only for object timestamps and human-facing reports; all timeouts
 /// use the monotonic `tokio::time`.
 pub trait WallClock: Send + Sync + fmt::Debug + 'static {
+    /// Milliseconds since the Unix epoch (objects' expiry times are in this unit).
+    fn now_millis(&self) -> u64;
+
     /// Seconds since the Unix epoch (saturating at u32::MAX, in the year 2106).
-    fn now_seconds(&self) -> u32;
+    fn now_seconds(&self) -> u32 {
+        u32::try_from(self.now_millis() / 1_000).unwrap_or(u32::MAX)
+    }
 }
 
 /// A source of random numbers (backoff jitter, placement choices).
@@ -200,10 +205,10 @@ impl Listener for TcpAcceptor {
 pub struct SystemWallClock;
 
 impl WallClock for SystemWallClock {
-    fn now_seconds(&self) -> u32 {
+    fn now_millis(&self) -> u64 {
         let since_epoch =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        u32::try_from(since_epoch.as_secs()).unwrap_or(u32::MAX)
+        u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use stratus_client::{Client, Error, Result};
+use stratus_client::{Client, Error, IncrementItem, KeyItem, Result, WriteItem};
 use stratus_types::{RejectRules, TableId, Version};
 
 use crate::history::{History, Operation, OperationRecord, Outcome};
@@ -19,6 +19,8 @@ use crate::history::{History, Operation, OperationRecord, Outcome};
 pub struct Recorder {
     clock: AtomicU64,
     operations: Mutex<Vec<OperationRecord>>,
+    /// Operations recorded as items of multi-operations.
+    multi_operation_items: AtomicU64,
 }
 
 impl Recorder {
@@ -46,6 +48,12 @@ impl Recorder {
         History { operations }
     }
 
+    /// Of the operations recorded so far (or about to be), those that were items of
+    /// multi-operations.
+    pub fn multi_operation_items(&self) -> u64 {
+        self.multi_operation_items.load(Ordering::SeqCst)
+    }
+
     /// Number of operations recorded so far.
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -63,8 +71,10 @@ impl Recorder {
     }
 }
 
-/// A [`Client`] whose single-object calls are recorded, as one sequential client of the
-/// history (give each concurrent task its own `client_id`).
+/// A [`Client`] whose object calls are recorded, as one sequential client of the history
+/// (give each concurrent task its own `client_id`). A multi-operation is recorded item by
+/// item: each item is an operation on its key, invoked before the call and completed after
+/// it, with the item's own outcome.
 #[derive(Clone, Debug)]
 pub struct RecordingClient {
     client: Client,
@@ -187,6 +197,74 @@ impl RecordingClient {
         delta: i64,
     ) -> Result<(i64, Version)> {
         self.increment_with(table_id, key, delta, RejectRules::NONE).await
+    }
+
+    /// Reads many objects (see [`Client::multi_read`]); each item is recorded as a read.
+    pub async fn multi_read(&self, items: &[KeyItem]) -> Vec<Result<(Bytes, Version)>> {
+        let invoked = self.invoke_items(items.len());
+        let results = self.client.multi_read(items).await;
+        for ((item, result), invoked) in items.iter().zip(&results).zip(invoked) {
+            let outcome = match result {
+                Ok((value, version)) => Outcome::Read { value: value.clone(), version: *version },
+                Err(error) => failure_outcome(error),
+            };
+            let operation = Operation::Read { rules: item.rules };
+            self.finish(item.table_id, &item.key, operation, invoked, outcome);
+        }
+        results
+    }
+
+    /// Writes many objects (see [`Client::multi_write`]); each item is recorded as a write.
+    pub async fn multi_write(&self, items: &[WriteItem]) -> Vec<Result<Version>> {
+        let invoked = self.invoke_items(items.len());
+        let results = self.client.multi_write(items).await;
+        for ((item, result), invoked) in items.iter().zip(&results).zip(invoked) {
+            let outcome = match result {
+                Ok(version) => Outcome::Written { version: *version },
+                Err(error) => failure_outcome(error),
+            };
+            let operation = Operation::Write { value: item.value.clone(), rules: item.rules };
+            self.finish(item.table_id, &item.key, operation, invoked, outcome);
+        }
+        results
+    }
+
+    /// Removes many objects (see [`Client::multi_remove`]); each item is recorded as a remove.
+    pub async fn multi_remove(&self, items: &[KeyItem]) -> Vec<Result<Version>> {
+        let invoked = self.invoke_items(items.len());
+        let results = self.client.multi_remove(items).await;
+        for ((item, result), invoked) in items.iter().zip(&results).zip(invoked) {
+            let outcome = match result {
+                Ok(version) => Outcome::Removed { version: *version },
+                Err(error) => failure_outcome(error),
+            };
+            let operation = Operation::Remove { rules: item.rules };
+            self.finish(item.table_id, &item.key, operation, invoked, outcome);
+        }
+        results
+    }
+
+    /// Increments many objects (see [`Client::multi_increment`]); each item is recorded as an
+    /// increment.
+    pub async fn multi_increment(&self, items: &[IncrementItem]) -> Vec<Result<(i64, Version)>> {
+        let invoked = self.invoke_items(items.len());
+        let results = self.client.multi_increment(items).await;
+        for ((item, result), invoked) in items.iter().zip(&results).zip(invoked) {
+            let outcome = match result {
+                Ok((value, version)) => Outcome::Incremented { value: *value, version: *version },
+                Err(error) => failure_outcome(error),
+            };
+            let operation = Operation::Increment { delta: item.delta, rules: item.rules };
+            self.finish(item.table_id, &item.key, operation, invoked, outcome);
+        }
+        results
+    }
+
+    /// Invocation stamps for the `count` items of a multi-operation about to start (one
+    /// each, so that each has its own id).
+    fn invoke_items(&self, count: usize) -> Vec<u64> {
+        self.recorder.multi_operation_items.fetch_add(count as u64, Ordering::SeqCst);
+        (0..count).map(|_| self.recorder.tick()).collect()
     }
 
     fn finish(

@@ -3,7 +3,7 @@
 //! docs/design/log-format.md; change that document and these functions together. Everything is
 //! little-endian. Decoders return errors (never panic) on any input.
 
-use stratus_types::{SegmentId, ServerId, TableId, Version};
+use stratus_types::{ExpiresAt, SegmentId, ServerId, TableId, Version};
 
 /// The type of a log entry (low 6 bits of the first header byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -182,8 +182,13 @@ pub fn decode_entry_header(bytes: &[u8]) -> Result<DecodedHeader, FormatError> {
 
 /// Fixed part of an object before its variable fields: checksum, timestamp, widths.
 const OBJECT_FIXED_BYTES: usize = 9;
-/// Largest object prefix: fixed part + 8-byte table id + 8-byte version + 2-byte key length.
-const OBJECT_PREFIX_BYTES_MAX: usize = OBJECT_FIXED_BYTES + 8 + 8 + 2;
+/// Bytes of an object's expiry time, when it has one.
+const OBJECT_EXPIRY_BYTES: usize = 8;
+/// Largest object prefix: fixed part + 8-byte table id + 8-byte version + expiry + 2-byte key
+/// length.
+const OBJECT_PREFIX_BYTES_MAX: usize = OBJECT_FIXED_BYTES + 8 + 8 + OBJECT_EXPIRY_BYTES + 2;
+/// The widths bit that says an expiry time follows the version.
+const OBJECT_HAS_EXPIRY: usize = 0x80;
 
 /// The encoded part of an object's content that precedes its key (checksum included). The key
 /// and value follow it unchanged, so large values are copied into the log only once.
@@ -200,6 +205,7 @@ impl ObjectPrefix {
         table: TableId,
         version: Version,
         timestamp: u32,
+        expires_at: Option<ExpiresAt>,
         key: &[u8],
         value: &[u8],
     ) -> ObjectPrefix {
@@ -210,10 +216,17 @@ impl ObjectPrefix {
         let mut bytes = [0u8; OBJECT_PREFIX_BYTES_MAX];
         let mut length = 4;
         push_uint(&mut bytes, &mut length, u64::from(timestamp), 4);
-        let widths = (table_bytes - 1) | ((version_bytes - 1) << 3) | ((key_length_bytes - 1) << 6);
+        let mut widths =
+            (table_bytes - 1) | ((version_bytes - 1) << 3) | ((key_length_bytes - 1) << 6);
+        if expires_at.is_some() {
+            widths |= OBJECT_HAS_EXPIRY;
+        }
         push_uint(&mut bytes, &mut length, widths as u64, 1);
         push_uint(&mut bytes, &mut length, table.0, table_bytes);
         push_uint(&mut bytes, &mut length, version.0, version_bytes);
+        if let Some(ExpiresAt(millis)) = expires_at {
+            push_uint(&mut bytes, &mut length, millis, OBJECT_EXPIRY_BYTES);
+        }
         push_uint(&mut bytes, &mut length, key.len() as u64, key_length_bytes);
         let crc = checksum_of_pieces(&[&bytes[4..length], key, value]);
         bytes[..4].copy_from_slice(&crc.to_le_bytes());
@@ -231,10 +244,11 @@ pub fn encode_object(
     table: TableId,
     version: Version,
     timestamp: u32,
+    expires_at: Option<ExpiresAt>,
     key: &[u8],
     value: &[u8],
 ) -> Vec<u8> {
-    let prefix = ObjectPrefix::new(table, version, timestamp, key, value);
+    let prefix = ObjectPrefix::new(table, version, timestamp, expires_at, key, value);
     [prefix.as_bytes(), key, value].concat()
 }
 
@@ -247,6 +261,8 @@ pub struct ObjectView<'a> {
     pub version: Version,
     /// Wall-clock seconds when it was written.
     pub timestamp: u32,
+    /// When it expires, if it does.
+    pub expires_at: Option<ExpiresAt>,
     /// The key (1..=65535 bytes).
     pub key: &'a [u8],
     /// The value.
@@ -259,11 +275,13 @@ pub fn decode_object_unverified(content: &[u8]) -> Result<ObjectView<'_>, Format
     let mut position = 4;
     let timestamp = read_u32(content, &mut position)?;
     let widths = read_uint(content, &mut position, 1)? as usize;
-    if widths & 0x80 != 0 {
-        return Err(FormatError::Malformed("object widths bit 7 set"));
-    }
     let table = read_uint(content, &mut position, (widths & 7) + 1)?;
     let version = read_uint(content, &mut position, ((widths >> 3) & 7) + 1)?;
+    let expires_at = if widths & OBJECT_HAS_EXPIRY != 0 {
+        Some(ExpiresAt(read_uint(content, &mut position, OBJECT_EXPIRY_BYTES)?))
+    } else {
+        None
+    };
     let key_length = read_uint(content, &mut position, ((widths >> 6) & 1) + 1)? as usize;
     if key_length == 0 {
         return Err(FormatError::Malformed("empty object key"));
@@ -274,9 +292,23 @@ pub fn decode_object_unverified(content: &[u8]) -> Result<ObjectView<'_>, Format
         table: TableId(table),
         version: Version(version),
         timestamp,
+        expires_at,
         key,
         value: &content[key_end..],
     })
+}
+
+/// The expiry of the object whose content starts with `prefix` (at least the bytes up to its
+/// expiry field: an [`ObjectPrefix`], or the whole content). `None` for an object without
+/// expiry, and for bytes too short or malformed to tell (the log's accounting then counts the
+/// object as one that never expires, which only makes the cleaner more conservative).
+pub fn object_expiry(prefix: &[u8]) -> Option<ExpiresAt> {
+    let widths = usize::from(*prefix.get(OBJECT_FIXED_BYTES - 1)?);
+    if widths & OBJECT_HAS_EXPIRY == 0 {
+        return None;
+    }
+    let mut position = OBJECT_FIXED_BYTES + (widths & 7) + 1 + ((widths >> 3) & 7) + 1;
+    read_uint(prefix, &mut position, OBJECT_EXPIRY_BYTES).ok().map(ExpiresAt)
 }
 
 /// Decodes an object and verifies its checksum.
@@ -410,12 +442,13 @@ pub fn decode_tombstone(content: &[u8]) -> Result<TombstoneView<'_>, FormatError
 /// Magic bytes at the start of every segment header.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"SGMT";
 /// The segment format version this code writes. Version 2 added TABLE_STATS to every head;
-/// version 1 segments (no TABLE_STATS) are still read, so a cluster upgraded in place recovers
-/// logs written before it. A binary that knows only version 1 refuses version 2 segments by
-/// their header, with a clear error, rather than at an unknown entry type.
-pub const SEGMENT_FORMAT_VERSION: u16 = 2;
+/// version 3 lets an object carry an expiry time (widths bit 7, which older versions refuse).
+/// Older segments are still read, so a cluster upgraded in place recovers logs written before
+/// it. A binary that knows only older versions refuses newer segments by their header, with a
+/// clear error, rather than at an unknown entry type or a bit it does not know.
+pub const SEGMENT_FORMAT_VERSION: u16 = 3;
 /// Every segment format version this code reads.
-pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 2] = [1, 2];
+pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 3] = [1, 2, 3];
 /// Bytes of a segment header's content.
 pub const SEGMENT_HEADER_CONTENT_BYTES: usize = 32;
 
@@ -720,7 +753,7 @@ mod tests {
     fn object_round_trip_and_overhead() {
         let key = b"key00001";
         let value = [0xABu8; 100];
-        let content = encode_object(TableId(3), Version(70_000), 1_700_000_000, key, &value);
+        let content = encode_object(TableId(3), Version(70_000), 1_700_000_000, None, key, &value);
         let view = decode_object(&content).unwrap();
         assert_eq!(view.table, TableId(3));
         assert_eq!(view.version, Version(70_000));
@@ -732,7 +765,7 @@ mod tests {
         let overhead = header.header_bytes() + content.len() - key.len() - value.len() + 8;
         assert!(overhead <= 32, "per-object overhead {overhead}");
         // Large ids use wide fields.
-        let wide = encode_object(TableId(u64::MAX), Version(u64::MAX), 0, &[1; 300], b"");
+        let wide = encode_object(TableId(u64::MAX), Version(u64::MAX), 0, None, &[1; 300], b"");
         let view = decode_object(&wide).unwrap();
         assert_eq!(
             (view.table, view.version, view.key.len()),
@@ -743,7 +776,7 @@ mod tests {
 
     #[test]
     fn object_corruption_is_detected() {
-        let content = encode_object(TableId(1), Version(2), 3, b"key", b"some value");
+        let content = encode_object(TableId(1), Version(2), 3, None, b"key", b"some value");
         for index in 0..content.len() {
             for bit in 0..8 {
                 let mut corrupt = content.clone();
@@ -850,14 +883,24 @@ mod tests {
             table in proptest::prelude::any::<u64>(),
             version in proptest::prelude::any::<u64>(),
             timestamp in proptest::prelude::any::<u32>(),
+            expires_at in proptest::option::of(proptest::prelude::any::<u64>()),
             key in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..600),
             value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
         ) {
-            let content = encode_object(TableId(table), Version(version), timestamp, &key, &value);
+            let expires_at = expires_at.map(ExpiresAt);
+            let content =
+                encode_object(TableId(table), Version(version), timestamp, expires_at, &key, &value);
             let view = decode_object(&content).unwrap();
             proptest::prop_assert_eq!(view.table.0, table);
             proptest::prop_assert_eq!(view.version.0, version);
             proptest::prop_assert_eq!(view.timestamp, timestamp);
+            proptest::prop_assert_eq!(view.expires_at, expires_at);
+            // The prefix alone tells the expiry, as the log's accounting reads it.
+            let prefix = ObjectPrefix::new(
+                TableId(table), Version(version), timestamp, expires_at, &key, &value,
+            );
+            proptest::prop_assert_eq!(object_expiry(prefix.as_bytes()), expires_at);
+            proptest::prop_assert_eq!(object_expiry(&content), expires_at);
             proptest::prop_assert_eq!(view.key, &key[..]);
             proptest::prop_assert_eq!(view.value, &value[..]);
         }
@@ -897,7 +940,7 @@ mod table_stats_tests {
     use super::*;
 
     #[test]
-    fn version_1_segment_headers_are_still_read_and_unknown_versions_refused() {
+    fn older_segment_headers_are_still_read_and_unknown_versions_refused() {
         let header =
             SegmentHeader { log_id: ServerId(2), segment_id: SegmentId(3), capacity_bytes: 1024 };
         let with_version = |version: u16| {
@@ -909,7 +952,8 @@ mod table_stats_tests {
         };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
         assert_eq!(SegmentHeader::decode(&with_version(1)), Ok(header));
-        for unknown in [0, 3, u16::MAX] {
+        assert_eq!(SegmentHeader::decode(&with_version(2)), Ok(header));
+        for unknown in [0, 4, u16::MAX] {
             assert_eq!(
                 SegmentHeader::decode(&with_version(unknown)),
                 Err(FormatError::Malformed("segment format version"))
@@ -973,8 +1017,21 @@ mod golden {
 
     #[test]
     fn worked_example_bytes_are_stable() {
-        let object = encode_object(TableId(7), Version(1), 1_700_000_000, b"k1", b"hi");
+        let object = encode_object(TableId(7), Version(1), 1_700_000_000, None, b"k1", b"hi");
         assert_eq!(object, bytes("8b 8c 92 6d 00 f1 53 65 00 07 01 02 6b 31 68 69"));
+        // The same object expiring at 1 700 000 060 000 ms (a minute after it was written).
+        let expiring = encode_object(
+            TableId(7),
+            Version(1),
+            1_700_000_000,
+            Some(ExpiresAt(1_700_000_060_000)),
+            b"k1",
+            b"hi",
+        );
+        assert_eq!(
+            expiring,
+            bytes("8b 80 54 ea 00 f1 53 65 80 07 01 60 52 e6 cf 8b 01 00 00 02 6b 31 68 69")
+        );
         assert_eq!(EntryHeader::new(EntryType::Object, 16).as_bytes(), &[0x02, 0x10]);
         let tombstone = encode_tombstone(&TombstoneView {
             table: TableId(7),
@@ -993,8 +1050,8 @@ mod golden {
         assert_eq!(
             header.to_vec(),
             bytes(
-                "53 47 4d 54 02 00 00 00 02 00 00 00 00 00 00 00 \
-                 03 00 00 00 00 00 00 00 00 00 10 00 2a a0 3f 67"
+                "53 47 4d 54 03 00 00 00 02 00 00 00 00 00 00 00 \
+                 03 00 00 00 00 00 00 00 00 00 10 00 a4 62 70 dd"
             )
         );
         let digest = encode_log_digest(&[SegmentId(1), SegmentId(3)]);

@@ -24,9 +24,10 @@ use stratus_types::{SegmentId, ServerId, Version};
 use crate::format::{
     decode_entry_header, decode_tombstone, encode_log_digest, encode_safe_version,
     encode_table_stats, entry_header_bytes_from_first_byte, log_digest_content_bytes,
-    table_stats_content_bytes, tombstone_segment_id, Certificate, CertificateBuilder, EntryHeader,
-    EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES,
-    SEGMENT_HEADER_CONTENT_BYTES, TABLE_STATS_TABLES_MAX,
+    object_expiry, table_stats_content_bytes, tombstone_segment_id, Certificate,
+    CertificateBuilder, EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX,
+    ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
+    TABLE_STATS_TABLES_MAX,
 };
 use crate::seglet_memory::{EpochGuard, SegletMemory};
 use crate::table_tallies::TableTallies;
@@ -242,6 +243,14 @@ pub struct SegmentStatistics {
     /// The largest entry (header + content) ever appended: bounds the tail a survivor segment
     /// may waste when this segment's entries are moved into it.
     pub largest_entry_bytes: u64,
+    /// Bytes of objects appended with an expiry time.
+    pub expiring_object_bytes: u64,
+    /// Of those, bytes freed.
+    pub expiring_dead_bytes: u64,
+    /// The latest expiry time of an object appended here (0: none had one): once the clock
+    /// passes it, every object here that has an expiry is expired, and the cleaner may count
+    /// it as free space before it meets it.
+    pub expiry_latest_millis: u64,
 }
 
 impl SegmentStatistics {
@@ -261,6 +270,16 @@ impl SegmentStatistics {
     /// digests and safe versions are never moved.
     pub fn movable_bytes(&self) -> u64 {
         self.live_bytes_of(EntryType::Object) + self.live_bytes_of(EntryType::Tombstone)
+    }
+
+    /// Bytes of live objects that are expired at `now_millis`, as far as these counters can
+    /// tell: all of the live expiring ones once the latest expiry has passed, none before (a
+    /// lower bound, so the cleaner never expects more free space than it finds).
+    pub fn expired_bytes(&self, now_millis: u64) -> u64 {
+        if self.expiry_latest_millis == 0 || now_millis < self.expiry_latest_millis {
+            return 0;
+        }
+        self.expiring_object_bytes - self.expiring_dead_bytes
     }
 }
 
@@ -839,6 +858,13 @@ impl Log {
         segment.statistics.entry_count[type_index] += 1;
         segment.statistics.largest_entry_bytes =
             segment.statistics.largest_entry_bytes.max(entry_bytes as u64);
+        if entry.entry_type == EntryType::Object {
+            if let Some(expires_at) = object_expiry(entry.pieces[0]) {
+                let statistics = &mut segment.statistics;
+                statistics.expiring_object_bytes += entry_bytes as u64;
+                statistics.expiry_latest_millis = statistics.expiry_latest_millis.max(expires_at.0);
+            }
+        }
         let seglet_bytes = self.config.seglet_bytes as usize;
         let seglet = segment.seglets[start / seglet_bytes];
         Reference(u64::from(seglet) * seglet_bytes as u64 + (start % seglet_bytes) as u64)
@@ -881,8 +907,9 @@ impl Log {
     // -----------------------------------------------------------------------------------------
 
     /// Segments the cleaner may choose: in the log, not the head, not chosen by another
-    /// cleaner.
-    pub fn cleaning_candidates(&self) -> Vec<CleaningCandidate> {
+    /// cleaner. Objects known to be expired at `now_millis` do not count as movable: cleaning
+    /// drops them.
+    pub fn cleaning_candidates(&self, now_millis: u64) -> Vec<CleaningCandidate> {
         let state = self.lock();
         state
             .segments
@@ -897,7 +924,8 @@ impl Log {
                 segment_id: *id,
                 creation_seconds: segment.creation_seconds,
                 seglets: segment.seglets.len() as u32,
-                movable_bytes: segment.statistics.movable_bytes(),
+                movable_bytes: segment.statistics.movable_bytes()
+                    - segment.statistics.expired_bytes(now_millis),
                 tombstone_bytes: segment.statistics.live_bytes_of(EntryType::Tombstone),
                 tombstone_scan_seconds: segment.tombstone_scan_seconds,
                 largest_entry_bytes: segment.statistics.largest_entry_bytes,
@@ -1300,6 +1328,13 @@ impl Log {
             statistics.dead_bytes[type_index] <= statistics.entry_bytes[type_index],
             "more bytes freed than appended"
         );
+        if entry_type == EntryType::Object && object_expiry(&content).is_some() {
+            statistics.expiring_dead_bytes += entry_bytes as u64;
+            assert!(
+                statistics.expiring_dead_bytes <= statistics.expiring_object_bytes,
+                "more expiring bytes freed than appended"
+            );
+        }
         entry_bytes as u64
     }
 
@@ -1728,7 +1763,7 @@ mod tests {
         // Seglet 0 is never free, so no segment (survivor, compacted copy or head) can start
         // there when seglets are reused.
         assert_eq!(log.statistics().seglets_free, 95);
-        let object = encode_object(TableId(1), Version(1), 10, b"k", &[7u8; 300]);
+        let object = encode_object(TableId(1), Version(1), 10, None, b"k", &[7u8; 300]);
         let mut appended = 0;
         while let Ok(done) = log.append(&[object_entry(&object)], AppendPriority::Normal) {
             assert!(done.references.iter().all(|reference| reference.0 >= 1 << 10));
@@ -1741,8 +1776,8 @@ mod tests {
     #[test]
     fn a_filtered_segment_keeps_its_header_and_the_chosen_entries() {
         let log = Log::new(small_config(), ServerId(7));
-        let keep = encode_object(TableId(1), Version(1), 10, b"keep", b"v1");
-        let drop = encode_object(TableId(2), Version(2), 10, b"drop", b"v2");
+        let keep = encode_object(TableId(1), Version(1), 10, None, b"keep", b"v1");
+        let drop = encode_object(TableId(2), Version(2), 10, None, b"drop", b"v2");
         log.append(&[object_entry(&keep), object_entry(&drop)], AppendPriority::Normal).unwrap();
         let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
         let only_table_one = |entry: &Entry<'_>| matches!(entry, Entry::Object(object) if object.table == TableId(1));
@@ -1771,7 +1806,9 @@ mod tests {
     fn a_partitioned_segment_equals_one_filter_per_part() {
         let log = Log::new(small_config(), ServerId(7));
         let objects: Vec<Vec<u8>> = (0..12u64)
-            .map(|i| encode_object(TableId(1 + i % 3), Version(i + 1), 10, &i.to_le_bytes(), b"v"))
+            .map(|i| {
+                encode_object(TableId(1 + i % 3), Version(i + 1), 10, None, &i.to_le_bytes(), b"v")
+            })
             .collect();
         let entries: Vec<_> = objects.iter().map(|object| object_entry(object)).collect();
         log.append(&entries, AppendPriority::Normal).unwrap();
@@ -1817,7 +1854,7 @@ mod tests {
     #[test]
     fn verify_replica_checks_identity_and_reports_the_digest() {
         let log = Log::new(small_config(), ServerId(7));
-        let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");
+        let object = encode_object(TableId(1), Version(1), 10, None, b"k", b"v");
         log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
         let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
         let verified =
@@ -1841,7 +1878,7 @@ mod tests {
     #[test]
     fn first_append_opens_a_head_with_header_digest_safe_version_and_table_stats() {
         let log = Log::new(small_config(), ServerId(7));
-        let object = encode_object(TableId(1), Version(1), 10, b"k", b"v");
+        let object = encode_object(TableId(1), Version(1), 10, None, b"k", b"v");
         // The store reports live objects; the head records what it reported.
         let tally = crate::TableTally { bytes: 300, objects: 2 };
         log.table_tallies().object_added(0, TableId(4), 100);
@@ -1880,7 +1917,7 @@ mod tests {
         for index in 0..40u32 {
             let value = vec![index as u8; 300 + (index as usize * 37) % 700];
             let object =
-                encode_object(TableId(1), Version(u64::from(index) + 1), 0, b"key", &value);
+                encode_object(TableId(1), Version(u64::from(index) + 1), 0, None, b"key", &value);
             let appended = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
             written.push((appended.references[0], object));
         }
@@ -1912,8 +1949,8 @@ mod tests {
     #[test]
     fn multi_entry_append_stays_in_one_segment() {
         let log = Log::new(small_config(), ServerId(1));
-        let filler = encode_object(TableId(1), Version(1), 0, b"f", &[0; 1500]);
-        let object = encode_object(TableId(1), Version(2), 0, b"key", &[1; 900]);
+        let filler = encode_object(TableId(1), Version(1), 0, None, b"f", &[0; 1500]);
+        let object = encode_object(TableId(1), Version(2), 0, None, b"key", &[1; 900]);
         let tombstone = encode_tombstone(&TombstoneView {
             table: TableId(1),
             segment_id: SegmentId(1),
@@ -1943,7 +1980,7 @@ mod tests {
     #[test]
     fn log_full_keeps_a_reserve_for_tombstones() {
         let log = Log::new(small_config(), ServerId(1));
-        let object = encode_object(TableId(1), Version(1), 0, b"k", &[0; 500]);
+        let object = encode_object(TableId(1), Version(1), 0, None, b"k", &[0; 500]);
         let mut appended = 0;
         while log.append(&[object_entry(&object)], AppendPriority::Normal).is_ok() {
             appended += 1;
@@ -1966,7 +2003,7 @@ mod tests {
     #[test]
     fn free_counts_dead_bytes() {
         let log = Log::new(small_config(), ServerId(1));
-        let object = encode_object(TableId(1), Version(1), 0, b"k", b"value");
+        let object = encode_object(TableId(1), Version(1), 0, None, b"k", b"value");
         let appended = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
         let before = log.segment_statistics(appended.segment_id).unwrap();
         log.free(&log.pin(), appended.references[0]);
@@ -1981,7 +2018,8 @@ mod tests {
     fn segment_corruption_is_detected_without_panics() {
         let log = Log::new(small_config(), ServerId(1));
         for index in 0..3u8 {
-            let object = encode_object(TableId(1), Version(1), 0, &[index + 1], &[index; 700]);
+            let object =
+                encode_object(TableId(1), Version(1), 0, None, &[index + 1], &[index; 700]);
             log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
         }
         let (bytes, certificate) = log.segment_contents(SegmentId(1)).unwrap();
@@ -2032,8 +2070,14 @@ mod tests {
                 scope.spawn(move || {
                     for index in 0..100u32 {
                         let value = vec![thread; 50 + (index as usize % 300)];
-                        let object =
-                            encode_object(TableId(1), Version(1), index, &[thread + 1], &value);
+                        let object = encode_object(
+                            TableId(1),
+                            Version(1),
+                            index,
+                            None,
+                            &[thread + 1],
+                            &value,
+                        );
                         let appended =
                             log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
                         let guard = log.pin();
@@ -2054,9 +2098,9 @@ mod tests {
     fn cleaning_mechanics_with_a_concurrent_reader() {
         use std::sync::atomic::AtomicBool;
         let log = Log::new(small_config(), ServerId(1));
-        let object = encode_object(TableId(1), Version(1), 5, b"moving", &[7; 300]);
+        let object = encode_object(TableId(1), Version(1), 5, None, b"moving", &[7; 300]);
         let first = log.append(&[object_entry(&object)], AppendPriority::Normal).unwrap();
-        let filler = encode_object(TableId(1), Version(2), 5, b"filler", &[1; 2000]);
+        let filler = encode_object(TableId(1), Version(2), 5, None, b"filler", &[1; 2000]);
         while log.head_segment_id() == Some(first.segment_id) {
             log.append(&[object_entry(&filler)], AppendPriority::Normal).unwrap();
         }

@@ -36,6 +36,8 @@ pub struct Lease {
     expires_nanos: AtomicU64,
     /// The coordinator said this server was declared crashed: never serve again.
     crashed: AtomicBool,
+    /// The server is stopping in order and gave its lease up: never serve again.
+    surrendered: AtomicBool,
 }
 
 impl Default for Lease {
@@ -44,6 +46,7 @@ impl Default for Lease {
             origin: Instant::now(),
             expires_nanos: AtomicU64::new(0),
             crashed: AtomicBool::new(false),
+            surrendered: AtomicBool::new(false),
         }
     }
 }
@@ -61,7 +64,14 @@ impl Lease {
     /// True while the master may serve.
     pub fn valid(&self) -> bool {
         !self.crashed.load(Ordering::Acquire)
+            && !self.surrendered.load(Ordering::Acquire)
             && self.nanos_since_origin(Instant::now()) < self.expires_nanos.load(Ordering::Acquire)
+    }
+
+    /// The server stops in order: from now on it serves nothing, before it tells the
+    /// coordinator (whose recovery of its tablets then cannot overlap a request it serves).
+    pub fn surrender(&self) {
+        self.surrendered.store(true, Ordering::Release);
     }
 
     /// Records a grant of `length` for a request sent at `sent_at`.
@@ -99,6 +109,8 @@ pub async fn keep_lease(
                 lease.granted(sent_at, Duration::from_millis(u64::from(lease_ms)));
                 failures = 0;
             }
+            // A server that stops in order is refused its lease once it said so: not news.
+            _ if lease.surrendered.load(Ordering::Acquire) => return,
             Ok((Status::ServerCrashed, _)) => {
                 tracing::error!(%server_id, "the coordinator declared this server crashed");
                 lease.mark_crashed();
@@ -119,6 +131,17 @@ pub async fn keep_lease(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_surrendered_lease_is_never_valid_again() {
+        let lease = Lease::new();
+        lease.granted(Instant::now(), Duration::from_secs(60));
+        assert!(lease.valid());
+        lease.surrender();
+        assert!(!lease.valid());
+        lease.granted(Instant::now(), Duration::from_secs(60));
+        assert!(!lease.valid(), "a later grant does not bring it back");
+    }
 
     #[test]
     fn a_lease_counts_from_the_request_and_ends() {

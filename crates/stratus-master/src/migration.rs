@@ -233,6 +233,9 @@ impl CompletedTransfers {
 /// What a transfer out of this master needs.
 pub(crate) struct Transfer {
     pub(crate) store: Arc<ObjectStore>,
+    /// The master's clock: an object expired while the tablet is copied is not sent (and a
+    /// key whose object expired is sent as a removal).
+    pub(crate) wall_clock: Arc<dyn stratus_env::WallClock>,
     pub(crate) ownership: Arc<TabletOwnership>,
     pub(crate) pool: Arc<ChannelPool>,
     pub(crate) source: ServerId,
@@ -244,6 +247,10 @@ pub(crate) struct Transfer {
 }
 
 impl Transfer {
+    fn now(&self) -> stratus_store::WallTime {
+        stratus_store::WallTime::from_millis(self.wall_clock.now_millis())
+    }
+
     /// Copies every live object of the tablet to the target; returns the tablet's creation
     /// segment in the target's log and the objects sent. Stops early once the transfer was
     /// ended (a TAKE or DROP of the tablet).
@@ -301,8 +308,10 @@ impl Transfer {
         for key in keys {
             let hash = key_hash(self.table, &key);
             let mut value = Vec::new();
-            let Ok(version) =
-                self.store.read(self.table, &key, hash, &RejectRules::NONE, &mut value)
+            let now = self.now();
+            let rules = RejectRules::NONE;
+            let Ok(found) =
+                self.store.read_located(self.table, &key, hash, &rules, now, &mut value)
             else {
                 removed_keys.push(key.into());
                 continue;
@@ -316,7 +325,12 @@ impl Transfer {
                 batch_bytes = 0;
             }
             batch_bytes += size;
-            batch.push(EnumeratedObject { key: key.into(), value: value.into(), version });
+            batch.push(EnumeratedObject {
+                key: key.into(),
+                value: value.into(),
+                version: found.version,
+                expires_at: found.expires_at,
+            });
         }
         // Read after every key was looked up: every version removed before a key was found
         // gone is below it (a remove raises the safe version past the removed version). The
@@ -354,14 +368,15 @@ impl Transfer {
             let next = self.store.enumerate(
                 self.table,
                 self.range,
-                cursor.0,
-                cursor.1.as_deref(),
+                (cursor.0, cursor.1.as_deref()),
                 MIGRATION_BATCH_BYTES_MAX,
-                &mut |key, value, version| {
+                self.now(),
+                &mut |key, value, version, expires_at| {
                     objects.push(EnumeratedObject {
                         key: bytes::Bytes::copy_from_slice(key),
                         value: bytes::Bytes::copy_from_slice(value),
                         version,
+                        expires_at,
                     })
                 },
             );
@@ -458,7 +473,7 @@ mod tests {
     use bytes::{Bytes, BytesMut};
     use stratus_env::{Network, TcpNetwork};
     use stratus_rpc::{Handled, RpcConfig, Service};
-    use stratus_store::StoreConfig;
+    use stratus_store::{Expiry, StoreConfig, WallTime};
     use stratus_wire::{decode_request, encode_response, FrameHeader};
 
     /// One batch a fake target received: whether it started the tablet, its objects, and its
@@ -510,7 +525,17 @@ mod tests {
         for index in 0..3_000u32 {
             let key = format!("key-{index}");
             let hash = key_hash(TABLE, key.as_bytes());
-            store.write(TABLE, key.as_bytes(), hash, &[1; 1_000], &RejectRules::NONE, 1).unwrap();
+            store
+                .write(
+                    TABLE,
+                    key.as_bytes(),
+                    hash,
+                    &[1; 1_000],
+                    &RejectRules::NONE,
+                    Expiry::Never,
+                    WallTime::from_seconds(1),
+                )
+                .unwrap();
         }
         let transfer_id = ownership.begin_transfer(TABLE, HashRange::FULL, 2).unwrap();
         let (source, owner) = (store.clone(), ownership.clone());
@@ -526,6 +551,7 @@ mod tests {
         let server = tokio::spawn(stratus_rpc::serve(listener, target.clone()));
         let transfer = Transfer {
             store: store.clone(),
+            wall_clock: Arc::new(stratus_env::SystemWallClock),
             ownership: ownership.clone(),
             pool: Arc::new(ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default())),
             source: ServerId(1),
@@ -545,7 +571,19 @@ mod tests {
 
     fn client_write(store: &ObjectStore, ownership: &TabletOwnership, key: &[u8]) {
         let hash = key_hash(TABLE, key);
-        let write = || store.write(TABLE, key, hash, b"new", &RejectRules::NONE, 2).unwrap();
+        let write = || {
+            store
+                .write(
+                    TABLE,
+                    key,
+                    hash,
+                    b"new",
+                    &RejectRules::NONE,
+                    Expiry::Never,
+                    WallTime::from_seconds(2),
+                )
+                .unwrap()
+        };
         ownership.while_writable(TABLE, hash, key, write).expect("writes go on during the copy");
     }
 
@@ -560,7 +598,11 @@ mod tests {
                 client_write(store, ownership, b"a-new-key");
                 let key = b"key-7";
                 let hash = key_hash(TABLE, key);
-                let remove = || store.remove(TABLE, key, hash, &RejectRules::NONE, 2).unwrap();
+                let remove = || {
+                    store
+                        .remove(TABLE, key, hash, &RejectRules::NONE, WallTime::from_seconds(2))
+                        .unwrap()
+                };
                 ownership.while_writable(TABLE, hash, key, remove).unwrap();
             })
             .await;
@@ -576,7 +618,14 @@ mod tests {
         assert!((3_000..=3_001).contains(&copied), "the copy saw each object once: {copied}");
         let (_, last, removed) = received.last().unwrap();
         let version_of = |key: &[u8]| {
-            store.read(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, &mut Vec::new())
+            store.read(
+                TABLE,
+                key,
+                key_hash(TABLE, key),
+                &RejectRules::NONE,
+                WallTime::from_seconds(0),
+                &mut Vec::new(),
+            )
         };
         let expected: Vec<(Vec<u8>, Version)> = [&b"a-new-key"[..], b"key-5"]
             .iter()

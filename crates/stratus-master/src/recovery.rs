@@ -174,7 +174,7 @@ pub(crate) async fn recover_partition(
         })
     });
     let store = context.store.clone();
-    let now_seconds = context.wall_clock.now_seconds();
+    let now = stratus_store::WallTime::from_millis(context.wall_clock.now_millis());
     let partition = tablets.clone();
     let read_done = tokio::time::Instant::now();
     let replayed = stratus_env::run_blocking(move || {
@@ -207,7 +207,7 @@ pub(crate) async fn recover_partition(
             .try_for_each(|(index, (bytes, certificate))| {
                 collector.add_verified(index, bytes, certificate)
             })
-            .and_then(|()| store.replay_collected(collector, now_seconds, into));
+            .and_then(|()| store.replay_collected(collector, now, into));
         if outcome.is_ok() {
             if let Some(&last) = side_log.segments().last() {
                 closed(last);

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use stratus_env::{join_all, BoxFuture, Environment};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
 use stratus_store::ObjectStore;
-use stratus_store::SegmentDurability;
+use stratus_store::{DurabilityError, SegmentDurability};
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{
     BackupWriteFlags, ReplicaCertificate, Request, ServerEntry, ServerStatus, ServiceMask, Status,
@@ -333,42 +333,70 @@ impl ReplicaManager {
 
 impl SegmentDurability for ReplicaManager {
     /// Called on a cleaner thread (never on the runtime): hands the survivor to the pump and
-    /// blocks until it is on every replica. The pump retries until it is; the cleaner waits,
-    /// because fusing a survivor that is not replicated would make the log on backups
-    /// incomplete.
+    /// blocks until it is on every replica, for at most the sync timeout. The cleaner must
+    /// wait (fusing a survivor that is not replicated would make the log on backups
+    /// incomplete), but not forever: after a timeout its pass waits and it tries again later
+    /// (the pump goes on meanwhile), and a fenced master or a stopped pump is final.
     fn make_durable(
         &self,
         segment_id: SegmentId,
         bytes: &[u8],
         certificate: stratus_log::Certificate,
-    ) {
-        let (done, finished) = tokio::sync::oneshot::channel();
-        let bytes = Bytes::copy_from_slice(bytes);
-        let request = SurvivorRequest { segment_id, bytes, certificate, done };
-        if self.survivors.blocking_send(request).is_err() {
-            return; // the pump is gone: the process is stopping
+    ) -> Result<(), DurabilityError> {
+        if self.is_fenced() {
+            return Err(DurabilityError::Fenced);
         }
-        self.shared.wake.notify_one();
-        let _ = finished.blocking_recv();
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        let bytes = Bytes::copy_from_slice(bytes);
+        let request =
+            SurvivorRequest { segment_id, bytes, certificate, done: SurvivorWaiter::Thread(done) };
+        self.queue_survivor(request)?;
+        match finished.recv_timeout(self.shared.config.sync_timeout) {
+            Ok(outcome) => outcome,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(DurabilityError::TimedOut),
+            // The pump dropped the request unanswered: it is gone.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(DurabilityError::Stopped),
+        }
     }
 }
 
 impl ReplicaManager {
     /// What [`SegmentDurability::make_durable`] does, for a cleaner that runs as a task
-    /// (`ObjectStore::clean_step`): returns once the survivor is on every replica.
+    /// (`ObjectStore::clean_step`) and for a recovery's side segments: returns once the
+    /// survivor is on every replica, or the master is fenced, or the pump is gone. Unbounded:
+    /// the caller bounds it if it must (dropping the future abandons the request).
     pub async fn replicate_survivor(
         &self,
         segment_id: SegmentId,
         bytes: Vec<u8>,
         certificate: stratus_log::Certificate,
-    ) {
-        let (done, finished) = tokio::sync::oneshot::channel();
-        let request = SurvivorRequest { segment_id, bytes: Bytes::from(bytes), certificate, done };
-        if self.survivors.send(request).await.is_err() {
-            return; // the pump is gone: the process is stopping
+    ) -> Result<(), DurabilityError> {
+        if self.is_fenced() {
+            return Err(DurabilityError::Fenced);
         }
-        self.shared.wake.notify_one();
-        let _ = finished.await;
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let bytes = Bytes::from(bytes);
+        let request =
+            SurvivorRequest { segment_id, bytes, certificate, done: SurvivorWaiter::Task(done) };
+        match self.survivors.send(request).await {
+            Ok(()) => self.shared.wake.notify_one(),
+            Err(_) => return Err(DurabilityError::Stopped),
+        }
+        // The pump dropped the request unanswered: it is gone.
+        finished.await.unwrap_or(Err(DurabilityError::Stopped))
+    }
+
+    /// Queues a survivor for the pump without blocking: a full queue (the pump far behind)
+    /// is a timeout the cleaner retries later.
+    fn queue_survivor(&self, request: SurvivorRequest) -> Result<(), DurabilityError> {
+        match self.survivors.try_send(request) {
+            Ok(()) => {
+                self.shared.wake.notify_one();
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(DurabilityError::TimedOut),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(DurabilityError::Stopped),
+        }
     }
 }
 
@@ -387,8 +415,9 @@ impl ReplicaManager {
         };
         let replicated = self.replicate_survivor(segment_id, bytes, certificate);
         match tokio::time::timeout(self.shared.config.sync_timeout, replicated).await {
-            Ok(()) if !self.is_fenced() => Ok(()),
-            Ok(()) => Err(SyncError { message: "this master was declared crashed".to_string() }),
+            Ok(Ok(())) if !self.is_fenced() => Ok(()),
+            Ok(Ok(())) => Err(SyncError { message: DurabilityError::Fenced.to_string() }),
+            Ok(Err(error)) => Err(SyncError { message: error.to_string() }),
             Err(_) => Err(self.not_replicated_in_time(&format!("side segment {segment_id}"))),
         }
     }
@@ -475,9 +504,40 @@ struct SurvivorRequest {
     segment_id: SegmentId,
     bytes: Bytes,
     certificate: stratus_log::Certificate,
-    /// Told when every replica holds the survivor (a cleaner thread blocks on it; an async
-    /// cleaner awaits it).
-    done: tokio::sync::oneshot::Sender<()>,
+    /// Told when every replica holds the survivor, or that none will.
+    done: SurvivorWaiter,
+}
+
+/// Who waits for a survivor's replication, and how it is told.
+enum SurvivorWaiter {
+    /// A cleaner thread, waiting with a timeout (a std channel: the thread has no runtime).
+    Thread(std::sync::mpsc::SyncSender<Result<(), DurabilityError>>),
+    /// A task: an async cleaner, or a recovery replicating a side segment.
+    Task(tokio::sync::oneshot::Sender<Result<(), DurabilityError>>),
+}
+
+impl SurvivorWaiter {
+    fn tell(self, outcome: Result<(), DurabilityError>) {
+        // A waiter that gave up is not told.
+        match self {
+            SurvivorWaiter::Thread(sender) => {
+                let _ = sender.try_send(outcome);
+            }
+            SurvivorWaiter::Task(sender) => {
+                let _ = sender.send(outcome);
+            }
+        }
+    }
+
+    /// Whether the waiter is known to have given up. (A cleaner thread that timed out cannot
+    /// be seen to have; it sends the survivor again, and replicating it twice writes nothing
+    /// new the second time.)
+    fn gave_up(&self) -> bool {
+        match self {
+            SurvivorWaiter::Thread(_) => false,
+            SurvivorWaiter::Task(sender) => sender.is_closed(),
+        }
+    }
 }
 
 /// The outcome of one BACKUP_WRITE.
@@ -542,6 +602,11 @@ impl Pump {
         let store = self.shared.store.clone();
         let log = store.log();
         self.check_holders_alive().await;
+        // A fenced master's survivors can never be durable: their waiters are told so.
+        if self.shared.fenced.load(std::sync::atomic::Ordering::Acquire) {
+            self.refuse_survivors();
+            return false;
+        }
         // Survivor segments of the cleaner first: the cleaner thread is blocked on them.
         while let Some(request) =
             self.pending_survivor.take().or_else(|| self.survivors.try_recv().ok())
@@ -554,7 +619,7 @@ impl Pump {
                         .dropped_under_head
                         .get_or_insert(log.head_segment_id().map_or(0, |head| head.0));
                 }
-                let _ = request.done.send(());
+                request.done.tell(Ok(()));
                 continue;
             }
             // Nobody waits for it any more: a recovery whose wait timed out, which abandons
@@ -562,18 +627,21 @@ impl Pump {
             // succeeded; the cleaner's thread waits until it is done). Retrying it meanwhile
             // would hold up this master's own writes behind a segment nobody will use; a copy
             // already written is freed when the abandon reports the segment dropped.
-            if request.done.is_closed() {
+            if request.done.gave_up() {
                 continue;
             }
             let source = Source::Given(&request.bytes, request.certificate);
             match self.replicate_segment(request.segment_id.0, source, true).await {
                 Ok(()) => {
                     self.segment_completed(request.segment_id.0);
-                    let _ = request.done.send(());
+                    request.done.tell(Ok(()));
                 }
                 Err(problem) => {
                     self.note_problem(problem);
                     self.pending_survivor = Some(request);
+                    if self.shared.fenced.load(std::sync::atomic::Ordering::Acquire) {
+                        self.refuse_survivors();
+                    }
                     return false;
                 }
             }
@@ -645,6 +713,16 @@ impl Pump {
         self.free_dropped_segments().await;
         self.count(|statistics| statistics.rounds += 1);
         complete
+    }
+
+    /// Tells everyone waiting for a survivor (the one being retried and those queued) that it
+    /// cannot be made durable: this master was declared crashed.
+    fn refuse_survivors(&mut self) {
+        while let Some(request) =
+            self.pending_survivor.take().or_else(|| self.survivors.try_recv().ok())
+        {
+            request.done.tell(Err(DurabilityError::Fenced));
+        }
     }
 
     /// Counts the segments still in the log that are not on `replicas` backups in full (the
@@ -1359,6 +1437,119 @@ mod tests {
             vec![vec![1, 2, 3], vec![4, 5, 6], vec![5, 6, 7]]
         );
         assert!(copyset_groups(&seven[..2], 3).is_empty());
+    }
+
+    /// A coordinator and a backup in one scripted server: the server list names it as the only
+    /// backup (besides the master, id 1), and it refuses every replica write as a backup does
+    /// once the coordinator fenced the master.
+    struct FencingBackup {
+        address: std::sync::Mutex<String>,
+    }
+
+    impl stratus_rpc::Service for FencingBackup {
+        fn handle(
+            &self,
+            header: &stratus_wire::FrameHeader,
+            body: Bytes,
+            out: &mut bytes::BytesMut,
+        ) -> stratus_rpc::Handled {
+            use stratus_wire::{decode_request, encode_error_response, encode_response, Response};
+            let response = match decode_request(header.opcode_code, body) {
+                Ok(Request::GetServerList) => {
+                    let address = self.address.lock().unwrap().clone();
+                    let entry = ServerEntry { address, ..backup(2) };
+                    Response::GetServerList { servers: vec![entry] }
+                }
+                Ok(Request::Ping) => Response::Ping,
+                _ => {
+                    let status = Status::ServerCrashed;
+                    encode_error_response(out, header.request_id, header.opcode_code, status, "");
+                    return stratus_rpc::Handled::Done;
+                }
+            };
+            encode_response(out, header.request_id, Status::Ok, &response);
+            stratus_rpc::Handled::Done
+        }
+    }
+
+    /// A replica manager whose only backup refuses its writes (it was fenced), on `runtime`.
+    fn fenced_replica_manager(runtime: &tokio::runtime::Runtime) -> ReplicaManager {
+        runtime.block_on(async {
+            let environment = Environment::system();
+            let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_address();
+            let service =
+                Arc::new(FencingBackup { address: std::sync::Mutex::new(address.clone()) });
+            tokio::spawn(stratus_rpc::serve(listener, service));
+            let store = stratus_store::StoreConfig::for_testing();
+            let store = Arc::new(ObjectStore::new(store, ServerId(1)).unwrap());
+            // Something to replicate: the log's first head.
+            let (table, key) = (stratus_types::TableId(1), b"key");
+            let hash = stratus_types::key_hash(table, key);
+            let rules = stratus_types::RejectRules::NONE;
+            store
+                .write(
+                    table,
+                    key,
+                    hash,
+                    b"value",
+                    &rules,
+                    stratus_store::Expiry::Never,
+                    stratus_store::WallTime::from_seconds(0),
+                )
+                .unwrap();
+            let mut config = ReplicationConfig::new(1, address);
+            config.sync_timeout = Duration::from_secs(600);
+            ReplicaManager::start(ServerId(1), config, store, environment)
+        })
+    }
+
+    /// Runs `make_durable` of a survivor segment on a thread of its own; its outcome, or
+    /// `None` if it did not return within a minute (far more than it takes).
+    fn make_durable_on_a_thread(manager: &ReplicaManager) -> Option<Result<(), DurabilityError>> {
+        use stratus_log::{AppendEntry, AppendPriority, EntryType, SideLog};
+        // A survivor: a side segment, in the log but not fused yet.
+        let log = manager.shared.store.log();
+        let mut survivors = SideLog::new(AppendPriority::Cleaner);
+        survivors.append(log, &AppendEntry::new(EntryType::Object, &[1; 100])).unwrap();
+        let survivor = survivors.segments()[0];
+        let (bytes, certificate) = log.segment_contents(survivor).unwrap();
+        let manager = manager.clone();
+        let (sender, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sender.send(manager.make_durable(survivor, &bytes, certificate));
+        });
+        outcome.recv_timeout(Duration::from_secs(60)).ok()
+    }
+
+    #[test]
+    fn a_fenced_master_is_told_its_survivor_cannot_be_made_durable() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let manager = fenced_replica_manager(&runtime);
+        // The survivor goes to the pump before it learns of the fencing (the sync timeout is
+        // ten minutes: only the fencing can end the wait in time).
+        let outcome = make_durable_on_a_thread(&manager).expect("make_durable never returned");
+        assert_eq!(outcome, Err(DurabilityError::Fenced));
+        assert!(manager.is_fenced());
+        // Once fenced, at once.
+        assert_eq!(make_durable_on_a_thread(&manager), Some(Err(DurabilityError::Fenced)));
+    }
+
+    #[test]
+    fn make_durable_reports_a_pump_that_is_gone() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let manager = fenced_replica_manager(&runtime);
+        // The runtime ends, and the pump with it, before anything is replicated.
+        runtime.shutdown_background();
+        assert_eq!(make_durable_on_a_thread(&manager), Some(Err(DurabilityError::Stopped)));
     }
 
     #[test]

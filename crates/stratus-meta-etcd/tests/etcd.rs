@@ -1,6 +1,6 @@
 //! The etcd store and leadership against a real etcd process (the `etcd` binary, Debian
-//! package etcd-server). Without etcd installed these tests say so and pass, unless
-//! STRATUS_REQUIRE_ETCD is set, as CI does, which makes a missing etcd a failure.
+//! package etcd-server). Without etcd these tests fail, naming it: no test skips itself for
+//! want of a program (`scripts/test`, the README's test command, installs every one).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,16 +13,14 @@ use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig}
 /// etcd's smallest lease TTL with its default election timeout (it raises smaller ones).
 const TEST_LEASE_TTL: Duration = Duration::from_secs(2);
 
-/// A fresh etcd, or None when the binary is missing and that is allowed.
-fn start_etcd(directory: &tempfile::TempDir) -> Option<LocalEtcd> {
-    match LocalEtcd::start(&directory.path().join("etcd")) {
-        Ok(etcd) => Some(etcd),
-        Err(error) if std::env::var_os("STRATUS_REQUIRE_ETCD").is_none() => {
-            eprintln!("SKIPPED: no etcd to test against ({error})");
-            None
-        }
-        Err(error) => panic!("STRATUS_REQUIRE_ETCD is set but etcd cannot start: {error}"),
-    }
+/// A fresh etcd.
+fn start_etcd(directory: &tempfile::TempDir) -> LocalEtcd {
+    LocalEtcd::start(&directory.path().join("etcd")).unwrap_or_else(|error| {
+        panic!(
+            "this test needs `etcd` (Debian: etcd-server), which cannot start ({error}): run the \
+             tests with scripts/test (README.md), which installs every program they need"
+        )
+    })
 }
 
 fn client(etcd: &LocalEtcd) -> Arc<EtcdClient> {
@@ -44,7 +42,7 @@ fn put(key: &str, value: &[u8]) -> MetaOperation {
 #[test]
 fn etcd_store_conforms() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let client = client(&etcd);
     // A fresh, empty store per check: a namespace of its own in the same etcd.
     let next = AtomicU64::new(0);
@@ -57,7 +55,7 @@ fn etcd_store_conforms() {
 #[test]
 fn etcd_store_conforms_while_fenced_by_a_held_leadership() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let client = client(&etcd);
     let next = AtomicU64::new(0);
     let mut leaderships = Vec::new();
@@ -75,7 +73,7 @@ fn etcd_store_conforms_while_fenced_by_a_held_leadership() {
 #[test]
 fn namespaces_do_not_see_each_other() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let client = client(&etcd);
     let first = EtcdMetaStore::new(client.clone(), "/a/", None);
     let second = EtcdMetaStore::new(client.clone(), "/a/b/", None);
@@ -89,7 +87,7 @@ fn namespaces_do_not_see_each_other() {
 #[test]
 fn scans_longer_than_a_page_are_whole_and_ordered() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let store = EtcdMetaStore::new(client(&etcd), "/paged/", None);
     let count = stratus_meta_etcd::SCAN_PAGE_KEYS * 3 + 5;
     let batch: Vec<MetaOperation> =
@@ -107,7 +105,7 @@ fn scans_longer_than_a_page_are_whole_and_ordered() {
 #[test]
 fn a_deposed_coordinator_can_write_nothing_and_its_successor_takes_over() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let client = client(&etcd);
     let first = Leadership::campaign(client.clone(), "/c/", "first", config(), &|| false).unwrap();
     let first_store = EtcdMetaStore::new(client.clone(), "/c/", Some(first.identity().to_vec()));
@@ -143,7 +141,7 @@ fn a_deposed_coordinator_can_write_nothing_and_its_successor_takes_over() {
 #[test]
 fn a_resigning_coordinator_hands_over_without_waiting_for_its_lease() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let client = client(&etcd);
     // A lease far longer than the test may wait: only the resignation can hand over.
     let long = LeadershipConfig { lease_ttl: Duration::from_secs(600), ..config() };
@@ -160,7 +158,7 @@ fn a_resigning_coordinator_hands_over_without_waiting_for_its_lease() {
 #[test]
 fn a_coordinator_that_cannot_reach_etcd_stops_holding_the_leadership() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(mut etcd) = start_etcd(&directory) else { return };
+    let mut etcd = start_etcd(&directory);
     let client = client(&etcd);
     let leadership =
         Leadership::campaign(client.clone(), "/k/", "lonely", config(), &|| false).unwrap();
@@ -181,7 +179,7 @@ fn a_coordinator_that_cannot_reach_etcd_stops_holding_the_leadership() {
 #[test]
 fn a_standby_gives_up_when_asked_to_stop() {
     let directory = tempfile::tempdir().unwrap();
-    let Some(etcd) = start_etcd(&directory) else { return };
+    let etcd = start_etcd(&directory);
     let client = client(&etcd);
     let _first = Leadership::campaign(client.clone(), "/s/", "first", config(), &|| false).unwrap();
     let attempts = AtomicU64::new(0);

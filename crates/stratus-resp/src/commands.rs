@@ -6,9 +6,13 @@
 //! then changed nothing, and the second recreates the table.
 
 use bytes::{Bytes, BytesMut};
-use stratus_client::{Error, KeyItem, RejectRules, Status, TableId, Version, WriteItem};
+use stratus_client::{
+    Error, Expiry, KeyItem, RejectRules, ServerOverview, ServerStatus, Status, TableId, Version,
+    WriteItem,
+};
 use stratus_types::limits::KEY_BYTES_MAX;
 
+use crate::expiry::{parse_expiry, time_option, TimeGiven};
 use crate::gateway::{Gateway, OpenScan, Session};
 use crate::glob;
 use crate::hash::{is_hash, Hash, HASH_MARKER};
@@ -38,17 +42,17 @@ impl From<Error> for Failure {
     }
 }
 
-type Outcome = Result<Value, Failure>;
+pub(crate) type Outcome = Result<Value, Failure>;
 
-fn error(text: impl Into<String>) -> Failure {
+pub(crate) fn error(text: impl Into<String>) -> Failure {
     Failure::Reply(Value::error(text))
 }
 
-fn syntax_error() -> Failure {
+pub(crate) fn syntax_error() -> Failure {
     error("ERR syntax error")
 }
 
-fn not_an_integer() -> Failure {
+pub(crate) fn not_an_integer() -> Failure {
     error("ERR value is not an integer or out of range")
 }
 
@@ -68,7 +72,7 @@ fn check_string(value: &[u8]) -> Result<(), Failure> {
 }
 
 /// A stored value that a string command may use: WRONGTYPE for a hash.
-fn as_string(value: Bytes) -> Result<Bytes, Failure> {
+pub(crate) fn as_string(value: Bytes) -> Result<Bytes, Failure> {
     if is_hash(&value) {
         return Err(wrong_type());
     }
@@ -90,19 +94,21 @@ fn as_hash(value: Option<Bytes>) -> Result<Option<Hash>, Failure> {
 pub(crate) enum Change {
     /// Nothing (the reply says why).
     Keep,
-    /// Write this value, if the key still has the version read.
-    Write(Bytes),
+    /// Write this value with this expiry (`Keep`: the one the key has, as INCR, APPEND and
+    /// HSET keep it), if the key still has the version read.
+    Write(Bytes, Expiry),
     /// Remove the key, if it still has the version read (a hash's last field deleted).
     Remove,
 }
 
-/// A client error as a reply: `ERR stratus: <status> (<details>)`.
+/// How long INFO's `stratus` section waits for one server's figures: a server that takes
+/// longer is counted unreachable rather than holding the reply.
+const INFO_SERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A client error as a reply: `ERR stratus: <status>: <details>`, the words every Stratus
+/// tool uses for it (the error's `Display`).
 fn client_error_reply(error: &Error) -> Value {
-    let mut text = format!("ERR stratus: {}", error.status.description());
-    if !error.message.is_empty() {
-        text.push_str(&format!(" ({})", error.message));
-    }
-    Value::Error(text)
+    Value::Error(format!("ERR stratus: {error}"))
 }
 
 /// A command's name, arity (Redis's convention: n means exactly n arguments including the
@@ -125,6 +131,7 @@ const fn command(
 
 const READ: &[&str] = &["readonly", "fast"];
 const WRITE: &[&str] = &["write", "denyoom"];
+const WRITE_FAST: &[&str] = &["write", "fast"];
 const CONNECTION: &[&str] = &["fast", "stale", "loading"];
 const SLOW_READ: &[&str] = &["readonly"];
 const ADMIN: &[&str] = &["admin", "noscript"];
@@ -144,6 +151,18 @@ const COMMANDS: &[CommandSpecification] = &[
     command("set", -3, WRITE, (1, 1, 1)),
     command("setnx", 3, WRITE, (1, 1, 1)),
     command("getset", 3, WRITE, (1, 1, 1)),
+    command("setex", 4, WRITE, (1, 1, 1)),
+    command("psetex", 4, WRITE, (1, 1, 1)),
+    command("getex", -2, WRITE, (1, 1, 1)),
+    command("expire", -3, WRITE_FAST, (1, 1, 1)),
+    command("pexpire", -3, WRITE_FAST, (1, 1, 1)),
+    command("expireat", -3, WRITE_FAST, (1, 1, 1)),
+    command("pexpireat", -3, WRITE_FAST, (1, 1, 1)),
+    command("persist", 2, WRITE_FAST, (1, 1, 1)),
+    command("ttl", 2, READ, (1, 1, 1)),
+    command("pttl", 2, READ, (1, 1, 1)),
+    command("expiretime", 2, READ, (1, 1, 1)),
+    command("pexpiretime", 2, READ, (1, 1, 1)),
     command("del", -2, WRITE, (1, -1, 1)),
     command("exists", -2, READ, (1, -1, 1)),
     command("type", 2, READ, (1, 1, 1)),
@@ -209,7 +228,7 @@ pub fn parse_integer(text: &[u8]) -> Option<i64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-fn check_key(key: &[u8]) -> Result<(), Failure> {
+pub(crate) fn check_key(key: &[u8]) -> Result<(), Failure> {
     if key.is_empty() {
         return Err(error("ERR empty keys are not supported by Stratus"));
     }
@@ -221,7 +240,7 @@ fn check_key(key: &[u8]) -> Result<(), Failure> {
     Ok(())
 }
 
-fn lowercase(bytes: &[u8]) -> String {
+pub(crate) fn lowercase(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).to_ascii_lowercase()
 }
 
@@ -353,6 +372,25 @@ impl Gateway {
                     [arguments[0].clone(), arguments[1].clone(), Bytes::from_static(b"GET")];
                 self.set(session, &options).await
             }
+            "setex" | "psetex" => {
+                let given = if name == "setex" { TimeGiven::Seconds } else { TimeGiven::Millis };
+                // Checked before the key is touched, with the command's own error.
+                parse_expiry(&arguments[1], given, true, name)?;
+                let option = Bytes::from_static(if name == "setex" { b"EX" } else { b"PX" });
+                let set =
+                    [arguments[0].clone(), arguments[2].clone(), option, arguments[1].clone()];
+                self.set(session, &set).await
+            }
+            "getex" => self.get_expiring(session, arguments).await,
+            "expire" => self.expire(session, name, arguments, TimeGiven::Seconds).await,
+            "pexpire" => self.expire(session, name, arguments, TimeGiven::Millis).await,
+            "expireat" => self.expire(session, name, arguments, TimeGiven::UnixSeconds).await,
+            "pexpireat" => self.expire(session, name, arguments, TimeGiven::UnixMillis).await,
+            "persist" => self.persist(session, &arguments[0]).await,
+            "ttl" => self.time_to_live(session, &arguments[0], false).await,
+            "pttl" => self.time_to_live(session, &arguments[0], true).await,
+            "expiretime" => self.expire_time(session, &arguments[0], false).await,
+            "pexpiretime" => self.expire_time(session, &arguments[0], true).await,
             "del" => self.delete(session, arguments).await,
             "exists" => self.exists(session, arguments).await,
             "type" => Ok(Value::simple(match self.read_raw(session, &arguments[0]).await? {
@@ -511,16 +549,26 @@ impl Gateway {
             );
         }
         if include("stratus") {
-            // The cluster's own figures: every master's statistics, summed.
-            let servers = self.client.server_list().await?;
-            let tables = self.client.list_tables().await?;
+            // The cluster's own figures: every live master's statistics, summed. Servers
+            // that crashed or were removed are counted apart, not as unreachable masters.
+            let overview = self.client.cluster_overview(INFO_SERVER_PATIENCE).await?;
+            let up = |server: &&ServerOverview| server.entry.status == ServerStatus::Up;
+            let servers_up = overview.servers.iter().filter(up).count();
+            let servers_down = overview
+                .servers
+                .iter()
+                .filter(|server| server.entry.status == ServerStatus::Crashed);
             let (mut masters, mut unreachable) = (0u64, 0u64);
             let (mut objects, mut live, mut allocated, mut total, mut requests) =
                 (0u64, 0u64, 0u64, 0u64, 0u64);
-            // A server that is down answers nothing and counts as unreachable.
-            for server in servers.iter().filter(|server| server.services.has_master()) {
-                match self.client.server_statistics(&server.address).await {
-                    Ok(statistics) => {
+            let live_masters = overview
+                .servers
+                .iter()
+                .filter(up)
+                .filter(|server| server.entry.services.has_master());
+            for server in live_masters {
+                match &server.statistics {
+                    Some(statistics) => {
                         masters += 1;
                         objects += statistics.objects_live;
                         live += statistics.log_bytes_live;
@@ -528,14 +576,14 @@ impl Gateway {
                         total += statistics.log_bytes_total;
                         requests += statistics.requests_served;
                     }
-                    Err(_) => unreachable += 1,
+                    None => unreachable += 1,
                 }
             }
             let _ = write!(
                 text,
-                "# Stratus\r\nstratus_servers:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n",
-                servers.len(),
-                tables.len()
+                "# Stratus\r\nstratus_servers:{servers_up}\r\nstratus_servers_crashed:{}\r\nstratus_masters:{masters}\r\nstratus_masters_unreachable:{unreachable}\r\nstratus_tables:{}\r\nstratus_objects_live:{objects}\r\nstratus_log_bytes_live:{live}\r\nstratus_log_bytes_allocated:{allocated}\r\nstratus_log_bytes_total:{total}\r\nstratus_requests_served:{requests}\r\n",
+                servers_down.count(),
+                overview.tables.len()
             );
             // Where this front end runs: in a storage server (whose master's keys cost no
             // hop) or in a gateway process.
@@ -595,7 +643,7 @@ impl Gateway {
                 added += i64::from(hash.set(pair[0].clone(), pair[1].clone()));
             }
             let reply = if name == "hmset" { Value::ok() } else { Value::Integer(added) };
-            Ok((Change::Write(hash.encode()), reply))
+            Ok((Change::Write(hash.encode(), Expiry::Keep), reply))
         })
         .await
     }
@@ -612,7 +660,7 @@ impl Gateway {
             let change = match (removed, hash.is_empty()) {
                 (0, _) => Change::Keep,
                 (_, true) => Change::Remove,
-                (_, false) => Change::Write(hash.encode()),
+                (_, false) => Change::Write(hash.encode(), Expiry::Keep),
             };
             Ok((change, Value::Integer(removed)))
         })
@@ -641,14 +689,15 @@ impl Gateway {
                 .checked_add(delta)
                 .ok_or_else(|| error("ERR increment or decrement would overflow"))?;
             hash.set(field.clone(), Bytes::from(new.to_string()));
-            Ok((Change::Write(hash.encode()), Value::Integer(new)))
+            Ok((Change::Write(hash.encode(), Expiry::Keep), Value::Integer(new)))
         })
         .await
     }
 
-    /// SET key value [NX|XX] [GET]. NX is Stratus's `exists` reject rule (refuse when the
-    /// object exists), XX its `doesnt_exist` rule; GET reads the old value and writes only if
-    /// the version read is still current.
+    /// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t|KEEPTTL]. NX is Stratus's
+    /// `exists` reject rule (refuse when the object exists), XX its `doesnt_exist` rule; GET
+    /// reads the old value and writes only if the version read is still current. Without an
+    /// expiry option the key's expiry is cleared, as Redis does; KEEPTTL keeps it.
     async fn set(&self, session: &Session, arguments: &[Bytes]) -> Outcome {
         #[derive(PartialEq)]
         enum Condition {
@@ -659,20 +708,24 @@ impl Gateway {
         let (key, value) = (&arguments[0], &arguments[1]);
         let mut condition = Condition::Always;
         let mut return_old = false;
-        for option in &arguments[2..] {
-            match lowercase(option).as_str() {
+        let mut expiry: Option<Expiry> = None;
+        let mut options = arguments[2..].iter();
+        while let Some(option) = options.next() {
+            let option = lowercase(option);
+            match option.as_str() {
                 "nx" if condition != Condition::IfPresent => condition = Condition::IfAbsent,
                 "xx" if condition != Condition::IfAbsent => condition = Condition::IfPresent,
                 "get" => return_old = true,
-                expiry @ ("ex" | "px" | "exat" | "pxat" | "keepttl") => {
-                    return Err(error(format!(
-                        "ERR SET option {} is not supported: Stratus keys do not expire",
-                        expiry.to_ascii_uppercase()
-                    )))
+                "keepttl" if expiry.is_none() => expiry = Some(Expiry::Keep),
+                time if expiry.is_none() && time_option(time).is_some() => {
+                    let given = time_option(time).expect("checked by the guard");
+                    let amount = options.next().ok_or_else(syntax_error)?;
+                    expiry = Some(parse_expiry(amount, given, true, "set")?);
                 }
                 _ => return Err(syntax_error()),
             }
         }
+        let expiry = expiry.unwrap_or(Expiry::Never);
         check_key(key)?;
         check_string(value)?;
         let table = self.table(session.database).await?;
@@ -686,7 +739,8 @@ impl Gateway {
                         Condition::IfPresent => current.is_some(),
                         Condition::Always => true,
                     };
-                    let change = if write { Change::Write(value.clone()) } else { Change::Keep };
+                    let change =
+                        if write { Change::Write(value.clone(), expiry) } else { Change::Keep };
                     Ok((change, old))
                 })
                 .await;
@@ -696,7 +750,7 @@ impl Gateway {
             Condition::IfAbsent => RejectRules { exists: true, ..RejectRules::NONE },
             Condition::IfPresent => RejectRules { doesnt_exist: true, ..RejectRules::NONE },
         };
-        match self.client.write_with(table, key, value.clone(), rules).await {
+        match self.client.write_expiring(table, key, value.clone(), rules, expiry).await {
             Ok(_) => Ok(Value::ok()),
             Err(failure)
                 if matches!(failure.status, Status::ObjectExists | Status::ObjectDoesntExist) =>
@@ -727,9 +781,11 @@ impl Gateway {
             let rules = RejectRules::version_equals(version);
             let outcome = match change {
                 Change::Keep => return Ok(reply),
-                Change::Write(new_value) => {
-                    self.client.write_with(table, key, new_value, rules).await.map(|_| ())
-                }
+                Change::Write(new_value, expiry) => self
+                    .client
+                    .write_expiring(table, key, new_value, rules, expiry)
+                    .await
+                    .map(|_| ()),
                 Change::Remove => self.client.remove_with(table, key, rules).await.map(|_| ()),
             };
             match outcome {
@@ -756,7 +812,7 @@ impl Gateway {
             let new = old
                 .checked_add(delta)
                 .ok_or_else(|| error("ERR increment or decrement would overflow"))?;
-            Ok((Change::Write(Bytes::from(new.to_string())), Value::Integer(new)))
+            Ok((Change::Write(Bytes::from(new.to_string()), Expiry::Keep), Value::Integer(new)))
         })
         .await
     }
@@ -770,7 +826,7 @@ impl Gateway {
             value.extend_from_slice(suffix);
             check_string(&value)?;
             let length = value.len() as i64;
-            Ok((Change::Write(Bytes::from(value)), Value::Integer(length)))
+            Ok((Change::Write(Bytes::from(value), Expiry::Keep), Value::Integer(length)))
         })
         .await
     }
@@ -845,6 +901,7 @@ impl Gateway {
                 key: pair[0].clone(),
                 value: pair[1].clone(),
                 rules: RejectRules::NONE,
+                expiry: stratus_client::Expiry::Never,
             })
             .collect();
         for outcome in self.client.multi_write(&items).await {

@@ -104,6 +104,8 @@ pub struct Gateway {
     pub(crate) connections_received: AtomicU64,
     pub(crate) commands_processed: AtomicU64,
     pub(crate) started: Instant,
+    /// This gateway's wall clock: what EXPIRETIME and the absolute expiry forms compare with.
+    pub(crate) wall_clock: std::sync::Arc<dyn stratus_env::WallClock>,
 }
 
 impl Gateway {
@@ -119,6 +121,7 @@ impl Gateway {
             connections_received: AtomicU64::new(0),
             commands_processed: AtomicU64::new(0),
             started: Instant::now(),
+            wall_clock: std::sync::Arc::new(stratus_env::SystemWallClock),
         }
     }
 

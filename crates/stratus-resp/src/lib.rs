@@ -57,6 +57,7 @@
 //! `HELLO 3` switches a connection's replies to RESP3 (maps, `_` nulls).
 
 pub mod commands;
+mod expiry;
 mod gateway;
 mod glob;
 pub mod hash;
@@ -65,7 +66,7 @@ mod server;
 pub mod value;
 
 pub use gateway::{Gateway, GatewayConfig, Session};
-pub use request::{ProtocolError, RequestLimits, RequestParser};
+pub use request::{Parsed, ProtocolError, RequestLimits, RequestParser};
 pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};
 pub use value::{parse_value, ParseError, Protocol, Value};
 

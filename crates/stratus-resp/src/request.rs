@@ -6,6 +6,12 @@
 //! each argument is a zero-copy slice of the bytes read. Every length is checked against a
 //! limit before anything is reserved for it; any input either yields commands, asks for more
 //! bytes, or is a [`ProtocolError`] (after which the connection is closed, as Redis does).
+//!
+//! A well-framed command with an argument over the limit (a value larger than the cluster
+//! stores) is not a protocol error: its bytes are read and dropped as they arrive, without
+//! being kept, and it yields [`Parsed::Refused`], which the connection answers with an error
+//! before going on with the next command. Only a command that would make the connection drop
+//! more than [`RequestLimits::refused_command_bytes_max`] ends it.
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -22,6 +28,12 @@ pub struct RequestLimits {
     pub command_bytes_max: usize,
     /// Longest inline command line, in bytes (Redis: 64 KiB).
     pub inline_bytes_max: usize,
+    /// Most bytes of a refused command (one with an argument over `argument_bytes_max`, or
+    /// over `command_bytes_max` in all) read and dropped so that its error can be answered
+    /// and the connection kept; a longer one is a protocol error. Dropped bytes are never
+    /// held, so this bounds time spent reading, not memory. 512 MiB is Redis's largest
+    /// argument (`proto-max-bulk-len`): what Redis would accept, Stratus refuses politely.
+    pub refused_command_bytes_max: usize,
 }
 
 impl Default for RequestLimits {
@@ -31,6 +43,7 @@ impl Default for RequestLimits {
             arguments_max: 1 << 20,
             command_bytes_max: 64 << 20,
             inline_bytes_max: 64 << 10,
+            refused_command_bytes_max: 512 << 20,
         }
     }
 }
@@ -50,12 +63,51 @@ impl ProtocolError {
 /// leading zeros without letting a peer send an endless number).
 const LENGTH_LINE_BYTES_MAX: usize = 32;
 
+/// What the parser found at the front of the buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A whole command: its arguments, the command name first.
+    Command(Vec<Bytes>),
+    /// A whole command read and dropped because it was over a limit; the text (without the
+    /// `ERR ` prefix) is the error to answer. The connection stays usable.
+    Refused(String),
+}
+
 /// A command being received: the arguments still expected and those complete so far.
 #[derive(Debug)]
 struct PartialCommand {
     remaining: usize,
     arguments: Vec<Bytes>,
     bytes: usize,
+    /// Why the command is refused, once an argument broke a limit: every byte of it from
+    /// there on is dropped, not kept.
+    refused: Option<String>,
+    /// Body bytes of the current argument still to drop (then its CRLF), while refused.
+    dropping: Option<usize>,
+    /// Bytes dropped so far (bounded by `refused_command_bytes_max`).
+    dropped: usize,
+}
+
+impl PartialCommand {
+    /// Drops what arrived of the argument being dropped. `Ok(true)` when the argument (and
+    /// its CRLF) is gone, `Ok(false)` when more bytes are needed.
+    fn drop_argument(&mut self, buffer: &mut BytesMut) -> Result<bool, ProtocolError> {
+        let Some(left) = self.dropping else { return Ok(true) };
+        let dropped = left.min(buffer.len());
+        buffer.advance(dropped);
+        let left = left - dropped;
+        self.dropping = Some(left);
+        if left > 0 || buffer.len() < 2 {
+            return Ok(false);
+        }
+        if &buffer[..2] != b"\r\n" {
+            return Err(ProtocolError::new("Protocol error: bulk string not followed by CRLF"));
+        }
+        buffer.advance(2);
+        self.dropping = None;
+        self.remaining -= 1;
+        Ok(true)
+    }
 }
 
 /// The parser of one connection.
@@ -86,6 +138,25 @@ fn parse_number(text: &[u8]) -> Option<i64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
+/// Why an argument of `length` bytes, after `bytes` of the command's earlier arguments, cannot
+/// be taken, if it cannot.
+fn refusal(limits: &RequestLimits, length: usize, bytes: usize) -> Option<String> {
+    if length > limits.argument_bytes_max {
+        return Some(format!(
+            "argument of {length} bytes is longer than the limit of {} bytes (the largest value \
+             the cluster stores)",
+            limits.argument_bytes_max
+        ));
+    }
+    if bytes.saturating_add(length) > limits.command_bytes_max {
+        return Some(format!(
+            "command longer than the limit of {} bytes",
+            limits.command_bytes_max
+        ));
+    }
+    None
+}
+
 impl RequestParser {
     /// A parser enforcing `limits`.
     pub fn new(limits: RequestLimits) -> RequestParser {
@@ -95,10 +166,7 @@ impl RequestParser {
     /// The next complete command from the front of `buffer` (consuming its bytes), `Ok(None)`
     /// when the buffer holds no complete command yet (what it holds of one is kept), or the
     /// error that ends the connection.
-    pub fn next_command(
-        &mut self,
-        buffer: &mut BytesMut,
-    ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    pub fn next_command(&mut self, buffer: &mut BytesMut) -> Result<Option<Parsed>, ProtocolError> {
         loop {
             if self.partial.is_none() {
                 match buffer.first() {
@@ -128,16 +196,29 @@ impl RequestParser {
                         let remaining = count as usize;
                         // Reserve from the count only up to a small bound: the count is a claim.
                         let arguments = Vec::with_capacity(remaining.min(64));
-                        self.partial = Some(PartialCommand { remaining, arguments, bytes: 0 });
+                        self.partial = Some(PartialCommand {
+                            remaining,
+                            arguments,
+                            bytes: 0,
+                            refused: None,
+                            dropping: None,
+                            dropped: 0,
+                        });
                     }
                     Some(_) => match self.inline(buffer)? {
                         Some(arguments) if arguments.is_empty() => continue,
-                        other => return Ok(other),
+                        other => return Ok(other.map(Parsed::Command)),
                     },
                 }
             }
             let Some(partial) = self.partial.as_mut() else { continue };
             while partial.remaining > 0 {
+                if !partial.drop_argument(buffer)? {
+                    return Ok(None);
+                }
+                if partial.remaining == 0 {
+                    break;
+                }
                 let Some(&first) = buffer.first() else { return Ok(None) };
                 if first != b'$' {
                     return Err(ProtocolError(format!(
@@ -156,17 +237,17 @@ impl RequestParser {
                 let length = parse_number(&buffer[1..end])
                     .and_then(|length| usize::try_from(length).ok())
                     .ok_or_else(|| ProtocolError::new("Protocol error: invalid bulk length"))?;
-                if length > self.limits.argument_bytes_max {
-                    return Err(ProtocolError(format!(
-                        "Protocol error: argument of {length} bytes is longer than the limit of {} bytes",
-                        self.limits.argument_bytes_max
-                    )));
+                if partial.refused.is_none() {
+                    partial.refused = refusal(&self.limits, length, partial.bytes);
                 }
-                if partial.bytes + length > self.limits.command_bytes_max {
-                    return Err(ProtocolError(format!(
-                        "Protocol error: command longer than the limit of {} bytes",
-                        self.limits.command_bytes_max
-                    )));
+                if partial.refused.is_some() {
+                    partial.dropped = partial.dropped.saturating_add(length);
+                    if partial.dropped > self.limits.refused_command_bytes_max {
+                        return Err(ProtocolError::new("Protocol error: invalid bulk length"));
+                    }
+                    buffer.advance(end + 2);
+                    partial.dropping = Some(length);
+                    continue;
                 }
                 let needed = end + 2 + length + 2;
                 if buffer.len() < needed {
@@ -185,7 +266,10 @@ impl RequestParser {
                 partial.bytes += length;
                 partial.remaining -= 1;
             }
-            let complete = self.partial.take().map(|partial| partial.arguments);
+            let complete = self.partial.take().map(|partial| match partial.refused {
+                Some(reason) => Parsed::Refused(reason),
+                None => Parsed::Command(partial.arguments),
+            });
             return Ok(complete);
         }
     }

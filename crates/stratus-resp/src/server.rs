@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::commands::After;
 use crate::gateway::{Gateway, Session};
-use crate::request::RequestParser;
+use crate::request::{Parsed, RequestParser};
 use crate::value::Value;
 
 /// Replies are flushed when this many bytes are waiting, even in the middle of a pipeline, so
@@ -71,7 +71,11 @@ pub async fn serve_connection(gateway: &Gateway, connection: Connection) -> io::
     loop {
         loop {
             match parser.next_command(&mut input) {
-                Ok(Some(arguments)) => {
+                Ok(Some(Parsed::Refused(reason))) => {
+                    // Its bytes were read and dropped: the stream is framed still.
+                    Value::Error(format!("ERR {reason}")).encode(session.protocol, &mut output);
+                }
+                Ok(Some(Parsed::Command(arguments))) => {
                     let after = gateway.execute(&mut session, &arguments, &mut output).await;
                     if after == After::Close {
                         writer.write_all(&output).await?;

@@ -4,14 +4,15 @@
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
-use crate::request::{RequestLimits, RequestParser};
+use crate::request::{Parsed, RequestLimits, RequestParser};
 use crate::value::{parse_value, Protocol, Value};
 
-fn command(arguments: &[&[u8]]) -> Vec<Bytes> {
-    arguments.iter().map(|argument| Bytes::copy_from_slice(argument)).collect()
+fn command(arguments: &[&[u8]]) -> Parsed {
+    Parsed::Command(arguments.iter().map(|argument| Bytes::copy_from_slice(argument)).collect())
 }
 
-fn encode_command(arguments: &[Bytes]) -> Vec<u8> {
+fn encode_command(command: &Parsed) -> Vec<u8> {
+    let Parsed::Command(arguments) = command else { panic!("only commands encode") };
     let value = Value::Array(arguments.iter().cloned().map(Value::BulkString).collect());
     value.to_bytes(Protocol::Resp2).to_vec()
 }
@@ -21,7 +22,7 @@ fn parse_in_pieces(
     input: &[u8],
     cuts: &[usize],
     limits: RequestLimits,
-) -> (Vec<Vec<Bytes>>, Result<(), String>) {
+) -> (Vec<Parsed>, Result<(), String>) {
     let mut parser = RequestParser::new(limits);
     let mut buffer = BytesMut::new();
     let mut commands = Vec::new();
@@ -31,7 +32,7 @@ fn parse_in_pieces(
         start = end;
         loop {
             match parser.next_command(&mut buffer) {
-                Ok(Some(arguments)) => commands.push(arguments),
+                Ok(Some(parsed)) => commands.push(parsed),
                 Ok(None) => break,
                 Err(error) => return (commands, Err(error.0)),
             }
@@ -40,7 +41,7 @@ fn parse_in_pieces(
     (commands, Ok(()))
 }
 
-fn parse_all(input: &[u8]) -> (Vec<Vec<Bytes>>, Result<(), String>) {
+fn parse_all(input: &[u8]) -> (Vec<Parsed>, Result<(), String>) {
     parse_in_pieces(input, &[], RequestLimits::default())
 }
 
@@ -114,17 +115,55 @@ fn limits_are_enforced_before_bytes_arrive() {
         arguments_max: 3,
         command_bytes_max: 15,
         inline_bytes_max: 8,
+        refused_command_bytes_max: 40,
     };
-    let (_, outcome) = parse_in_pieces(b"*1\r\n$11\r\n", &[], limits);
-    assert!(outcome.unwrap_err().contains("longer than the limit of 10 bytes"));
+    // A refused argument is dropped, not kept: the parser waits for no more than its header.
+    let (commands, outcome) = parse_in_pieces(b"*1\r\n$11\r\n", &[], limits);
+    assert_eq!((commands, outcome), (vec![], Ok(())));
     let (_, outcome) = parse_in_pieces(b"*4\r\n", &[], limits);
     assert_eq!(outcome, Err("Protocol error: invalid multibulk length".to_string()));
-    let (_, outcome) = parse_in_pieces(b"*2\r\n$10\r\n0123456789\r\n$6\r\n", &[], limits);
-    assert!(outcome.unwrap_err().contains("command longer than the limit of 15 bytes"));
+    // Past what a refused command may drop, the connection ends.
+    let (_, outcome) = parse_in_pieces(b"*1\r\n$41\r\n", &[], limits);
+    assert_eq!(outcome, Err("Protocol error: invalid bulk length".to_string()));
     let (_, outcome) = parse_in_pieces(b"GET abcdefgh", &[], limits);
     assert_eq!(outcome, Err("Protocol error: too big inline request".to_string()));
     let (commands, outcome) = parse_in_pieces(b"GET abc\n", &[], limits);
     assert_eq!((commands, outcome), (vec![command(&[b"GET", b"abc"])], Ok(())));
+}
+
+/// A command over a limit is read to its end and refused, and the connection goes on: what
+/// `redis-cli -x SET big < file` needs to see its error instead of a reset connection.
+#[test]
+fn an_oversized_command_is_dropped_and_refused_and_the_next_one_parses() {
+    let limits = RequestLimits {
+        argument_bytes_max: 10,
+        arguments_max: 4,
+        command_bytes_max: 15,
+        inline_bytes_max: 8,
+        refused_command_bytes_max: 1000,
+    };
+    let big = vec![b'x'; 500];
+    let mut input = encode_command(&command(&[b"SET", b"big", &big, b"EX"]));
+    // Over the command's limit in all, each argument under its own.
+    input.extend(encode_command(&command(&[b"SET", b"0123456789", b"0123456789"])));
+    input.extend(encode_command(&command(&[b"GET", b"k"])));
+    let argument_refusal = Parsed::Refused(
+        "argument of 500 bytes is longer than the limit of 10 bytes (the largest value the \
+         cluster stores)"
+            .to_string(),
+    );
+    let command_refusal = Parsed::Refused("command longer than the limit of 15 bytes".to_string());
+    let expected = vec![argument_refusal, command_refusal, command(&[b"GET", b"k"])];
+    for cut in 0..=input.len() {
+        let (commands, outcome) = parse_in_pieces(&input, &[cut], limits);
+        assert_eq!(outcome, Ok(()), "cut at {cut}");
+        assert_eq!(commands, expected, "cut at {cut}");
+    }
+    let cuts: Vec<usize> = (1..input.len()).collect();
+    assert_eq!(parse_in_pieces(&input, &cuts, limits), (expected, Ok(())));
+    // The dropped bytes are framed too: a refused argument must end with CRLF.
+    let (_, outcome) = parse_in_pieces(b"*1\r\n$11\r\n0123456789ABC", &[], limits);
+    assert_eq!(outcome, Err("Protocol error: bulk string not followed by CRLF".to_string()));
 }
 
 #[test]
@@ -241,11 +280,11 @@ proptest! {
         ),
         cut_fractions in proptest::collection::vec(0.0f64..1.0, 0..4),
     ) {
-        let expected: Vec<Vec<Bytes>> = commands
+        let expected: Vec<Parsed> = commands
             .iter()
-            .map(|arguments| arguments.iter().map(|argument| Bytes::copy_from_slice(argument)).collect())
+            .map(|arguments| Parsed::Command(arguments.iter().map(|argument| Bytes::copy_from_slice(argument)).collect()))
             .collect();
-        let input: Vec<u8> = expected.iter().flat_map(|arguments| encode_command(arguments)).collect();
+        let input: Vec<u8> = expected.iter().flat_map(encode_command).collect();
         let mut cuts: Vec<usize> =
             cut_fractions.iter().map(|fraction| (fraction * input.len() as f64) as usize).collect();
         cuts.sort_unstable();

@@ -549,15 +549,30 @@ impl ChannelPool {
         coordinators: &str,
         request: &Request,
     ) -> Result<(Status, ResponseBody), RpcError> {
+        self.call_coordinator_within(coordinators, request, self.config.request_timeout).await
+    }
+
+    /// [`ChannelPool::call_coordinator`] that ends within `timeout` (or the configured request
+    /// timeout, if shorter) for all the addresses tried together: for a caller whose
+    /// operation has less time left. An address tried once the time is out fails as not
+    /// connected (nothing is sent).
+    pub async fn call_coordinator_within(
+        &self,
+        coordinators: &str,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<(Status, ResponseBody), RpcError> {
         let addresses = || coordinators.split(',').map(str::trim).filter(|a| !a.is_empty());
         let count = addresses().count().max(1) as u64;
         let first = self.coordinator_preferred.load(Ordering::Relaxed) % count;
+        let started = tokio::time::Instant::now();
         let mut last_failure = None;
         for turn in 0..count {
             let index = (first + turn) % count;
             // No address at all: the whole text, which then fails to connect with its name.
             let address = addresses().nth(index as usize).unwrap_or(coordinators);
-            match self.call(address, request).await {
+            let left = timeout.saturating_sub(started.elapsed());
+            match self.call_within(address, request, left).await {
                 Ok(answer) => {
                     self.coordinator_preferred.store(index, Ordering::Relaxed);
                     return Ok(answer);

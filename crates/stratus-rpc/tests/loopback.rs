@@ -44,7 +44,11 @@ impl Service for TestService {
                 // The key is the value's size in decimal: responses of any size.
                 let bytes: usize = std::str::from_utf8(&key).unwrap().parse().unwrap();
                 let value = Bytes::from(vec![0xab; bytes]);
-                let response = Response::Read { version: stratus_types::Version(7), value };
+                let response = Response::Read {
+                    version: stratus_types::Version(7),
+                    value,
+                    expires_in_millis: 0,
+                };
                 encode_response(out, request_id, Status::Ok, &response);
                 Handled::Done
             }
@@ -201,6 +205,7 @@ async fn calls_to_the_in_process_server_skip_the_network_and_answer_the_same() {
         key: Bytes::from_static(b"k"),
         value: Bytes::from(vec![0u8; stratus_types::limits::FRAME_BYTES_MAX]),
         rules: stratus_types::RejectRules::NONE,
+        expiry: stratus_types::Expiry::Never,
     };
     let (status, _) = pool.call(address, &oversized).await.unwrap();
     assert_eq!(status, Status::RequestTooLarge);

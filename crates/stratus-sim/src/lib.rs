@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use stratus_backup::Durability;
 use stratus_client::{Client, ClientConfig, TableId, Version};
-use stratus_history::workload::{mixed_operation, unique_value};
+use stratus_history::workload::{mixed_step, unique_value};
 use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
 use stratus_meta::MemoryMetaStore;
 use stratus_wire::ServerStatus;
@@ -139,6 +139,8 @@ pub struct SimulationReport {
     pub operations: usize,
     /// Operations with a known outcome (acknowledged or refused).
     pub known_outcomes: usize,
+    /// Operations that were items of multi-operations.
+    pub multi_operation_items: u64,
     /// Simulated time the run took.
     pub simulated: Duration,
     /// Simulation steps (of 1 ms).
@@ -161,8 +163,8 @@ impl fmt::Display for SimulationReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes), {} \
-             faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
+            "seed {} ({} servers, R={}, {} clients, {}): {} operations ({} known outcomes, {} \
+             in multi-operations), {} faults, {} servers recovered, {} compactions, {} combined cleanings, {:.1} s \
              simulated, {} serving samples, {} tablet splits, {} migrations, fingerprint {:016x}",
             self.seed,
             self.shape.0,
@@ -171,6 +173,7 @@ impl fmt::Display for SimulationReport {
             self.durability,
             self.operations,
             self.known_outcomes,
+            self.multi_operation_items,
             self.faults.len(),
             self.servers_recovered,
             self.cleaner_work.0,
@@ -364,7 +367,8 @@ async fn table_id(client: &Client, span: u32) -> Option<TableId> {
 }
 
 /// One client's operations: reads, blind writes, conditional writes, creates, removes and
-/// increments, on a few shared keys. Failures are part of the history, never a reason to stop.
+/// increments, on a few shared keys, one at a time or several in one multi-operation. Failures
+/// are part of the history, never a reason to stop.
 async fn run_client(
     seed: u64,
     client_id: u32,
@@ -378,23 +382,11 @@ async fn run_client(
     );
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), client_id);
-    let mut last_seen = vec![Version(0); options.keys as usize];
+    let keys: Vec<bytes::Bytes> =
+        (0..options.keys).map(|index| bytes::Bytes::from(format!("key-{index}"))).collect();
+    let mut last_seen = vec![Version(0); keys.len()];
     for sequence in 0..options.operations_per_client {
-        let key_index = choices.below(options.keys) as usize;
-        let key = format!("key-{key_index}");
-        let value = unique_value(client_id, sequence);
-        let seen = mixed_operation(
-            &client,
-            table,
-            key.as_bytes(),
-            value,
-            last_seen[key_index],
-            &mut choices,
-        )
-        .await;
-        if let Some(version) = seen {
-            last_seen[key_index] = version;
-        }
+        mixed_step(&client, table, &keys, &mut last_seen, client_id, sequence, &mut choices).await;
         // Filler: an overwrite of one of this client's own keys with a value of up to
         // FILLER_VALUE_BYTES_MAX (24 KiB), so the small logs fill with dead versions and the
         // cleaner must run.
@@ -465,9 +457,10 @@ fn filler_key(client_id: u32, index: u64) -> String {
     format!("fill-{client_id}-{index}")
 }
 
-/// After the workload and the faults: the last word on every key, from a fresh client. Each
-/// read must have a known outcome (liveness: recovery finished), and every live server's
-/// segments must be back on R backups (durability restored).
+/// After the workload and the faults: the last word on every key, from a fresh client, read
+/// one by one and then all in one multi-read. Each read must have a known outcome (liveness:
+/// recovery finished), and every live server's segments must be back on R backups
+/// (durability restored).
 async fn verify(
     seed: u64,
     options: SimulationOptions,
@@ -488,11 +481,32 @@ async fn verify(
     let filler_keys = (0..options.clients).flat_map(|client_id| {
         (0..FILLER_KEYS_PER_CLIENT).map(move |index| filler_key(client_id, index))
     });
-    for key in shared_keys.chain(filler_keys) {
+    let keys: Vec<String> = shared_keys.chain(filler_keys).collect();
+    for key in &keys {
         if let Err(error) = client.read(table, key.as_bytes()).await {
             if !Outcome::is_refusal(error.status) {
                 return Err(format!(
                     "liveness: the final read of {key} failed after the faults stopped: {error}"
+                )
+                .into());
+            }
+        }
+    }
+    // Every key once more in one multi-read: the multi-object path must heal too.
+    let items: Vec<stratus_client::KeyItem> = keys
+        .iter()
+        .map(|key| stratus_client::KeyItem {
+            table_id: table,
+            key: bytes::Bytes::from(key.clone()),
+            rules: stratus_client::RejectRules::NONE,
+        })
+        .collect();
+    for (key, result) in keys.iter().zip(client.multi_read(&items).await) {
+        if let Err(error) = result {
+            if !Outcome::is_refusal(error.status) {
+                return Err(format!(
+                    "liveness: the final multi-read's item {key} failed after the faults \
+                     stopped: {error}"
                 )
                 .into());
             }
@@ -759,6 +773,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     }
     let history = workload.recorder.history();
     report.operations = history.len();
+    report.multi_operation_items = workload.recorder.multi_operation_items();
     report.tablet_splits = workload.tablet_splits.load(Ordering::Acquire);
     report.tablet_migrations = workload.tablet_migrations.load(Ordering::Acquire);
     report.known_outcomes =

@@ -69,9 +69,10 @@ pub struct SimulatedWallClock;
 const SIMULATION_EPOCH_SECONDS: u64 = 1_767_225_600;
 
 impl WallClock for SimulatedWallClock {
-    fn now_seconds(&self) -> u32 {
+    fn now_millis(&self) -> u64 {
         let elapsed = turmoil::sim_elapsed().unwrap_or(Duration::ZERO);
-        u32::try_from(SIMULATION_EPOCH_SECONDS + elapsed.as_secs()).unwrap_or(u32::MAX)
+        let elapsed_millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        (SIMULATION_EPOCH_SECONDS * 1_000).saturating_add(elapsed_millis)
     }
 }
 

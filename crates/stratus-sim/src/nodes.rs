@@ -262,13 +262,20 @@ async fn run_server(setup: ServerSetup) -> HostResult {
 async fn clean(master: Arc<Master>, replication: ReplicaManager, environment: Environment) {
     loop {
         let store = master.store();
-        let outcome = match store.clean_step(environment.wall_clock.now_seconds()) {
+        let outcome = match store
+            .clean_step(stratus_store::WallTime::from_millis(environment.wall_clock.now_millis()))
+        {
             CleanStep::Finished(outcome) => outcome,
             CleanStep::Replicate(pass) => {
                 for &segment_id in pass.survivor_segments() {
                     let (bytes, certificate) =
                         store.log().segment_contents(segment_id).expect("survivor segment");
-                    replication.replicate_survivor(segment_id, bytes, certificate).await;
+                    // Fenced, or the pump gone: this server is stopping, and so does its
+                    // cleaner (its pass stays pending; nothing of it was fused).
+                    if replication.replicate_survivor(segment_id, bytes, certificate).await.is_err()
+                    {
+                        return;
+                    }
                 }
                 store.finish_combined_pass(pass)
             }
@@ -328,7 +335,11 @@ async fn enlist(
     services: ServiceMask,
 ) -> Option<ServerId> {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
-    let request = Request::EnlistServer { address: address.to_string(), services };
+    let request = Request::EnlistServer {
+        address: address.to_string(),
+        services,
+        previous_server_id: ServerId(0),
+    };
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {
         match pool.call(COORDINATOR_ADDRESS, &request).await {

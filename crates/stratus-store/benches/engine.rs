@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, SamplingMode, Throughput};
 use stratus_env::SplitMix64;
-use stratus_store::{CleanOutcome, CleanerConfig, ObjectStore, StoreConfig, StoreStatistics};
+use stratus_store::{
+    CleanOutcome, CleanerConfig, Expiry, ObjectStore, StoreConfig, StoreStatistics, WallTime,
+};
 use stratus_types::{key_hash, RejectRules, ServerId, TableId};
 
 const TABLE: TableId = TableId(1);
@@ -113,7 +115,8 @@ fn write(store: &ObjectStore, index: u64) {
             key_hash(TABLE, &key),
             &value_of(index),
             &RejectRules::NONE,
-            NOW_SECONDS,
+            Expiry::Never,
+            WallTime::from_seconds(NOW_SECONDS),
         )
         .expect("write failed: the benchmark filled the log too far");
 }
@@ -216,7 +219,14 @@ fn bench_hash_lookup(criterion: &mut Criterion) {
                 let key = key_of(random.below(object_count));
                 value.clear();
                 store
-                    .read(TABLE, &key, key_hash(TABLE, &key), &RejectRules::NONE, &mut value)
+                    .read(
+                        TABLE,
+                        &key,
+                        key_hash(TABLE, &key),
+                        &RejectRules::NONE,
+                        WallTime::from_seconds(0),
+                        &mut value,
+                    )
                     .expect("an existing object");
                 black_box(&value);
             }
@@ -331,8 +341,10 @@ impl CleaningUnit {
         let before = store.cleaner_statistics();
         let start = Instant::now();
         let outcome = match self {
-            CleaningUnit::Compaction => store.compact_now(NOW_SECONDS),
-            CleaningUnit::CombinedPass => store.clean_combined_now(NOW_SECONDS),
+            CleaningUnit::Compaction => store.compact_now(WallTime::from_seconds(NOW_SECONDS)),
+            CleaningUnit::CombinedPass => {
+                store.clean_combined_now(WallTime::from_seconds(NOW_SECONDS))
+            }
         };
         let elapsed = start.elapsed();
         let after = store.cleaner_statistics();

@@ -29,7 +29,7 @@ use stratus_log::{
 };
 use stratus_types::{key_hash, SegmentId};
 
-use crate::ObjectStore;
+use crate::{ObjectStore, WallTime};
 
 /// Percent of a segment's allocated memory that may be live for combined cleaning to choose it
 /// (RAMCloud's `MAX_CLEANABLE_MEMORY_UTILIZATION`): every cleaned segment frees at least 2 %,
@@ -140,6 +140,11 @@ pub enum CleanOutcome {
         /// Seglets freed.
         seglets_freed: u64,
     },
+    /// A combined pass moved its survivors, but they could not all be made durable: the pass
+    /// waits (no other combined pass starts meanwhile), and the next `clean_once` tries again.
+    /// After a [final](DurabilityError::is_final) error nothing will succeed again: the caller
+    /// stops cleaning.
+    SurvivorsNotDurable(DurabilityError),
 }
 
 /// What one [`ObjectStore::clean_step`] call did.
@@ -162,6 +167,9 @@ pub struct PendingCombinedPass {
     chosen: Vec<SegmentId>,
     chosen_seglets: Vec<u64>,
     survivor_segments: Vec<SegmentId>,
+    /// How many of `survivor_segments`, from the first, the durability hook made durable
+    /// (a pass whose hook failed goes on from there).
+    survivors_durable: usize,
     remaining: Vec<usize>,
     out_of_memory: bool,
     object_bytes: u64,
@@ -174,16 +182,6 @@ impl PendingCombinedPass {
     pub fn survivor_segments(&self) -> &[SegmentId] {
         &self.survivor_segments
     }
-}
-
-/// Who makes a combined pass's survivors durable before the commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SurvivorReplication {
-    /// The store, through the [`SegmentDurability`] hook (which may block).
-    ThroughHook,
-    /// The caller, between [`ObjectStore::clean_step`] and
-    /// [`ObjectStore::finish_combined_pass`].
-    ByCaller,
 }
 
 /// Counters of the cleaner's work since the store was created.
@@ -217,23 +215,70 @@ pub struct CleanerStatistics {
     pub dead_tombstone_bytes_found: u64,
     /// `clean_once` calls that found memory short but nothing worth cleaning.
     pub nothing_to_clean: u64,
+    /// Expired objects dropped by cleaning (combined or compaction) instead of moved.
+    pub expired_objects_dropped: u64,
+    /// Their bytes.
+    pub expired_bytes_dropped: u64,
+    /// Times the durability hook failed to make a survivor durable (its pass waited).
+    pub survivors_not_durable: u64,
 }
 
 /// A hook replication provides: the cleaner blocks on it for every survivor segment before the
 /// survivors are fused into the log (RAMCloud waits until survivors are fully replicated).
 pub trait SegmentDurability: Send + Sync + std::fmt::Debug {
-    /// Makes `bytes` (the whole survivor segment, committed by `certificate`) durable.
-    fn make_durable(&self, segment_id: SegmentId, bytes: &[u8], certificate: Certificate);
+    /// Makes `bytes` (the whole survivor segment, committed by `certificate`) durable, waiting
+    /// at most a bound of the hook's own: `Ok` once it is on every replica.
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        bytes: &[u8],
+        certificate: Certificate,
+    ) -> Result<(), DurabilityError>;
 }
+
+/// Why a survivor segment was not made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurabilityError {
+    /// Not on every replica within the hook's bound (backups slow or down): it may be later.
+    TimedOut,
+    /// This master was declared crashed (a backup or the coordinator refused it): nothing it
+    /// writes can become durable any more.
+    Fenced,
+    /// Replication has stopped (the process is stopping).
+    Stopped,
+}
+
+impl DurabilityError {
+    /// True when no later attempt can succeed: the caller stops cleaning.
+    pub fn is_final(self) -> bool {
+        !matches!(self, DurabilityError::TimedOut)
+    }
+}
+
+impl std::fmt::Display for DurabilityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DurabilityError::TimedOut => "survivor not replicated in time",
+            DurabilityError::Fenced => "this master was declared crashed",
+            DurabilityError::Stopped => "replication has stopped",
+        })
+    }
+}
+
+impl std::error::Error for DurabilityError {}
 
 /// The cleaner's shared state inside the store.
 #[derive(Debug, Default)]
 pub(crate) struct CleanerState {
     /// Held by the one combined cleaner (RAMCloud: at most one combined-cleaning thread).
     pub(crate) combined: std::sync::Mutex<()>,
-    /// A combined pass relocated its survivors and waits for its caller to replicate them
-    /// ([`ObjectStore::clean_step`]): no other combined pass may start until it is finished.
+    /// A combined pass relocated its survivors and waits for them to be replicated (by the
+    /// caller of [`ObjectStore::clean_step`], or by `clean_once` through the hook): no other
+    /// combined pass may start until it is finished.
     pub(crate) pass_pending: AtomicBool,
+    /// The pending pass whose survivors the hook failed to make durable, for the next
+    /// `clean_once` to go on with.
+    pub(crate) stalled_pass: std::sync::Mutex<Option<PendingCombinedPass>>,
     pub(crate) statistics: std::sync::Mutex<CleanerStatistics>,
     /// The last compaction freed nothing: the next unit is combined cleaning.
     pub(crate) compaction_failed: AtomicBool,
@@ -295,11 +340,49 @@ impl ObjectStore {
     /// readers are gone, then runs one combined pass or one compaction. Safe to call from any
     /// number of threads concurrently with requests (one combined cleaner at a time; other
     /// callers compact, or return [`CleanOutcome::NothingToClean`] in memory-only mode).
-    pub fn clean_once(&self, now_seconds: u32) -> CleanOutcome {
-        match self.clean_unit(now_seconds, SurvivorReplication::ThroughHook) {
-            CleanStep::Finished(outcome) => outcome,
-            CleanStep::Replicate(_) => unreachable!("the hook replicated the survivors"),
+    ///
+    /// A combined pass's survivors are made durable through the [`SegmentDurability`] hook,
+    /// with the combined-cleaner lock released: the hook waits for backups, and nothing else
+    /// needs to wait for it (no other combined pass starts while one is pending). A pass
+    /// whose survivors the hook could not make durable is kept, and the next call goes on with
+    /// it ([`CleanOutcome::SurvivorsNotDurable`]).
+    pub fn clean_once(&self, now: WallTime) -> CleanOutcome {
+        if let Some(pass) = self.take_stalled_pass() {
+            return self.replicate_then_finish(pass);
         }
+        match self.clean_unit(now) {
+            CleanStep::Finished(outcome) => outcome,
+            CleanStep::Replicate(pass) => self.replicate_then_finish(pass),
+        }
+    }
+
+    fn take_stalled_pass(&self) -> Option<PendingCombinedPass> {
+        self.cleaner.stalled_pass.lock().expect("stalled pass lock poisoned").take()
+    }
+
+    /// Makes the survivors of `pass` durable through the hook (those not yet), then commits
+    /// the pass; keeps it for the next call if the hook fails. Holds no cleaner lock.
+    fn replicate_then_finish(&self, mut pass: PendingCombinedPass) -> CleanOutcome {
+        debug_assert!(self.cleaner.pass_pending.load(Ordering::Acquire), "an unpended pass");
+        // The hook may have been removed since the pass began: then nothing needs replicas.
+        if let Some(durability) = self.durability_hook() {
+            while let Some(&segment_id) = pass.survivor_segments.get(pass.survivors_durable) {
+                let (bytes, certificate) =
+                    self.log.segment_contents(segment_id).expect("survivor segment");
+                if let Err(error) = durability.make_durable(segment_id, &bytes, certificate) {
+                    self.count(|statistics| statistics.survivors_not_durable += 1);
+                    *self.cleaner.stalled_pass.lock().expect("stalled pass lock poisoned") =
+                        Some(pass);
+                    return CleanOutcome::SurvivorsNotDurable(error);
+                }
+                pass.survivors_durable += 1;
+            }
+        }
+        self.finish_combined_pass(pass)
+    }
+
+    fn durability_hook(&self) -> Option<Arc<dyn SegmentDurability>> {
+        self.cleaner.durability.read().expect("durability hook lock poisoned").clone()
     }
 
     /// Like [`ObjectStore::clean_once`], for a caller that must not block (a task on an async
@@ -307,8 +390,8 @@ impl ObjectStore {
     /// after moving its survivors and hands them back to be replicated; the caller then calls
     /// [`ObjectStore::finish_combined_pass`]. Without replication (no durability hook), or for
     /// a compaction, the step is finished at once.
-    pub fn clean_step(&self, now_seconds: u32) -> CleanStep {
-        self.clean_unit(now_seconds, SurvivorReplication::ByCaller)
+    pub fn clean_step(&self, now: WallTime) -> CleanStep {
+        self.clean_unit(now)
     }
 
     /// Commits a pass [`ObjectStore::clean_step`] returned, once its survivors are durable:
@@ -330,21 +413,23 @@ impl ObjectStore {
         (!self.cleaner.pass_pending.load(Ordering::Acquire)).then_some(lock)
     }
 
-    fn clean_unit(&self, now_seconds: u32, replication: SurvivorReplication) -> CleanStep {
-        self.log.observe_time(now_seconds);
+    fn clean_unit(&self, now: WallTime) -> CleanStep {
+        self.log.observe_time(now.seconds());
         self.log.reclaim();
         let Some(work) = self.balance() else {
             return CleanStep::Finished(CleanOutcome::Idle);
         };
         let step = match work {
             Work::Combined(goal) => match self.try_combined() {
-                Some(_lock) => self.clean_combined(now_seconds, goal, replication),
-                None if self.config.cleaner.replicas > 0 => CleanStep::Finished(self.compact_one()),
+                Some(_lock) => self.clean_combined(now, goal),
+                None if self.config.cleaner.replicas > 0 => {
+                    CleanStep::Finished(self.compact_one(now))
+                }
                 None => CleanStep::Finished(CleanOutcome::NothingToClean),
             },
-            Work::Compaction => match self.compact_one() {
+            Work::Compaction => match self.compact_one(now) {
                 CleanOutcome::NothingToClean => match self.try_combined() {
-                    Some(_lock) => self.clean_combined(now_seconds, Goal::Memory, replication),
+                    Some(_lock) => self.clean_combined(now, Goal::Memory),
                     None => CleanStep::Finished(CleanOutcome::NothingToClean),
                 },
                 outcome => CleanStep::Finished(outcome),
@@ -358,35 +443,36 @@ impl ObjectStore {
     }
 
     /// Runs one combined pass now, whatever the balancer says (tests, tools, and a server that
-    /// wants memory back before an operation). Waits for a concurrent combined pass to finish.
-    pub fn clean_combined_now(&self, now_seconds: u32) -> CleanOutcome {
-        self.log.observe_time(now_seconds);
+    /// wants memory back before an operation). Waits for a concurrent combined pass to finish;
+    /// a pass whose survivors could not be made durable is this one (it goes on).
+    pub fn clean_combined_now(&self, now: WallTime) -> CleanOutcome {
+        self.log.observe_time(now.seconds());
         self.log.reclaim();
         loop {
+            if let Some(pass) = self.take_stalled_pass() {
+                return self.replicate_then_finish(pass);
+            }
             let lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
             if !self.cleaner.pass_pending.load(Ordering::Acquire) {
-                let step = self.clean_combined(
-                    now_seconds,
-                    Goal::Memory,
-                    SurvivorReplication::ThroughHook,
-                );
+                let step = self.clean_combined(now, Goal::Memory);
                 drop(lock);
-                match step {
-                    CleanStep::Finished(outcome) => return outcome,
-                    CleanStep::Replicate(_) => unreachable!("the hook replicated the survivors"),
-                }
+                return match step {
+                    CleanStep::Finished(outcome) => outcome,
+                    CleanStep::Replicate(pass) => self.replicate_then_finish(pass),
+                };
             }
-            // A pass waits for its caller's replication: let it finish first.
+            // A pass waits for its replication (each wait of the hook is bounded): let it
+            // finish first.
             drop(lock);
             std::thread::yield_now();
         }
     }
 
     /// Runs one compaction now, whatever the balancer says (tests and tools).
-    pub fn compact_now(&self, now_seconds: u32) -> CleanOutcome {
-        self.log.observe_time(now_seconds);
+    pub fn compact_now(&self, now: WallTime) -> CleanOutcome {
+        self.log.observe_time(now.seconds());
         self.log.reclaim();
-        let outcome = self.compact_one();
+        let outcome = self.compact_one(now);
         self.log.reclaim();
         outcome
     }
@@ -428,12 +514,12 @@ impl ObjectStore {
 
     /// Candidates for combined cleaning, best first, with the 98 % rule applied (and, when the
     /// pass is for memory, the one-seglet minimum).
-    fn ranked_candidates(&self, now_seconds: u32, goal: Goal) -> Vec<(CleaningCandidate, f64)> {
+    fn ranked_candidates(&self, now: WallTime, goal: Goal) -> Vec<(CleaningCandidate, f64)> {
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
         let segment_bytes = u64::from(self.log.config().segment_bytes);
         let mut ranked: Vec<(CleaningCandidate, f64)> = self
             .log
-            .cleaning_candidates()
+            .cleaning_candidates(now.millis())
             .into_iter()
             .filter(|candidate| {
                 let allocated = u64::from(candidate.seglets) * seglet_bytes;
@@ -452,7 +538,7 @@ impl ObjectStore {
                     Goal::Segments => segment_bytes,
                 };
                 let live_fraction = candidate.movable_bytes as f64 / capacity as f64;
-                let age = u64::from(now_seconds.saturating_sub(candidate.creation_seconds));
+                let age = u64::from(now.seconds().saturating_sub(candidate.creation_seconds));
                 (candidate, self.config.cleaner.cost_benefit.score(live_fraction, age))
             })
             .collect();
@@ -463,7 +549,7 @@ impl ObjectStore {
     /// Scans the segment most likely to hold dead tombstones (highest tombstone bytes × time
     /// since its last scan) once [`TOMBSTONE_SCAN_EVERY_SEGMENTS`] segments were cleaned, or
     /// when `stuck` (nothing else is worth cleaning).
-    fn scan_tombstones_if_due(&self, now_seconds: u32, stuck: bool) {
+    fn scan_tombstones_if_due(&self, now: WallTime, stuck: bool) {
         let since = self.cleaner.segments_since_tombstone_scan.load(Ordering::Relaxed);
         if since < TOMBSTONE_SCAN_EVERY_SEGMENTS && !stuck {
             return;
@@ -471,11 +557,11 @@ impl ObjectStore {
         let seglet_bytes = f64::from(self.log.config().seglet_bytes);
         let best = self
             .log
-            .cleaning_candidates()
+            .cleaning_candidates(now.millis())
             .into_iter()
             .filter(|candidate| candidate.tombstone_bytes > 0)
             .map(|candidate| {
-                let waited = now_seconds.saturating_sub(candidate.tombstone_scan_seconds);
+                let waited = now.seconds().saturating_sub(candidate.tombstone_scan_seconds);
                 let score = candidate.tombstone_bytes as f64 / seglet_bytes * f64::from(waited + 1);
                 (candidate.segment_id, score)
             })
@@ -492,30 +578,22 @@ impl ObjectStore {
 
     /// One combined pass (the caller holds the combined-cleaner lock), preceded by a
     /// dead-tombstone scan when one is due.
-    fn clean_combined(
-        &self,
-        now_seconds: u32,
-        goal: Goal,
-        replication: SurvivorReplication,
-    ) -> CleanStep {
-        self.scan_tombstones_if_due(now_seconds, false);
-        match self.clean_combined_pass(now_seconds, goal, replication) {
+    fn clean_combined(&self, now: WallTime, goal: Goal) -> CleanStep {
+        self.scan_tombstones_if_due(now, false);
+        match self.clean_combined_pass(now, goal) {
             CleanStep::Finished(CleanOutcome::NothingToClean) => {
                 // Segments full of dead tombstones look live until scanned: scan, retry once.
-                self.scan_tombstones_if_due(now_seconds, true);
-                self.clean_combined_pass(now_seconds, goal, replication)
+                self.scan_tombstones_if_due(now, true);
+                self.clean_combined_pass(now, goal)
             }
             step => step,
         }
     }
 
-    /// One combined pass without the scan.
-    fn clean_combined_pass(
-        &self,
-        now_seconds: u32,
-        goal: Goal,
-        replication: SurvivorReplication,
-    ) -> CleanStep {
+    /// One combined pass without the scan, up to its survivors' replication: with a durability
+    /// hook installed the pass is pending when this returns, and whoever holds it replicates
+    /// the survivors (without the combined-cleaner lock) and then finishes it.
+    fn clean_combined_pass(&self, now: WallTime, goal: Goal) -> CleanStep {
         let log_config = *self.log.config();
         let statistics = self.log.statistics();
         // Survivors may use every free seglet but those a commit head needs (the writes'
@@ -533,7 +611,7 @@ impl ObjectStore {
         let mut freed_seglets = 0u64;
         let mut largest_entry_bytes = 0u64;
         let mut tombstones_killed_bytes = 0u64;
-        for (candidate, _) in self.ranked_candidates(now_seconds, goal) {
+        for (candidate, _) in self.ranked_candidates(now, goal) {
             let movable = movable_total + candidate.movable_bytes;
             let largest = largest_entry_bytes.max(candidate.largest_entry_bytes);
             if survivor_seglets_max(&log_config, movable, largest).1 > budget_seglets {
@@ -570,33 +648,24 @@ impl ObjectStore {
         {
             return CleanStep::Finished(CleanOutcome::NothingToClean);
         }
-        let pass = self.relocate(chosen, chosen_seglets);
+        let pass = self.relocate(chosen, chosen_seglets, now);
         // Replication makes the survivors durable before they join the log.
-        let durability =
-            self.cleaner.durability.read().expect("durability hook lock poisoned").clone();
-        let Some(durability) = durability else {
+        if self.durability_hook().is_none() {
             return CleanStep::Finished(self.commit_pass(pass));
-        };
-        match replication {
-            SurvivorReplication::ThroughHook => {
-                for &segment_id in &pass.survivor_segments {
-                    let (bytes, certificate) =
-                        self.log.segment_contents(segment_id).expect("survivor segment");
-                    durability.make_durable(segment_id, &bytes, certificate);
-                }
-                CleanStep::Finished(self.commit_pass(pass))
-            }
-            SurvivorReplication::ByCaller => {
-                self.cleaner.pass_pending.store(true, Ordering::Release);
-                CleanStep::Replicate(pass)
-            }
         }
+        self.cleaner.pass_pending.store(true, Ordering::Release);
+        CleanStep::Replicate(pass)
     }
 
     /// Moves the live entries of `chosen` (marked as being cleaned) into survivor segments
     /// sorted by age; the pass is committed (`commit_pass`) once they are
     /// durable.
-    fn relocate(&self, chosen: Vec<SegmentId>, chosen_seglets: Vec<u64>) -> PendingCombinedPass {
+    fn relocate(
+        &self,
+        chosen: Vec<SegmentId>,
+        chosen_seglets: Vec<u64>,
+        now: WallTime,
+    ) -> PendingCombinedPass {
         let epoch = self.log.pin();
         let mut survivors = Vec::new();
         let mut remaining = vec![0usize; chosen.len()];
@@ -654,6 +723,17 @@ impl ObjectStore {
                     match bucket.find(|found| found == survivor.reference.0) {
                         // Overwritten or removed since: the old copy is dead, nothing to move.
                         None => Ok(0),
+                        Some((slot, _))
+                            if self.drop_if_expired(
+                                &epoch,
+                                &mut bucket,
+                                (slot, survivor.reference),
+                                &content,
+                                now,
+                            ) =>
+                        {
+                            Ok(0)
+                        }
                         Some((slot, _)) => {
                             match side_log.append(&self.log, &entry).map(|(reference, _)| reference)
                             {
@@ -696,6 +776,7 @@ impl ObjectStore {
             chosen,
             chosen_seglets,
             survivor_segments: side_log.segments().to_vec(),
+            survivors_durable: 0,
             remaining,
             out_of_memory,
             object_bytes,
@@ -711,6 +792,7 @@ impl ObjectStore {
             chosen,
             chosen_seglets,
             survivor_segments,
+            survivors_durable: _,
             remaining,
             out_of_memory,
             object_bytes,
@@ -755,16 +837,47 @@ impl ObjectStore {
         }
     }
 
+    /// Drops the object the index points at from `found`'s slot (its entry at `found`'s
+    /// reference, whose `content` is given, in a segment being cleaned) if it is expired at
+    /// `now`: out of the index, its bytes dead, counted. No tombstone is written: its expiry
+    /// is absolute, so any older copy a backup holds of the segment, replayed by a recovery,
+    /// is just as expired and never served; and versions stay above it through the safe
+    /// version, as for any object. The caller holds the bucket lock and moves nothing when
+    /// this returns true.
+    fn drop_if_expired(
+        &self,
+        epoch: &stratus_log::EpochGuard<'_>,
+        bucket: &mut stratus_index::BucketGuard<'_>,
+        found: (stratus_index::Slot, Reference),
+        content: &[u8],
+        now: WallTime,
+    ) -> bool {
+        let object = decode_object_unverified(content).expect("corrupt object in the log");
+        if !now.has_passed(object.expires_at) {
+            return false;
+        }
+        let (slot, reference) = found;
+        bucket.remove(slot);
+        let bytes = self.log.free(epoch, reference);
+        self.log.table_tallies().object_removed(bucket.bucket_index(), object.table, bytes);
+        self.objects_live.fetch_sub(1, Ordering::Relaxed);
+        self.count(|statistics| {
+            statistics.expired_objects_dropped += 1;
+            statistics.expired_bytes_dropped += bytes;
+        });
+        true
+    }
+
     /// One in-memory compaction: the segment whose compaction frees the most memory per live
     /// byte is rewritten in place (same id and creation time) in fewer seglets, tombstones
     /// first, then objects; the old seglets are reused after the epoch. No survivor segment,
     /// no new digest, no replication work.
-    fn compact_one(&self) -> CleanOutcome {
+    fn compact_one(&self, now: WallTime) -> CleanOutcome {
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
         let header_bytes = 2 + stratus_log::format::SEGMENT_HEADER_CONTENT_BYTES as u64;
         let best = self
             .log
-            .cleaning_candidates()
+            .cleaning_candidates(now.millis())
             .into_iter()
             .filter_map(|candidate| {
                 let live = candidate.movable_bytes + header_bytes;
@@ -820,6 +933,10 @@ impl ObjectStore {
                         object_index += 1;
                         let mut bucket = self.index.lock(hash);
                         if let Some((slot, _)) = bucket.find(|found| found == reference.0) {
+                            let found = (slot, reference);
+                            if self.drop_if_expired(&epoch, &mut bucket, found, &content, now) {
+                                continue;
+                            }
                             let moved = self.log.append_to_compacted(segment_id, &entry);
                             bucket.replace(slot, moved.0);
                             self.log.free(&epoch, reference);

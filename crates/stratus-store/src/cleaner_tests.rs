@@ -14,7 +14,7 @@ use stratus_types::{key_hash, RejectRules, SegmentId, ServerId, TableId, Version
 
 use crate::tests::{replay, tally_of_model};
 use crate::{CleanOutcome, CleanerConfig, CostBenefit, ObjectError, ObjectStore, StoreConfig};
-use crate::{CleanStep, SegmentDurability, StoreStatistics};
+use crate::{CleanStep, DurabilityError, Expiry, SegmentDurability, StoreStatistics, WallTime};
 
 const TABLE: TableId = TableId(7);
 const NOW: u32 = 1_700_000_000;
@@ -43,17 +43,33 @@ fn write_at(
     value: &[u8],
     now: u32,
 ) -> Result<Version, ObjectError> {
-    store.write(TABLE, key, key_hash(TABLE, key), value, &RejectRules::NONE, now)
+    store.write(
+        TABLE,
+        key,
+        key_hash(TABLE, key),
+        value,
+        &RejectRules::NONE,
+        Expiry::Never,
+        WallTime::from_seconds(now),
+    )
 }
 
 fn remove_at(store: &ObjectStore, key: &[u8], now: u32) -> Result<Version, ObjectError> {
-    store.remove(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, now)
+    store.remove(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, WallTime::from_seconds(now))
 }
 
 fn read(store: &ObjectStore, key: &[u8]) -> Option<(Vec<u8>, Version)> {
     let mut value = Vec::new();
-    let version =
-        store.read(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, &mut value).ok()?;
+    let version = store
+        .read(
+            TABLE,
+            key,
+            key_hash(TABLE, key),
+            &RejectRules::NONE,
+            WallTime::from_seconds(0),
+            &mut value,
+        )
+        .ok()?;
     Some((value, version))
 }
 
@@ -97,7 +113,8 @@ fn combined_cleaning_frees_dead_memory_and_keeps_values() {
     }
     let before = store.statistics();
     let mut passes = 0;
-    while let CleanOutcome::Combined { .. } = store.clean_combined_now(now) {
+    while let CleanOutcome::Combined { .. } = store.clean_combined_now(WallTime::from_seconds(now))
+    {
         passes += 1;
         assert!(passes < 100, "cleaning never finishes");
     }
@@ -145,7 +162,7 @@ fn epoch_guard_holds_cleaned_memory_until_the_reader_finishes() {
     }
     // A reader that pinned before the pass: what it can see must not be reused.
     let reader = store.log().pin();
-    let outcome = store.clean_combined_now(NOW + 100);
+    let outcome = store.clean_combined_now(WallTime::from_seconds(NOW + 100));
     assert!(
         matches!(outcome, CleanOutcome::Combined { segments_cleaned, .. } if segments_cleaned > 0)
     );
@@ -170,13 +187,125 @@ struct RecordingDurability {
 }
 
 impl SegmentDurability for RecordingDurability {
-    fn make_durable(&self, segment_id: SegmentId, bytes: &[u8], certificate: Certificate) {
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        bytes: &[u8],
+        certificate: Certificate,
+    ) -> Result<(), DurabilityError> {
         // The bytes are a whole, valid segment.
         for entry in SegmentIterator::new(bytes, &certificate).unwrap() {
             entry.unwrap();
         }
         self.made_durable.lock().unwrap().push((segment_id, bytes.len(), certificate));
+        Ok(())
     }
+}
+
+/// A durability hook that fails as scripted (one outcome per call, then `Ok`), and notes
+/// whether the combined-cleaner lock was free while it ran.
+#[derive(Debug)]
+struct ScriptedDurability {
+    store: std::sync::Weak<ObjectStore>,
+    failures: Mutex<Vec<DurabilityError>>,
+    calls: Mutex<Vec<SegmentId>>,
+    lock_held_during_a_call: AtomicBool,
+}
+
+impl ScriptedDurability {
+    fn install(store: &Arc<ObjectStore>, failures: Vec<DurabilityError>) -> Arc<Self> {
+        let durability = Arc::new(ScriptedDurability {
+            store: Arc::downgrade(store),
+            failures: Mutex::new(failures),
+            calls: Mutex::new(Vec::new()),
+            lock_held_during_a_call: AtomicBool::new(false),
+        });
+        store.set_segment_durability(Some(durability.clone()));
+        durability
+    }
+}
+
+impl SegmentDurability for ScriptedDurability {
+    fn make_durable(
+        &self,
+        segment_id: SegmentId,
+        _bytes: &[u8],
+        _certificate: Certificate,
+    ) -> Result<(), DurabilityError> {
+        let store = self.store.upgrade().expect("the store outlives its cleaning");
+        if store.cleaner.combined.try_lock().is_err() {
+            self.lock_held_during_a_call.store(true, Ordering::SeqCst);
+        }
+        self.calls.lock().unwrap().push(segment_id);
+        let mut failures = self.failures.lock().unwrap();
+        if failures.is_empty() {
+            return Ok(());
+        }
+        Err(failures.remove(0))
+    }
+}
+
+/// A store with enough dead versions that a combined pass with survivors is worth running.
+fn store_needing_a_combined_pass() -> Arc<ObjectStore> {
+    let store = Arc::new(store_with(small_config()));
+    for generation in 0..8u32 {
+        for key in 0..60u32 {
+            write_at(&store, format!("k{key}").as_bytes(), &value_for(key, generation, 800), NOW)
+                .unwrap();
+        }
+    }
+    store
+}
+
+#[test]
+fn survivors_are_made_durable_without_the_combined_cleaner_lock() {
+    let store = store_needing_a_combined_pass();
+    let durability = ScriptedDurability::install(&store, Vec::new());
+    let outcome = store.clean_combined_now(WallTime::from_seconds(NOW));
+    assert!(
+        matches!(outcome, CleanOutcome::Combined { survivor_segments, .. } if survivor_segments > 0)
+    );
+    assert!(!durability.calls.lock().unwrap().is_empty());
+    assert!(
+        !durability.lock_held_during_a_call.load(Ordering::SeqCst),
+        "the cleaner held its lock while waiting for replication"
+    );
+}
+
+#[test]
+fn a_pass_whose_survivors_were_not_replicated_in_time_waits_and_goes_on_later() {
+    let store = store_needing_a_combined_pass();
+    let durability = ScriptedDurability::install(&store, vec![DurabilityError::TimedOut]);
+    let segments_before = store.log().segment_ids();
+    let outcome = store.clean_combined_now(WallTime::from_seconds(NOW));
+    assert_eq!(outcome, CleanOutcome::SurvivorsNotDurable(DurabilityError::TimedOut));
+    assert_eq!(store.cleaner_statistics().survivors_not_durable, 1);
+    // Nothing was fused or dropped, and every value reads back (from the survivors).
+    assert_eq!(store.log().segment_ids(), segments_before);
+    for key in 0..60u32 {
+        assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, value_for(key, 7, 800));
+    }
+    // No other combined pass starts meanwhile: the next call goes on with this one, from
+    // the survivor that failed.
+    let first_survivor = durability.calls.lock().unwrap()[0];
+    let outcome = store.clean_once(WallTime::from_seconds(NOW));
+    assert!(matches!(outcome, CleanOutcome::Combined { .. }), "{outcome:?}");
+    let calls = durability.calls.lock().unwrap().clone();
+    assert_eq!(calls[1], first_survivor, "the pass went on with the survivor that failed");
+    assert_eq!(calls.iter().filter(|&&call| call == first_survivor).count(), 2);
+    for key in 0..60u32 {
+        assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, value_for(key, 7, 800));
+    }
+}
+
+#[test]
+fn a_fenced_master_s_cleaner_is_told_so_instead_of_waiting() {
+    let store = store_needing_a_combined_pass();
+    ScriptedDurability::install(&store, vec![DurabilityError::Fenced]);
+    let outcome = store.clean_combined_now(WallTime::from_seconds(NOW));
+    assert_eq!(outcome, CleanOutcome::SurvivorsNotDurable(DurabilityError::Fenced));
+    assert!(DurabilityError::Fenced.is_final() && DurabilityError::Stopped.is_final());
+    assert!(!DurabilityError::TimedOut.is_final());
 }
 
 #[test]
@@ -192,7 +321,7 @@ fn replication_hooks_see_survivors_dropped_segments_and_ranges() {
     }
     let before: Vec<SegmentId> = store.log().segment_ids();
     let CleanOutcome::Combined { segments_cleaned, survivor_segments, .. } =
-        store.clean_combined_now(NOW)
+        store.clean_combined_now(WallTime::from_seconds(NOW))
     else {
         panic!("nothing cleaned");
     };
@@ -241,7 +370,7 @@ fn a_stepped_combined_pass_waits_for_its_caller_to_replicate_the_survivors() {
         }
         generation += 1;
         assert!(generation < 200, "the balancer never asked for a combined pass");
-        if let CleanStep::Replicate(pass) = store.clean_step(NOW) {
+        if let CleanStep::Replicate(pass) = store.clean_step(WallTime::from_seconds(NOW)) {
             break pass;
         }
     };
@@ -257,7 +386,7 @@ fn a_stepped_combined_pass_waits_for_its_caller_to_replicate_the_survivors() {
         assert_eq!(read(&store, format!("k{key}").as_bytes()).unwrap().0, expected);
     }
     // No second combined pass while one is pending.
-    match store.clean_step(NOW) {
+    match store.clean_step(WallTime::from_seconds(NOW)) {
         CleanStep::Replicate(_) => panic!("a second combined pass started"),
         CleanStep::Finished(outcome) => {
             assert!(!matches!(outcome, CleanOutcome::Combined { .. }), "{outcome:?}")
@@ -292,7 +421,9 @@ fn compaction_rewrites_a_segment_in_place_in_fewer_seglets() {
     }
     let ids_before = store.log().segment_ids();
     let before = store.statistics();
-    let CleanOutcome::Compacted { segment_id, seglets_freed } = store.compact_now(NOW) else {
+    let CleanOutcome::Compacted { segment_id, seglets_freed } =
+        store.compact_now(WallTime::from_seconds(NOW))
+    else {
         panic!("nothing compacted");
     };
     assert!(seglets_freed > 0);
@@ -325,7 +456,9 @@ fn compaction_rewrites_a_segment_in_place_in_fewer_seglets() {
     // Compacting until nothing is left to gain reports failure, which forces combined
     // cleaning in the balancer.
     let mut compactions = 0;
-    while let CleanOutcome::Compacted { seglets_freed, .. } = store.compact_now(NOW) {
+    while let CleanOutcome::Compacted { seglets_freed, .. } =
+        store.compact_now(WallTime::from_seconds(NOW))
+    {
         compactions += 1;
         assert!(compactions < 100 && seglets_freed > 0);
     }
@@ -349,7 +482,7 @@ fn a_full_log_recovers_through_removes_and_cleaning() {
                 Err(ObjectError::LogFull) => break,
                 Err(other) => panic!("unexpected {other:?}"),
             }
-            store.clean_once(NOW);
+            store.clean_once(WallTime::from_seconds(NOW));
             assert!(keys < 100_000, "the log never filled");
         }
         let full = store.statistics();
@@ -361,7 +494,7 @@ fn a_full_log_recovers_through_removes_and_cleaning() {
         // ...and the cleaner, which always has its own reserve, turns them into free memory.
         let mut rounds = 0;
         while write_at(&store, b"after", &value_for(0, 1, 1000), NOW + 1).is_err() {
-            store.clean_once(NOW + 1);
+            store.clean_once(WallTime::from_seconds(NOW + 1));
             rounds += 1;
             assert!(rounds < 10_000, "the cleaner deadlocked: {:?}", store.statistics());
         }
@@ -370,7 +503,7 @@ fn a_full_log_recovers_through_removes_and_cleaning() {
             let key = 2 * index;
             write_at(&store, format!("key-{key}").as_bytes(), &value_for(key, 2, 1000), NOW + 2)
                 .unwrap_or_else(|error| panic!("{error:?}: {:?}", store.statistics()));
-            store.clean_once(NOW + 2);
+            store.clean_once(WallTime::from_seconds(NOW + 2));
         }
         for key in 0..keys {
             let found = read(&store, format!("key-{key}").as_bytes());
@@ -415,13 +548,13 @@ fn compacted_segments_at_the_segment_limit_are_merged_so_writes_go_on() {
                         store.statistics(),
                         store.log().statistics()
                     );
-                    store.clean_once(NOW);
+                    store.clean_once(WallTime::from_seconds(NOW));
                 }
                 Err(other) => panic!("unexpected {other:?}"),
             }
         }
         // Compact all that can shrink, as eager compactor threads would.
-        while let CleanOutcome::Compacted { .. } = store.compact_now(NOW) {}
+        while let CleanOutcome::Compacted { .. } = store.compact_now(WallTime::from_seconds(NOW)) {}
         highest_segment_count =
             highest_segment_count.max(store.log().statistics().segments_in_next_digest);
     }
@@ -455,7 +588,7 @@ fn segments_of_dead_tombstones_are_found_by_scanning_and_cleaned() {
     assert!(removed.log_bytes_tombstones > 1_000_000, "{removed:?}");
     let mut rounds = 0;
     loop {
-        let outcome = store.clean_combined_now(NOW + 20 + rounds);
+        let outcome = store.clean_combined_now(WallTime::from_seconds(NOW + 20 + rounds));
         rounds += 1;
         assert!(rounds < 500, "never converged: {:?}", store.statistics());
         if outcome == CleanOutcome::NothingToClean && rounds > 50 {
@@ -531,7 +664,7 @@ proptest! {
                         Err(ObjectError::LogFull) => {
                             // Memory is short: let the cleaner catch up, as the master's
                             // client would retry.
-                            store.clean_combined_now(now);
+                            store.clean_combined_now(WallTime::from_seconds(now));
                         }
                         Err(other) => prop_assert!(false, "unexpected {:?}", other),
                     }
@@ -543,13 +676,13 @@ proptest! {
                     prop_assert_eq!(removed, expected);
                 }
                 Step::Clean => {
-                    store.clean_combined_now(now);
+                    store.clean_combined_now(WallTime::from_seconds(now));
                 }
                 Step::Compact => {
-                    store.compact_now(now);
+                    store.compact_now(WallTime::from_seconds(now));
                 }
                 Step::Balance => {
-                    store.clean_once(now);
+                    store.clean_once(WallTime::from_seconds(now));
                 }
             }
         }
@@ -567,7 +700,7 @@ proptest! {
         prop_assert_eq!(store.log().table_tallies().of(TABLE), tally_of_model(TABLE, &model));
         // Cleaning everything possible keeps the model, and so does the replay; moving
         // objects changes no table's live data.
-        while let CleanOutcome::Combined { .. } = store.clean_combined_now(now + 1000) {}
+        while let CleanOutcome::Combined { .. } = store.clean_combined_now(WallTime::from_seconds(now + 1000)) {}
         prop_assert_eq!(&replay(&store), &model);
         prop_assert_eq!(store.log().table_tallies().of(TABLE), tally_of_model(TABLE, &model));
         // The log counts the same live object bytes on its own, per segment, wherever the
@@ -653,7 +786,7 @@ fn run_at_high_utilization(
             live_bytes -= old_length as u64 + overhead_bytes;
             remove_at(&store, format!("key-{victim:06}").as_bytes(), now).unwrap();
         }
-        store.clean_once(now);
+        store.clean_once(WallTime::from_seconds(now));
         if written_bytes > config.log_bytes && operations.is_multiple_of(64) {
             utilization_min = utilization_min.min(store.statistics().memory_utilization());
         }
@@ -735,7 +868,7 @@ fn run_writers_against_cleaners(replicas: u32, cleaner_threads: usize) {
                     // Bounded: stops when writers are done (they do bounded work).
                     while !done.load(Ordering::Acquire) {
                         if let CleanOutcome::Idle | CleanOutcome::NothingToClean =
-                            store.clean_once(NOW)
+                            store.clean_once(WallTime::from_seconds(NOW))
                         {
                             std::thread::yield_now();
                         }
@@ -831,7 +964,7 @@ fn overwrite_at_ninety_percent_with_two_levels(
         while let Err(error) = write_at(&store, key.as_bytes(), &value, NOW) {
             assert_eq!(error, ObjectError::LogFull);
             refused += 1;
-            let outcome = store.clean_once(NOW);
+            let outcome = store.clean_once(WallTime::from_seconds(NOW));
             assert!(
                 refused < 1_000,
                 "write {write} (cleaning every {clean_every}) refused {refused} times, the \
@@ -840,7 +973,7 @@ fn overwrite_at_ninety_percent_with_two_levels(
             );
         }
         if write.is_multiple_of(clean_every) {
-            store.clean_once(NOW);
+            store.clean_once(WallTime::from_seconds(NOW));
         }
     }
     assert_eq!(store.statistics().objects_live, objects);

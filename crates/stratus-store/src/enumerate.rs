@@ -9,9 +9,9 @@
 
 use stratus_log::format::decode_object_unverified;
 use stratus_log::Reference;
-use stratus_types::{key_hash, HashRange, TableId, Version};
+use stratus_types::{key_hash, ExpiresAt, HashRange, TableId, Version};
 
-use crate::ObjectStore;
+use crate::{ObjectStore, WallTime};
 
 /// Buckets one call scans at most before returning a cursor, so a call on a sparse table takes
 /// bounded time (RAMCloud answers with a partial result the same way).
@@ -26,26 +26,27 @@ struct Found {
     key: Vec<u8>,
     value: Vec<u8>,
     version: Version,
+    expires_at: Option<ExpiresAt>,
 }
 
 impl ObjectStore {
     /// Emits objects of `table` with key hash in `range`, in ascending (reversed hash, key)
-    /// order, starting after the cursor: objects with reversed hash < `cursor_reversed_hash`
-    /// are skipped, and with `cursor_after_key = Some(k)` so are those with reversed hash equal
-    /// to it and key <= k. Stops once the emitted key + value bytes would pass `bytes_max` (at
+    /// order, starting after the cursor `(cursor_reversed_hash, cursor_after_key)`: objects
+    /// with reversed hash < `cursor_reversed_hash` are skipped, and with `cursor_after_key =
+    /// Some(k)` so are those with reversed hash equal to it and key <= k. Stops once the emitted key + value bytes would pass `bytes_max` (at
     /// least one object is emitted if any remains) or after scanning
-    /// [`ENUMERATE_BUCKETS_PER_CALL_MAX`] buckets. Returns the cursor to continue from, or
-    /// `None` when the range is exhausted.
+    /// [`ENUMERATE_BUCKETS_PER_CALL_MAX`] buckets. Objects expired at `now` are skipped.
+    /// Returns the cursor to continue from, or `None` when the range is exhausted.
     // The signature is the one the master calls; an alias for `emit` would only hide it.
     #[allow(clippy::type_complexity)]
     pub fn enumerate(
         &self,
         table: TableId,
         range: HashRange,
-        cursor_reversed_hash: u64,
-        cursor_after_key: Option<&[u8]>,
+        (cursor_reversed_hash, cursor_after_key): (u64, Option<&[u8]>),
         bytes_max: usize,
-        emit: &mut dyn FnMut(&[u8], &[u8], Version),
+        now: WallTime,
+        emit: &mut dyn FnMut(&[u8], &[u8], Version, Option<ExpiresAt>),
     ) -> Option<EnumerationCursor> {
         let bucket_count = self.index.bucket_count();
         let bucket_bits = bucket_count.trailing_zeros();
@@ -84,7 +85,7 @@ impl ObjectStore {
             self.index.for_each_in_bucket(bucket_index, |reference| {
                 let (_, content) = self.log.entry(&epoch, Reference(reference));
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
-                if object.table != table {
+                if object.table != table || now.has_passed(object.expires_at) {
                     return;
                 }
                 let hash = key_hash(table, object.key);
@@ -101,6 +102,7 @@ impl ObjectStore {
                         key: object.key.to_vec(),
                         value: object.value.to_vec(),
                         version: object.version,
+                        expires_at: object.expires_at,
                     });
                 }
             });
@@ -113,7 +115,7 @@ impl ObjectStore {
                         return Some((*reversed, Some(key.clone())));
                     }
                 }
-                emit(&object.key, &object.value, object.version);
+                emit(&object.key, &object.value, object.version, object.expires_at);
                 emitted_bytes += object_bytes;
                 last_emitted = Some((object.reversed_hash, object.key));
             }

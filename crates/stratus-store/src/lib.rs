@@ -13,6 +13,12 @@
 //! segments' worth of seglets), which removes may use, so deletes keep working when memory is
 //! full, and the cleaner reserve, which only the cleaner may use, so it can always run.
 //!
+//! Expiry: an object may carry an absolute expiry time ([`ExpiresAt`]). Every operation takes
+//! the master's clock as an argument ([`WallTime`]; the engine reads no clock) and treats an
+//! object expired at that time as missing — for reads, reject rules, increments and
+//! enumeration — while still overwriting or removing its bytes as usual (so versions keep
+//! increasing). The cleaner drops expired objects it meets, without a tombstone.
+//!
 //! Memory is reclaimed by the cleaner ([`ObjectStore::clean_once`], see `cleaner.rs` and
 //! docs/design/cleaner.md), which a server thread drives concurrently with requests. Every
 //! operation pins an epoch for as long as it holds bytes of the log, so the cleaner never
@@ -24,14 +30,15 @@ mod enumerate;
 mod replay;
 
 pub use cleaner::{
-    CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, PendingCombinedPass,
-    SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT, CLEAN_FREE_PERCENT_MAX,
-    COMPACTED_UTILIZATION_MAX_PERCENT, PASS_LIVE_SEGMENTS_MAX, SEGMENT_COUNT_FORCE_PERCENT,
-    TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
+    CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, DurabilityError,
+    PendingCombinedPass, SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT,
+    CLEAN_FREE_PERCENT_MAX, COMPACTED_UTILIZATION_MAX_PERCENT, PASS_LIVE_SEGMENTS_MAX,
+    SEGMENT_COUNT_FORCE_PERCENT, TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
 };
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
 pub use replay::{ReplayCollector, ReplayError, ReplayInto, ReplayStatistics};
+pub use stratus_types::{ExpiresAt, Expiry};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -42,8 +49,55 @@ use stratus_log::{
     SegmentStatistics, TombstoneView,
 };
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules, SegmentId, ServerId};
-use stratus_types::{TableId, Version};
+use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules};
+use stratus_types::{SegmentId, ServerId, TableId, Version};
+
+/// A reading of the master's wall clock, taken by the caller of every operation that needs
+/// the time (the engine reads no clock): object timestamps (the cleaner's ages) use its
+/// seconds, expiry its milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WallTime {
+    millis: u64,
+}
+
+impl WallTime {
+    /// The time `millis` milliseconds after the Unix epoch.
+    pub const fn from_millis(millis: u64) -> WallTime {
+        WallTime { millis }
+    }
+
+    /// The time `seconds` seconds after the Unix epoch.
+    pub const fn from_seconds(seconds: u32) -> WallTime {
+        WallTime { millis: seconds as u64 * 1_000 }
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub const fn millis(self) -> u64 {
+        self.millis
+    }
+
+    /// Whole seconds since the Unix epoch (saturating in 2106).
+    pub fn seconds(self) -> u32 {
+        u32::try_from(self.millis / 1_000).unwrap_or(u32::MAX)
+    }
+
+    /// Whether an object that expires at `expires_at` (if ever) is expired now.
+    pub fn has_passed(self, expires_at: Option<ExpiresAt>) -> bool {
+        expires_at.is_some_and(|expires_at| expires_at.has_passed(self.millis))
+    }
+}
+
+/// What a read found: the live object's version, the segment that holds it, and when it
+/// expires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FoundObject {
+    /// Its version.
+    pub version: Version,
+    /// The segment holding it (a replicated master answers only once it is durable).
+    pub segment_id: SegmentId,
+    /// When it expires, if it does.
+    pub expires_at: Option<ExpiresAt>,
+}
 
 /// Where read values are copied to (the master implements it for its response buffer).
 pub trait ByteSink {
@@ -148,11 +202,23 @@ pub struct ObjectStore {
     cleaner: cleaner::CleanerState,
 }
 
-/// The current object of a key, found under its bucket lock.
+/// The current object of a key, found under its bucket lock: live, or expired and not yet
+/// dropped by the cleaner.
 struct Current {
     slot: Slot,
     reference: Reference,
     version: Version,
+    expires_at: Option<ExpiresAt>,
+}
+
+/// The object a key holds as callers see it at `now`: `None` if there is none or it expired.
+fn live(current: Option<&Current>, now: WallTime) -> Option<&Current> {
+    current.filter(|current| !now.has_passed(current.expires_at))
+}
+
+/// The version reject rules see at `now`: the live object's, 0 when missing or expired.
+fn live_version(current: Option<&Current>, now: WallTime) -> Version {
+    live(current, now).map_or(Version::NONEXISTENT, |current| current.version)
 }
 
 impl ObjectStore {
@@ -207,6 +273,7 @@ impl ObjectStore {
         key: &[u8],
     ) -> Option<Current> {
         let mut version = Version::NONEXISTENT;
+        let mut expires_at = None;
         let (slot, reference) = guard.find(|reference| {
             let (entry_type, content) = self.log.entry(epoch, Reference(reference));
             assert_eq!(entry_type, EntryType::Object, "hash table points at a non-object");
@@ -214,41 +281,45 @@ impl ObjectStore {
             let found = object.table == table && object.key == key;
             if found {
                 version = object.version;
+                expires_at = object.expires_at;
             }
             found
         })?;
-        Some(Current { slot, reference: Reference(reference), version })
+        Some(Current { slot, reference: Reference(reference), version, expires_at })
     }
 
-    /// Reads an object: appends its value to `value_out` and returns its version. A missing
-    /// object is always `Rejected { ObjectDoesntExist, 0 }`; otherwise `rules` are checked
-    /// against its version.
+    /// Reads an object at `now`: appends its value to `value_out` and returns its version. A
+    /// missing or expired object is always `Rejected { ObjectDoesntExist, 0 }`; otherwise
+    /// `rules` are checked against its version.
     pub fn read(
         &self,
         table: TableId,
         key: &[u8],
         hash: KeyHash,
         rules: &RejectRules,
+        now: WallTime,
         value_out: &mut dyn ByteSink,
     ) -> Result<Version, ObjectError> {
-        self.read_located(table, key, hash, rules, value_out).map(|(version, _)| version)
+        self.read_located(table, key, hash, rules, now, value_out).map(|found| found.version)
     }
 
-    /// [`ObjectStore::read`], also saying which segment holds the object: a replicated master
+    /// [`ObjectStore::read`], also saying which segment holds the object — a replicated master
     /// must not answer with an object that is not durable yet (if it crashed, the object would
-    /// vanish after a client had seen it).
+    /// vanish after a client had seen it) — and when it expires.
     pub fn read_located(
         &self,
         table: TableId,
         key: &[u8],
         hash: KeyHash,
         rules: &RejectRules,
+        now: WallTime,
         value_out: &mut dyn ByteSink,
-    ) -> Result<(Version, SegmentId), ObjectError> {
+    ) -> Result<FoundObject, ObjectError> {
         Self::check_key(key)?;
         let epoch = self.log.pin();
         let guard = self.index.lock(hash.0);
-        let Some(current) = self.lookup(&epoch, &guard, table, key) else {
+        let current = self.lookup(&epoch, &guard, table, key);
+        let Some(current) = live(current.as_ref(), now) else {
             return Err(ObjectError::Rejected {
                 reason: RejectReason::ObjectDoesntExist,
                 current: Version::NONEXISTENT,
@@ -258,10 +329,17 @@ impl ObjectStore {
         let (_, content) = self.log.entry(&epoch, current.reference);
         let object = decode_object_unverified(&content).expect("corrupt object in the log");
         value_out.put_slice(object.value);
-        Ok((current.version, self.log.segment_of(current.reference)))
+        Ok(FoundObject {
+            version: current.version,
+            segment_id: self.log.segment_of(current.reference),
+            expires_at: current.expires_at,
+        })
     }
 
-    /// Writes an object (create or overwrite) and returns its new version.
+    /// Writes an object (create or overwrite) at `now` and returns its new version. `expiry`
+    /// decides when the new object expires ([`Expiry::Keep`]: when the object it replaces
+    /// would have).
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         table: TableId,
@@ -269,41 +347,76 @@ impl ObjectStore {
         hash: KeyHash,
         value: &[u8],
         rules: &RejectRules,
-        now_seconds: u32,
+        expiry: Expiry,
+        now: WallTime,
     ) -> Result<Version, ObjectError> {
         Self::check_key(key)?;
         if value.len() > self.config.value_bytes_max as usize {
             return Err(ObjectError::ValueTooLarge);
         }
-        self.log.observe_time(now_seconds);
+        self.log.observe_time(now.seconds());
         let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
         let current = self.lookup(&epoch, &guard, table, key);
-        check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
-        self.store_object(&epoch, &mut guard, current, table, key, value, now_seconds, None)
+        check_rules(rules, live_version(current.as_ref(), now))?;
+        let kept = live(current.as_ref(), now).and_then(|current| current.expires_at);
+        let expires_at = expiry.resolve(now.millis(), kept);
+        let new = NewObject { table, key, value, expires_at, timestamp: now.seconds() };
+        self.store_object(&epoch, &mut guard, current, new, None)
+    }
+
+    /// Sets when a live object expires, keeping its value: a new version of it, with the
+    /// expiry `expiry` gives (`Never` removes its expiry). A missing or expired object is
+    /// `Rejected { ObjectDoesntExist, 0 }`; `rules` are checked against its version.
+    pub fn set_expiry(
+        &self,
+        table: TableId,
+        key: &[u8],
+        hash: KeyHash,
+        expiry: Expiry,
+        rules: &RejectRules,
+        now: WallTime,
+    ) -> Result<Version, ObjectError> {
+        Self::check_key(key)?;
+        self.log.observe_time(now.seconds());
+        let epoch = self.log.pin();
+        let mut guard = self.index.lock(hash.0);
+        let current = self.lookup(&epoch, &guard, table, key);
+        let Some(live_object) = live(current.as_ref(), now) else {
+            return Err(ObjectError::Rejected {
+                reason: RejectReason::ObjectDoesntExist,
+                current: Version::NONEXISTENT,
+            });
+        };
+        check_rules(rules, live_object.version)?;
+        let expires_at = expiry.resolve(now.millis(), live_object.expires_at);
+        let (_, content) = self.log.entry(&epoch, live_object.reference);
+        let object = decode_object_unverified(&content).expect("corrupt object in the log");
+        let new =
+            NewObject { table, key, value: object.value, expires_at, timestamp: now.seconds() };
+        self.store_object(&epoch, &mut guard, current, new, None)
     }
 
     /// Appends a new version of an object (plus the old version's tombstone) and points the
-    /// index at it. The caller holds the bucket lock and has checked the rules.
-    #[allow(clippy::too_many_arguments)]
+    /// index at it. `current` is what the key holds, expired or not: its bytes die either
+    /// way, and the new version is above it. The caller holds the bucket lock and has checked
+    /// the rules.
     fn store_object(
         &self,
         epoch: &EpochGuard<'_>,
         guard: &mut BucketGuard<'_>,
         current: Option<Current>,
-        table: TableId,
-        key: &[u8],
-        value: &[u8],
-        now_seconds: u32,
+        new: NewObject<'_>,
         replayed_version: Option<Version>,
     ) -> Result<Version, ObjectError> {
+        let NewObject { table, key, value, expires_at, timestamp } = new;
         let version = match (&current, replayed_version) {
             // Replay keeps the version the object had in the replayed log.
             (_, Some(version)) => version,
             (Some(current), None) => Version(current.version.0 + 1),
             (None, None) => self.log.allocate_version(),
         };
-        let prefix = ObjectPrefix::new(table, version, now_seconds, key, value);
+        let prefix = ObjectPrefix::new(table, version, timestamp, expires_at, key, value);
         let object =
             AppendEntry { entry_type: EntryType::Object, pieces: [prefix.as_bytes(), key, value] };
         let appended = match &current {
@@ -312,7 +425,7 @@ impl ObjectStore {
                     table,
                     segment_id: self.log.segment_of(current.reference),
                     object_version: current.version,
-                    timestamp: now_seconds,
+                    timestamp,
                     key,
                 });
                 let entries = [object, tombstone_entry(&tombstone, key)];
@@ -343,30 +456,45 @@ impl ObjectStore {
         Ok(version)
     }
 
-    /// Removes an object; returns the removed version, or 0 if it did not exist (and the rules
-    /// allowed that).
+    /// Removes an object at `now`; returns the removed version, or 0 if there was none (or it
+    /// had expired, which removes its bytes all the same) and the rules allowed that.
     pub fn remove(
         &self,
         table: TableId,
         key: &[u8],
         hash: KeyHash,
         rules: &RejectRules,
-        now_seconds: u32,
+        now: WallTime,
     ) -> Result<Version, ObjectError> {
         Self::check_key(key)?;
-        self.log.observe_time(now_seconds);
+        self.log.observe_time(now.seconds());
         let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
         let current = self.lookup(&epoch, &guard, table, key);
-        check_rules(rules, current.as_ref().map_or(Version::NONEXISTENT, |c| c.version))?;
-        let Some(current) = current else {
-            return Ok(Version::NONEXISTENT);
-        };
+        let removed_version = live_version(current.as_ref(), now);
+        check_rules(rules, removed_version)?;
+        if let Some(current) = current {
+            self.remove_current(&epoch, &mut guard, current, table, key, now)?;
+        }
+        Ok(removed_version)
+    }
+
+    /// Removes `current`, what the key holds (live or expired): a tombstone for its version,
+    /// the index entry gone, its bytes dead. The caller holds the bucket lock.
+    fn remove_current(
+        &self,
+        epoch: &EpochGuard<'_>,
+        guard: &mut BucketGuard<'_>,
+        current: Current,
+        table: TableId,
+        key: &[u8],
+        now: WallTime,
+    ) -> Result<(), ObjectError> {
         let tombstone = TombstonePrefix::new(&TombstoneView {
             table,
             segment_id: self.log.segment_of(current.reference),
             object_version: current.version,
-            timestamp: now_seconds,
+            timestamp: now.seconds(),
             key,
         });
         self.log
@@ -375,14 +503,15 @@ impl ObjectStore {
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
-        let old_bytes = self.log.free(&epoch, current.reference);
+        let old_bytes = self.log.free(epoch, current.reference);
         self.log.table_tallies().object_removed(guard.bucket_index(), table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
-        Ok(current.version)
+        Ok(())
     }
 
-    /// Adds `delta` to an 8-byte little-endian i64 value (a missing object counts as 0 and is
-    /// created). Returns the new version and value.
+    /// Adds `delta` to an 8-byte little-endian i64 value at `now` (a missing or expired object
+    /// counts as 0 and is created). The object keeps its expiry, as Redis's INCR keeps a
+    /// key's. Returns the new version and value.
     pub fn increment(
         &self,
         table: TableId,
@@ -390,16 +519,18 @@ impl ObjectStore {
         hash: KeyHash,
         delta: i64,
         rules: &RejectRules,
-        now_seconds: u32,
+        now: WallTime,
     ) -> Result<(Version, i64), ObjectError> {
         Self::check_key(key)?;
-        self.log.observe_time(now_seconds);
+        self.log.observe_time(now.seconds());
         let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
         let current = self.lookup(&epoch, &guard, table, key);
-        let current_version = current.as_ref().map_or(Version::NONEXISTENT, |c| c.version);
+        let current_version = live_version(current.as_ref(), now);
         check_rules(rules, current_version)?;
-        let old_value = match &current {
+        let live_object = live(current.as_ref(), now);
+        let expires_at = live_object.and_then(|current| current.expires_at);
+        let old_value = match live_object {
             None => 0,
             Some(current) => {
                 let (_, content) = self.log.entry(&epoch, current.reference);
@@ -414,16 +545,9 @@ impl ObjectStore {
         let new_value = old_value
             .checked_add(delta)
             .ok_or(ObjectError::IncrementOverflow { current: current_version })?;
-        let version = self.store_object(
-            &epoch,
-            &mut guard,
-            current,
-            table,
-            key,
-            &new_value.to_le_bytes(),
-            now_seconds,
-            None,
-        )?;
+        let value = new_value.to_le_bytes();
+        let new = NewObject { table, key, value: &value, expires_at, timestamp: now.seconds() };
+        let version = self.store_object(&epoch, &mut guard, current, new, None)?;
         Ok((version, new_value))
     }
 
@@ -497,6 +621,16 @@ impl ObjectStore {
     }
 }
 
+/// An object version to append: what [`ObjectStore::store_object`] writes.
+struct NewObject<'a> {
+    table: TableId,
+    key: &'a [u8],
+    value: &'a [u8],
+    expires_at: Option<ExpiresAt>,
+    /// Wall-clock seconds of the write (the cleaner sorts survivors by it).
+    timestamp: u32,
+}
+
 fn check_rules(rules: &RejectRules, current: Version) -> Result<(), ObjectError> {
     rules.check(current).map_err(|reason| ObjectError::Rejected { reason, current })
 }
@@ -518,5 +652,7 @@ fn append_error(error: AppendError) -> ObjectError {
 
 #[cfg(test)]
 mod cleaner_tests;
+#[cfg(test)]
+mod expiry_tests;
 #[cfg(test)]
 mod tests;

@@ -25,9 +25,9 @@ use stratus_log::{
     AppendEntry, AppendPriority, Certificate, Entry, EntryType, FormatError, ObjectView,
     SegmentIterator, SideLog, TombstoneView,
 };
-use stratus_types::{key_hash, IntegerHashing, KeyHash, SegmentId, TableId, Version};
+use stratus_types::{key_hash, ExpiresAt, IntegerHashing, KeyHash, SegmentId, TableId, Version};
 
-use crate::{append_error, tombstone_entry, ObjectError, ObjectStore};
+use crate::{append_error, tombstone_entry, NewObject, ObjectError, ObjectStore, WallTime};
 
 /// Why a replay stopped. Objects already replayed stay; replaying the same set again is
 /// harmless (versions decide).
@@ -263,15 +263,16 @@ impl<'a> ReplayCollector<'a> {
 impl ObjectStore {
     /// Replays `segments` (bytes and the certificate committing them) into this store, keeping
     /// only objects for which `accept(table, key hash)` holds (the tablets being recovered).
-    /// `now_seconds` is the time given to the log (replayed objects keep their own timestamps).
+    /// `now` is the time given to the log (replayed objects keep their own timestamps and
+    /// expiry times).
     pub fn replay(
         &self,
         segments: &[(&[u8], Certificate)],
         accept: &dyn Fn(TableId, KeyHash) -> bool,
-        now_seconds: u32,
+        now: WallTime,
     ) -> Result<ReplayStatistics, ReplayError> {
         let accept = |_, table, hash| accept(table, hash);
-        self.replay_filtered(segments, &accept, now_seconds, ReplayInto::Head)
+        self.replay_filtered(segments, &accept, now, ReplayInto::Head)
     }
 
     /// [`ObjectStore::replay`] where an object is kept only if `accept(segment index, table,
@@ -284,14 +285,14 @@ impl ObjectStore {
         &self,
         segments: &[(&[u8], Certificate)],
         accept: &dyn Fn(usize, TableId, KeyHash) -> bool,
-        now_seconds: u32,
+        now: WallTime,
         into: ReplayInto<'_>,
     ) -> Result<ReplayStatistics, ReplayError> {
         let mut collector = ReplayCollector::new(accept);
         for (index, (bytes, certificate)) in segments.iter().enumerate() {
             collector.add(index, bytes, certificate)?;
         }
-        self.replay_collected(collector, now_seconds, into)
+        self.replay_collected(collector, now, into)
     }
 
     /// Writes what `collector` gathered into this store: the second half of
@@ -300,7 +301,7 @@ impl ObjectStore {
     pub fn replay_collected(
         &self,
         collector: ReplayCollector<'_>,
-        now_seconds: u32,
+        now: WallTime,
         mut into: ReplayInto<'_>,
     ) -> Result<ReplayStatistics, ReplayError> {
         let ReplayCollector {
@@ -328,7 +329,7 @@ impl ObjectStore {
             }
         }
         statistics.objects_skipped = objects_seen - winners.len() as u64;
-        self.log.observe_time(now_seconds);
+        self.log.observe_time(now.seconds());
         // Versions are never reused: new writes here get versions above everything replayed.
         self.log.raise_safe_version(Version(highest_version.0 + 1));
         for (key, winner) in winners {
@@ -346,7 +347,7 @@ impl ObjectStore {
             let rules = stratus_types::RejectRules::NONE;
             let current = self.current_version(table, key, hash);
             if current.is_some_and(|version| version <= killed) {
-                match self.remove(table, key, hash, &rules, now_seconds) {
+                match self.remove(table, key, hash, &rules, now) {
                     Ok(_) => statistics.objects_removed += 1,
                     Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
                     Err(error) => unreachable!("removing a replayed-dead object failed: {error:?}"),
@@ -381,7 +382,8 @@ impl ObjectStore {
         key: &[u8],
         value: &[u8],
         version: Version,
-        now_seconds: u32,
+        expires_at: Option<ExpiresAt>,
+        now: WallTime,
     ) -> Result<bool, ObjectError> {
         if key.is_empty() || key.len() > stratus_types::limits::KEY_BYTES_MAX {
             return Err(ObjectError::InvalidKey);
@@ -389,9 +391,10 @@ impl ObjectStore {
         if value.len() > self.config.value_bytes_max as usize {
             return Err(ObjectError::ValueTooLarge);
         }
-        self.log.observe_time(now_seconds);
+        self.log.observe_time(now.seconds());
         self.log.raise_safe_version(Version(version.0.saturating_add(1)));
-        let object = ObjectView { table, version, timestamp: now_seconds, key, value };
+        let object =
+            ObjectView { table, version, timestamp: now.seconds(), expires_at, key, value };
         self.replay_object(key_hash(table, key), object, None, &mut ReplayInto::Head)
     }
 
@@ -406,27 +409,24 @@ impl ObjectStore {
         table: TableId,
         key: &[u8],
         below: Version,
-        now_seconds: u32,
+        now: WallTime,
     ) -> Result<bool, ObjectError> {
         if key.is_empty() || key.len() > stratus_types::limits::KEY_BYTES_MAX {
             return Err(ObjectError::InvalidKey);
         }
         self.log.raise_safe_version(below);
+        self.log.observe_time(now.seconds());
         let hash = key_hash(table, key);
-        let Some(current) = self.current_version(table, key, hash) else {
-            return Ok(false);
-        };
-        if current >= below {
-            return Ok(false);
+        let epoch = self.log.pin();
+        let mut guard = self.index.lock(hash.0);
+        // Whatever it holds, live or expired: the source removed the key.
+        match self.lookup(&epoch, &guard, table, key) {
+            Some(current) if current.version < below => {
+                self.remove_current(&epoch, &mut guard, current, table, key, now)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         }
-        // Exactly the version looked at: nothing else writes a tablet being received.
-        let rules = stratus_types::RejectRules {
-            given_version: current,
-            version_ne_given: true,
-            ..stratus_types::RejectRules::NONE
-        };
-        self.remove(table, key, hash, &rules, now_seconds)?;
-        Ok(true)
     }
 
     /// The version of the object stored under (`table`, `key`), if any.
@@ -447,7 +447,7 @@ impl ObjectStore {
         content: Option<&[u8]>,
         into: &mut ReplayInto<'_>,
     ) -> Result<bool, ObjectError> {
-        let ObjectView { table, version, timestamp, key, value } = object;
+        let ObjectView { table, version, timestamp, expires_at, key, value } = object;
         let epoch = self.log.pin();
         let mut guard = self.index.lock(hash.0);
         let current = self.lookup(&epoch, &guard, table, key);
@@ -455,23 +455,15 @@ impl ObjectStore {
             return Ok(false);
         }
         let ReplayInto::SideLog { side_log, closed } = into else {
-            self.store_object(
-                &epoch,
-                &mut guard,
-                current,
-                table,
-                key,
-                value,
-                timestamp,
-                Some(version),
-            )?;
+            let new = NewObject { table, key, value, expires_at, timestamp };
+            self.store_object(&epoch, &mut guard, current, new, Some(version))?;
             return Ok(true);
         };
         let prefix;
         let object = match content {
             Some(content) => AppendEntry::new(EntryType::Object, content),
             None => {
-                prefix = ObjectPrefix::new(table, version, timestamp, key, value);
+                prefix = ObjectPrefix::new(table, version, timestamp, expires_at, key, value);
                 AppendEntry {
                     entry_type: EntryType::Object,
                     pieces: [prefix.as_bytes(), key, value],
@@ -528,7 +520,7 @@ mod tests {
     use stratus_types::{HashRange, RejectRules, ServerId};
 
     use super::*;
-    use crate::{ByteSink, StoreConfig};
+    use crate::{ByteSink, Expiry, StoreConfig};
 
     const TABLE: TableId = TableId(3);
 
@@ -543,7 +535,10 @@ mod tests {
     fn read(store: &ObjectStore, key: &[u8]) -> Option<(Version, Vec<u8>)> {
         let mut value = Collect(Vec::new());
         let hash = key_hash(TABLE, key);
-        store.read(TABLE, key, hash, &RejectRules::NONE, &mut value).ok().map(|v| (v, value.0))
+        store
+            .read(TABLE, key, hash, &RejectRules::NONE, WallTime::from_seconds(0), &mut value)
+            .ok()
+            .map(|v| (v, value.0))
     }
 
     /// Key → its object (version and value), or `None` once removed.
@@ -564,16 +559,27 @@ mod tests {
             let key = format!("key-{}", next() % 300).into_bytes();
             let hash = key_hash(TABLE, &key);
             if next() % 5 == 0 {
-                store.remove(TABLE, &key, hash, &RejectRules::NONE, 1).unwrap();
+                store
+                    .remove(TABLE, &key, hash, &RejectRules::NONE, WallTime::from_seconds(1))
+                    .unwrap();
                 model.insert(key, None);
             } else {
                 let value = vec![(step % 251) as u8; (next() % 3_000) as usize];
-                let version =
-                    store.write(TABLE, &key, hash, &value, &RejectRules::NONE, 1).unwrap();
+                let version = store
+                    .write(
+                        TABLE,
+                        &key,
+                        hash,
+                        &value,
+                        &RejectRules::NONE,
+                        Expiry::Never,
+                        WallTime::from_seconds(1),
+                    )
+                    .unwrap();
                 model.insert(key, Some((version, value)));
             }
             if step % 1_000 == 999 {
-                store.clean_combined_now(2);
+                store.clean_combined_now(WallTime::from_seconds(2));
             }
         }
         (store, model)
@@ -606,7 +612,9 @@ mod tests {
             collector.add_verified(index, bytes, certificate).unwrap();
         }
         let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
-        let statistics = target.replay_collected(collector, 5, ReplayInto::Head).unwrap();
+        let statistics = target
+            .replay_collected(collector, WallTime::from_seconds(5), ReplayInto::Head)
+            .unwrap();
         assert_eq!(statistics.segments, copies.len() as u64);
         for (key, expected) in &model {
             assert_eq!(&read(&target, key), expected, "key {:?}", String::from_utf8_lossy(key));
@@ -625,20 +633,29 @@ mod tests {
         let borrowed: Vec<(&[u8], Certificate)> =
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
-        let statistics = target.replay(&borrowed, &|_, _| true, 5).unwrap();
+        let statistics = target.replay(&borrowed, &|_, _| true, WallTime::from_seconds(5)).unwrap();
         assert_eq!(statistics.segments, copies.len() as u64);
         for (key, expected) in &model {
             assert_eq!(&read(&target, key), expected, "key {:?}", String::from_utf8_lossy(key));
         }
         // Replaying again changes nothing.
-        let again = target.replay(&borrowed, &|_, _| true, 5).unwrap();
+        let again = target.replay(&borrowed, &|_, _| true, WallTime::from_seconds(5)).unwrap();
         assert_eq!(again.objects_replayed, 0);
         // A new object gets a version above every replayed one (the safe version was
         // raised), so no version of the replayed log is ever reused.
         let newest = model.values().flatten().map(|(version, _)| *version).max().unwrap();
         let key = b"a-key-never-written";
-        let version =
-            target.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 6).unwrap();
+        let version = target
+            .write(
+                TABLE,
+                key,
+                key_hash(TABLE, key),
+                b"x",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(6),
+            )
+            .unwrap();
         assert!(version > newest);
     }
 
@@ -654,7 +671,17 @@ mod tests {
             let key = format!("bulk-{index}").into_bytes();
             let value = vec![index as u8; 1_000];
             let hash = key_hash(TABLE, &key);
-            let version = source.write(TABLE, &key, hash, &value, &RejectRules::NONE, 2).unwrap();
+            let version = source
+                .write(
+                    TABLE,
+                    &key,
+                    hash,
+                    &value,
+                    &RejectRules::NONE,
+                    Expiry::Never,
+                    WallTime::from_seconds(2),
+                )
+                .unwrap();
             model.insert(key, Some((version, value)));
         }
         let copies = segments(&source);
@@ -666,7 +693,9 @@ mod tests {
         let mut closed = Vec::new();
         let into =
             ReplayInto::SideLog { side_log: &mut side_log, closed: &mut |id| closed.push(id) };
-        target.replay_filtered(&borrowed, &|_, _, _| true, 5, into).unwrap();
+        target
+            .replay_filtered(&borrowed, &|_, _, _| true, WallTime::from_seconds(5), into)
+            .unwrap();
         let side = side_log.segments().to_vec();
         assert!(side.len() >= 2, "the test needs more than one side segment");
         assert_eq!(closed, side[..side.len() - 1], "every side segment but the last closed");
@@ -682,14 +711,23 @@ mod tests {
         let borrowed: Vec<(&[u8], Certificate)> =
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let third = ObjectStore::new(StoreConfig::for_testing(), ServerId(11)).unwrap();
-        third.replay(&borrowed, &|_, _| true, 6).unwrap();
+        third.replay(&borrowed, &|_, _| true, WallTime::from_seconds(6)).unwrap();
         for (key, expected) in &model {
             assert_eq!(&read(&third, key), expected);
         }
         let newest = model.values().flatten().map(|(version, _)| *version).max().unwrap();
         let key = b"a-key-never-written";
-        let version =
-            third.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 7).unwrap();
+        let version = third
+            .write(
+                TABLE,
+                key,
+                key_hash(TABLE, key),
+                b"x",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(7),
+            )
+            .unwrap();
         assert!(version > newest, "the fused head carried the raised safe version");
     }
 
@@ -706,7 +744,9 @@ mod tests {
         let free_before = target.statistics().seglets_free;
         let mut side_log = SideLog::new(AppendPriority::Normal);
         let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut |_| {} };
-        let replayed = target.replay_filtered(&borrowed, &|_, _, _| true, 5, into).unwrap();
+        let replayed = target
+            .replay_filtered(&borrowed, &|_, _, _| true, WallTime::from_seconds(5), into)
+            .unwrap();
         assert!(replayed.objects_replayed > 0);
         assert!(target.statistics().seglets_free < free_before);
         target.drop_range(TABLE, HashRange::FULL);
@@ -723,17 +763,38 @@ mod tests {
     #[test]
     fn a_migrated_removal_removes_only_older_versions() {
         let store = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
-        store.insert_migrated(TABLE, b"old", b"v", Version(5), 1).unwrap();
-        assert!(store.remove_migrated(TABLE, b"old", Version(20), 2).unwrap());
-        assert!(!store.remove_migrated(TABLE, b"absent", Version(20), 2).unwrap());
+        store
+            .insert_migrated(TABLE, b"old", b"v", Version(5), None, WallTime::from_seconds(1))
+            .unwrap();
+        assert!(store
+            .remove_migrated(TABLE, b"old", Version(20), WallTime::from_seconds(2))
+            .unwrap());
+        assert!(!store
+            .remove_migrated(TABLE, b"absent", Version(20), WallTime::from_seconds(2))
+            .unwrap());
         assert_eq!(read(&store, b"old"), None);
         let key = b"old";
-        let again = store.write(TABLE, key, key_hash(TABLE, key), b"x", &RejectRules::NONE, 3);
+        let again = store.write(
+            TABLE,
+            key,
+            key_hash(TABLE, key),
+            b"x",
+            &RejectRules::NONE,
+            Expiry::Never,
+            WallTime::from_seconds(3),
+        );
         assert!(again.unwrap() >= Version(20), "a re-created object is newer than the removal");
-        store.insert_migrated(TABLE, b"newer", b"v", Version(50), 1).unwrap();
-        assert!(!store.remove_migrated(TABLE, b"newer", Version(20), 2).unwrap());
+        store
+            .insert_migrated(TABLE, b"newer", b"v", Version(50), None, WallTime::from_seconds(1))
+            .unwrap();
+        assert!(!store
+            .remove_migrated(TABLE, b"newer", Version(20), WallTime::from_seconds(2))
+            .unwrap());
         assert_eq!(read(&store, b"newer").map(|(version, _)| version), Some(Version(50)));
-        assert_eq!(store.remove_migrated(TABLE, b"", Version(20), 2), Err(ObjectError::InvalidKey));
+        assert_eq!(
+            store.remove_migrated(TABLE, b"", Version(20), WallTime::from_seconds(2)),
+            Err(ObjectError::InvalidKey)
+        );
     }
 
     /// The safe version a replay raised survives a replay of the replaying store: a key
@@ -746,37 +807,66 @@ mod tests {
         let hash = key_hash(TABLE, key);
         let mut newest = Version(0);
         for round in 0..5u8 {
-            newest = first.write(TABLE, key, hash, &[round; 16], &RejectRules::NONE, 1).unwrap();
+            newest = first
+                .write(
+                    TABLE,
+                    key,
+                    hash,
+                    &[round; 16],
+                    &RejectRules::NONE,
+                    Expiry::Never,
+                    WallTime::from_seconds(1),
+                )
+                .unwrap();
         }
-        first.remove(TABLE, key, hash, &RejectRules::NONE, 1).unwrap();
+        first.remove(TABLE, key, hash, &RejectRules::NONE, WallTime::from_seconds(1)).unwrap();
         let copies = segments(&first);
         let borrowed: Vec<(&[u8], Certificate)> =
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let second = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
-        second.replay(&borrowed, &|_, _| true, 5).unwrap();
+        second.replay(&borrowed, &|_, _| true, WallTime::from_seconds(5)).unwrap();
         assert_eq!(read(&second, key), None, "removed stays removed");
         // The same into a side log: nothing is live, so the side log stays empty and no
         // fusing head will come; the replay's own head records the floor.
         let side = ObjectStore::new(StoreConfig::for_testing(), ServerId(12)).unwrap();
         let mut side_log = SideLog::new(AppendPriority::Normal);
         let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut |_| {} };
-        side.replay_filtered(&borrowed, &|_, _, _| true, 5, into).unwrap();
+        side.replay_filtered(&borrowed, &|_, _, _| true, WallTime::from_seconds(5), into).unwrap();
         assert!(side_log.segments().is_empty());
         let copies_of_side = segments(&side);
         let borrowed_side: Vec<(&[u8], Certificate)> =
             copies_of_side.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let after_side = ObjectStore::new(StoreConfig::for_testing(), ServerId(13)).unwrap();
-        after_side.replay(&borrowed_side, &|_, _| true, 6).unwrap();
-        let recreated =
-            after_side.write(TABLE, key, hash, b"again", &RejectRules::NONE, 7).unwrap();
+        after_side.replay(&borrowed_side, &|_, _| true, WallTime::from_seconds(6)).unwrap();
+        let recreated = after_side
+            .write(
+                TABLE,
+                key,
+                hash,
+                b"again",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(7),
+            )
+            .unwrap();
         assert!(recreated > newest, "version {recreated:?} reused after a side-log replay");
         // The second store crashes before anything else is written; a third replays its log.
         let copies = segments(&second);
         let borrowed: Vec<(&[u8], Certificate)> =
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let third = ObjectStore::new(StoreConfig::for_testing(), ServerId(11)).unwrap();
-        third.replay(&borrowed, &|_, _| true, 6).unwrap();
-        let recreated = third.write(TABLE, key, hash, b"again", &RejectRules::NONE, 7).unwrap();
+        third.replay(&borrowed, &|_, _| true, WallTime::from_seconds(6)).unwrap();
+        let recreated = third
+            .write(
+                TABLE,
+                key,
+                hash,
+                b"again",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(7),
+            )
+            .unwrap();
         assert!(recreated > newest, "version {recreated:?} reused (the key reached {newest:?})");
     }
 
@@ -790,7 +880,11 @@ mod tests {
         let low_half = HashRange { start: 0, end: u64::MAX / 2 };
         let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
         target
-            .replay(&borrowed, &|table, hash| table == TABLE && low_half.contains(hash), 5)
+            .replay(
+                &borrowed,
+                &|table, hash| table == TABLE && low_half.contains(hash),
+                WallTime::from_seconds(5),
+            )
             .unwrap();
         for (key, expected) in &model {
             let hash = key_hash(TABLE, key);
@@ -810,7 +904,7 @@ mod tests {
         let borrowed: Vec<(&[u8], Certificate)> =
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
-        match target.replay(&borrowed, &|_, _| true, 5) {
+        match target.replay(&borrowed, &|_, _| true, WallTime::from_seconds(5)) {
             Err(ReplayError::CorruptSegment { index, .. }) => assert_eq!(index, victim),
             other => panic!("a corrupt segment was accepted: {other:?}"),
         }
@@ -821,21 +915,43 @@ mod tests {
     #[test]
     fn migrated_objects_keep_their_versions() {
         let store = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
-        assert_eq!(store.insert_migrated(TABLE, b"k", b"v9", Version(9), 1), Ok(true));
+        assert_eq!(
+            store.insert_migrated(TABLE, b"k", b"v9", Version(9), None, WallTime::from_seconds(1)),
+            Ok(true)
+        );
         assert_eq!(read(&store, b"k"), Some((Version(9), b"v9".to_vec())));
-        assert_eq!(store.insert_migrated(TABLE, b"k", b"v5", Version(5), 1), Ok(false));
+        assert_eq!(
+            store.insert_migrated(TABLE, b"k", b"v5", Version(5), None, WallTime::from_seconds(1)),
+            Ok(false)
+        );
         assert_eq!(read(&store, b"k"), Some((Version(9), b"v9".to_vec())));
         let other = b"never-migrated";
-        let version =
-            store.write(TABLE, other, key_hash(TABLE, other), b"x", &RejectRules::NONE, 2).unwrap();
+        let version = store
+            .write(
+                TABLE,
+                other,
+                key_hash(TABLE, other),
+                b"x",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(2),
+            )
+            .unwrap();
         assert!(version > Version(9));
         assert_eq!(
-            store.insert_migrated(TABLE, b"", b"v", Version(3), 1),
+            store.insert_migrated(TABLE, b"", b"v", Version(3), None, WallTime::from_seconds(1)),
             Err(ObjectError::InvalidKey)
         );
         let too_large = vec![0u8; StoreConfig::for_testing().value_bytes_max as usize + 1];
         assert_eq!(
-            store.insert_migrated(TABLE, b"big", &too_large, Version(3), 1),
+            store.insert_migrated(
+                TABLE,
+                b"big",
+                &too_large,
+                Version(3),
+                None,
+                WallTime::from_seconds(1)
+            ),
             Err(ObjectError::ValueTooLarge)
         );
     }
@@ -846,7 +962,17 @@ mod tests {
     fn a_filter_by_segment_skips_objects_of_older_segments() {
         let source = ObjectStore::new(StoreConfig::for_testing(), ServerId(9)).unwrap();
         let write = |key: &[u8], value: &[u8]| {
-            source.write(TABLE, key, key_hash(TABLE, key), value, &RejectRules::NONE, 1).unwrap()
+            source
+                .write(
+                    TABLE,
+                    key,
+                    key_hash(TABLE, key),
+                    value,
+                    &RejectRules::NONE,
+                    Expiry::Never,
+                    WallTime::from_seconds(1),
+                )
+                .unwrap()
         };
         write(b"stale", b"old");
         let creation = source.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
@@ -863,7 +989,9 @@ mod tests {
             copies.iter().map(|(bytes, certificate)| (&bytes[..], *certificate)).collect();
         let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
         let accept = |index: usize, _: TableId, _: KeyHash| ids[index] >= creation;
-        target.replay_filtered(&borrowed, &accept, 5, ReplayInto::Head).unwrap();
+        target
+            .replay_filtered(&borrowed, &accept, WallTime::from_seconds(5), ReplayInto::Head)
+            .unwrap();
         assert_eq!(read(&target, b"stale"), None);
         assert_eq!(read(&target, b"fresh").map(|(_, value)| value), Some(b"new".to_vec()));
     }

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use stratus_log::{Entry, SegmentIterator};
 use stratus_types::{key_hash, HashRange, RejectReason, RejectRules, ServerId, TableId, Version};
 
-use crate::{ObjectError, ObjectStore, StoreConfig};
+use crate::{Expiry, ObjectError, ObjectStore, StoreConfig, WallTime};
 
 const TABLE: TableId = TableId(7);
 const NOW: u32 = 1_700_000_000;
@@ -17,17 +17,32 @@ fn store() -> ObjectStore {
 }
 
 fn write(store: &ObjectStore, key: &[u8], value: &[u8]) -> Result<Version, ObjectError> {
-    store.write(TABLE, key, key_hash(TABLE, key), value, &RejectRules::NONE, NOW)
+    store.write(
+        TABLE,
+        key,
+        key_hash(TABLE, key),
+        value,
+        &RejectRules::NONE,
+        Expiry::Never,
+        WallTime::from_seconds(NOW),
+    )
 }
 
 fn read(store: &ObjectStore, key: &[u8]) -> Result<(Vec<u8>, Version), ObjectError> {
     let mut value = Vec::new();
-    let version = store.read(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, &mut value)?;
+    let version = store.read(
+        TABLE,
+        key,
+        key_hash(TABLE, key),
+        &RejectRules::NONE,
+        WallTime::from_seconds(0),
+        &mut value,
+    )?;
     Ok((value, version))
 }
 
 fn remove(store: &ObjectStore, key: &[u8]) -> Result<Version, ObjectError> {
-    store.remove(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, NOW)
+    store.remove(TABLE, key, key_hash(TABLE, key), &RejectRules::NONE, WallTime::from_seconds(NOW))
 }
 
 fn rejected(reason: RejectReason, current: u64) -> ObjectError {
@@ -55,7 +70,14 @@ fn versions_increase_across_overwrite_remove_and_recreate() {
     // Same key in another table is another object.
     let other = TableId(8);
     assert!(store
-        .read(other, b"a", key_hash(other, b"a"), &RejectRules::NONE, &mut Vec::new())
+        .read(
+            other,
+            b"a",
+            key_hash(other, b"a"),
+            &RejectRules::NONE,
+            WallTime::from_seconds(0),
+            &mut Vec::new()
+        )
         .is_err());
     assert_eq!(store.statistics().objects_live, 2);
 }
@@ -79,14 +101,32 @@ fn every_reject_rule_on_missing_and_present_objects() {
             let hash = key_hash(TABLE, b"k");
             let expected = rules.check(Version(0)).map_err(|reason| rejected(reason, 0));
             assert_eq!(
-                store.read(TABLE, b"k", hash, &rules, &mut Vec::new()),
+                store.read(TABLE, b"k", hash, &rules, WallTime::from_seconds(0), &mut Vec::new()),
                 Err(rejected(RejectReason::ObjectDoesntExist, 0))
             );
-            assert_eq!(store.remove(TABLE, b"k", hash, &rules, NOW), expected.map(|()| Version(0)));
-            assert_eq!(store.write(TABLE, b"k", hash, b"v", &rules, NOW).map(|_| ()), expected);
+            assert_eq!(
+                store.remove(TABLE, b"k", hash, &rules, WallTime::from_seconds(NOW)),
+                expected.map(|()| Version(0))
+            );
+            assert_eq!(
+                store
+                    .write(
+                        TABLE,
+                        b"k",
+                        hash,
+                        b"v",
+                        &rules,
+                        Expiry::Never,
+                        WallTime::from_seconds(NOW)
+                    )
+                    .map(|_| ()),
+                expected
+            );
             let store_for_increment = self::store();
             assert_eq!(
-                store_for_increment.increment(TABLE, b"k", hash, 1, &rules, NOW).map(|_| ()),
+                store_for_increment
+                    .increment(TABLE, b"k", hash, 1, &rules, WallTime::from_seconds(NOW))
+                    .map(|_| ()),
                 expected
             );
 
@@ -98,24 +138,32 @@ fn every_reject_rule_on_missing_and_present_objects() {
             let expected = rules.check(Version(6)).map_err(|reason| rejected(reason, 6));
             let mut value = Vec::new();
             assert_eq!(
-                store.read(TABLE, b"k", hash, &rules, &mut value),
+                store.read(TABLE, b"k", hash, &rules, WallTime::from_seconds(0), &mut value),
                 expected.map(|()| Version(6))
             );
             assert_eq!(value.is_empty(), expected.is_err());
             assert_eq!(
-                store.increment(TABLE, b"k", hash, 2, &rules, NOW),
+                store.increment(TABLE, b"k", hash, 2, &rules, WallTime::from_seconds(NOW)),
                 expected.map(|()| (Version(7), 7))
             );
             let current = if expected.is_ok() { 7 } else { 6 };
             let expected = rules.check(Version(current)).map_err(|r| rejected(r, current));
             assert_eq!(
-                store.write(TABLE, b"k", hash, b"w", &rules, NOW),
+                store.write(
+                    TABLE,
+                    b"k",
+                    hash,
+                    b"w",
+                    &rules,
+                    Expiry::Never,
+                    WallTime::from_seconds(NOW)
+                ),
                 expected.map(|()| Version(current + 1))
             );
             let current = if expected.is_ok() { current + 1 } else { current };
             let expected = rules.check(Version(current)).map_err(|r| rejected(r, current));
             assert_eq!(
-                store.remove(TABLE, b"k", hash, &rules, NOW),
+                store.remove(TABLE, b"k", hash, &rules, WallTime::from_seconds(NOW)),
                 expected.map(|()| Version(current))
             );
         }
@@ -126,8 +174,16 @@ fn every_reject_rule_on_missing_and_present_objects() {
 fn increment_semantics() {
     let store = store();
     let hash = key_hash(TABLE, b"counter");
-    let increment =
-        |delta| store.increment(TABLE, b"counter", hash, delta, &RejectRules::NONE, NOW);
+    let increment = |delta| {
+        store.increment(
+            TABLE,
+            b"counter",
+            hash,
+            delta,
+            &RejectRules::NONE,
+            WallTime::from_seconds(NOW),
+        )
+    };
     assert_eq!(increment(5), Ok((Version(1), 5)));
     assert_eq!(increment(-7), Ok((Version(2), -2)));
     assert_eq!(read(&store, b"counter"), Ok(((-2i64).to_le_bytes().to_vec(), Version(2))));
@@ -203,7 +259,14 @@ fn log_full_then_remove_still_works() {
     }
     assert_eq!(write(&store, b"another", b"small but refused"), Err(ObjectError::LogFull));
     assert_eq!(
-        store.increment(TABLE, b"n", key_hash(TABLE, b"n"), 1, &RejectRules::NONE, NOW),
+        store.increment(
+            TABLE,
+            b"n",
+            key_hash(TABLE, b"n"),
+            1,
+            &RejectRules::NONE,
+            WallTime::from_seconds(NOW)
+        ),
         Err(ObjectError::LogFull)
     );
     for key in &keys[..10] {
@@ -229,10 +292,10 @@ fn enumerate_all(
         let next = store.enumerate(
             TABLE,
             range,
-            cursor.0,
-            cursor.1.as_deref(),
+            (cursor.0, cursor.1.as_deref()),
             bytes_max,
-            &mut |k, v, version| batch.push((k.to_vec(), v.to_vec(), version)),
+            WallTime::from_seconds(0),
+            &mut |k, v, version, _| batch.push((k.to_vec(), v.to_vec(), version)),
         );
         let batch_bytes: usize = batch.iter().map(|(k, v, _)| k.len() + v.len()).sum();
         assert!(batch.len() <= 1 || batch_bytes <= bytes_max);
@@ -268,7 +331,15 @@ fn enumeration_returns_every_object_exactly_once() {
         // Objects of another table are never returned.
         let other = TableId(99);
         store
-            .write(other, b"object-1", key_hash(other, b"object-1"), b"x", &RejectRules::NONE, NOW)
+            .write(
+                other,
+                b"object-1",
+                key_hash(other, b"object-1"),
+                b"x",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(NOW),
+            )
             .unwrap();
         for bytes_max in [1usize, 60, 1000, usize::MAX] {
             let all = enumerate_all(&store, HashRange::FULL, bytes_max, |_| {});
@@ -330,7 +401,17 @@ fn drop_range_forgets_objects() {
     for index in 0..200u32 {
         let key = format!("k{index}").into_bytes();
         write(&store, &key, b"v").unwrap();
-        store.write(other, &key, key_hash(other, &key), b"v", &RejectRules::NONE, NOW).unwrap();
+        store
+            .write(
+                other,
+                &key,
+                key_hash(other, &key),
+                b"v",
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(NOW),
+            )
+            .unwrap();
     }
     let live_before = store.statistics().log_bytes_live;
     let [low, high] = HashRange::split_evenly(2)[..] else { unreachable!() };
@@ -344,7 +425,14 @@ fn drop_range_forgets_objects() {
         let present = read(&store, &key).is_ok();
         assert_eq!(present, high.contains(key_hash(TABLE, &key)));
         assert!(store
-            .read(other, &key, key_hash(other, &key), &RejectRules::NONE, &mut Vec::new())
+            .read(
+                other,
+                &key,
+                key_hash(other, &key),
+                &RejectRules::NONE,
+                WallTime::from_seconds(0),
+                &mut Vec::new()
+            )
             .is_ok());
     }
     assert_eq!(store.drop_range(TABLE, HashRange::FULL), 200 - in_low);
@@ -361,7 +449,15 @@ fn table_tallies_follow_every_table_and_each_new_head_records_them() {
         let key = format!("k{}", index % 120).into_bytes();
         let value = vec![b'v'; (index as usize * 37) % 900];
         let version = store
-            .write(table, &key, key_hash(table, &key), &value, &RejectRules::NONE, NOW)
+            .write(
+                table,
+                &key,
+                key_hash(table, &key),
+                &value,
+                &RejectRules::NONE,
+                Expiry::Never,
+                WallTime::from_seconds(NOW),
+            )
             .unwrap();
         models.entry(table).or_default().insert(key, (value, version));
     }
@@ -464,7 +560,8 @@ pub(crate) fn tally_of_model(table: TableId, model: &Model) -> stratus_log::Tabl
         .iter()
         .map(|(key, (value, version))| {
             // The timestamp is a fixed-width field: any time gives the same length.
-            let content = stratus_log::format::encode_object(table, *version, NOW, key, value);
+            let content =
+                stratus_log::format::encode_object(table, *version, NOW, None, key, value);
             let header = stratus_log::format::EntryHeader::new(
                 stratus_log::EntryType::Object,
                 content.len() as u32,
@@ -533,14 +630,14 @@ proptest! {
             let new_version = match operation {
                 Operation::Write { length, .. } => {
                     let value = vec![length as u8; length];
-                    let result = store.write(TABLE, &key, hash, &value, &rules, NOW);
+                    let result = store.write(TABLE, &key, hash, &value, &rules, Expiry::Never, WallTime::from_seconds(NOW));
                     prop_assert_eq!(result.map(|_| ()), check);
                     result.ok().inspect(|version| {
                         model.insert(key.clone(), (value, *version));
                     })
                 }
                 Operation::Remove { .. } => {
-                    let result = store.remove(TABLE, &key, hash, &rules, NOW);
+                    let result = store.remove(TABLE, &key, hash, &rules, WallTime::from_seconds(NOW));
                     prop_assert_eq!(result, check.map(|()| current));
                     if result.is_ok() {
                         model.remove(&key);
@@ -548,7 +645,7 @@ proptest! {
                     None
                 }
                 Operation::Increment { delta, .. } => {
-                    let result = store.increment(TABLE, &key, hash, delta, &rules, NOW);
+                    let result = store.increment(TABLE, &key, hash, delta, &rules, WallTime::from_seconds(NOW));
                     let expected = check.and_then(|()| match model.get(&key) {
                         None => Ok(delta),
                         Some((value, _)) => <[u8; 8]>::try_from(&value[..])
@@ -563,7 +660,7 @@ proptest! {
                 }
                 Operation::Read { .. } => {
                     let mut value = Vec::new();
-                    let result = store.read(TABLE, &key, hash, &rules, &mut value);
+                    let result = store.read(TABLE, &key, hash, &rules, WallTime::from_seconds(0), &mut value);
                     match model.get(&key) {
                         None => prop_assert_eq!(result, Err(rejected(RejectReason::ObjectDoesntExist, 0))),
                         Some((expected, version)) => {
@@ -616,7 +713,15 @@ fn concurrent_writers_and_readers_on_overlapping_keys() {
                         0 | 1 => {
                             let value = vec![thread as u8; (iteration as usize * 13) % 3000];
                             store
-                                .write(TABLE, &key, hash, &value, &RejectRules::NONE, NOW)
+                                .write(
+                                    TABLE,
+                                    &key,
+                                    hash,
+                                    &value,
+                                    &RejectRules::NONE,
+                                    Expiry::Never,
+                                    WallTime::from_seconds(NOW),
+                                )
                                 .unwrap();
                         }
                         2 => {
@@ -627,15 +732,20 @@ fn concurrent_writers_and_readers_on_overlapping_keys() {
                                     key_hash(TABLE, b"counter"),
                                     1,
                                     &RejectRules::NONE,
-                                    NOW,
+                                    WallTime::from_seconds(NOW),
                                 )
                                 .unwrap();
                         }
                         _ => {
                             let mut value = Vec::new();
-                            if let Ok(version) =
-                                store.read(TABLE, &key, hash, &RejectRules::NONE, &mut value)
-                            {
+                            if let Ok(version) = store.read(
+                                TABLE,
+                                &key,
+                                hash,
+                                &RejectRules::NONE,
+                                WallTime::from_seconds(0),
+                                &mut value,
+                            ) {
                                 // Values are uniform: a torn read would mix bytes.
                                 assert!(value.windows(2).all(|pair| pair[0] == pair[1]));
                                 let previous =

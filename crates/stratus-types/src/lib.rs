@@ -5,12 +5,14 @@
 //! on: the newtype identifiers, the limits (one place, each with its reason), the key hash that
 //! routes a key to a tablet, and the semantics of reject rules.
 
+pub mod expiry;
 pub mod hash;
 pub mod ids;
 pub mod limits;
 pub mod reject;
 pub mod tablet;
 
+pub use expiry::{ExpiresAt, Expiry};
 pub use hash::{key_hash, IntegerHasher, IntegerHashing};
 pub use ids::{KeyHash, SegmentId, ServerId, TableId, Version};
 pub use reject::{RejectReason, RejectRules};

@@ -17,7 +17,8 @@ use stratus_types::limits::{
     FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX,
     TABLETS_PER_TABLE_MAX, TABLE_NAME_BYTES_MAX,
 };
-use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
+use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
+use stratus_types::{TabletState, Version};
 
 use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
@@ -258,9 +259,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         | Request::ListTables
         | Request::GetServerStatistics
         | Request::BackupGetStatistics => {}
-        Request::EnlistServer { address, services } => {
+        Request::EnlistServer { address, services, previous_server_id } => {
             put_string(out, address);
             put_u32(out, services.0);
+            put_u64(out, previous_server_id.0);
         }
         Request::CreateTable { name, server_span } => {
             put_string(out, name);
@@ -319,10 +321,17 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         Request::Read { table_id, key, rules } | Request::Remove { table_id, key, rules } => {
             put_key_item(out, *table_id, key, rules);
         }
-        Request::Write { table_id, key, value, rules } => {
+        Request::Write { table_id, key, value, rules, expiry } => {
             put_u64(out, table_id.0);
             put_key(out, key);
             put_value(out, value);
+            put_rules(out, rules);
+            put_expiry(out, expiry);
+        }
+        Request::SetExpiry { table_id, key, expiry, rules } => {
+            put_u64(out, table_id.0);
+            put_key(out, key);
+            put_expiry(out, expiry);
             put_rules(out, rules);
         }
         Request::Increment { table_id, key, delta, rules } => {
@@ -344,6 +353,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_key(out, &item.key);
                 put_value(out, &item.value);
                 put_rules(out, &item.rules);
+                put_expiry(out, &item.expiry);
             }
         }
         Request::MultiIncrement { items } => {
@@ -388,6 +398,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         }
         Request::RenewLease { server_id }
         | Request::HintServerCrashed { server_id }
+        | Request::ServerStopping { server_id }
         | Request::RecoveryAcceptLoss { server_id } => put_u64(out, server_id.0),
         Request::SetLogHead { server_id, segment_id, epoch } => {
             put_u64(out, server_id.0);
@@ -458,6 +469,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         | Response::BackupFenceMaster
         | Response::SetLogHead
         | Response::HintServerCrashed
+        | Response::ServerStopping
         | Response::RecoveryAcceptLoss
         | Response::SplitTablet
         | Response::MigrateTablet => {}
@@ -565,11 +577,14 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_u8(out, tablet_state_code(tablet.state));
             }
         }
-        Response::Read { version, value } => {
+        Response::Read { version, value, expires_in_millis } => {
             put_version(out, *version);
             put_value(out, value);
+            put_u64(out, *expires_in_millis);
         }
-        Response::Write { version } | Response::Remove { version } => put_version(out, *version),
+        Response::Write { version }
+        | Response::Remove { version }
+        | Response::SetExpiry { version } => put_version(out, *version),
         Response::Increment { version, value } => {
             put_version(out, *version);
             put_i64(out, *value);
@@ -683,6 +698,31 @@ fn put_enumerated_objects(out: &mut BytesMut, objects: &[EnumeratedObject]) {
         put_key(out, &object.key);
         put_value(out, &object.value);
         put_version(out, object.version);
+        put_expires_at(out, object.expires_at);
+    }
+}
+
+/// An expiry as a write asks for it: a kind byte (0 never, 1 keep, 2 after milliseconds, 3 at
+/// milliseconds since the Unix epoch), then a u64 (0 for never and keep).
+fn put_expiry(out: &mut BytesMut, expiry: &Expiry) {
+    let (kind, millis) = match *expiry {
+        Expiry::Never => (EXPIRY_NEVER, 0),
+        Expiry::Keep => (EXPIRY_KEEP, 0),
+        Expiry::AfterMillis(millis) => (EXPIRY_AFTER_MILLIS, millis),
+        Expiry::AtMillis(millis) => (EXPIRY_AT_MILLIS, millis),
+    };
+    put_u8(out, kind);
+    put_u64(out, millis);
+}
+
+/// An object's expiry time, as an option of u64 milliseconds since the Unix epoch.
+fn put_expires_at(out: &mut BytesMut, expires_at: Option<ExpiresAt>) {
+    match expires_at {
+        None => put_u8(out, 0),
+        Some(ExpiresAt(millis)) => {
+            put_u8(out, 1);
+            put_u64(out, millis);
+        }
     }
 }
 
@@ -865,8 +905,32 @@ impl Reader {
                 key: reader.key()?,
                 value: reader.value()?,
                 version: reader.version()?,
+                expires_at: reader.expires_at()?,
             })
         })
+    }
+
+    /// An expiry (see [`put_expiry`]); a kind out of range, or a never or keep that carries
+    /// a time, is a format error (the encoding is canonical).
+    fn expiry(&mut self) -> Result<Expiry, DecodeError> {
+        let kind = self.u8()?;
+        let millis = self.u64()?;
+        match (kind, millis) {
+            (EXPIRY_NEVER, 0) => Ok(Expiry::Never),
+            (EXPIRY_KEEP, 0) => Ok(Expiry::Keep),
+            (EXPIRY_AFTER_MILLIS, millis) => Ok(Expiry::AfterMillis(millis)),
+            (EXPIRY_AT_MILLIS, millis) => Ok(Expiry::AtMillis(millis)),
+            _ => Err(DecodeError::InvalidField("expiry")),
+        }
+    }
+
+    /// An option of an expiry time (see [`put_expires_at`]).
+    fn expires_at(&mut self) -> Result<Option<ExpiresAt>, DecodeError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(ExpiresAt(self.u64()?))),
+            _ => Err(DecodeError::InvalidField("expiry time tag")),
+        }
     }
 
     fn table_id(&mut self) -> Result<TableId, DecodeError> {
@@ -966,6 +1030,7 @@ impl Reader {
             0 => Ok(ServerStatus::Up),
             1 => Ok(ServerStatus::Crashed),
             2 => Ok(ServerStatus::Removed),
+            3 => Ok(ServerStatus::Stopped),
             _ => Err(DecodeError::InvalidField("server status")),
         }
     }
@@ -1012,7 +1077,7 @@ impl Reader {
 
 /// Smallest encodings of list items, for bounding pre-allocation.
 const KEY_ITEM_BYTES_MIN: usize = 8 + 2 + 9;
-const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9;
+const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9 + EXPIRY_BYTES;
 const INCREMENT_ITEM_BYTES_MIN: usize = 8 + 2 + 8 + 9;
 const SERVER_ENTRY_BYTES_MIN: usize = 8 + 2 + 4 + 1;
 const TABLE_ENTRY_BYTES_MIN: usize = 2 + 8 + 4;
@@ -1020,7 +1085,13 @@ const TABLET_ENTRY_BYTES_MIN: usize = 8 + 16 + 8 + 2 + 1;
 const READ_RESULT_BYTES_MIN: usize = 2 + 8 + 4;
 const VERSION_RESULT_BYTES_MIN: usize = 2 + 8;
 const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
-const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8;
+const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8 + 1;
+/// An expiry on the wire: kind byte and u64.
+const EXPIRY_BYTES: usize = 1 + 8;
+const EXPIRY_NEVER: u8 = 0;
+const EXPIRY_KEEP: u8 = 1;
+const EXPIRY_AFTER_MILLIS: u8 = 2;
+const EXPIRY_AT_MILLIS: u8 = 3;
 /// Bytes of one BACKUP_LIST_REPLICAS entry (fixed size).
 const REPLICA_ENTRY_BYTES: usize = 8 + 8 + 8 + 8 + 1;
 const RECOVERY_TABLET_BYTES: usize = 8 + 16 + 8;
@@ -1035,6 +1106,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::EnlistServer => Request::EnlistServer {
             address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
             services: reader.services()?,
+            previous_server_id: reader.server_id()?,
         },
         Opcode::GetServerList => Request::GetServerList,
         Opcode::CreateTable => Request::CreateTable {
@@ -1090,6 +1162,13 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             key: reader.key()?,
             value: reader.value()?,
             rules: reader.rules()?,
+            expiry: reader.expiry()?,
+        },
+        Opcode::SetExpiry => Request::SetExpiry {
+            table_id: reader.table_id()?,
+            key: reader.key()?,
+            expiry: reader.expiry()?,
+            rules: reader.rules()?,
         },
         Opcode::Remove => {
             let KeyItem { table_id, key, rules } = key_item(reader)?;
@@ -1111,6 +1190,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                     key: reader.key()?,
                     value: reader.value()?,
                     rules: reader.rules()?,
+                    expiry: reader.expiry()?,
                 })
             })?,
         },
@@ -1176,6 +1256,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
         Opcode::HintServerCrashed => Request::HintServerCrashed { server_id: reader.server_id()? },
+        Opcode::ServerStopping => Request::ServerStopping { server_id: reader.server_id()? },
         Opcode::RecoveryAcceptLoss => {
             Request::RecoveryAcceptLoss { server_id: reader.server_id()? }
         }
@@ -1266,8 +1347,13 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 })
             })?,
         },
-        Opcode::Read => Response::Read { version: reader.version()?, value: reader.value()? },
+        Opcode::Read => Response::Read {
+            version: reader.version()?,
+            value: reader.value()?,
+            expires_in_millis: reader.u64()?,
+        },
         Opcode::Write => Response::Write { version: reader.version()? },
+        Opcode::SetExpiry => Response::SetExpiry { version: reader.version()? },
         Opcode::Remove => Response::Remove { version: reader.version()? },
         Opcode::Increment => {
             Response::Increment { version: reader.version()?, value: reader.i64()? }
@@ -1336,6 +1422,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::RenewLease => Response::RenewLease { lease_ms: reader.u32()? },
         Opcode::SetLogHead => Response::SetLogHead,
         Opcode::HintServerCrashed => Response::HintServerCrashed,
+        Opcode::ServerStopping => Response::ServerStopping,
         Opcode::RecoveryAcceptLoss => Response::RecoveryAcceptLoss,
         Opcode::SplitTablet => Response::SplitTablet,
         Opcode::MigrateTablet => Response::MigrateTablet,
@@ -1467,7 +1554,12 @@ mod tests {
     fn oversized_response_becomes_internal_error() {
         let value = Bytes::from(vec![0u8; FRAME_BYTES_MAX]);
         let mut out = BytesMut::new();
-        encode_response(&mut out, 5, Status::Ok, &Response::Read { version: Version(1), value });
+        encode_response(
+            &mut out,
+            5,
+            Status::Ok,
+            &Response::Read { version: Version(1), value, expires_in_millis: 0 },
+        );
         let header = crate::decode_frame_header(&out).unwrap();
         assert_eq!(header.status, Status::InternalError);
         assert_eq!(header.request_id, 5);

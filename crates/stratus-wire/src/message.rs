@@ -5,7 +5,8 @@
 //! copying it.
 
 use bytes::Bytes;
-use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
+use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
+use stratus_types::{TabletState, Version};
 
 use crate::status::Status;
 
@@ -43,6 +44,9 @@ pub enum Opcode {
     SplitTablet = 21,
     /// Coordinator: move a tablet to another master while clients keep running.
     MigrateTablet = 22,
+    /// Coordinator (from a server): the server is stopping in order and serves nothing from
+    /// now on; its tablets are recovered from its replicas as a crashed server's are.
+    ServerStopping = 23,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -61,6 +65,8 @@ pub enum Opcode {
     MultiIncrement = 37,
     /// Master: the next batch of a table enumeration.
     Enumerate = 38,
+    /// Master: set (or clear) when an object expires, keeping its value.
+    SetExpiry = 39,
     /// Master (from the coordinator): start serving a tablet.
     TakeTabletOwnership = 40,
     /// Master (from the coordinator): stop serving a tablet and drop its objects.
@@ -102,7 +108,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 39] = [
+    pub const ALL: [Opcode; 41] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -117,6 +123,7 @@ impl Opcode {
         Opcode::RecoveryAcceptLoss,
         Opcode::SplitTablet,
         Opcode::MigrateTablet,
+        Opcode::ServerStopping,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -126,6 +133,7 @@ impl Opcode {
         Opcode::MultiRemove,
         Opcode::MultiIncrement,
         Opcode::Enumerate,
+        Opcode::SetExpiry,
         Opcode::TakeTabletOwnership,
         Opcode::DropTabletOwnership,
         Opcode::GetServerStatistics,
@@ -193,8 +201,19 @@ pub enum ServerStatus {
     Up = 0,
     /// Declared crashed; its tablets are being recovered.
     Crashed = 1,
-    /// Removed from the cluster for good.
+    /// Recovered (or never owned a tablet): nothing of it is needed any more.
     Removed = 2,
+    /// Stopped in order (it said so, SERVER_STOPPING); its tablets are being recovered, as a
+    /// crashed server's are.
+    Stopped = 3,
+}
+
+impl ServerStatus {
+    /// Gone, crashed or stopped, and not recovered yet: its tablets are being recovered from
+    /// its replicas.
+    pub fn awaits_recovery(self) -> bool {
+        matches!(self, ServerStatus::Crashed | ServerStatus::Stopped)
+    }
 }
 
 /// One entry of the server list.
@@ -257,6 +276,8 @@ pub struct EnumeratedObject {
     pub value: Bytes,
     /// The version.
     pub version: Version,
+    /// When it expires (by its master's clock), if it does.
+    pub expires_at: Option<ExpiresAt>,
 }
 
 /// An item of a MULTI_READ or MULTI_REMOVE request.
@@ -281,6 +302,8 @@ pub struct WriteItem {
     pub value: Bytes,
     /// Conditions.
     pub rules: RejectRules,
+    /// When the new object expires.
+    pub expiry: Expiry,
 }
 
 /// An item of a MULTI_INCREMENT request.
@@ -494,6 +517,9 @@ pub enum Request {
         address: String,
         /// Services it runs.
         services: ServiceMask,
+        /// The id the server had before it restarted (kept in its data directory), whose
+        /// index it takes again; `ServerId(0)` for a server new to the cluster.
+        previous_server_id: ServerId,
     },
     /// GET_SERVER_LIST.
     GetServerList,
@@ -605,6 +631,19 @@ pub enum Request {
         key: Bytes,
         /// Value.
         value: Bytes,
+        /// Conditions.
+        rules: RejectRules,
+        /// When the new object expires.
+        expiry: Expiry,
+    },
+    /// SET_EXPIRY.
+    SetExpiry {
+        /// Table.
+        table_id: TableId,
+        /// Key.
+        key: Bytes,
+        /// The object's new expiry (`Keep` changes nothing but the version).
+        expiry: Expiry,
         /// Conditions.
         rules: RejectRules,
     },
@@ -784,6 +823,11 @@ pub enum Request {
         /// The suspect.
         server_id: ServerId,
     },
+    /// SERVER_STOPPING.
+    ServerStopping {
+        /// The server that stops.
+        server_id: ServerId,
+    },
     /// RECOVERY_ACCEPT_LOSS: an operator accepts that the data of crashed master `server_id`
     /// is lost; its tablets are handed over empty.
     RecoveryAcceptLoss {
@@ -870,10 +914,18 @@ pub enum Response {
         version: Version,
         /// Value (empty unless OK).
         value: Bytes,
+        /// Milliseconds until the object expires, by its master's clock, rounded up; 0 when
+        /// it has no expiry (an expired object is never returned).
+        expires_in_millis: u64,
     },
     /// WRITE.
     Write {
         /// The new version, or the current one on rejection.
+        version: Version,
+    },
+    /// SET_EXPIRY.
+    SetExpiry {
+        /// The new version, or the current one on rejection (0 if missing or expired).
         version: Version,
     },
     /// REMOVE.
@@ -934,6 +986,8 @@ pub enum Response {
     /// SET_LOG_HEAD: recorded durably.
     SetLogHead,
     /// HINT_SERVER_CRASHED: noted (the suspect is checked, or already was).
+    /// SERVER_STOPPING.
+    ServerStopping,
     HintServerCrashed,
     /// RECOVERY_ACCEPT_LOSS: the loss is accepted; the tablets are handed over empty.
     RecoveryAcceptLoss,
@@ -1038,6 +1092,7 @@ impl Request {
             Request::GetTabletMap { .. } => Opcode::GetTabletMap,
             Request::Read { .. } => Opcode::Read,
             Request::Write { .. } => Opcode::Write,
+            Request::SetExpiry { .. } => Opcode::SetExpiry,
             Request::Remove { .. } => Opcode::Remove,
             Request::Increment { .. } => Opcode::Increment,
             Request::MultiRead { .. } => Opcode::MultiRead,
@@ -1054,6 +1109,7 @@ impl Request {
             Request::RenewLease { .. } => Opcode::RenewLease,
             Request::SetLogHead { .. } => Opcode::SetLogHead,
             Request::HintServerCrashed { .. } => Opcode::HintServerCrashed,
+            Request::ServerStopping { .. } => Opcode::ServerStopping,
             Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
             Request::SplitTablet { .. } => Opcode::SplitTablet,
             Request::MigrateTablet { .. } => Opcode::MigrateTablet,
@@ -1085,6 +1141,7 @@ impl Response {
             Response::GetTabletMap { .. } => Opcode::GetTabletMap,
             Response::Read { .. } => Opcode::Read,
             Response::Write { .. } => Opcode::Write,
+            Response::SetExpiry { .. } => Opcode::SetExpiry,
             Response::Remove { .. } => Opcode::Remove,
             Response::Increment { .. } => Opcode::Increment,
             Response::MultiRead { .. } => Opcode::MultiRead,
@@ -1100,6 +1157,7 @@ impl Response {
             Response::RenewLease { .. } => Opcode::RenewLease,
             Response::SetLogHead => Opcode::SetLogHead,
             Response::HintServerCrashed => Opcode::HintServerCrashed,
+            Response::ServerStopping => Opcode::ServerStopping,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::SplitTablet => Opcode::SplitTablet,
             Response::MigrateTablet => Opcode::MigrateTablet,

@@ -144,7 +144,7 @@ impl Status {
             Status::InternalError => "internal error",
             Status::WrongServer => "wrong server",
             Status::RequestTooLarge => "request too large",
-            Status::InvalidKey => "invalid key (empty or longer than 65535 bytes)",
+            Status::InvalidKey => "invalid key",
             Status::ValueTooLarge => "value too large",
             Status::ProtocolVersionMismatch => "protocol version mismatch",
             Status::CouldntConnect => "couldn't connect",

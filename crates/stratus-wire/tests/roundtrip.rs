@@ -108,6 +108,7 @@ fn keys_and_values_are_zero_copy() {
         key: Bytes::from_static(b"key"),
         value: Bytes::from_static(b"value"),
         rules: stratus_types::RejectRules::NONE,
+        expiry: stratus_types::Expiry::Never,
     };
     let mut out = BytesMut::new();
     encode_request(&mut out, 1, &request);

@@ -32,9 +32,9 @@ fn expected(name: &str) -> Expected {
         body: ResponseBody::Operation(response),
     };
     match name {
-        "hello" => Expected::Hello(Hello { version: 1, status: Status::Ok }),
+        "hello" => Expected::Hello(Hello { version: 2, status: Status::Ok }),
         "hello-version-mismatch" => {
-            Expected::Hello(Hello { version: 1, status: Status::ProtocolVersionMismatch })
+            Expected::Hello(Hello { version: 2, status: Status::ProtocolVersionMismatch })
         }
         "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
         "ping-response" => ok(1, Response::Ping),
@@ -47,7 +47,8 @@ fn expected(name: &str) -> Expected {
             },
         },
         "read-response-ok" => {
-            ok(2, Response::Read { version: Version(5), value: Bytes::from_static(b"world") })
+            let value = Bytes::from_static(b"world");
+            ok(2, Response::Read { version: Version(5), value, expires_in_millis: 1_500 })
         }
         "read-response-object-doesnt-exist" => Expected::Response {
             request_id: 3,
@@ -56,6 +57,7 @@ fn expected(name: &str) -> Expected {
             body: ResponseBody::Operation(Response::Read {
                 version: Version::NONEXISTENT,
                 value: Bytes::new(),
+                expires_in_millis: 0,
             }),
         },
         "write-request" => Expected::Request {
@@ -65,6 +67,7 @@ fn expected(name: &str) -> Expected {
                 key: Bytes::from_static(b"k"),
                 value: Bytes::from_static(b"v1"),
                 rules: RejectRules::create_only(),
+                expiry: stratus_types::Expiry::AfterMillis(60_000),
             },
         },
         "increment-response" => ok(5, Response::Increment { version: Version(9), value: -2 }),
@@ -77,12 +80,14 @@ fn expected(name: &str) -> Expected {
                         key: Bytes::from_static(b"a"),
                         value: Bytes::from_static(b"x"),
                         rules: RejectRules::NONE,
+                        expiry: stratus_types::Expiry::Never,
                     },
                     WriteItem {
                         table_id: TableId(2),
                         key: Bytes::from_static(b"b"),
                         value: Bytes::from_static(b"yz"),
                         rules: RejectRules::version_equals(Version(3)),
+                        expiry: stratus_types::Expiry::Keep,
                     },
                 ],
             },

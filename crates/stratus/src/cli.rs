@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
-use stratus_client::{Client, ClientConfig, Error as ClientError, RejectRules, TableId};
-use stratus_types::HashRange;
+use stratus_client::{Client, ClientConfig, Error as ClientError, Expiry, RejectRules, TableId};
 
 /// Default coordinator address of a local cluster.
 pub const DEFAULT_COORDINATOR: &str = "127.0.0.1:7400";
@@ -50,11 +49,15 @@ pub enum Command {
     Del(KeyArguments),
     /// Add DELTA (default 1) to an 8-byte integer object and print the new value.
     Incr(IncrArguments),
+    /// Make an object expire after a time to live (or never again, with --never).
+    Expire(ExpireArguments),
+    /// Print how long an object has left before it expires, or "no expiry".
+    Ttl(KeyArguments),
     /// Print every object of a table, one "key<TAB>value" line each (non-printable bytes
     /// escaped).
     Scan(TableArgument),
-    /// Show servers, tablets and memory use.
-    Status,
+    /// Show servers, backups, tables and tablets, and memory use, as tables (or as JSON).
+    Status(StatusArguments),
     /// Operator decisions about crash recovery.
     #[command(subcommand)]
     Recovery(RecoveryCommand),
@@ -118,16 +121,18 @@ pub enum TableCommand {
         #[arg(value_parser = parse_key_hash)]
         split_hash: u64,
     },
-    /// Move the tablet that starts at START_HASH to the master SERVER_ID (ids as `stratus
-    /// status` shows them) while clients keep running; split first to move part of a tablet.
+    /// Move the tablet that starts at START_HASH to the master SERVER (as `stratus status`
+    /// shows it) while clients keep running; split first to move part of a tablet.
     Migrate {
         /// Table name.
         name: String,
         /// First key hash of the tablet: decimal, or hexadecimal with 0x.
         #[arg(value_parser = parse_key_hash)]
         start_hash: u64,
-        /// The master that is to serve it.
-        server_id: u64,
+        /// The master that is to serve it: its index (`2`, the server at that place now,
+        /// restarts included) or its full id (`2.1`).
+        #[arg(value_parser = parse_server_name)]
+        server: ServerName,
     },
 }
 
@@ -144,6 +149,46 @@ pub fn parse_key_hash(text: &str) -> Result<u64, String> {
     })
 }
 
+/// A server as an operator names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerName {
+    /// `2`: whichever server holds that index (its place in the cluster, kept across
+    /// restarts on the same data directory).
+    Index(u32),
+    /// `2.1`: exactly that id (index and generation).
+    Id(stratus_types::ServerId),
+}
+
+/// A server given as its index (`2`) or its full id (`2.1`).
+pub fn parse_server_name(text: &str) -> Result<ServerName, String> {
+    let id = stratus_types::ServerId::parse(text.trim()).ok_or_else(|| {
+        format!("{text:?} is not a server: give its index (2) or its id (2.1), as `stratus status` shows them")
+    })?;
+    Ok(if text.contains('.') { ServerName::Id(id) } else { ServerName::Index(id.index()) })
+}
+
+/// The id `name` stands for now: an index names the newest server at that index for which
+/// `fits` holds (`what` says what was looked for, for the error).
+async fn resolve_server(
+    client: &Client,
+    name: ServerName,
+    fits: impl Fn(&stratus_client::ServerEntry) -> bool,
+    what: &str,
+) -> Result<stratus_types::ServerId, CommandError> {
+    let index = match name {
+        ServerName::Id(id) => return Ok(id),
+        ServerName::Index(index) => index,
+    };
+    let servers = client.server_list().await?;
+    let newest = servers
+        .iter()
+        .filter(|server| server.server_id.index() == index && fits(server))
+        .max_by_key(|server| server.server_id.generation());
+    newest.map(|server| server.server_id).ok_or_else(|| {
+        CommandError::Value(format!("no {what} has index {index} (see `stratus status`)"))
+    })
+}
+
 /// `stratus recovery ...`
 #[derive(Debug, Subcommand)]
 pub enum RecoveryCommand {
@@ -151,8 +196,10 @@ pub enum RecoveryCommand {
     /// replicas, or no backup holds its log; `stratus status` says so), and its tablets are
     /// handed to other masters empty. Every object it held is gone for good.
     AcceptLoss {
-        /// The crashed master's server id (as `stratus status` shows it).
-        server_id: u64,
+        /// The crashed master (as `stratus status` shows it): its full id (`2.1`), or its
+        /// index (`2`) for the newest crashed server at that place.
+        #[arg(value_parser = parse_server_name)]
+        server: ServerName,
     },
 }
 
@@ -184,6 +231,47 @@ pub struct PutArguments {
     /// Read the value from this file (binary-safe).
     #[arg(long, conflicts_with = "value")]
     pub file: Option<PathBuf>,
+    /// Expire the object after this time to live (`90`, `90s`, `500ms`, `15m`, `2h`, `1d`),
+    /// counted by its master's clock from when it applies the write. Without it the object
+    /// does not expire (an expiry it had is cleared).
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+}
+
+/// `stratus expire`.
+#[derive(Debug, Args)]
+pub struct ExpireArguments {
+    /// Table name.
+    pub table: String,
+    /// Key.
+    pub key: String,
+    /// Time to live from now (`90`, `90s`, `500ms`, `15m`, `2h`, `1d`).
+    #[arg(value_parser = parse_duration, required_unless_present = "never")]
+    pub ttl: Option<Duration>,
+    /// Remove the object's expiry instead: it lives until removed.
+    #[arg(long, conflicts_with = "ttl")]
+    pub never: bool,
+}
+
+/// A duration as a number with an optional unit: ms, s (the default), m, h or d.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let number: u64 =
+        number.parse().map_err(|_| format!("{text:?} is not a duration such as 90s or 500ms"))?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?}: the unit is ms, s, m, h or d")),
+    };
+    number
+        .checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long a duration"))
 }
 
 /// `stratus get`.
@@ -197,8 +285,20 @@ pub struct GetArguments {
     #[arg(long)]
     pub raw: bool,
     /// Write the exact value bytes to this file instead of stdout.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "int")]
     pub output: Option<PathBuf>,
+    /// Print the value as the signed integer `incr` keeps (8 bytes, little-endian), in
+    /// decimal; a value of any other length is an error.
+    #[arg(long, conflicts_with = "raw")]
+    pub int: bool,
+}
+
+/// `stratus status`.
+#[derive(Debug, Args)]
+pub struct StatusArguments {
+    /// Print one JSON document with every figure the servers report, for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `stratus incr`.
@@ -258,7 +358,7 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
             config.operation_timeout = Duration::from_millis(arguments.timeout_ms);
             runtime.block_on(async move {
                 let client = Client::new(config);
-                run_client_command(&client, command).await.map_err(|error| describe(&error))
+                run_client_command(&client, command).await.map_err(|error| error.to_string())
             })
         }
     }
@@ -305,11 +405,32 @@ fn run_resp(resp: RespArguments, coordinator: &str, timeout_ms: u64) -> Result<(
     })
 }
 
-fn describe(error: &ClientError) -> String {
-    if error.message.is_empty() {
-        error.status.description().to_string()
-    } else {
-        format!("{} ({})", error.status.description(), error.message)
+/// Why a client command failed: the cluster's answer, or a local file (or stdin, stdout) that
+/// could not be used. Printed as the one line before a non-zero exit.
+#[derive(Debug)]
+enum CommandError {
+    Cluster(ClientError),
+    Local {
+        what: String,
+        error: std::io::Error,
+    },
+    /// The value is not what the command was asked to print it as.
+    Value(String),
+}
+
+impl From<ClientError> for CommandError {
+    fn from(error: ClientError) -> CommandError {
+        CommandError::Cluster(error)
+    }
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommandError::Cluster(error) => write!(f, "{error}"),
+            CommandError::Local { what, error } => write!(f, "{what}: {error}"),
+            CommandError::Value(message) => f.write_str(message),
+        }
     }
 }
 
@@ -317,7 +438,7 @@ async fn table_id(client: &Client, name: &str) -> Result<TableId, ClientError> {
     client.get_table_id(name).await
 }
 
-async fn run_client_command(client: &Client, command: Command) -> Result<(), ClientError> {
+async fn run_client_command(client: &Client, command: Command) -> Result<(), CommandError> {
     let mut stdout = std::io::stdout().lock();
     match command {
         Command::Table(TableCommand::Create { name, span }) => {
@@ -328,8 +449,12 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             client.drop_table(&name).await?;
             let _ = writeln!(stdout, "dropped {name}");
         }
-        Command::Recovery(RecoveryCommand::AcceptLoss { server_id }) => {
-            client.recovery_accept_loss(stratus_types::ServerId(server_id)).await?;
+        Command::Recovery(RecoveryCommand::AcceptLoss { server }) => {
+            let awaits_recovery =
+                |server: &stratus_client::ServerEntry| server.status.awaits_recovery();
+            let server_id =
+                resolve_server(client, server, awaits_recovery, "crashed server").await?;
+            client.recovery_accept_loss(server_id).await?;
             let _ = writeln!(
                 stdout,
                 "loss accepted: the tablets of server {server_id} are handed over empty"
@@ -339,11 +464,14 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             client.split_tablet(&name, split_hash).await?;
             let _ = writeln!(stdout, "split {name} at {split_hash:#018x}");
         }
-        Command::Table(TableCommand::Migrate { name, start_hash, server_id }) => {
-            let target = stratus_types::ServerId(server_id);
+        Command::Table(TableCommand::Migrate { name, start_hash, server }) => {
+            let serving = |server: &stratus_client::ServerEntry| {
+                server.status == stratus_client::ServerStatus::Up && server.services.has_master()
+            };
+            let target = resolve_server(client, server, serving, "master that is up").await?;
             client.migrate_tablet(&name, start_hash, target).await?;
             let _ =
-                writeln!(stdout, "migrated {name} tablet {start_hash:#018x} to server {server_id}");
+                writeln!(stdout, "migrated {name} tablet {start_hash:#018x} to server {target}");
         }
         Command::Table(TableCommand::List) => {
             for table in client.list_tables().await? {
@@ -355,24 +483,24 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
             }
         }
         Command::Put(put) => {
-            let value = read_value(&put).map_err(|message| {
-                ClientError::new(stratus_client::Status::InvalidParameter, message)
-            })?;
+            let value = read_value(&put)?;
             let table = table_id(client, &put.table).await?;
+            let expiry = put.ttl.map_or(Expiry::Never, |ttl| Expiry::AfterMillis(millis_of(ttl)));
+            let key = put.key.as_bytes();
             let version =
-                client.write_with(table, put.key.as_bytes(), value, RejectRules::NONE).await?;
+                client.write_expiring(table, key, value, RejectRules::NONE, expiry).await?;
             let _ = writeln!(stdout, "ok version={version}");
         }
         Command::Get(get) => {
             let table = table_id(client, &get.table).await?;
             let (value, _version) = client.read(table, get.key.as_bytes()).await?;
             if let Some(path) = get.output {
-                std::fs::write(&path, &value).map_err(|error| {
-                    ClientError::new(
-                        stratus_client::Status::InternalError,
-                        format!("{}: {error}", path.display()),
-                    )
+                std::fs::write(&path, &value).map_err(|error| CommandError::Local {
+                    what: format!("cannot write {}", path.display()),
+                    error,
                 })?;
+            } else if get.int {
+                let _ = writeln!(stdout, "{}", integer_value(&value)?);
             } else {
                 let _ = stdout.write_all(&value);
                 if !get.raw {
@@ -391,6 +519,22 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
                 client.increment(table, incr.key.as_bytes(), incr.delta).await?;
             let _ = writeln!(stdout, "{value}");
         }
+        Command::Expire(expire) => {
+            let table = table_id(client, &expire.table).await?;
+            let expiry =
+                expire.ttl.map_or(Expiry::Never, |ttl| Expiry::AfterMillis(millis_of(ttl)));
+            let key = expire.key.as_bytes();
+            let version = client.set_expiry(table, key, expiry, RejectRules::NONE).await?;
+            let _ = writeln!(stdout, "ok version={version}");
+        }
+        Command::Ttl(ttl) => {
+            let table = table_id(client, &ttl.table).await?;
+            let object = client.read_object(table, ttl.key.as_bytes(), RejectRules::NONE).await?;
+            let _ = match object.expires_in {
+                Some(left) => writeln!(stdout, "{:.3}s", left.as_secs_f64()),
+                None => writeln!(stdout, "no expiry"),
+            };
+        }
         Command::Scan(scan) => {
             let table = table_id(client, &scan.table).await?;
             let mut enumeration = client.enumerate(table);
@@ -405,7 +549,22 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
                 }
             }
         }
-        Command::Status => print_status(client, &mut stdout).await?,
+        Command::Status(arguments) => {
+            let status = crate::status::ClusterStatus::gather(client).await?;
+            let printed = if arguments.json {
+                writeln!(stdout, "{:#}", status.to_json())
+            } else {
+                status.print_text(&mut stdout)
+            };
+            match printed {
+                // A reader that stopped early (`| head`) wanted no more: not a failure.
+                Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
+                printed => printed.map_err(|error| CommandError::Local {
+                    what: "cannot write stdout".to_string(),
+                    error,
+                })?,
+            }
+        }
         Command::Up(_)
         | Command::Coordinator(_)
         | Command::Server(_)
@@ -418,124 +577,40 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Cli
     Ok(())
 }
 
-fn read_value(put: &PutArguments) -> Result<Bytes, String> {
+fn read_value(put: &PutArguments) -> Result<Bytes, CommandError> {
     if let Some(path) = &put.file {
-        return std::fs::read(path)
-            .map(Bytes::from)
-            .map_err(|error| format!("{}: {error}", path.display()));
+        return std::fs::read(path).map(Bytes::from).map_err(|error| CommandError::Local {
+            what: format!("cannot read {}", path.display()),
+            error,
+        });
     }
     match put.value.as_deref() {
         Some("-") | None => {
             let mut value = Vec::new();
-            std::io::stdin().read_to_end(&mut value).map_err(|error| format!("stdin: {error}"))?;
+            std::io::stdin().read_to_end(&mut value).map_err(|error| CommandError::Local {
+                what: "cannot read stdin".to_string(),
+                error,
+            })?;
             Ok(Bytes::from(value))
         }
         Some(text) => Ok(Bytes::copy_from_slice(text.as_bytes())),
     }
 }
 
-async fn print_status(client: &Client, out: &mut impl Write) -> Result<(), ClientError> {
-    let servers = client.server_list().await?;
-    let tablets = client.tablet_map(TableId(0)).await?;
-    let _ = writeln!(out, "servers:");
-    for server in &servers {
-        let _ = write!(
-            out,
-            "  id={} address={} status={:?}",
-            server.server_id, server.address, server.status
-        );
-        let unavailable = tablets.iter().any(|tablet| {
-            tablet.owner == server.server_id
-                && tablet.state == stratus_types::TabletState::Unavailable
-        });
-        if unavailable {
-            let _ = write!(
-                out,
-                " RECOVERY IMPOSSIBLE: no complete copy of its log exists, its tablets are \
-                 unavailable; `stratus recovery accept-loss {}` hands them over empty",
-                server.server_id
-            );
-        }
-        if server.status == stratus_wire::ServerStatus::Up && server.services.has_master() {
-            match client.server_statistics(&server.address).await {
-                Ok(statistics) => {
-                    let utilization = if statistics.log_bytes_allocated == 0 {
-                        0.0
-                    } else {
-                        100.0 * statistics.log_bytes_live as f64
-                            / statistics.log_bytes_allocated as f64
-                    };
-                    let _ = write!(
-                        out,
-                        " objects={} tablets={} log_live={}B log_allocated={}B log_total={}B utilization={utilization:.1}% seglets_free={}/{} segments={} requests={} replicas={} replicated={}B cleaner_replicated={}B segments_cleaned={} cleaner_relocated={}B compactions={} compacted={}B",
-                        statistics.objects_live,
-                        statistics.tablets_owned,
-                        statistics.log_bytes_live,
-                        statistics.log_bytes_allocated,
-                        statistics.log_bytes_total,
-                        statistics.seglets_free,
-                        statistics.seglets_total,
-                        statistics.segments_in_log,
-                        statistics.requests_served,
-                        statistics.replicas,
-                        statistics.bytes_replicated,
-                        statistics.cleaner_bytes_replicated,
-                        statistics.segments_cleaned,
-                        statistics.cleaner_bytes_relocated,
-                        statistics.compactions,
-                        statistics.bytes_compacted,
-                    );
-                }
-                Err(error) => {
-                    let _ = write!(out, " unreachable ({})", describe(&error));
-                }
-            }
-        }
-        if server.status == stratus_wire::ServerStatus::Up && server.services.has_backup() {
-            match client.backup_statistics(&server.address).await {
-                Ok(backup) => {
-                    let durability = match backup.durability {
-                        stratus_wire::BackupDurability::Buffered => "buffered",
-                        stratus_wire::BackupDurability::Fsync => "fsync",
-                    };
-                    let _ = write!(
-                        out,
-                        " backup: durability={durability} replicas={} open={} buffers={}/{} frames_free={}/{} disk_syncs={} disk_writes={} disk_bytes={}B",
-                        backup.replicas,
-                        backup.replicas_open,
-                        backup.buffers_in_use,
-                        backup.buffer_count,
-                        backup.frames_free,
-                        backup.frame_count,
-                        backup.disk_syncs,
-                        backup.disk_write_jobs,
-                        backup.disk_data_bytes_written,
-                    );
-                    if let Some(reason) = backup.storage_failure {
-                        let _ = write!(out, " STORAGE FAILED ({reason})");
-                    }
-                }
-                Err(error) => {
-                    let _ = write!(out, " backup unreachable ({})", describe(&error));
-                }
-            }
-        }
-        let _ = writeln!(out);
-    }
-    let _ = writeln!(out, "tables:");
-    let tables = client.list_tables().await?;
-    for table in tables {
-        let _ = writeln!(out, "  {} id={}", table.name, table.table_id);
-        for tablet in tablets.iter().filter(|tablet| tablet.table_id == table.table_id) {
-            let HashRange { start, end } = tablet.range;
-            let _ = writeln!(
-                out,
-                "    tablet [{start:#018x}, {end:#018x}] owner={} ({}) state={:?}",
-                tablet.owner, tablet.owner_address, tablet.state
-            );
-        }
-    }
-    Ok(())
+/// Whole milliseconds of `duration`, saturating.
+fn millis_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A value as the integer `incr` keeps: 8 bytes, little-endian, signed.
+fn integer_value(value: &[u8]) -> Result<i64, CommandError> {
+    let bytes: [u8; 8] = value.try_into().map_err(|_| {
+        CommandError::Value(format!(
+            "the value is {} bytes, not an integer of 8 (as `incr` keeps them)",
+            value.len()
+        ))
+    })?;
+    Ok(i64::from_le_bytes(bytes))
 }
 
 #[cfg(test)]
@@ -551,6 +626,33 @@ mod tests {
         assert_eq!(parse_key_hash("0x8000_0000_0000_0000"), Ok(1 << 63));
         for bad in ["", "0x", "-1", "18446744073709551616", "0x1ffffffffffffffff", "12ab", "x1"] {
             assert!(parse_key_hash(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn durations_take_a_unit_and_default_to_seconds() {
+        use super::parse_duration;
+        use std::time::Duration;
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7_200)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        for bad in ["", "s", "1.5s", "-1", "10w", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn servers_are_named_by_index_or_by_full_id() {
+        use super::{parse_server_name, ServerName};
+        use stratus_types::ServerId;
+        assert_eq!(parse_server_name("2"), Ok(ServerName::Index(2)));
+        assert_eq!(parse_server_name("2.0"), Ok(ServerName::Id(ServerId(2))));
+        assert_eq!(parse_server_name("2.1"), Ok(ServerName::Id(ServerId::new(2, 1))));
+        for bad in ["", "0", "two", "2.", "-2"] {
+            assert!(parse_server_name(bad).is_err(), "{bad:?} must be refused");
         }
     }
 }

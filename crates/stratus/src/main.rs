@@ -12,6 +12,7 @@
 
 mod cli;
 mod roles;
+mod status;
 mod up;
 mod workload;
 
@@ -23,7 +24,14 @@ fn main() -> ExitCode {
     let arguments = cli::Arguments::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATUS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(arguments.default_log_filter()));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colour only for a person at a terminal: a log file (`stratus up` sends each child's
+    // stderr to one) gets plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour)
+        .init();
     stop_the_process_on_panic();
     cli::main(arguments)
 }

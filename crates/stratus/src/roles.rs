@@ -1,5 +1,6 @@
 //! The production roles: coordinator and storage server.
 
+mod identity;
 mod metrics;
 mod status_page;
 
@@ -456,7 +457,14 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             .await
             .map_err(|error| format!("allocating the log memory: {error}"))?;
         let deadline = Duration::from_secs(arguments.enlist_timeout_seconds);
-        let server_id = enlist(&environment, &coordinator, &address, services, deadline).await?;
+        // A server restarted on its directory asks for its index again.
+        let data_directory = arguments.backup_dir.as_deref();
+        let previous = identity::previous_server_id(data_directory)?;
+        let enlistment = Enlistment { address: &address, services, previous };
+        let server_id = enlist(&environment, &coordinator, enlistment, deadline).await?;
+        if let Some(directory) = data_directory {
+            identity::remember_server_id(directory, server_id)?;
+        }
         let wall_clock = environment.wall_clock.clone();
         let mut master =
             Master::with_memory(server_id, MasterConfig { store }, wall_clock, memory)?;
@@ -495,6 +503,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         // The master serves only while the coordinator renews its lease.
         let lease = Lease::new();
         master.set_lease(lease.clone());
+        let lease_at_stop = lease.clone();
         tokio::spawn(keep_lease(
             lease.clone(),
             server_id,
@@ -561,6 +570,10 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             result = serve(listener, service) => result.map_err(|error| error.to_string()),
             _ = termination(arguments.exit_with_parent) => {
                 tracing::info!("server stopping");
+                // Serve nothing more, then say so: the coordinator records an orderly stop
+                // (not a crash found by missed pings) and recovers the tablets at once.
+                lease_at_stop.surrender();
+                announce_stopping(&environment, &coordinator, server_id).await;
                 // Buffered replicas of open heads exist only in this process's memory: put
                 // them on disk, so a cluster stopped and started again recovers them.
                 if let Some(backup) = backup_at_stop {
@@ -578,16 +591,27 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
     })
 }
 
+/// What a server tells the coordinator when it enlists.
+struct Enlistment<'a> {
+    address: &'a str,
+    services: ServiceMask,
+    /// The id it had before a restart (0: none).
+    previous: stratus_types::ServerId,
+}
+
 /// Joins the cluster, retrying while the coordinator is not reachable yet.
 async fn enlist(
     environment: &Environment,
     coordinator: &str,
-    address: &str,
-    services: ServiceMask,
+    enlistment: Enlistment<'_>,
     patience: Duration,
 ) -> Result<stratus_types::ServerId, String> {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
-    let request = Request::EnlistServer { address: address.to_string(), services };
+    let request = Request::EnlistServer {
+        address: enlistment.address.to_string(),
+        services: enlistment.services,
+        previous_server_id: enlistment.previous,
+    };
     let deadline = tokio::time::Instant::now() + patience;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {
@@ -605,5 +629,34 @@ async fn enlist(
             }
         }
         tokio::time::sleep(backoff.next_delay(&*environment.entropy)).await;
+    }
+}
+
+/// How long a stopping server tries to tell the coordinator: past it, the coordinator finds
+/// out from missed pings, as for a crash.
+const STOPPING_NOTICE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Tells the coordinator this server stops in order (SERVER_STOPPING), within
+/// [`STOPPING_NOTICE_PATIENCE`].
+async fn announce_stopping(
+    environment: &Environment,
+    coordinator: &str,
+    server_id: stratus_types::ServerId,
+) {
+    let config = RpcConfig { request_timeout: STOPPING_NOTICE_PATIENCE, ..RpcConfig::default() };
+    let pool = ChannelPool::new(environment.network.clone(), config);
+    let request = Request::ServerStopping { server_id };
+    let answer = tokio::time::timeout(
+        STOPPING_NOTICE_PATIENCE,
+        pool.call_coordinator(coordinator, &request),
+    )
+    .await;
+    match answer {
+        Ok(Ok((Status::Ok, _))) => {
+            tracing::info!(%server_id, "the coordinator knows this server stops")
+        }
+        other => {
+            tracing::warn!(%server_id, ?other, "could not tell the coordinator this server stops; it will find out from missed pings")
+        }
     }
 }

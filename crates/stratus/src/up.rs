@@ -250,7 +250,9 @@ fn check_metadata_kind(dir: &Path, on_etcd: bool) -> Result<(), String> {
 fn start_etcd(dir: &Path, logs: &Path) -> Result<LocalEtcd, String> {
     let (_, data) = metadata_directories(dir);
     let parent = std::process::id();
-    LocalEtcd::start_with(&data, &logs.join("etcd.log"), |command| {
+    let log = logs.join("etcd.log");
+    keep_as_previous(&log, &logs.join("etcd.previous.log"))?;
+    LocalEtcd::start_with(&data, &log, |command| {
         use std::os::unix::process::CommandExt;
         // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2)
         // and getppid(2), which are async-signal-safe; it allocates nothing (its errors are
@@ -306,6 +308,7 @@ impl Children {
         has_standbys: bool,
     ) -> Result<(), String> {
         let log_path = logs.join(format!("{name}.log"));
+        keep_as_previous(&log_path, &logs.join(format!("{name}.previous.log")))?;
         let log = std::fs::File::create(&log_path)
             .map_err(|error| format!("{}: {error}", log_path.display()))?;
         let error_log = log.try_clone().map_err(|error| error.to_string())?;
@@ -374,8 +377,20 @@ impl Children {
         ids.join(" ")
     }
 
+    /// Stops the servers, then the coordinators: each server tells a coordinator that is
+    /// still there that it stops in order (so the next start reads as a restart, not as a
+    /// crash of every server), and writes its backup's open replicas to disk.
     fn stop(&mut self) {
-        for process in &mut self.processes {
+        let is_coordinator = |process: &ChildProcess| process.name.starts_with("coordinator");
+        self.stop_where(|process| !is_coordinator(process));
+        self.stop_where(is_coordinator);
+        // Every child is reaped now; forget their pids so no signal can reach a recycled one.
+        self.processes.clear();
+    }
+
+    /// SIGTERM to the children `chosen` picks, then waits for them (SIGKILL after the grace).
+    fn stop_where(&mut self, chosen: impl Fn(&ChildProcess) -> bool) {
+        for process in self.processes.iter_mut().filter(|process| chosen(process)) {
             // Not a child already reaped: its pid may have been reused.
             if process.exit_status.is_some() || matches!(process.child.try_wait(), Ok(Some(_))) {
                 continue;
@@ -386,22 +401,38 @@ impl Children {
             }
         }
         let deadline = Instant::now() + SHUTDOWN_GRACE;
-        for ChildProcess { name, child, .. } in &mut self.processes {
+        for process in self.processes.iter_mut().filter(|process| chosen(process)) {
+            let ChildProcess { name, child, exit_status, .. } = process;
+            if exit_status.is_some() {
+                continue;
+            }
             loop {
                 match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
+                    Ok(Some(status)) => {
+                        *exit_status = Some(status);
+                        break;
+                    }
+                    Err(_) => break,
                     Ok(None) if Instant::now() >= deadline => {
                         eprintln!("stratus up: {name} did not stop in time; killing it");
                         let _ = child.kill();
-                        let _ = child.wait();
+                        *exit_status = child.wait().ok();
                         break;
                     }
                     Ok(None) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
         }
-        // Every child is reaped now; forget their pids so no signal can reach a recycled one.
-        self.processes.clear();
+    }
+}
+
+/// Moves the log of the previous run, if there is one, to `previous` (replacing the one before
+/// it): each run's log starts empty, and the last run's stays readable after a restart.
+fn keep_as_previous(log: &Path, previous: &Path) -> Result<(), String> {
+    match std::fs::rename(log, previous) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(format!("{} -> {}: {error}", log.display(), previous.display())),
     }
 }
 
@@ -460,7 +491,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     let mut children = Children { processes: Vec::new() };
     let started = Instant::now();
     let mut client = None;
-    let mut baseline = 0;
+    let mut known_before = std::collections::BTreeSet::new();
     for index in 0..coordinators.len() {
         let address = coordinators[index].clone();
         let name = coordinator_name(index);
@@ -500,7 +531,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             let (first_client, servers_before) =
                 wait_for_coordinator(&runtime, &coordinators[0], &mut children, &mut etcd, &log)?;
             client = Some(first_client);
-            baseline = servers_before;
+            known_before = servers_before;
         } else {
             // A standby checks that it can listen on its address before it says so (`roles.rs`).
             let log = logs.join(format!("{name}.log"));
@@ -584,7 +615,8 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 servers
                     .iter()
                     .filter(|server| {
-                        server.server_id.0 > baseline && server.status == ServerStatus::Up
+                        !known_before.contains(&server.server_id)
+                            && server.status == ServerStatus::Up
                     })
                     .count()
             })
@@ -668,15 +700,15 @@ fn etcd_exited(etcd: &mut Option<LocalEtcd>) -> Option<String> {
     Some(format!("etcd exited ({status})"))
 }
 
-/// Waits until the coordinator at `address` answers; returns a client of it and the highest
-/// server id it already knew (servers of an earlier run of the same directory).
+/// Waits until the coordinator at `address` answers; returns a client of it and the ids of the
+/// servers it already knew (of an earlier run of the same directory).
 fn wait_for_coordinator(
     runtime: &tokio::runtime::Runtime,
     address: &str,
     children: &mut Children,
     etcd: &mut Option<LocalEtcd>,
     log: &Path,
-) -> Result<(Client, u64), String> {
+) -> Result<(Client, std::collections::BTreeSet<stratus_types::ServerId>), String> {
     let mut config = ClientConfig::new(address);
     config.operation_timeout = Duration::from_secs(2);
     let client = {
@@ -690,8 +722,8 @@ fn wait_for_coordinator(
         }
         match runtime.block_on(client.server_list()) {
             Ok(servers) => {
-                let highest = servers.iter().map(|server| server.server_id.0).max().unwrap_or(0);
-                return Ok((client, highest));
+                let known = servers.iter().map(|server| server.server_id).collect();
+                return Ok((client, known));
             }
             Err(_) if started.elapsed() < STARTUP_PATIENCE => {
                 std::thread::sleep(Duration::from_millis(50))

@@ -243,6 +243,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         key: Bytes::from_static(b"stray"),
         value: Bytes::from_static(b"v"),
         version: Version(1),
+        expires_at: None,
     };
     let narrow = HashRange::new(0, 9).unwrap();
     encode_request(&mut migration, 16, &batch(other_table, narrow, vec![stray]));

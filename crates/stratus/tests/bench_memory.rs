@@ -4,29 +4,23 @@
 //! memory than Redis on both and than the best general-purpose allocator on W8 — what
 //! log-structured memory is for.
 //!
-//! Redis and memcached are measured where they are installed (scripts/install-peers); with
-//! STRATUS_REQUIRE_PEERS set, as CI does, a missing peer is a failure.
+//! Redis and memcached are measured too: a missing one fails the test (scripts/test installs
+//! them).
 
 mod common;
 
 use std::time::Duration;
 
-use common::{installed, run_bench, BenchRow};
+use common::{require_installed, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take.
 const BENCH_PATIENCE: Duration = Duration::from_secs(600);
 
 #[test]
 fn every_system_completes_and_the_log_needs_less_memory_than_malloc() {
-    let mut systems = vec!["stratus", "glibc", "jemalloc", "mimalloc"];
-    let required = std::env::var_os("STRATUS_REQUIRE_PEERS").is_some();
-    for (system, executable) in [("redis", "redis-server"), ("memcached", "memcached")] {
-        if installed(executable) {
-            systems.push(system);
-        } else {
-            assert!(!required, "STRATUS_REQUIRE_PEERS is set but {executable} is not installed");
-            eprintln!("{executable} not installed: {system} not measured (scripts/install-peers)");
-        }
+    let systems = ["stratus", "glibc", "jemalloc", "mimalloc", "redis", "memcached"];
+    for executable in ["redis-server", "memcached"] {
+        require_installed(executable);
     }
     let live_mib: u64 = 32;
     let arguments = [

@@ -5,20 +5,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{installed, run_bench, BenchRow};
+use common::{require_installed, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take.
 const BENCH_PATIENCE: Duration = Duration::from_secs(300);
 
 #[test]
 fn bench_resp_measures_every_placement_beside_redis() {
-    let required = std::env::var_os("STRATUS_REQUIRE_PEERS").is_some();
     for tool in ["redis-benchmark", "redis-server"] {
-        if !installed(tool) {
-            assert!(!required, "STRATUS_REQUIRE_PEERS is set but {tool} is not installed");
-            eprintln!("NOTICE: {tool} not found (scripts/install-peers); skipping");
-            return;
-        }
+        require_installed(tool);
     }
     let arguments = [
         "bench",

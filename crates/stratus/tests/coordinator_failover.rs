@@ -1,8 +1,7 @@
 //! Coordinators on etcd: a standby takes over when the active one is paused or killed, the
 //! deposed one exits when it wakes, and tables, data and writes carry on throughout.
 //!
-//! Needs the `etcd` binary (Debian: etcd-server). Without it the test says so and passes,
-//! unless STRATUS_REQUIRE_ETCD is set, as CI does.
+//! Needs the `etcd` binary (Debian: etcd-server); without it the test fails.
 
 mod common;
 
@@ -55,14 +54,8 @@ async fn write_until_stopped(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_coordinator_takes_over_and_a_deposed_one_exits() {
     let directory = tempfile::tempdir().unwrap();
-    let mut etcd = match LocalEtcd::start(&directory.path().join("etcd")) {
-        Ok(etcd) => etcd,
-        Err(error) if std::env::var_os("STRATUS_REQUIRE_ETCD").is_none() => {
-            eprintln!("SKIPPED: no etcd to test against ({error})");
-            return;
-        }
-        Err(error) => panic!("STRATUS_REQUIRE_ETCD is set but etcd cannot start: {error}"),
-    };
+    common::require_installed("etcd");
+    let mut etcd = LocalEtcd::start(&directory.path().join("etcd")).expect("etcd starts");
     let etcd_url = etcd.client_url().to_string();
     let addresses = [free_address(), free_address(), free_address()];
     let coordinators = addresses.join(",");

@@ -185,7 +185,13 @@ fn servers_and_coordinator_export_what_they_do_through_a_crash_and_its_recovery(
         let rules = RejectRules::default();
         let writes: Vec<WriteItem> = keys
             .iter()
-            .map(|key| WriteItem { table_id: table, key: key.clone(), value: key.clone(), rules })
+            .map(|key| WriteItem {
+                table_id: table,
+                key: key.clone(),
+                value: key.clone(),
+                rules,
+                expiry: stratus_client::Expiry::Never,
+            })
             .collect();
         assert!(client.multi_write(&writes).await.iter().all(Result::is_ok));
         let reads: Vec<KeyItem> =
@@ -343,8 +349,8 @@ fn chromium() -> PathBuf {
         }
     }
     panic!(
-        "the status page test needs a headless browser: install chromium \
-         (`apt-get install chromium`, as .ci/run does) or set STRATUS_CHROMIUM"
+        "the status page test needs a headless browser, `chromium`, which is not on PATH: run \
+         the tests with scripts/test (README.md), which installs it, or set STRATUS_CHROMIUM"
     );
 }
 

@@ -173,6 +173,7 @@ async fn multi_operations_span_two_masters() {
             key: key.clone(),
             value: key.clone(),
             rules: RejectRules::NONE,
+            expiry: stratus_client::Expiry::Never,
         })
         .collect();
     let written = client.multi_write(&writes).await;

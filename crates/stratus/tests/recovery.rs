@@ -333,6 +333,7 @@ async fn a_paused_master_declared_crashed_serves_nothing_stale_and_exits() {
                 key: Bytes::from_static(b"key"),
                 value: Bytes::from_static(b"zombie value"),
                 rules: RejectRules::NONE,
+                expiry: stratus_client::Expiry::Never,
             };
             pool.call(&address, &request).await
         })

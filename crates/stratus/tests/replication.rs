@@ -393,14 +393,21 @@ fn replay(
     let engine = ObjectStore::new(config, ServerId(999)).expect("store");
     let copies: Vec<(&[u8], Certificate)> =
         segments.values().rev().map(|(certificate, data)| (&data[..], *certificate)).collect();
-    engine.replay(&copies, &|_, _| true, 0).expect("replay");
+    engine.replay(&copies, &|_, _| true, stratus_store::WallTime::from_seconds(0)).expect("replay");
     let mut keys: HashSet<Vec<u8>> = objects.keys().cloned().collect();
     keys.extend(dead.keys().cloned());
     for key in keys {
         let mut value = ValueSink(Vec::new());
         let hash = key_hash(table, &key);
         let replayed = engine
-            .read(table, &key, hash, &RejectRules::NONE, &mut value)
+            .read(
+                table,
+                &key,
+                hash,
+                &RejectRules::NONE,
+                stratus_store::WallTime::from_seconds(0),
+                &mut value,
+            )
             .ok()
             .map(|version| (version, value.0));
         assert_eq!(replayed.as_ref(), objects.get(&key), "engine replay of {key:?}");

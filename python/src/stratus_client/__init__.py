@@ -40,9 +40,11 @@ from .errors import (
 from .key_hash import key_hash
 from .model import (
     EnumeratedObject,
+    Expiry,
     HashRange,
     IncrementItem,
     KeyItem,
+    ObjectRead,
     RejectRules,
     ServerEntry,
     ServerStatus,
@@ -61,6 +63,7 @@ __all__ = [
     "EnumeratedObject",
     "Enumeration",
     "EnumerationPosition",
+    "Expiry",
     "HashRange",
     "IncrementItem",
     "InternalError",
@@ -71,6 +74,7 @@ __all__ = [
     "NoTableSpace",
     "ObjectDoesNotExist",
     "ObjectExists",
+    "ObjectRead",
     "ProtocolError",
     "ProtocolVersionMismatch",
     "RejectRules",

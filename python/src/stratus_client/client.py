@@ -44,8 +44,10 @@ from .errors import (
 from .key_hash import key_hash
 from .model import (
     HASH_MAX,
+    Expiry,
     IncrementItem,
     KeyItem,
+    ObjectRead,
     RejectRules,
     ServerEntry,
     TableEntry,
@@ -254,11 +256,23 @@ class Client:
     def read(
         self, table_id: int, key: bytes | str, reject_rules: RejectRules | None = None
     ) -> tuple[bytes, int]:
-        """The value and version of an object; ``ObjectDoesNotExist`` if it is missing."""
+        """The value and version of an object; ``ObjectDoesNotExist`` if it is missing (or
+        expired)."""
+        value, version, _ = self.read_object(table_id, key, reject_rules)
+        return value, version
+
+    def read_object(
+        self, table_id: int, key: bytes | str, reject_rules: RejectRules | None = None
+    ) -> ObjectRead:
+        """The value, version and time to live (seconds, None: no expiry) of an object;
+        ``ObjectDoesNotExist`` if it is missing (or expired)."""
         table_id, key = _checked_table_id(table_id), _checked_key(key)
         body = codec.read_body(table_id, key, _checked_rules(reject_rules))
-        version, value = self._object_operation("read", Opcode.READ, table_id, key, body)
-        return value, version
+        version, value, expires_in_millis = self._object_operation(
+            "read", Opcode.READ, table_id, key, body
+        )
+        expires_in = expires_in_millis / 1000 if expires_in_millis else None
+        return ObjectRead(value, version, expires_in)
 
     def write(
         self,
@@ -266,13 +280,34 @@ class Client:
         key: bytes | str,
         value: bytes | str,
         reject_rules: RejectRules | None = None,
+        expiry: Expiry | None = None,
+        ttl: float | None = None,
     ) -> int:
-        """Writes an object (creating or overwriting it); returns its new version."""
+        """Writes an object (creating or overwriting it); returns its new version. It expires
+        as ``expiry`` says, or ``ttl`` seconds after the master applies the write; with
+        neither it does not expire (an expiry it had is cleared)."""
+        if ttl is not None:
+            if expiry is not None:
+                raise ValueError("give expiry or ttl, not both")
+            expiry = Expiry.after(ttl)
         table_id, key = _checked_table_id(table_id), _checked_key(key)
         body = codec.write_body(
-            table_id, key, _as_bytes(value, "value"), _checked_rules(reject_rules)
+            table_id, key, _as_bytes(value, "value"), _checked_rules(reject_rules), expiry
         )
         return self._object_operation("write", Opcode.WRITE, table_id, key, body)
+
+    def set_expiry(
+        self,
+        table_id: int,
+        key: bytes | str,
+        expiry: Expiry,
+        reject_rules: RejectRules | None = None,
+    ) -> int:
+        """Sets when an existing object expires (``Expiry.NEVER``: never), keeping its value;
+        returns its new version. ``ObjectDoesNotExist`` if it is missing or expired."""
+        table_id, key = _checked_table_id(table_id), _checked_key(key)
+        body = codec.set_expiry_body(table_id, key, expiry, _checked_rules(reject_rules))
+        return self._object_operation("set_expiry", Opcode.SET_EXPIRY, table_id, key, body)
 
     def remove(
         self, table_id: int, key: bytes | str, reject_rules: RejectRules | None = None
@@ -545,6 +580,7 @@ class Client:
         }
         if isinstance(item, WriteItem):
             fields["value"] = _as_bytes(item.value, "value")
+            fields["expiry"] = item.expiry
         if isinstance(item, IncrementItem):
             fields["delta"] = _checked_delta(item.delta)
         return item_type(**fields)

@@ -24,6 +24,7 @@ from .model import (
     SERVICES_KNOWN,
     EnumeratedObject,
     EnumerationCursor,
+    Expiry,
     HashRange,
     IncrementItem,
     KeyItem,
@@ -38,7 +39,7 @@ from .model import (
 from .status import Status
 
 MAGIC = b"STRA"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HELLO_BYTES = 8
 LENGTH_FIELD_BYTES = 4
 REQUEST_HEADER_BYTES = 16
@@ -99,6 +100,7 @@ class Opcode(enum.IntEnum):
     MULTI_REMOVE = 36
     MULTI_INCREMENT = 37
     ENUMERATE = 38
+    SET_EXPIRY = 39
     TAKE_TABLET_OWNERSHIP = 40
     DROP_TABLET_OWNERSHIP = 41
     GET_SERVER_STATISTICS = 42
@@ -275,6 +277,13 @@ class BodyWriter:
         self._parts.append(value)
         return self
 
+    def expiry(self, expiry: Expiry | None) -> BodyWriter:
+        expiry = expiry or Expiry.NEVER
+        if expiry.kind not in (Expiry.NEVER_KIND, Expiry.KEEP_KIND, Expiry.AFTER_KIND, Expiry.AT_KIND):
+            raise ValueError(f"not an expiry kind: {expiry.kind}")
+        millis = expiry.millis if expiry.kind in (Expiry.AFTER_KIND, Expiry.AT_KIND) else 0
+        return self.u8(expiry.kind).u64(millis)
+
     def rules(self, rules: RejectRules | None) -> BodyWriter:
         rules = rules or RejectRules()
         return self.u64(rules.given_version).u8(rules.flags)
@@ -311,8 +320,20 @@ def read_body(table_id: int, key: bytes, rules: RejectRules | None) -> bytes:
     return BodyWriter().u64(table_id).key(key).rules(rules).to_bytes()
 
 
-def write_body(table_id: int, key: bytes, value: bytes, rules: RejectRules | None) -> bytes:
-    return BodyWriter().u64(table_id).key(key).value(value).rules(rules).to_bytes()
+def write_body(
+    table_id: int,
+    key: bytes,
+    value: bytes,
+    rules: RejectRules | None,
+    expiry: Expiry | None = None,
+) -> bytes:
+    return BodyWriter().u64(table_id).key(key).value(value).rules(rules).expiry(expiry).to_bytes()
+
+
+def set_expiry_body(
+    table_id: int, key: bytes, expiry: Expiry, rules: RejectRules | None
+) -> bytes:
+    return BodyWriter().u64(table_id).key(key).expiry(expiry).rules(rules).to_bytes()
 
 
 def increment_body(table_id: int, key: bytes, delta: int, rules: RejectRules | None) -> bytes:
@@ -336,6 +357,8 @@ def multi_body(items: list) -> bytes:
         elif not isinstance(item, KeyItem):
             raise TypeError(f"not a multi-operation item: {item!r}")
         writer.rules(item.reject_rules)
+        if isinstance(item, WriteItem):
+            writer.expiry(item.expiry)
     return writer.to_bytes()
 
 
@@ -532,11 +555,18 @@ def _increment_result(reader: BodyReader) -> MultiItemResult:
 
 
 def _enumerated_object(reader: BodyReader) -> EnumeratedObject:
-    return EnumeratedObject(key=reader.key(), value=reader.value(), version=reader.u64())
+    key, value, version = reader.key(), reader.value(), reader.u64()
+    # The object's expiry time (read_object tells it for one key; an enumeration does not).
+    tag = reader.u8()
+    if tag == 1:
+        reader.u64()
+    elif tag != 0:
+        raise reader.fail(f"expiry time option tag {tag}")
+    return EnumeratedObject(key=key, value=value, version=version)
 
 
 def _decode_enumerate(reader: BodyReader) -> EnumerateResponse:
-    objects = reader.list(ENUMERATED_OBJECTS_MAX, 2 + 4 + 8, _enumerated_object)
+    objects = reader.list(ENUMERATED_OBJECTS_MAX, 2 + 4 + 8 + 1, _enumerated_object)
     flag = reader.u8()
     if flag == 0:
         return EnumerateResponse(objects, None)
@@ -557,8 +587,10 @@ _OPERATION_BODY_DECODERS: dict[Opcode, Callable[[BodyReader], object]] = {
         TABLETS_MAX, 8 + 16 + 8 + 2 + 1, _tablet_entry
     ),
     # (version, value)
-    Opcode.READ: lambda reader: (reader.u64(), reader.value()),
+    # (version, value, expires in milliseconds; 0: no expiry)
+    Opcode.READ: lambda reader: (reader.u64(), reader.value(), reader.u64()),
     Opcode.WRITE: lambda reader: reader.u64(),
+    Opcode.SET_EXPIRY: lambda reader: reader.u64(),
     Opcode.REMOVE: lambda reader: reader.u64(),
     # (version, value after the increment)
     Opcode.INCREMENT: lambda reader: (reader.u64(), reader.i64()),

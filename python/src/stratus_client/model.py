@@ -199,6 +199,8 @@ class ServerStatus(enum.IntEnum):
     """Declared crashed; its tablets are being recovered elsewhere."""
     REMOVED = 2
     """Recovered: it is gone for good."""
+    STOPPED = 3
+    """Stopped in order; its tablets are being recovered elsewhere, as a crashed server's."""
 
 
 SERVICE_MASTER = 1 << 0
@@ -254,6 +256,48 @@ class KeyItem:
 
 
 @dataclass(frozen=True)
+class Expiry:
+    """What a write does to its object's expiry (wire-protocol.md, field "expiry").
+
+    ``Expiry.NEVER`` (what a plain write means: it clears an expiry the object had),
+    ``Expiry.KEEP`` (keep the expiry of the object replaced), ``Expiry.after(seconds)`` (a time
+    to live, counted by the master's clock from when it applies the write) or
+    ``Expiry.at(unix_seconds)`` (a wall-clock time, compared with the master's clock).
+    """
+
+    kind: int
+    millis: int = 0
+
+    NEVER_KIND = 0
+    KEEP_KIND = 1
+    AFTER_KIND = 2
+    AT_KIND = 3
+
+    @staticmethod
+    def after(seconds: float) -> Expiry:
+        """Expire ``seconds`` after the master applies the write (0 or less: at once)."""
+        return Expiry(Expiry.AFTER_KIND, max(0, round(seconds * 1000)))
+
+    @staticmethod
+    def at(unix_seconds: float) -> Expiry:
+        """Expire at this Unix time, by the master's clock."""
+        return Expiry(Expiry.AT_KIND, max(0, round(unix_seconds * 1000)))
+
+
+Expiry.NEVER = Expiry(Expiry.NEVER_KIND)
+Expiry.KEEP = Expiry(Expiry.KEEP_KIND)
+
+
+class ObjectRead(NamedTuple):
+    """An object as ``read_object`` found it; unpacks as ``value, version, expires_in``."""
+
+    value: bytes
+    version: int
+    expires_in: float | None
+    """Seconds until it expires, by its master's clock when it answered; None: never."""
+
+
+@dataclass(frozen=True)
 class WriteItem:
     """An item of ``multi_write``."""
 
@@ -261,6 +305,7 @@ class WriteItem:
     key: bytes | str
     value: bytes | str
     reject_rules: RejectRules | None = None
+    expiry: Expiry | None = None
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ impl SegmentBuilder {
     /// Appends one object with a value of `value_bytes` bytes.
     pub fn append_object(&mut self, key: &[u8], value_bytes: usize) {
         let value: Vec<u8> = (0..value_bytes).map(|index| (index % 251) as u8).collect();
-        let content = encode_object(TableId(1), Version(self.next_version), 0, key, &value);
+        let content = encode_object(TableId(1), Version(self.next_version), 0, None, key, &value);
         self.next_version += 1;
         self.append_entry(EntryType::Object, &content);
     }

@@ -55,6 +55,16 @@ pub fn backup_write_flags() -> impl Strategy<Value = BackupWriteFlags> {
     any::<[bool; 3]>().prop_map(|[open, close, primary]| BackupWriteFlags { open, close, primary })
 }
 
+pub fn expiry() -> impl Strategy<Value = stratus_types::Expiry> {
+    use stratus_types::Expiry;
+    prop_oneof![
+        Just(Expiry::Never),
+        Just(Expiry::Keep),
+        any::<u64>().prop_map(Expiry::AfterMillis),
+        any::<u64>().prop_map(Expiry::AtMillis),
+    ]
+}
+
 pub fn rules() -> impl Strategy<Value = RejectRules> {
     (any::<u64>(), any::<[bool; 4]>()).prop_map(|(given, [a, b, c, d])| RejectRules {
         given_version: Version(given),
@@ -118,8 +128,9 @@ fn key_item() -> impl Strategy<Value = KeyItem> {
 pub fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         Just(Request::Ping),
-        (name(), services())
-            .prop_map(|(address, services)| Request::EnlistServer { address, services }),
+        (name(), services(), server_id()).prop_map(|(address, services, previous_server_id)| {
+            Request::EnlistServer { address, services, previous_server_id }
+        }),
         Just(Request::GetServerList),
         (name(), any::<u32>())
             .prop_map(|(name, server_span)| Request::CreateTable { name, server_span }),
@@ -149,11 +160,14 @@ pub fn request() -> impl Strategy<Value = Request> {
             version(),
             any::<bool>(),
             vec(
-                (key(), value(), version()).prop_map(|(key, value, version)| EnumeratedObject {
-                    key,
-                    value,
-                    version
-                }),
+                (key(), value(), version(), proptest::option::of(any::<u64>())).prop_map(
+                    |(key, value, version, expires_at)| EnumeratedObject {
+                        key,
+                        value,
+                        version,
+                        expires_at: expires_at.map(stratus_types::ExpiresAt),
+                    }
+                ),
                 0..4
             ),
             vec(key(), 0..3)
@@ -184,8 +198,17 @@ pub fn request() -> impl Strategy<Value = Request> {
             key,
             rules
         }),
-        (table_id(), key(), value(), rules()).prop_map(|(table_id, key, value, rules)| {
-            Request::Write { table_id, key, value, rules }
+        (table_id(), key(), value(), rules(), expiry()).prop_map(
+            |(table_id, key, value, rules, expiry)| Request::Write {
+                table_id,
+                key,
+                value,
+                rules,
+                expiry
+            }
+        ),
+        (table_id(), key(), expiry(), rules()).prop_map(|(table_id, key, expiry, rules)| {
+            Request::SetExpiry { table_id, key, expiry, rules }
         }),
         (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| Request::Remove {
             table_id,
@@ -197,9 +220,15 @@ pub fn request() -> impl Strategy<Value = Request> {
         }),
         vec(key_item(), 0..4).prop_map(|items| Request::MultiRead { items }),
         vec(
-            (table_id(), key(), value(), rules()).prop_map(|(table_id, key, value, rules)| {
-                WriteItem { table_id, key, value, rules }
-            }),
+            (table_id(), key(), value(), rules(), expiry()).prop_map(
+                |(table_id, key, value, rules, expiry)| WriteItem {
+                    table_id,
+                    key,
+                    value,
+                    rules,
+                    expiry
+                }
+            ),
             0..4
         )
         .prop_map(|items| Request::MultiWrite { items }),
@@ -279,6 +308,7 @@ pub fn request() -> impl Strategy<Value = Request> {
         server_id().prop_map(|master_id| Request::BackupFenceMaster { master_id }),
         server_id().prop_map(|server_id| Request::RenewLease { server_id }),
         server_id().prop_map(|server_id| Request::HintServerCrashed { server_id }),
+        server_id().prop_map(|server_id| Request::ServerStopping { server_id }),
         server_id().prop_map(|server_id| Request::RecoveryAcceptLoss { server_id }),
         (server_id(), segment_id(), any::<u64>()).prop_map(|(server_id, segment_id, epoch)| {
             Request::SetLogHead { server_id, segment_id, epoch }
@@ -333,11 +363,12 @@ fn replica_entry() -> impl Strategy<Value = ReplicaEntry> {
 }
 
 fn server_entry() -> impl Strategy<Value = ServerEntry> {
-    (server_id(), name(), services(), 0u8..3).prop_map(|(server_id, address, services, status)| {
+    (server_id(), name(), services(), 0u8..4).prop_map(|(server_id, address, services, status)| {
         let status = match status {
             0 => ServerStatus::Up,
             1 => ServerStatus::Crashed,
-            _ => ServerStatus::Removed,
+            2 => ServerStatus::Removed,
+            _ => ServerStatus::Stopped,
         };
         ServerEntry { server_id, address, services, status }
     })
@@ -409,7 +440,10 @@ pub fn response() -> impl Strategy<Value = Response> {
         )
         .prop_map(|tables| Response::ListTables { tables }),
         vec(tablet_entry(), 0..4).prop_map(|tablets| Response::GetTabletMap { tablets }),
-        (version(), value()).prop_map(|(version, value)| Response::Read { version, value }),
+        (version(), value(), any::<u64>()).prop_map(|(version, value, expires_in_millis)| {
+            Response::Read { version, value, expires_in_millis }
+        }),
+        version().prop_map(|version| Response::SetExpiry { version }),
         version().prop_map(|version| Response::Write { version }),
         version().prop_map(|version| Response::Remove { version }),
         (version(), any::<i64>())
@@ -431,11 +465,14 @@ pub fn response() -> impl Strategy<Value = Response> {
         .prop_map(|results| Response::MultiIncrement { results }),
         (
             vec(
-                (key(), value(), version()).prop_map(|(key, value, version)| EnumeratedObject {
-                    key,
-                    value,
-                    version
-                }),
+                (key(), value(), version(), proptest::option::of(any::<u64>())).prop_map(
+                    |(key, value, version, expires_at)| EnumeratedObject {
+                        key,
+                        value,
+                        version,
+                        expires_at: expires_at.map(stratus_types::ExpiresAt),
+                    }
+                ),
                 0..4
             ),
             option::of(cursor())
@@ -463,6 +500,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::BackupFenceMaster),
         Just(Response::SetLogHead),
         Just(Response::HintServerCrashed),
+        Just(Response::ServerStopping),
         Just(Response::RecoveryAcceptLoss),
         Just(Response::SplitTablet),
         Just(Response::MigrateTablet),

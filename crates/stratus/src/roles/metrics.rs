@@ -493,7 +493,8 @@ async fn render_coordinator(coordinator: &Coordinator) -> String {
     )
     .sample(&[("status", "up")], metrics.servers_up)
     .sample(&[("status", "crashed")], metrics.servers_crashed)
-    .sample(&[("status", "removed")], metrics.servers_removed);
+    .sample(&[("status", "removed")], metrics.servers_removed)
+    .sample(&[("status", "stopped")], metrics.servers_stopped);
     out.gauge("stratus_coordinator_tables", "Tables.", metrics.tables);
     out.family(
         "stratus_coordinator_tablets",
@@ -538,6 +539,11 @@ async fn render_coordinator(coordinator: &Coordinator) -> String {
         "Servers declared crashed (missed pings, gone at a restart, or replaced at their \
          address).",
         metrics.servers_declared_crashed,
+    );
+    out.counter(
+        "stratus_coordinator_servers_stopped_in_order_total",
+        "Servers that announced they were stopping (SERVER_STOPPING) while up.",
+        metrics.servers_stopped_in_order,
     );
     out.family(
         "stratus_coordinator_crash_hints_total",

@@ -148,6 +148,7 @@ fn status_name(status: ServerStatus) -> &'static str {
     match status {
         ServerStatus::Up => "up",
         ServerStatus::Crashed => "crashed",
+        ServerStatus::Stopped => "stopped",
         ServerStatus::Removed => "removed",
     }
 }
@@ -176,6 +177,7 @@ fn render(overview: &ClusterOverview, history: &VecDeque<Sample>, coordinator: &
     json.key("servers_up").unsigned(count(ServerStatus::Up) as u64);
     json.key("servers_crashed").unsigned(count(ServerStatus::Crashed) as u64);
     json.key("servers_removed").unsigned(count(ServerStatus::Removed) as u64);
+    json.key("servers_stopped").unsigned(count(ServerStatus::Stopped) as u64);
     json.key("tables").unsigned(overview.tables.len() as u64);
     json.key("tablets").unsigned(overview.tablets.len() as u64);
     json.key("objects").unsigned(statistics().map(|s| s.objects_live).sum());

@@ -31,10 +31,16 @@ pub struct Process {
 }
 
 impl Process {
+    /// `stratus ARGUMENTS`, logging warnings and errors only.
     pub fn start(arguments: &[String]) -> Process {
+        Process::start_logging(arguments, "warn")
+    }
+
+    /// `stratus ARGUMENTS` with the log filter `STRATUS_LOG=filter`.
+    pub fn start_logging(arguments: &[String], filter: &str) -> Process {
         let mut child = Command::new(stratus_binary())
             .args(arguments)
-            .env("STRATUS_LOG", "warn")
+            .env("STRATUS_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -305,4 +311,14 @@ pub fn installed(executable: &str) -> bool {
         .args(["-c", &format!("command -v {executable}")])
         .output()
         .is_ok_and(|output| output.status.success())
+}
+
+/// Fails the test, naming `executable`, unless it is on PATH: no test skips itself for want of
+/// a program (`scripts/test`, the README's test command, installs every one).
+pub fn require_installed(executable: &str) {
+    assert!(
+        installed(executable),
+        "this test needs `{executable}`, which is not on PATH: run the tests with scripts/test \
+         (README.md), which installs every program they need"
+    );
 }

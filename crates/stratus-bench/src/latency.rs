@@ -303,6 +303,7 @@ async fn fill_until_cleaning(
                     key: Bytes::from(key_of(index % arguments.keys.max(1))),
                     value: value.clone(),
                     rules: RejectRules::NONE,
+                    expiry: stratus_types::Expiry::Never,
                 })
                 .collect();
             written += batch;

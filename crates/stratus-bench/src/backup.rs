@@ -6,8 +6,16 @@
 //! objects, in the log format, with their certificates) and streams them to one backup in
 //! appends of about `append_bytes`, opening a replica per segment and closing it when full, as
 //! a master's head does. The segments are built before the clock starts: building entries is
-//! the masters' work, and on a small machine it would take CPU from the backup under test. The backup keeps few RAM buffers (`--backup-buffers`), so after the first segments
-//! its disk, not its memory, sets the pace.
+//! the masters' work, and on a small machine it would take CPU from the backup under test. The
+//! backup keeps few RAM buffers (`--backup-buffers`), so after the first segments its disk, not
+//! its memory, sets the pace.
+//!
+//! The clock stops when every byte is on disk and synced, as the raw reference's does after
+//! its final fdatasync: in buffered mode the last write is acknowledged with up to
+//! `--backup-buffers` segments still in RAM, so after the last acknowledgement the bench polls
+//! the backup's statistics until all the bytes were written, then reads one replica back. The
+//! backup's one I/O thread serves that read only after the batch holding the last write and
+//! its sync, so its answer means synced (it costs one segment's read from the page cache).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -21,7 +29,8 @@ use stratus_log::EntryType;
 use stratus_rpc::{ChannelPool, RpcConfig};
 use stratus_types::{SegmentId, ServerId, TableId, Version};
 use stratus_wire::{
-    BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody, ServiceMask, Status,
+    BackupServiceStatistics, BackupWriteFlags, ReplicaCertificate, Request, Response, ResponseBody,
+    ServiceMask, Status,
 };
 
 use crate::cluster::start_local_cluster;
@@ -209,6 +218,11 @@ async fn stream_timed(
         .collect();
     let objects: u64 = streams.iter().map(|(_, stream)| stream.objects).sum();
     let bytes: u64 = streams.iter().map(|(_, stream)| stream.bytes).sum();
+    let last_replica = streams
+        .last()
+        .and_then(|(master, stream)| stream.writes.last().map(|write| (*master, write.segment_id)))
+        .ok_or("nothing to send")?;
+    let written_before = backup_statistics(pool, backup).await?.disk_data_bytes_written;
     let started = Instant::now();
     let mut senders = tokio::task::JoinSet::new();
     for (master_id, stream) in streams {
@@ -219,7 +233,57 @@ async fn stream_timed(
     while let Some(joined) = senders.join_next().await {
         joined.map_err(|error| error.to_string())??;
     }
+    wait_until_synced(pool, backup, written_before + bytes, last_replica).await?;
     Ok((objects, bytes, started.elapsed().as_secs_f64()))
+}
+
+/// How long the backup may take to write what it holds in RAM once the last write was
+/// acknowledged.
+const DISK_CATCH_UP_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Waits until the backup wrote `data_bytes` of segment data to its disk in all, then reads
+/// `replica` back: the read is queued behind the batch of that last write, whose sync comes
+/// first, so its answer means every byte is synced.
+async fn wait_until_synced(
+    pool: &ChannelPool,
+    backup: &str,
+    data_bytes: u64,
+    (master_id, segment_id): (ServerId, SegmentId),
+) -> Result<(), String> {
+    let deadline = Instant::now() + DISK_CATCH_UP_PATIENCE;
+    loop {
+        let statistics = backup_statistics(pool, backup).await?;
+        if let Some(failure) = statistics.storage_failure {
+            return Err(format!("the backup's storage failed: {failure}"));
+        }
+        if statistics.disk_data_bytes_written >= data_bytes {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the backup wrote {} of {data_bytes} bytes within {} s of the last write",
+                statistics.disk_data_bytes_written,
+                DISK_CATCH_UP_PATIENCE.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    match pool.call(backup, &Request::BackupReadReplica { master_id, segment_id }).await {
+        Ok((Status::Ok, _)) => Ok(()),
+        other => Err(format!("reading replica {segment_id} of {master_id} back: {other:?}")),
+    }
+}
+
+async fn backup_statistics(
+    pool: &ChannelPool,
+    backup: &str,
+) -> Result<BackupServiceStatistics, String> {
+    match pool.call(backup, &Request::BackupGetStatistics).await {
+        Ok((Status::Ok, ResponseBody::Operation(Response::BackupGetStatistics { statistics }))) => {
+            Ok(statistics)
+        }
+        other => Err(format!("backup statistics: {other:?}")),
+    }
 }
 
 /// One BACKUP_WRITE of a prepared stream.

@@ -1,135 +1,461 @@
-//! `stratus bench latency`: 100-byte write and read latency with 0, 1 and 3 replicas, in the
-//! buffered and fsync durability modes, on a local cluster of storage servers. The read of the
-//! same run is the reference: RAMCloud's goal is a replicated write within a small multiple of
-//! a read (13.5 µs / 4.7 µs over Infiniband).
+//! `stratus bench latency`: write and read latency of small objects, one request at a time,
+//! on Stratus with 0, 1 and 3 replicas (buffered and fsync) and on Redis at equal durability,
+//! with what each operation cost in CPU across every process of the system.
+//!
+//! The read of the same run is Stratus's own reference: RAMCloud's goal is a replicated write
+//! within a small multiple of a read (13.5 µs / 4.7 µs over Infiniband). The peers are Redis
+//! configurations that keep a write as Stratus does (docs/benchmarks.md): `wait-R`, a primary
+//! with R replicas where every SET is followed by `WAIT R 0` in the same round trip, beside a
+//! `buffered` write on R backups; `everysec`, `always` and `none` on one server.
+//!
+//! Both systems are driven by the same loop on one thread, over a blocking connection each:
+//! Stratus's `BlockingClient` (which sends straight to the master over a blocking socket) and a
+//! RESP connection. Each configuration runs `--operations` writes, then as many reads, over a
+//! small key set, after a warm-up; at the default 100 000 the p99.9 rests on 100 samples.
+//!
+//! Stratus's writes overwrite a small key set, so its log holds little live data and the
+//! cleaner runs all the time once the log is full: the measured writes are the cleaner's
+//! steady state. To get there in seconds the log is small (`--log-mib`, default 48, six
+//! segments) and the warm-up fills it with pipelined overwrites until the master's statistics
+//! show a cleaning pass; the rows report the passes during the measured writes.
 
 use std::time::Instant;
 
+use bytes::Bytes;
 use clap::Args;
-use stratus_client::{Client, ClientConfig};
+use stratus_client::{BlockingClient, Client, ClientConfig, RejectRules, TableId, WriteItem};
 
-use crate::cluster::start_local_cluster;
+use crate::cluster::{start_local_cluster, UpCluster};
+use crate::cpu::{process_tree, CpuCost, PhaseCpu};
+use crate::peers::{start_redis, RedisDurability};
 use crate::report::{latency_histogram, print_json, Field, Percentiles};
+use crate::resp_client::RespConnection;
 
 /// `stratus bench latency`.
 #[derive(Debug, Args)]
 pub struct LatencyArguments {
-    /// Replica counts to measure, comma-separated.
+    /// Replica counts to measure on Stratus, comma-separated.
     #[arg(long, default_value = "0,1,3", value_delimiter = ',')]
     pub replicas: Vec<u32>,
-    /// Durability modes to measure, comma-separated (buffered, fsync).
+    /// Stratus durability modes to measure, comma-separated (buffered, fsync).
     #[arg(long, default_value = "buffered,fsync", value_delimiter = ',')]
     pub durability: Vec<String>,
-    /// Storage servers in the cluster (at least replicas + 1).
+    /// Redis configurations to measure beside it, comma-separated: none, everysec, always,
+    /// wait-R (a primary with R replicas, every write followed by WAIT R 0). Empty: none.
+    #[arg(long, default_value = "none,everysec,always,wait-1,wait-3", value_delimiter = ',')]
+    pub redis: Vec<String>,
+    /// Storage servers in the Stratus cluster (at least replicas + 1).
     #[arg(long, default_value_t = 4)]
     pub servers: u32,
-    /// Operations of each kind per configuration.
-    #[arg(long, default_value_t = 10_000)]
+    /// Measured operations of each kind per configuration.
+    #[arg(long, default_value_t = 100_000)]
     pub operations: u64,
     /// Value size in bytes.
     #[arg(long, default_value_t = 100)]
     pub value_bytes: usize,
+    /// Keys written and read (each write overwrites one of them).
+    #[arg(long, default_value_t = 1_000)]
+    pub keys: u64,
+    /// Log memory of each Stratus server in MiB (six 8 MiB segments at least); small, so the
+    /// cleaner runs within seconds of overwrites.
+    #[arg(long, default_value_t = 48)]
+    pub log_mib: u64,
 }
 
+/// Operations of each kind before the measured ones (connections, caches and tablet maps warm).
 const WARMUP_OPERATIONS: u64 = 300;
+/// Objects per MULTI_WRITE while the warm-up fills the log.
+const FILL_BATCH_OBJECTS: u64 = 250;
+/// MULTI_WRITEs in flight while the warm-up fills the log.
+const FILL_REQUESTS_IN_FLIGHT: usize = 8;
+/// Log bytes an overwrite of a small object takes besides its value (key, object and entry
+/// headers, the tombstone of the old version), for sizing the fill.
+const OVERWRITE_OVERHEAD_BYTES: u64 = 80;
+/// The fill gives up once it wrote this many logs' worth without a cleaning pass.
+const FILL_LOGS_MAX: u64 = 4;
 
 /// Runs the benchmark.
 pub fn run(arguments: LatencyArguments) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())?;
-    println!(
-        "{:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "op", "replicas", "durability", "p50_us", "p99_us", "p999_us", "ops_per_sec"
-    );
+    let redis_configs: Vec<RedisDurability> = arguments
+        .redis
+        .iter()
+        .map(|name| name.trim())
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            RedisDurability::parse(name).ok_or_else(|| {
+                format!("unknown Redis configuration {name:?} (none, everysec, always, wait-R)")
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut stratus_configs = Vec::new();
     for durability in &arguments.durability {
         if durability != "buffered" && durability != "fsync" {
             return Err(format!("unknown durability mode {durability:?} (buffered or fsync)"));
         }
         for &replicas in &arguments.replicas {
+            // Nothing is written to disk without replicas: an fsync row would repeat buffered.
             if replicas == 0 && durability == "fsync" {
-                // Nothing is written to disk without replicas: the row would repeat buffered.
                 continue;
             }
             if replicas >= arguments.servers {
                 return Err(format!("{replicas} replicas need at least {} servers", replicas + 1));
             }
-            measure_configuration(&runtime, &arguments, replicas, durability)?;
+            stratus_configs.push((replicas, durability.clone()));
         }
     }
+    print_header();
+    let mut rows = Vec::new();
+    for (replicas, durability) in &stratus_configs {
+        rows.extend(measure_stratus(&arguments, *replicas, durability)?);
+    }
+    for durability in redis_configs {
+        rows.extend(measure_redis(&arguments, durability)?);
+    }
+    print_goal_ratios(&rows);
     Ok(())
 }
 
-fn measure_configuration(
-    runtime: &tokio::runtime::Runtime,
+/// One system under the driver: a write and a read of one key, one at a time.
+trait KeyValue {
+    fn write(&mut self, key: &[u8], value: &[u8]) -> Result<(), String>;
+    fn read(&mut self, key: &[u8]) -> Result<(), String>;
+}
+
+struct StratusKeyValue {
+    client: BlockingClient,
+    table: TableId,
+}
+
+impl KeyValue for StratusKeyValue {
+    fn write(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        self.client
+            .write(self.table, key, value, RejectRules::NONE)
+            .map(|_| ())
+            .map_err(|error| format!("write: {error}"))
+    }
+
+    fn read(&mut self, key: &[u8]) -> Result<(), String> {
+        self.client
+            .read(self.table, key, RejectRules::NONE)
+            .map(|_| ())
+            .map_err(|error| format!("read: {error}"))
+    }
+}
+
+/// `SET` (with `WAIT R 0` in the same round trip for `wait-R`) and `GET`.
+struct RedisKeyValue {
+    connection: RespConnection,
+    wait_replicas: Option<u32>,
+}
+
+impl KeyValue for RedisKeyValue {
+    fn write(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        let command: [&[u8]; 3] = [b"SET", key, value];
+        match self.wait_replicas {
+            Some(replicas) => self.connection.call_then_wait(&command, replicas)?,
+            None => self.connection.call(&command)?,
+        };
+        Ok(())
+    }
+
+    fn read(&mut self, key: &[u8]) -> Result<(), String> {
+        self.connection.call(&[b"GET", key])?;
+        Ok(())
+    }
+}
+
+/// What identifies a configuration's rows.
+#[derive(Clone, Debug)]
+struct Configuration {
+    system: &'static str,
+    /// `rN-buffered`, `rN-fsync`, or the Redis configuration's name.
+    config: String,
+    replicas: u32,
+    durability: String,
+}
+
+/// One measured phase: all writes or all reads of a configuration.
+#[derive(Clone, Debug)]
+struct Row {
+    configuration: Configuration,
+    operation: &'static str,
+    operations: u64,
+    value_bytes: usize,
+    percentiles: Percentiles,
+    ops_per_sec: f64,
+    cpu: CpuCost,
+    /// Stratus writes: cleaning passes (segments cleaned and compactions) on the master during
+    /// the measured writes.
+    cleaner_passes: Option<u64>,
+}
+
+fn measure_stratus(
     arguments: &LatencyArguments,
     replicas: u32,
     durability: &str,
-) -> Result<(), String> {
+) -> Result<Vec<Row>, String> {
+    let configuration = Configuration {
+        system: "stratus",
+        config: format!("r{replicas}-{durability}"),
+        replicas,
+        durability: durability.to_string(),
+    };
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let replicas_text = replicas.to_string();
+    let (replicas_text, log_mib) = (replicas.to_string(), arguments.log_mib.to_string());
     let cluster = start_local_cluster(
         directory.path(),
         arguments.servers,
-        &["--log-mib", "128", "--replicas", &replicas_text, "--durability", durability],
+        &["--log-mib", &log_mib, "--replicas", &replicas_text, "--durability", durability],
         None,
     )?;
-    let coordinator = cluster.coordinator.clone();
+    let processes = process_tree(cluster.process.id())?;
+    let admin = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    let (table, master) = admin.block_on(create_table(&cluster))?;
     let value = vec![0x5a_u8; arguments.value_bytes];
-    let (operations, value_bytes) = (arguments.operations, arguments.value_bytes);
-    let durability = durability.to_string();
-    // The client runs on a task of the runtime, as an application's would: waiting in
-    // `block_on` on this thread would add a hand-over from a worker thread to this one to
-    // every response (measured: about 50 µs per request on a 2-CPU VM whose idle threads
-    // wake slowly), which is the benchmark's own cost, not Stratus's.
-    let measured = runtime.spawn(async move {
-        let client = Client::new(ClientConfig::new(coordinator.clone()));
-        let table = client.create_table("bench-latency", 1).await.map_err(|error| error.to_string())?;
-        for operation in ["write", "read"] {
-            let mut histogram = latency_histogram();
-            let total = WARMUP_OPERATIONS + operations;
-            let mut started_measuring = Instant::now();
-            for index in 0..total {
-                if index == WARMUP_OPERATIONS {
-                    started_measuring = Instant::now();
-                }
-                // A small key set: reads hit written objects, writes overwrite (the cleaner's
-                // steady state rather than an ever-growing log).
-                let key = format!("key-{}", index % 1_000);
-                let started = Instant::now();
-                if operation == "write" {
-                    client.write(table, key.as_bytes(), &value).await
-                        .map_err(|error| format!("write: {error}"))?;
-                } else {
-                    client.read(table, key.as_bytes()).await
-                        .map_err(|error| format!("read: {error}"))?;
-                }
-                if index >= WARMUP_OPERATIONS {
-                    let nanoseconds = started.elapsed().as_nanos() as u64;
-                    histogram.saturating_record(nanoseconds.max(1));
-                }
-            }
-            let elapsed = started_measuring.elapsed();
-            let percentiles = Percentiles::of(&histogram);
-            let ops_per_sec = operations as f64 / elapsed.as_secs_f64();
-            println!(
-                "{operation:<6} {replicas:>8} {durability:>10} {:>10.1} {:>10.1} {:>10.1} {ops_per_sec:>12.0}",
-                percentiles.p50_us, percentiles.p99_us, percentiles.p999_us
-            );
-            print_json(&[
-                ("bench", Field::Text("latency".into())),
-                ("op", Field::Text(operation.into())),
-                ("replicas", Field::Number(f64::from(replicas))),
-                ("durability", Field::Text(durability.clone())),
-                ("value_bytes", Field::Number(value_bytes as f64)),
-                ("p50_us", Field::Number(percentiles.p50_us)),
-                ("p99_us", Field::Number(percentiles.p99_us)),
-                ("p999_us", Field::Number(percentiles.p999_us)),
-                ("ops_per_sec", Field::Number(ops_per_sec)),
-            ]);
+    let passes_before = admin.block_on(fill_until_cleaning(&cluster, table, &master, arguments))?;
+    let client = BlockingClient::new(ClientConfig::new(cluster.coordinator.clone()))
+        .map_err(|error| format!("client: {error}"))?;
+    let mut store = StratusKeyValue { client, table };
+    let mut write =
+        measure_phase(&mut store, &configuration, "write", &value, arguments, &processes)?;
+    let passes_after = admin.block_on(cleaner_passes(&cluster, &master))?;
+    write.cleaner_passes = Some(passes_after - passes_before);
+    report(&write);
+    let read = measure_phase(&mut store, &configuration, "read", &value, arguments, &processes)?;
+    report(&read);
+    Ok(vec![write, read])
+}
+
+fn measure_redis(
+    arguments: &LatencyArguments,
+    durability: RedisDurability,
+) -> Result<Vec<Row>, String> {
+    let configuration = Configuration {
+        system: "redis",
+        config: durability.name(),
+        replicas: durability.wait_replicas().unwrap_or(0),
+        durability: durability.name(),
+    };
+    let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let deployment = start_redis(directory.path(), durability)?;
+    let mut store = RedisKeyValue {
+        connection: RespConnection::open(&deployment.address)?,
+        wait_replicas: durability.wait_replicas(),
+    };
+    let value = vec![0x5a_u8; arguments.value_bytes];
+    let processes = deployment.process_ids();
+    let mut rows = Vec::new();
+    for operation in ["write", "read"] {
+        let row =
+            measure_phase(&mut store, &configuration, operation, &value, arguments, &processes)?;
+        report(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Creates the table (one tablet) and returns it with its master's address.
+async fn create_table(cluster: &UpCluster) -> Result<(TableId, String), String> {
+    let client = Client::new(ClientConfig::new(cluster.coordinator.clone()));
+    let table = client
+        .create_table("bench-latency", 1)
+        .await
+        .map_err(|error| format!("creating the table: {error}"))?;
+    let tablets = client.tablet_map(table).await.map_err(|error| format!("tablet map: {error}"))?;
+    let master = tablets.first().ok_or("the table has no tablet")?.owner_address.clone();
+    Ok((table, master))
+}
+
+/// Cleaning passes the master made so far: segments cleaned and compactions.
+async fn cleaner_passes(cluster: &UpCluster, master: &str) -> Result<u64, String> {
+    let client = Client::new(ClientConfig::new(cluster.coordinator.clone()));
+    let statistics = client
+        .server_statistics(master)
+        .await
+        .map_err(|error| format!("master statistics: {error}"))?;
+    Ok(statistics.segments_cleaned + statistics.compactions)
+}
+
+/// Overwrites the key set with pipelined MULTI_WRITEs until the master has cleaned at least
+/// once (bounded: at most [`FILL_LOGS_MAX`] logs' worth); returns its cleaning passes then.
+async fn fill_until_cleaning(
+    cluster: &UpCluster,
+    table: TableId,
+    master: &str,
+    arguments: &LatencyArguments,
+) -> Result<u64, String> {
+    let client = Client::new(ClientConfig::new(cluster.coordinator.clone()));
+    let passes_at_start = cleaner_passes(cluster, master).await?;
+    let overwrite_bytes = arguments.value_bytes as u64 + OVERWRITE_OVERHEAD_BYTES;
+    let objects_max = FILL_LOGS_MAX * (arguments.log_mib << 20) / overwrite_bytes;
+    let value = Bytes::from(vec![0xa5_u8; arguments.value_bytes]);
+    let batch = FILL_BATCH_OBJECTS.min(arguments.keys.max(1));
+    let mut written = 0u64;
+    while written < objects_max {
+        let mut requests = tokio::task::JoinSet::new();
+        for _ in 0..FILL_REQUESTS_IN_FLIGHT {
+            let items: Vec<WriteItem> = (written..written + batch)
+                .map(|index| WriteItem {
+                    table_id: table,
+                    key: Bytes::from(key_of(index % arguments.keys.max(1))),
+                    value: value.clone(),
+                    rules: RejectRules::NONE,
+                    expiry: stratus_types::Expiry::Never,
+                })
+                .collect();
+            written += batch;
+            let client = client.clone();
+            requests.spawn(async move { client.multi_write(&items).await });
         }
-        Ok::<_, String>(())
-    });
-    runtime.block_on(measured).map_err(|error| error.to_string())?
+        while let Some(outcomes) = requests.join_next().await {
+            for outcome in outcomes.map_err(|error| error.to_string())? {
+                outcome.map_err(|error| format!("filling the log: {error}"))?;
+            }
+        }
+        let passes = cleaner_passes(cluster, master).await?;
+        if passes > passes_at_start {
+            return Ok(passes);
+        }
+    }
+    Err(format!(
+        "the cleaner did not run after {written} overwrites ({FILL_LOGS_MAX} logs of {} MiB): \
+         the measured writes would not be its steady state",
+        arguments.log_mib
+    ))
+}
+
+fn key_of(index: u64) -> Vec<u8> {
+    format!("key-{index}").into_bytes()
+}
+
+/// Runs [`WARMUP_OPERATIONS`] then `--operations` of `operation` (one at a time, keys in
+/// turn), timing each, with the CPU of `processes` and of this process over the measured ones.
+fn measure_phase(
+    store: &mut dyn KeyValue,
+    configuration: &Configuration,
+    operation: &'static str,
+    value: &[u8],
+    arguments: &LatencyArguments,
+    processes: &[u32],
+) -> Result<Row, String> {
+    let keys = arguments.keys.max(1);
+    let mut once = |index: u64| {
+        let key = key_of(index % keys);
+        if operation == "write" {
+            store.write(&key, value)
+        } else {
+            store.read(&key)
+        }
+    };
+    for index in 0..WARMUP_OPERATIONS {
+        once(index)?;
+    }
+    let mut histogram = latency_histogram();
+    let cpu = PhaseCpu::start(processes.to_vec())?;
+    let started = Instant::now();
+    for index in WARMUP_OPERATIONS..WARMUP_OPERATIONS + arguments.operations {
+        let begin = Instant::now();
+        once(index)?;
+        histogram.saturating_record((begin.elapsed().as_nanos() as u64).max(1));
+    }
+    let elapsed = started.elapsed();
+    Ok(Row {
+        configuration: configuration.clone(),
+        operation,
+        operations: arguments.operations,
+        value_bytes: value.len(),
+        percentiles: Percentiles::of(&histogram),
+        ops_per_sec: arguments.operations as f64 / elapsed.as_secs_f64().max(1e-9),
+        cpu: cpu.finish()?,
+        cleaner_passes: None,
+    })
+}
+
+fn print_header() {
+    println!(
+        "{:<8} {:<12} {:<6} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10} {:>8}",
+        "system",
+        "config",
+        "op",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "ops_per_sec",
+        "cpu_us/op",
+        "drv_us/op",
+        "cleaner"
+    );
+}
+
+fn report(row: &Row) {
+    let Row { configuration, operation, operations, percentiles, ops_per_sec, cpu, .. } = row;
+    let cleaner = row.cleaner_passes.map_or("-".to_string(), |passes| passes.to_string());
+    println!(
+        "{:<8} {:<12} {operation:<6} {:>9.1} {:>9.1} {:>9.1} {ops_per_sec:>11.0} {:>10.1} {:>10.1} \
+         {cleaner:>8}",
+        configuration.system,
+        configuration.config,
+        percentiles.p50_us,
+        percentiles.p99_us,
+        percentiles.p999_us,
+        cpu.system_us_per_op(*operations),
+        cpu.driver_us_per_op(*operations),
+    );
+    let mut fields = vec![
+        ("bench", Field::Text("latency".into())),
+        ("system", Field::Text(configuration.system.into())),
+        ("config", Field::Text(configuration.config.clone())),
+        ("op", Field::Text((*operation).into())),
+        ("replicas", Field::Number(f64::from(configuration.replicas))),
+        ("durability", Field::Text(configuration.durability.clone())),
+        ("value_bytes", Field::Number(row.value_bytes as f64)),
+        ("operations", Field::Number(*operations as f64)),
+        ("p50_us", Field::Number(percentiles.p50_us)),
+        ("p99_us", Field::Number(percentiles.p99_us)),
+        ("p999_us", Field::Number(percentiles.p999_us)),
+        ("ops_per_sec", Field::Number(*ops_per_sec)),
+        ("cleaner_passes", Field::optional_number(row.cleaner_passes.map(|passes| passes as f64))),
+    ];
+    fields.extend(cpu.fields(*operations));
+    print_json(&fields);
+}
+
+/// The issue's goals for each replica count measured on both sides, as ratios of this run:
+/// a buffered write's p50 over Redis `wait-R`'s and over its own read's, and its CPU per write
+/// (all Stratus processes) over Redis `wait-R`'s (all Redis processes).
+fn print_goal_ratios(rows: &[Row]) {
+    let find = |config: &str, operation: &str| {
+        rows.iter().find(|row| row.configuration.config == config && row.operation == operation)
+    };
+    for row in rows.iter().filter(|row| row.configuration.system == "stratus") {
+        let replicas = row.configuration.replicas;
+        if row.operation != "write" || row.configuration.durability != "buffered" || replicas == 0 {
+            continue;
+        }
+        let (Some(read), Some(redis)) =
+            (find(&row.configuration.config, "read"), find(&format!("wait-{replicas}"), "write"))
+        else {
+            continue;
+        };
+        let p50_over_redis = row.percentiles.p50_us / redis.percentiles.p50_us;
+        let p50_over_read = row.percentiles.p50_us / read.percentiles.p50_us;
+        let cpu_over_redis =
+            row.cpu.system_us_per_op(row.operations) / redis.cpu.system_us_per_op(redis.operations);
+        println!(
+            "r{replicas}-buffered write vs redis wait-{replicas}: p50 ratio {p50_over_redis:.2} \
+             (goal <= 0.8), write/read p50 {p50_over_read:.2} (goal <= 2.0), CPU per write \
+             ratio {cpu_over_redis:.2} (goal <= 0.7)"
+        );
+        print_json(&[
+            ("bench", Field::Text("latency".into())),
+            ("system", Field::Text("ratio".into())),
+            ("replicas", Field::Number(f64::from(replicas))),
+            ("write_p50_over_redis_wait", Field::Number(p50_over_redis)),
+            ("write_p50_over_read_p50", Field::Number(p50_over_read)),
+            ("write_cpu_over_redis_wait", Field::Number(cpu_over_redis)),
+        ]);
+    }
 }

@@ -38,10 +38,10 @@ use stratus_types::{key_hash, RejectRules, ServerId, TableId, Version};
 
 use crate::allocators::{Allocator, Block};
 use crate::cluster::ChildProcess;
+use crate::peers::{peer_command, start_memcached};
 use crate::redis_reference::{connect, encode_command};
 use crate::report::{print_json, Field};
 use crate::utilization::spawn_cleaner;
-use crate::ycsb::{peer_command, start_memcached};
 use stratus_env::SplitMix64;
 
 /// Every key is 8 bytes: the paper's per-object overhead is stated for 8-byte keys.

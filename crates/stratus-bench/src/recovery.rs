@@ -16,11 +16,17 @@
 //!   recovery; a missing or different value counts. It must be 0.
 //!
 //! References in the same run: `physical_bound_ms`, reading one replica of each of the
-//! master's segments straight from the backups' storage files, bypassing the page cache, split
-//! over the backups in parallel (`replica_files`; done just before the kill, because recovered
-//! masters' replicas are garbage-collected afterwards); and `redis_restart_ms`, Redis restarting
-//! from an append-only file of the same objects (`redis_reference`; null when `redis-server` is
-//! not installed).
+//! master's segments the way the backups read them for the recovery (through the page cache,
+//! or with O_DIRECT under `--backup-direct-io`; the open head, in buffered mode only in the
+//! backups' RAM, copied in memory), split over the backups in parallel (`replica_files`; done
+//! just before the kill, because recovered masters' replicas are garbage-collected afterwards);
+//! and `redis_restart_ms`, Redis restarting from an append-only file of the same objects
+//! (`redis_reference`; null when `redis-server` is not installed). The slowest recovery master
+//! is compared with Redis's one process in objects per second (`recovery_master_over_redis_load`:
+//! the same unit on both sides; replica bytes count keys, headers and segment overhead that an
+//! AOF of values does not), and each side's CPU in CPU-seconds per GB of object values: every
+//! surviving Stratus process from the kill until served, Redis's process from its start until
+//! it answered.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,12 +36,15 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use clap::Args;
 use stratus_client::{Client, ClientConfig, KeyItem, Status, TableId, WriteItem};
+use stratus_env::TcpNetwork;
+use stratus_rpc::{ChannelPool, RpcConfig};
 use stratus_types::{RejectRules, ServerId, TabletState};
-use stratus_wire::ServerStatus;
+use stratus_wire::{Request, Response, ResponseBody, ServerStatus};
 
 use crate::cluster::{free_loopback_address, start_stratus_logged, ChildProcess};
+use crate::cpu::CpuMeter;
 use crate::redis_reference::{self, RedisRestart};
-use crate::replica_files::{self, PhysicalRead};
+use crate::replica_files::{self, Location, PhysicalRead, ReadMethod, StoredReplica};
 use crate::report::{print_json, Field};
 use crate::server_logs::{
     crash_declaration_time, objects_expected, partitions_recovered, print_log_tails,
@@ -370,6 +379,9 @@ struct ClusterMeasurement {
     /// log's table statistics), if it logged them.
     objects_expected: Option<Vec<u64>>,
     acknowledged_writes_lost: u64,
+    /// CPU of the surviving processes from the kill until served, and how many they are.
+    recovery_cpu: Duration,
+    recovery_cpu_processes: usize,
 }
 
 fn run_in(plan: &Plan, directory: &Path) -> Result<(), String> {
@@ -445,53 +457,19 @@ fn run_in(plan: &Plan, directory: &Path) -> Result<(), String> {
     }
 }
 
+fn milliseconds(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// Prints the result: a line of the main figures, then one JSON row with all of them.
 fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestart>) {
-    let physical = &measured.physical;
-    let milliseconds = |duration: Duration| duration.as_secs_f64() * 1e3;
     let data_mb = plan.data_bytes as f64 / 1e6;
     let kill_to_served_ms = milliseconds(measured.kill_to_served);
     let decision_to_served = measured.kill_to_served.saturating_sub(measured.kill_to_decision);
     let decision_to_served_ms = milliseconds(decision_to_served);
     let recovered_mb_per_sec = data_mb / decision_to_served.as_secs_f64();
-    let physical_bound_ms = milliseconds(physical.elapsed);
-    let physical_mb_per_sec =
-        physical.segment_bytes_read as f64 / 1e6 / physical.elapsed.as_secs_f64();
+    let physical_bound_ms = milliseconds(measured.physical.elapsed);
     let redis_restart_ms = redis.map(|redis| milliseconds(redis.restart));
-    let redis_load_mb_per_sec = redis.map(|redis| data_mb / redis.restart.as_secs_f64());
-    let load_mb_per_sec = data_mb / measured.load.as_secs_f64();
-    // Per recovery master: its whole part (read, replay, durable) and the replay alone, each
-    // in MB of replicas per second; the slowest master decides.
-    let partitions = &measured.partitions;
-    let slowest = |rate: &dyn Fn(&PartitionRecovered) -> f64| {
-        partitions.iter().map(rate).min_by(f64::total_cmp)
-    };
-    let per_second = |bytes: u64, duration: Duration| bytes as f64 / 1e6 / duration.as_secs_f64();
-    let master_mb_per_sec = slowest(&|partition| {
-        let whole = partition.read + partition.replay + partition.durable;
-        per_second(partition.replica_bytes_read, whole)
-    });
-    let replay_mb_per_sec =
-        slowest(&|partition| per_second(partition.replica_bytes_read, partition.replay));
-    let longest = |phase: &dyn Fn(&PartitionRecovered) -> Duration| {
-        partitions.iter().map(|partition| milliseconds(phase(partition))).max_by(f64::total_cmp)
-    };
-    // How evenly the partitions shared the work: the most objects one master replayed over
-    // the mean (1.0 is perfect balance).
-    let objects_replayed: u64 = partitions.iter().map(|partition| partition.objects).sum();
-    let objects_max_over_mean = partitions
-        .iter()
-        .map(|partition| partition.objects)
-        .max()
-        .map(|most| most as f64 * partitions.len() as f64 / objects_replayed.max(1) as f64);
-    let objects_expected: Option<u64> =
-        measured.objects_expected.as_ref().map(|expected| expected.iter().sum());
-    // The same for the replay phases' durations: how evenly the modelled work was shared.
-    let replay_ms: Vec<f64> =
-        partitions.iter().map(|partition| milliseconds(partition.replay)).collect();
-    let replay_ms_max_over_mean = replay_ms.iter().copied().max_by(f64::total_cmp).map(|most| {
-        most * replay_ms.len() as f64 / replay_ms.iter().sum::<f64>().max(f64::MIN_POSITIVE)
-    });
-
     println!(
         "{:>7} {:>8} {:>9} {:>9} {:>17} {:>21} {:>20} {:>17} {:>16} {:>11}",
         "servers",
@@ -512,7 +490,7 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
          {recovered_mb_per_sec:>20.1} {physical_bound_ms:>17.0} {redis_text:>16} {:>11}",
         plan.servers, plan.replicas, plan.objects, measured.acknowledged_writes_lost
     );
-    print_json(&[
+    let mut fields = vec![
         ("bench", Field::Text("recovery".into())),
         ("servers", Field::Number(f64::from(plan.servers))),
         ("replicas", Field::Number(f64::from(plan.replicas))),
@@ -528,7 +506,7 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
             Field::optional_number(plan.second_table_object_bytes.map(|bytes| bytes as f64)),
         ),
         ("objects", Field::Number(plan.objects as f64)),
-        ("load_mb_per_sec", Field::Number(load_mb_per_sec)),
+        ("load_mb_per_sec", Field::Number(data_mb / measured.load.as_secs_f64())),
         ("kill_to_decision_ms", Field::Number(milliseconds(measured.kill_to_decision))),
         ("decision_source", Field::Text(measured.decision_source.into())),
         ("kill_to_served_ms", Field::Number(kill_to_served_ms)),
@@ -538,6 +516,48 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
             Field::optional_number(measured.coordinator_recovery.map(milliseconds)),
         ),
         ("recovered_mb_per_sec", Field::Number(recovered_mb_per_sec)),
+    ];
+    fields.extend(partition_fields(measured));
+    fields.extend(physical_fields(measured, decision_to_served_ms));
+    fields.extend(redis_fields(plan, measured, redis));
+    fields.push((
+        "acknowledged_writes_lost",
+        Field::Number(measured.acknowledged_writes_lost as f64),
+    ));
+    print_json(&fields);
+}
+
+/// What each recovery master reported of its partition: the slowest one's rates (replica
+/// bytes per second, and objects per second, the unit compared with Redis), the longest
+/// phases, and how evenly the work was shared.
+fn partition_fields(measured: &ClusterMeasurement) -> Vec<(&'static str, Field)> {
+    let partitions = &measured.partitions;
+    let slowest = |rate: &dyn Fn(&PartitionRecovered) -> f64| {
+        partitions.iter().map(rate).min_by(f64::total_cmp)
+    };
+    let whole =
+        |partition: &PartitionRecovered| partition.read + partition.replay + partition.durable;
+    let per_second = |bytes: u64, duration: Duration| bytes as f64 / 1e6 / duration.as_secs_f64();
+    let longest = |phase: &dyn Fn(&PartitionRecovered) -> Duration| {
+        partitions.iter().map(|partition| milliseconds(phase(partition))).max_by(f64::total_cmp)
+    };
+    // How evenly the partitions shared the work: the most objects one master replayed over
+    // the mean (1.0 is perfect balance).
+    let objects_replayed: u64 = partitions.iter().map(|partition| partition.objects).sum();
+    let objects_max_over_mean = partitions
+        .iter()
+        .map(|partition| partition.objects)
+        .max()
+        .map(|most| most as f64 * partitions.len() as f64 / objects_replayed.max(1) as f64);
+    let objects_expected: Option<u64> =
+        measured.objects_expected.as_ref().map(|expected| expected.iter().sum());
+    // The same for the replay phases' durations: how evenly the modelled work was shared.
+    let replay_ms: Vec<f64> =
+        partitions.iter().map(|partition| milliseconds(partition.replay)).collect();
+    let replay_ms_max_over_mean = replay_ms.iter().copied().max_by(f64::total_cmp).map(|most| {
+        most * replay_ms.len() as f64 / replay_ms.iter().sum::<f64>().max(f64::MIN_POSITIVE)
+    });
+    vec![
         ("recovery_masters", Field::Number(partitions.len() as f64)),
         ("objects_replayed", Field::Number(objects_replayed as f64)),
         (
@@ -545,40 +565,116 @@ fn report(plan: &Plan, measured: &ClusterMeasurement, redis: Option<&RedisRestar
             Field::optional_number(objects_expected.map(|expected| expected as f64)),
         ),
         ("recovery_master_objects_max_over_mean", Field::optional_number(objects_max_over_mean)),
-        ("recovery_master_mb_per_sec_min", Field::optional_number(master_mb_per_sec)),
-        ("replay_mb_per_sec_min", Field::optional_number(replay_mb_per_sec)),
+        (
+            "recovery_master_mb_per_sec_min",
+            Field::optional_number(slowest(&|partition| {
+                per_second(partition.replica_bytes_read, whole(partition))
+            })),
+        ),
+        (
+            "recovery_master_objects_per_sec_min",
+            Field::optional_number(recovery_master_objects_per_sec_min(partitions)),
+        ),
+        (
+            "replay_mb_per_sec_min",
+            Field::optional_number(slowest(&|partition| {
+                per_second(partition.replica_bytes_read, partition.replay)
+            })),
+        ),
         ("read_ms_max", Field::optional_number(longest(&|partition| partition.read))),
         ("replay_ms_max", Field::optional_number(longest(&|partition| partition.replay))),
         ("replay_ms_max_over_mean", Field::optional_number(replay_ms_max_over_mean)),
         ("durable_ms_max", Field::optional_number(longest(&|partition| partition.durable))),
-        (
-            "recovery_master_over_redis_load",
-            Field::optional_number(
-                master_mb_per_sec.zip(redis_load_mb_per_sec).map(|(master, redis)| master / redis),
-            ),
-        ),
+    ]
+}
+
+/// Objects per second of the slowest recovery master over its whole part (read, replay,
+/// durable).
+fn recovery_master_objects_per_sec_min(partitions: &[PartitionRecovered]) -> Option<f64> {
+    partitions
+        .iter()
+        .map(|partition| {
+            let whole = partition.read + partition.replay + partition.durable;
+            partition.objects as f64 / whole.as_secs_f64().max(1e-9)
+        })
+        .min_by(f64::total_cmp)
+}
+
+/// The physical bound: reading the replicas as the backups read them for the recovery.
+fn physical_fields(
+    measured: &ClusterMeasurement,
+    decision_to_served_ms: f64,
+) -> Vec<(&'static str, Field)> {
+    let physical = &measured.physical;
+    let physical_bound_ms = milliseconds(physical.elapsed);
+    let mb_per_sec = physical.segment_bytes_read as f64 / 1e6 / physical.elapsed.as_secs_f64();
+    vec![
         ("physical_bound_ms", Field::Number(physical_bound_ms)),
-        ("physical_bound_method", Field::Text(physical.cache_bypass.name().into())),
+        ("physical_bound_method", Field::Text(physical.method.name().into())),
         ("physical_bound_bytes", Field::Number(physical.segment_bytes_read as f64)),
+        ("physical_bound_memory_bytes", Field::Number(physical.memory_bytes_read as f64)),
         ("physical_bound_segments", Field::Number(physical.segments as f64)),
-        ("physical_bound_mb_per_sec", Field::Number(physical_mb_per_sec)),
+        ("physical_bound_mb_per_sec", Field::Number(mb_per_sec)),
         (
             "physical_bound_over_kill_to_served",
-            Field::Number(physical_bound_ms / kill_to_served_ms),
+            Field::Number(physical_bound_ms / milliseconds(measured.kill_to_served)),
         ),
         (
             "physical_bound_over_decision_to_served",
             Field::Number(physical_bound_ms / decision_to_served_ms),
         ),
+    ]
+}
+
+/// Redis's restart beside the recovery, in the same units on both sides: objects per second
+/// (one recovery master against Redis's one process), and CPU-seconds per GB of object
+/// values (every surviving Stratus process from the kill until served; Redis's process from
+/// its start until it answered).
+fn redis_fields(
+    plan: &Plan,
+    measured: &ClusterMeasurement,
+    redis: Option<&RedisRestart>,
+) -> Vec<(&'static str, Field)> {
+    let data_gb = plan.data_bytes as f64 / 1e9;
+    let redis_restart_ms = redis.map(|redis| milliseconds(redis.restart));
+    let redis_objects_per_sec =
+        redis.map(|redis| plan.objects as f64 / redis.restart.as_secs_f64());
+    let master_objects_per_sec = recovery_master_objects_per_sec_min(&measured.partitions);
+    let kill_to_served_ms = milliseconds(measured.kill_to_served);
+    vec![
+        (
+            "recovery_master_over_redis_load",
+            Field::optional_number(
+                master_objects_per_sec
+                    .zip(redis_objects_per_sec)
+                    .map(|(master, redis)| master / redis),
+            ),
+        ),
         ("redis_restart_ms", Field::optional_number(redis_restart_ms)),
-        ("redis_load_mb_per_sec", Field::optional_number(redis_load_mb_per_sec)),
+        (
+            "redis_load_mb_per_sec",
+            Field::optional_number(
+                redis.map(|redis| plan.data_bytes as f64 / 1e6 / redis.restart.as_secs_f64()),
+            ),
+        ),
+        ("redis_load_objects_per_sec", Field::optional_number(redis_objects_per_sec)),
         ("redis_aof_bytes", Field::optional_number(redis.map(|redis| redis.aof_bytes as f64))),
         (
             "redis_restart_over_kill_to_served",
             Field::optional_number(redis_restart_ms.map(|redis| redis / kill_to_served_ms)),
         ),
-        ("acknowledged_writes_lost", Field::Number(measured.acknowledged_writes_lost as f64)),
-    ]);
+        ("stratus_cpu_seconds", Field::Number(measured.recovery_cpu.as_secs_f64())),
+        ("stratus_cpu_processes", Field::Number(measured.recovery_cpu_processes as f64)),
+        (
+            "stratus_cpu_seconds_per_gb",
+            Field::Number(measured.recovery_cpu.as_secs_f64() / data_gb),
+        ),
+        ("redis_cpu_seconds", Field::optional_number(redis.map(|redis| redis.cpu.as_secs_f64()))),
+        (
+            "redis_cpu_seconds_per_gb",
+            Field::optional_number(redis.map(|redis| redis.cpu.as_secs_f64() / data_gb)),
+        ),
+    ]
 }
 
 /// A storage server of the local cluster.
@@ -750,20 +846,8 @@ async fn measure_cluster(
     drop(loader);
 
     // The physical bound is read now, before the kill: once the master is recovered the
-    // coordinator marks it removed and the backups garbage-collect its replicas. With O_DIRECT
-    // this leaves the page cache as it was, so the recovery that follows is not affected.
-    eprintln!("bench recovery: reading master {victim}'s replicas from the backups' files");
-    let storage_files: Vec<PathBuf> = cluster
-        .servers
-        .iter()
-        .filter(|server| server.server_id != victim)
-        .map(|server| server.storage_file.clone())
-        .collect();
-    let physical = tokio::task::spawn_blocking(move || {
-        replica_files::read_master_replicas(&storage_files, victim)
-    })
-    .await
-    .map_err(|error| format!("reading the replicas: {error}"))??;
+    // coordinator marks it removed and the backups garbage-collect its replicas.
+    let physical = read_physical_bound(plan, cluster, victim).await?;
 
     let served = kill_and_wait_until_served(plan, cluster, tables, victim).await?;
     let coordinator_log = std::fs::read_to_string(&cluster.coordinator_log)
@@ -797,7 +881,55 @@ async fn measure_cluster(
         partitions,
         objects_expected,
         acknowledged_writes_lost,
+        recovery_cpu: served.cpu,
+        recovery_cpu_processes: served.cpu_processes,
     })
+}
+
+/// Reads one replica of every segment of `victim` as the recovery will: the replicas the
+/// surviving backups list (from their memory), from their files as they read them (through
+/// the page cache, or with O_DIRECT under `--backup-direct-io`) or copied in memory for those
+/// only in their RAM (the open head, in buffered mode).
+async fn read_physical_bound(
+    plan: &Plan,
+    cluster: &LocalCluster,
+    victim: ServerId,
+) -> Result<PhysicalRead, String> {
+    eprintln!("bench recovery: reading master {victim}'s replicas as the backups will");
+    let survivors: Vec<&StorageServer> =
+        cluster.servers.iter().filter(|server| server.server_id != victim).collect();
+    let pool = ChannelPool::new(
+        Arc::new(TcpNetwork),
+        RpcConfig { request_timeout: Duration::from_secs(30), ..RpcConfig::default() },
+    );
+    let mut listed = Vec::new();
+    for (backup, server) in survivors.iter().enumerate() {
+        let request = Request::BackupListReplicas { master_id: victim };
+        let replicas = match pool.call(&server.address, &request).await {
+            Ok((
+                Status::Ok,
+                ResponseBody::Operation(Response::BackupListReplicas { replicas }),
+            )) => replicas,
+            other => return Err(format!("listing the replicas of {}: {other:?}", server.address)),
+        };
+        listed.extend(replicas.into_iter().filter(|entry| entry.master_id == victim).map(
+            |entry| StoredReplica {
+                backup,
+                location: Location::Memory,
+                segment_id: entry.segment_id,
+                epoch: entry.epoch,
+                segment_length: entry.certificate.segment_length,
+            },
+        ));
+    }
+    let storage_files: Vec<PathBuf> =
+        survivors.iter().map(|server| server.storage_file.clone()).collect();
+    let method = if plan.backup_direct_io { ReadMethod::DirectIo } else { ReadMethod::PageCache };
+    tokio::task::spawn_blocking(move || {
+        replica_files::read_master_replicas(&storage_files, &listed, victim, method)
+    })
+    .await
+    .map_err(|error| format!("reading the replicas: {error}"))?
 }
 
 /// Creates table `name` of one tablet and moves it onto `master` if it was placed elsewhere.
@@ -829,6 +961,11 @@ struct KillToServed {
     /// When a poll of the server list first showed the killed master crashed.
     crash_seen_at: Option<Instant>,
     kill_to_served: Duration,
+    /// CPU time of every surviving process of the cluster (coordinator and servers) from the
+    /// kill until the data was served again.
+    cpu: Duration,
+    /// How many processes that sums.
+    cpu_processes: usize,
 }
 
 /// Kills `victim` with SIGKILL, then polls the coordinator until every tablet of `tables` is
@@ -841,6 +978,16 @@ async fn kill_and_wait_until_served(
     victim: ServerId,
 ) -> Result<KillToServed, String> {
     let observer = client(&cluster.coordinator_address, Duration::from_secs(2));
+    let survivors = std::iter::once(cluster.coordinator.id())
+        .chain(
+            cluster
+                .servers
+                .iter()
+                .filter(|server| server.server_id != victim)
+                .map(|server| server.process.id()),
+        )
+        .collect::<Vec<u32>>();
+    let cpu = CpuMeter::start(survivors)?;
     let victim_process = &mut cluster
         .servers
         .iter_mut()
@@ -890,11 +1037,14 @@ async fn kill_and_wait_until_served(
         tokio::time::sleep(RECOVERY_POLL_INTERVAL).await;
     }
     read_sample(&cluster.coordinator_address, tables, plan, deadline).await?;
+    let kill_to_served = killed_at.elapsed();
     Ok(KillToServed {
         killed_at_wall,
         killed_at,
         crash_seen_at,
-        kill_to_served: killed_at.elapsed(),
+        kill_to_served,
+        cpu: cpu.elapsed()?,
+        cpu_processes: cpu.processes(),
     })
 }
 

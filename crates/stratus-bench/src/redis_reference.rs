@@ -6,8 +6,9 @@
 //! automatic AOF rewrites off, so the file stays a plain log of SET commands (a rewrite would
 //! turn it into an RDB snapshot at a moment that depends on timing). The objects are loaded
 //! with pipelined SETs over a raw RESP connection; SHUTDOWN flushes and fsyncs the file; the
-//! restart is timed from process start until PING answers PONG instead of LOADING. Both sides
-//! read warm page caches: Stratus's backups and Redis's file were written moments before.
+//! restart is timed from process start until PING answers PONG instead of LOADING, and its CPU
+//! time until then is read from /proc. Both sides read warm page caches: Stratus's backups and
+//! Redis's file were written moments before.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{free_loopback_address, ChildProcess};
+use crate::cpu::cpu_since_start;
 
 /// The Redis executable looked for on PATH.
 pub const REDIS_SERVER: &str = "redis-server";
@@ -37,6 +39,8 @@ pub struct RedisRestart {
     pub restart: Duration,
     /// Bytes of the append-only file(s) it loaded.
     pub aof_bytes: u64,
+    /// CPU time the restarted process used until it answered PONG.
+    pub cpu: Duration,
 }
 
 /// The path of an executable file named `name` in the directories of `search_path` (a PATH
@@ -76,15 +80,16 @@ pub fn measure_restart(
     let aof_bytes = directory_bytes(directory, "redis.log");
 
     let started = Instant::now();
-    let _restarted = start_redis(executable, directory, &port, &log)?;
+    let restarted = start_redis(executable, directory, &port, &log)?;
     wait_for_pong(&address, started + restart_patience)
         .map_err(|error| format!("{error} (log: {})", log.display()))?;
     let restart = started.elapsed();
+    let cpu = cpu_since_start(restarted.id())?;
     let keys = database_size(&address)?;
     if keys != objects {
         return Err(format!("redis came back with {keys} keys, not {objects}"));
     }
-    Ok(RedisRestart { restart, aof_bytes })
+    Ok(RedisRestart { restart, aof_bytes, cpu })
 }
 
 fn start_redis(

@@ -1,14 +1,16 @@
 //! The physical bound of a recovery: how long reading one replica of every segment of a
-//! master's log takes when the backups' storage files are read straight from the disk, split
-//! over the backups in parallel as recovery reads them.
+//! master's log takes, read the way the backups read it for the recovery, split over the
+//! backups in parallel as recovery reads them.
 //!
-//! Frames are located through the storage file layout (docs/design/backup-format.md, parsed by
-//! `stratus_backup::format`): the newest valid metadata slot of each frame names the master and
-//! segment whose replica it holds. The page cache is bypassed with O_DIRECT where the file
-//! system supports it; elsewhere (tmpfs, for one) the file's cached pages are dropped with
-//! posix_fadvise(DONTNEED) before it is read, which is as close as an unprivileged process
-//! gets. Only replicas on disk count: in buffered durability an open replica (the crashed
-//! master's last head) is in the backups' RAM only.
+//! Closed replicas are read from the backups' storage files; frames are located through the
+//! storage file layout (docs/design/backup-format.md, parsed by `stratus_backup::format`): the
+//! newest valid metadata slot of each frame names the master and segment whose replica it
+//! holds. Backups started with `--backup-direct-io` read with O_DIRECT, so the bound does too;
+//! the others read through the page cache, which holds the replicas they wrote moments before,
+//! so the bound reads through it as well (a cold read would bound a recovery that does not
+//! happen). A replica a backup listed but has not written to its file (in buffered mode, the
+//! crashed master's open head) is in the backup's RAM: the bound copies that many bytes in
+//! memory, as the backup serves it from there.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -24,104 +26,161 @@ use stratus_backup::storage::AlignedBuffer;
 use stratus_backup::DIRECT_IO_BLOCK_BYTES;
 use stratus_types::{SegmentId, ServerId};
 
-/// How the page cache was kept out of the measurement.
+/// How the backups read their storage files, and so how the bound reads them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheBypass {
-    /// The files were opened with O_DIRECT.
+pub enum ReadMethod {
+    /// With O_DIRECT (`--backup-direct-io`): from the disk.
     DirectIo,
-    /// The files' cached pages were dropped with posix_fadvise(POSIX_FADV_DONTNEED) first.
-    DropCachedPages,
+    /// Through the page cache, as a backup without `--backup-direct-io` reads.
+    PageCache,
 }
 
-impl CacheBypass {
+impl ReadMethod {
     /// The name reported in results.
     pub fn name(self) -> &'static str {
         match self {
-            CacheBypass::DirectIo => "o_direct",
-            CacheBypass::DropCachedPages => "posix_fadvise_dontneed",
+            ReadMethod::DirectIo => "o_direct",
+            ReadMethod::PageCache => "page_cache",
         }
     }
 }
 
-/// What reading a master's replicas from disk took.
+/// What reading a master's replicas took.
 #[derive(Clone, Copy, Debug)]
 pub struct PhysicalRead {
     /// From the start of the parallel reads to the end of the last one.
     pub elapsed: Duration,
-    /// Segment bytes read (each replica's certified length).
+    /// Segment bytes read (each replica's certified length), from files and memory.
     pub segment_bytes_read: u64,
+    /// Of those, the bytes copied in memory (replicas only in a backup's RAM).
+    pub memory_bytes_read: u64,
     /// Segments read (one replica each).
     pub segments: usize,
-    /// How the page cache was bypassed.
-    pub cache_bypass: CacheBypass,
+    /// How the files were read.
+    pub method: ReadMethod,
 }
 
-/// A replica found in a backup's storage file.
+/// Where a backup holds a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Location {
+    /// In this frame of its storage file.
+    Frame(u32),
+    /// In its RAM only (listed by the backup, not in its file).
+    Memory,
+}
+
+/// A replica a backup holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredReplica {
     /// Index of the backup (of its file) in the list given.
     pub backup: usize,
-    /// Frame holding it.
-    pub frame: u32,
+    /// Where it is.
+    pub location: Location,
     /// The segment.
     pub segment_id: SegmentId,
     /// Replica epoch.
     pub epoch: u64,
-    /// Certified bytes of the segment in the frame.
+    /// Certified bytes of the segment.
     pub segment_length: u32,
 }
 
-/// Reads one replica of every segment of `master_id` found in `storage_files` (one per backup)
-/// with the page cache bypassed, each backup's share on its own thread; returns the time the
-/// whole read took. Locating the frames is not timed (recovery learns where replicas are from
-/// the backups' listings, which they keep in memory).
+/// Reads one replica of every segment of `master_id`, each backup's share on its own thread,
+/// and returns the time the whole read took. `storage_files` holds one file per backup, and
+/// `listed` the replicas of `master_id` the backups listed (their `backup` indexes the files).
+/// Locating the frames is not timed (recovery learns where replicas are from the backups'
+/// listings, which they keep in memory).
 pub fn read_master_replicas(
     storage_files: &[PathBuf],
+    listed: &[StoredReplica],
     master_id: ServerId,
+    method: ReadMethod,
 ) -> Result<PhysicalRead, String> {
-    let cache_bypass = if storage_files.iter().all(|path| supports_direct_io(path)) {
-        CacheBypass::DirectIo
-    } else {
-        CacheBypass::DropCachedPages
-    };
     let mut files = Vec::new();
     let mut replicas = Vec::new();
     for (backup, path) in storage_files.iter().enumerate() {
-        let file = open_storage_file(path, cache_bypass)?;
+        let file = open_storage_file(path, method)?;
         let geometry = read_geometry(&file, path)?;
         replicas.extend(find_replicas(&file, path, geometry, master_id, backup)?);
         files.push((file, geometry));
     }
+    replicas.extend(only_in_memory(listed, &replicas));
     let reads = assign_reads(&replicas, storage_files.len());
     let segments = reads.iter().map(Vec::len).sum();
-    let segment_bytes_read =
-        reads.iter().flatten().map(|replica| u64::from(replica.segment_length)).sum();
-    if cache_bypass == CacheBypass::DropCachedPages {
-        for ((file, _), path) in files.iter().zip(storage_files) {
-            drop_cached_pages(file).map_err(|error| format!("{}: {error}", path.display()))?;
-        }
-    }
+    let bytes_where = |memory: bool| -> u64 {
+        reads
+            .iter()
+            .flatten()
+            .filter(|replica| (replica.location == Location::Memory) == memory)
+            .map(|replica| u64::from(replica.segment_length))
+            .sum()
+    };
+    let memory_bytes_read = bytes_where(true);
+    let segment_bytes_read = memory_bytes_read + bytes_where(false);
+    let elapsed = timed_parallel_reads(&files, &reads, storage_files, method)?;
+    Ok(PhysicalRead { elapsed, segment_bytes_read, memory_bytes_read, segments, method })
+}
+
+/// The listed replicas that no frame of their backup's file holds at least as far: those the
+/// backup has in RAM only.
+fn only_in_memory(listed: &[StoredReplica], on_disk: &[StoredReplica]) -> Vec<StoredReplica> {
+    listed
+        .iter()
+        .filter(|replica| {
+            !on_disk.iter().any(|stored| {
+                stored.backup == replica.backup
+                    && stored.segment_id == replica.segment_id
+                    && stored.epoch == replica.epoch
+                    && stored.segment_length >= replica.segment_length
+            })
+        })
+        .map(|replica| StoredReplica { location: Location::Memory, ..*replica })
+        .collect()
+}
+
+/// Each backup's reads on a thread of its own, started together; the time from the start to
+/// the end of the last. Buffers are allocated before the clock starts: not part of the read.
+fn timed_parallel_reads(
+    files: &[(File, Geometry)],
+    reads: &[Vec<StoredReplica>],
+    paths: &[PathBuf],
+    method: ReadMethod,
+) -> Result<Duration, String> {
     let start = Barrier::new(files.len() + 1);
-    let elapsed = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let readers: Vec<_> = files
             .iter()
-            .zip(&reads)
-            .zip(storage_files)
+            .zip(reads)
+            .zip(paths)
             .map(|(((file, geometry), replicas), path)| {
                 let start = &start;
                 scope.spawn(move || {
-                    // The buffer is allocated before the clock starts: not part of the disk.
-                    let mut buffer = AlignedBuffer::new(geometry.data_area_bytes() as usize);
+                    let bytes = geometry.data_area_bytes() as usize;
+                    let mut buffer = AlignedBuffer::new(bytes);
+                    // What a backup's RAM holds, for the replicas only there.
+                    let in_memory = vec![0xa5_u8; bytes];
                     start.wait();
                     for replica in replicas {
-                        let length = round_up_to_block(replica.segment_length as usize);
-                        file.read_exact_at(
-                            &mut buffer.as_mut_slice()[..length],
-                            geometry.data_offset(replica.frame),
-                        )
-                        .map_err(|error| {
-                            format!("{} frame {}: {error}", path.display(), replica.frame)
-                        })?;
+                        let length = replica.segment_length as usize;
+                        match replica.location {
+                            Location::Memory => {
+                                buffer.as_mut_slice()[..length]
+                                    .copy_from_slice(&in_memory[..length]);
+                                std::hint::black_box(buffer.as_slice());
+                            }
+                            Location::Frame(frame) => {
+                                let length = match method {
+                                    ReadMethod::DirectIo => round_up_to_block(length),
+                                    ReadMethod::PageCache => length,
+                                };
+                                file.read_exact_at(
+                                    &mut buffer.as_mut_slice()[..length],
+                                    geometry.data_offset(frame),
+                                )
+                                .map_err(|error| {
+                                    format!("{} frame {frame}: {error}", path.display())
+                                })?;
+                            }
+                        }
                     }
                     Ok::<(), String>(())
                 })
@@ -137,13 +196,13 @@ pub fn read_master_replicas(
             }
         }
         outcome.map(|()| started.elapsed())
-    })?;
-    Ok(PhysicalRead { elapsed, segment_bytes_read, segments, cache_bypass })
+    })
 }
 
 /// One replica per segment, chosen as recovery chooses (newest epoch, then longest), and among
 /// equally good replicas the one on the backup with the fewest bytes to read so far, so the
-/// backups share the work evenly; per backup, its replicas in frame order (sequential reads).
+/// backups share the work evenly; per backup, its replicas in frame order (sequential reads),
+/// those in memory last.
 pub fn assign_reads(replicas: &[StoredReplica], backups: usize) -> Vec<Vec<StoredReplica>> {
     let mut best_per_segment: BTreeMap<SegmentId, Vec<StoredReplica>> = BTreeMap::new();
     for replica in replicas {
@@ -172,23 +231,15 @@ pub fn assign_reads(replicas: &[StoredReplica], backups: usize) -> Vec<Vec<Store
         reads[chosen.backup].push(*chosen);
     }
     for backup_reads in &mut reads {
-        backup_reads.sort_by_key(|replica| replica.frame);
+        backup_reads.sort_by_key(|replica| replica.location);
     }
     reads
 }
 
-/// True if `path` can be opened and read with O_DIRECT (some file systems refuse the open,
-/// others the first read).
-fn supports_direct_io(path: &Path) -> bool {
-    let Ok(file) = open_storage_file(path, CacheBypass::DirectIo) else { return false };
-    let mut block = AlignedBuffer::new(DIRECT_IO_BLOCK_BYTES);
-    file.read_exact_at(block.as_mut_slice(), 0).is_ok()
-}
-
-fn open_storage_file(path: &Path, cache_bypass: CacheBypass) -> Result<File, String> {
+fn open_storage_file(path: &Path, method: ReadMethod) -> Result<File, String> {
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
-    if cache_bypass == CacheBypass::DirectIo {
+    if method == ReadMethod::DirectIo {
         options.custom_flags(libc::O_DIRECT);
     }
     options.open(path).map_err(|error| format!("{}: {error}", path.display()))
@@ -226,7 +277,7 @@ fn find_replicas(
         if let Some(metadata) = newest.filter(|metadata| metadata.master_id == master_id) {
             found.push(StoredReplica {
                 backup,
-                frame,
+                location: Location::Frame(frame),
                 segment_id: metadata.segment_id,
                 epoch: metadata.epoch,
                 segment_length: metadata.certificate.segment_length,
@@ -240,21 +291,6 @@ fn round_up_to_block(bytes: usize) -> usize {
     bytes.div_ceil(DIRECT_IO_BLOCK_BYTES) * DIRECT_IO_BLOCK_BYTES
 }
 
-/// Drops the file's pages from the page cache, so the next read comes from the disk.
-#[allow(unsafe_code)]
-fn drop_cached_pages(file: &File) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open for the
-    // whole call because `file` is borrowed. It is the only way to drop one file's cached pages
-    // without privileges, and std has no wrapper for it.
-    let status = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if status == 0 {
-        Ok(())
-    } else {
-        Err(format!("posix_fadvise: {}", std::io::Error::from_raw_os_error(status)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,7 +299,7 @@ mod tests {
     fn replica(backup: usize, frame: u32, segment: u64, epoch: u64, length: u32) -> StoredReplica {
         StoredReplica {
             backup,
-            frame,
+            location: Location::Frame(frame),
             segment_id: SegmentId(segment),
             epoch,
             segment_length: length,
@@ -300,7 +336,7 @@ mod tests {
         let reads = assign_reads(&replicas, 3);
         assert_eq!(reads.iter().map(Vec::len).collect::<Vec<_>>(), vec![4, 4, 4]);
         for backup_reads in &reads {
-            assert!(backup_reads.windows(2).all(|pair| pair[0].frame < pair[1].frame));
+            assert!(backup_reads.windows(2).all(|pair| pair[0].location < pair[1].location));
         }
     }
 
@@ -342,7 +378,18 @@ mod tests {
                 .unwrap();
         assert_eq!(found, vec![replica(0, 0, 1, 1, 5_000), replica(0, 3, 3, 1, 5_000)]);
 
-        let read = read_master_replicas(std::slice::from_ref(&path), ServerId(7)).unwrap();
-        assert_eq!((read.segments, read.segment_bytes_read), (2, 10_000));
+        // The backup also lists the open head (segment 5), which it holds in RAM only, and
+        // segment 3, which its file holds.
+        let listed = [replica(0, 0, 5, 1, 700), replica(0, 0, 3, 1, 5_000)];
+        let read = read_master_replicas(
+            std::slice::from_ref(&path),
+            &listed,
+            ServerId(7),
+            ReadMethod::PageCache,
+        )
+        .unwrap();
+        assert_eq!(read.segments, 3);
+        assert_eq!((read.segment_bytes_read, read.memory_bytes_read), (10_700, 700));
+        assert_eq!(read.method.name(), "page_cache");
     }
 }

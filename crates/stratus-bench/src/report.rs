@@ -21,12 +21,12 @@ impl Percentiles {
     }
 }
 
-/// A JSON value for a result row (no dependency on a JSON crate for flat objects).
+/// A JSON value for a result row.
 #[derive(Clone, Debug)]
 pub enum Field {
     /// A string.
     Text(String),
-    /// A number.
+    /// A number (written with at most three decimals).
     Number(f64),
     /// true or false.
     Boolean(bool),
@@ -39,6 +39,21 @@ impl Field {
     pub fn optional_number(value: Option<f64>) -> Field {
         value.map_or(Field::Null, Field::Number)
     }
+
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            Field::Text(text) => serde_json::Value::String(text.clone()),
+            Field::Number(number) if number.fract() == 0.0 && number.abs() < 1e15 => {
+                serde_json::Value::from(*number as i64)
+            }
+            // Three decimals: a benchmark's figures carry no more, and rows stay readable.
+            // JSON has no NaN or infinity: those become null.
+            Field::Number(number) => serde_json::Number::from_f64((number * 1e3).round() / 1e3)
+                .map_or(serde_json::Value::Null, serde_json::Value::Number),
+            Field::Boolean(value) => serde_json::Value::Bool(*value),
+            Field::Null => serde_json::Value::Null,
+        }
+    }
 }
 
 /// Prints one result as a JSON object on its own line.
@@ -46,21 +61,14 @@ pub fn print_json(fields: &[(&str, Field)]) {
     println!("{}", json_object(fields));
 }
 
-/// One result as a flat JSON object.
+/// One result as a flat JSON object, its fields in the order given. Names and texts are
+/// escaped by serde_json, so any text (a multi-line error message, say) stays one valid line.
 pub fn json_object(fields: &[(&str, Field)]) -> String {
     let body: Vec<String> = fields
         .iter()
-        .map(|(name, value)| match value {
-            Field::Text(text) => {
-                format!("\"{name}\":\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
-            }
-            Field::Number(number) if number.fract() == 0.0 && number.abs() < 1e15 => {
-                format!("\"{name}\":{}", *number as i64)
-            }
-            Field::Number(number) if number.is_finite() => format!("\"{name}\":{number:.3}"),
-            Field::Boolean(value) => format!("\"{name}\":{value}"),
-            // JSON has no NaN or infinity.
-            Field::Number(_) | Field::Null => format!("\"{name}\":null"),
+        .map(|(name, value)| {
+            let name = serde_json::Value::String((*name).to_string());
+            format!("{name}:{}", value.to_json())
         })
         .collect();
     format!("{{{}}}", body.join(","))
@@ -90,5 +98,14 @@ mod tests {
             line,
             r#"{"bench":"say \"hi\"","count":3,"flag":true,"rate":1.235,"absent":null,"present":2,"not_a_number":null}"#
         );
+    }
+
+    #[test]
+    fn any_text_makes_one_line_of_valid_json() {
+        let message = "line one\nline \"two\"\t\\ and a control \u{1} character";
+        let line = json_object(&[("skipped", Field::Text(message.into()))]);
+        assert!(!line.contains('\n'), "{line}");
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(parsed["skipped"], message);
     }
 }

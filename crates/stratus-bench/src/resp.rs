@@ -14,21 +14,27 @@
 //! neither loses a write when its process dies, though Redis may lose the last second and
 //! Stratus nothing acknowledged). Each round runs every target once, in turn, so the drift of a
 //! shared machine affects all of them alike.
+//!
+//! Each test (`get`, `set`) is its own redis-benchmark run, so each row has its own CPU
+//! figures: the system's (Redis's one process; the Stratus cluster's processes and the
+//! gateway) and the driver's (redis-benchmark, a child of this process, counted when it is
+//! reaped).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
 use stratus_client::{Client, ClientConfig};
+use stratus_resp::Value;
 
 use crate::cluster::{
     free_loopback_address, start_local_cluster, start_stratus, ChildProcess, UpCluster,
 };
+use crate::cpu::{process_tree, CpuCost, PhaseCpu};
+use crate::peers::{find_peer, start_redis, RedisDeployment, RedisDurability};
 use crate::report::{print_json, Field};
-use crate::ycsb::{find_peer, peer_command, wait_until_answering};
+use crate::resp_client::RespConnection;
 
 /// `stratus bench resp`.
 #[derive(Debug, Args)]
@@ -60,10 +66,8 @@ const BENCHMARK_KEY: &[u8] = b"key:__rand_int__";
 /// The table of database 0 (the RESP front end's default prefix).
 const DATABASE_TABLE: &str = "redis-db-0";
 const START_PATIENCE: Duration = Duration::from_secs(60);
-/// How long one redis-benchmark run may take, per 1 000 requests of each test (a floor of a
-/// minute).
+/// How long one redis-benchmark run may take, per 1 000 requests (a floor of a minute).
 const RUN_PATIENCE_PER_THOUSAND: Duration = Duration::from_millis(500);
-const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One place redis-benchmark sends its commands to.
 struct Target {
@@ -73,6 +77,8 @@ struct Target {
     address: String,
     /// The Redis configuration this target is compared with.
     reference: &'static str,
+    /// Every process of the system behind the address (for its CPU time).
+    processes: Vec<u32>,
 }
 
 /// One line of redis-benchmark's `--csv` output.
@@ -131,19 +137,25 @@ pub fn run(arguments: RespArguments) -> Result<(), String> {
         }
     }
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let mut redis_deployments: Vec<RedisDeployment> = Vec::new();
     let mut processes: Vec<ChildProcess> = Vec::new();
     let mut targets = Vec::new();
-    for (name, persistence) in [("none", None), ("everysec", Some("everysec"))] {
-        let (server, address) =
-            start_redis(&directory.path().join(format!("redis-{name}")), persistence)?;
-        processes.push(server);
+    for (name, durability) in
+        [("none", RedisDurability::None), ("everysec", RedisDurability::Everysec)]
+    {
+        let deployment = start_redis(
+            &directory.path().join(format!("redis-{}", durability.name())),
+            durability,
+        )?;
         targets.push(Target {
             system: "redis",
             config: name.to_string(),
             placement: "-",
-            address,
+            address: deployment.address.clone(),
             reference: name,
+            processes: deployment.process_ids(),
         });
+        redis_deployments.push(deployment);
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -153,6 +165,8 @@ pub fn run(arguments: RespArguments) -> Result<(), String> {
         let reference = if config.replicas == 0 { "none" } else { "everysec" };
         let running =
             start_cluster(config, &arguments, &directory.path().join(&config.name), &runtime)?;
+        let mut cluster_processes = process_tree(running.cluster.id())?;
+        cluster_processes.push(running.gateway.id());
         processes.push(running.cluster);
         processes.push(running.gateway);
         for (placement, address) in running.placements {
@@ -162,6 +176,7 @@ pub fn run(arguments: RespArguments) -> Result<(), String> {
                 placement,
                 address,
                 reference,
+                processes: cluster_processes.clone(),
             });
         }
     }
@@ -170,7 +185,7 @@ pub fn run(arguments: RespArguments) -> Result<(), String> {
         arguments.tests, arguments.requests, arguments.clients, arguments.rounds, arguments.servers
     );
     println!(
-        "{:<7} {:<12} {:<10} {:<5} {:>5} {:>10} {:>8} {:>8} {:>8} {:>7}",
+        "{:<7} {:<12} {:<10} {:<5} {:>5} {:>10} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9}",
         "system",
         "config",
         "placement",
@@ -180,13 +195,21 @@ pub fn run(arguments: RespArguments) -> Result<(), String> {
         "p50 ms",
         "p99 ms",
         "max ms",
-        "ratio"
+        "ratio",
+        "cpu us/op",
+        "drv us/op"
     );
+    let tests: Vec<&str> =
+        arguments.tests.split(',').map(str::trim).filter(|test| !test.is_empty()).collect();
     for round in 1..=arguments.rounds {
-        let mut results: Vec<(usize, Vec<CsvResult>)> = Vec::new();
+        let mut results: Vec<(usize, Vec<Measured>)> = Vec::new();
         for (index, target) in targets.iter().enumerate() {
-            let output = directory.path().join(format!("round-{round}-{index}.csv"));
-            results.push((index, run_benchmark(&benchmark, target, &arguments, &output)?));
+            let mut rows = Vec::new();
+            for test in &tests {
+                let output = directory.path().join(format!("round-{round}-{index}-{test}.csv"));
+                rows.push(run_benchmark(&benchmark, target, test, &arguments, &output)?);
+            }
+            results.push((index, rows));
         }
         for (index, rows) in &results {
             let target = &targets[*index];
@@ -197,25 +220,33 @@ pub fn run(arguments: RespArguments) -> Result<(), String> {
                         targets[*other].system == "redis"
                             && targets[*other].config == target.reference
                     })
-                    .and_then(|(_, rows)| rows.iter().find(|other| other.test == row.test))
-                    .map(|other| row.requests_per_second / other.requests_per_second);
+                    .and_then(|(_, rows)| rows.iter().find(|other| other.csv.test == row.csv.test))
+                    .map(|other| row.csv.requests_per_second / other.csv.requests_per_second);
                 report(target, round, row, reference, &arguments);
             }
         }
     }
     drop(processes);
+    drop(redis_deployments);
     Ok(())
+}
+
+/// One test's result against one target: redis-benchmark's figures and the CPU it cost.
+struct Measured {
+    csv: CsvResult,
+    cpu: CpuCost,
 }
 
 fn report(
     target: &Target,
     round: u32,
-    row: &CsvResult,
+    measured: &Measured,
     ratio: Option<f64>,
     arguments: &RespArguments,
 ) {
+    let row = &measured.csv;
     println!(
-        "{:<7} {:<12} {:<10} {:<5} {:>5} {:>10.0} {:>8.3} {:>8.3} {:>8.3} {:>7}",
+        "{:<7} {:<12} {:<10} {:<5} {:>5} {:>10.0} {:>8.3} {:>8.3} {:>8.3} {:>7} {:>9.1} {:>9.1}",
         target.system,
         target.config,
         target.placement,
@@ -226,8 +257,10 @@ fn report(
         row.p99_ms,
         row.max_ms,
         ratio.map_or("-".to_string(), |ratio| format!("{ratio:.2}")),
+        measured.cpu.system_us_per_op(arguments.requests),
+        measured.cpu.driver_us_per_op(arguments.requests),
     );
-    print_json(&[
+    let mut fields = vec![
         ("bench", Field::Text("resp".into())),
         ("system", Field::Text(target.system.into())),
         ("config", Field::Text(target.config.clone())),
@@ -243,26 +276,9 @@ fn report(
         ("max_us", Field::Number(row.max_ms * 1_000.0)),
         ("reference", Field::Text(format!("redis {}", target.reference))),
         ("ratio_to_reference", Field::optional_number(ratio)),
-    ]);
-}
-
-/// Starts redis-server in `directory`, with the AOF fsynced as `persistence` says or with no
-/// persistence at all; returns it and its address once it answers.
-fn start_redis(
-    directory: &Path,
-    persistence: Option<&str>,
-) -> Result<(ChildProcess, String), String> {
-    std::fs::create_dir_all(directory).map_err(|error| error.to_string())?;
-    let (mut command, address, port) = peer_command("redis-server", directory)?;
-    command.args(["--port", &port, "--bind", "127.0.0.1", "--daemonize", "no", "--save", ""]);
-    match persistence {
-        Some(fsync) => command.args(["--appendonly", "yes", "--appendfsync", fsync]),
-        None => command.args(["--appendonly", "no"]),
-    };
-    command.arg("--dir").arg(directory);
-    let server = ChildProcess::spawn(&mut command, "redis-server")?;
-    wait_until_answering(&address, b"*1\r\n$4\r\nPING\r\n", "+PONG")?;
-    Ok((server, address))
+    ];
+    fields.extend(measured.cpu.fields(arguments.requests));
+    print_json(&fields);
 }
 
 /// A Stratus cluster and its gateway, running, with the address of each placement.
@@ -316,14 +332,9 @@ fn start_cluster(
         START_PATIENCE,
     )?;
     // The first command creates database 0's table; then find the key's master.
-    let reply = resp_call(&resp_addresses[0], &[b"SET", BENCHMARK_KEY, b"x"])?;
-    if reply != b"+OK\r\n" {
-        return Err(format!(
-            "SET through {}: {}",
-            resp_addresses[0],
-            String::from_utf8_lossy(&reply)
-        ));
-    }
+    RespConnection::open(&resp_addresses[0])?
+        .call(&[b"SET", BENCHMARK_KEY, b"x"])
+        .map_err(|error| format!("SET through {}: {error}", resp_addresses[0]))?;
     let owner = runtime.block_on(async {
         let client = Client::new(ClientConfig::new(coordinator.clone()));
         let table =
@@ -338,8 +349,10 @@ fn start_cluster(
     let mut owner_port = None;
     let mut other_port = None;
     for address in &resp_addresses {
-        let info = resp_call(address, &[b"INFO", b"stratus"])?;
-        let info = String::from_utf8_lossy(&info);
+        let info = match RespConnection::open(address)?.call(&[b"INFO", b"stratus"])? {
+            Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
+            other => return Err(format!("{address}: INFO answered {other:?}")),
+        };
         let local = info
             .lines()
             .find_map(|line| line.strip_prefix("stratus_local_master:"))
@@ -361,80 +374,39 @@ fn start_cluster(
     Ok(RunningCluster { cluster, gateway, placements })
 }
 
-/// Sends one command and returns the whole reply (a simple line, or a bulk string with its
-/// header), read with a bounded wait.
-fn resp_call(address: &str, arguments: &[&[u8]]) -> Result<Vec<u8>, String> {
-    let mut stream =
-        TcpStream::connect(address).map_err(|error| format!("connecting to {address}: {error}"))?;
-    stream.set_read_timeout(Some(SOCKET_TIMEOUT)).map_err(|error| error.to_string())?;
-    let mut command = format!("*{}\r\n", arguments.len()).into_bytes();
-    for argument in arguments {
-        command.extend_from_slice(format!("${}\r\n", argument.len()).as_bytes());
-        command.extend_from_slice(argument);
-        command.extend_from_slice(b"\r\n");
-    }
-    stream.write_all(&command).map_err(|error| error.to_string())?;
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let read = stream.read(&mut chunk).map_err(|error| format!("{address}: {error}"))?;
-        if read == 0 {
-            return Err(format!("{address} closed the connection"));
-        }
-        reply.extend_from_slice(&chunk[..read]);
-        if reply_complete(&reply) {
-            return Ok(reply);
-        }
-    }
-}
-
-/// Whether `reply` holds one whole simple reply or bulk string.
-fn reply_complete(reply: &[u8]) -> bool {
-    let Some(line_end) = reply.windows(2).position(|pair| pair == b"\r\n") else {
-        return false;
-    };
-    if reply[0] != b'$' {
-        return true;
-    }
-    let length: i64 =
-        match std::str::from_utf8(&reply[1..line_end]).ok().and_then(|text| text.parse().ok()) {
-            Some(length) => length,
-            None => return true,
-        };
-    length < 0 || reply.len() >= line_end + 2 + length as usize + 2
-}
-
-/// Runs redis-benchmark against `target` (bounded in time) and parses its CSV.
+/// Runs redis-benchmark's `test` against `target` (bounded in time), parses its CSV, and
+/// measures the CPU of the target's system and of redis-benchmark over the run.
 fn run_benchmark(
     benchmark: &Path,
     target: &Target,
+    test: &str,
     arguments: &RespArguments,
     output: &Path,
-) -> Result<Vec<CsvResult>, String> {
+) -> Result<Measured, String> {
     let (host, port) = target.address.rsplit_once(':').ok_or("address without a port")?;
     let file = std::fs::File::create(output).map_err(|error| error.to_string())?;
     let mut command = Command::new(benchmark);
     command
-        .args(["-h", host, "-p", port, "-t", &arguments.tests, "--csv"])
+        .args(["-h", host, "-p", port, "-t", test, "--csv"])
         .args(["-n", &arguments.requests.to_string(), "-c", &arguments.clients.to_string()])
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(Stdio::null());
+    let cpu = PhaseCpu::start(target.processes.clone())?;
     let mut process = ChildProcess::spawn(&mut command, "redis-benchmark")?;
-    let tests = arguments.tests.split(',').filter(|test| !test.trim().is_empty()).count().max(1);
-    let thousands = (arguments.requests / 1_000).max(1) * tests as u64;
+    let thousands = (arguments.requests / 1_000).max(1);
     let patience = (RUN_PATIENCE_PER_THOUSAND * u32::try_from(thousands).unwrap_or(u32::MAX))
         .max(Duration::from_secs(60));
     let status = process.wait_for_exit(patience)?;
+    let cpu = cpu.finish()?;
     let text = std::fs::read_to_string(output).map_err(|error| error.to_string())?;
-    let rows = parse_csv(&text);
-    if !status.success() || rows.is_empty() {
-        return Err(format!(
-            "redis-benchmark against {} {} {} ({}) failed: {status}; output: {text}",
+    match parse_csv(&text).into_iter().next() {
+        Some(csv) if status.success() => Ok(Measured { csv, cpu }),
+        _ => Err(format!(
+            "redis-benchmark -t {test} against {} {} {} ({}) failed: {status}; output: {text}",
             target.system, target.config, target.placement, target.address
-        ));
+        )),
     }
-    Ok(rows)
 }
 
 /// The rows of redis-benchmark's `--csv` output (Redis 7: test, rps, avg, min, p50, p95, p99,
@@ -493,14 +465,5 @@ mod tests {
         assert!(parse_config("r0-fsync").is_err());
         assert!(parse_config("r2-sometimes").is_err());
         assert!(parse_config("three").is_err());
-    }
-
-    #[test]
-    fn replies_are_complete_only_when_whole() {
-        assert!(reply_complete(b"+OK\r\n"));
-        assert!(!reply_complete(b"+OK"));
-        assert!(!reply_complete(b"$5\r\nhel"));
-        assert!(reply_complete(b"$5\r\nhello\r\n"));
-        assert!(reply_complete(b"$-1\r\n"));
     }
 }

@@ -1,5 +1,9 @@
 //! `stratus bench rpc`: 100-byte reads through the full client and server path, side by side
 //! with a raw TCP echo of the same payload size on loopback, measured in the same run.
+//!
+//! Each row also says what it cost in CPU per operation: the server side (the one-server
+//! cluster's processes, or the echo server's) and the driver (this process). CPU is taken
+//! over the warm-up and the measured operations together, and divided by both.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,6 +14,7 @@ use stratus_client::{Client, ClientConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::{start_local_cluster, start_stratus};
+use crate::cpu::{process_tree, CpuCost, PhaseCpu};
 use crate::report::{latency_histogram, print_json, Field, Percentiles};
 
 /// `stratus bench rpc`.
@@ -40,8 +45,10 @@ pub fn run(arguments: RpcArguments) -> Result<(), String> {
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
     let cluster = start_local_cluster(directory.path(), 1, &["--log-mib", "64"], None)?;
     let coordinator = cluster.coordinator.clone();
-    let (_echo, line) =
+    let cluster_processes = process_tree(cluster.process.id())?;
+    let (echo, line) =
         start_stratus(&["bench", "echo-server"], "listening on", Duration::from_secs(20))?;
+    let echo_processes = vec![echo.id()];
     let echo_address = line.rsplit(' ').next().unwrap_or_default().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -55,25 +62,28 @@ pub fn run(arguments: RpcArguments) -> Result<(), String> {
         Ok::<_, String>(table)
     })?;
     println!(
-        "{:<10} {:>8} {:>10} {:>10} {:>10} {:>12}",
-        "system", "clients", "p50_us", "p99_us", "p999_us", "ops_per_sec"
+        "{:<10} {:>8} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10}",
+        "system", "clients", "p50_us", "p99_us", "p999_us", "ops_per_sec", "cpu_us/op", "drv_us/op"
     );
     let mut stratus_p50_single = None;
     let mut echo_p50_single = None;
     for &clients in &arguments.clients {
         let clients = clients.max(1);
         let per_client = (arguments.operations / u64::from(clients)).max(1);
+        let cpu = PhaseCpu::start(cluster_processes.clone())?;
         let stratus =
             runtime.block_on(measure_stratus(&coordinator, table, clients, per_client))?;
+        let stratus_cpu = cpu.finish()?;
+        let cpu = PhaseCpu::start(echo_processes.clone())?;
         let echo = runtime.block_on(measure_echo(
             &echo_address,
             arguments.value_bytes,
             clients,
             per_client,
         ))?;
-        for (system, measurement) in [("stratus", &stratus), ("tcp-echo", &echo)] {
-            report(system, clients, measurement);
-        }
+        let echo_cpu = cpu.finish()?;
+        report("stratus", clients, &stratus, &stratus_cpu);
+        report("tcp-echo", clients, &echo, &echo_cpu);
         if clients == 1 {
             stratus_p50_single = Some(Percentiles::of(&stratus.histogram).p50_us);
             echo_p50_single = Some(Percentiles::of(&echo.histogram).p50_us);
@@ -92,14 +102,20 @@ pub fn run(arguments: RpcArguments) -> Result<(), String> {
     Ok(())
 }
 
-fn report(system: &str, clients: u32, measurement: &Measurement) {
+/// Prints a row; `cpu` covers the warm-up and the measured operations.
+fn report(system: &str, clients: u32, measurement: &Measurement, cpu: &CpuCost) {
     let percentiles = Percentiles::of(&measurement.histogram);
     let ops_per_sec = measurement.operations as f64 / measurement.elapsed.as_secs_f64();
+    let cpu_operations = measurement.operations + u64::from(clients) * WARMUP_OPERATIONS;
     println!(
-        "{system:<10} {clients:>8} {:>10.1} {:>10.1} {:>10.1} {ops_per_sec:>12.0}",
-        percentiles.p50_us, percentiles.p99_us, percentiles.p999_us
+        "{system:<10} {clients:>8} {:>10.1} {:>10.1} {:>10.1} {ops_per_sec:>12.0} {:>10.1} {:>10.1}",
+        percentiles.p50_us,
+        percentiles.p99_us,
+        percentiles.p999_us,
+        cpu.system_us_per_op(cpu_operations),
+        cpu.driver_us_per_op(cpu_operations),
     );
-    print_json(&[
+    let mut fields = vec![
         ("bench", Field::Text("rpc".into())),
         ("system", Field::Text(system.into())),
         ("clients", Field::Number(f64::from(clients))),
@@ -107,7 +123,9 @@ fn report(system: &str, clients: u32, measurement: &Measurement) {
         ("p99_us", Field::Number(percentiles.p99_us)),
         ("p999_us", Field::Number(percentiles.p999_us)),
         ("ops_per_sec", Field::Number(ops_per_sec.round())),
-    ]);
+    ];
+    fields.extend(cpu.fields(cpu_operations));
+    print_json(&fields);
 }
 
 async fn measure_stratus(

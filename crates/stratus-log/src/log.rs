@@ -451,6 +451,21 @@ pub struct Log {
     /// Live data per table, kept by the store; every new head records it.
     table_tallies: TableTallies,
     state: Mutex<LogState>,
+    /// Run once by the next segment copy between its snapshot and its copy: the only way a
+    /// test can act inside that window (and show that the log lock is free there).
+    #[cfg(test)]
+    copy_hook: Mutex<Option<CopyHook>>,
+}
+
+/// What a test runs inside a segment copy.
+#[cfg(test)]
+struct CopyHook(Box<dyn FnOnce(&Log) + Send>);
+
+#[cfg(test)]
+impl std::fmt::Debug for CopyHook {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("CopyHook")
+    }
 }
 
 impl Log {
@@ -500,6 +515,8 @@ impl Log {
                 dropped_forgotten: 0,
                 replication_required: false,
             }),
+            #[cfg(test)]
+            copy_hook: Mutex::new(None),
         }
     }
 
@@ -1403,16 +1420,7 @@ impl Log {
     /// backup receives, and what tests feed to the segment iterator). Survivors not yet fused
     /// are included (replication makes them durable before they join the log).
     pub fn segment_contents(&self, segment_id: SegmentId) -> Option<(Vec<u8>, Certificate)> {
-        let guard = self.pin();
-        let state = self.lock();
-        let segment = state.segments.get(&segment_id)?;
-        let mut bytes = Vec::with_capacity(segment.length as usize);
-        if segment.length > 0 {
-            let first =
-                Reference(u64::from(segment.seglets[0]) * u64::from(self.config.seglet_bytes));
-            self.gather(&guard, first, segment.length as usize, &mut bytes);
-        }
-        Some((bytes, segment.certificate.certificate(segment.length)))
+        self.segment_tail(segment_id, 0)
     }
 
     /// From now on the cleaner only touches segments reported with
@@ -1434,24 +1442,52 @@ impl Log {
     /// the whole segment up to that end: what replication sends to a backup that holds the
     /// first `from` bytes. Copies only the tail. `None` if the segment is not there or is
     /// shorter than `from`.
+    ///
+    /// The bytes are copied outside the log lock, which every append takes: a copy of up to a
+    /// whole segment under it would stall every writer for as long. The lock is held only to
+    /// snapshot the segment's seglets, length and certificate. The copy then reads under an
+    /// epoch guard pinned before the snapshot, so none of those seglets is reused while it
+    /// reads (seglet_memory invariant 5), and bytes below the snapshot's length never change
+    /// while a seglet is in use (invariant 1): the bytes are exactly what the certificate
+    /// commits, even if appends, compaction or cleaning change the segment meanwhile.
     pub fn segment_tail(&self, segment_id: SegmentId, from: u32) -> Option<(Vec<u8>, Certificate)> {
         let guard = self.pin();
-        let state = self.lock();
-        let segment = state.segments.get(&segment_id)?;
-        if from > segment.length {
-            return None;
+        let (seglets, length, certificate) = {
+            let state = self.lock();
+            let segment = state.segments.get(&segment_id)?;
+            if from > segment.length {
+                return None;
+            }
+            let certificate = segment.certificate.certificate(segment.length);
+            (segment.seglets.clone(), segment.length, certificate)
+        };
+        #[cfg(test)]
+        if let Some(CopyHook(hook)) = self.copy_hook.lock().expect("hook lock").take() {
+            hook(self);
         }
-        let length = (segment.length - from) as usize;
-        let mut bytes = Vec::with_capacity(length);
-        if length > 0 {
-            let seglet_bytes = self.config.seglet_bytes;
-            let seglet = segment.seglets[(from / seglet_bytes) as usize];
-            let start = Reference(
-                u64::from(seglet) * u64::from(seglet_bytes) + u64::from(from % seglet_bytes),
-            );
-            self.gather(&guard, start, length, &mut bytes);
+        let mut bytes = Vec::with_capacity((length - from) as usize);
+        self.copy_from_seglets(&guard, &seglets, from, length, &mut bytes);
+        Some((bytes, certificate))
+    }
+
+    /// Appends bytes `[from, to)` of a segment made of `seglets` (in order) to `out`.
+    fn copy_from_seglets(
+        &self,
+        guard: &EpochGuard<'_>,
+        seglets: &[u32],
+        from: u32,
+        to: u32,
+        out: &mut Vec<u8>,
+    ) {
+        let seglet_bytes = self.config.seglet_bytes;
+        let mut position = from;
+        while position < to {
+            let offset = position % seglet_bytes;
+            let chunk = (seglet_bytes - offset).min(to - position);
+            let seglet = seglets[(position / seglet_bytes) as usize];
+            out.extend_from_slice(self.memory.read(guard, seglet, offset, chunk as usize));
+            position += chunk;
         }
-        Some((bytes, segment.certificate.certificate(segment.length)))
     }
 
     /// The bytes `[from, to)` of a segment and the certificate that commits exactly its first
@@ -1590,6 +1626,39 @@ mod tests {
 
     fn object_entry(content: &[u8]) -> AppendEntry<'_> {
         AppendEntry::new(EntryType::Object, content)
+    }
+
+    /// Copying a segment for a backup holds the log lock only for a snapshot: an append made
+    /// while the bytes are being copied goes through, and the copy is exactly what its
+    /// certificate commits (without that append's bytes).
+    #[test]
+    fn appends_go_on_while_a_segment_is_copied() {
+        let log = Log::new(small_config(), ServerId(1));
+        // Spanning several 1 KiB seglets of one 8 KiB segment.
+        for byte in 0..10u8 {
+            log.append(&[object_entry(&[byte; 300])], AppendPriority::Normal).unwrap();
+        }
+        let head = log.head_segment_id().unwrap();
+        let (before, _) = log.segment_contents(head).unwrap();
+        let length_before = log.segment_length(head).unwrap();
+        assert!(length_before > 3 << 10, "{length_before}");
+        let appended_during_copy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let appended = appended_during_copy.clone();
+        *log.copy_hook.lock().unwrap() = Some(CopyHook(Box::new(move |log: &Log| {
+            assert!(log.state.try_lock().is_ok(), "the log lock is held during the copy");
+            log.append(&[object_entry(&[0xee; 50])], AppendPriority::Normal).unwrap();
+            appended.store(true, Ordering::SeqCst);
+        })));
+        let (bytes, certificate) = log.segment_contents(head).unwrap();
+        assert!(appended_during_copy.load(Ordering::SeqCst), "the hook ran inside the copy");
+        assert_eq!(bytes, before, "the copy is the snapshot's bytes");
+        assert_eq!(certificate.segment_length, length_before);
+        assert_eq!(log.head_segment_id(), Some(head));
+        assert!(log.segment_length(head).unwrap() > length_before, "the append landed");
+        assert!(
+            SegmentIterator::new(&bytes, &certificate).is_ok(),
+            "the certificate commits exactly the bytes copied"
+        );
     }
 
     /// A side log fills segments beside the log; fusing it is all or nothing: with no room for

@@ -1,17 +1,26 @@
 //! `stratus bench latency` end to end, scaled down: writes and reads are measured with and
-//! without a replica, and every row is complete.
+//! without a replica, after the warm-up made the cleaner run, beside Redis with one replica and
+//! WAIT where redis-server is installed; every row is complete, CPU included.
 
 mod common;
 
 use std::time::Duration;
 
-use common::run_bench;
+use common::{installed, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take.
 const BENCH_PATIENCE: Duration = Duration::from_secs(300);
 
+fn number(row: &BenchRow, field: &str) -> f64 {
+    row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"))
+}
+
 #[test]
 fn bench_latency_measures_writes_and_reads_for_each_replica_count() {
+    let required = std::env::var_os("STRATUS_REQUIRE_PEERS").is_some();
+    let with_redis = installed("redis-server");
+    assert!(with_redis || !required, "STRATUS_REQUIRE_PEERS is set but redis-server is missing");
+    let redis = if with_redis { "wait-1" } else { "" };
     let arguments = [
         "bench",
         "latency",
@@ -22,21 +31,59 @@ fn bench_latency_measures_writes_and_reads_for_each_replica_count() {
         "--servers",
         "2",
         "--operations",
-        "300",
+        "1000",
+        "--redis",
+        redis,
     ];
     let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
-    assert_eq!(rows.len(), 4, "a write and a read row per replica count:\n{stdout}");
-    for (row, (op, replicas)) in
-        rows.iter().zip([("write", 0.0), ("read", 0.0), ("write", 1.0), ("read", 1.0)])
-    {
-        let number =
-            |field: &str| row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"));
+    let (measured, ratios): (Vec<&BenchRow>, Vec<&BenchRow>) =
+        rows.iter().partition(|row| row["system"] != "ratio");
+    let mut expected = vec![
+        ("stratus", "r0-buffered", "write", 0.0),
+        ("stratus", "r0-buffered", "read", 0.0),
+        ("stratus", "r1-buffered", "write", 1.0),
+        ("stratus", "r1-buffered", "read", 1.0),
+    ];
+    if with_redis {
+        expected.extend([("redis", "wait-1", "write", 1.0), ("redis", "wait-1", "read", 1.0)]);
+    }
+    assert_eq!(
+        measured.len(),
+        expected.len(),
+        "a write and a read row per configuration:\n{stdout}"
+    );
+    for (row, (system, config, op, replicas)) in measured.iter().zip(expected) {
         assert_eq!(row["bench"], "latency");
+        assert_eq!((row["system"].as_str(), row["config"].as_str()), (Some(system), Some(config)));
         assert_eq!(row["op"], op);
-        assert_eq!(number("replicas"), replicas);
-        assert_eq!(row["durability"], "buffered");
-        assert!(number("p50_us") > 0.0 && number("p50_us") <= number("p99_us"), "{row:?}");
-        assert!(number("p99_us") <= number("p999_us"), "{row:?}");
-        assert!(number("ops_per_sec") > 0.0, "{row:?}");
+        assert_eq!(number(row, "replicas"), replicas);
+        assert_eq!(number(row, "operations"), 1000.0);
+        assert!(number(row, "p50_us") > 0.0 && number(row, "p50_us") <= number(row, "p99_us"));
+        assert!(number(row, "p99_us") <= number(row, "p999_us"), "{row:?}");
+        assert!(number(row, "ops_per_sec") > 0.0, "{row:?}");
+        assert!(number(row, "driver_cpu_us_per_op") >= 0.0, "{row:?}");
+        match (system, op) {
+            // The warm-up ran until the master cleaned; the measured writes are counted.
+            ("stratus", "write") => assert!(number(row, "cleaner_passes") >= 0.0, "{row:?}"),
+            _ => assert!(row["cleaner_passes"].is_null(), "{row:?}"),
+        }
+        // A cluster of three processes (up, coordinator inside it, two servers) and Redis's two
+        // processes doing 1 000 replicated writes accumulate clock ticks; reads may round to 0.
+        if op == "write" && replicas == 1.0 {
+            assert!(number(row, "cpu_us_per_op") > 0.0, "{row:?}");
+        }
+        let processes = number(row, "cpu_processes");
+        assert!(if system == "redis" { processes == 2.0 } else { processes >= 3.0 }, "{row:?}");
+    }
+    if with_redis {
+        assert_eq!(ratios.len(), 1, "one goal row, for R = 1:\n{stdout}");
+        assert_eq!(number(ratios[0], "replicas"), 1.0);
+        for field in
+            ["write_p50_over_redis_wait", "write_p50_over_read_p50", "write_cpu_over_redis_wait"]
+        {
+            assert!(number(ratios[0], field) > 0.0, "{field}: {:?}", ratios[0]);
+        }
+    } else {
+        assert!(ratios.is_empty(), "{stdout}");
     }
 }

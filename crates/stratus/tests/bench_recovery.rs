@@ -40,6 +40,14 @@ fn bench_recovery_recovers_every_object_and_reports_each_recovery_master() {
     assert_eq!(number("objects"), 16_777.0, "{row:?}");
     assert!(number("kill_to_served_ms") >= number("decision_to_served_ms"), "{row:?}");
     assert!(number("physical_bound_ms") > 0.0, "{row:?}");
+    // Read as the backups read (no --backup-direct-io: through the page cache), the open head
+    // included: in buffered mode it is in the backups' RAM only.
+    assert_eq!(row["physical_bound_method"], "page_cache", "{row:?}");
+    assert!(number("physical_bound_memory_bytes") > 0.0, "{row:?}");
+    assert!(number("physical_bound_bytes") > number("physical_bound_memory_bytes"), "{row:?}");
+    // The coordinator and both survivors, busy recovering 16 MiB.
+    assert_eq!(number("stratus_cpu_processes"), 3.0, "{row:?}");
+    assert!(number("stratus_cpu_seconds_per_gb") > 0.0, "{row:?}");
     // Both survivors recover a partition, and the report has each one's figures from its log.
     assert_eq!(number("recovery_masters"), 2.0, "{row:?}");
     // The coordinator sized the partitions from the table statistics in the crashed head: it
@@ -50,7 +58,11 @@ fn bench_recovery_recovers_every_object_and_reports_each_recovery_master() {
     let expected = number("objects_expected");
     assert!((16_777.0 - 1_100.0..=16_777.0).contains(&expected), "{row:?}");
     assert!(number("recovery_master_objects_max_over_mean") < 1.2, "{row:?}");
-    for field in ["recovery_master_mb_per_sec_min", "replay_mb_per_sec_min"] {
+    for field in [
+        "recovery_master_mb_per_sec_min",
+        "recovery_master_objects_per_sec_min",
+        "replay_mb_per_sec_min",
+    ] {
         assert!(number(field) > 0.0, "{field}: {row:?}");
     }
     let phases = number("read_ms_max") + number("replay_ms_max") + number("durable_ms_max");
@@ -60,9 +72,15 @@ fn bench_recovery_recovers_every_object_and_reports_each_recovery_master() {
     if installed("redis-server") {
         assert!(number("redis_restart_ms") > 0.0, "{row:?}");
         assert!(number("recovery_master_over_redis_load") > 0.0, "{row:?}");
+        // Like with like: the ratio is of objects per second on both sides.
+        let ratio =
+            number("recovery_master_objects_per_sec_min") / number("redis_load_objects_per_sec");
+        assert!((ratio - number("recovery_master_over_redis_load")).abs() < 0.01, "{row:?}");
+        assert!(number("redis_cpu_seconds_per_gb") >= 0.0, "{row:?}");
     } else {
         eprintln!("redis-server is not installed: the Redis reference is not checked");
         assert!(row["redis_restart_ms"].is_null(), "{row:?}");
+        assert!(row["redis_cpu_seconds_per_gb"].is_null(), "{row:?}");
     }
 }
 

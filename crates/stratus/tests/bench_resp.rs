@@ -34,10 +34,25 @@ fn bench_resp_measures_every_placement_beside_redis() {
         row[field].as_str().unwrap_or_else(|| panic!("{field} missing in {row:?}")).to_string()
     };
     let mut seen = std::collections::BTreeSet::new();
+    let (mut redis_cpu_us_per_op, mut stratus_cpu_us_per_op) = (0.0, 0.0);
     for row in &rows {
         assert_eq!(row["bench"], "resp");
         assert!(row["ops_per_sec"].as_f64().unwrap() > 0.0, "{row:?}");
         assert!(row["ratio_to_reference"].as_f64().unwrap() > 0.0, "{row:?}");
+        // CPU is counted in clock ticks (10 ms): one short redis-benchmark run may round to 0,
+        // the runs of each system together cannot.
+        let cpu = row["cpu_us_per_op"].as_f64().unwrap_or_else(|| panic!("{row:?}"));
+        assert!(cpu >= 0.0 && row["driver_cpu_us_per_op"].as_f64().unwrap() >= 0.0, "{row:?}");
+        match text(row, "system").as_str() {
+            "stratus" => {
+                assert!(row["cpu_processes"].as_f64().unwrap() >= 4.0, "{row:?}");
+                stratus_cpu_us_per_op += cpu;
+            }
+            _ => {
+                assert_eq!(row["cpu_processes"], 1, "{row:?}");
+                redis_cpu_us_per_op += cpu;
+            }
+        }
         let reference = text(row, "reference");
         match text(row, "config").as_str() {
             "r0" => assert_eq!(reference, "redis none"),
@@ -68,4 +83,6 @@ fn bench_resp_measures_every_placement_beside_redis() {
         }
     }
     assert_eq!(rows.len(), 16, "{stdout}");
+    assert!(redis_cpu_us_per_op > 0.0, "Redis's rows together show CPU:\n{stdout}");
+    assert!(stratus_cpu_us_per_op > 0.0, "Stratus's rows together show CPU:\n{stdout}");
 }

@@ -1,0 +1,138 @@
+//! The systems and configurations the benchmark measures, each started fresh.
+
+use std::path::Path;
+
+use stratus_client::{BlockingClient, ClientConfig, TableId};
+
+use super::bindings::{Database, MemcachedDatabase, RedisDatabase, StratusDatabase};
+use super::YcsbArguments;
+use crate::cluster::{start_local_cluster, ChildProcess};
+use crate::cpu::{process_tree, CpuError};
+use crate::peers::{start_memcached, start_redis, RedisDeployment, RedisDurability};
+
+/// A running system configuration: its processes (stopped on drop) and how to connect.
+pub enum Running {
+    /// A `stratus up` cluster and the table the records go to.
+    Stratus {
+        /// `stratus up`, which runs the coordinator and servers as its children.
+        cluster: ChildProcess,
+        /// The coordinator's address.
+        coordinator: String,
+        /// `usertable`.
+        table: TableId,
+    },
+    /// Redis, one server or a primary with replicas.
+    Redis(RedisDeployment),
+    /// memcached.
+    Memcached {
+        /// The server.
+        server: ChildProcess,
+        /// Its address.
+        address: String,
+    },
+}
+
+impl Running {
+    /// A new connection for one driver thread.
+    pub fn connect(&self) -> Result<Box<dyn Database>, String> {
+        match self {
+            Running::Stratus { coordinator, table, .. } => {
+                let client = BlockingClient::new(ClientConfig::new(coordinator.clone()))
+                    .map_err(|error| format!("stratus client: {error:?}"))?;
+                Ok(Box::new(StratusDatabase { client, table: *table }))
+            }
+            Running::Redis(deployment) => Ok(Box::new(RedisDatabase::open(
+                &deployment.address,
+                deployment.durability.wait_replicas(),
+            )?)),
+            Running::Memcached { address, .. } => Ok(Box::new(MemcachedDatabase::open(address)?)),
+        }
+    }
+
+    /// Every process of the system, for its CPU time: for Stratus `stratus up` and all its
+    /// descendants (coordinator, servers), for Redis every server, for memcached its one.
+    pub fn process_ids(&self) -> Result<Vec<u32>, CpuError> {
+        match self {
+            Running::Stratus { cluster, .. } => process_tree(cluster.id()),
+            Running::Redis(deployment) => Ok(deployment.process_ids()),
+            Running::Memcached { server, .. } => Ok(vec![server.id()]),
+        }
+    }
+}
+
+/// A configuration to measure.
+#[derive(Clone, Debug)]
+pub struct Configuration {
+    /// stratus, redis or memcached.
+    pub system: &'static str,
+    /// The configuration's name (docs/ycsb.md, "Configurations").
+    pub name: &'static str,
+}
+
+/// The documented configurations of each system.
+pub fn configurations(system: &str) -> Result<Vec<Configuration>, String> {
+    let names: &[&'static str] = match system {
+        "stratus" => &["r0", "r3-buffered", "r3-fsync"],
+        "redis" => &["everysec", "always", "wait-3"],
+        "memcached" => &["default"],
+        other => return Err(format!("unknown system {other:?} (stratus, redis, memcached)")),
+    };
+    let system = match system {
+        "stratus" => "stratus",
+        "redis" => "redis",
+        _ => "memcached",
+    };
+    Ok(names.iter().map(|name| Configuration { system, name }).collect())
+}
+
+/// Starts `configuration` in `directory`.
+pub fn start(
+    configuration: &Configuration,
+    arguments: &YcsbArguments,
+    directory: &Path,
+) -> Result<Running, String> {
+    match configuration.system {
+        "stratus" => start_stratus(configuration.name, arguments, directory),
+        "redis" => {
+            let durability = RedisDurability::parse(configuration.name)
+                .ok_or_else(|| format!("unknown Redis configuration {}", configuration.name))?;
+            Ok(Running::Redis(start_redis(directory, durability)?))
+        }
+        _ => {
+            // Enough memory that no record is evicted (the default 64 MB would evict above
+            // ~50,000 records).
+            let megabytes = (arguments.records * 4 / 1_000).max(64);
+            let (server, address) = start_memcached(directory, megabytes)?;
+            Ok(Running::Memcached { server, address })
+        }
+    }
+}
+
+fn start_stratus(
+    name: &str,
+    arguments: &YcsbArguments,
+    directory: &Path,
+) -> Result<Running, String> {
+    let (replicas, durability) = match name {
+        "r0" => ("0", "buffered"),
+        "r3-buffered" => ("3", "buffered"),
+        _ => ("3", "fsync"),
+    };
+    if replicas == "3" && arguments.stratus_servers < 4 {
+        return Err("Stratus with 3 replicas needs --stratus-servers 4 or more".into());
+    }
+    let log_mib = arguments.stratus_log_mib.to_string();
+    let cluster = start_local_cluster(
+        directory,
+        arguments.stratus_servers,
+        &["--log-mib", &log_mib, "--replicas", replicas, "--durability", durability],
+        None,
+    )?;
+    let coordinator = cluster.coordinator.clone();
+    let client = BlockingClient::new(ClientConfig::new(coordinator.clone()))
+        .map_err(|error| format!("stratus client: {error:?}"))?;
+    let table = client
+        .create_table("usertable", arguments.stratus_servers)
+        .map_err(|error| format!("creating usertable: {error:?}"))?;
+    Ok(Running::Stratus { cluster: cluster.process, coordinator, table })
+}

@@ -304,6 +304,7 @@ async fn fill_until_cleaning(
                     value: value.clone(),
                     rules: RejectRules::NONE,
                     expiry: stratus_types::Expiry::Never,
+                    rpc: None,
                 })
                 .collect();
             written += batch;

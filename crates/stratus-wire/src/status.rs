@@ -20,7 +20,9 @@ pub enum Status {
     ObjectExists = 4,
     /// A version reject rule refused the operation; the body carries the current version.
     WrongVersion = 5,
-    /// The coordinator has no master to place a tablet on.
+    /// No master has room for a table's data: the coordinator has no master to place a tablet
+    /// on, or the master chosen (a migration's target, a recovery master) has no room in its
+    /// log for it.
     NoTableSpace = 6,
     /// The request body is malformed (truncated, trailing bytes, bad field value).
     RequestFormatError = 7,
@@ -144,7 +146,7 @@ impl Status {
             Status::ObjectDoesntExist => "object doesn't exist",
             Status::ObjectExists => "object exists",
             Status::WrongVersion => "wrong version",
-            Status::NoTableSpace => "no master available for the table",
+            Status::NoTableSpace => "no master has room for the table",
             Status::RequestFormatError => "malformed request",
             Status::UnimplementedRequest => "unimplemented request",
             Status::Retry => "retry later",

@@ -80,7 +80,7 @@ _DESCRIPTIONS = {
     Status.OBJECT_DOESNT_EXIST: "object doesn't exist",
     Status.OBJECT_EXISTS: "object exists",
     Status.WRONG_VERSION: "wrong version",
-    Status.NO_TABLE_SPACE: "no master available for the table",
+    Status.NO_TABLE_SPACE: "no master has room for the table",
     Status.REQUEST_FORMAT_ERROR: "malformed request",
     Status.UNIMPLEMENTED_REQUEST: "unimplemented request",
     Status.RETRY: "retry later",

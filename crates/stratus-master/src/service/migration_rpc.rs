@@ -20,6 +20,9 @@ use crate::migration::{
 };
 use crate::ownership::AssignmentRefusal;
 
+/// Why a migration target refuses a batch with NO_TABLE_SPACE.
+const LOG_FULL_FOR_TABLET: &str = "the log is full: no room for the tablet here";
+
 /// A TRANSFER_TABLET request (wire-protocol.md).
 pub(super) struct TransferRequest {
     /// The master it is meant for (the tablet's owner).
@@ -291,7 +294,7 @@ impl Master {
                 // The new head starts the tablet in this log (and records the raised safe
                 // version): recovery ignores the range's entries in older segments.
                 log.roll_head(stratus_log::AppendPriority::Normal)
-                    .map_err(|_| (Status::Retry, "the log is full".to_string()))?
+                    .map_err(|_| (Status::NoTableSpace, LOG_FULL_FOR_TABLET.to_string()))?
             } else {
                 if !self.incoming.is_current(transfer) {
                     return Err((
@@ -302,8 +305,11 @@ impl Master {
                 log.head_segment_id().unwrap_or(SegmentId(0))
             };
             let now = self.now();
+            // A full log is the target's lasting answer, not a moment's: retrying at once would
+            // copy the tablet again into the same log (a client retrying MIGRATE_TABLET on
+            // RETRY did, for its whole timeout).
             let refused = |error| match error {
-                ObjectError::LogFull => (Status::Retry, "the log is full".to_string()),
+                ObjectError::LogFull => (Status::NoTableSpace, LOG_FULL_FOR_TABLET.to_string()),
                 other => (Status::InvalidParameter, format!("a migrated object: {other:?}")),
             };
             for object in objects {
@@ -333,7 +339,7 @@ impl Master {
                 // records it, so a recovery of this master once it serves the tablet does not
                 // hand those versions out again (the answer waits until the head is durable).
                 log.roll_head(stratus_log::AppendPriority::Normal)
-                    .map_err(|_| (Status::Retry, "the log is full".to_string()))?;
+                    .map_err(|_| (Status::NoTableSpace, LOG_FULL_FOR_TABLET.to_string()))?;
             }
             Ok(creation_segment)
         });

@@ -31,9 +31,11 @@ pub struct Process {
 }
 
 impl Process {
-    /// `stratus ARGUMENTS`, logging warnings and errors only.
+    /// `stratus ARGUMENTS`, logging warnings and errors only (or what `STRATUS_TEST_LOG` says:
+    /// `STRATUS_TEST_LOG=info` shows what the servers did when a test is chased).
     pub fn start(arguments: &[String]) -> Process {
-        Process::start_logging(arguments, "warn")
+        let filter = std::env::var("STRATUS_TEST_LOG").unwrap_or_else(|_| "warn".to_string());
+        Process::start_logging(arguments, &filter)
     }
 
     /// `stratus ARGUMENTS` with the log filter `STRATUS_LOG=filter`.

@@ -337,7 +337,7 @@ mod tests {
     #[test]
     fn hello_round_trips_and_refuses_bad_input() {
         let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
-        assert_eq!(hello.encode(), *b"STRA\x02\x00\x00\x00");
+        assert_eq!(hello.encode(), *b"STRA\x03\x00\x00\x00");
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
         assert_eq!(Hello::decode(b"STRB\x01\x00\x00\x00"), Err(FrameError::BadMagic));
         assert_eq!(Hello::decode(b"STRA\x01\x00\xff\x00"), Err(FrameError::UnknownStatus(255)));

@@ -675,8 +675,19 @@ const COMPLETION_FIXED_BYTES: usize = 4 + 2 + 8;
 /// The most bytes a COMPLETION entry's content takes: every field at its widest.
 pub const COMPLETION_CONTENT_BYTES_MAX: usize = COMPLETION_FIXED_BYTES + 5 * 8 + 8;
 
-/// The widths bit that says an increment's value follows the version.
+/// The widths bit that says an increment's value follows the version: zigzag-encoded at its
+/// minimal width, which is what remains of the content (so a small counter's value takes one
+/// or two bytes, and an increment's record stays within 32 bytes with its header).
 const COMPLETION_HAS_INTEGER: u16 = 1 << 15;
+
+/// `value` with its sign in the low bit, so that small negative values are small too.
+fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+fn unzigzag(encoded: u64) -> i64 {
+    ((encoded >> 1) as i64) ^ -((encoded & 1) as i64)
+}
 
 /// A COMPLETION entry's content, encoded on the stack (a mutation of an exactly-once client
 /// appends one; no allocation on that path).
@@ -696,7 +707,8 @@ impl CompletionContent {
 impl CompletionRecord {
     /// The entry content: checksum, two bytes of field widths (3 bits each: table, lease,
     /// rpc id, acknowledged, version; bit 15: an integer follows), the key hash, the fields at
-    /// their minimal widths, and the integer if any (docs/design/log-format.md).
+    /// their minimal widths, and the integer if any, zigzag-encoded at its minimal width
+    /// (docs/design/log-format.md).
     pub fn encode(&self) -> CompletionContent {
         let fields = [self.table.0, self.lease_id, self.rpc_id, self.acknowledged, self.version.0];
         let mut widths = 0u16;
@@ -717,7 +729,8 @@ impl CompletionRecord {
             put(&field.to_le_bytes()[..width_of(field)]);
         }
         if let Some(integer) = self.integer {
-            put(&integer.to_le_bytes());
+            let encoded = zigzag(integer);
+            put(&encoded.to_le_bytes()[..width_of(encoded)]);
         }
         let crc = checksum(&content.bytes[4..content.length]);
         content.bytes[..4].copy_from_slice(&crc.to_le_bytes());
@@ -736,7 +749,12 @@ pub fn decode_completion_unverified(content: &[u8]) -> Result<CompletionRecord, 
         *field = read_uint(content, &mut position, width)?;
     }
     let integer = if widths & COMPLETION_HAS_INTEGER != 0 {
-        Some(read_uint(content, &mut position, 8)? as i64)
+        // The integer's width is what remains: 1 to 8 bytes.
+        let width = content.len().saturating_sub(position);
+        if !(1..=8).contains(&width) {
+            return Err(FormatError::Malformed("completion length"));
+        }
+        Some(unzigzag(read_uint(content, &mut position, width)?))
     } else {
         None
     };
@@ -1181,9 +1199,16 @@ mod completion_tests {
         let header = EntryHeader::new(EntryType::Completion, content.len() as u32);
         assert_eq!(header.header_bytes() + content.len(), 28);
         assert_eq!(decode_completion(&content), Ok(record));
-        // An increment's adds its 8-byte value.
-        let increment = CompletionRecord { integer: Some(-7), ..record };
-        assert_eq!(increment.encode().as_bytes().len(), content.len() + 8);
+        // An increment's adds its value at its minimal width, zigzag-encoded: a counter
+        // within ±127 takes one byte, one within ±2^31 at most four.
+        for (integer, added) in [(-7, 1), (127, 1), (128, 2), (-1_000_000, 3), (i64::MIN, 8)] {
+            let increment = CompletionRecord { integer: Some(integer), ..record };
+            let encoded = increment.encode().as_bytes().to_vec();
+            assert_eq!(encoded.len(), content.len() + added, "{integer}");
+            assert_eq!(decode_completion(&encoded), Ok(increment));
+        }
+        let counter = CompletionRecord { integer: Some(1_000_000), ..record };
+        assert!(header.header_bytes() + counter.encode().as_bytes().len() <= 32);
     }
 
     #[test]
@@ -1202,6 +1227,15 @@ mod completion_tests {
         let mut longer = content.clone();
         longer.push(0);
         assert!(decode_completion(&longer).is_err());
+        // An increment's record whose integer is missing.
+        let mut no_integer = content.clone();
+        no_integer[4..6].copy_from_slice(
+            &(u16::from_le_bytes([content[4], content[5]]) | COMPLETION_HAS_INTEGER).to_le_bytes(),
+        );
+        assert_eq!(
+            decode_completion_unverified(&no_integer),
+            Err(FormatError::Malformed("completion length"))
+        );
         let zero = CompletionRecord { rpc_id: 0, ..record }.encode();
         assert_eq!(
             decode_completion(zero.as_bytes()),

@@ -13,6 +13,11 @@
 //! RESP connection. Each configuration runs `--operations` writes, then as many reads, over a
 //! small key set, after a warm-up; at the default 100 000 the p99.9 rests on 100 samples.
 //!
+//! Stratus's writes are measured with exactly-once on (every write carries its client's
+//! identity and appends a completion record, docs/design/exactly-once.md) and off, from two
+//! clients whose measured writes alternate in blocks on the same cluster, so the two rows see
+//! the same cleaner and the same machine; a ratio row gives what exactly-once adds.
+//!
 //! Stratus's writes overwrite a small key set, so its log holds little live data and the
 //! cleaner runs all the time once the log is full: the measured writes are the cleaner's
 //! steady state. To get there in seconds the log is small (`--log-mib`, default 48, six
@@ -60,7 +65,15 @@ pub struct LatencyArguments {
     /// cleaner runs within seconds of overwrites.
     #[arg(long, default_value_t = 48)]
     pub log_mib: u64,
+    /// Stratus writes with exactly-once on, off, or both (comma-separated): with both, the
+    /// two clients' writes alternate in blocks and a ratio row compares them.
+    #[arg(long, default_value = "on,off", value_delimiter = ',')]
+    pub exactly_once: Vec<String>,
 }
+
+/// Blocks each exactly-once mode's measured writes are cut into, alternating with the other
+/// mode's: a drift of the machine over the run (the cleaner, another process) falls on both.
+const EXACTLY_ONCE_ROUNDS: u64 = 10;
 
 /// Operations of each kind before the measured ones (connections, caches and tablet maps warm).
 const WARMUP_OPERATIONS: u64 = 300;
@@ -103,10 +116,21 @@ pub fn run(arguments: LatencyArguments) -> Result<(), String> {
             stratus_configs.push((replicas, durability.clone()));
         }
     }
+    let mut exactly_once_modes = Vec::new();
+    for mode in &arguments.exactly_once {
+        match mode.trim() {
+            "on" => exactly_once_modes.push(true),
+            "off" => exactly_once_modes.push(false),
+            other => return Err(format!("--exactly-once takes on and off, not {other:?}")),
+        }
+    }
+    if exactly_once_modes.is_empty() {
+        exactly_once_modes.push(true);
+    }
     print_header();
     let mut rows = Vec::new();
     for (replicas, durability) in &stratus_configs {
-        rows.extend(measure_stratus(&arguments, *replicas, durability)?);
+        rows.extend(measure_stratus(&arguments, *replicas, durability, &exactly_once_modes)?);
     }
     for durability in redis_configs {
         rows.extend(measure_redis(&arguments, durability)?);
@@ -187,12 +211,15 @@ struct Row {
     /// Stratus writes: cleaning passes (segments cleaned and compactions) on the master during
     /// the measured writes.
     cleaner_passes: Option<u64>,
+    /// Stratus writes: whether the client was exactly-once.
+    exactly_once: Option<bool>,
 }
 
 fn measure_stratus(
     arguments: &LatencyArguments,
     replicas: u32,
     durability: &str,
+    exactly_once_modes: &[bool],
 ) -> Result<Vec<Row>, String> {
     let configuration = Configuration {
         system: "stratus",
@@ -216,17 +243,94 @@ fn measure_stratus(
     let (table, master) = admin.block_on(create_table(&cluster))?;
     let value = vec![0x5a_u8; arguments.value_bytes];
     let passes_before = admin.block_on(fill_until_cleaning(&cluster, table, &master, arguments))?;
-    let client = BlockingClient::new(ClientConfig::new(cluster.coordinator.clone()))
-        .map_err(|error| format!("client: {error}"))?;
-    let mut store = StratusKeyValue { client, table };
-    let mut write =
-        measure_phase(&mut store, &configuration, "write", &value, arguments, &processes)?;
+    let mut stores = Vec::new();
+    for &exactly_once in exactly_once_modes {
+        let mut config = ClientConfig::new(cluster.coordinator.clone());
+        config.exactly_once = exactly_once;
+        let client = BlockingClient::new(config).map_err(|error| format!("client: {error}"))?;
+        stores.push((exactly_once, StratusKeyValue { client, table }));
+    }
+    let mut writes =
+        measure_writes_alternating(&mut stores, &configuration, &value, arguments, &processes)?;
     let passes_after = admin.block_on(cleaner_passes(&cluster, &master))?;
-    write.cleaner_passes = Some(passes_after - passes_before);
-    report(&write);
-    let read = measure_phase(&mut store, &configuration, "read", &value, arguments, &processes)?;
+    for write in &mut writes {
+        write.cleaner_passes = Some(passes_after - passes_before);
+        report(write);
+    }
+    let (_, store) = &mut stores[0];
+    let read = measure_phase(store, &configuration, "read", &value, arguments, &processes)?;
     report(&read);
-    Ok(vec![write, read])
+    writes.push(read);
+    Ok(writes)
+}
+
+/// The measured writes of each exactly-once mode's client, in [`EXACTLY_ONCE_ROUNDS`] blocks
+/// that alternate between them, each mode first in every other round (after each client's
+/// warm-up): one row per mode.
+fn measure_writes_alternating(
+    stores: &mut [(bool, StratusKeyValue)],
+    configuration: &Configuration,
+    value: &[u8],
+    arguments: &LatencyArguments,
+    processes: &[u32],
+) -> Result<Vec<Row>, String> {
+    let keys = arguments.keys.max(1);
+    for (_, store) in stores.iter_mut() {
+        for index in 0..WARMUP_OPERATIONS {
+            store.write(&key_of(index % keys), value)?;
+        }
+    }
+    let rounds = EXACTLY_ONCE_ROUNDS.min(arguments.operations.max(1));
+    let block = arguments.operations.div_ceil(rounds);
+    let mut histograms: Vec<_> = stores.iter().map(|_| latency_histogram()).collect();
+    let mut elapsed = vec![std::time::Duration::ZERO; stores.len()];
+    let mut cpu: Vec<Option<CpuCost>> = vec![None; stores.len()];
+    let mut done = vec![0u64; stores.len()];
+    for round in 0..rounds {
+        // Each mode goes first in every other round: neither always follows the other.
+        let mut order: Vec<usize> = (0..stores.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for slot in order {
+            let (_, store) = &mut stores[slot];
+            let count = block.min(arguments.operations - done[slot]);
+            let phase = PhaseCpu::start(processes.to_vec())?;
+            let started = Instant::now();
+            for offset in 0..count {
+                let index = WARMUP_OPERATIONS + round * block + offset;
+                let begin = Instant::now();
+                store.write(&key_of(index % keys), value)?;
+                histograms[slot].saturating_record((begin.elapsed().as_nanos() as u64).max(1));
+            }
+            elapsed[slot] += started.elapsed();
+            let cost = phase.finish()?;
+            cpu[slot] = Some(match cpu[slot] {
+                None => cost,
+                Some(total) => CpuCost {
+                    system: total.system + cost.system,
+                    driver: total.driver + cost.driver,
+                    system_processes: cost.system_processes,
+                },
+            });
+            done[slot] += count;
+        }
+    }
+    let mut rows = Vec::new();
+    for (slot, (exactly_once, _)) in stores.iter().enumerate() {
+        rows.push(Row {
+            configuration: configuration.clone(),
+            operation: "write",
+            operations: done[slot],
+            value_bytes: value.len(),
+            percentiles: Percentiles::of(&histograms[slot]),
+            ops_per_sec: done[slot] as f64 / elapsed[slot].as_secs_f64().max(1e-9),
+            cpu: cpu[slot].expect("at least one round ran"),
+            cleaner_passes: None,
+            exactly_once: Some(*exactly_once),
+        });
+    }
+    Ok(rows)
 }
 
 fn measure_redis(
@@ -372,15 +476,17 @@ fn measure_phase(
         ops_per_sec: arguments.operations as f64 / elapsed.as_secs_f64().max(1e-9),
         cpu: cpu.finish()?,
         cleaner_passes: None,
+        exactly_once: None,
     })
 }
 
 fn print_header() {
     println!(
-        "{:<8} {:<12} {:<6} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10} {:>8}",
+        "{:<8} {:<12} {:<6} {:<4} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10} {:>8}",
         "system",
         "config",
         "op",
+        "eo",
         "p50_us",
         "p99_us",
         "p999_us",
@@ -394,9 +500,14 @@ fn print_header() {
 fn report(row: &Row) {
     let Row { configuration, operation, operations, percentiles, ops_per_sec, cpu, .. } = row;
     let cleaner = row.cleaner_passes.map_or("-".to_string(), |passes| passes.to_string());
+    let exactly_once = match row.exactly_once {
+        Some(true) => "on",
+        Some(false) => "off",
+        None => "-",
+    };
     println!(
-        "{:<8} {:<12} {operation:<6} {:>9.1} {:>9.1} {:>9.1} {ops_per_sec:>11.0} {:>10.1} {:>10.1} \
-         {cleaner:>8}",
+        "{:<8} {:<12} {operation:<6} {exactly_once:<4} {:>9.1} {:>9.1} {:>9.1} \
+         {ops_per_sec:>11.0} {:>10.1} {:>10.1} {cleaner:>8}",
         configuration.system,
         configuration.config,
         percentiles.p50_us,
@@ -420,6 +531,9 @@ fn report(row: &Row) {
         ("ops_per_sec", Field::Number(*ops_per_sec)),
         ("cleaner_passes", Field::optional_number(row.cleaner_passes.map(|passes| passes as f64))),
     ];
+    if let Some(exactly_once) = row.exactly_once {
+        fields.push(("exactly_once", Field::Text(if exactly_once { "on" } else { "off" }.into())));
+    }
     fields.extend(cpu.fields(*operations));
     print_json(&fields);
 }
@@ -428,12 +542,23 @@ fn report(row: &Row) {
 /// a buffered write's p50 over Redis `wait-R`'s and over its own read's, and its CPU per write
 /// (all Stratus processes) over Redis `wait-R`'s (all Redis processes).
 fn print_goal_ratios(rows: &[Row]) {
+    print_exactly_once_ratios(rows);
+    // A write row with exactly-once on (what clients run) if there is one.
     let find = |config: &str, operation: &str| {
-        rows.iter().find(|row| row.configuration.config == config && row.operation == operation)
+        let matching =
+            |row: &&Row| row.configuration.config == config && row.operation == operation;
+        rows.iter()
+            .filter(matching)
+            .find(|row| row.exactly_once != Some(false))
+            .or_else(|| rows.iter().find(matching))
     };
     for row in rows.iter().filter(|row| row.configuration.system == "stratus") {
         let replicas = row.configuration.replicas;
         if row.operation != "write" || row.configuration.durability != "buffered" || replicas == 0 {
+            continue;
+        }
+        if find(&row.configuration.config, "write").is_some_and(|chosen| !std::ptr::eq(chosen, row))
+        {
             continue;
         }
         let (Some(read), Some(redis)) =
@@ -457,6 +582,44 @@ fn print_goal_ratios(rows: &[Row]) {
             ("write_p50_over_redis_wait", Field::Number(p50_over_redis)),
             ("write_p50_over_read_p50", Field::Number(p50_over_read)),
             ("write_cpu_over_redis_wait", Field::Number(cpu_over_redis)),
+        ]);
+    }
+}
+
+/// For each Stratus configuration measured both ways: what exactly-once adds to a write's p50
+/// and p99 and takes from its throughput, in this run (the goal: at most 5 % each).
+fn print_exactly_once_ratios(rows: &[Row]) {
+    let stratus_writes =
+        rows.iter().filter(|row| row.configuration.system == "stratus" && row.operation == "write");
+    for on in stratus_writes.clone().filter(|row| row.exactly_once == Some(true)) {
+        let Some(off) = stratus_writes.clone().find(|row| {
+            row.exactly_once == Some(false) && row.configuration.config == on.configuration.config
+        }) else {
+            continue;
+        };
+        let p50_added = on.percentiles.p50_us / off.percentiles.p50_us - 1.0;
+        let p99_added = on.percentiles.p99_us / off.percentiles.p99_us - 1.0;
+        let throughput_lost = 1.0 - on.ops_per_sec / off.ops_per_sec;
+        let cpu_added = on.cpu.system_us_per_op(on.operations)
+            / off.cpu.system_us_per_op(off.operations).max(1e-9)
+            - 1.0;
+        println!(
+            "{} write, exactly-once on vs off: p50 {:+.1} %, p99 {:+.1} %, throughput {:+.1} %, \
+             CPU per write {:+.1} % (goals: p50 and throughput within 5 %)",
+            on.configuration.config,
+            p50_added * 100.0,
+            p99_added * 100.0,
+            -throughput_lost * 100.0,
+            cpu_added * 100.0,
+        );
+        print_json(&[
+            ("bench", Field::Text("latency".into())),
+            ("system", Field::Text("exactly-once-ratio".into())),
+            ("config", Field::Text(on.configuration.config.clone())),
+            ("write_p50_added_fraction", Field::Number(p50_added)),
+            ("write_p99_added_fraction", Field::Number(p99_added)),
+            ("write_throughput_lost_fraction", Field::Number(throughput_lost)),
+            ("write_cpu_added_fraction", Field::Number(cpu_added)),
         ]);
     }
 }

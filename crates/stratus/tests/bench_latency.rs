@@ -1,6 +1,7 @@
 //! `stratus bench latency` end to end, scaled down: writes and reads are measured with and
 //! without a replica, after the warm-up made the cleaner run, beside Redis with one replica and
-//! WAIT where redis-server is installed; every row is complete, CPU included.
+//! WAIT where redis-server is installed; Stratus's writes with exactly-once on and off, with a
+//! row comparing them; every row is complete, CPU included.
 
 mod common;
 
@@ -36,26 +37,39 @@ fn bench_latency_measures_writes_and_reads_for_each_replica_count() {
         redis,
     ];
     let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
-    let (measured, ratios): (Vec<&BenchRow>, Vec<&BenchRow>) =
-        rows.iter().partition(|row| row["system"] != "ratio");
+    let of_system = |system: &str| -> Vec<&BenchRow> {
+        rows.iter().filter(|row| row["system"] == system).collect()
+    };
+    let measured: Vec<&BenchRow> =
+        rows.iter().filter(|row| row["system"] == "stratus" || row["system"] == "redis").collect();
+    let ratios = of_system("ratio");
     let mut expected = vec![
-        ("stratus", "r0-buffered", "write", 0.0),
-        ("stratus", "r0-buffered", "read", 0.0),
-        ("stratus", "r1-buffered", "write", 1.0),
-        ("stratus", "r1-buffered", "read", 1.0),
+        ("stratus", "r0-buffered", "write", 0.0, "on"),
+        ("stratus", "r0-buffered", "write", 0.0, "off"),
+        ("stratus", "r0-buffered", "read", 0.0, ""),
+        ("stratus", "r1-buffered", "write", 1.0, "on"),
+        ("stratus", "r1-buffered", "write", 1.0, "off"),
+        ("stratus", "r1-buffered", "read", 1.0, ""),
     ];
     if with_redis {
-        expected.extend([("redis", "wait-1", "write", 1.0), ("redis", "wait-1", "read", 1.0)]);
+        expected
+            .extend([("redis", "wait-1", "write", 1.0, ""), ("redis", "wait-1", "read", 1.0, "")]);
     }
     assert_eq!(
         measured.len(),
         expected.len(),
-        "a write and a read row per configuration:\n{stdout}"
+        "two write rows (exactly-once on, off) and a read row per Stratus configuration, a \
+         write and a read row per Redis one:\n{stdout}"
     );
-    for (row, (system, config, op, replicas)) in measured.iter().zip(expected) {
+    for (row, (system, config, op, replicas, exactly_once)) in measured.iter().zip(expected) {
         assert_eq!(row["bench"], "latency");
         assert_eq!((row["system"].as_str(), row["config"].as_str()), (Some(system), Some(config)));
         assert_eq!(row["op"], op);
+        if exactly_once.is_empty() {
+            assert!(row.get("exactly_once").is_none(), "{row:?}");
+        } else {
+            assert_eq!(row["exactly_once"], exactly_once, "{row:?}");
+        }
         assert_eq!(number(row, "replicas"), replicas);
         assert_eq!(number(row, "operations"), 1000.0);
         assert!(number(row, "p50_us") > 0.0 && number(row, "p50_us") <= number(row, "p99_us"));
@@ -74,6 +88,15 @@ fn bench_latency_measures_writes_and_reads_for_each_replica_count() {
         }
         let processes = number(row, "cpu_processes");
         assert!(if system == "redis" { processes == 2.0 } else { processes >= 3.0 }, "{row:?}");
+    }
+    // What exactly-once adds, per Stratus configuration.
+    let exactly_once = of_system("exactly-once-ratio");
+    assert_eq!(exactly_once.len(), 2, "{stdout}");
+    for (row, config) in exactly_once.iter().zip(["r0-buffered", "r1-buffered"]) {
+        assert_eq!(row["config"], config);
+        for field in ["write_p50_added_fraction", "write_throughput_lost_fraction"] {
+            assert!(number(row, field).is_finite() && number(row, field) > -1.0, "{row:?}");
+        }
     }
     if with_redis {
         assert_eq!(ratios.len(), 1, "one goal row, for R = 1:\n{stdout}");

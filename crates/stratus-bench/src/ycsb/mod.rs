@@ -37,8 +37,8 @@ pub struct YcsbArguments {
     #[arg(long, default_value = "stratus,redis,memcached", value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Only these configurations (comma-separated; default all): stratus r0, r3-buffered,
-    /// r3-fsync; redis everysec, always, wait-3 (a primary and 3 replicas, every write
-    /// followed by WAIT 3 0); memcached default.
+    /// r3-buffered-eo-off (its clients without exactly-once), r3-fsync; redis everysec, always,
+    /// wait-3 (a primary and 3 replicas, every write followed by WAIT 3 0); memcached default.
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Records loaded before the run (YCSB recordcount).

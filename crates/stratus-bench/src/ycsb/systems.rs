@@ -20,6 +20,8 @@ pub enum Running {
         coordinator: String,
         /// `usertable`.
         table: TableId,
+        /// Whether the clients are exactly-once (the default; `-eo-off` configurations not).
+        exactly_once: bool,
     },
     /// Redis, one server or a primary with replicas.
     Redis(RedisDeployment),
@@ -36,8 +38,10 @@ impl Running {
     /// A new connection for one driver thread.
     pub fn connect(&self) -> Result<Box<dyn Database>, String> {
         match self {
-            Running::Stratus { coordinator, table, .. } => {
-                let client = BlockingClient::new(ClientConfig::new(coordinator.clone()))
+            Running::Stratus { coordinator, table, exactly_once, .. } => {
+                let mut config = ClientConfig::new(coordinator.clone());
+                config.exactly_once = *exactly_once;
+                let client = BlockingClient::new(config)
                     .map_err(|error| format!("stratus client: {error:?}"))?;
                 Ok(Box::new(StratusDatabase { client, table: *table }))
             }
@@ -72,7 +76,7 @@ pub struct Configuration {
 /// The documented configurations of each system.
 pub fn configurations(system: &str) -> Result<Vec<Configuration>, String> {
     let names: &[&'static str] = match system {
-        "stratus" => &["r0", "r3-buffered", "r3-fsync"],
+        "stratus" => &["r0", "r3-buffered", "r3-buffered-eo-off", "r3-fsync"],
         "redis" => &["everysec", "always", "wait-3"],
         "memcached" => &["default"],
         other => return Err(format!("unknown system {other:?} (stratus, redis, memcached)")),
@@ -113,7 +117,10 @@ fn start_stratus(
     arguments: &YcsbArguments,
     directory: &Path,
 ) -> Result<Running, String> {
-    let (replicas, durability) = match name {
+    // `-eo-off`: the same cluster, its clients without exactly-once (no lease, no identity,
+    // no completion record): what exactly-once costs.
+    let exactly_once = !name.ends_with("-eo-off");
+    let (replicas, durability) = match name.trim_end_matches("-eo-off") {
         "r0" => ("0", "buffered"),
         "r3-buffered" => ("3", "buffered"),
         _ => ("3", "fsync"),
@@ -134,5 +141,5 @@ fn start_stratus(
     let table = client
         .create_table("usertable", arguments.stratus_servers)
         .map_err(|error| format!("creating usertable: {error:?}"))?;
-    Ok(Running::Stratus { cluster: cluster.process, coordinator, table })
+    Ok(Running::Stratus { cluster: cluster.process, coordinator, table, exactly_once })
 }

@@ -3,9 +3,10 @@
 
 Brings up a coordinator and N storage servers (default 5), each its own container from the
 `stratus:local` image (deploy/build-image.sh), on a private internal network created for this
-run; starts a client container running `stratus workload` (recorded clients, then every key
-read back and the history checked for linearizability and lost writes); and meanwhile injects
-faults on a schedule drawn from a seed:
+run; starts a client container running `stratus workload` (recorded exactly-once clients, then
+every key read back and the history checked for linearizability and lost writes, and counter
+keys checked for increments applied other than once); and meanwhile injects faults on a
+schedule drawn from a seed:
 
   kill        SIGKILL of a server (docker kill), restarted after the hold: a new server process
               on the same backup volume (it enlists as a new server at the same address)
@@ -21,7 +22,7 @@ crashed), heals, restarts every server container that exited (a server declared 
 exits), and waits until the cluster is healthy again (every server address up, every tablet
 served) before the next episode. A cluster that does not recover within --recovery-timeout
 fails the run. The workload's exit status is the verdict: 0 pass, 2 violation (lost write or
-non-linearizable history), 3 inconclusive.
+non-linearizable history, or a counter that shows an increment applied twice), 3 inconclusive.
 
 Every wait is bounded (the whole run by --deadline, default 360 s, after the image build);
 containers, the network and volumes are removed in a finally block, on failure and on Ctrl-C

@@ -10,16 +10,19 @@
 //! final value is a lost write). One summary line is printed; a violation prints the smallest
 //! offending history of each failing key and exits with status 2.
 //!
-//! Every recorded write, conditional write and increment takes effect at most once: the
-//! clients run with `retry_ambiguous_mutations` off, so the client library retries a mutation
-//! only when its request certainly did not run (no connection, a stale tablet map, a tablet
-//! being recovered) and otherwise returns the ambiguous error (a timeout, a connection lost
-//! after sending, RETRY from the master), recorded as an unknown outcome; the workload then backs
-//! off and goes on with new, separately recorded operations. Letting the library retry those
-//! would hide re-executions behind one recorded call: without exactly-once RPCs (README,
-//! "Status") a conditional write whose first attempt took effect but whose answer was lost
-//! would be recorded as refused, a documented gap rather than a finding. Reads are retried by
-//! the library until `--operation-timeout-ms`.
+//! Every mutation takes effect exactly once: the clients run with exactly-once RPCs on (RIFL,
+//! docs/design/exactly-once.md), so the client library sends a mutation whose outcome is
+//! unknown (a timeout, a connection lost after sending, RETRY from the master) again under the
+//! same identity until `--operation-timeout-ms`, and a retry of one that ran gets the first
+//! answer instead of running again. An operation still without an answer then is recorded as
+//! an unknown outcome, and the client backs off and goes on with new, separately recorded
+//! operations. A conditional write applied twice would show in the register check; an
+//! increment applied twice, where a register cannot see it, shows in the counters:
+//! `--counters` keys that are only ever incremented by 1 (one operation in ten, some as
+//! two-item multi-increments), each checked with `stratus_history::check_counter` against its
+//! final value (at least its acknowledged increments, at most those plus the unknown ones, and
+//! no value returned twice). Counter keys are left out of the register check (their histories
+//! are long, and the counter check is the stronger one for them).
 //!
 //! Exit status: 0 linearizable and nothing lost; 1 the workload could not run (no cluster, bad
 //! arguments); 2 a violation (lost acknowledged write or non-linearizable history); 3
@@ -44,10 +47,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use stratus_client::{Client, ClientConfig, Error as ClientError, RejectRules, Status, TableId};
-use stratus_history::workload::Choices;
+use stratus_history::workload::{counter_key, counter_step, Choices};
 use stratus_history::{
-    check, check_key, CheckOptions, History, Operation, OperationRecord, Outcome, Recorder,
-    RecordingClient, Verdict,
+    check, check_counter, check_key, CheckOptions, History, Operation, OperationRecord, Outcome,
+    Recorder, RecordingClient, Verdict,
 };
 use stratus_rpc::deadline_in;
 use stratus_types::Version;
@@ -63,6 +66,10 @@ pub struct WorkloadArguments {
     /// Keys shared by every client (an eighth of them get half of the operations).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub keys: u32,
+    /// Counter keys, incremented by 1 and nothing else, that check every increment ran exactly
+    /// once (0: none).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub counters: u32,
     /// Concurrent clients, each one sequential stream of operations with its own connections.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub clients: u32,
@@ -131,11 +138,11 @@ struct Timeouts {
     attempt: Duration,
 }
 
-/// A client whose mutations take effect at most once (see the module documentation).
-fn at_most_once_client(coordinator: &str, timeouts: Timeouts) -> Client {
+/// A client whose mutations take effect exactly once (see the module documentation).
+fn exactly_once_client(coordinator: &str, timeouts: Timeouts) -> Client {
     let mut config = ClientConfig::new(coordinator.to_string());
     config.operation_timeout = timeouts.operation;
-    config.retry_ambiguous_mutations = false;
+    assert!(config.exactly_once, "the workload checks exactly-once mutations");
     config.rpc.request_timeout = timeouts.attempt;
     config.rpc.connect_timeout = timeouts.attempt.min(Duration::from_secs(2));
     Client::new(config)
@@ -154,7 +161,7 @@ async fn run_client(
     client: RecordingClient,
     client_id: u32,
     table: TableId,
-    keys: u32,
+    (keys, counters): (u32, u32),
     mut choices: Choices,
     rate: u32,
     stop: Arc<AtomicBool>,
@@ -181,6 +188,11 @@ async fn run_client(
             next_start += pacing;
         }
         sequence += 1;
+        if counters > 0 && choices.below(10) == 0 {
+            // Its outcome is in the history; the counter check reads it from there.
+            counter_step(&client, table, counters as usize, &mut choices).await;
+            continue;
+        }
         let key_index = if choices.below(2) == 0 {
             choices.below(u64::from(hot_keys)) as u32
         } else {
@@ -239,20 +251,19 @@ enum FinalRead {
     Unreadable,
 }
 
-/// Reads every key once the mixed phase is over, retrying each until it has a known outcome or
-/// `deadline` passes. The reads are part of the history (client id `client_id`).
+/// Reads every key of `keys` once the mixed phase is over, retrying each until it has a known
+/// outcome or `deadline` passes. The reads are part of the history (client id `client_id`).
 async fn read_back(
     client: &RecordingClient,
     table: TableId,
-    keys: u32,
+    keys: &[Vec<u8>],
     deadline: tokio::time::Instant,
 ) -> Vec<FinalRead> {
-    let mut found = Vec::with_capacity(keys as usize);
-    for key_index in 0..keys {
-        let key = key_name(key_index);
+    let mut found = Vec::with_capacity(keys.len());
+    for key in keys {
         let mut backoff = FAULT_BACKOFF_MIN;
         let result = loop {
-            match client.read(table, &key).await {
+            match client.read(table, key).await {
                 Ok((value, version)) => break FinalRead::Present(value, version),
                 Err(error) if error.status == Status::ObjectDoesntExist => {
                     break FinalRead::Missing
@@ -267,6 +278,43 @@ async fn read_back(
         found.push(result);
     }
     found
+}
+
+/// What the counters' histories and final reads came to: the increments counted, and one line
+/// per counter that shows an increment applied other than once.
+#[derive(Debug, Default)]
+struct CounterFindings {
+    counted_increments: u64,
+    violations: Vec<String>,
+    unreadable: usize,
+}
+
+/// Checks every counter's history against its final read ([`check_counter`]).
+fn check_counters(history: &History, table: TableId, finals: &[FinalRead]) -> CounterFindings {
+    let mut findings = CounterFindings::default();
+    for (index, final_read) in finals.iter().enumerate() {
+        let key = counter_key(index);
+        let final_value = match final_read {
+            FinalRead::Present(value, _) => match <[u8; 8]>::try_from(&value[..]) {
+                Ok(bytes) => i64::from_le_bytes(bytes),
+                Err(_) => {
+                    let what = format!("holds {} bytes, not an integer", value.len());
+                    findings.violations.push(format!("counter {index}: {what}"));
+                    continue;
+                }
+            },
+            FinalRead::Missing => 0,
+            FinalRead::Unreadable => {
+                findings.unreadable += 1;
+                continue;
+            }
+        };
+        match check_counter(history, table, &key, final_value) {
+            Ok(report) => findings.counted_increments += report.acknowledged,
+            Err(violation) => findings.violations.push(format!("counter {index}: {violation}")),
+        }
+    }
+    findings
 }
 
 /// Waits until the coordinator answers and at least `servers` servers are up; returns how many
@@ -503,7 +551,7 @@ async fn run_phases(
     let mut tasks = tokio::task::JoinSet::new();
     for client_id in 0..arguments.clients {
         let client = RecordingClient::new(
-            at_most_once_client(coordinator, timeouts),
+            exactly_once_client(coordinator, timeouts),
             recorder.clone(),
             client_id,
         );
@@ -513,7 +561,7 @@ async fn run_phases(
             client,
             client_id,
             table,
-            arguments.keys,
+            (arguments.keys, arguments.counters),
             choices,
             arguments.rate,
             stop.clone(),
@@ -554,22 +602,33 @@ async fn run_phases(
 
     // The last word on every key.
     let reader = RecordingClient::new(
-        at_most_once_client(coordinator, timeouts),
+        exactly_once_client(coordinator, timeouts),
         recorder.clone(),
         arguments.clients,
     );
     let settle_deadline = deadline_in(Duration::from_secs(arguments.settle_seconds));
-    let final_reads = read_back(&reader, table, arguments.keys, settle_deadline).await;
+    let keys: Vec<Vec<u8>> = (0..arguments.keys).map(key_name).collect();
+    let final_reads = read_back(&reader, table, &keys, settle_deadline).await;
+    let counter_keys: Vec<Vec<u8>> =
+        (0..arguments.counters as usize).map(|index| counter_key(index).to_vec()).collect();
+    let counter_finals = read_back(&reader, table, &counter_keys, settle_deadline).await;
     let unreadable = final_reads.iter().filter(|read| **read == FinalRead::Unreadable).count();
 
     // Checks.
     let history = recorder.history();
     let check_started = Instant::now();
+    let counters = check_counters(&history, table, &counter_finals);
+    let registers = History {
+        operations: (history.operations.iter())
+            .filter(|operation| !counter_keys.iter().any(|key| operation.key[..] == key[..]))
+            .cloned()
+            .collect(),
+    };
     let options =
         CheckOptions { search_steps_max: arguments.check_steps, ..CheckOptions::default() };
-    let report = tokio::task::block_in_place(|| check(&history, &options));
+    let report = tokio::task::block_in_place(|| check(&registers, &options));
     let lost = lost_writes(&history, &final_reads);
-    let canary = tokio::task::block_in_place(|| checker_canary_caught(&history, &options));
+    let canary = tokio::task::block_in_place(|| checker_canary_caught(&registers, &options));
     let count = |predicate: &dyn Fn(&OperationRecord) -> bool| {
         history.operations.iter().filter(|operation| predicate(operation)).count()
     };
@@ -582,9 +641,9 @@ async fn run_phases(
     let steps: u64 = report.keys.iter().map(|key| key.steps).sum();
     let undecided = report.undecided().count();
     let violating = report.violations().count();
-    let verdict = if violating > 0 || !lost.is_empty() {
+    let verdict = if violating > 0 || !lost.is_empty() || !counters.violations.is_empty() {
         "VIOLATION"
-    } else if unreadable > 0 || undecided > 0 || canary != Some(true) {
+    } else if unreadable > 0 || counters.unreadable > 0 || undecided > 0 || canary != Some(true) {
         "INCONCLUSIVE"
     } else {
         "linearizable"
@@ -598,6 +657,15 @@ async fn run_phases(
                 write.key.escape_ascii(),
                 write.outcome.created_version().map_or(0, |version| version.0),
                 describe_final(final_read)
+            );
+        }
+        for violation in &counters.violations {
+            println!("EXACTLY-ONCE VIOLATION: {violation}");
+        }
+        if counters.unreadable > 0 {
+            println!(
+                "UNAVAILABLE: {} of {} counters had no known outcome within --settle-seconds {}",
+                counters.unreadable, arguments.counters, arguments.settle_seconds
             );
         }
         if unreadable > 0 {
@@ -627,6 +695,7 @@ async fn run_phases(
          acknowledged_writes={acknowledged_writes} refused={refused} unknown={unknown} \
          unknown_mutations={unknown_mutations} unknown_by_status={unknown_by_status:?} keys={} \
          final_reads={}/{} lost_writes={} violating_keys={violating} undecided_keys={undecided} \
+         counters={} counted_increments={} counter_violations={} \
          search_steps={steps} mixed_seconds={mixed_seconds:.1} check_seconds={:.1} \
          total_seconds={:.1}",
         history.len(),
@@ -634,6 +703,9 @@ async fn run_phases(
         final_reads.len() - unreadable,
         final_reads.len(),
         lost.len(),
+        arguments.counters,
+        counters.counted_increments,
+        counters.violations.len(),
         check_started.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64(),
     );
@@ -675,6 +747,40 @@ mod tests {
             Operation::Read { rules: RejectRules::NONE },
             Outcome::Read { value: Bytes::from_static(value), version: Version(version) },
         )
+    }
+
+    /// An increment of counter 0 by 1 that returned `value` (None: its outcome is unknown).
+    fn counted(id: u64, value: Option<i64>) -> OperationRecord {
+        let outcome = match value {
+            Some(value) => Outcome::Incremented { value, version: Version(value as u64) },
+            None => Outcome::Unknown { status: Status::Timeout },
+        };
+        let increment = Operation::Increment { delta: 1, rules: RejectRules::NONE };
+        OperationRecord { key: counter_key(0), ..record(id, increment, outcome) }
+    }
+
+    #[test]
+    fn a_counter_above_its_increments_is_a_violation_and_one_within_them_is_not() {
+        let history = History { operations: vec![counted(1, Some(1)), counted(2, None)] };
+        let at = |value: i64| {
+            let bytes = Bytes::copy_from_slice(&value.to_le_bytes());
+            [FinalRead::Present(bytes, Version(9))]
+        };
+        for value in [1, 2] {
+            let findings = check_counters(&history, TableId(1), &at(value));
+            assert!(findings.violations.is_empty(), "{value}: {findings:?}");
+            assert_eq!(findings.counted_increments, 1);
+        }
+        assert_eq!(
+            check_counters(&history, TableId(1), &at(3)).violations.len(),
+            1,
+            "applied twice"
+        );
+        assert_eq!(check_counters(&history, TableId(1), &at(0)).violations.len(), 1, "one lost");
+        let missing = check_counters(&history, TableId(1), &[FinalRead::Missing]);
+        assert_eq!(missing.violations.len(), 1, "an acknowledged increment lost with the key");
+        let unreadable = check_counters(&history, TableId(1), &[FinalRead::Unreadable]);
+        assert_eq!((unreadable.unreadable, unreadable.violations.len()), (1, 0));
     }
 
     #[test]

@@ -140,9 +140,13 @@ impl CompletionTable {
             return;
         }
         completions.acknowledged = acknowledged;
-        let kept = completions.results.split_off(&RpcId(acknowledged.0.saturating_add(1)));
-        let forgotten = std::mem::replace(&mut completions.results, kept);
-        self.forget(forgotten.into_values(), free);
+        // Popped from the front rather than split off: every mutation of a lease acknowledges
+        // its predecessor, and a split allocates a new map each time.
+        let covered = std::iter::from_fn(|| {
+            let entry = completions.results.first_entry()?;
+            (*entry.key() <= acknowledged).then(|| entry.remove())
+        });
+        self.forget(covered, free);
     }
 
     fn forget(&self, records: impl Iterator<Item = Recorded>, free: &mut FreeEntry<'_>) -> u64 {

@@ -30,5 +30,6 @@ pub use peer_probe::{probe_peers, PeerProbeConfig, ServerList, SERVER_LIST_REFRE
 pub use recovery::{RecoveryReader, RECOVERY_READS_IN_FLIGHT_MAX};
 pub use replication::{
     LogPosition, Placement, ReplicaManager, ReplicationConfig, ReplicationStatistics, SyncError,
+    REPLICATION_TIMEOUT_DEFAULT,
 };
 pub use service::{Master, MasterConfig};

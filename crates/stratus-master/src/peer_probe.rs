@@ -59,6 +59,9 @@ pub struct ServerList {
     coordinator: String,
     pool: ChannelPool,
     cached: tokio::sync::Mutex<CachedServers>,
+    /// Lists fetched so far: a reader that remembers it can tell a new list from one it has
+    /// already looked at without taking the lock.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -76,7 +79,22 @@ impl ServerList {
             coordinator,
             pool: ChannelPool::new(network, rpc),
             cached: tokio::sync::Mutex::new(CachedServers::default()),
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// How many lists have been fetched (0: none yet).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The list as last fetched, with its generation, without fetching and without waiting:
+    /// `None` while a fetch holds the cache (the caller looks again later) or before the
+    /// first fetch.
+    pub fn try_cached(&self) -> Option<(u64, Vec<ServerEntry>)> {
+        let cached = self.cached.try_lock().ok()?;
+        cached.fetched_at?;
+        Some((self.generation(), cached.servers.clone()))
     }
 
     /// Makes the next [`ServerList::servers`] fetch the list again (servers were found gone).
@@ -98,6 +116,7 @@ impl ServerList {
             Ok((Status::Ok, ResponseBody::Operation(Response::GetServerList { servers }))) => {
                 cached.servers = servers;
                 cached.fetched_at = Some(tokio::time::Instant::now());
+                self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 Ok(cached.servers.clone())
             }
             Ok((status, _)) => Err(format!("coordinator answered the server list with {status}")),

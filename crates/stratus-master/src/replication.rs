@@ -28,6 +28,7 @@ use stratus_env::{join_all, BoxFuture, Environment};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig};
 use stratus_store::ObjectStore;
 use stratus_store::{DurabilityError, SegmentDurability};
+use stratus_types::limits::SEGMENT_BYTES_MAX;
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{
     BackupWriteFlags, ReplicaCertificate, Request, ServerEntry, ServerStatus, ServiceMask, Status,
@@ -43,11 +44,44 @@ const IDLE_ROUND_INTERVAL: Duration = Duration::from_millis(200);
 /// Survivor segments queued for replication (the cleaner hands over one at a time and waits).
 const SURVIVORS_QUEUED_MAX: usize = 16;
 
-/// How often the backups holding this master's replicas are pinged. A backup that does not
-/// answer is treated as lost: its replicas are re-created elsewhere. (The cluster's failure
-/// detection declares crashed servers too, but this master does not watch for its holders in
-/// the server list; this keeps closed segments at R copies on its own.)
+/// How often the backups holding this master's replicas are pinged (off the write path: the
+/// pings run in a task of their own, and the pump applies their verdicts when they are in). A
+/// backup that does not answer within the replication timeout is treated as lost: its replicas
+/// are re-created elsewhere. This keeps closed segments at R copies even for a backup that no
+/// write has gone to since it went silent and that the coordinator has not declared crashed
+/// (yet: a crash declaration in the server list drops it at once).
 const HOLDER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The replication timeout when none is configured. A backup that has not acknowledged a
+/// write this long after it was sent (plus the transfer allowance below) is slow: it is
+/// dropped from every replica set of this master and the replicas go to other backups, so a
+/// paused or dead backup holds up this master's writes for about this long, instead of for the
+/// whole pause or until the cluster declares it crashed. RAMCloud waits for the coordinator's
+/// crash declaration (detection ≈ its probe timeout and confirmation); 200 ms is below the
+/// 250 ms our failure detection needs to suspect a server, and far above a healthy backup's
+/// answer (tens of µs idle, a few ms with fsync): see docs/design/replication.md.
+pub const REPLICATION_TIMEOUT_DEFAULT: Duration = Duration::from_millis(200);
+
+/// The slowest rate at which a healthy backup takes a replica write's bytes: a write of `n`
+/// bytes may take the replication timeout plus `n` / this. A whole 8 MiB segment (what a new
+/// holder receives) adds 125 ms; a typical group-committed write of a few KiB adds nothing
+/// measurable.
+const REPLICATION_BYTES_PER_SECOND_MIN: u64 = 64 << 20;
+
+/// How long a BACKUP_WRITE of `bytes` may take before its backup counts as slow.
+fn backup_write_timeout(replication_timeout: Duration, bytes: usize) -> Duration {
+    let transfer_micros =
+        (bytes as u64).saturating_mul(1_000_000) / REPLICATION_BYTES_PER_SECOND_MIN;
+    replication_timeout.saturating_add(Duration::from_micros(transfer_micros))
+}
+
+/// Timeout of the pump's requests to the coordinator (SET_LOG_HEAD, which the coordinator
+/// makes durable in its metadata store before it answers).
+const CONTROL_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Frees kept for backups in quarantine, until they answer again: a stale copy each, so a
+/// bound on storage frames, not on correctness.
+const ORPHANS_WAITING_MAX: usize = 4_096;
 
 /// How long a backup found dead is not chosen for new replicas.
 const DEAD_BACKUP_QUARANTINE: Duration = Duration::from_secs(10);
@@ -75,8 +109,10 @@ pub struct ReplicationConfig {
     pub coordinator_address: String,
     /// How long a write waits for its replication before the client is told RETRY.
     pub sync_timeout: Duration,
-    /// Timeout of one replication RPC.
-    pub backup_request_timeout: Duration,
+    /// How long a backup may take to acknowledge a replica write (plus a transfer allowance
+    /// for large writes) or to answer a holder check's ping before it counts as lost and its
+    /// replicas go elsewhere (`stratus server --replication-timeout-ms`).
+    pub replication_timeout: Duration,
 }
 
 impl ReplicationConfig {
@@ -87,7 +123,7 @@ impl ReplicationConfig {
             placement: Placement::Random,
             coordinator_address,
             sync_timeout: Duration::from_secs(10),
-            backup_request_timeout: Duration::from_secs(2),
+            replication_timeout: REPLICATION_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -478,8 +514,13 @@ struct Pump {
     /// Backups found dead, and since when: not chosen again for a while.
     dead_backups: BTreeMap<ServerId, tokio::time::Instant>,
     holders_checked_at: Option<tokio::time::Instant>,
+    /// The holder check in flight (pings run in a task of their own, so a silent backup
+    /// delays no round): each pinged backup and whether it answered.
+    holder_check: Option<tokio::task::JoinHandle<Vec<(ServerId, bool)>>>,
+    /// The server list generation whose crash declarations have been applied.
+    server_list_generation_seen: u64,
     /// Replicas no longer part of their segment's replica set, to free on their backups.
-    orphans: Vec<(String, SegmentId)>,
+    orphans: Vec<(ServerId, String, SegmentId)>,
     /// Survivor segments the cleaner waits on.
     survivors: mpsc::Receiver<SurvivorRequest>,
     /// A survivor whose replication failed, tried again first in the next round.
@@ -546,7 +587,13 @@ enum WriteOutcome {
         bytes_held: u32,
         closed: bool,
     },
-    Failed(String),
+    /// The backup answered with a refusal (out of buffers, stopping, a bad request): it is
+    /// alive, and loses this replica only.
+    Refused(String),
+    /// No answer within the write's timeout, or no connection: the backup may be paused,
+    /// partitioned or dead, and loses every replica of this master at once (waiting for it
+    /// segment by segment would stall writes once per segment it holds).
+    Unreachable(String),
     /// The backup refused: this master was declared crashed.
     Fenced,
 }
@@ -558,8 +605,13 @@ impl Pump {
         environment: Environment,
         survivors: mpsc::Receiver<SurvivorRequest>,
     ) -> Pump {
+        // Calls bound themselves more tightly where they must (replica writes, pings, frees):
+        // this cap is for the coordinator's answers, and never shorter than a whole segment's
+        // write may take.
+        let whole_segment =
+            backup_write_timeout(shared.config.replication_timeout, SEGMENT_BYTES_MAX);
         let rpc = RpcConfig {
-            request_timeout: shared.config.backup_request_timeout,
+            request_timeout: whole_segment.max(CONTROL_REQUEST_TIMEOUT),
             ..RpcConfig::default()
         };
         Pump {
@@ -572,6 +624,8 @@ impl Pump {
             load: BTreeMap::new(),
             dead_backups: BTreeMap::new(),
             holders_checked_at: None,
+            holder_check: None,
+            server_list_generation_seen: 0,
             orphans: Vec::new(),
             survivors,
             pending_survivor: None,
@@ -602,6 +656,7 @@ impl Pump {
         let store = self.shared.store.clone();
         let log = store.log();
         self.check_holders_alive().await;
+        self.drop_holders_declared_crashed();
         // A fenced master's survivors can never be durable: their waiters are told so.
         if self.shared.fenced.load(std::sync::atomic::Ordering::Acquire) {
             self.refuse_survivors();
@@ -876,6 +931,7 @@ impl Pump {
                     primary: index == 0,
                 };
                 let pool = self.pool.clone();
+                let replication_timeout = self.shared.config.replication_timeout;
                 let survivor = matches!(source, Source::Given(..));
                 self.count(|statistics| {
                     statistics.backup_writes += 1;
@@ -885,12 +941,13 @@ impl Pump {
                     }
                 });
                 calls.push(Box::pin(async move {
-                    let outcome = call.send(&pool, &holder, data).await;
+                    let outcome = call.send(&pool, &holder, data, replication_timeout).await;
                     (holder.server_id, outcome)
                 }));
             }
             // Polled together on the pump's own task: the R writes go out at once without a
             // task per call (on a loaded machine each spawn is a scheduling hop).
+            let mut unreachable = Vec::new();
             for (server_id, outcome) in join_all(calls).await {
                 let segment = self.segments.get_mut(&segment_id).expect("exists");
                 match outcome {
@@ -905,7 +962,8 @@ impl Pump {
                             holder.epoch = epoch;
                         }
                     }
-                    WriteOutcome::Failed(reason) => failed.push((server_id, reason)),
+                    WriteOutcome::Refused(reason) => failed.push((server_id, reason)),
+                    WriteOutcome::Unreachable(reason) => unreachable.push((server_id, reason)),
                     WriteOutcome::Fenced => {
                         if !self.shared.fenced.swap(true, std::sync::atomic::Ordering::AcqRel) {
                             tracing::error!(backup = %server_id, "a backup refused a write: this master was declared crashed");
@@ -914,8 +972,12 @@ impl Pump {
                     }
                 }
             }
-            if failed.is_empty() {
+            if failed.is_empty() && unreachable.is_empty() {
                 continue; // verify in the next pass (returns Ok when nothing is pending)
+            }
+            for (server_id, reason) in &unreachable {
+                tracing::warn!(segment = segment_id, backup = %server_id, %reason, "backup did not answer a replica write in time; replacing its replicas");
+                self.lose_backup(*server_id);
             }
             let segment = self.segments.get_mut(&segment_id).expect("exists");
             for (server_id, reason) in &failed {
@@ -925,7 +987,7 @@ impl Pump {
                 {
                     // Freed when this backup is no holder of the segment any more (a stale
                     // copy would otherwise use a storage frame forever).
-                    self.orphans.push((lost.address.clone(), SegmentId(segment_id)));
+                    self.orphans.push((*server_id, lost.address.clone(), SegmentId(segment_id)));
                 }
                 segment.holders.retain(|holder| holder.server_id != *server_id);
                 segment.excluded.insert(*server_id);
@@ -933,8 +995,10 @@ impl Pump {
                     *load = load.saturating_sub(1);
                 }
             }
-            segment.epoch += 1;
-            segment.complete = false;
+            if !failed.is_empty() {
+                segment.epoch += 1;
+                segment.complete = false;
+            }
             let replaced = failed.len() as u64;
             self.count(|statistics| statistics.replicas_replaced += replaced);
             // Backups that failed may be gone: look at the server list again.
@@ -943,20 +1007,29 @@ impl Pump {
         Err(format!("segment {segment_id}: replicas kept failing"))
     }
 
-    /// Pings every backup holding a replica of this log (at most once per interval); the
-    /// replicas of one that does not answer are dropped, so the round re-creates them.
+    /// The holder check, which never waits on a backup: applies the verdicts of the check in
+    /// flight if it is done, and starts the next when one is due. Every backup holding a
+    /// replica of this log is pinged (at most once per interval); one that does not answer
+    /// within the replication timeout loses its replicas, so the rounds re-create them.
     async fn check_holders_alive(&mut self) {
+        if self.holder_check.as_ref().is_some_and(|check| check.is_finished()) {
+            let check = self.holder_check.take().expect("checked above");
+            // Finished, so this does not wait. A check whose task panicked tells nothing.
+            if let Ok(verdicts) = check.await {
+                self.apply_holder_verdicts(verdicts);
+            }
+        }
         let due = self
             .holders_checked_at
             .is_none_or(|checked| checked.elapsed() >= HOLDER_CHECK_INTERVAL);
-        if !due {
+        if !due || self.holder_check.is_some() {
             return;
         }
         self.holders_checked_at = Some(tokio::time::Instant::now());
-        let mut holders: BTreeMap<ServerId, String> = BTreeMap::new();
+        let mut backups: BTreeMap<ServerId, String> = BTreeMap::new();
         for segment in self.segments.values() {
             for holder in &segment.holders {
-                holders.insert(holder.server_id, holder.address.clone());
+                backups.insert(holder.server_id, holder.address.clone());
             }
         }
         // Quarantined backups are pinged too: one that answers again is a candidate again at
@@ -964,66 +1037,108 @@ impl Pump {
         // out for the whole quarantine would leave its segments on fewer than R backups long
         // after the network healed (the simulation lost a head segment that way, to two
         // crashes that R = 3 must survive).
-        let quarantined: Vec<(ServerId, String)> = self
-            .backups
-            .iter()
-            .filter(|entry| self.dead_backups.contains_key(&entry.server_id))
-            .map(|entry| (entry.server_id, entry.address.clone()))
-            .collect();
-        for (server_id, address) in &quarantined {
-            holders.entry(*server_id).or_insert_with(|| address.clone());
+        for entry in &self.backups {
+            if self.dead_backups.contains_key(&entry.server_id) {
+                backups.entry(entry.server_id).or_insert_with(|| entry.address.clone());
+            }
         }
-        let mut pings = tokio::task::JoinSet::new();
-        for (server_id, address) in holders {
-            let pool = self.pool.clone();
-            pings.spawn(async move {
-                let answered =
-                    matches!(pool.call(&address, &Request::Ping).await, Ok((Status::Ok, _)));
-                if !answered {
-                    pool.forget(&address);
-                }
-                (server_id, answered)
-            });
-        }
-        let mut dead = Vec::new();
-        while let Some(joined) = pings.join_next().await {
-            match joined {
-                Ok((server_id, false)) => dead.push(server_id),
-                Ok((server_id, true)) => {
-                    if self.dead_backups.remove(&server_id).is_some() {
-                        tracing::info!(backup = %server_id, "backup answers again; a candidate for replicas");
+        let pool = self.pool.clone();
+        let timeout = self.shared.config.replication_timeout;
+        self.holder_check = Some(tokio::spawn(async move {
+            let pings = backups.into_iter().map(|(server_id, address)| {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let answered = matches!(
+                        pool.call_within(&address, &Request::Ping, timeout).await,
+                        Ok((Status::Ok, _))
+                    );
+                    if !answered {
+                        pool.forget(&address);
                     }
+                    (server_id, answered)
+                }) as BoxFuture<'static, (ServerId, bool)>
+            });
+            join_all(pings.collect()).await
+        }));
+    }
+
+    /// What a holder check found: backups that answered leave quarantine, and those that did
+    /// not lose their replicas.
+    fn apply_holder_verdicts(&mut self, verdicts: Vec<(ServerId, bool)>) {
+        for (server_id, answered) in verdicts {
+            if answered {
+                if self.dead_backups.remove(&server_id).is_some() {
+                    tracing::info!(backup = %server_id, "backup answers again; a candidate for replicas");
                 }
-                Err(_) => {}
+                continue;
             }
-        }
-        // Still silent in quarantine and holding nothing: nothing more to take away from it.
-        dead.retain(|server_id| {
-            !quarantined.iter().any(|(quiet, _)| quiet == server_id)
-                || self.segments.values().any(|segment| {
-                    segment.holders.iter().any(|holder| holder.server_id == *server_id)
-                })
-        });
-        for server_id in dead {
+            // Still silent in quarantine and holding nothing: nothing more to take away.
+            let holds_replicas = self
+                .segments
+                .values()
+                .any(|segment| segment.holders.iter().any(|holder| holder.server_id == server_id));
+            if self.dead_backups.contains_key(&server_id) && !holds_replicas {
+                continue;
+            }
             tracing::warn!(backup = %server_id, "backup does not answer; re-replicating its replicas");
-            self.dead_backups.insert(server_id, tokio::time::Instant::now());
-            let mut lost = 0u64;
-            for (segment_id, segment) in self.segments.iter_mut() {
-                if let Some(lost_holder) =
-                    segment.holders.iter().find(|holder| holder.server_id == server_id)
-                {
-                    // If the backup comes back, its stale copy is freed.
-                    self.orphans.push((lost_holder.address.clone(), SegmentId(*segment_id)));
-                    segment.holders.retain(|holder| holder.server_id != server_id);
-                    segment.excluded.insert(server_id);
-                    segment.epoch += 1;
-                    segment.complete = false;
-                    lost += 1;
-                }
-            }
-            self.load.remove(&server_id);
-            self.count(|statistics| statistics.replicas_replaced += lost);
+            self.lose_backup(server_id);
         }
+    }
+
+    /// Drops the holders the coordinator's server list declares crashed (or removed) from
+    /// every replica set, once per list fetched: recovery of such a server runs without it,
+    /// and this master's replicas on it are re-created at once, whether or not a write or a
+    /// ping would have found it silent yet. Never waits: a list being fetched is looked at in
+    /// a later round.
+    fn drop_holders_declared_crashed(&mut self) {
+        let list = &self.shared.server_list;
+        if list.generation() == self.server_list_generation_seen {
+            return;
+        }
+        let Some((generation, servers)) = list.try_cached() else {
+            return;
+        };
+        self.server_list_generation_seen = generation;
+        let declared: BTreeSet<ServerId> = servers
+            .iter()
+            .filter(|entry| matches!(entry.status, ServerStatus::Crashed | ServerStatus::Removed))
+            .map(|entry| entry.server_id)
+            .collect();
+        let holding: BTreeSet<ServerId> = self
+            .segments
+            .values()
+            .flat_map(|segment| segment.holders.iter().map(|holder| holder.server_id))
+            .filter(|server_id| declared.contains(server_id))
+            .collect();
+        for server_id in holding {
+            tracing::warn!(backup = %server_id, "backup declared crashed; re-replicating its replicas");
+            self.lose_backup(server_id);
+        }
+    }
+
+    /// Takes `server_id` out of the replica set of every segment of this log (it did not
+    /// answer in time, or was declared crashed): each segment it held gets a new holder in the
+    /// next round and a raised epoch (so the copy left behind is the only one with an older
+    /// epoch, and is freed if the backup comes back), and the backup is not chosen for new
+    /// replicas until it answers a holder check's ping or its quarantine ends.
+    fn lose_backup(&mut self, server_id: ServerId) {
+        self.dead_backups.insert(server_id, tokio::time::Instant::now());
+        let mut lost = 0u64;
+        for (segment_id, segment) in self.segments.iter_mut() {
+            let Some(position) =
+                segment.holders.iter().position(|holder| holder.server_id == server_id)
+            else {
+                continue;
+            };
+            let holder = segment.holders.remove(position);
+            self.orphans.push((server_id, holder.address, SegmentId(*segment_id)));
+            segment.excluded.insert(server_id);
+            segment.epoch += 1;
+            segment.complete = false;
+            lost += 1;
+        }
+        self.load.remove(&server_id);
+        self.count(|statistics| statistics.replicas_replaced += lost);
     }
 
     /// Chooses backups for a segment until it has `replicas` holders.
@@ -1178,7 +1293,7 @@ impl Pump {
         let (kept, dropped): (Vec<ReplicaHolder>, Vec<ReplicaHolder>) =
             segment.holders.drain(..).partition(|holder| in_chosen(holder.server_id));
         for holder in dropped {
-            self.orphans.push((holder.address, SegmentId(segment_id)));
+            self.orphans.push((holder.server_id, holder.address, SegmentId(segment_id)));
             if let Some(load) = self.load.get_mut(&holder.server_id) {
                 *load = load.saturating_sub(1);
             }
@@ -1249,7 +1364,18 @@ impl Pump {
     async fn free_orphans(&mut self) {
         let orphans = std::mem::take(&mut self.orphans);
         let mut frees: Vec<BoxFuture<'static, bool>> = Vec::new();
-        for (address, segment_id) in orphans {
+        let timeout = self.shared.config.replication_timeout;
+        for (server_id, address, segment_id) in orphans {
+            // A backup in quarantine did not answer lately: a free would most likely wait out
+            // its timeout in this round. The free waits until the backup answers a holder
+            // check again (a bounded wait: past the bound, its garbage collector's
+            // REPLICAS_NEEDED frees the copy once its segment leaves this log).
+            if self.dead_backups.contains_key(&server_id) {
+                if self.orphans.len() < ORPHANS_WAITING_MAX {
+                    self.orphans.push((server_id, address, segment_id));
+                }
+                continue;
+            }
             let still_held = self.segments.get(&segment_id.0).is_some_and(|segment| {
                 segment.holders.iter().any(|holder| holder.address == address)
             });
@@ -1259,7 +1385,8 @@ impl Pump {
             let pool = self.pool.clone();
             let request = Request::BackupFree { master_id: self.server_id, segment_id };
             frees.push(Box::pin(async move {
-                matches!(pool.call(&address, &request).await, Ok((Status::Ok, _)))
+                let freed = pool.call_within(&address, &request, timeout).await;
+                matches!(freed, Ok((Status::Ok, _)))
             }));
         }
         let freed = join_all(frees).await.into_iter().filter(|freed| *freed).count() as u64;
@@ -1291,7 +1418,7 @@ impl Pump {
                 }
                 // Best effort: a backup that misses the free keeps a replica that recovery
                 // ignores (its segment is not in the digest).
-                self.orphans.push((holder.address, SegmentId(segment_id)));
+                self.orphans.push((holder.server_id, holder.address, SegmentId(segment_id)));
             }
         }
         self.free_orphans().await;
@@ -1325,9 +1452,17 @@ struct BackupCall {
 
 impl BackupCall {
     /// Sends the bytes the holder lacks (`data`, starting at `holder.bytes_held`) with the
-    /// certificate for the segment's current length.
-    async fn send(self, pool: &ChannelPool, holder: &ReplicaHolder, data: Bytes) -> WriteOutcome {
+    /// certificate for the segment's current length; a backup that has not answered within the
+    /// replication timeout (plus the transfer allowance for `data`) is unreachable.
+    async fn send(
+        self,
+        pool: &ChannelPool,
+        holder: &ReplicaHolder,
+        data: Bytes,
+        replication_timeout: Duration,
+    ) -> WriteOutcome {
         let length = self.certificate.segment_length;
+        let timeout = backup_write_timeout(replication_timeout, data.len());
         let request = Request::BackupWrite {
             master_id: self.master_id,
             segment_id: self.segment_id,
@@ -1344,13 +1479,13 @@ impl BackupCall {
             },
             data,
         };
-        match pool.call(&holder.address, &request).await {
+        match pool.call_within(&holder.address, &request, timeout).await {
             Ok((Status::Ok, _)) => WriteOutcome::Held { bytes_held: length, closed: self.close },
             Ok((Status::ServerCrashed, _)) => WriteOutcome::Fenced,
-            Ok((status, body)) => WriteOutcome::Failed(format!("{status}: {body:?}")),
+            Ok((status, body)) => WriteOutcome::Refused(format!("{status}: {body:?}")),
             Err(error) => {
                 pool.forget(&holder.address);
-                WriteOutcome::Failed(error.to_string())
+                WriteOutcome::Unreachable(error.to_string())
             }
         }
     }
@@ -1662,6 +1797,193 @@ mod tests {
             let synced = manager.sync(manager.position_to_sync()).await;
             assert!(synced.is_ok(), "{synced:?}");
             assert_eq!(manager.backups_available(), 2);
+        });
+    }
+
+    /// A scripted node: the coordinator (server list and log heads) or one backup. A backup
+    /// counts the replica writes it acknowledged; silenced, it takes requests and never
+    /// answers, as a paused process does (its kernel still accepts the connection).
+    struct ScriptedNode {
+        servers: Arc<std::sync::Mutex<Vec<ServerEntry>>>,
+        silent: std::sync::atomic::AtomicBool,
+        writes: std::sync::atomic::AtomicU64,
+    }
+
+    impl stratus_rpc::Service for ScriptedNode {
+        fn handle(
+            &self,
+            header: &stratus_wire::FrameHeader,
+            body: Bytes,
+            out: &mut bytes::BytesMut,
+        ) -> stratus_rpc::Handled {
+            use stratus_wire::{decode_request, encode_error_response, encode_response, Response};
+            if self.silent.load(std::sync::atomic::Ordering::SeqCst) {
+                return stratus_rpc::Handled::Later(Box::pin(std::future::pending()));
+            }
+            let response = match decode_request(header.opcode_code, body) {
+                Ok(Request::GetServerList) => {
+                    Response::GetServerList { servers: self.servers.lock().unwrap().clone() }
+                }
+                Ok(Request::BackupWrite { .. }) => {
+                    self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Response::BackupWrite
+                }
+                Ok(Request::SetLogHead { .. }) => Response::SetLogHead,
+                Ok(Request::BackupFree { .. }) => Response::BackupFree,
+                Ok(Request::Ping) => Response::Ping,
+                _ => {
+                    let status = Status::UnimplementedRequest;
+                    encode_error_response(out, header.request_id, header.opcode_code, status, "");
+                    return stratus_rpc::Handled::Done;
+                }
+            };
+            encode_response(out, header.request_id, Status::Ok, &response);
+            stratus_rpc::Handled::Done
+        }
+    }
+
+    /// A coordinator and `backups` scripted backups (ids 2, 3, …), each on its own port, and a
+    /// replica manager (master id 1) with `replicas` replicas and `config_changes` applied.
+    struct ScriptedCluster {
+        servers: Arc<std::sync::Mutex<Vec<ServerEntry>>>,
+        backups: BTreeMap<ServerId, Arc<ScriptedNode>>,
+        manager: ReplicaManager,
+        written: u64,
+    }
+
+    impl ScriptedCluster {
+        async fn start(
+            backups: u64,
+            replicas: usize,
+            configure: impl FnOnce(&mut ReplicationConfig),
+        ) -> ScriptedCluster {
+            let environment = Environment::system();
+            let servers = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let node = || {
+                Arc::new(ScriptedNode {
+                    servers: servers.clone(),
+                    silent: std::sync::atomic::AtomicBool::new(false),
+                    writes: std::sync::atomic::AtomicU64::new(0),
+                })
+            };
+            let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+            let coordinator = listener.local_address();
+            tokio::spawn(stratus_rpc::serve(listener, node()));
+            let mut nodes = BTreeMap::new();
+            for id in 2..2 + backups {
+                let listener = environment.network.bind("127.0.0.1:0").await.unwrap();
+                let address = listener.local_address();
+                let backup_node = node();
+                tokio::spawn(stratus_rpc::serve(listener, backup_node.clone()));
+                servers.lock().unwrap().push(ServerEntry { address, ..backup(id) });
+                nodes.insert(ServerId(id), backup_node);
+            }
+            let store = stratus_store::StoreConfig::for_testing();
+            let store = Arc::new(ObjectStore::new(store, ServerId(1)).unwrap());
+            let mut config = ReplicationConfig::new(replicas, coordinator);
+            configure(&mut config);
+            let manager = ReplicaManager::start(ServerId(1), config, store, environment);
+            ScriptedCluster { servers, backups: nodes, manager, written: 0 }
+        }
+
+        /// Writes one more object and waits for it to be on every replica.
+        async fn write_and_sync(&mut self) -> Result<(), SyncError> {
+            self.written += 1;
+            let (table, key) = (stratus_types::TableId(1), self.written.to_string());
+            let hash = stratus_types::key_hash(table, key.as_bytes());
+            let rules = stratus_types::RejectRules::NONE;
+            let store = &self.manager.shared.store;
+            store
+                .write(
+                    table,
+                    key.as_bytes(),
+                    hash,
+                    b"value",
+                    &rules,
+                    stratus_store::Expiry::Never,
+                    stratus_store::WallTime::from_seconds(0),
+                )
+                .unwrap();
+            self.manager.sync(self.manager.position_to_sync()).await
+        }
+
+        /// The backups that have acknowledged at least one replica write, and how many.
+        fn writes(&self) -> BTreeMap<ServerId, u64> {
+            self.backups
+                .iter()
+                .map(|(id, node)| (*id, node.writes.load(std::sync::atomic::Ordering::SeqCst)))
+                .filter(|(_, writes)| *writes > 0)
+                .collect()
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    }
+
+    #[test]
+    fn a_silent_backup_holds_up_writes_no_longer_than_the_replication_timeout() {
+        runtime().block_on(async {
+            let mut cluster = ScriptedCluster::start(3, 2, |config| {
+                config.replication_timeout = Duration::from_millis(100);
+                // Far less than the pause below: every write must become durable around
+                // the silent backup, not wait for it to answer again.
+                config.sync_timeout = Duration::from_secs(1);
+            })
+            .await;
+            cluster.write_and_sync().await.expect("the first write");
+            let holders: Vec<ServerId> = cluster.writes().into_keys().collect();
+            assert_eq!(holders.len(), 2, "the head is on two backups");
+            // One holder pauses for good.
+            let paused = &cluster.backups[&holders[0]];
+            paused.silent.store(true, std::sync::atomic::Ordering::SeqCst);
+            // Writes go on for longer than a holder check's interval, so the checks that ping
+            // the silent backup (a holder first, then quarantined) run meanwhile too.
+            let started = tokio::time::Instant::now();
+            while started.elapsed() < HOLDER_CHECK_INTERVAL * 5 / 2 {
+                let synced = cluster.write_and_sync().await;
+                assert!(synced.is_ok(), "a write waited for the silent backup: {synced:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let replacement: Vec<ServerId> =
+                cluster.writes().into_keys().filter(|id| !holders.contains(id)).collect();
+            assert_eq!(replacement.len(), 1, "the third backup took the silent one's replica");
+            assert!(cluster.manager.statistics().replicas_replaced >= 1);
+        });
+    }
+
+    #[test]
+    fn a_backup_declared_crashed_loses_its_replicas_at_once() {
+        runtime().block_on(async {
+            let mut cluster = ScriptedCluster::start(3, 2, |_| {}).await;
+            cluster.write_and_sync().await.expect("the first write");
+            let holders: Vec<ServerId> = cluster.writes().into_keys().collect();
+            assert_eq!(holders.len(), 2, "the head is on two backups");
+            // The coordinator declares a holder crashed, which still answers everything (a
+            // server cut off from the coordinator only, say): the declaration alone must take
+            // its replicas away, before any write or ping finds it silent.
+            for entry in cluster.servers.lock().unwrap().iter_mut() {
+                if entry.server_id == holders[0] {
+                    entry.status = ServerStatus::Crashed;
+                }
+            }
+            // The server list is fetched again (the peer pinger does every 2 s).
+            let list = cluster.manager.server_list();
+            list.mark_stale().await;
+            list.servers().await.unwrap();
+            let declared_writes = cluster.writes()[&holders[0]];
+            for _ in 0..200 {
+                if cluster.manager.statistics().replicas_replaced >= 1 {
+                    break;
+                }
+                cluster.write_and_sync().await.expect("a write");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(cluster.manager.statistics().replicas_replaced, 1);
+            cluster.write_and_sync().await.expect("a write after the replacement");
+            let writes = cluster.writes();
+            assert_eq!(writes[&holders[0]], declared_writes, "no write went to the crashed one");
+            assert_eq!(writes.len(), 3, "the third backup holds the replica now");
         });
     }
 

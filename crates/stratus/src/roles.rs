@@ -17,7 +17,7 @@ use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
     keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
-    RecoveryReader, ReplicaManager, ReplicationConfig, ServerList,
+    RecoveryReader, ReplicaManager, ReplicationConfig, ServerList, REPLICATION_TIMEOUT_DEFAULT,
 };
 use stratus_meta::FileMetaStore;
 use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig};
@@ -97,6 +97,11 @@ pub struct ServerArguments {
     /// (fixed groups, far fewer losses under correlated failures).
     #[arg(long, default_value = "random", value_parser = ["random", "copyset"])]
     pub placement: String,
+    /// Milliseconds a backup may take to acknowledge a replica write (plus 1 ms per 64 KiB it
+    /// carries) before it counts as lost: its replicas go to other backups, so a paused or
+    /// dead backup holds up this server's writes about this long.
+    #[arg(long, default_value_t = REPLICATION_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub replication_timeout_ms: u64,
     /// Open the backup's storage file with O_DIRECT (replica writes bypass the page cache, so
     /// they do not evict the master's memory; needs a file system that supports it).
     #[arg(long)]
@@ -473,6 +478,8 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             if arguments.placement == "copyset" {
                 config.placement = Placement::Copyset;
             }
+            config.replication_timeout =
+                Duration::from_millis(arguments.replication_timeout_ms.max(1));
             let replication = ReplicaManager::start(
                 server_id,
                 config,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::TestCluster;
-use stratus_client::{Client, TableId};
+use stratus_client::{Client, ClientConfig, TableId};
 use stratus_env::TcpNetwork;
 use stratus_log::{Certificate, Entry, SegmentIterator};
 use stratus_rpc::{ChannelPool, RpcConfig};
@@ -513,5 +513,73 @@ async fn a_killed_masters_replicas_hold_exactly_its_acknowledged_writes() {
             text.starts_with("writer ") && key.starts_with(b"w"),
             "a replayed object was never written: {key:?} {text:?}"
         );
+    }
+}
+
+/// A backup that stops answering (SIGSTOP) while it holds the open head of a master's log holds
+/// up that master's writes for about the replication timeout, not for its whole pause: the
+/// master drops it from every replica set and opens the head on another backup. Every write
+/// here must be acknowledged within an operation deadline far shorter than the pause (before
+/// the replication timeout, each waited out a 2 s replica write, once per segment the paused
+/// backup held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_on_around_a_paused_backup() {
+    const PAUSE: Duration = Duration::from_secs(4);
+    // Five servers, R = 3: one master and four backups, so a replacement is always at hand.
+    let cluster = TestCluster::start_with_replicas(5, 3);
+    let client = cluster.client();
+    let table = client.create_table("around-a-pause", 1).await.unwrap();
+    let mut expected = BTreeMap::new();
+    workload(&client, table, 50, 2, &mut expected).await;
+    let map = client.tablet_map(table).await.unwrap();
+    let master = map[0].owner;
+
+    // A backup holding the master's open head.
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default());
+    let servers = servers(&pool, &cluster.coordinator_address).await;
+    let mut holder = None;
+    for server in servers.iter().filter(|server| server.server_id != master) {
+        let request = Request::BackupListReplicas { master_id: master };
+        if let Ok((
+            Status::Ok,
+            ResponseBody::Operation(Response::BackupListReplicas { replicas }),
+        )) = pool.call(&server.address, &request).await
+        {
+            if replicas.iter().any(|replica| !replica.closed) {
+                holder = Some(server.address.clone());
+                break;
+            }
+        }
+    }
+    let holder = holder.expect("a backup holds the open head");
+    let paused = cluster
+        .servers
+        .iter()
+        .position(|process| process.address.as_deref() == Some(holder.as_str()))
+        .expect("the holder's process");
+    cluster.servers[paused].signal(libc::SIGSTOP);
+
+    let mut config = ClientConfig::new(cluster.coordinator_address.clone());
+    config.operation_timeout = Duration::from_millis(1_500);
+    let impatient = Client::new(config);
+    let started = tokio::time::Instant::now();
+    let mut index = 0u64;
+    let mut failures = Vec::new();
+    while started.elapsed() < PAUSE {
+        let key = format!("during-pause-{index}");
+        if let Err(error) = impatient.write(table, key.as_bytes(), b"value").await {
+            failures.push(format!("{key} after {:?}: {error}", started.elapsed()));
+        }
+        index += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.servers[paused].signal(libc::SIGCONT);
+    assert!(failures.is_empty(), "{} of {index} writes failed: {failures:?}", failures.len());
+    // Everything acknowledged before the pause is still readable.
+    for (key, state) in &expected {
+        if let Expected::Present { value, .. } = state {
+            let (read, _) = client.read(table, key).await.unwrap();
+            assert_eq!(&read[..], &value[..]);
+        }
     }
 }

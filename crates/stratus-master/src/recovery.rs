@@ -11,7 +11,11 @@ use bytes::Bytes;
 use stratus_env::WallClock;
 use stratus_log::{verify_replica, AppendPriority, Certificate, SideLog};
 use stratus_rpc::{ChannelPool, RpcConfig};
-use stratus_store::{ObjectStore, ReplayCollector, ReplayError, ReplayInto};
+use stratus_store::{
+    CleanOutcome, CleanStep, ObjectStore, ReplayCollector, ReplayError, ReplayInto, ReplayRoom,
+    RoomShortage, WallTime,
+};
+use stratus_types::limits::SEGMENT_BYTES_MAX;
 use stratus_types::{SegmentId, ServerId};
 use stratus_wire::{RecoveryTablet, Request, Response, ResponseBody, Status};
 use tokio::sync::Semaphore;
@@ -28,9 +32,35 @@ pub const RECOVERY_READS_IN_FLIGHT_MAX: usize = 8;
 /// backoff up to 250 ms, before it tries the next replica: about 8 s in all.
 const BUSY_BACKUP_RETRIES_MAX: u32 = 40;
 
-/// How long one replica read may take before the next replica of the segment is tried (a whole
-/// segment read from a backup's disk).
-const REPLICA_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one replica read may take before the next replica of the segment is tried, besides
+/// the transfer allowance below: a backup that accepted the read (a busy one answers RETRY at
+/// once) and has not answered in this long is paused or gone, and recovery does not wait on
+/// it. (It was 30 s per read: one paused backup held a recovery up that long per segment.)
+const REPLICA_READ_TIMEOUT_BASE: Duration = Duration::from_secs(2);
+
+/// The slowest rate a healthy backup reads and sends a replica at: an 8 MiB segment adds
+/// 0.5 s to [`REPLICA_READ_TIMEOUT_BASE`].
+const REPLICA_READ_BYTES_PER_SECOND_MIN: u64 = 16 << 20;
+
+/// The pool's cap on one call: a read of the largest segment.
+const REPLICA_READ_TIMEOUT_MAX: Duration = Duration::from_millis(
+    REPLICA_READ_TIMEOUT_BASE.as_millis() as u64
+        + (SEGMENT_BYTES_MAX as u64 * 1_000).div_ceil(REPLICA_READ_BYTES_PER_SECOND_MIN),
+);
+
+/// How long reading a replica of `length` bytes may take.
+fn replica_read_timeout(length: u32) -> Duration {
+    let transfer_millis = (u64::from(length) * 1_000).div_ceil(REPLICA_READ_BYTES_PER_SECOND_MIN);
+    REPLICA_READ_TIMEOUT_BASE + Duration::from_millis(transfer_millis)
+}
+
+/// Combined cleaning passes a recovery master runs at most to make room for a replay before
+/// it refuses the partition (each pass moves at most ten segments' worth of live data).
+const ROOM_CLEANING_PASSES_MAX: u32 = 32;
+
+/// How long a recovery waits for another combined pass (the cleaner's) to finish before it
+/// tries its own again.
+const ROOM_CLEANING_WAIT: Duration = Duration::from_millis(5);
 
 /// A failed recovery: the status and message the coordinator receives.
 pub type RecoveryFailure = (Status, String);
@@ -49,7 +79,8 @@ impl RecoveryReader {
 
     /// A reader whose connections go through `network`.
     pub fn new(network: Arc<dyn stratus_env::Network>) -> RecoveryReader {
-        let config = RpcConfig { request_timeout: REPLICA_READ_TIMEOUT, ..RpcConfig::default() };
+        let config =
+            RpcConfig { request_timeout: REPLICA_READ_TIMEOUT_MAX, ..RpcConfig::default() };
         RecoveryReader { pool: Arc::new(ChannelPool::new(network, config)) }
     }
 }
@@ -154,6 +185,11 @@ pub(crate) async fn recover_partition(
     for tablet in &tablets {
         context.store.drop_range(tablet.table_id, tablet.range);
     }
+    // Room for the two heads a recovery opens (the creation head now, the fusing head at the
+    // end) first; the replay checks its own room once it knows what it appends.
+    if let Some(shortage) = make_room(&context, &ReplayRoom::default(), 2).await {
+        return Err((Status::NoTableSpace, shortage.to_string()));
+    }
     let creation_segment = match context.store.log().roll_head(stratus_log::AppendPriority::Normal)
     {
         Ok(segment_id) => segment_id,
@@ -173,49 +209,31 @@ pub(crate) async fn recover_partition(
             Ok::<_, crate::replication::SyncError>(())
         })
     });
-    let store = context.store.clone();
-    let now = stratus_store::WallTime::from_millis(context.wall_clock.now_millis());
-    let partition = tablets.clone();
+    let read = Arc::new(read);
     let read_done = tokio::time::Instant::now();
-    let replayed = stratus_env::run_blocking(move || {
-        let segments: Vec<(&[u8], Certificate)> =
-            read.iter().map(|(_, bytes, certificate)| (&bytes[..], *certificate)).collect();
-        // An object of a tablet in a segment older than the tablet's creation in the crashed
-        // log is left from an earlier time that master served the range: its removal may be
-        // in another master's log, so replaying it could bring a removed object back.
-        let accept = |index: usize, table, hash| {
-            let segment_id = read[index].0;
-            partition.iter().any(|tablet| {
-                tablet.table_id == table
-                    && tablet.range.contains(hash)
-                    && segment_id >= tablet.creation_segment
-            })
-        };
-        let mut side_log = SideLog::new(AppendPriority::Normal);
-        // Unbounded, yet bounded by the log: one id per side segment, each in this master's
-        // memory.
-        let mut closed = |segment_id| {
-            let _ = closed_sender.send(segment_id);
-        };
-        let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut closed };
-        // Every segment passed `verify_replica` when it was read (to try another backup's
-        // replica on failure): the replay does not compute objects' checksums again.
-        let mut collector = ReplayCollector::new(&accept);
-        let outcome = segments
-            .iter()
-            .enumerate()
-            .try_for_each(|(index, (bytes, certificate))| {
-                collector.add_verified(index, bytes, certificate)
-            })
-            .and_then(|()| store.replay_collected(collector, now, into));
-        if outcome.is_ok() {
-            if let Some(&last) = side_log.segments().last() {
-                closed(last);
+    // The replay checks its room once it knows what it appends, before it appends anything;
+    // short of room, this master cleans its log and the replay runs again (collecting the
+    // segments twice, on this rare path only), or the partition is refused with what is short.
+    let mut room_made = false;
+    let replayed = loop {
+        let replay =
+            replay_partition(&context, read.clone(), tablets.clone(), closed_sender.clone());
+        match replay.await {
+            Ok((Err(ReplayError::NoRoom(shortage)), _)) if !room_made => {
+                tracing::info!(%shortage, "cleaning this master's log to make room for a recovery");
+                room_made = true;
+                let room = shortage.room;
+                if let Some(still) = make_room(&context, &room, 1).await {
+                    break Ok((
+                        Err(ReplayError::NoRoom(still)),
+                        SideLog::new(AppendPriority::Normal),
+                    ));
+                }
             }
+            replayed => break replayed,
         }
-        (outcome, side_log)
-    })
-    .await;
+    };
+    drop(closed_sender);
     // On failure, leave nothing behind that no tablet owns: the partition may go elsewhere.
     // (The master refuses to recover into a range it serves, and runs no two recoveries of
     // overlapping ranges at once, so this drops only what this recovery replayed.)
@@ -238,7 +256,9 @@ pub(crate) async fn recover_partition(
                 replicator.abort();
             }
             let status = match error {
-                ReplayError::StoreFull | ReplayError::ObjectTooLarge { .. } => Status::NoTableSpace,
+                ReplayError::StoreFull
+                | ReplayError::NoRoom(_)
+                | ReplayError::ObjectTooLarge { .. } => Status::NoTableSpace,
                 ReplayError::CorruptSegment { .. } => Status::Retry,
             };
             return abandon(Some(&side_log), status, format!("replay: {error}"));
@@ -307,6 +327,118 @@ pub(crate) async fn recover_partition(
         objects_replayed: statistics.objects_replayed,
         creation_segment,
     })
+}
+
+/// One replay of the partition's objects from `read` into a side log of this master's store,
+/// on a blocking thread: collects the segments, checks that the store has room for what they
+/// hold (`ReplayError::NoRoom` otherwise, with nothing appended), then appends. Each side
+/// segment that fills is sent to `closed` for replication while the replay goes on.
+async fn replay_partition(
+    context: &RecoveryContext,
+    read: Arc<Vec<(SegmentId, Bytes, Certificate)>>,
+    partition: Vec<RecoveryTablet>,
+    closed: tokio::sync::mpsc::UnboundedSender<SegmentId>,
+) -> Result<(Result<stratus_store::ReplayStatistics, ReplayError>, SideLog), String> {
+    let store = context.store.clone();
+    let now = WallTime::from_millis(context.wall_clock.now_millis());
+    stratus_env::run_blocking(move || {
+        let segments: Vec<(&[u8], Certificate)> =
+            read.iter().map(|(_, bytes, certificate)| (&bytes[..], *certificate)).collect();
+        // An object of a tablet in a segment older than the tablet's creation in the crashed
+        // log is left from an earlier time that master served the range: its removal may be
+        // in another master's log, so replaying it could bring a removed object back.
+        let accept = |index: usize, table, hash| {
+            let segment_id = read[index].0;
+            partition.iter().any(|tablet| {
+                tablet.table_id == table
+                    && tablet.range.contains(hash)
+                    && segment_id >= tablet.creation_segment
+            })
+        };
+        let mut side_log = SideLog::new(AppendPriority::Normal);
+        // Unbounded, yet bounded by the log: one id per side segment, each in this master's
+        // memory.
+        let mut closed = |segment_id| {
+            let _ = closed.send(segment_id);
+        };
+        let into = ReplayInto::SideLog { side_log: &mut side_log, closed: &mut closed };
+        // Every segment passed `verify_replica` when it was read (to try another backup's
+        // replica on failure): the replay does not compute objects' checksums again.
+        let mut collector = ReplayCollector::new(&accept);
+        let outcome = segments
+            .iter()
+            .enumerate()
+            .try_for_each(|(index, (bytes, certificate))| {
+                collector.add_verified(index, bytes, certificate)
+            })
+            .and_then(|()| {
+                // One head after the replay: the one that fuses the side log (or, with no
+                // side segment, the one the replay rolls to record the safe version).
+                match store.replay_room_shortage(&collector.room_needed(), 1) {
+                    Some(shortage) => Err(ReplayError::NoRoom(shortage)),
+                    None => store.replay_collected(collector, now, into),
+                }
+            });
+        if outcome.is_ok() {
+            if let Some(&last) = side_log.segments().last() {
+                closed(last);
+            }
+        }
+        (outcome, side_log)
+    })
+    .await
+}
+
+/// Cleans this master's log with combined passes until a replay of `room` followed by `heads`
+/// new heads fits (`None`), or no pass can help any more: then what is still short. The
+/// passes' survivors are replicated by a task of their own, so a recovery dropped halfway
+/// never leaves a pass pending (which would stop combined cleaning on this master for good).
+async fn make_room(
+    context: &RecoveryContext,
+    room: &ReplayRoom,
+    heads: u64,
+) -> Option<RoomShortage> {
+    for _ in 0..ROOM_CLEANING_PASSES_MAX {
+        let shortage = context.store.replay_room_shortage(room, heads)?;
+        let now = WallTime::from_millis(context.wall_clock.now_millis());
+        let step = match context.store.clean_combined_step(now, !shortage.memory_short()) {
+            Some(step) => step,
+            None => {
+                // Another pass (the cleaner's) is under way: it may free what is needed.
+                tokio::time::sleep(ROOM_CLEANING_WAIT).await;
+                continue;
+            }
+        };
+        let outcome = match step {
+            CleanStep::Finished(outcome) => outcome,
+            CleanStep::Replicate(pass) => {
+                let store = context.store.clone();
+                let replication = context.replication.clone();
+                let finished = tokio::spawn(async move {
+                    if let Some(replication) = &replication {
+                        for &segment_id in pass.survivor_segments() {
+                            let (bytes, certificate) =
+                                store.log().segment_contents(segment_id).expect("survivor");
+                            // Fenced, or the pump gone: this server is stopping; its pass
+                            // stays pending (nothing of it was fused).
+                            let replicated =
+                                replication.replicate_survivor(segment_id, bytes, certificate);
+                            replicated.await.ok()?;
+                        }
+                    }
+                    Some(store.finish_combined_pass(pass))
+                });
+                match finished.await {
+                    Ok(Some(outcome)) => outcome,
+                    _ => break,
+                }
+            }
+        };
+        if matches!(outcome, CleanOutcome::NothingToClean | CleanOutcome::Idle) {
+            break;
+        }
+    }
+    context.store.replay_room_shortage(room, heads)
 }
 
 /// Asks every backup which replicas of `crashed_master` it holds. Every backup must answer: one
@@ -381,14 +513,15 @@ async fn read_good_replica(
         // A busy backup (its disk reads all in flight) answers RETRY: ask it again, with
         // backoff, rather than move on at once.
         let mut backoff = std::time::Duration::from_millis(10);
-        let mut outcome = reader.pool.call(&replica.backup, &request).await;
+        let timeout = replica_read_timeout(replica.length);
+        let mut outcome = reader.pool.call_within(&replica.backup, &request, timeout).await;
         for _ in 0..BUSY_BACKUP_RETRIES_MAX {
             if !matches!(outcome, Ok((Status::Retry, _))) {
                 break;
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(std::time::Duration::from_millis(250));
-            outcome = reader.pool.call(&replica.backup, &request).await;
+            outcome = reader.pool.call_within(&replica.backup, &request, timeout).await;
         }
         match outcome {
             Ok((

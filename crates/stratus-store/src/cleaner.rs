@@ -472,6 +472,22 @@ impl ObjectStore {
         }
     }
 
+    /// One combined pass now, whatever the balancer says, for a caller that must not block (a
+    /// recovery master making room for a replay): `None` while another combined pass runs or
+    /// waits for its survivors' replication (look again once it is done); otherwise as
+    /// [`ObjectStore::clean_step`]. `for_segments` ranks segments to lower the segment count
+    /// (accepting a pass that frees no memory) rather than to free memory.
+    pub fn clean_combined_step(&self, now: WallTime, for_segments: bool) -> Option<CleanStep> {
+        self.log.observe_time(now.seconds());
+        self.log.reclaim();
+        let lock = self.try_combined()?;
+        let goal = if for_segments { Goal::Segments } else { Goal::Memory };
+        let step = self.clean_combined(now, goal);
+        drop(lock);
+        self.log.reclaim();
+        Some(step)
+    }
+
     /// Runs one compaction now, whatever the balancer says (tests and tools).
     pub fn compact_now(&self, now: WallTime) -> CleanOutcome {
         self.log.observe_time(now.seconds());

@@ -45,7 +45,9 @@ pub use cleaner::{
 pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
-pub use replay::{ReplayCollector, ReplayError, ReplayInto, ReplayStatistics};
+pub use replay::{
+    ReplayCollector, ReplayError, ReplayInto, ReplayRoom, ReplayStatistics, RoomShortage,
+};
 pub use stratus_types::{ExpiresAt, Expiry};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -42,6 +42,9 @@ pub enum ReplayError {
     },
     /// The store is out of memory for the replayed objects (a recovery master sized too small).
     StoreFull,
+    /// The store has no room for the replay now, found before anything was appended: the
+    /// caller may clean and try again ([`ObjectStore::replay_room_shortage`]).
+    NoRoom(RoomShortage),
     /// A replayed object is larger than this store admits (its value limit, set by its segment
     /// size, is below the crashed master's): it cannot hold this partition.
     ObjectTooLarge {
@@ -57,6 +60,7 @@ impl std::fmt::Display for ReplayError {
                 write!(f, "segment {index} of the replayed set is corrupt: {reason}")
             }
             ReplayError::StoreFull => f.write_str("the store is full"),
+            ReplayError::NoRoom(shortage) => shortage.fmt(f),
             ReplayError::ObjectTooLarge { value_bytes } => write!(
                 f,
                 "a replayed value of {value_bytes} bytes is larger than this store admits"
@@ -272,7 +276,113 @@ impl<'a> ReplayCollector<'a> {
     }
 }
 
+/// What a replay into a side log appends, at most: the bytes of its entries and the largest
+/// one (objects that a tombstone turns out to kill are counted too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayRoom {
+    /// Bytes of every entry the replay may append, headers included.
+    pub entry_bytes: u64,
+    /// The largest of them: a segment may leave up to that much unused at its end.
+    pub largest_entry_bytes: u64,
+}
+
+/// Why this store cannot take a replay now, in the terms an operator acts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoomShortage {
+    /// What the replay appends.
+    pub room: ReplayRoom,
+    /// Log memory the replay needs (its entries, the heads that open and fuse it).
+    pub bytes_needed: u64,
+    /// Log memory free for it (beyond the reserves kept for the cleaner and for writes).
+    pub bytes_free: u64,
+    /// Segments the replay adds to the log (side segments and two heads).
+    pub segments_needed: u64,
+    /// Segments the log may still add before its limit.
+    pub segments_free: u64,
+}
+
+impl RoomShortage {
+    /// True when memory is what is short (otherwise the segment count is).
+    pub fn memory_short(&self) -> bool {
+        self.bytes_needed > self.bytes_free
+    }
+}
+
+impl std::fmt::Display for RoomShortage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |bytes: u64| bytes as f64 / f64::from(1u32 << 20);
+        write!(
+            f,
+            "the replay needs {:.1} MiB and {} segments of this server's log; after cleaning, \
+             {:.1} MiB and {} segments are free (give servers a larger --log-mib, or add servers)",
+            mib(self.bytes_needed),
+            self.segments_needed,
+            mib(self.bytes_free),
+            self.segments_free
+        )
+    }
+}
+
+impl ReplayCollector<'_> {
+    /// What replaying what was collected so far may append.
+    pub fn room_needed(&self) -> ReplayRoom {
+        let entry_bytes = |content: usize| (content + stratus_log::ENTRY_HEADER_BYTES_MAX) as u64;
+        let objects = self.winners.values().map(|winner| entry_bytes(winner.content.len()));
+        let (objects_bytes, largest) =
+            objects.fold((0, 0), |(sum, largest), bytes| (sum + bytes, largest.max(bytes)));
+        let completion = entry_bytes(stratus_log::COMPLETION_CONTENT_BYTES_MAX);
+        let completions = self.completions.len() as u64 * completion;
+        ReplayRoom {
+            entry_bytes: objects_bytes + completions,
+            largest_entry_bytes: if self.completions.is_empty() {
+                largest
+            } else {
+                largest.max(completion)
+            },
+        }
+    }
+}
+
 impl ObjectStore {
+    /// Whether this store's log has room for a replay into a side log of `room` now, and if
+    /// not, what is short. Counts what [`ObjectStore::replay_collected`] and the fusing of its
+    /// side log take: the side segments (each entry whole in one segment), a seglet begun per
+    /// entry's segment, and new heads (the recovery's creation head and the head that fuses
+    /// the side log: `heads` of them), all from memory that ordinary appends may use.
+    pub fn replay_room_shortage(&self, room: &ReplayRoom, heads: u64) -> Option<RoomShortage> {
+        let config = self.log.config();
+        let statistics = self.log.statistics();
+        let segment_bytes = u64::from(config.segment_bytes);
+        let seglet_bytes = u64::from(config.seglet_bytes);
+        // Entries are never split across segments: at most one entry's worth of each segment
+        // is left unused (and its header takes a little), so a segment holds at least
+        // segment_bytes − largest entry − header.
+        let header_bytes = 64;
+        let usable_per_segment =
+            segment_bytes.saturating_sub(room.largest_entry_bytes + header_bytes).max(1);
+        let side_segments = room.entry_bytes.div_ceil(usable_per_segment);
+        let seglets_needed = room.entry_bytes.div_ceil(seglet_bytes)
+            + side_segments
+            + heads * u64::from(config.head_seglets_max());
+        let reserves = u64::from(config.reserve_seglets() + config.cleaner_reserve_seglets());
+        let seglets_free = (statistics.seglets_free + statistics.seglets_waiting_for_readers)
+            .saturating_sub(reserves);
+        // Ordinary heads keep the last slot for the cleaner's commit head.
+        let segments_allowed = config.segment_count_max() as u64 - 1;
+        let segments_free = segments_allowed.saturating_sub(statistics.segments_in_next_digest);
+        let segments_needed = side_segments + heads;
+        if seglets_needed <= seglets_free && segments_needed <= segments_free {
+            return None;
+        }
+        Some(RoomShortage {
+            room: *room,
+            bytes_needed: seglets_needed * seglet_bytes,
+            bytes_free: seglets_free * seglet_bytes,
+            segments_needed,
+            segments_free,
+        })
+    }
+
     /// Replays `segments` (bytes and the certificate committing them) into this store, keeping
     /// only objects for which `accept(table, key hash)` holds (the tablets being recovered).
     /// `now` is the time given to the log (replayed objects keep their own timestamps and
@@ -550,7 +660,7 @@ mod tests {
     use stratus_types::{HashRange, RejectRules, ServerId};
 
     use super::*;
-    use crate::{ByteSink, Expiry, StoreConfig};
+    use crate::{ByteSink, CleanStep, Expiry, StoreConfig};
 
     const TABLE: TableId = TableId(3);
 
@@ -649,6 +759,60 @@ mod tests {
         for (key, expected) in &model {
             assert_eq!(&read(&target, key), expected, "key {:?}", String::from_utf8_lossy(key));
         }
+    }
+
+    /// A store whose log is full of dead versions has no room for a replay until it cleans;
+    /// the shortage says so before anything is appended, and a few combined passes make the
+    /// room (a recovery master once failed a partition with LogFull on a log holding under
+    /// 1 MB of live data).
+    #[test]
+    fn a_log_full_of_dead_data_makes_room_for_a_replay_by_cleaning() {
+        let (source, model) = source();
+        let copies = segments(&source);
+        let accept = |_: usize, _: TableId, _: KeyHash| true;
+        let mut collector = ReplayCollector::new(&accept);
+        for (index, (bytes, certificate)) in copies.iter().enumerate() {
+            collector.add(index, bytes, certificate).unwrap();
+        }
+        let room = collector.room_needed();
+        assert!(room.entry_bytes > 0 && room.largest_entry_bytes > 0);
+        let target = ObjectStore::new(StoreConfig::for_testing(), ServerId(10)).unwrap();
+        assert_eq!(target.replay_room_shortage(&room, 1), None, "an empty log has room");
+        // Ten keys overwritten until the log refuses: almost all of it is dead.
+        let value = vec![7u8; 8 << 10];
+        'fill: for round in 0u64.. {
+            for key in 0..10u64 {
+                let key = format!("dead-{key}").into_bytes();
+                let hash = key_hash(TABLE, &key);
+                let rules = RejectRules::NONE;
+                let now = WallTime::from_seconds(round as u32);
+                match target.write(TABLE, &key, hash, &value, &rules, Expiry::Never, now) {
+                    Ok(_) => {}
+                    Err(crate::ObjectError::LogFull) => break 'fill,
+                    Err(error) => panic!("{error:?}"),
+                }
+            }
+        }
+        let shortage = target.replay_room_shortage(&room, 1).expect("no room in a full log");
+        assert!(shortage.memory_short(), "{shortage}");
+        assert!(shortage.to_string().contains("--log-mib"), "{shortage}");
+        let mut passes = 0;
+        while let Some(shortage) = target.replay_room_shortage(&room, 1) {
+            passes += 1;
+            assert!(passes <= 32, "cleaning made no room: {shortage}");
+            match target.clean_combined_step(WallTime::from_seconds(100), !shortage.memory_short())
+            {
+                Some(CleanStep::Finished(_)) => {}
+                other => panic!("a pass without replication finishes at once: {other:?}"),
+            }
+        }
+        target.replay_collected(collector, WallTime::from_seconds(101), ReplayInto::Head).unwrap();
+        for (key, expected) in &model {
+            assert_eq!(&read(&target, key), expected, "key {:?}", String::from_utf8_lossy(key));
+        }
+        // More than the whole log can hold is short whatever is cleaned.
+        let huge = ReplayRoom { entry_bytes: 64 << 20, largest_entry_bytes: 1_000 };
+        assert!(target.replay_room_shortage(&huge, 1).is_some_and(|short| short.memory_short()));
     }
 
     /// Replaying every segment of a log, in any order, rebuilds exactly its objects with

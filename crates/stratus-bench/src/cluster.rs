@@ -55,6 +55,25 @@ impl ChildProcess {
         }
     }
 
+    /// Sends the signal named `name` (STOP, CONT, …) to the child, with the `kill` command
+    /// (this crate has no unsafe code); a child already reaped is not signalled.
+    pub fn signal(&self, name: &str) -> Result<(), String> {
+        if self.reaped {
+            return Err(format!("SIG{name} to a child that has exited"));
+        }
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|error| format!("kill -{name}: {error}"))?;
+        if !status.success() {
+            return Err(format!("kill -{name} {} failed ({status})", self.child.id()));
+        }
+        Ok(())
+    }
+
     /// The child's process id.
     pub fn id(&self) -> u32 {
         self.child.id()
@@ -134,6 +153,20 @@ pub fn start_stratus_logged(
     command.stderr(log).env("STRATUS_LOG", "info").env("NO_COLOR", "1");
     start_and_wait_for_marker(&mut command, arguments, marker, patience)
         .map_err(|error| format!("{error} (its log: {})", error_log.display()))
+}
+
+/// Starts `stratus ARGUMENTS...` without waiting for it to say anything (a standby
+/// coordinator says nothing until it is active); its standard error (its log) is appended to
+/// `error_log` as [`start_stratus_logged`] does, its standard output discarded.
+pub fn spawn_stratus_logged(arguments: &[&str], error_log: &Path) -> Result<ChildProcess, String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(error_log)
+        .map_err(|error| format!("{}: {error}", error_log.display()))?;
+    let mut command = stratus_command(arguments)?;
+    command.stdout(Stdio::null()).stderr(log).env("STRATUS_LOG", "info").env("NO_COLOR", "1");
+    ChildProcess::spawn(&mut command, &format!("stratus {arguments:?}"))
 }
 
 /// A local cluster a benchmark started with `stratus up`, stopped when dropped.

@@ -9,6 +9,7 @@ mod backup;
 mod cleaner_latency;
 mod cluster;
 mod cpu;
+mod failover;
 mod latency;
 mod memory;
 mod migration;
@@ -49,6 +50,11 @@ pub enum BenchCommand {
     /// its replicas straight from the backups' disks and against Redis restarting from an AOF
     /// of the same objects.
     Recovery(recovery::RecoveryArguments),
+    /// How long clients wait when a master is killed or paused, a backup is paused, two
+    /// servers are killed, or the active coordinator is killed with standbys: per event, the
+    /// longest stall and p99 of the failed servers' keys and of all others, and when every
+    /// key was served again.
+    Failover(failover::FailoverArguments),
     /// How long clients' writes to a tablet wait while it moves to another master: the
     /// migration's duration and the latency of writes during it, against the same client's
     /// writes before it (`--cluster-binary` runs the cluster with another build).
@@ -86,6 +92,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Utilization(arguments) => utilization::run(arguments),
         BenchCommand::CleanerLatency(arguments) => cleaner_latency::run(arguments),
         BenchCommand::Recovery(arguments) => recovery::run(arguments),
+        BenchCommand::Failover(arguments) => failover::run(arguments),
         BenchCommand::Migration(arguments) => migration::run(arguments),
         BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
         BenchCommand::Resp(arguments) => resp::run(arguments),

@@ -933,7 +933,11 @@ async fn read_physical_bound(
 }
 
 /// Creates table `name` of one tablet and moves it onto `master` if it was placed elsewhere.
-async fn create_table_on(client: &Client, name: &str, master: ServerId) -> Result<TableId, String> {
+pub(crate) async fn create_table_on(
+    client: &Client,
+    name: &str,
+    master: ServerId,
+) -> Result<TableId, String> {
     let table = client
         .create_table(name, 1)
         .await

@@ -320,6 +320,15 @@ impl EtcdClient {
         Ok(u64::try_from(ttl).unwrap_or(0))
     }
 
+    /// How many members the etcd cluster has.
+    pub fn member_count(&self) -> Result<usize, EtcdError> {
+        let answer = self.post("/v3/cluster/member/list", &json!({}), true, None)?;
+        match answer["members"].as_array() {
+            Some(members) if !members.is_empty() => Ok(members.len()),
+            _ => Err(EtcdError::Malformed(format!("a member list without members: {answer}"))),
+        }
+    }
+
     /// Revokes lease `id`, deleting every key attached to it.
     pub fn lease_revoke(&self, id: i64) -> Result<(), EtcdError> {
         self.post("/v3/lease/revoke", &json!({ "ID": id.to_string() }), true, None).map(|_| ())

@@ -46,12 +46,13 @@ pub struct LeadershipConfig {
 
 impl Default for LeadershipConfig {
     fn default() -> LeadershipConfig {
-        // Three seconds: a failover takes about this long, and three renewals (every quarter
-        // TTL) may fail in a row before the holder gives up.
+        // Two seconds, etcd's least TTL with its default election timeout: a failover takes
+        // about this long, and three renewals (every quarter TTL) may fail in a row before the
+        // holder gives up.
         LeadershipConfig {
-            lease_ttl: Duration::from_secs(3),
+            lease_ttl: Duration::from_secs(2),
             standby_poll_interval: Duration::from_millis(250),
-            takeover_delay: Duration::from_secs(3),
+            takeover_delay: Duration::from_secs(2),
         }
     }
 }

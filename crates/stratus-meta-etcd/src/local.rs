@@ -8,6 +8,13 @@ use std::time::{Duration, Instant};
 use crate::client::EtcdClient;
 use crate::{REQUEST_BYTES_MIN, TXN_OPERATIONS_MAX};
 
+/// etcd's heartbeat interval for a local single member (its default is 100 ms).
+const HEARTBEAT_INTERVAL_MS: u32 = 100;
+
+/// etcd's election timeout for a local single member (its default, 1 000 ms, makes 2 s the
+/// least lease TTL it grants; 500 ms makes it 1 s).
+const ELECTION_TIMEOUT_MS: u32 = 500;
+
 /// How long a started etcd may take to answer.
 const START_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -55,6 +62,12 @@ impl LocalEtcd {
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=stratus-local={peer_url}"))
             .arg(format!("--max-txn-ops={TXN_OPERATIONS_MAX}"))
+            // One member on loopback: elections are instant, and a short election timeout
+            // lowers etcd's least lease TTL (1.5 election timeouts, rounded up to whole
+            // seconds) to 1 s, so a standby coordinator can take over about a second after
+            // the active one died (`stratus up` asks for that TTL).
+            .arg(format!("--heartbeat-interval={HEARTBEAT_INTERVAL_MS}"))
+            .arg(format!("--election-timeout={ELECTION_TIMEOUT_MS}"))
             .arg(format!("--max-request-bytes={REQUEST_BYTES_MIN}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

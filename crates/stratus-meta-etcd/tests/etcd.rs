@@ -187,3 +187,15 @@ fn a_standby_gives_up_when_asked_to_stop() {
     let outcome = Leadership::campaign(client, "/s/", "second", config(), &stop);
     assert!(outcome.is_err());
 }
+
+/// The etcd `stratus up` starts is one member (so a standby coordinator takes over without
+/// the delay that guards against a stale etcd leader) and grants leases as short as 1 s.
+#[test]
+fn a_local_etcd_is_one_member_and_grants_one_second_leases() {
+    let directory = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(&directory);
+    let client = client(&etcd);
+    assert_eq!(client.member_count().unwrap(), 1);
+    let (_, ttl) = client.lease_grant(1).unwrap();
+    assert_eq!(ttl, 1, "etcd raised the TTL to its minimum");
+}

@@ -45,8 +45,10 @@ pub struct CoordinatorArguments {
     #[arg(long, default_value = stratus_meta_etcd::DEFAULT_NAMESPACE)]
     pub etcd_namespace: String,
     /// Seconds of the leadership lease: about how long a standby waits after the active
-    /// coordinator died (etcd raises values below its minimum, 2 s by default).
-    #[arg(long, default_value_t = 3)]
+    /// coordinator died (etcd raises values below its minimum: 2 s with its default election
+    /// timeout, 1 s for the etcd `stratus up` starts). The active one gives the leadership up
+    /// if no renewal (every quarter of it) succeeds for 0.9 of it.
+    #[arg(long, default_value_t = 2)]
     pub etcd_lease_seconds: u64,
     /// Stop when the process that started this one dies (used by `stratus up`).
     #[arg(long, hide = true)]
@@ -304,8 +306,14 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         .unwrap_or(0);
     let identity = format!("{} pid {} start {nonce}", arguments.listen, std::process::id());
     let lease_ttl = Duration::from_secs(arguments.etcd_lease_seconds.max(1));
-    let config =
-        LeadershipConfig { lease_ttl, takeover_delay: lease_ttl, ..LeadershipConfig::default() };
+    // The takeover delay guards against an etcd that ends a lease early, which only a stale
+    // leader of a multi-member etcd could do (etcd-io/etcd#15247): with one member there is
+    // no stale leader, and a standby acts as soon as it holds the leadership.
+    let takeover_delay = match client.member_count() {
+        Ok(1) => Duration::ZERO,
+        _ => lease_ttl,
+    };
+    let config = LeadershipConfig { lease_ttl, takeover_delay, ..LeadershipConfig::default() };
     // A standby listens only once it is active; an address it cannot listen on must show now,
     // not when it takes over (it would then exit with the leadership, and no coordinator would
     // serve until its lease ran out). Another process can still take the port meanwhile.

@@ -52,6 +52,23 @@ const SURVIVORS_QUEUED_MAX: usize = 16;
 /// (yet: a crash declaration in the server list drops it at once).
 const HOLDER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long a holder check's ping may take. Longer than the replication timeout: the check
+/// decides about closed, complete copies, which hold up no write, and a short one would take
+/// every copy from a master that was itself stalled for a moment (its pings all time out at
+/// once), re-replicating its whole log (the simulation lost a log that way: the master
+/// crashed before the new copies were complete, and the old ones had been freed).
+const HOLDER_PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Which of a lost backup's replicas are taken from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LossScope {
+    /// Every replica: it did not answer a holder check, or was declared crashed.
+    All,
+    /// Those of segments not complete on every holder (the head, segments being
+    /// re-replicated): a replica write to it timed out.
+    Incomplete,
+}
+
 /// The replication timeout when none is configured. A backup that has not acknowledged a
 /// write this long after it was sent (plus the transfer allowance below) is slow: it is
 /// dropped from every replica set of this master and the replicas go to other backups, so a
@@ -979,7 +996,11 @@ impl Pump {
             }
             for (server_id, reason) in &unreachable {
                 tracing::warn!(segment = segment_id, backup = %server_id, %reason, "backup did not answer a replica write in time; replacing its replicas");
-                self.lose_backup(*server_id);
+                // Only the segments still being written: a closed, complete copy on it is
+                // as good as it was, and this master may itself have been the one that
+                // stalled (its own timers then fire for every backup at once). The holder
+                // check, with its longer timeout, decides about those.
+                self.lose_backup(*server_id, LossScope::Incomplete);
             }
             let segment = self.segments.get_mut(&segment_id).expect("exists");
             for (server_id, reason) in &failed {
@@ -1045,7 +1066,7 @@ impl Pump {
             }
         }
         let pool = self.pool.clone();
-        let timeout = self.shared.config.replication_timeout;
+        let timeout = HOLDER_PING_TIMEOUT;
         self.holder_check = Some(tokio::spawn(async move {
             let pings = backups.into_iter().map(|(server_id, address)| {
                 let pool = pool.clone();
@@ -1083,7 +1104,7 @@ impl Pump {
                 continue;
             }
             tracing::warn!(backup = %server_id, "backup does not answer; re-replicating its replicas");
-            self.lose_backup(server_id);
+            self.lose_backup(server_id, LossScope::All);
         }
     }
 
@@ -1114,19 +1135,22 @@ impl Pump {
             .collect();
         for server_id in holding {
             tracing::warn!(backup = %server_id, "backup declared crashed; re-replicating its replicas");
-            self.lose_backup(server_id);
+            self.lose_backup(server_id, LossScope::All);
         }
     }
 
-    /// Takes `server_id` out of the replica set of every segment of this log (it did not
-    /// answer in time, or was declared crashed): each segment it held gets a new holder in the
-    /// next round and a raised epoch (so the copy left behind is the only one with an older
+    /// Takes `server_id` out of the replica set of every segment of this log that `scope`
+    /// names (it did not answer in time, or was declared crashed): each segment it held gets a
+    /// new holder in the next round and a raised epoch (so the copy left behind is the only one with an older
     /// epoch, and is freed if the backup comes back), and the backup is not chosen for new
     /// replicas until it answers a holder check's ping or its quarantine ends.
-    fn lose_backup(&mut self, server_id: ServerId) {
+    fn lose_backup(&mut self, server_id: ServerId, scope: LossScope) {
         self.dead_backups.insert(server_id, tokio::time::Instant::now());
         let mut lost = 0u64;
         for (segment_id, segment) in self.segments.iter_mut() {
+            if scope == LossScope::Incomplete && segment.complete {
+                continue;
+            }
             let Some(position) =
                 segment.holders.iter().position(|holder| holder.server_id == server_id)
             else {

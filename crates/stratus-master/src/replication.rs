@@ -1145,7 +1145,13 @@ impl Pump {
     /// epoch, and is freed if the backup comes back), and the backup is not chosen for new
     /// replicas until it answers a holder check's ping or its quarantine ends.
     fn lose_backup(&mut self, server_id: ServerId, scope: LossScope) {
-        self.dead_backups.insert(server_id, tokio::time::Instant::now());
+        // Quarantined only when found dead by a holder check or declared crashed: a write
+        // timeout may be load on a busy machine, and in a small cluster the slow backup can be
+        // the only candidate left (a CI run's recovery, R = 1 on three servers, stalled on
+        // that). The segment it timed out on excludes it, as any failed write does.
+        if scope == LossScope::All {
+            self.dead_backups.insert(server_id, tokio::time::Instant::now());
+        }
         let mut lost = 0u64;
         for (segment_id, segment) in self.segments.iter_mut() {
             if scope == LossScope::Incomplete && segment.complete {

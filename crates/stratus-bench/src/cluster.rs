@@ -144,13 +144,7 @@ pub fn start_stratus_logged(
     patience: Duration,
     error_log: &Path,
 ) -> Result<(ChildProcess, String), String> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(error_log)
-        .map_err(|error| format!("{}: {error}", error_log.display()))?;
-    let mut command = stratus_command(arguments)?;
-    command.stderr(log).env("STRATUS_LOG", "info").env("NO_COLOR", "1");
+    let mut command = logged_stratus_command(arguments, error_log)?;
     start_and_wait_for_marker(&mut command, arguments, marker, patience)
         .map_err(|error| format!("{error} (its log: {})", error_log.display()))
 }
@@ -159,14 +153,22 @@ pub fn start_stratus_logged(
 /// coordinator says nothing until it is active); its standard error (its log) is appended to
 /// `error_log` as [`start_stratus_logged`] does, its standard output discarded.
 pub fn spawn_stratus_logged(arguments: &[&str], error_log: &Path) -> Result<ChildProcess, String> {
+    let mut command = logged_stratus_command(arguments, error_log)?;
+    command.stdout(Stdio::null());
+    ChildProcess::spawn(&mut command, &format!("stratus {arguments:?}"))
+}
+
+/// `stratus ARGUMENTS...` with its standard error (its log, info lines, no colour codes)
+/// appended to `error_log`.
+fn logged_stratus_command(arguments: &[&str], error_log: &Path) -> Result<Command, String> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(error_log)
         .map_err(|error| format!("{}: {error}", error_log.display()))?;
     let mut command = stratus_command(arguments)?;
-    command.stdout(Stdio::null()).stderr(log).env("STRATUS_LOG", "info").env("NO_COLOR", "1");
-    ChildProcess::spawn(&mut command, &format!("stratus {arguments:?}"))
+    command.stderr(log).env("STRATUS_LOG", "info").env("NO_COLOR", "1");
+    Ok(command)
 }
 
 /// A local cluster a benchmark started with `stratus up`, stopped when dropped.

@@ -105,6 +105,27 @@ def test_unknown_tablet_refreshes_the_map_and_follows_the_new_owner(servers):
     assert coordinator.map_requests == 2
 
 
+def test_the_active_coordinator_is_found_past_dead_ones_and_standbys(servers):
+    # A standby answers RETRY to everything; a dead coordinator refuses connections. Neither
+    # is taken as the answer while another address may give one, whatever the order.
+    master = start(servers, FakeServer(lambda request: read_ok(request, 7, b"v")))
+    active = start(servers, ScriptedCoordinator(whole_table_on(master)))
+    standby = start(servers, FakeServer(lambda request: error_frame(request, Status.RETRY, "standby")))
+    dead = unused_address()
+    for order in (
+        [dead, standby.address, active.address],
+        [standby.address, active.address, dead],
+        [active.address, standby.address, dead],
+    ):
+        with Client(",".join(order), timeout=5) as client:
+            assert client.read(TABLE, b"k") == (b"v", 7)
+            assert client.read(TABLE, b"k") == (b"v", 7)
+    with Client(f"{dead},{standby.address}", timeout=0.3) as client:
+        with pytest.raises(stratus_client.Timeout) as raised:
+            client.read(TABLE, b"k")
+    assert isinstance(raised.value.last_error, stratus_client.RetryLater)
+
+
 def test_wrong_server_refreshes_the_map_too(servers):
     old = start(servers, FakeServer(lambda request: error_frame(request, Status.WRONG_SERVER)))
     new = start(

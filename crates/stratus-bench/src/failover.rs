@@ -18,7 +18,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
 use stratus_client::{Client, ClientConfig, TableId};
@@ -28,7 +28,10 @@ use stratus_types::{key_hash, ServerId, TabletState};
 use stratus_wire::{Request, Response, ResponseBody, ServerStatus, Status};
 
 use crate::cluster::{free_loopback_address, start_stratus_logged, ChildProcess};
+use crate::recovery::read_replicas_as_recovery_will;
+use crate::replica_files::ReadMethod;
 use crate::report::{print_json, Field};
+use crate::server_logs::crash_declaration_time;
 
 /// `stratus bench failover` options.
 #[derive(Debug, Args)]
@@ -191,8 +194,7 @@ impl FailoverCluster {
         self.coordinator_addresses.join(",")
     }
 
-    /// Starts coordinator `index`; the first waits until it listens (a standby listens only
-    /// once it is active).
+    /// Starts coordinator `index`; the first waits until it is active (the others stand by).
     fn start_coordinator(&self, index: usize, wait: bool) -> Result<ChildProcess, String> {
         let address = &self.coordinator_addresses[index];
         let mut arguments = vec![
@@ -208,7 +210,7 @@ impl FailoverCluster {
                 self.directory.join("coordinator").display().to_string(),
             ]),
         }
-        let log = self.directory.join("logs").join(format!("coordinator-{index}.log"));
+        let log = self.coordinator_log(index);
         let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
         if wait {
             let (process, _) =
@@ -220,8 +222,8 @@ impl FailoverCluster {
 
     /// Starts storage server `index` on its directory; returns it and its server id.
     fn start_server(&self, index: usize) -> Result<(ChildProcess, ServerId), String> {
-        let backup = self.directory.join(format!("server-{index}")).join("backup");
-        let backup = backup.display().to_string();
+        let backup = self.storage_file(index);
+        let backup = backup.parent().expect("a file in the backup directory").display().to_string();
         let coordinator = self.coordinator();
         let replicas = self.replicas.to_string();
         let arguments = [
@@ -271,6 +273,19 @@ impl FailoverCluster {
             }
         }
         Ok(())
+    }
+
+    /// Storage server `index`'s backup storage file.
+    fn storage_file(&self, index: usize) -> PathBuf {
+        self.directory
+            .join(format!("server-{index}"))
+            .join("backup")
+            .join(stratus_backup::STORAGE_FILE_NAME)
+    }
+
+    /// Coordinator `index`'s log.
+    fn coordinator_log(&self, index: usize) -> PathBuf {
+        self.directory.join("logs").join(format!("coordinator-{index}.log"))
     }
 
     fn server(&mut self, server_id: ServerId) -> Result<&mut Server, String> {
@@ -566,7 +581,16 @@ async fn run_event(
         Event::PauseBackup(_) => vec![busiest_backup(client).await?],
         Event::KillCoordinator => Vec::new(),
     };
+    // The killed masters' physical bound is read before the kill: once they are recovered the
+    // backups drop their replicas.
+    let bound = match event {
+        Event::KillMaster | Event::KillTwo => {
+            Some(physical_bound(cluster, client, &victims).await?)
+        }
+        _ => None,
+    };
     let started = Instant::now();
+    let started_wall = SystemTime::now();
     match event {
         Event::KillMaster | Event::KillTwo => {
             for &victim in &victims {
@@ -581,13 +605,14 @@ async fn run_event(
             tokio::time::sleep(observe.saturating_sub(pause)).await;
         }
         Event::KillCoordinator => {
-            // The active coordinator is the one that listens (a standby listens only once it
-            // has taken over).
-            let active = cluster
-                .coordinator_addresses
-                .iter()
-                .position(|address| listens(address))
-                .ok_or("no coordinator listens")?;
+            // The active coordinator is the one that answers a PING (a standby answers RETRY).
+            let mut active = None;
+            for (index, address) in cluster.coordinator_addresses.iter().enumerate() {
+                if is_active_coordinator(address).await {
+                    active = Some(index);
+                }
+            }
+            let active = active.ok_or("no coordinator is active")?;
             cluster.coordinators[active].as_mut().ok_or("no active coordinator")?.kill_now()?;
             tokio::time::sleep(observe).await;
         }
@@ -597,6 +622,13 @@ async fn run_event(
     let records = records.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
     let victim_keys = owners.iter().filter(|owner| victims.contains(owner)).count();
     let on_victim = |key: u32| victims.contains(&owners[key as usize]);
+    let killed_goal = match bound {
+        Some(bound) => Some(KilledGoal {
+            detection: detection_time(cluster, &victims, started_wall)?,
+            physical_bound: bound,
+        }),
+        None => None,
+    };
     let groups = [("failed", true, victim_keys), ("others", false, owners.len() - victim_keys)];
     for (group, failed, count) in groups {
         if count == 0 {
@@ -604,9 +636,90 @@ async fn run_event(
         }
         let in_group = |key: u32| on_victim(key) == failed;
         let outcome = summarize(&records, &in_group, count, from_us, until_us);
-        report(event, group, &outcome);
+        let goal = match failed {
+            true => killed_goal.map_or(Goal::None, Goal::ServedAgain),
+            false => Goal::OthersStall,
+        };
+        report(event, group, &outcome, goal);
     }
     Ok(())
+}
+
+/// The goal for the keys of killed masters (issue 27): served again within the failure's
+/// detection time plus twice the recovery's physical bound (issue 5's definition: one replica
+/// of each segment read from the survivors' storage as their backups read it for recovery).
+#[derive(Clone, Copy, Debug)]
+struct KilledGoal {
+    /// From the kill until the coordinator declared the (last) victim crashed, by its log.
+    detection: Duration,
+    /// Reading the victims' replicas, one victim after the other (two victims' recoveries
+    /// share the same disks, so their reads add up).
+    physical_bound: Duration,
+}
+
+impl KilledGoal {
+    fn served_again_limit(&self) -> Duration {
+        self.detection + 2 * self.physical_bound
+    }
+}
+
+/// Which goal a group's row is held to.
+#[derive(Clone, Copy, Debug)]
+enum Goal {
+    /// Keys not on a failed server: the longest stall.
+    OthersStall,
+    /// Keys of killed masters: served again in time.
+    ServedAgain(KilledGoal),
+    /// Keys of a paused master: no goal (it is not declared crashed unless paused long).
+    None,
+}
+
+/// Reads, for each of `victims`, one replica of each of its segments from the other servers'
+/// storage files as their backups will for its recovery; the reads' times added up.
+async fn physical_bound(
+    cluster: &FailoverCluster,
+    client: &Client,
+    victims: &[ServerId],
+) -> Result<Duration, String> {
+    let servers = client.server_list().await.map_err(|error| error.to_string())?;
+    let survivors: Vec<(String, PathBuf)> = servers
+        .iter()
+        .filter(|server| server.status == ServerStatus::Up && !victims.contains(&server.server_id))
+        .filter_map(|server| {
+            let started = cluster.servers.iter().find(|ours| ours.server_id == server.server_id)?;
+            Some((server.address.clone(), cluster.storage_file(started.index)))
+        })
+        .collect();
+    let mut total = Duration::ZERO;
+    for &victim in victims {
+        let read =
+            read_replicas_as_recovery_will(victim, &survivors, ReadMethod::PageCache).await?;
+        total += read.elapsed;
+    }
+    Ok(total)
+}
+
+/// From `killed_at` until the coordinator declared the last of `victims` crashed, by the
+/// "server declared crashed" lines of the coordinators' logs (any of them may have been the
+/// active one).
+fn detection_time(
+    cluster: &FailoverCluster,
+    victims: &[ServerId],
+    killed_at: SystemTime,
+) -> Result<Duration, String> {
+    let mut logs = String::new();
+    for index in 0..cluster.coordinator_addresses.len() {
+        let path = cluster.coordinator_log(index);
+        logs.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+    }
+    let mut last = Duration::ZERO;
+    for &victim in victims {
+        let declared = crash_declaration_time(&logs, victim).ok_or_else(|| {
+            format!("no coordinator log says server {victim} was declared crashed")
+        })?;
+        last = last.max(declared.duration_since(killed_at).unwrap_or(Duration::ZERO));
+    }
+    Ok(last)
 }
 
 /// The server holding the most open replicas of other masters' logs (heads they are writing
@@ -636,17 +749,28 @@ async fn busiest_backup(client: &Client) -> Result<ServerId, String> {
     }
 }
 
-/// Whether something accepts connections at `address`.
-fn listens(address: &str) -> bool {
-    address.parse().is_ok_and(|address| {
-        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
-    })
+/// Whether the coordinator at `address` is the active one: it answers a PING with OK, where a
+/// standby answers RETRY and a dead one nothing.
+async fn is_active_coordinator(address: &str) -> bool {
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default());
+    matches!(pool.call(address, &Request::Ping).await, Ok((Status::Ok, _)))
 }
 
-fn report(event: Event, group: &str, outcome: &GroupOutcome) {
+fn report(event: Event, group: &str, outcome: &GroupOutcome, goal: Goal) {
     let millis = |duration: Duration| duration.as_secs_f64() * 1_000.0;
-    let met = (group == "others")
-        .then(|| outcome.longest_stall <= OTHERS_STALL_GOAL && outcome.failures == 0);
+    let met = match goal {
+        Goal::OthersStall => {
+            Some(outcome.longest_stall <= OTHERS_STALL_GOAL && outcome.failures == 0)
+        }
+        Goal::ServedAgain(killed) => {
+            Some(outcome.served_again <= killed.served_again_limit() && outcome.failures == 0)
+        }
+        Goal::None => None,
+    };
+    let killed = match goal {
+        Goal::ServedAgain(killed) => Some(killed),
+        _ => None,
+    };
     println!(
         "{:<20} {:<8} {:>6} {:>8} {:>7} {:>11.1} ms {:>7.1} ms {:>11.1} ms {:>5}",
         event.name(),
@@ -675,7 +799,18 @@ fn report(event: Event, group: &str, outcome: &GroupOutcome) {
         ("served_again_ms", Field::Number(millis(outcome.served_again))),
         (
             "stall_goal_ms",
-            Field::optional_number((group == "others").then(|| millis(OTHERS_STALL_GOAL))),
+            Field::optional_number(
+                matches!(goal, Goal::OthersStall).then(|| millis(OTHERS_STALL_GOAL)),
+            ),
+        ),
+        ("detection_ms", Field::optional_number(killed.map(|goal| millis(goal.detection)))),
+        (
+            "physical_bound_ms",
+            Field::optional_number(killed.map(|goal| millis(goal.physical_bound))),
+        ),
+        (
+            "served_again_goal_ms",
+            Field::optional_number(killed.map(|goal| millis(goal.served_again_limit()))),
         ),
         ("goal_met", met.map_or(Field::Null, Field::Boolean)),
     ]);

@@ -896,21 +896,37 @@ async fn read_physical_bound(
     victim: ServerId,
 ) -> Result<PhysicalRead, String> {
     eprintln!("bench recovery: reading master {victim}'s replicas as the backups will");
-    let survivors: Vec<&StorageServer> =
-        cluster.servers.iter().filter(|server| server.server_id != victim).collect();
+    let survivors: Vec<(String, PathBuf)> = cluster
+        .servers
+        .iter()
+        .filter(|server| server.server_id != victim)
+        .map(|server| (server.address.clone(), server.storage_file.clone()))
+        .collect();
+    let method = if plan.backup_direct_io { ReadMethod::DirectIo } else { ReadMethod::PageCache };
+    read_replicas_as_recovery_will(victim, &survivors, method).await
+}
+
+/// The physical bound of `victim`'s recovery: one replica of each of its segments read from
+/// `survivors` (each a backup's address and its storage file) the way their backups read them,
+/// in parallel over the backups.
+pub(crate) async fn read_replicas_as_recovery_will(
+    victim: ServerId,
+    survivors: &[(String, PathBuf)],
+    method: ReadMethod,
+) -> Result<PhysicalRead, String> {
     let pool = ChannelPool::new(
         Arc::new(TcpNetwork),
         RpcConfig { request_timeout: Duration::from_secs(30), ..RpcConfig::default() },
     );
     let mut listed = Vec::new();
-    for (backup, server) in survivors.iter().enumerate() {
+    for (backup, (address, _)) in survivors.iter().enumerate() {
         let request = Request::BackupListReplicas { master_id: victim };
-        let replicas = match pool.call(&server.address, &request).await {
+        let replicas = match pool.call(address, &request).await {
             Ok((
                 Status::Ok,
                 ResponseBody::Operation(Response::BackupListReplicas { replicas }),
             )) => replicas,
-            other => return Err(format!("listing the replicas of {}: {other:?}", server.address)),
+            other => return Err(format!("listing the replicas of {address}: {other:?}")),
         };
         listed.extend(replicas.into_iter().filter(|entry| entry.master_id == victim).map(
             |entry| StoredReplica {
@@ -922,9 +938,7 @@ async fn read_physical_bound(
             },
         ));
     }
-    let storage_files: Vec<PathBuf> =
-        survivors.iter().map(|server| server.storage_file.clone()).collect();
-    let method = if plan.backup_direct_io { ReadMethod::DirectIo } else { ReadMethod::PageCache };
+    let storage_files: Vec<PathBuf> = survivors.iter().map(|(_, file)| file.clone()).collect();
     tokio::task::spawn_blocking(move || {
         replica_files::read_master_replicas(&storage_files, &listed, victim, method)
     })

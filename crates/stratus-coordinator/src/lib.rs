@@ -16,8 +16,10 @@ mod metrics;
 mod records;
 mod recovery;
 mod service;
+mod standby;
 
 pub use metrics::CoordinatorMetrics;
 pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord, TabletSplit};
 pub use recovery::FailureDetectorConfig;
 pub use service::{Authority, Coordinator};
+pub use standby::{StandbyGate, STANDBY_ANSWER};

@@ -121,7 +121,27 @@ impl Leadership {
         config: LeadershipConfig,
         should_stop: &dyn Fn() -> bool,
     ) -> Result<Leadership, String> {
+        Self::campaign_probing(client, namespace, identity, config, should_stop, &|_| false)
+    }
+
+    /// [`Leadership::campaign`] that also asks `holder_gone` about the holder's identity on
+    /// every try. When it answers true, the holder's process is certainly gone (the caller
+    /// knows how to tell: a coordinator's listening address that refuses connections), so
+    /// nothing can still act on its leadership: its lease is revoked at once and this process
+    /// takes over without the TTL's wait and without the takeover delay, which guards only
+    /// against a predecessor that still runs. A wrong `true` would let two coordinators act
+    /// at once, so it must mean gone, not slow: a paused or unreachable holder is waited out.
+    pub fn campaign_probing(
+        client: Arc<EtcdClient>,
+        namespace: &str,
+        identity: &str,
+        config: LeadershipConfig,
+        should_stop: &dyn Fn() -> bool,
+        holder_gone: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Leadership, String> {
         let leader = leader_key(namespace);
+        // Set when this process ended a gone holder's lease: no predecessor can still act.
+        let mut predecessor_gone = false;
         let ttl_seconds = config.lease_ttl.as_secs().max(1);
         let mut lease: Option<(i64, Instant, u64)> = None;
         let mut last_holder: Option<Vec<u8>> = None;
@@ -162,7 +182,9 @@ impl Leadership {
                         shared,
                         renewer: Some(renewer),
                     };
-                    std::thread::sleep(config.takeover_delay);
+                    if !predecessor_gone {
+                        std::thread::sleep(config.takeover_delay);
+                    }
                     return match leadership.holds() {
                         true => Ok(leadership),
                         false => Err(format!(
@@ -171,13 +193,30 @@ impl Leadership {
                         )),
                     };
                 }
-                Ok(Some(holder)) => {
+                Ok(Some((holder, holder_lease))) => {
+                    // A holder this process did not end (another standby won the race).
+                    predecessor_gone = false;
                     if last_holder.as_ref() != Some(&holder) {
                         tracing::info!(
                             holder = %String::from_utf8_lossy(&holder),
                             "standing by: another coordinator is active"
                         );
-                        last_holder = Some(holder);
+                        last_holder = Some(holder.clone());
+                    }
+                    if holder_lease != 0 && holder_gone(&holder) {
+                        tracing::warn!(
+                            holder = %String::from_utf8_lossy(&holder),
+                            "the active coordinator is gone: ending its leadership now"
+                        );
+                        match client.lease_revoke(holder_lease) {
+                            Ok(()) => {
+                                predecessor_gone = true;
+                                continue;
+                            }
+                            Err(error) => {
+                                tracing::warn!(%error, "could not end the gone holder's lease")
+                            }
+                        }
                     }
                 }
                 Err(error) => tracing::warn!(%error, "cannot reach etcd to take the leadership"),
@@ -187,7 +226,8 @@ impl Leadership {
     }
 
     /// One try: renews (or grants) this standby's lease, then creates the leader key if it is
-    /// absent. Ok(None): won; Ok(Some(holder)): someone else holds it. A key that already holds
+    /// absent. Ok(None): won; Ok(Some((holder, its lease))): someone else holds it (lease 0:
+    /// it vanished between the comparison and the read). A key that already holds
     /// this identity on this lease is a win too: an earlier try's transaction was applied but
     /// its answer lost (identities are unique per process start).
     fn attempt(
@@ -196,7 +236,7 @@ impl Leadership {
         identity: &str,
         ttl_seconds: u64,
         lease: &mut Option<(i64, Instant, u64)>,
-    ) -> Result<Option<Vec<u8>>, EtcdError> {
+    ) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
         // Renew before every try, so that a won key's lease has a known, recent start.
         let sent_at = Instant::now();
         let renewed = match *lease {
@@ -230,9 +270,9 @@ impl Leadership {
         let holder = outcome.ranges.first().and_then(|pairs| pairs.first());
         match holder {
             Some(pair) if pair.value == identity.as_bytes() && pair.lease == lease_id => Ok(None),
-            Some(pair) => Ok(Some(pair.value.clone())),
+            Some(pair) => Ok(Some((pair.value.clone(), pair.lease))),
             // Expired between the comparison and the read: try again.
-            None => Ok(Some(Vec::new())),
+            None => Ok(Some((Vec::new(), 0))),
         }
     }
 

@@ -543,7 +543,11 @@ impl ChannelPool {
     /// several separated by commas (the coordinators of a cluster with standbys, of which one
     /// is active and listens). Starts with the address that answered last; after a transport
     /// failure it drops that address's channels and tries the next, each address once, and
-    /// returns the last failure if none answers. A status from a coordinator is an answer.
+    /// returns the last failure if none answers. A status from a coordinator is an answer,
+    /// except RETRY: a standby (or a deposed coordinator) answers it to everything, so the
+    /// next address is tried, and the first RETRY is returned only if no coordinator gives
+    /// another answer. After a failure the next call starts at the next address, so a dead
+    /// coordinator that times out does not take every call's whole time.
     pub async fn call_coordinator(
         &self,
         coordinators: &str,
@@ -567,23 +571,31 @@ impl ChannelPool {
         let first = self.coordinator_preferred.load(Ordering::Relaxed) % count;
         let started = tokio::time::Instant::now();
         let mut last_failure = None;
+        let mut first_retry = None;
         for turn in 0..count {
             let index = (first + turn) % count;
             // No address at all: the whole text, which then fails to connect with its name.
             let address = addresses().nth(index as usize).unwrap_or(coordinators);
             let left = timeout.saturating_sub(started.elapsed());
             match self.call_within(address, request, left).await {
+                Ok((Status::Retry, body)) => {
+                    first_retry.get_or_insert((Status::Retry, body));
+                }
                 Ok(answer) => {
                     self.coordinator_preferred.store(index, Ordering::Relaxed);
                     return Ok(answer);
                 }
                 Err(failure) => {
                     self.forget(address);
+                    self.coordinator_preferred.store(index + 1, Ordering::Relaxed);
                     last_failure = Some(failure);
                 }
             }
         }
-        Err(last_failure.expect("at least one address was tried"))
+        match first_retry {
+            Some(answer) => Ok(answer),
+            None => Err(last_failure.expect("at least one address was tried")),
+        }
     }
 
     /// Drops the channels to `address` (after a timeout: the server may be gone).

@@ -391,3 +391,46 @@ async fn a_blocking_channel_refuses_a_peer_that_breaks_the_protocol() {
     })
     .await;
 }
+
+/// Answers RETRY to everything, as a standby coordinator does.
+struct StandbyService;
+
+impl Service for StandbyService {
+    fn handle(&self, header: &FrameHeader, _body: Bytes, out: &mut BytesMut) -> Handled {
+        encode_error_response(out, header.request_id, header.opcode_code, Status::Retry, "standby");
+        Handled::Done
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_call_passes_dead_addresses_and_standbys_to_the_active_one() {
+    // A port nothing listens on: bound, then closed.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let standby_listener = TcpNetwork.bind("127.0.0.1:0").await.unwrap();
+    let standby = standby_listener.local_address();
+    let _standby = tokio::spawn(serve(standby_listener, Arc::new(StandbyService)));
+    let (active, _active) = start_server().await;
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), RpcConfig::default());
+
+    // Whatever the order, the active one answers: RETRY is not taken as the answer while
+    // another address may give one.
+    for coordinators in [
+        format!("{dead},{standby},{active}"),
+        format!("{standby},{active},{dead}"),
+        format!("{active},{dead},{standby}"),
+    ] {
+        for _ in 0..3 {
+            let (status, _) = pool.call_coordinator(&coordinators, &Request::Ping).await.unwrap();
+            assert_eq!(status, Status::Ok, "{coordinators}");
+        }
+    }
+    // Only standbys (and a dead one): their RETRY is the answer, not the transport failure.
+    let (status, _) =
+        pool.call_coordinator(&format!("{dead},{standby}"), &Request::Ping).await.unwrap();
+    assert_eq!(status, Status::Retry);
+    // Only the dead one: its failure.
+    assert!(pool.call_coordinator(&dead, &Request::Ping).await.is_err());
+}

@@ -13,7 +13,7 @@ use stratus_backup::{
     collect_garbage, BackupConfig, BackupRouter, BackupService, Durability, MemoryStorage,
 };
 use stratus_client::{Client, ClientConfig};
-use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig};
+use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig, StandbyGate};
 use stratus_env::Environment;
 use stratus_master::{
     keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
@@ -287,9 +287,10 @@ impl Authority for EtcdAuthority {
     }
 }
 
-/// Runs one of several coordinators sharing metadata in etcd: stands by until it holds the
-/// leadership, then serves until it stops or loses it (then it exits: its successor may
-/// already have changed the metadata, so nothing it remembers can be trusted).
+/// Runs one of several coordinators sharing metadata in etcd: listens from its start (a
+/// standby answers RETRY to everything), stands by until it holds the leadership, then serves
+/// until it stops or loses it (then it exits: its successor may already have changed the
+/// metadata, so nothing it remembers can be trusted).
 fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String> {
     let client = Arc::new(
         EtcdClient::new(&arguments.etcd, ETCD_REQUEST_TIMEOUT)
@@ -299,12 +300,6 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
     if !namespace.starts_with('/') || !namespace.ends_with('/') {
         return Err(format!("--etcd-namespace {namespace:?} must start and end with '/'"));
     }
-    // Unique per incarnation: a restarted coordinator must not pass its predecessor's fence.
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or(0);
-    let identity = format!("{} pid {} start {nonce}", arguments.listen, std::process::id());
     let lease_ttl = Duration::from_secs(arguments.etcd_lease_seconds.max(1));
     // The takeover delay guards against an etcd that ends a lease early, which only a stale
     // leader of a multi-member etcd could do (etcd-io/etcd#15247): with one member there is
@@ -313,55 +308,131 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         Ok(1) => Duration::ZERO,
         _ => lease_ttl,
     };
-    let config = LeadershipConfig { lease_ttl, takeover_delay, ..LeadershipConfig::default() };
-    // A standby listens only once it is active; an address it cannot listen on must show now,
-    // not when it takes over (it would then exit with the leadership, and no coordinator would
-    // serve until its lease ran out). Another process can still take the port meanwhile.
-    std::net::TcpListener::bind(&arguments.listen)
-        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
-    println!(
-        "coordinator standing by for the leadership in etcd ({})",
-        client.endpoints().join(",")
-    );
-    let parent = std::os::unix::process::parent_id();
-    let exit_with_parent = arguments.exit_with_parent;
-    let orphaned = move || exit_with_parent && std::os::unix::process::parent_id() != parent;
-    let leadership =
-        Arc::new(Leadership::campaign(client.clone(), &namespace, &identity, config, &orphaned)?);
-    let store =
-        Arc::new(EtcdMetaStore::new(client, &namespace, Some(leadership.identity().to_vec())));
-    let environment = Environment::system();
-    let authority: Arc<dyn Authority> = Arc::new(EtcdAuthority(leadership.clone()));
-    let coordinator =
-        Coordinator::open_with_authority(store.clone(), environment.clone(), Some(authority))
-            .map_err(|error| format!("loading the metadata from etcd: {error}"))?;
-    let watched = leadership.clone();
-    let lost = async move {
-        loop {
-            tokio::time::sleep(LEADERSHIP_CHECK_INTERVAL).await;
-            let reason = if !watched.holds() {
-                watched.lost().unwrap_or_else(|| "leadership lost".to_string())
-            } else if let Some(reason) = store.poisoned() {
-                format!("the metadata store failed: {reason}")
-            } else {
-                continue;
-            };
-            // At once, not through an orderly shutdown: its successor may already be changing
-            // the cluster, and nothing this one still has in flight may go on (every request
-            // is already refused; this ends the background work too).
-            eprintln!("stratus: coordinator stopping: {reason}");
-            tracing::error!(%reason, "coordinator stopping");
-            std::process::exit(1);
-        }
+    let config = LeadershipConfig {
+        lease_ttl,
+        takeover_delay,
+        standby_poll_interval: STANDBY_POLL_INTERVAL,
     };
-    let outcome = serve_coordinator(arguments, coordinator, environment, lost);
-    if outcome.is_ok() {
-        // A clean stop: hand over at once rather than after the lease's TTL.
-        if let Some(leadership) = Arc::into_inner(leadership) {
-            leadership.resign();
+    let environment = Environment::system();
+    runtime(None)?.block_on(async move {
+        // Listening from the start, for the whole life of the process, is what lets a standby
+        // read a refused connection on the active one's address as that process being gone.
+        let listener = environment
+            .network
+            .bind(&arguments.listen)
+            .await
+            .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
+        let address = listener.local_address();
+        let gate = Arc::new(StandbyGate::new());
+        let serving = tokio::spawn(serve(listener, gate.clone()));
+        println!(
+            "coordinator on {address} standing by for the leadership in etcd ({})",
+            client.endpoints().join(",")
+        );
+        // Unique per incarnation: a restarted coordinator must not pass its predecessor's
+        // fence. The address comes first: standbys probe it (see `coordinator_gone`).
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_nanos())
+            .unwrap_or(0);
+        let identity = format!("{address} pid {} start {nonce}", std::process::id());
+        let parent = std::os::unix::process::parent_id();
+        let exit_with_parent = arguments.exit_with_parent;
+        let campaign = {
+            let client = client.clone();
+            let namespace = namespace.clone();
+            let address = address.clone();
+            tokio::task::spawn_blocking(move || {
+                let orphaned =
+                    move || exit_with_parent && std::os::unix::process::parent_id() != parent;
+                let gone = |holder: &[u8]| coordinator_gone(holder, &address);
+                Leadership::campaign_probing(
+                    client, &namespace, &identity, config, &orphaned, &gone,
+                )
+            })
+        };
+        let leadership = Arc::new(campaign.await.map_err(|error| error.to_string())??);
+        let store =
+            Arc::new(EtcdMetaStore::new(client, &namespace, Some(leadership.identity().to_vec())));
+        let authority: Arc<dyn Authority> = Arc::new(EtcdAuthority(leadership.clone()));
+        let coordinator = {
+            let store = store.clone();
+            let environment = environment.clone();
+            tokio::task::spawn_blocking(move || {
+                Coordinator::open_with_authority(store, environment, Some(authority))
+            })
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| format!("loading the metadata from etcd: {error}"))?
+        };
+        gate.activate(coordinator.clone());
+        let watched = leadership.clone();
+        let lost = async move {
+            loop {
+                tokio::time::sleep(LEADERSHIP_CHECK_INTERVAL).await;
+                let reason = if !watched.holds() {
+                    watched.lost().unwrap_or_else(|| "leadership lost".to_string())
+                } else if let Some(reason) = store.poisoned() {
+                    format!("the metadata store failed: {reason}")
+                } else {
+                    continue;
+                };
+                // At once, not through an orderly shutdown: its successor may already be
+                // changing the cluster, and nothing this one still has in flight may go on
+                // (every request is already refused; this ends the background work too).
+                eprintln!("stratus: coordinator stopping: {reason}");
+                tracing::error!(%reason, "coordinator stopping");
+                std::process::exit(1);
+            }
+        };
+        let outcome =
+            serve_active_coordinator(&arguments, coordinator, &address, serving, lost).await;
+        if outcome.is_ok() {
+            // A clean stop: hand over at once rather than after the lease's TTL.
+            if let Some(leadership) = Arc::into_inner(leadership) {
+                tokio::task::block_in_place(|| leadership.resign());
+            }
         }
+        outcome
+    })
+}
+
+/// How often a standby coordinator tries to take the leadership, and so probes the active
+/// one's address: a killed active coordinator is replaced about this long after it died.
+const STANDBY_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long a standby's probe of the active coordinator's address may take to connect.
+const HOLDER_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Time between a standby's two probes, both of which must be refused.
+const HOLDER_PROBE_GAP: Duration = Duration::from_millis(50);
+
+/// True when the process that holds the leadership, named by `holder` (its identity: its
+/// listening address first), is certainly gone: its address refuses connections twice. A
+/// coordinator listens from its start until it exits, so a refusal means no process is there;
+/// a slow, paused or unreachable holder times out instead and is waited out with its TTL. An
+/// address that does not name one machine (unspecified, this standby's own) proves nothing.
+fn coordinator_gone(holder: &[u8], own_address: &str) -> bool {
+    let text = String::from_utf8_lossy(holder);
+    let Some(address) = text.split_whitespace().next() else { return false };
+    if address == own_address {
+        return false;
     }
-    outcome
+    let Ok(address) = address.parse::<std::net::SocketAddr>() else { return false };
+    if address.ip().is_unspecified() || address.port() == 0 {
+        return false;
+    }
+    let refused = || {
+        matches!(
+            std::net::TcpStream::connect_timeout(&address, HOLDER_PROBE_TIMEOUT),
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused
+        )
+    };
+    if !refused() {
+        return false;
+    }
+    std::thread::sleep(HOLDER_PROBE_GAP);
+    refused()
 }
 
 /// How long one request to etcd may take.
@@ -376,34 +447,56 @@ fn serve_coordinator(
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     runtime(None)?.block_on(async move {
-        let listener = environment.network.bind(&arguments.listen).await.map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
-        let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
+        let listener = environment
+            .network
+            .bind(&arguments.listen)
+            .await
+            .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
-        tracing::info!(%address, "coordinator listening");
-        println!("coordinator listening on {address}");
-        if let Some(metrics_listener) = metrics_listener {
-            metrics::serve_coordinator(metrics_listener, coordinator.clone(), &address);
-        }
-        let background = coordinator.clone();
-        tokio::spawn(async move { background.verify_servers_and_redeliver().await });
-        if arguments.probe_misses > 0 {
-            let detector = coordinator.clone();
-            let config = FailureDetectorConfig {
-                backstop_interval: Duration::from_millis(arguments.backstop_interval_ms.max(1)),
-                probe_timeout: Duration::from_millis(arguments.probe_timeout_ms.max(1)),
-                misses_to_declare: arguments.probe_misses,
-            };
-            tokio::spawn(async move { detector.run_failure_detector(config).await });
-        }
-        tokio::select! {
-            result = serve(listener, Arc::new(coordinator)) => result.map_err(|error| error.to_string()),
-            _ = termination(arguments.exit_with_parent) => {
-                tracing::info!("coordinator stopping");
-                Ok(())
-            }
-            () = stopped => Ok(()),
-        }
+        let gate = Arc::new(StandbyGate::new());
+        gate.activate(coordinator.clone());
+        let serving = tokio::spawn(serve(listener, gate));
+        serve_active_coordinator(&arguments, coordinator, &address, serving, stopped).await
     })
+}
+
+/// Runs the active coordinator's background work (metrics, redelivery, failure detector) while
+/// `serving` answers on `address`, until SIGINT/SIGTERM, `serving` fails, or `stopped`.
+async fn serve_active_coordinator(
+    arguments: &CoordinatorArguments,
+    coordinator: Coordinator,
+    address: &str,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+    stopped: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
+    tracing::info!(%address, "coordinator listening");
+    println!("coordinator listening on {address}");
+    if let Some(metrics_listener) = metrics_listener {
+        metrics::serve_coordinator(metrics_listener, coordinator.clone(), address);
+    }
+    let background = coordinator.clone();
+    tokio::spawn(async move { background.verify_servers_and_redeliver().await });
+    if arguments.probe_misses > 0 {
+        let detector = coordinator.clone();
+        let config = FailureDetectorConfig {
+            backstop_interval: Duration::from_millis(arguments.backstop_interval_ms.max(1)),
+            probe_timeout: Duration::from_millis(arguments.probe_timeout_ms.max(1)),
+            misses_to_declare: arguments.probe_misses,
+        };
+        tokio::spawn(async move { detector.run_failure_detector(config).await });
+    }
+    tokio::select! {
+        result = serving => match result {
+            Ok(served) => served.map_err(|error| error.to_string()),
+            Err(error) => Err(format!("the coordinator's listener stopped: {error}")),
+        },
+        _ = termination(arguments.exit_with_parent) => {
+            tracing::info!("coordinator stopping");
+            Ok(())
+        }
+        () = stopped => Ok(()),
+    }
 }
 
 /// Runs a storage server until SIGINT/SIGTERM.

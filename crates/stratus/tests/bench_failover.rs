@@ -55,6 +55,17 @@ fn bench_failover_reports_every_event_for_both_groups_of_keys() {
         assert!(number(failed, "served_again_ms") > 0.0, "{failed:?}");
         assert_eq!(others["stall_goal_ms"], 250, "{others:?}");
         assert!(others["goal_met"].is_boolean(), "{others:?}");
-        assert!(failed["goal_met"].is_null(), "{failed:?}");
+        if event == "kill-master" {
+            // A killed master's keys are held to detection + 2 x the recovery's physical bound.
+            let detection = number(failed, "detection_ms");
+            let bound = number(failed, "physical_bound_ms");
+            assert!(detection > 0.0 && bound >= 0.0, "{failed:?}");
+            let goal = number(failed, "served_again_goal_ms");
+            assert!((goal - (detection + 2.0 * bound)).abs() < 0.01, "{failed:?}");
+            assert!(failed["goal_met"].is_boolean(), "{failed:?}");
+        } else {
+            assert!(failed["goal_met"].is_null(), "{failed:?}");
+            assert!(failed["detection_ms"].is_null(), "{failed:?}");
+        }
     }
 }

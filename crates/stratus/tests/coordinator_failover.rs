@@ -19,6 +19,10 @@ use stratus_meta_etcd::local::LocalEtcd;
 const TAKEOVER_PATIENCE: Duration = Duration::from_secs(60);
 
 fn start_coordinator(etcd_url: &str, address: &str) -> Process {
+    start_coordinator_with_ttl(etcd_url, address, 2)
+}
+
+fn start_coordinator_with_ttl(etcd_url: &str, address: &str, lease_seconds: u64) -> Process {
     Process::start(&[
         "coordinator".to_string(),
         "--listen".to_string(),
@@ -26,7 +30,7 @@ fn start_coordinator(etcd_url: &str, address: &str) -> Process {
         "--etcd".to_string(),
         etcd_url.to_string(),
         "--etcd-lease-seconds".to_string(),
-        "2".to_string(),
+        lease_seconds.to_string(),
     ])
 }
 
@@ -136,5 +140,43 @@ async fn a_standby_coordinator_takes_over_and_a_deposed_one_exits() {
     assert_eq!(listed.len(), 5);
     drop(servers);
     drop(third);
+    etcd.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_is_replaced_before_its_leadership_lease_would_end() {
+    // The leadership's TTL is far longer than the patience below: a standby that waited for
+    // the killed coordinator's lease to run out would not take over in time. It takes over
+    // because the killed one's address refuses connections (every coordinator listens from
+    // its start), which proves its process is gone.
+    const LEASE_SECONDS: u64 = 300;
+    const PATIENCE: Duration = Duration::from_secs(120);
+    let directory = tempfile::tempdir().unwrap();
+    common::require_installed("etcd");
+    let mut etcd = LocalEtcd::start(&directory.path().join("etcd")).expect("etcd starts");
+    let etcd_url = etcd.client_url().to_string();
+    let addresses = [free_address(), free_address()];
+    let coordinators = addresses.join(",");
+    let mut first = start_coordinator_with_ttl(&etcd_url, &addresses[0], LEASE_SECONDS);
+    first.wait_for_line("listening on", TAKEOVER_PATIENCE);
+    let second = start_coordinator_with_ttl(&etcd_url, &addresses[1], LEASE_SECONDS);
+    second.wait_for_line("standing by", Duration::from_secs(30));
+    let backup = directory.path().join("backup");
+    let server = Process::start(&server_arguments(&coordinators, 0, &backup));
+    server.wait_for_line("listening on", Duration::from_secs(30));
+
+    let mut config = ClientConfig::new(coordinators.clone());
+    config.operation_timeout = Duration::from_secs(30);
+    let client = Client::new(config);
+    let table = client.create_table("t", 1).await.unwrap();
+    client.write(table, b"before", b"1").await.unwrap();
+
+    first.kill();
+    tokio::task::block_in_place(|| second.wait_for_line("listening on", PATIENCE));
+    client.write(table, b"after", b"2").await.unwrap();
+    assert_eq!(&client.read(table, b"before").await.unwrap().0[..], b"1");
+    assert_eq!(client.create_table("u", 1).await.unwrap().0, table.0 + 1);
+    drop(server);
+    drop(second);
     etcd.kill();
 }

@@ -515,21 +515,33 @@ class Client:
     def _coordinator_request(self, opcode: Opcode, body: bytes, attempts: Attempts) -> object:
         """One request to the coordinator: its decoded body, or its status as a typed error.
 
-        With several coordinator addresses, starts at the one that answered last and, when one
-        cannot be reached (a standby does not listen; a paused one times out), tries the next,
-        each once."""
+        With several coordinator addresses, starts at the one that answered last and tries
+        the next, each once, when one cannot be reached (a dead one refuses; a paused one
+        times out) or answers RETRY (a standby, or a deposed coordinator, answers that to
+        everything). The first RETRY is the answer only if no coordinator gives another. After
+        a failure the next request starts at the next address."""
         count = len(self.coordinators)
         first = self._coordinator_index
+        retry: tuple[Status, object] | None = None
         for turn in range(count):
             index = (first + turn) % count
             try:
                 status, decoded = self._send(self.coordinators[index], opcode, body, attempts)
             except (CouldNotConnect, Timeout, ProtocolError):
-                if turn == count - 1:
+                self._coordinator_index = (index + 1) % count
+                if turn == count - 1 and retry is None:
                     raise
+                continue
+            if status is Status.RETRY:
+                if retry is None:
+                    retry = (status, decoded)
                 continue
             self._coordinator_index = index
             break
+        else:
+            # Every address answered RETRY or could not be reached: the first RETRY.
+            assert retry is not None
+            status, decoded = retry
         if status is Status.OK:
             return decoded
         raise failure_from_response(status, decoded)

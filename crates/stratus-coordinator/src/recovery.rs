@@ -1649,6 +1649,24 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_predecessor_that_may_still_grant_leases_defers_crash_declarations() {
+        let coordinator = coordinator();
+        coordinator.inner.detector.set(FailureDetectorConfig::default()).unwrap();
+        let server_id = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        let window = Duration::from_secs(3_600);
+        coordinator.predecessor_may_grant_until(window);
+        assert!(!coordinator.inner.lease_expired(server_id));
+        // A silent server is checked and its pings missed, but it is not declared: a lease its
+        // predecessor might grant it could still run.
+        coordinator.inner.hint_server_crashed(server_id).await.expect("hint accepted");
+        checks_finished(&coordinator).await;
+        assert_eq!(status_of(&coordinator, server_id).await, ServerStatus::Up);
+        // A shorter window later does not shorten it.
+        coordinator.predecessor_may_grant_until(Duration::ZERO);
+        assert!(!coordinator.inner.lease_expired(server_id));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_flood_of_hints_checks_each_suspect_once_at_a_time() {
         let coordinator = coordinator();
         coordinator.inner.detector.set(FailureDetectorConfig::default()).unwrap();

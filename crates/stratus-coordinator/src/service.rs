@@ -139,6 +139,9 @@ pub(crate) struct LeaseTable {
     pub(crate) members: BTreeSet<ServerId>,
     /// When each server's last lease was granted (when its request arrived).
     pub(crate) granted: BTreeMap<ServerId, tokio::time::Instant>,
+    /// Until when an earlier coordinator may still have granted leases, when later than this
+    /// one's start (see [`Coordinator::predecessor_may_grant_until`]).
+    pub(crate) predecessor_grants_until: Option<tokio::time::Instant>,
 }
 
 /// A failed request: status and message for the error response.
@@ -183,7 +186,11 @@ impl Coordinator {
             environment,
             placement_cursor: AtomicU64::new(0),
             recoveries: Mutex::new(BTreeSet::new()),
-            leases: std::sync::Mutex::new(LeaseTable { members, granted: BTreeMap::new() }),
+            leases: std::sync::Mutex::new(LeaseTable {
+                members,
+                granted: BTreeMap::new(),
+                predecessor_grants_until: None,
+            }),
             log_heads: Mutex::new(log_heads),
             started_at: tokio::time::Instant::now(),
             ping_misses: std::sync::Mutex::new(BTreeMap::new()),
@@ -281,6 +288,18 @@ impl Coordinator {
             .iter()
             .map(|(id, entry)| (*id, entry.reason.clone(), entry.loss_accepted))
             .collect()
+    }
+
+    /// An earlier coordinator may believe it is active, and grant master leases, for up to
+    /// `window` from now (a standby that took over from a holder it judged gone: were the
+    /// judgement wrong, the holder would go on until its own leadership lease ran out). No
+    /// server is declared crashed for missed pings until a lease granted by then has ended;
+    /// serving is not delayed.
+    pub fn predecessor_may_grant_until(&self, window: Duration) {
+        let until = tokio::time::Instant::now() + window;
+        let mut leases = self.inner.leases();
+        leases.predecessor_grants_until =
+            Some(leases.predecessor_grants_until.map_or(until, |earlier| earlier.max(until)));
     }
 
     /// Declares `server_id` crashed now and starts recovering its tablets (tests and tools).
@@ -1050,8 +1069,10 @@ impl Inner {
 
     /// [`Inner::lease_expired`] with the lease table already locked.
     pub(crate) fn lease_expired_in(&self, leases: &LeaseTable, server_id: ServerId) -> bool {
-        let last =
-            leases.granted.get(&server_id).copied().unwrap_or(self.started_at).max(self.started_at);
+        let floor = leases
+            .predecessor_grants_until
+            .map_or(self.started_at, |until| until.max(self.started_at));
+        let last = leases.granted.get(&server_id).copied().unwrap_or(floor).max(floor);
         tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
     }
 

@@ -329,6 +329,15 @@ impl EtcdClient {
         }
     }
 
+    /// The TTL lease `id` was granted with, in seconds (what its holder renews it to).
+    pub fn lease_granted_ttl(&self, id: i64) -> Result<u64, EtcdError> {
+        let body = json!({ "ID": id.to_string() });
+        let answer = self.post("/v3/lease/timetolive", &body, true, None)?;
+        let granted =
+            if answer["grantedTTL"].is_null() { 0 } else { integer(&answer["grantedTTL"])? };
+        Ok(u64::try_from(granted).unwrap_or(0))
+    }
+
     /// Revokes lease `id`, deleting every key attached to it.
     pub fn lease_revoke(&self, id: i64) -> Result<(), EtcdError> {
         self.post("/v3/lease/revoke", &json!({ "ID": id.to_string() }), true, None).map(|_| ())

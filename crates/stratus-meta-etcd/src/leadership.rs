@@ -83,6 +83,8 @@ pub struct Leadership {
     lease_id: i64,
     shared: Arc<Shared>,
     renewer: Option<JoinHandle<()>>,
+    /// The TTL of the lease of a holder this process judged gone and revoked to take over.
+    gone_holder_ttl: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -140,8 +142,9 @@ impl Leadership {
         holder_gone: &dyn Fn(&[u8]) -> bool,
     ) -> Result<Leadership, String> {
         let leader = leader_key(namespace);
-        // Set when this process ended a gone holder's lease: no predecessor can still act.
-        let mut predecessor_gone = false;
+        // Set when this process ended a gone holder's lease (to that lease's TTL): no
+        // predecessor can still act.
+        let mut predecessor_gone: Option<Duration> = None;
         let ttl_seconds = config.lease_ttl.as_secs().max(1);
         let mut lease: Option<(i64, Instant, u64)> = None;
         let mut last_holder: Option<Vec<u8>> = None;
@@ -181,8 +184,9 @@ impl Leadership {
                         lease_id,
                         shared,
                         renewer: Some(renewer),
+                        gone_holder_ttl: predecessor_gone,
                     };
-                    if !predecessor_gone {
+                    if predecessor_gone.is_none() {
                         std::thread::sleep(config.takeover_delay);
                     }
                     return match leadership.holds() {
@@ -195,7 +199,7 @@ impl Leadership {
                 }
                 Ok(Some((holder, holder_lease))) => {
                     // A holder this process did not end (another standby won the race).
-                    predecessor_gone = false;
+                    predecessor_gone = None;
                     if last_holder.as_ref() != Some(&holder) {
                         tracing::info!(
                             holder = %String::from_utf8_lossy(&holder),
@@ -208,9 +212,14 @@ impl Leadership {
                             holder = %String::from_utf8_lossy(&holder),
                             "the active coordinator is gone: ending its leadership now"
                         );
+                        // Its TTL first: how long it could act were the judgement wrong. Never
+                        // less than this process's own TTL.
+                        let holder_ttl = client
+                            .lease_granted_ttl(holder_lease)
+                            .map_or(ttl_seconds, |granted| granted.max(ttl_seconds));
                         match client.lease_revoke(holder_lease) {
                             Ok(()) => {
-                                predecessor_gone = true;
+                                predecessor_gone = Some(Duration::from_secs(holder_ttl));
                                 continue;
                             }
                             Err(error) => {
@@ -274,6 +283,15 @@ impl Leadership {
             // Expired between the comparison and the read: try again.
             None => Ok(Some((Vec::new(), 0))),
         }
+    }
+
+    /// When this process took over by revoking the lease of a holder it judged gone: that
+    /// lease's TTL. Were the judgement wrong, the holder would believe itself active until its
+    /// own lease would have run out, at most this long after the revocation; what it does
+    /// meanwhile on its own authority (a coordinator: granting master leases) must be allowed
+    /// for.
+    pub fn gone_holder_ttl(&self) -> Option<Duration> {
+        self.gone_holder_ttl
     }
 
     /// The identity in the leader key: the fence for [`crate::EtcdMetaStore`].

@@ -156,6 +156,58 @@ fn a_resigning_coordinator_hands_over_without_waiting_for_its_lease() {
 }
 
 #[test]
+fn a_standby_that_judges_the_holder_gone_takes_over_at_once_and_the_holder_learns_it() {
+    let directory = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(&directory);
+    let client = client(&etcd);
+    // The holder's lease is far longer than the test may wait, and longer than the standby's:
+    // only the revocation can hand over, and the successor learns the holder's TTL.
+    let holder_config = LeadershipConfig { lease_ttl: Duration::from_secs(600), ..config() };
+    let standby_config = LeadershipConfig { lease_ttl: Duration::from_secs(60), ..config() };
+    let first =
+        Leadership::campaign(client.clone(), "/g/", "10.0.0.1:5000 first", holder_config, &|| {
+            false
+        })
+        .unwrap();
+    assert!(first.gone_holder_ttl().is_none());
+    let probed = std::sync::Mutex::new(Vec::new());
+    let gone = |holder: &[u8]| {
+        probed.lock().unwrap().push(String::from_utf8_lossy(holder).to_string());
+        true
+    };
+    let second = Leadership::campaign_probing(
+        client.clone(),
+        "/g/",
+        "10.0.0.2:5000 second",
+        standby_config,
+        &|| false,
+        &gone,
+    )
+    .unwrap();
+    assert!(second.holds());
+    assert_eq!(probed.lock().unwrap().as_slice(), ["10.0.0.1:5000 first"]);
+    assert_eq!(second.gone_holder_ttl(), Some(Duration::from_secs(600)));
+    // Were the first still running, it would learn of it at its next renewal (every TTL/4:
+    // 150 s here), or from a fenced write at once.
+    let first_store = EtcdMetaStore::new(client.clone(), "/g/", Some(first.identity().to_vec()));
+    let refused = first_store.apply(&[put("table/t", b"by the revoked first")]);
+    assert!(matches!(refused, Err(MetaError::Fenced { .. })), "{refused:?}");
+
+    // A standby whose probe says the holder lives waits for it.
+    let attempts = AtomicU64::new(0);
+    let stop = || attempts.fetch_add(1, Ordering::Relaxed) >= 5;
+    let outcome = Leadership::campaign_probing(
+        client,
+        "/g/",
+        "10.0.0.3:5000 third",
+        config(),
+        &stop,
+        &|_| false,
+    );
+    assert!(outcome.is_err(), "took a leadership whose holder lives");
+}
+
+#[test]
 fn a_coordinator_that_cannot_reach_etcd_stops_holding_the_leadership() {
     let directory = tempfile::tempdir().unwrap();
     let mut etcd = start_etcd(&directory);

@@ -365,6 +365,11 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             .map_err(|error| error.to_string())?
             .map_err(|error| format!("loading the metadata from etcd: {error}"))?
         };
+        if let Some(holder_ttl) = leadership.gone_holder_ttl() {
+            // Its refused connections say it is dead; were they wrong (a firewall that rejects),
+            // it could grant master leases until its own leadership lease would have ended.
+            coordinator.predecessor_may_grant_until(holder_ttl);
+        }
         gate.activate(coordinator.clone());
         let watched = leadership.clone();
         let lost = async move {

@@ -56,6 +56,8 @@ use stratus_rpc::deadline_in;
 use stratus_types::Version;
 use stratus_wire::ServerStatus;
 
+mod availability;
+
 /// `stratus workload`.
 #[derive(Debug, Args)]
 pub struct WorkloadArguments {
@@ -111,6 +113,11 @@ pub struct WorkloadArguments {
     /// for analysis beyond the minimal histories printed.
     #[arg(long)]
     pub history_out: Option<PathBuf>,
+    /// Write when each operation of the mixed phase ran and which master owned its key here
+    /// (format in `workload/availability.rs`), for a fault harness that bounds how long
+    /// operations on servers it did not touch waited.
+    #[arg(long)]
+    pub availability_out: Option<PathBuf>,
 }
 
 /// The workload's verdicts, as exit statuses.
@@ -153,6 +160,19 @@ fn exactly_once_client(coordinator: &str, timeouts: Timeouts) -> Client {
 struct Tally {
     /// Unknown outcomes by status.
     unknown: BTreeMap<String, u64>,
+    /// The operations timed for `--availability-out` (none without it).
+    timed: Vec<availability::Timed>,
+    /// Operations not timed because the bound was reached.
+    timed_left_out: u64,
+}
+
+/// How a client of the mixed phase runs.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    /// Most operations per second (0: as fast as the cluster answers).
+    rate: u32,
+    /// Time every operation for `--availability-out`.
+    timed: bool,
 }
 
 /// One client's mixed phase: until `stop`, pick a key and an operation, record it, back off
@@ -163,13 +183,14 @@ async fn run_client(
     table: TableId,
     (keys, counters): (u32, u32),
     mut choices: Choices,
-    rate: u32,
+    pace: Pace,
     stop: Arc<AtomicBool>,
 ) -> Tally {
     let hot_keys = (keys / 8).max(1);
     let mut tally = Tally::default();
     let mut last_seen = vec![Version(0); keys as usize];
     let mut backoff = FAULT_BACKOFF_MIN;
+    let Pace { rate, timed: timing } = pace;
     let pacing = (rate > 0).then(|| Duration::from_secs(1) / rate);
     // When the next operation may start: advances by `pacing` per operation, so the rate holds
     // on average even though one timer tick is about as long as one operation.
@@ -203,6 +224,7 @@ async fn run_client(
         let value = Bytes::copy_from_slice(
             &((i64::from(client_id) << 40) | (sequence as i64 & 0xFF_FFFF_FFFF)).to_le_bytes(),
         );
+        let start_micros = availability::wall_micros();
         let result: Result<Version, ClientError> = match choices.below(100) {
             0..=39 => client.read(table, &key).await.map(|(_, version)| version),
             40..=64 => client.write_with(table, &key, value, RejectRules::NONE).await,
@@ -216,6 +238,14 @@ async fn run_client(
                 client.increment(table, &key, delta).await.map(|(_, version)| version)
             }
         };
+        if timing {
+            if tally.timed.len() < availability::TIMED_OPERATIONS_PER_CLIENT_MAX {
+                let end_micros = availability::wall_micros();
+                tally.timed.push(availability::Timed { start_micros, end_micros, key_index });
+            } else {
+                tally.timed_left_out += 1;
+            }
+        }
         match result {
             Ok(version) => {
                 last_seen[key_index as usize] = version;
@@ -563,10 +593,13 @@ async fn run_phases(
             table,
             (arguments.keys, arguments.counters),
             choices,
-            arguments.rate,
+            Pace { rate: arguments.rate, timed: arguments.availability_out.is_some() },
             stop.clone(),
         ));
     }
+    let owners = arguments.availability_out.as_ref().map(|_| {
+        tokio::spawn(availability::Owners::sample_until(admin.clone(), table, stop.clone()))
+    });
     let mixed_started = tokio::time::Instant::now();
     let mixed_end = deadline_in(Duration::from_secs(arguments.seconds));
     while tokio::time::Instant::now() < mixed_end {
@@ -582,6 +615,8 @@ async fn run_phases(
     }
     stop.store(true, Ordering::Relaxed);
     let mut unknown_by_status: BTreeMap<String, u64> = BTreeMap::new();
+    let mut timed = Vec::new();
+    let mut timed_left_out = 0;
     // Every client finishes its operation in flight (bounded by the operation timeout) or its
     // backoff; the join is bounded all the same.
     let joined = tokio::time::timeout(2 * timeouts.operation + FAULT_BACKOFF_MAX, async {
@@ -590,6 +625,8 @@ async fn run_phases(
             for (status, count) in tally.unknown {
                 *unknown_by_status.entry(status).or_default() += count;
             }
+            timed.extend(tally.timed);
+            timed_left_out += tally.timed_left_out;
         }
         Ok::<(), String>(())
     })
@@ -599,6 +636,15 @@ async fn run_phases(
         Err(_) => return Err("client tasks did not stop after the mixed phase".to_string()),
     }
     let mixed_seconds = mixed_started.elapsed().as_secs_f64();
+    if let (Some(path), Some(owners)) = (&arguments.availability_out, owners) {
+        // The sampler stops within one interval (or one tablet-map call) of `stop`.
+        let owners = owners.await.map_err(|error| format!("the owner sampler failed: {error}"))?;
+        let name = |index: u32| key_name(index);
+        match availability::write(path, table, &name, timed, timed_left_out, &owners) {
+            Ok(()) => println!("workload: availability written to {}", path.display()),
+            Err(error) => return Err(format!("writing {}: {error}", path.display())),
+        }
+    }
 
     // The last word on every key.
     let reader = RecordingClient::new(

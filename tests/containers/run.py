@@ -18,7 +18,7 @@ schedule drawn from a seed:
 A fault episode hits one or more distinct servers at once (at most servers - replicas - 1, so
 every master always finds enough backups and every crash stays recoverable), holds for a
 seeded time (short holds stay under failure detection, long ones get the server declared
-crashed), heals, restarts every server container that exited (a server declared crashed
+crashed, one in ten freezes it for 10 s), heals, restarts every server container that exited (a server declared crashed
 exits), and waits until the cluster is healthy again (every server address up, every tablet
 served) before the next episode. A cluster that does not recover within --recovery-timeout
 fails the run. The workload's exit status is the verdict: 0 pass, 2 violation (lost write or
@@ -72,11 +72,13 @@ QUIET_TAIL = 6.0
 AVAILABILITY_FILE = "/tmp/availability.txt"
 # The availability bound (issue 27): during a fault episode on servers, operations on keys of
 # the servers not faulted may wait at most this long. `stratus bench failover` holds processes
-# on one machine to 250 ms; containers on two shared cores, with docker's networking and up to
-# two faults at once, get four times that. Episodes that kill the only coordinator are
-# reported but not bounded: with one coordinator every master stops serving when its lease
-# runs out, by design (standbys on etcd take over without a stall: bench failover).
-OTHERS_STALL_BOUND_MS = 1000
+# on one machine to 250 ms (its goal); here seven containers share two cores, servers restart
+# during episodes, and two faults may overlap (the CI's seed saw up to 557 ms), so the bound is
+# set to catch the multi-second stalls issue 27 reported (3-8 s) without failing on the
+# machine's noise. Episodes that kill the only coordinator are reported but not bounded: with
+# one coordinator every master stops serving when its lease runs out, by design (standbys on
+# etcd take over without a stall: bench failover).
+OTHERS_STALL_BOUND_MS = 2000
 # An operation that took longer than this waited for the fault ("served again" is when the
 # faulted servers' keys' last such operation ended).
 STALL_THRESHOLD_MS = 100
@@ -364,8 +366,11 @@ def inject_faults(cluster: Cluster, rng: random.Random, arguments: argparse.Name
     while True:
         gap = rng.uniform(1.0, 4.0)
         # Short holds stay under failure detection (about 0.6 s of missed pings, and the
-        # lease); long ones get the server declared crashed and recovered.
-        hold = rng.choice([rng.uniform(0.2, 1.0), rng.uniform(1.0, 5.0)])
+        # lease); long ones get the server declared crashed and recovered; one in ten is a
+        # 10 s freeze (issue 27's longest pause), which the others must not wait for.
+        draw = rng.random()
+        hold = (rng.uniform(0.2, 1.0) if draw < 0.45 else rng.uniform(1.0, 5.0) if draw < 0.9
+                else 10.0)
         plan = plan_episode(rng, cluster, max_faults, arguments.coordinator_faults)
         time.sleep(gap)
         # Leave room to hold, heal and recover before the workload stops.

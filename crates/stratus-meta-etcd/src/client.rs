@@ -329,13 +329,16 @@ impl EtcdClient {
         }
     }
 
-    /// The TTL lease `id` was granted with, in seconds (what its holder renews it to).
-    pub fn lease_granted_ttl(&self, id: i64) -> Result<u64, EtcdError> {
+    /// Lease `id`'s seconds left (0 once expired or unknown) and the TTL it was granted with.
+    pub fn lease_time_to_live(&self, id: i64) -> Result<(u64, u64), EtcdError> {
         let body = json!({ "ID": id.to_string() });
         let answer = self.post("/v3/lease/timetolive", &body, true, None)?;
-        let granted =
-            if answer["grantedTTL"].is_null() { 0 } else { integer(&answer["grantedTTL"])? };
-        Ok(u64::try_from(granted).unwrap_or(0))
+        let field = |name: &str| -> Result<u64, EtcdError> {
+            let value = if answer[name].is_null() { 0 } else { integer(&answer[name])? };
+            // etcd answers -1 for an expired or unknown lease.
+            Ok(u64::try_from(value).unwrap_or(0))
+        };
+        Ok((field("TTL")?, field("grantedTTL")?))
     }
 
     /// Revokes lease `id`, deleting every key attached to it.

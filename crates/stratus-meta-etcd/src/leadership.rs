@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::client::{Compare, EtcdClient, EtcdError, TxnOperation};
-use crate::leader_key;
+use crate::{deposed_key, leader_key};
 
 /// How the leadership is held.
 #[derive(Clone, Copy, Debug)]
@@ -83,8 +83,8 @@ pub struct Leadership {
     lease_id: i64,
     shared: Arc<Shared>,
     renewer: Option<JoinHandle<()>>,
-    /// The TTL of the lease of a holder this process judged gone and revoked to take over.
-    gone_holder_ttl: Option<Duration>,
+    /// How long a recently deposed holder could still act, counted from the win.
+    predecessor_grace: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -102,6 +102,15 @@ impl Shared {
         if lost.is_none() {
             tracing::error!(%reason, "coordinator leadership lost");
             *lost = Some(reason);
+        }
+    }
+
+    /// Gives the leadership up on purpose (a clean stop): not an error.
+    fn give_up(&self) {
+        let mut lost = self.lost.lock().unwrap_or_else(|poison| poison.into_inner());
+        if lost.is_none() {
+            tracing::info!("coordinator leadership given up");
+            *lost = Some("resigned".to_string());
         }
     }
 }
@@ -127,12 +136,13 @@ impl Leadership {
     }
 
     /// [`Leadership::campaign`] that also asks `holder_gone` about the holder's identity on
-    /// every try. When it answers true, the holder's process is certainly gone (the caller
-    /// knows how to tell: a coordinator's listening address that refuses connections), so
-    /// nothing can still act on its leadership: its lease is revoked at once and this process
-    /// takes over without the TTL's wait and without the takeover delay, which guards only
-    /// against a predecessor that still runs. A wrong `true` would let two coordinators act
-    /// at once, so it must mean gone, not slow: a paused or unreachable holder is waited out.
+    /// every try. When it answers true, the holder's process is gone (the caller knows how to
+    /// tell: a coordinator's listening address that refuses connections), so nothing acts on
+    /// its leadership any more: it is deposed at once (see [`Leadership::depose`]) and this
+    /// process takes over without the TTL's wait and without the takeover delay, which guards
+    /// only against a predecessor that still runs. It must mean gone, not slow: a paused or
+    /// unreachable holder is waited out. Should it be wrong anyway, whoever wins learns how
+    /// long the deposed holder could still act ([`Leadership::predecessor_grace`]).
     pub fn campaign_probing(
         client: Arc<EtcdClient>,
         namespace: &str,
@@ -142,9 +152,9 @@ impl Leadership {
         holder_gone: &dyn Fn(&[u8]) -> bool,
     ) -> Result<Leadership, String> {
         let leader = leader_key(namespace);
-        // Set when this process ended a gone holder's lease (to that lease's TTL): no
-        // predecessor can still act.
-        let mut predecessor_gone: Option<Duration> = None;
+        let deposed = deposed_key(namespace);
+        // Set when this process deposed the holder it then succeeds: no predecessor runs.
+        let mut deposed_by_this_process = false;
         let ttl_seconds = config.lease_ttl.as_secs().max(1);
         let mut lease: Option<(i64, Instant, u64)> = None;
         let mut last_holder: Option<Vec<u8>> = None;
@@ -178,15 +188,26 @@ impl Leadership {
                             .spawn(move || renew(&client, &owner, interval, &shared))
                             .map_err(|error| format!("starting the renewal thread: {error}"))?
                     };
+                    let predecessor_grace = match deposed_grace(&client, &deposed) {
+                        Ok(grace) => grace,
+                        Err(error) => {
+                            shared.stop.store(true, Ordering::Relaxed);
+                            let _ = renewer.join();
+                            let _ = client.lease_revoke(lease_id);
+                            return Err(format!(
+                                "took the leadership but cannot read whether a predecessor was                                  deposed: {error}"
+                            ));
+                        }
+                    };
                     let leadership = Leadership {
                         client,
                         identity: identity.as_bytes().to_vec(),
                         lease_id,
                         shared,
                         renewer: Some(renewer),
-                        gone_holder_ttl: predecessor_gone,
+                        predecessor_grace,
                     };
-                    if predecessor_gone.is_none() {
+                    if !deposed_by_this_process {
                         std::thread::sleep(config.takeover_delay);
                     }
                     return match leadership.holds() {
@@ -198,8 +219,8 @@ impl Leadership {
                     };
                 }
                 Ok(Some((holder, holder_lease))) => {
-                    // A holder this process did not end (another standby won the race).
-                    predecessor_gone = None;
+                    // A holder this process did not depose (another standby won the race).
+                    deposed_by_this_process = false;
                     if last_holder.as_ref() != Some(&holder) {
                         tracing::info!(
                             holder = %String::from_utf8_lossy(&holder),
@@ -212,18 +233,14 @@ impl Leadership {
                             holder = %String::from_utf8_lossy(&holder),
                             "the active coordinator is gone: ending its leadership now"
                         );
-                        // Its TTL first: how long it could act were the judgement wrong. Never
-                        // less than this process's own TTL.
-                        let holder_ttl = client
-                            .lease_granted_ttl(holder_lease)
-                            .map_or(ttl_seconds, |granted| granted.max(ttl_seconds));
-                        match client.lease_revoke(holder_lease) {
-                            Ok(()) => {
-                                predecessor_gone = Some(Duration::from_secs(holder_ttl));
+                        match Self::depose(&client, &leader, &deposed, &holder, holder_lease) {
+                            Ok(true) => {
+                                deposed_by_this_process = true;
                                 continue;
                             }
+                            Ok(false) => {}
                             Err(error) => {
-                                tracing::warn!(%error, "could not end the gone holder's lease")
+                                tracing::warn!(%error, "could not depose the gone holder")
                             }
                         }
                     }
@@ -232,6 +249,46 @@ impl Leadership {
             }
             std::thread::sleep(config.standby_poll_interval);
         }
+    }
+
+    /// Deposes `holder` (whose leader key is on `holder_lease`): in one transaction, if the
+    /// leader key still names it, deletes that key and records the holder in the deposed key,
+    /// on a fresh lease as long as the holder's own TTL plus a second: as long as it could
+    /// still believe itself active, were it alive after all. Then revokes the holder's lease,
+    /// so a live holder's renewer learns at its next renewal. False when there is nothing to
+    /// depose (the key changed, or the lease ended meanwhile: the usual path takes over).
+    fn depose(
+        client: &EtcdClient,
+        leader: &[u8],
+        deposed: &[u8],
+        holder: &[u8],
+        holder_lease: i64,
+    ) -> Result<bool, EtcdError> {
+        let (left, granted) = client.lease_time_to_live(holder_lease)?;
+        if left == 0 || granted == 0 {
+            return Ok(false);
+        }
+        let (marker_lease, _) = client.lease_grant(granted + 1)?;
+        let outcome = client.txn(
+            &[Compare::ValueEquals { key: leader.to_vec(), value: holder.to_vec() }],
+            &[
+                TxnOperation::Delete { key: leader.to_vec() },
+                TxnOperation::Put {
+                    key: deposed.to_vec(),
+                    value: holder.to_vec(),
+                    lease: marker_lease,
+                },
+            ],
+            &[],
+        )?;
+        if !outcome.succeeded {
+            let _ = client.lease_revoke(marker_lease);
+            return Ok(false);
+        }
+        if let Err(error) = client.lease_revoke(holder_lease) {
+            tracing::warn!(%error, "deposed the holder, but its lease lives on until it expires");
+        }
+        Ok(true)
     }
 
     /// One try: renews (or grants) this standby's lease, then creates the leader key if it is
@@ -285,13 +342,13 @@ impl Leadership {
         }
     }
 
-    /// When this process took over by revoking the lease of a holder it judged gone: that
-    /// lease's TTL. Were the judgement wrong, the holder would believe itself active until its
-    /// own lease would have run out, at most this long after the revocation; what it does
-    /// meanwhile on its own authority (a coordinator: granting master leases) must be allowed
-    /// for.
-    pub fn gone_holder_ttl(&self) -> Option<Duration> {
-        self.gone_holder_ttl
+    /// When a holder was deposed shortly before this process took the leadership (by this
+    /// process or by another standby that lost the race to it): how much longer, from when
+    /// this process won, that holder could believe itself active were it alive after all.
+    /// What it does meanwhile on its own authority (a coordinator: granting master leases)
+    /// must be allowed for.
+    pub fn predecessor_grace(&self) -> Option<Duration> {
+        self.predecessor_grace
     }
 
     /// The identity in the leader key: the fence for [`crate::EtcdMetaStore`].
@@ -320,10 +377,11 @@ impl Leadership {
     }
 
     /// Gives the leadership up now (a clean stop), so a standby takes over at once instead of
-    /// after the TTL.
-    pub fn resign(mut self) {
-        self.stop_renewing();
-        self.shared.lose("resigned".to_string());
+    /// after the TTL. The leadership is lost first (so nothing is granted on it from then on),
+    /// then its lease revoked. Shared holders may call it: the renewer stops at its next step.
+    pub fn resign(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.give_up();
         if let Err(error) = self.client.lease_revoke(self.lease_id) {
             tracing::warn!(%error, "could not revoke the leadership lease; it will expire");
         }
@@ -391,4 +449,16 @@ fn renew(client: &EtcdClient, owner: &Owner, interval: Duration, shared: &Shared
             }
         }
     }
+}
+
+/// The time left on the deposed key's lease, plus a second for its whole-second rounding;
+/// None when no holder was deposed recently (no key, or its lease ended).
+fn deposed_grace(client: &EtcdClient, deposed: &[u8]) -> Result<Option<Duration>, EtcdError> {
+    let pairs = client.range(deposed, &[])?;
+    let Some(pair) = pairs.into_iter().find(|pair| pair.key == deposed) else { return Ok(None) };
+    if pair.lease == 0 {
+        return Ok(None);
+    }
+    let (left, _) = client.lease_time_to_live(pair.lease)?;
+    Ok((left > 0).then(|| Duration::from_secs(left + 1)))
 }

@@ -51,3 +51,9 @@ pub const DEFAULT_NAMESPACE: &str = "/stratus/default/";
 pub(crate) fn leader_key(namespace: &str) -> Vec<u8> {
     format!("{namespace}leader").into_bytes()
 }
+
+/// The key naming a holder a standby deposed because it judged it gone, on a lease that lasts
+/// as long as that holder could still believe itself active (see `Leadership`).
+pub(crate) fn deposed_key(namespace: &str) -> Vec<u8> {
+    format!("{namespace}deposed").into_bytes()
+}

@@ -169,7 +169,7 @@ fn a_standby_that_judges_the_holder_gone_takes_over_at_once_and_the_holder_learn
             false
         })
         .unwrap();
-    assert!(first.gone_holder_ttl().is_none());
+    assert!(first.predecessor_grace().is_none());
     let probed = std::sync::Mutex::new(Vec::new());
     let gone = |holder: &[u8]| {
         probed.lock().unwrap().push(String::from_utf8_lossy(holder).to_string());
@@ -186,7 +186,10 @@ fn a_standby_that_judges_the_holder_gone_takes_over_at_once_and_the_holder_learn
     .unwrap();
     assert!(second.holds());
     assert_eq!(probed.lock().unwrap().as_slice(), ["10.0.0.1:5000 first"]);
-    assert_eq!(second.gone_holder_ttl(), Some(Duration::from_secs(600)));
+    // The deposed holder's TTL (600 s, not the standby's 60 s), from a marker on a fresh
+    // lease: whole seconds, plus one.
+    let grace = second.predecessor_grace().expect("the deposed holder's grace");
+    assert!(grace > Duration::from_secs(590) && grace <= Duration::from_secs(602), "{grace:?}");
     // Were the first still running, it would learn of it at its next renewal (every TTL/4:
     // 150 s here), or from a fenced write at once.
     let first_store = EtcdMetaStore::new(client.clone(), "/g/", Some(first.identity().to_vec()));
@@ -197,7 +200,7 @@ fn a_standby_that_judges_the_holder_gone_takes_over_at_once_and_the_holder_learn
     let attempts = AtomicU64::new(0);
     let stop = || attempts.fetch_add(1, Ordering::Relaxed) >= 5;
     let outcome = Leadership::campaign_probing(
-        client,
+        client.clone(),
         "/g/",
         "10.0.0.3:5000 third",
         config(),
@@ -205,6 +208,17 @@ fn a_standby_that_judges_the_holder_gone_takes_over_at_once_and_the_holder_learn
         &|_| false,
     );
     assert!(outcome.is_err(), "took a leadership whose holder lives");
+
+    // Whoever wins next, while the deposed holder could still act, learns it too (here after
+    // a resignation; a standby racing the deposer is the same case). A shared holder may
+    // resign.
+    let shared = Arc::new(second);
+    shared.resign();
+    assert!(!shared.holds());
+    let fourth =
+        Leadership::campaign(client, "/g/", "10.0.0.4:5000 fourth", config(), &|| false).unwrap();
+    let grace = fourth.predecessor_grace().expect("the deposed holder's grace");
+    assert!(grace > Duration::from_secs(590), "{grace:?}");
 }
 
 #[test]

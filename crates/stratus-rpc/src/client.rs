@@ -547,7 +547,8 @@ impl ChannelPool {
     /// except RETRY: a standby (or a deposed coordinator) answers it to everything, so the
     /// next address is tried, and the first RETRY is returned only if no coordinator gives
     /// another answer. After a failure the next call starts at the next address, so a dead
-    /// coordinator that times out does not take every call's whole time.
+    /// coordinator that times out does not take every call's whole time; addresses the time
+    /// ran out before are not tried (and not blamed).
     pub async fn call_coordinator(
         &self,
         coordinators: &str,
@@ -577,6 +578,11 @@ impl ChannelPool {
             // No address at all: the whole text, which then fails to connect with its name.
             let address = addresses().nth(index as usize).unwrap_or(coordinators);
             let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() && turn > 0 {
+                // Out of time: the addresses left were not tried, so nothing is learnt about
+                // them (the next call starts after the last one that failed).
+                break;
+            }
             match self.call_within(address, request, left).await {
                 Ok((Status::Retry, body)) => {
                     first_retry.get_or_insert((Status::Retry, body));

@@ -291,7 +291,11 @@ async fn serve_connection_within(
     let Connection { mut reader, mut writer, peer_address } = connection;
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut writer)).await {
         Ok(Ok(())) => {}
-        Ok(Err(reason)) => {
+        Ok(Err(HandshakeFailure::ClosedBeforeHello)) => {
+            tracing::debug!(peer = %peer_address, "closed before its hello (a probe)");
+            return;
+        }
+        Ok(Err(HandshakeFailure::Refused(reason))) => {
             tracing::info!(peer = %peer_address, %reason, "handshake refused");
             let _ = writer.shutdown().await;
             return;
@@ -319,17 +323,42 @@ async fn serve_connection_within(
     let _ = writer_task.await;
 }
 
-async fn handshake(reader: &mut BoxReader, writer: &mut BoxWriter) -> Result<(), String> {
+/// Why a connection's handshake failed.
+#[derive(Debug)]
+enum HandshakeFailure {
+    /// The peer closed the connection before sending its hello: a probe of whether anything
+    /// listens (a standby coordinator checks the active one's address this way), not an error.
+    ClosedBeforeHello,
+    /// Anything else, said in words.
+    Refused(String),
+}
+
+async fn handshake(reader: &mut BoxReader, writer: &mut BoxWriter) -> Result<(), HandshakeFailure> {
     let mut bytes = [0u8; HELLO_BYTES];
-    reader.read_exact(&mut bytes).await.map_err(|error| error.to_string())?;
-    let hello = Hello::decode(&bytes).map_err(|error| format!("bad handshake: {error}"))?;
+    let mut received = 0;
+    while received < HELLO_BYTES {
+        match reader.read(&mut bytes[received..]).await {
+            Ok(0) if received == 0 => return Err(HandshakeFailure::ClosedBeforeHello),
+            Ok(0) => return Err(HandshakeFailure::Refused("closed within the hello".into())),
+            Ok(read) => received += read,
+            Err(error) => return Err(HandshakeFailure::Refused(error.to_string())),
+        }
+    }
+    let hello = Hello::decode(&bytes)
+        .map_err(|error| HandshakeFailure::Refused(format!("bad handshake: {error}")))?;
     if hello.version != PROTOCOL_VERSION {
         let refusal = Hello { version: PROTOCOL_VERSION, status: Status::ProtocolVersionMismatch };
         let _ = writer.write_all(&refusal.encode()).await;
-        return Err(format!("client speaks protocol version {}", hello.version));
+        return Err(HandshakeFailure::Refused(format!(
+            "client speaks protocol version {}",
+            hello.version
+        )));
     }
     let welcome = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
-    writer.write_all(&welcome.encode()).await.map_err(|error| error.to_string())
+    writer
+        .write_all(&welcome.encode())
+        .await
+        .map_err(|error| HandshakeFailure::Refused(error.to_string()))
 }
 
 async fn read_loop(

@@ -434,3 +434,22 @@ async fn a_coordinator_call_passes_dead_addresses_and_standbys_to_the_active_one
     // Only the dead one: its failure.
     assert!(pool.call_coordinator(&dead, &Request::Ping).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_that_takes_a_call_s_whole_time_is_tried_last_next_time() {
+    // Accepts connections (the kernel does) but never answers the hello: a paused process.
+    let paused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let paused_address = paused.local_addr().unwrap().to_string();
+    let (active, _active) = start_server().await;
+    let config = RpcConfig { request_timeout: Duration::from_millis(300), ..RpcConfig::default() };
+    let pool = ChannelPool::new(Arc::new(TcpNetwork), config);
+    let coordinators = format!("{paused_address},{active}");
+    // The first call spends its whole time on the paused one; the active one is not tried
+    // (no time left) and not blamed, so the next call starts there.
+    assert!(pool.call_coordinator(&coordinators, &Request::Ping).await.is_err());
+    for _ in 0..3 {
+        let (status, _) = pool.call_coordinator(&coordinators, &Request::Ping).await.unwrap();
+        assert_eq!(status, Status::Ok);
+    }
+    drop(paused);
+}

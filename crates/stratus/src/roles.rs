@@ -365,10 +365,11 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             .map_err(|error| error.to_string())?
             .map_err(|error| format!("loading the metadata from etcd: {error}"))?
         };
-        if let Some(holder_ttl) = leadership.gone_holder_ttl() {
-            // Its refused connections say it is dead; were they wrong (a firewall that rejects),
-            // it could grant master leases until its own leadership lease would have ended.
-            coordinator.predecessor_may_grant_until(holder_ttl);
+        if let Some(grace) = leadership.predecessor_grace() {
+            // A holder was deposed for refusing connections; were they wrong (a firewall that
+            // rejects), it could grant master leases until its own leadership lease would
+            // have ended.
+            coordinator.predecessor_may_grant_until(grace);
         }
         gate.activate(coordinator.clone());
         let watched = leadership.clone();
@@ -393,10 +394,10 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         let outcome =
             serve_active_coordinator(&arguments, coordinator, &address, serving, lost).await;
         if outcome.is_ok() {
-            // A clean stop: hand over at once rather than after the lease's TTL.
-            if let Some(leadership) = Arc::into_inner(leadership) {
-                tokio::task::block_in_place(|| leadership.resign());
-            }
+            // A clean stop: hand over at once rather than after the lease's TTL. Tasks of
+            // this runtime still hold the coordinator (and so the leadership): resigning loses
+            // it first, so they grant nothing more.
+            tokio::task::block_in_place(|| leadership.resign());
         }
         outcome
     })

@@ -180,3 +180,35 @@ async fn a_killed_coordinator_is_replaced_before_its_leadership_lease_would_end(
     drop(second);
     etcd.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_stopped_cleanly_hands_over_at_once() {
+    // Coordinators listening on the unspecified address: a standby cannot probe the active one
+    // (its address names no machine), and the leadership's TTL is far longer than the patience
+    // below, so only the stopped coordinator's resignation can hand over in time.
+    const LEASE_SECONDS: u64 = 300;
+    const PATIENCE: Duration = Duration::from_secs(120);
+    let directory = tempfile::tempdir().unwrap();
+    common::require_installed("etcd");
+    let mut etcd = LocalEtcd::start(&directory.path().join("etcd")).expect("etcd starts");
+    let etcd_url = etcd.client_url().to_string();
+    let addresses = [free_address(), free_address()];
+    let unspecified: Vec<String> =
+        addresses.iter().map(|address| address.replace("127.0.0.1", "0.0.0.0")).collect();
+    let mut first = start_coordinator_with_ttl(&etcd_url, &unspecified[0], LEASE_SECONDS);
+    first.wait_for_line("listening on", TAKEOVER_PATIENCE);
+    let second = start_coordinator_with_ttl(&etcd_url, &unspecified[1], LEASE_SECONDS);
+    second.wait_for_line("standing by", Duration::from_secs(30));
+
+    first.signal(libc::SIGTERM);
+    let status = tokio::task::block_in_place(|| first.wait_exit(Duration::from_secs(30)))
+        .expect("the stopped coordinator kept running");
+    assert!(status.success(), "a clean stop exited with {status:?}");
+    tokio::task::block_in_place(|| second.wait_for_line("listening on", PATIENCE));
+    let mut config = ClientConfig::new(addresses.join(","));
+    config.operation_timeout = Duration::from_secs(30);
+    let client = Client::new(config);
+    assert!(client.list_tables().await.unwrap().is_empty(), "the new coordinator answers");
+    drop(second);
+    etcd.kill();
+}

@@ -519,29 +519,38 @@ class Client:
         the next, each once, when one cannot be reached (a dead one refuses; a paused one
         times out) or answers RETRY (a standby, or a deposed coordinator, answers that to
         everything). The first RETRY is the answer only if no coordinator gives another. After
-        a failure the next request starts at the next address."""
+        a failure the next request starts at the next address; addresses the time ran out
+        before are not tried."""
         count = len(self.coordinators)
         first = self._coordinator_index
         retry: tuple[Status, object] | None = None
+        answer: tuple[Status, object] | None = None
+        failure: StratusError | None = None
         for turn in range(count):
+            if turn > 0 and time.monotonic() >= attempts.deadline:
+                # Out of time: the addresses left are not tried, nor blamed.
+                break
             index = (first + turn) % count
             try:
                 status, decoded = self._send(self.coordinators[index], opcode, body, attempts)
-            except (CouldNotConnect, Timeout, ProtocolError):
+            except (CouldNotConnect, Timeout, ProtocolError) as error:
                 self._coordinator_index = (index + 1) % count
-                if turn == count - 1 and retry is None:
-                    raise
+                failure = error
                 continue
             if status is Status.RETRY:
                 if retry is None:
                     retry = (status, decoded)
                 continue
             self._coordinator_index = index
+            answer = (status, decoded)
             break
-        else:
-            # Every address answered RETRY or could not be reached: the first RETRY.
-            assert retry is not None
-            status, decoded = retry
+        if answer is None:
+            # No address gave another answer: the first RETRY, else the last failure.
+            if retry is None:
+                assert failure is not None
+                raise failure
+            answer = retry
+        status, decoded = answer
         if status is Status.OK:
             return decoded
         raise failure_from_response(status, decoded)

@@ -167,46 +167,9 @@ impl Leadership {
             }
             match Self::attempt(&client, &leader, identity, ttl_seconds, &mut lease) {
                 Ok(None) => {
-                    let (lease_id, sent_at, ttl) = lease.expect("a won attempt holds a lease");
-                    tracing::info!(identity, lease_id, "took the coordinator leadership");
-                    let shared = Arc::new(Shared {
-                        held_until: Mutex::new(held_until(sent_at, ttl)),
-                        lost: Mutex::new(None),
-                        stop: AtomicBool::new(false),
-                    });
-                    let renewer = {
-                        let client = client.clone();
-                        let shared = shared.clone();
-                        let interval = Duration::from_secs(ttl) / RENEWALS_PER_TTL;
-                        let owner = Owner {
-                            leader: leader.clone(),
-                            identity: identity.as_bytes().to_vec(),
-                            lease_id,
-                        };
-                        std::thread::Builder::new()
-                            .name("leadership-renewer".into())
-                            .spawn(move || renew(&client, &owner, interval, &shared))
-                            .map_err(|error| format!("starting the renewal thread: {error}"))?
-                    };
-                    let predecessor_grace = match deposed_grace(&client, &deposed) {
-                        Ok(grace) => grace,
-                        Err(error) => {
-                            shared.stop.store(true, Ordering::Relaxed);
-                            let _ = renewer.join();
-                            let _ = client.lease_revoke(lease_id);
-                            return Err(format!(
-                                "took the leadership but cannot read whether a predecessor was                                  deposed: {error}"
-                            ));
-                        }
-                    };
-                    let leadership = Leadership {
-                        client,
-                        identity: identity.as_bytes().to_vec(),
-                        lease_id,
-                        shared,
-                        renewer: Some(renewer),
-                        predecessor_grace,
-                    };
+                    let won = lease.expect("a won attempt holds a lease");
+                    let leadership =
+                        Self::take_over(client, &leader, &deposed, identity.as_bytes(), won)?;
                     if !deposed_by_this_process {
                         std::thread::sleep(config.takeover_delay);
                     }
@@ -249,6 +212,49 @@ impl Leadership {
             }
             std::thread::sleep(config.standby_poll_interval);
         }
+    }
+
+    /// Holds the leadership just won on `lease` (id, renewal send time, TTL): reads whether a
+    /// predecessor was deposed recently (a winner that cannot tell gives the leadership back
+    /// rather than guess), then starts the renewal thread.
+    fn take_over(
+        client: Arc<EtcdClient>,
+        leader: &[u8],
+        deposed: &[u8],
+        identity: &[u8],
+        (lease_id, sent_at, ttl): (i64, Instant, u64),
+    ) -> Result<Leadership, String> {
+        let identity_text = String::from_utf8_lossy(identity);
+        tracing::info!(identity = %identity_text, lease_id, "took the coordinator leadership");
+        let predecessor_grace = deposed_grace(&client, deposed).map_err(|error| {
+            let _ = client.lease_revoke(lease_id);
+            format!(
+                "took the leadership but cannot read whether a predecessor was deposed: {error}"
+            )
+        })?;
+        let shared = Arc::new(Shared {
+            held_until: Mutex::new(held_until(sent_at, ttl)),
+            lost: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let renewer = {
+            let client = client.clone();
+            let shared = shared.clone();
+            let interval = Duration::from_secs(ttl) / RENEWALS_PER_TTL;
+            let owner = Owner { leader: leader.to_vec(), identity: identity.to_vec(), lease_id };
+            std::thread::Builder::new()
+                .name("leadership-renewer".into())
+                .spawn(move || renew(&client, &owner, interval, &shared))
+                .map_err(|error| format!("starting the renewal thread: {error}"))?
+        };
+        Ok(Leadership {
+            client,
+            identity: identity.to_vec(),
+            lease_id,
+            shared,
+            renewer: Some(renewer),
+            predecessor_grace,
+        })
     }
 
     /// Deposes `holder` (whose leader key is on `holder_lease`): in one transaction, if the

@@ -329,29 +329,10 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             "coordinator on {address} standing by for the leadership in etcd ({})",
             client.endpoints().join(",")
         );
-        // Unique per incarnation: a restarted coordinator must not pass its predecessor's
-        // fence. The address comes first: standbys probe it (see `coordinator_gone`).
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|elapsed| elapsed.as_nanos())
-            .unwrap_or(0);
-        let identity = format!("{address} pid {} start {nonce}", std::process::id());
-        let parent = std::os::unix::process::parent_id();
-        let exit_with_parent = arguments.exit_with_parent;
-        let campaign = {
-            let client = client.clone();
-            let namespace = namespace.clone();
-            let address = address.clone();
-            tokio::task::spawn_blocking(move || {
-                let orphaned =
-                    move || exit_with_parent && std::os::unix::process::parent_id() != parent;
-                let gone = |holder: &[u8]| coordinator_gone(holder, &address);
-                Leadership::campaign_probing(
-                    client, &namespace, &identity, config, &orphaned, &gone,
-                )
-            })
-        };
-        let leadership = Arc::new(campaign.await.map_err(|error| error.to_string())??);
+        let leadership = Arc::new(
+            campaign(client.clone(), &namespace, &address, config, arguments.exit_with_parent)
+                .await?,
+        );
         let store =
             Arc::new(EtcdMetaStore::new(client, &namespace, Some(leadership.identity().to_vec())));
         let authority: Arc<dyn Authority> = Arc::new(EtcdAuthority(leadership.clone()));
@@ -372,25 +353,7 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             coordinator.predecessor_may_grant_until(grace);
         }
         gate.activate(coordinator.clone());
-        let watched = leadership.clone();
-        let lost = async move {
-            loop {
-                tokio::time::sleep(LEADERSHIP_CHECK_INTERVAL).await;
-                let reason = if !watched.holds() {
-                    watched.lost().unwrap_or_else(|| "leadership lost".to_string())
-                } else if let Some(reason) = store.poisoned() {
-                    format!("the metadata store failed: {reason}")
-                } else {
-                    continue;
-                };
-                // At once, not through an orderly shutdown: its successor may already be
-                // changing the cluster, and nothing this one still has in flight may go on
-                // (every request is already refused; this ends the background work too).
-                eprintln!("stratus: coordinator stopping: {reason}");
-                tracing::error!(%reason, "coordinator stopping");
-                std::process::exit(1);
-            }
-        };
+        let lost = exit_once_leadership_lost(leadership.clone(), store);
         let outcome =
             serve_active_coordinator(&arguments, coordinator, &address, serving, lost).await;
         if outcome.is_ok() {
@@ -401,6 +364,54 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         }
         outcome
     })
+}
+
+/// Stands by (on a blocking thread: etcd's client blocks) until this coordinator, listening on
+/// `address`, holds the leadership; a holder whose address refuses connections is deposed
+/// (`coordinator_gone`). With `exit_with_parent`, gives up once the parent is gone.
+async fn campaign(
+    client: Arc<EtcdClient>,
+    namespace: &str,
+    address: &str,
+    config: LeadershipConfig,
+    exit_with_parent: bool,
+) -> Result<Leadership, String> {
+    // Unique per incarnation: a restarted coordinator must not pass its predecessor's fence.
+    // The address comes first: standbys probe it.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or(0);
+    let identity = format!("{address} pid {} start {nonce}", std::process::id());
+    let (namespace, address) = (namespace.to_string(), address.to_string());
+    let parent = std::os::unix::process::parent_id();
+    tokio::task::spawn_blocking(move || {
+        let orphaned = move || exit_with_parent && std::os::unix::process::parent_id() != parent;
+        let gone = |holder: &[u8]| coordinator_gone(holder, &address);
+        Leadership::campaign_probing(client, &namespace, &identity, config, &orphaned, &gone)
+    })
+    .await
+    .map_err(|error| error.to_string())?
+}
+
+/// Ends the process once the leadership is lost or the metadata store failed. At once, not
+/// through an orderly shutdown: a successor may already be changing the cluster, and nothing
+/// this one still has in flight may go on (every request is already refused; this ends the
+/// background work too).
+async fn exit_once_leadership_lost(leadership: Arc<Leadership>, store: Arc<EtcdMetaStore>) {
+    loop {
+        tokio::time::sleep(LEADERSHIP_CHECK_INTERVAL).await;
+        let reason = if !leadership.holds() {
+            leadership.lost().unwrap_or_else(|| "leadership lost".to_string())
+        } else if let Some(reason) = store.poisoned() {
+            format!("the metadata store failed: {reason}")
+        } else {
+            continue;
+        };
+        eprintln!("stratus: coordinator stopping: {reason}");
+        tracing::error!(%reason, "coordinator stopping");
+        std::process::exit(1);
+    }
 }
 
 /// How often a standby coordinator tries to take the leadership, and so probes the active
@@ -459,9 +470,7 @@ fn serve_coordinator(
             .await
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
-        let gate = Arc::new(StandbyGate::new());
-        gate.activate(coordinator.clone());
-        let serving = tokio::spawn(serve(listener, gate));
+        let serving = tokio::spawn(serve(listener, Arc::new(coordinator.clone())));
         serve_active_coordinator(&arguments, coordinator, &address, serving, stopped).await
     })
 }

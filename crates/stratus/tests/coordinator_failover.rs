@@ -34,6 +34,23 @@ fn start_coordinator_with_ttl(etcd_url: &str, address: &str, lease_seconds: u64)
     ])
 }
 
+/// A fresh etcd in `directory`, and coordinators on `listen` with `lease_seconds` leadership
+/// leases: the first active, the second standing by.
+fn start_active_and_standby(
+    directory: &tempfile::TempDir,
+    listen: &[String; 2],
+    lease_seconds: u64,
+) -> (LocalEtcd, Process, Process) {
+    common::require_installed("etcd");
+    let etcd = LocalEtcd::start(&directory.path().join("etcd")).expect("etcd starts");
+    let etcd_url = etcd.client_url().to_string();
+    let first = start_coordinator_with_ttl(&etcd_url, &listen[0], lease_seconds);
+    first.wait_for_line("listening on", TAKEOVER_PATIENCE);
+    let second = start_coordinator_with_ttl(&etcd_url, &listen[1], lease_seconds);
+    second.wait_for_line("standing by", Duration::from_secs(30));
+    (etcd, first, second)
+}
+
 /// Writes `key-N` = N for N = 0, 1, … until stopped, recording every acknowledged write.
 async fn write_until_stopped(
     client: Client,
@@ -152,15 +169,10 @@ async fn a_killed_coordinator_is_replaced_before_its_leadership_lease_would_end(
     const LEASE_SECONDS: u64 = 300;
     const PATIENCE: Duration = Duration::from_secs(120);
     let directory = tempfile::tempdir().unwrap();
-    common::require_installed("etcd");
-    let mut etcd = LocalEtcd::start(&directory.path().join("etcd")).expect("etcd starts");
-    let etcd_url = etcd.client_url().to_string();
     let addresses = [free_address(), free_address()];
     let coordinators = addresses.join(",");
-    let mut first = start_coordinator_with_ttl(&etcd_url, &addresses[0], LEASE_SECONDS);
-    first.wait_for_line("listening on", TAKEOVER_PATIENCE);
-    let second = start_coordinator_with_ttl(&etcd_url, &addresses[1], LEASE_SECONDS);
-    second.wait_for_line("standing by", Duration::from_secs(30));
+    let (mut etcd, mut first, second) =
+        start_active_and_standby(&directory, &addresses, LEASE_SECONDS);
     let backup = directory.path().join("backup");
     let server = Process::start(&server_arguments(&coordinators, 0, &backup));
     server.wait_for_line("listening on", Duration::from_secs(30));
@@ -189,16 +201,10 @@ async fn a_coordinator_stopped_cleanly_hands_over_at_once() {
     const LEASE_SECONDS: u64 = 300;
     const PATIENCE: Duration = Duration::from_secs(120);
     let directory = tempfile::tempdir().unwrap();
-    common::require_installed("etcd");
-    let mut etcd = LocalEtcd::start(&directory.path().join("etcd")).expect("etcd starts");
-    let etcd_url = etcd.client_url().to_string();
     let addresses = [free_address(), free_address()];
-    let unspecified: Vec<String> =
-        addresses.iter().map(|address| address.replace("127.0.0.1", "0.0.0.0")).collect();
-    let mut first = start_coordinator_with_ttl(&etcd_url, &unspecified[0], LEASE_SECONDS);
-    first.wait_for_line("listening on", TAKEOVER_PATIENCE);
-    let second = start_coordinator_with_ttl(&etcd_url, &unspecified[1], LEASE_SECONDS);
-    second.wait_for_line("standing by", Duration::from_secs(30));
+    let unspecified = addresses.clone().map(|address| address.replace("127.0.0.1", "0.0.0.0"));
+    let (mut etcd, mut first, second) =
+        start_active_and_standby(&directory, &unspecified, LEASE_SECONDS);
 
     first.signal(libc::SIGTERM);
     let status = tokio::task::block_in_place(|| first.wait_exit(Duration::from_secs(30)))

@@ -67,6 +67,11 @@ impl BlockingClient {
         &self.client
     }
 
+    /// Runs `future` to its end on the client's runtime.
+    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
+
     /// See [`Client::create_table`].
     pub fn create_table(&self, name: &str, server_span: u32) -> Result<TableId> {
         self.runtime.block_on(self.client.create_table(name, server_span))

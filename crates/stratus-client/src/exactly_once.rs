@@ -76,10 +76,24 @@ fn lock(state: &Mutex<AgentState>) -> MutexGuard<'_, AgentState> {
     state.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
+/// The next rpc id of `lease` (the current lease of `locked`, the state behind `shared`), out
+/// as a ticket.
+fn issue(shared: &Arc<Mutex<AgentState>>, locked: &mut AgentState, lease: LeaseId) -> RpcTicket {
+    let rpc = RpcId(locked.next_rpc);
+    locked.next_rpc += 1;
+    locked.outstanding.insert((lease, rpc));
+    RpcTicket { state: shared.clone(), lease, rpc }
+}
+
 impl RpcTicket {
     /// The lease it is under.
     pub(crate) fn lease(&self) -> LeaseId {
         self.lease
+    }
+
+    /// Its rpc id.
+    pub(crate) fn rpc(&self) -> RpcId {
+        self.rpc
     }
 
     /// What the mutation's next attempt carries: its lease and id, and the highest id of the
@@ -106,16 +120,18 @@ impl LeaseAgent {
     /// A ticket under the current lease, if one is usable now; starts a renewal when one is
     /// due.
     pub(crate) fn ticket_now(&self, inner: &Weak<Inner>) -> Option<RpcTicket> {
-        let now = Instant::now();
         let mut state = lock(&self.state);
-        let lease = state.lease.filter(|lease| now < lease.usable_until)?;
-        if now >= lease.renew_at {
-            self.start_renewal(inner, lease.id);
-        }
-        let rpc = RpcId(state.next_rpc);
-        state.next_rpc += 1;
-        state.outstanding.insert((lease.id, rpc));
-        Some(RpcTicket { state: self.state.clone(), lease: lease.id, rpc })
+        let lease = self.usable_lease(&state, inner)?;
+        Some(issue(&self.state, &mut state, lease))
+    }
+
+    /// `count` tickets under the current lease, with consecutive rpc ids, if a lease is usable
+    /// now: the ops of one transaction, which must share a lease (the transaction's id is its
+    /// lease and its first op's rpc id), so they are taken in one go.
+    pub(crate) fn tickets_now(&self, inner: &Weak<Inner>, count: usize) -> Option<Vec<RpcTicket>> {
+        let mut state = lock(&self.state);
+        let lease = self.usable_lease(&state, inner)?;
+        Some((0..count).map(|_| issue(&self.state, &mut state, lease)).collect())
     }
 
     /// A ticket, opening a lease first if none is usable (within `deadline`).
@@ -124,25 +140,54 @@ impl LeaseAgent {
             if let Some(ticket) = self.ticket_now(inner.me()) {
                 return Ok(ticket);
             }
-            let _opening = self.opening.lock().await;
-            // Another mutation may have opened one while this one waited.
-            if self.has_usable_lease() {
-                continue;
+            self.open_lease(inner, deadline).await?;
+        }
+    }
+
+    /// [`LeaseAgent::tickets_now`], opening a lease first if none is usable (within
+    /// `deadline`).
+    pub(crate) async fn tickets(
+        &self,
+        inner: &Inner,
+        count: usize,
+        deadline: Instant,
+    ) -> Result<Vec<RpcTicket>> {
+        loop {
+            if let Some(tickets) = self.tickets_now(inner.me(), count) {
+                return Ok(tickets);
             }
-            let sent = Instant::now();
-            let request = Request::ClientLease { lease: LeaseId(0) };
-            match inner.coordinator_call_until(&request, deadline).await? {
-                Response::ClientLease { lease, term_ms } if lease.0 != 0 => {
-                    self.hold(lease, sent, term_ms);
-                    tracing::debug!(%lease, "client lease opened");
-                }
-                other => {
-                    return Err(Error::new(
-                        Status::InternalError,
-                        format!("the coordinator answered CLIENT_LEASE with {other:?}"),
-                    ))
-                }
+            self.open_lease(inner, deadline).await?;
+        }
+    }
+
+    /// The current lease if it is usable now; starts a renewal when one is due.
+    fn usable_lease(&self, state: &AgentState, inner: &Weak<Inner>) -> Option<LeaseId> {
+        let now = Instant::now();
+        let lease = state.lease.filter(|lease| now < lease.usable_until)?;
+        if now >= lease.renew_at {
+            self.start_renewal(inner, lease.id);
+        }
+        Some(lease.id)
+    }
+
+    /// Opens a lease (within `deadline`) unless another caller did while this one waited.
+    async fn open_lease(&self, inner: &Inner, deadline: Instant) -> Result<()> {
+        let _opening = self.opening.lock().await;
+        if self.has_usable_lease() {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        let request = Request::ClientLease { lease: LeaseId(0) };
+        match inner.coordinator_call_until(&request, deadline).await? {
+            Response::ClientLease { lease, term_ms } if lease.0 != 0 => {
+                self.hold(lease, sent, term_ms);
+                tracing::debug!(%lease, "client lease opened");
+                Ok(())
             }
+            other => Err(Error::new(
+                Status::InternalError,
+                format!("the coordinator answered CLIENT_LEASE with {other:?}"),
+            )),
         }
     }
 
@@ -262,6 +307,24 @@ mod tests {
             fourth.identity(),
             RpcIdentity { lease: LeaseId(4), rpc: RpcId(4), acknowledged: RpcId(3) }
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transactions_tickets_share_one_lease_and_follow_each_other() {
+        let agent = LeaseAgent::default();
+        let nobody = Weak::new();
+        assert!(agent.tickets_now(&nobody, 3).is_none(), "no lease yet");
+        agent.hold(LeaseId(5), Instant::now(), 30_000);
+        let before = agent.ticket_now(&nobody).unwrap();
+        let tickets = agent.tickets_now(&nobody, 3).unwrap();
+        let rpcs: Vec<(LeaseId, RpcId)> =
+            tickets.iter().map(|ticket| (ticket.lease(), ticket.rpc())).collect();
+        assert_eq!(rpcs, [(LeaseId(5), RpcId(2)), (LeaseId(5), RpcId(3)), (LeaseId(5), RpcId(4))]);
+        drop(before);
+        // Acknowledged stays below the transaction's first op while its tickets are out.
+        assert!(tickets.iter().all(|ticket| ticket.identity().acknowledged == RpcId(1)));
+        drop(tickets);
+        assert_eq!(agent.ticket_now(&nobody).unwrap().identity().acknowledged, RpcId(4));
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,6 +14,12 @@
 //! single-object request of its own would be. Enumerations, table calls and statistics
 //! calls end by the operation's deadline too, each request bounded by the time left.
 //!
+//! A [`Transaction`] reads and writes objects on any masters and commits them atomically,
+//! strictly serializable (docs/design/transactions.md): reads go to the masters as they
+//! come, writes are buffered, and the commit prepares every object on its master (in
+//! parallel) and then tells each master the decision; [`Client::run_transaction`] runs one
+//! again after a conflict.
+//!
 //! This crate depends on no server crate: only the shared types, the wire protocol and the RPC
 //! layer.
 //!
@@ -31,6 +37,7 @@ mod error;
 mod exactly_once;
 mod multi;
 mod overview;
+mod transaction;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, ClientConfig, ObjectRead};
@@ -43,3 +50,4 @@ pub use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, ServerStatus, Status,
     TableEntry, TabletEntry, WriteItem,
 };
+pub use transaction::{AbortReason, BlockingTransaction, Transaction, TransactionError, TxOutcome};

@@ -161,6 +161,39 @@ pub const CLIENT_LEASES_MAX: usize = 1 << 20;
 /// granted, and reserving in blocks keeps that to one write per this many leases.
 pub const CLIENT_LEASE_IDS_PER_RESERVATION: u64 = 1_024;
 
+/// Objects one multi-object transaction reads or writes, at most
+/// (docs/design/transactions.md). Each takes one of its client lease's unacknowledged results
+/// ([`COMPLETIONS_PER_LEASE_MAX`]) from its PREPARE until the transaction is decided, so a
+/// transaction must leave room for its client's other mutations (half of them, here); and at
+/// most [`MULTI_OP_ITEMS_MAX`], all of a transaction's ops on one master fit one TX_PREPARE by
+/// count. RAMCloud's transactions are meant for a handful of objects; this bounds the odd
+/// large one.
+pub const TRANSACTION_OBJECTS_MAX: usize = 4_096;
+
+/// Bytes of keys (of every object) and buffered values (of its writes) one transaction holds,
+/// at most (64 MiB): bounds what a client keeps in memory for an uncommitted transaction and
+/// what its commit sends, and leaves room for four transactions of that size in a client's
+/// memory before it is a concern. More is refused before anything is sent.
+pub const TRANSACTION_BYTES_MAX: usize = 64 << 20;
+
+/// Bytes of ops one TX_PREPARE or TX_DECISION carries at most (8 MiB): the client splits a
+/// master's ops into several requests past it (a request always carries at least one op), so
+/// a transaction of [`TRANSACTION_BYTES_MAX`] never makes a frame too large.
+pub const TRANSACTION_REQUEST_BYTES_MAX: usize = 8 << 20;
+
+const _: () = assert!(TRANSACTION_OBJECTS_MAX <= MULTI_OP_ITEMS_MAX);
+const _: () = assert!(2 * TRANSACTION_OBJECTS_MAX <= COMPLETIONS_PER_LEASE_MAX);
+// A request at the limit by its last op (the largest key and value), with every op's fixed
+// fields (31 bytes of TX_PREPARE) and the request's own.
+const _: () = assert!(
+    TRANSACTION_REQUEST_BYTES_MAX
+        + VALUE_BYTES_MAX_DEFAULT
+        + KEY_BYTES_MAX
+        + MULTI_OP_ITEMS_MAX * 31
+        + 4_096
+        < FRAME_BYTES_MAX
+);
+
 /// Completion records one RECEIVE_MIGRATION_DATA batch carries at most (about 50 bytes each on
 /// the wire).
 pub const MIGRATION_COMPLETIONS_PER_BATCH_MAX: usize = 16_384;

@@ -18,8 +18,9 @@ use stratus_types::limits::{
     MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX,
 };
+use stratus_types::Version;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
-use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, Version};
+use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, TxDecision, TxOpKind, TxVote};
 
 use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
@@ -27,7 +28,7 @@ use crate::message::{
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
     ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
     Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,
-    VersionItemResult, WriteItem,
+    TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
@@ -385,6 +386,29 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_rpc(out, &item.rpc);
             }
         }
+        Request::TxPrepare { lease, acknowledged, transaction, validate_only, ops } => {
+            put_transaction(out, *lease, *acknowledged, *transaction);
+            put_u8(out, u8::from(*validate_only));
+            put_count(out, ops.len());
+            for op in ops {
+                put_u64(out, op.table_id.0);
+                put_key(out, &op.key);
+                put_u64(out, op.rpc.0);
+                put_u8(out, op.kind.code());
+                put_version(out, op.version_read);
+                put_value(out, &op.value);
+            }
+        }
+        Request::TxDecision { lease, acknowledged, transaction, decision, ops } => {
+            put_transaction(out, *lease, *acknowledged, *transaction);
+            put_u8(out, decision.code());
+            put_count(out, ops.len());
+            for op in ops {
+                put_u64(out, op.table_id.0);
+                put_key(out, &op.key);
+                put_u64(out, op.rpc.0);
+            }
+        }
         Request::ClientLease { lease } => put_u64(out, lease.0),
         Request::CheckClientLeases { leases } => {
             put_count(out, leases.len());
@@ -649,6 +673,20 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_i64(out, result.value);
             }
         }
+        Response::TxPrepare { votes } => {
+            put_count(out, votes.len());
+            for vote in votes {
+                put_u16(out, vote.status.code());
+                put_u8(out, vote.vote.code());
+                put_version(out, vote.version);
+            }
+        }
+        Response::TxDecision { results } => {
+            put_count(out, results.len());
+            for status in results {
+                put_u16(out, status.code());
+            }
+        }
         Response::Enumerate { objects, next } => {
             put_enumerated_objects(out, objects);
             match next {
@@ -764,6 +802,14 @@ fn put_rpc(out: &mut BytesMut, rpc: &Option<RpcIdentity>) {
             put_u64(out, rpc.acknowledged.0);
         }
     }
+}
+
+/// A transaction's identity as TX_PREPARE and TX_DECISION open with it: the lease, the
+/// acknowledged mark and the transaction's first rpc id, u64 each.
+fn put_transaction(out: &mut BytesMut, lease: LeaseId, acknowledged: RpcId, transaction: RpcId) {
+    put_u64(out, lease.0);
+    put_u64(out, acknowledged.0);
+    put_u64(out, transaction.0);
 }
 
 /// A migrated completion: key hash, lease, rpc id, acknowledged, version (u64 each), then the
@@ -1010,6 +1056,50 @@ impl Reader {
         }
     }
 
+    /// A transaction's identity (see [`put_transaction`]): lease 0, transaction id 0, or a
+    /// transaction the client says it acknowledged, is a format error.
+    fn transaction(&mut self) -> Result<(LeaseId, RpcId, RpcId), DecodeError> {
+        let lease = LeaseId(self.u64()?);
+        let acknowledged = RpcId(self.u64()?);
+        let transaction = RpcId(self.u64()?);
+        if lease.0 == 0 {
+            return Err(DecodeError::InvalidField("transaction lease"));
+        }
+        if transaction.0 == 0 || acknowledged >= transaction {
+            return Err(DecodeError::InvalidField("transaction id"));
+        }
+        Ok((lease, acknowledged, transaction))
+    }
+
+    /// The rpc id of one operation of a transaction: 0, or one the client says it
+    /// acknowledged, is a format error (as for an rpc identity).
+    fn transaction_op_rpc(&mut self, acknowledged: RpcId) -> Result<RpcId, DecodeError> {
+        let rpc = RpcId(self.u64()?);
+        if rpc.0 == 0 || acknowledged >= rpc {
+            return Err(DecodeError::InvalidField("transaction op rpc id"));
+        }
+        Ok(rpc)
+    }
+
+    /// One TX_PREPARE op (see [`TxOp`]); a value on an op other than a write, or an op other
+    /// than a read in a validate-only request, is a format error.
+    fn tx_op(&mut self, acknowledged: RpcId, validate_only: bool) -> Result<TxOp, DecodeError> {
+        let table_id = self.table_id()?;
+        let key = self.key()?;
+        let rpc = self.transaction_op_rpc(acknowledged)?;
+        let kind = TxOpKind::from_code(self.u8()?)
+            .ok_or(DecodeError::InvalidField("transaction op kind"))?;
+        if validate_only && kind != TxOpKind::Read {
+            return Err(DecodeError::InvalidField("validate-only op kind"));
+        }
+        let version_read = self.version()?;
+        let value = self.value()?;
+        if kind != TxOpKind::Write && !value.is_empty() {
+            return Err(DecodeError::InvalidField("transaction op value"));
+        }
+        Ok(TxOp { table_id, key, rpc, kind, version_read, value })
+    }
+
     /// A migrated completion (see [`put_migrated_completion`]).
     fn migrated_completion(&mut self) -> Result<MigratedCompletion, DecodeError> {
         let completion = MigratedCompletion {
@@ -1197,6 +1287,10 @@ const READ_RESULT_BYTES_MIN: usize = 2 + 8 + 4;
 const VERSION_RESULT_BYTES_MIN: usize = 2 + 8;
 const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
 const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8 + 1;
+const TX_OP_BYTES_MIN: usize = 8 + 2 + 8 + 1 + 8 + 4;
+const TX_DECISION_OP_BYTES_MIN: usize = 8 + 2 + 8;
+const TX_VOTE_BYTES: usize = 2 + 1 + 8;
+const STATUS_BYTES: usize = 2;
 /// An expiry on the wire: kind byte and u64.
 const EXPIRY_BYTES: usize = 1 + 8;
 const EXPIRY_NEVER: u8 = 0;
@@ -1333,6 +1427,31 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                 })
             })?,
         },
+        Opcode::TxPrepare => {
+            let (lease, acknowledged, transaction) = reader.transaction()?;
+            let validate_only = match reader.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(DecodeError::InvalidField("validate-only flag")),
+            };
+            let ops = reader.list(MULTI_OP_ITEMS_MAX, TX_OP_BYTES_MIN, |reader| {
+                reader.tx_op(acknowledged, validate_only)
+            })?;
+            Request::TxPrepare { lease, acknowledged, transaction, validate_only, ops }
+        }
+        Opcode::TxDecision => {
+            let (lease, acknowledged, transaction) = reader.transaction()?;
+            let decision = TxDecision::from_code(reader.u8()?)
+                .ok_or(DecodeError::InvalidField("transaction decision"))?;
+            let ops = reader.list(MULTI_OP_ITEMS_MAX, TX_DECISION_OP_BYTES_MIN, |reader| {
+                Ok(TxDecisionOp {
+                    table_id: reader.table_id()?,
+                    key: reader.key()?,
+                    rpc: reader.transaction_op_rpc(acknowledged)?,
+                })
+            })?;
+            Request::TxDecision { lease, acknowledged, transaction, decision, ops }
+        }
         Opcode::Enumerate => Request::Enumerate {
             table_id: reader.table_id()?,
             range: reader.range()?,
@@ -1508,6 +1627,19 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                     value: reader.i64()?,
                 })
             })?,
+        },
+        Opcode::TxPrepare => Response::TxPrepare {
+            votes: reader.list(MULTI_OP_ITEMS_MAX, TX_VOTE_BYTES, |reader| {
+                Ok(TxVoteItem {
+                    status: reader.status()?,
+                    vote: TxVote::from_code(reader.u8()?)
+                        .ok_or(DecodeError::InvalidField("transaction vote"))?,
+                    version: reader.version()?,
+                })
+            })?,
+        },
+        Opcode::TxDecision => Response::TxDecision {
+            results: reader.list(MULTI_OP_ITEMS_MAX, STATUS_BYTES, |reader| reader.status())?,
         },
         Opcode::Enumerate => Response::Enumerate {
             objects: reader.enumerated_objects()?,

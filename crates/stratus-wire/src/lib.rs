@@ -37,6 +37,6 @@ pub use message::{
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
     ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
     Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,
-    VersionItemResult, WriteItem,
+    TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
 };
 pub use status::Status;

@@ -6,8 +6,8 @@
 
 use bytes::Bytes;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
-use stratus_types::{LeaseId, RpcIdentity};
-use stratus_types::{TabletState, Version};
+use stratus_types::{LeaseId, RpcId, RpcIdentity};
+use stratus_types::{TabletState, TxDecision, TxOpKind, TxVote, Version};
 
 use crate::status::Status;
 
@@ -91,6 +91,13 @@ pub enum Opcode {
     /// Master (from the coordinator): a transfer into this master failed; drop what it copied
     /// here, unless a recovery or an assignment of the range overtook it.
     AbandonMigration = 47,
+    /// Master (from a client committing a transaction): vote on the transaction's operations
+    /// on this master's objects, locking each one voted PREPARED (or, validate-only, check
+    /// that read objects are unchanged and unlocked).
+    TxPrepare = 60,
+    /// Master (from a client that decided a transaction): apply (commit) or drop (abort) the
+    /// transaction's prepared operations on this master's objects, and unlock them.
+    TxDecision = 61,
     /// Backup: append to a replica of a master's segment (opening or closing it), then store
     /// the certificate that commits it.
     BackupWrite = 50,
@@ -113,7 +120,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 43] = [
+    pub const ALL: [Opcode; 45] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -149,6 +156,8 @@ impl Opcode {
         Opcode::ReceiveMigrationData,
         Opcode::ReplicasNeeded,
         Opcode::AbandonMigration,
+        Opcode::TxPrepare,
+        Opcode::TxDecision,
         Opcode::BackupWrite,
         Opcode::BackupFree,
         Opcode::BackupListReplicas,
@@ -341,6 +350,51 @@ pub struct IncrementItem {
     pub rules: RejectRules,
     /// The item's exactly-once identity, if its client has one.
     pub rpc: Option<RpcIdentity>,
+}
+
+/// One operation of a TX_PREPARE: what the transaction does to one object, and the version
+/// it observed (docs/design/transactions.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxOp {
+    /// Table.
+    pub table_id: TableId,
+    /// Key.
+    pub key: Bytes,
+    /// The operation's rpc id under the request's lease: its vote is the RIFL result of this
+    /// id, so every attempt of the operation carries the same one.
+    pub rpc: RpcId,
+    /// Read, write or remove.
+    pub kind: TxOpKind,
+    /// The version the transaction observed ([`Version::NONEXISTENT`]: the object was
+    /// absent): the participant votes PREPARED only if the object is still at it.
+    pub version_read: Version,
+    /// The new value of a write; empty for every other kind (the decoder refuses a value on
+    /// a read or a remove).
+    pub value: Bytes,
+}
+
+/// One operation of a TX_DECISION: the object and the rpc id its PREPARE carried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxDecisionOp {
+    /// Table.
+    pub table_id: TableId,
+    /// Key.
+    pub key: Bytes,
+    /// The rpc id of the operation's PREPARE.
+    pub rpc: RpcId,
+}
+
+/// Per-operation answer of TX_PREPARE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxVoteItem {
+    /// OK: `vote` is the participant's vote. Any other status (UNKNOWN_TABLET, RETRY, ...):
+    /// the operation was not voted on, and the client sends it again (to the master the
+    /// status points to) with the same rpc id; `vote` is then meaningless.
+    pub status: Status,
+    /// The vote, when `status` is OK.
+    pub vote: TxVote,
+    /// The object's current version (0 when absent), for information.
+    pub version: Version,
 }
 
 /// The unacknowledged result of a mutation of a tablet being transferred, as
@@ -740,6 +794,37 @@ pub enum Request {
         /// Items.
         items: Vec<IncrementItem>,
     },
+    /// TX_PREPARE: vote on `ops`, operations of the transaction `(lease, transaction)` on
+    /// objects of this master.
+    TxPrepare {
+        /// The client's lease: every op's rpc id is under it.
+        lease: LeaseId,
+        /// The client has the result of every rpc of the lease at or below this one.
+        acknowledged: RpcId,
+        /// The rpc id of the transaction's first operation: with `lease`, the transaction's
+        /// id, unique in the cluster's lifetime.
+        transaction: RpcId,
+        /// A read-only transaction's validation: every op is a READ, nothing is locked or
+        /// logged, and each vote says whether the object is unlocked and still at its
+        /// version read.
+        validate_only: bool,
+        /// The operations (at most `MULTI_OP_ITEMS_MAX`).
+        ops: Vec<TxOp>,
+    },
+    /// TX_DECISION: the transaction `(lease, transaction)` is decided; apply or drop its
+    /// operations `ops` on this master, and unlock their objects.
+    TxDecision {
+        /// The client's lease.
+        lease: LeaseId,
+        /// The client has the result of every rpc of the lease at or below this one.
+        acknowledged: RpcId,
+        /// The rpc id of the transaction's first operation.
+        transaction: RpcId,
+        /// Commit or abort.
+        decision: TxDecision,
+        /// The operations (at most `MULTI_OP_ITEMS_MAX`).
+        ops: Vec<TxDecisionOp>,
+    },
     /// ENUMERATE.
     Enumerate {
         /// Table.
@@ -1023,6 +1108,18 @@ pub enum Response {
         /// One result per request item, in order.
         results: Vec<IncrementItemResult>,
     },
+    /// TX_PREPARE.
+    TxPrepare {
+        /// One per request op, in order.
+        votes: Vec<TxVoteItem>,
+    },
+    /// TX_DECISION: per op, in order, OK once the decision is applied (or nothing was
+    /// prepared for the op: the decision is idempotent); any other status: the client sends
+    /// that op's decision again (to the master the status points to).
+    TxDecision {
+        /// One per request op, in order.
+        results: Vec<Status>,
+    },
     /// ENUMERATE.
     Enumerate {
         /// Objects in enumeration order.
@@ -1176,6 +1273,8 @@ impl Request {
             Request::MultiWrite { .. } => Opcode::MultiWrite,
             Request::MultiRemove { .. } => Opcode::MultiRemove,
             Request::MultiIncrement { .. } => Opcode::MultiIncrement,
+            Request::TxPrepare { .. } => Opcode::TxPrepare,
+            Request::TxDecision { .. } => Opcode::TxDecision,
             Request::Enumerate { .. } => Opcode::Enumerate,
             Request::TakeTabletOwnership { .. } => Opcode::TakeTabletOwnership,
             Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
@@ -1227,6 +1326,8 @@ impl Response {
             Response::MultiWrite { .. } => Opcode::MultiWrite,
             Response::MultiRemove { .. } => Opcode::MultiRemove,
             Response::MultiIncrement { .. } => Opcode::MultiIncrement,
+            Response::TxPrepare { .. } => Opcode::TxPrepare,
+            Response::TxDecision { .. } => Opcode::TxDecision,
             Response::Enumerate { .. } => Opcode::Enumerate,
             Response::TakeTabletOwnership => Opcode::TakeTabletOwnership,
             Response::DropTabletOwnership => Opcode::DropTabletOwnership,

@@ -297,3 +297,168 @@ fn field_domains_are_checked() {
     assert_eq!(DecodeError::Truncated.status(), Status::RequestFormatError);
     assert_eq!(DecodeError::InvalidUtf8.status(), Status::RequestFormatError);
 }
+
+/// A TX_PREPARE of one op (lease 7, acknowledged 10, transaction 12) and its body, for the
+/// byte surgery below. Body offsets: lease 0, acknowledged 8, transaction 16, validate-only
+/// flag 24, count 25, then the op: table 29, key 37 ("k"), rpc 40, kind 48, version 49,
+/// value 57.
+fn tx_prepare(kind: stratus_types::TxOpKind, value: &'static [u8]) -> stratus_wire::Request {
+    stratus_wire::Request::TxPrepare {
+        lease: stratus_types::LeaseId(7),
+        acknowledged: stratus_types::RpcId(10),
+        transaction: stratus_types::RpcId(12),
+        validate_only: false,
+        ops: vec![stratus_wire::TxOp {
+            table_id: stratus_types::TableId(1),
+            key: Bytes::from_static(b"k"),
+            rpc: stratus_types::RpcId(12),
+            kind,
+            version_read: stratus_types::Version(3),
+            value: Bytes::from_static(value),
+        }],
+    }
+}
+
+fn refused(opcode: Opcode, body: Vec<u8>) -> DecodeError {
+    decode_request(opcode.code(), Bytes::from(body)).expect_err("refused")
+}
+
+#[test]
+fn transaction_requests_that_cannot_be_right_are_refused() {
+    use stratus_types::TxOpKind;
+    let write = request_body(&tx_prepare(TxOpKind::Write, b"v")).to_vec();
+    assert!(decode_request(Opcode::TxPrepare.code(), Bytes::from(write.clone())).is_ok());
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut body = write.clone();
+        body[at..at + bytes.len()].copy_from_slice(bytes);
+        body
+    };
+    let invalid = DecodeError::InvalidField;
+    assert_eq!(
+        refused(Opcode::TxPrepare, patched(0, &0u64.to_le_bytes())),
+        invalid("transaction lease")
+    );
+    assert_eq!(
+        refused(Opcode::TxPrepare, patched(16, &0u64.to_le_bytes())),
+        invalid("transaction id")
+    );
+    // A transaction the client says it has the result of already.
+    assert_eq!(
+        refused(Opcode::TxPrepare, patched(8, &12u64.to_le_bytes())),
+        invalid("transaction id")
+    );
+    assert_eq!(refused(Opcode::TxPrepare, patched(24, &[2])), invalid("validate-only flag"));
+    assert_eq!(
+        refused(Opcode::TxPrepare, patched(40, &0u64.to_le_bytes())),
+        invalid("transaction op rpc id")
+    );
+    assert_eq!(
+        refused(Opcode::TxPrepare, patched(40, &10u64.to_le_bytes())),
+        invalid("transaction op rpc id")
+    );
+    for kind in [0u8, 4, 0xff] {
+        assert_eq!(
+            refused(Opcode::TxPrepare, patched(48, &[kind])),
+            invalid("transaction op kind")
+        );
+    }
+    // A write may be empty, but a read or a remove carries no value.
+    for kind in [TxOpKind::Read, TxOpKind::Remove] {
+        assert_eq!(
+            refused(Opcode::TxPrepare, patched(48, &[kind.code()])),
+            invalid("transaction op value")
+        );
+    }
+    assert!(decode_request(
+        Opcode::TxPrepare.code(),
+        request_body(&tx_prepare(TxOpKind::Write, b""))
+    )
+    .is_ok());
+    // A validation carries reads only.
+    assert_eq!(refused(Opcode::TxPrepare, patched(24, &[1])), invalid("validate-only op kind"));
+    let read = request_body(&tx_prepare(TxOpKind::Read, b"")).to_vec();
+    let mut validation = read.clone();
+    validation[24] = 1;
+    assert!(decode_request(Opcode::TxPrepare.code(), Bytes::from(validation)).is_ok());
+
+    // TX_DECISION: the same identity rules, and a decision byte of 1 or 2. Body offsets:
+    // identity 0..24, decision 24, count 25, op: table 29, key 37 ("k"), rpc 40.
+    let decision = stratus_wire::Request::TxDecision {
+        lease: stratus_types::LeaseId(7),
+        acknowledged: stratus_types::RpcId(10),
+        transaction: stratus_types::RpcId(12),
+        decision: stratus_types::TxDecision::Abort,
+        ops: vec![stratus_wire::TxDecisionOp {
+            table_id: stratus_types::TableId(1),
+            key: Bytes::from_static(b"k"),
+            rpc: stratus_types::RpcId(13),
+        }],
+    };
+    let body = request_body(&decision).to_vec();
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut patched = body.clone();
+        patched[at..at + bytes.len()].copy_from_slice(bytes);
+        patched
+    };
+    assert_eq!(
+        refused(Opcode::TxDecision, patched(0, &0u64.to_le_bytes())),
+        invalid("transaction lease")
+    );
+    assert_eq!(
+        refused(Opcode::TxDecision, patched(8, &13u64.to_le_bytes())),
+        invalid("transaction id")
+    );
+    for code in [0u8, 3] {
+        assert_eq!(
+            refused(Opcode::TxDecision, patched(24, &[code])),
+            invalid("transaction decision")
+        );
+    }
+    assert_eq!(
+        refused(Opcode::TxDecision, patched(40, &0u64.to_le_bytes())),
+        invalid("transaction op rpc id")
+    );
+
+    // Too many ops, for both (after the identity and the flag or decision byte).
+    let mut body = request_body(&tx_prepare(TxOpKind::Write, b"v")).to_vec();
+    body.truncate(25);
+    body.extend_from_slice(&((MULTI_OP_ITEMS_MAX + 1) as u32).to_le_bytes());
+    let too_many = DecodeError::TooManyItems {
+        count: MULTI_OP_ITEMS_MAX as u64 + 1,
+        max: MULTI_OP_ITEMS_MAX as u64,
+    };
+    assert_eq!(refused(Opcode::TxPrepare, body.clone()), too_many);
+    body[24] = stratus_types::TxDecision::Commit.code();
+    assert_eq!(refused(Opcode::TxDecision, body), too_many);
+}
+
+#[test]
+fn transaction_responses_that_cannot_be_right_are_refused() {
+    // A vote byte that is no vote, and an unknown status in a decision's results.
+    for vote in [0u8, 3] {
+        let mut body = 1u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&Status::Ok.code().to_le_bytes());
+        body.push(vote);
+        body.extend_from_slice(&3u64.to_le_bytes());
+        assert_eq!(
+            decode_response(Opcode::TxPrepare, Status::Ok, Bytes::from(body)),
+            Err(DecodeError::InvalidField("transaction vote"))
+        );
+    }
+    let mut body = 1u32.to_le_bytes().to_vec();
+    body.extend_from_slice(&999u16.to_le_bytes());
+    assert_eq!(
+        decode_response(Opcode::TxDecision, Status::Ok, Bytes::from(body)),
+        Err(DecodeError::InvalidField("status"))
+    );
+    let count = (MULTI_OP_ITEMS_MAX + 1) as u32;
+    for opcode in [Opcode::TxPrepare, Opcode::TxDecision] {
+        assert_eq!(
+            decode_response(opcode, Status::Ok, Bytes::copy_from_slice(&count.to_le_bytes())),
+            Err(DecodeError::TooManyItems {
+                count: u64::from(count),
+                max: MULTI_OP_ITEMS_MAX as u64
+            })
+        );
+    }
+}

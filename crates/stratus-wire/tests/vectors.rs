@@ -5,14 +5,15 @@
 
 use bytes::{Bytes, BytesMut};
 use stratus_types::{
-    key_hash, HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version,
+    key_hash, HashRange, LeaseId, RejectRules, RpcId, SegmentId, ServerId, TableId, TabletState,
+    TxDecision, TxOpKind, TxVote, Version,
 };
 use stratus_wire::{
     body_offset, decode_frame_header, decode_request, decode_response, encode_error_response,
     encode_request, encode_response, frame_length, BackupDurability, BackupServiceStatistics,
     BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, RecoveryTablet,
     ReplicaCertificate, ReplicaEntry, Request, Response, ResponseBody, Status, TabletEntry,
-    WriteItem, HELLO_BYTES,
+    TxDecisionOp, TxOp, TxVoteItem, WriteItem, HELLO_BYTES,
 };
 
 const SPEC: &str = include_str!("../../../docs/design/wire-protocol.md");
@@ -90,6 +91,70 @@ fn expected(name: &str) -> Expected {
         },
         "check-client-leases-response" => {
             ok(22, Response::CheckClientLeases { remaining_ms: vec![25_000, 0] })
+        }
+        "tx-prepare-request" => Expected::Request {
+            request_id: 23,
+            request: Request::TxPrepare {
+                lease: LeaseId(7),
+                acknowledged: RpcId(10),
+                transaction: RpcId(12),
+                validate_only: false,
+                ops: vec![
+                    TxOp {
+                        table_id: TableId(1),
+                        key: Bytes::from_static(b"a"),
+                        rpc: RpcId(12),
+                        kind: TxOpKind::Write,
+                        version_read: Version(3),
+                        value: Bytes::from_static(b"x"),
+                    },
+                    TxOp {
+                        table_id: TableId(1),
+                        key: Bytes::from_static(b"b"),
+                        rpc: RpcId(13),
+                        kind: TxOpKind::Read,
+                        version_read: Version::NONEXISTENT,
+                        value: Bytes::new(),
+                    },
+                ],
+            },
+        },
+        "tx-prepare-response" => ok(
+            23,
+            Response::TxPrepare {
+                votes: vec![
+                    TxVoteItem { status: Status::Ok, vote: TxVote::Prepared, version: Version(3) },
+                    TxVoteItem {
+                        status: Status::Retry,
+                        vote: TxVote::Abort,
+                        version: Version::NONEXISTENT,
+                    },
+                ],
+            },
+        ),
+        "tx-decision-request" => Expected::Request {
+            request_id: 24,
+            request: Request::TxDecision {
+                lease: LeaseId(7),
+                acknowledged: RpcId(10),
+                transaction: RpcId(12),
+                decision: TxDecision::Commit,
+                ops: vec![
+                    TxDecisionOp {
+                        table_id: TableId(1),
+                        key: Bytes::from_static(b"a"),
+                        rpc: RpcId(12),
+                    },
+                    TxDecisionOp {
+                        table_id: TableId(1),
+                        key: Bytes::from_static(b"b"),
+                        rpc: RpcId(13),
+                    },
+                ],
+            },
+        },
+        "tx-decision-response" => {
+            ok(24, Response::TxDecision { results: vec![Status::Ok, Status::UnknownTablet] })
         }
         "increment-response" => ok(5, Response::Increment { version: Version(9), value: -2 }),
         "multi-write-request" => Expected::Request {
@@ -422,6 +487,10 @@ fn spec_vectors_decode_and_re_encode() {
         "backup-read-replica-request",
         "backup-read-replica-response",
         "backup-get-statistics-response",
+        "tx-prepare-request",
+        "tx-prepare-response",
+        "tx-decision-request",
+        "tx-decision-response",
     ] {
         assert!(names.contains(&required), "the spec lacks the vector {required}");
     }

@@ -8,11 +8,13 @@ use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
 use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
+use stratus_types::{TxDecision, TxOpKind, TxVote};
 use stratus_wire::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, ReadItemResult, RecoveryTablet,
     ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
-    ServerStatus, ServiceMask, Status, TableEntry, TabletEntry, VersionItemResult, WriteItem,
+    ServerStatus, ServiceMask, Status, TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
+    VersionItemResult, WriteItem,
 };
 
 /// Keys, including the empty key (decodable; the master refuses it).
@@ -157,6 +159,70 @@ fn migrated_completion() -> impl Strategy<Value = stratus_wire::MigratedCompleti
     )
 }
 
+/// An rpc id of a transaction's op: above what its client acknowledged.
+fn op_rpc(acknowledged: u64, raw: u64) -> stratus_types::RpcId {
+    // acknowledged < transaction < u64::MAX, so the modulus is at least 1.
+    stratus_types::RpcId(acknowledged + 1 + raw % (u64::MAX - acknowledged))
+}
+
+fn tx_kind() -> impl Strategy<Value = TxOpKind> {
+    prop_oneof![Just(TxOpKind::Read), Just(TxOpKind::Write), Just(TxOpKind::Remove)]
+}
+
+/// A TX_PREPARE that can be right: lease and transaction id at least 1, acknowledging only
+/// ids below the transaction's and its ops', values only on writes, only reads when
+/// validate-only.
+pub fn tx_prepare() -> impl Strategy<Value = Request> {
+    let op = (table_id(), key(), any::<u64>(), tx_kind(), version(), value());
+    (1..u64::MAX, 1..u64::MAX, any::<u64>(), any::<bool>(), vec(op, 0..4)).prop_map(
+        |(lease, transaction, acknowledged, validate_only, ops)| {
+            let acknowledged = acknowledged % transaction;
+            let ops = ops
+                .into_iter()
+                .map(|(table_id, key, rpc, kind, version_read, value)| {
+                    let kind = if validate_only { TxOpKind::Read } else { kind };
+                    let value = if kind == TxOpKind::Write { value } else { Bytes::new() };
+                    let rpc = op_rpc(acknowledged, rpc);
+                    TxOp { table_id, key, rpc, kind, version_read, value }
+                })
+                .collect();
+            Request::TxPrepare {
+                lease: stratus_types::LeaseId(lease),
+                acknowledged: stratus_types::RpcId(acknowledged),
+                transaction: stratus_types::RpcId(transaction),
+                validate_only,
+                ops,
+            }
+        },
+    )
+}
+
+/// A TX_DECISION that can be right (as [`tx_prepare`]).
+pub fn tx_decision() -> impl Strategy<Value = Request> {
+    let decision = prop_oneof![Just(TxDecision::Commit), Just(TxDecision::Abort)];
+    let op = (table_id(), key(), any::<u64>());
+    (1..u64::MAX, 1..u64::MAX, any::<u64>(), decision, vec(op, 0..4)).prop_map(
+        |(lease, transaction, acknowledged, decision, ops)| {
+            let acknowledged = acknowledged % transaction;
+            let ops = ops
+                .into_iter()
+                .map(|(table_id, key, rpc)| TxDecisionOp {
+                    table_id,
+                    key,
+                    rpc: op_rpc(acknowledged, rpc),
+                })
+                .collect();
+            Request::TxDecision {
+                lease: stratus_types::LeaseId(lease),
+                acknowledged: stratus_types::RpcId(acknowledged),
+                transaction: stratus_types::RpcId(transaction),
+                decision,
+                ops,
+            }
+        },
+    )
+}
+
 fn key_item() -> impl Strategy<Value = KeyItem> {
     (table_id(), key(), rules()).prop_map(|(table_id, key, rules)| KeyItem { table_id, key, rules })
 }
@@ -261,6 +327,8 @@ pub fn request() -> impl Strategy<Value = Request> {
             }
         ),
         vec(key_item(), 0..4).prop_map(|items| Request::MultiRead { items }),
+        tx_prepare(),
+        tx_decision(),
         vec(
             (table_id(), key(), value(), rules(), expiry(), rpc()).prop_map(
                 |(table_id, key, value, rules, expiry, rpc)| WriteItem {
@@ -508,6 +576,13 @@ pub fn response() -> impl Strategy<Value = Response> {
         )
         .prop_map(|results| Response::MultiRead { results }),
         vec(version_result(), 0..4).prop_map(|results| Response::MultiWrite { results }),
+        vec(
+            (any_status(), prop_oneof![Just(TxVote::Prepared), Just(TxVote::Abort)], version())
+                .prop_map(|(status, vote, version)| TxVoteItem { status, vote, version }),
+            0..4
+        )
+        .prop_map(|votes| Response::TxPrepare { votes }),
+        vec(any_status(), 0..4).prop_map(|results| Response::TxDecision { results }),
         vec(version_result(), 0..4).prop_map(|results| Response::MultiRemove { results }),
         vec(
             (any_status(), version(), any::<i64>()).prop_map(|(status, version, value)| {

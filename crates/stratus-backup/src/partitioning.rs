@@ -390,8 +390,9 @@ async fn read(
 }
 
 /// Cuts a replica into one verified, filtered segment per partition in one pass: each gets
-/// the segment header, the safe-version entries, and the objects and tombstones whose
-/// (table, key hash) lies in one of its tablets. BACKUP_GET_RECOVERY_DATA filtered on demand
+/// the segment header, the safe-version entries, and the objects, tombstones, completion
+/// records and transactions' prepared entries whose (table, key hash) lies in one of its
+/// tablets. BACKUP_GET_RECOVERY_DATA filtered on demand
 /// is this with one partition, so both give the same bytes.
 pub(crate) fn partition_replica(
     contents: &ReplicaContents,
@@ -411,6 +412,14 @@ pub(crate) fn partition_replica(
             // the key answers the mutation's retries.
             Entry::Completion(completion) => {
                 (completion.table, stratus_types::KeyHash(completion.key_hash))
+            }
+            // A transaction's prepared operation, and the mark that it was decided, go where
+            // the object goes: its recovery master locks it again, or sees it decided.
+            Entry::Prepared(prepared) => {
+                (prepared.table, stratus_types::KeyHash(prepared.key_hash))
+            }
+            Entry::PreparedTombstone(decided) => {
+                (decided.table, stratus_types::KeyHash(decided.key_hash))
             }
             Entry::SafeVersion(_) => {
                 parts.fill(true);

@@ -1,9 +1,9 @@
-//! The byte formats of the log: entry headers, the seven entry types and segment certificates.
+//! The byte formats of the log: entry headers, the nine entry types and segment certificates.
 //! Replicas and recovery depend on these bytes, so they are specified byte by byte in
 //! docs/design/log-format.md; change that document and these functions together. Everything is
 //! little-endian. Decoders return errors (never panic) on any input.
 
-use stratus_types::{ExpiresAt, SegmentId, ServerId, TableId, Version};
+use stratus_types::{ExpiresAt, SegmentId, ServerId, TableId, TxOpKind, Version};
 
 /// The type of a log entry (low 6 bits of the first header byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -24,14 +24,19 @@ pub enum EntryType {
     /// The result of a mutation that took effect, kept until its client acknowledges it, so a
     /// retry gets it instead of applying the mutation again (docs/design/exactly-once.md).
     Completion = 7,
+    /// A transaction's operation on one object, prepared (locked at the version read) and
+    /// awaiting the decision (docs/design/transactions.md).
+    Prepared = 8,
+    /// Marks a PREPARED entry decided: the lock it took is released.
+    PreparedTombstone = 9,
 }
 
 /// Number of slots in per-type arrays (index = the type's code; slot 0 is the invalid type).
-pub const ENTRY_TYPE_SLOTS: usize = 8;
+pub const ENTRY_TYPE_SLOTS: usize = 10;
 
 impl EntryType {
     /// Every valid type, in code order.
-    pub const ALL: [EntryType; 7] = [
+    pub const ALL: [EntryType; 9] = [
         EntryType::SegmentHeader,
         EntryType::Object,
         EntryType::Tombstone,
@@ -39,6 +44,8 @@ impl EntryType {
         EntryType::SafeVersion,
         EntryType::TableStats,
         EntryType::Completion,
+        EntryType::Prepared,
+        EntryType::PreparedTombstone,
     ];
 
     /// The 6-bit code.
@@ -46,7 +53,7 @@ impl EntryType {
         self as u8
     }
 
-    /// The type with this code; `None` for 0 (invalid) and the reserved codes 7..63.
+    /// The type with this code; `None` for 0 (invalid) and the reserved codes 10..63.
     pub fn from_code(code: u8) -> Option<EntryType> {
         EntryType::ALL.into_iter().find(|entry_type| entry_type.code() == code)
     }
@@ -413,6 +420,20 @@ pub fn tombstone_segment_id(content_start: &[u8]) -> Result<SegmentId, FormatErr
     read_uint(content_start, &mut position, segment_widths + 1).map(SegmentId)
 }
 
+/// The segment a tombstone-like entry names — an object's TOMBSTONE or a PREPARED_TOMBSTONE,
+/// each needed exactly while that segment is in the log — read from the start of its content
+/// (its first piece as appended); `None` for other types and malformed bytes.
+pub fn segment_named_by(entry_type: EntryType, content_start: &[u8]) -> Option<SegmentId> {
+    match entry_type {
+        EntryType::Tombstone => tombstone_segment_id(content_start).ok(),
+        EntryType::PreparedTombstone => {
+            let mut position = PREPARED_TOMBSTONE_CONTENT_BYTES - 8;
+            read_uint(content_start, &mut position, 8).ok().map(SegmentId)
+        }
+        _ => None,
+    }
+}
+
 /// Decodes a tombstone and verifies its checksum.
 pub fn decode_tombstone(content: &[u8]) -> Result<TombstoneView<'_>, FormatError> {
     let mut position = 4;
@@ -447,12 +468,13 @@ pub fn decode_tombstone(content: &[u8]) -> Result<TombstoneView<'_>, FormatError
 pub const SEGMENT_MAGIC: [u8; 4] = *b"SGMT";
 /// The segment format version this code writes. Version 2 added TABLE_STATS to every head;
 /// version 3 lets an object carry an expiry time (widths bit 7, which older versions refuse);
-/// version 4 adds COMPLETION entries (type 7: exactly-once results). Older segments are still read, so a cluster upgraded in place recovers logs written before
+/// version 4 adds COMPLETION entries (type 7: exactly-once results); version 5 adds
+/// PREPARED and PREPARED_TOMBSTONE entries (types 8 and 9: transactions). Older segments are still read, so a cluster upgraded in place recovers logs written before
 /// it. A binary that knows only older versions refuses newer segments by their header, with a
 /// clear error, rather than at an unknown entry type or a bit it does not know.
-pub const SEGMENT_FORMAT_VERSION: u16 = 4;
+pub const SEGMENT_FORMAT_VERSION: u16 = 5;
 /// Every segment format version this code reads.
-pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 4] = [1, 2, 3, 4];
+pub const SEGMENT_FORMAT_VERSIONS_READ: [u16; 5] = [1, 2, 3, 4, 5];
 /// Bytes of a segment header's content.
 pub const SEGMENT_HEADER_CONTENT_BYTES: usize = 32;
 
@@ -784,6 +806,185 @@ pub fn decode_completion(content: &[u8]) -> Result<CompletionRecord, FormatError
 }
 
 // ---------------------------------------------------------------------------------------------
+// Prepared, prepared tombstone (transactions)
+// ---------------------------------------------------------------------------------------------
+
+/// A transaction's operation on one object, as a PREPARED entry holds it: prepared (the object
+/// locked at the version the transaction read) and waiting for the transaction's decision. A
+/// recovery that replays it without its PREPARED_TOMBSTONE locks the object again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreparedView<'a> {
+    /// The object's table.
+    pub table: TableId,
+    /// The object's key hash (recovery partitions by it without hashing the key).
+    pub key_hash: u64,
+    /// The client's lease.
+    pub lease_id: u64,
+    /// The operation's rpc id within the lease (at least 1).
+    pub rpc_id: u64,
+    /// Every rpc id at or below this, the client had the result of when it sent the PREPARE.
+    pub acknowledged: u64,
+    /// The transaction: the rpc id of its first operation, under the same lease.
+    pub transaction: u64,
+    /// What the operation does.
+    pub kind: TxOpKind,
+    /// The version the transaction read (0: the object was absent).
+    pub version_read: Version,
+    /// The object's key (1..=65535 bytes).
+    pub key: &'a [u8],
+    /// The value a WRITE writes; empty for READ and REMOVE.
+    pub value: &'a [u8],
+}
+
+/// Bytes of a PREPARED entry's content before its key: checksum, table, key hash, lease, rpc
+/// id, acknowledged, transaction, kind, version read, key length.
+pub const PREPARED_FIXED_BYTES: usize = 4 + 6 * 8 + 1 + 8 + 2;
+
+impl PreparedView<'_> {
+    /// The entry content: the fixed fields at full width (a prepared operation lives for a
+    /// few round trips, so compactness matters less than a simple layout), the key, the value
+    /// (docs/design/log-format.md). The key must be 1..=65535 bytes and only a WRITE has a
+    /// value (checked by the caller; asserted here).
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(
+            !self.key.is_empty() && self.key.len() <= usize::from(u16::MAX),
+            "invalid key length"
+        );
+        assert!(self.kind == TxOpKind::Write || self.value.is_empty(), "value without a write");
+        let mut content =
+            Vec::with_capacity(PREPARED_FIXED_BYTES + self.key.len() + self.value.len());
+        content.extend_from_slice(&[0; 4]);
+        for field in [
+            self.table.0,
+            self.key_hash,
+            self.lease_id,
+            self.rpc_id,
+            self.acknowledged,
+            self.transaction,
+        ] {
+            content.extend_from_slice(&field.to_le_bytes());
+        }
+        content.push(self.kind.code());
+        content.extend_from_slice(&self.version_read.0.to_le_bytes());
+        content.extend_from_slice(&(self.key.len() as u16).to_le_bytes());
+        content.extend_from_slice(self.key);
+        content.extend_from_slice(self.value);
+        let crc = checksum(&content[4..]);
+        content[..4].copy_from_slice(&crc.to_le_bytes());
+        content
+    }
+}
+
+/// Decodes a PREPARED entry without verifying its checksum (the log's own, verified copy).
+pub fn decode_prepared_unverified(content: &[u8]) -> Result<PreparedView<'_>, FormatError> {
+    let mut position = 4;
+    let mut fields = [0u64; 6];
+    for field in &mut fields {
+        *field = read_uint(content, &mut position, 8)?;
+    }
+    let [table, key_hash, lease_id, rpc_id, acknowledged, transaction] = fields;
+    let kind = TxOpKind::from_code(read_uint(content, &mut position, 1)? as u8)
+        .ok_or(FormatError::Malformed("prepared operation kind"))?;
+    let version_read = Version(read_uint(content, &mut position, 8)?);
+    let key_length = read_uint(content, &mut position, 2)? as usize;
+    if key_length == 0 {
+        return Err(FormatError::Malformed("empty prepared key"));
+    }
+    let key = content.get(position..position + key_length).ok_or(FormatError::Truncated)?;
+    let value = &content[position + key_length..];
+    if lease_id == 0 || rpc_id == 0 || transaction == 0 || transaction > rpc_id {
+        return Err(FormatError::Malformed("prepared rpc identity"));
+    }
+    if kind != TxOpKind::Write && !value.is_empty() {
+        return Err(FormatError::Malformed("prepared value without a write"));
+    }
+    Ok(PreparedView {
+        table: TableId(table),
+        key_hash,
+        lease_id,
+        rpc_id,
+        acknowledged,
+        transaction,
+        kind,
+        version_read,
+        key,
+        value,
+    })
+}
+
+/// Decodes and verifies a PREPARED entry.
+pub fn decode_prepared(content: &[u8]) -> Result<PreparedView<'_>, FormatError> {
+    let view = decode_prepared_unverified(content)?;
+    verify_leading_checksum(content, EntryType::Prepared)?;
+    Ok(view)
+}
+
+/// A PREPARED_TOMBSTONE: the PREPARED entry of (lease, rpc id) in segment `segment_id` is
+/// decided. Like an object's tombstone it is needed exactly while that segment is in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PreparedTombstoneRecord {
+    /// The object's table.
+    pub table: TableId,
+    /// The object's key hash.
+    pub key_hash: u64,
+    /// The client's lease.
+    pub lease_id: u64,
+    /// The operation's rpc id.
+    pub rpc_id: u64,
+    /// The segment holding the PREPARED entry.
+    pub segment_id: SegmentId,
+}
+
+/// Bytes of a PREPARED_TOMBSTONE's content: checksum and five u64 fields.
+pub const PREPARED_TOMBSTONE_CONTENT_BYTES: usize = 4 + 5 * 8;
+
+impl PreparedTombstoneRecord {
+    /// The entry content (docs/design/log-format.md).
+    pub fn encode(&self) -> [u8; PREPARED_TOMBSTONE_CONTENT_BYTES] {
+        let mut content = [0u8; PREPARED_TOMBSTONE_CONTENT_BYTES];
+        let mut length = 4;
+        for field in [self.table.0, self.key_hash, self.lease_id, self.rpc_id, self.segment_id.0] {
+            push_uint(&mut content, &mut length, field, 8);
+        }
+        let crc = checksum(&content[4..]);
+        content[..4].copy_from_slice(&crc.to_le_bytes());
+        content
+    }
+}
+
+/// Decodes a PREPARED_TOMBSTONE without verifying its checksum.
+pub fn decode_prepared_tombstone_unverified(
+    content: &[u8],
+) -> Result<PreparedTombstoneRecord, FormatError> {
+    if content.len() != PREPARED_TOMBSTONE_CONTENT_BYTES {
+        return Err(FormatError::Malformed("prepared tombstone length"));
+    }
+    let mut position = 4;
+    let mut fields = [0u64; 5];
+    for field in &mut fields {
+        *field = read_uint(content, &mut position, 8)?;
+    }
+    let [table, key_hash, lease_id, rpc_id, segment_id] = fields;
+    if lease_id == 0 || rpc_id == 0 {
+        return Err(FormatError::Malformed("prepared tombstone rpc identity"));
+    }
+    Ok(PreparedTombstoneRecord {
+        table: TableId(table),
+        key_hash,
+        lease_id,
+        rpc_id,
+        segment_id: SegmentId(segment_id),
+    })
+}
+
+/// Decodes and verifies a PREPARED_TOMBSTONE.
+pub fn decode_prepared_tombstone(content: &[u8]) -> Result<PreparedTombstoneRecord, FormatError> {
+    let record = decode_prepared_tombstone_unverified(content)?;
+    verify_leading_checksum(content, EntryType::PreparedTombstone)?;
+    Ok(record)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Decoded entries
 // ---------------------------------------------------------------------------------------------
 
@@ -804,6 +1005,10 @@ pub enum Entry<'a> {
     TableStats(TableStats),
     /// A mutation's result kept for its retries.
     Completion(CompletionRecord),
+    /// A transaction's prepared operation.
+    Prepared(PreparedView<'a>),
+    /// A decided transaction operation.
+    PreparedTombstone(PreparedTombstoneRecord),
 }
 
 /// Decodes and verifies the content of an entry of `entry_type`.
@@ -816,6 +1021,10 @@ pub fn decode_entry(entry_type: EntryType, content: &[u8]) -> Result<Entry<'_>, 
         EntryType::SafeVersion => Entry::SafeVersion(decode_safe_version(content)?),
         EntryType::TableStats => Entry::TableStats(decode_table_stats(content)?),
         EntryType::Completion => Entry::Completion(decode_completion(content)?),
+        EntryType::Prepared => Entry::Prepared(decode_prepared(content)?),
+        EntryType::PreparedTombstone => {
+            Entry::PreparedTombstone(decode_prepared_tombstone(content)?)
+        }
     })
 }
 
@@ -890,7 +1099,7 @@ mod tests {
             assert_eq!(decoded.header_bytes, header_bytes);
         }
         assert_eq!(decode_entry_header(&[0x02 | 0x40, 5, 0]), Err(FormatError::NonMinimalLength));
-        assert_eq!(decode_entry_header(&[0x08, 5]), Err(FormatError::InvalidEntryType(8)));
+        assert_eq!(decode_entry_header(&[0x0A, 5]), Err(FormatError::InvalidEntryType(10)));
         assert_eq!(decode_entry_header(&[0x00, 5]), Err(FormatError::InvalidEntryType(0)));
         assert_eq!(decode_entry_header(&[0x02 | 0x80, 5]), Err(FormatError::Truncated));
         assert_eq!(decode_entry_header(&[]), Err(FormatError::Truncated));
@@ -1125,7 +1334,8 @@ mod table_stats_tests {
         assert_eq!(SegmentHeader::decode(&with_version(1)), Ok(header));
         assert_eq!(SegmentHeader::decode(&with_version(2)), Ok(header));
         assert_eq!(SegmentHeader::decode(&with_version(3)), Ok(header));
-        for unknown in [0, 5, u16::MAX] {
+        assert_eq!(SegmentHeader::decode(&with_version(4)), Ok(header));
+        for unknown in [0, 6, u16::MAX] {
             assert_eq!(
                 SegmentHeader::decode(&with_version(unknown)),
                 Err(FormatError::Malformed("segment format version"))
@@ -1289,8 +1499,8 @@ mod golden {
         assert_eq!(
             header.to_vec(),
             bytes(
-                "53 47 4d 54 04 00 00 00 02 00 00 00 00 00 00 00 \
-                 03 00 00 00 00 00 00 00 00 00 10 00 1d b4 ab f4"
+                "53 47 4d 54 05 00 00 00 02 00 00 00 00 00 00 00 \
+                 03 00 00 00 00 00 00 00 00 00 10 00 93 76 e4 4e"
             )
         );
         let digest = encode_log_digest(&[SegmentId(1), SegmentId(3)]);
@@ -1334,5 +1544,97 @@ mod golden {
         }
         let certificate = builder.certificate(159);
         assert_eq!(certificate.to_bytes().to_vec(), bytes("9f 00 00 00 45 2e 42 8e"));
+    }
+}
+
+#[cfg(test)]
+mod prepared_tests {
+    use super::*;
+
+    fn transfer_debit() -> PreparedView<'static> {
+        PreparedView {
+            table: TableId(3),
+            key_hash: 0x1122_3344_5566_7788,
+            lease_id: 9,
+            rpc_id: 42,
+            acknowledged: 40,
+            transaction: 41,
+            kind: TxOpKind::Write,
+            version_read: Version(7),
+            key: b"alice",
+            value: b"90",
+        }
+    }
+
+    #[test]
+    fn a_prepared_entry_round_trips_and_its_layout_is_pinned() {
+        let view = transfer_debit();
+        let content = view.encode();
+        assert_eq!(content.len(), PREPARED_FIXED_BYTES + 5 + 2);
+        // The layout of docs/design/log-format.md: fields at fixed offsets.
+        assert_eq!(&content[4..12], &3u64.to_le_bytes());
+        assert_eq!(&content[12..20], &0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(&content[20..28], &9u64.to_le_bytes());
+        assert_eq!(&content[28..36], &42u64.to_le_bytes());
+        assert_eq!(&content[36..44], &40u64.to_le_bytes());
+        assert_eq!(&content[44..52], &41u64.to_le_bytes());
+        assert_eq!(content[52], TxOpKind::Write.code());
+        assert_eq!(&content[53..61], &7u64.to_le_bytes());
+        assert_eq!(&content[61..63], &5u16.to_le_bytes());
+        assert_eq!(&content[63..], b"alice90");
+        assert_eq!(decode_prepared(&content), Ok(view));
+        assert_eq!(decode_entry(EntryType::Prepared, &content), Ok(Entry::Prepared(view)));
+    }
+
+    #[test]
+    fn a_corrupt_or_malformed_prepared_entry_is_refused() {
+        let good = transfer_debit().encode();
+        for index in 0..good.len() {
+            let mut corrupt = good.clone();
+            corrupt[index] ^= 0x01;
+            assert!(decode_prepared(&corrupt).is_err(), "a flip at byte {index} passed");
+        }
+        for length in 0..PREPARED_FIXED_BYTES + 5 {
+            assert!(decode_prepared(&good[..length]).is_err(), "{length} bytes decoded");
+        }
+        let read_with_value = PreparedView { kind: TxOpKind::Read, ..transfer_debit() };
+        let mut content = transfer_debit().encode();
+        content[52] = read_with_value.kind.code();
+        let crc = checksum(&content[4..]);
+        content[..4].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode_prepared(&content),
+            Err(FormatError::Malformed("prepared value without a write"))
+        );
+        let mut unknown_kind = transfer_debit().encode();
+        unknown_kind[52] = 0;
+        assert_eq!(
+            decode_prepared_unverified(&unknown_kind),
+            Err(FormatError::Malformed("prepared operation kind"))
+        );
+    }
+
+    #[test]
+    fn a_prepared_tombstone_round_trips_and_refuses_corruption() {
+        let record = PreparedTombstoneRecord {
+            table: TableId(3),
+            key_hash: 77,
+            lease_id: 9,
+            rpc_id: 42,
+            segment_id: SegmentId(12),
+        };
+        let content = record.encode();
+        assert_eq!(&content[36..44], &12u64.to_le_bytes());
+        assert_eq!(decode_prepared_tombstone(&content), Ok(record));
+        assert_eq!(
+            decode_entry(EntryType::PreparedTombstone, &content),
+            Ok(Entry::PreparedTombstone(record))
+        );
+        for index in 0..content.len() {
+            let mut corrupt = content;
+            corrupt[index] ^= 0x01;
+            assert!(decode_prepared_tombstone(&corrupt).is_err(), "a flip at byte {index} passed");
+        }
+        assert!(decode_prepared_tombstone(&content[..43]).is_err());
     }
 }

@@ -18,8 +18,8 @@ pub mod seglet_memory;
 pub mod table_tallies;
 
 pub use format::{
-    Certificate, Entry, EntryType, FormatError, ObjectView, TableStats, TableTally, TombstoneView,
-    COMPLETION_CONTENT_BYTES_MAX, ENTRY_HEADER_BYTES_MAX,
+    Certificate, Entry, EntryType, FormatError, ObjectView, PreparedTombstoneRecord, PreparedView,
+    TableStats, TableTally, TombstoneView, COMPLETION_CONTENT_BYTES_MAX, ENTRY_HEADER_BYTES_MAX,
 };
 pub use iterator::{
     filter_segment, partition_segment, verify_replica, IteratedEntry, SegmentIterator,

@@ -24,10 +24,9 @@ use stratus_types::{SegmentId, ServerId, Version};
 use crate::format::{
     decode_entry_header, decode_tombstone, encode_log_digest, encode_safe_version,
     encode_table_stats, entry_header_bytes_from_first_byte, log_digest_content_bytes,
-    object_expiry, table_stats_content_bytes, tombstone_segment_id, Certificate,
-    CertificateBuilder, EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX,
-    ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
-    TABLE_STATS_TABLES_MAX,
+    object_expiry, segment_named_by, table_stats_content_bytes, Certificate, CertificateBuilder,
+    EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS,
+    SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES, TABLE_STATS_TABLES_MAX,
 };
 use crate::seglet_memory::{EpochGuard, SegletMemory};
 use crate::table_tallies::TableTallies;
@@ -272,6 +271,8 @@ impl SegmentStatistics {
         self.live_bytes_of(EntryType::Object)
             + self.live_bytes_of(EntryType::Tombstone)
             + self.live_bytes_of(EntryType::Completion)
+            + self.live_bytes_of(EntryType::Prepared)
+            + self.live_bytes_of(EntryType::PreparedTombstone)
     }
 
     /// Bytes of live objects that are expired at `now_millis`, as far as these counters can
@@ -635,10 +636,10 @@ impl Log {
         let head_id = state.head.expect("a head was opened above");
         let references =
             entries.iter().map(|entry| self.append_entry(&mut state, head_id, entry)).collect();
-        for entry in entries.iter().filter(|entry| entry.entry_type == EntryType::Tombstone) {
+        for entry in entries {
             // The first piece holds at least the tombstone's prefix: the whole content, or the
             // prefix with the key as the second piece. A malformed one is not counted.
-            let named = tombstone_segment_id(entry.pieces[0]).ok();
+            let named = segment_named_by(entry.entry_type, entry.pieces[0]);
             if let Some(segment) = named.and_then(|id| state.segments.get_mut(&id)) {
                 segment.tombstone_bytes_naming += entry.entry_bytes() as u64;
             }
@@ -1129,29 +1130,38 @@ impl Log {
         }
         let guard = self.pin();
         let entries = self.segment_entries(&guard, segment_id).expect("segment held for a scan");
-        let mut dead_bytes = 0u64;
-        let mut dead_count = 0u64;
+        // Per tombstone-like type: (type, dead bytes, dead count).
+        let mut dead = [(EntryType::Tombstone, 0u64, 0u64), (EntryType::PreparedTombstone, 0, 0)];
         for (reference, entry_type) in entries {
-            if entry_type != EntryType::Tombstone {
+            let Some(counted) = dead.iter_mut().find(|(kind, _, _)| *kind == entry_type) else {
                 continue;
-            }
+            };
             let (_, content) = self.entry(&guard, reference);
-            let tombstone = decode_tombstone(&content).expect("corrupt tombstone in the log");
-            if !self.tombstone_target_alive(tombstone.segment_id, &[]) {
-                dead_bytes += (EntryHeader::new(entry_type, content_length(content.len()))
+            let named = match entry_type {
+                EntryType::Tombstone => {
+                    decode_tombstone(&content).expect("corrupt tombstone in the log").segment_id
+                }
+                _ => segment_named_by(entry_type, &content).expect("corrupt tombstone in the log"),
+            };
+            if !self.tombstone_target_alive(named, &[]) {
+                counted.1 += (EntryHeader::new(entry_type, content_length(content.len()))
                     .header_bytes()
                     + content.len()) as u64;
-                dead_count += 1;
+                counted.2 += 1;
             }
         }
         let now = self.latest_seconds();
         let mut state = self.lock();
         let segment = state.segments.get_mut(&segment_id).expect("segment held for a scan");
-        let index = EntryType::Tombstone.code() as usize;
         let statistics = &mut segment.statistics;
-        assert!(dead_bytes <= statistics.entry_bytes[index], "more tombstones dead than written");
-        statistics.dead_bytes[index] = statistics.dead_bytes[index].max(dead_bytes);
-        statistics.dead_count[index] = statistics.dead_count[index].max(dead_count);
+        let mut dead_bytes = 0;
+        for (entry_type, bytes, count) in dead {
+            let index = entry_type.code() as usize;
+            assert!(bytes <= statistics.entry_bytes[index], "more tombstones dead than written");
+            statistics.dead_bytes[index] = statistics.dead_bytes[index].max(bytes);
+            statistics.dead_count[index] = statistics.dead_count[index].max(count);
+            dead_bytes += bytes;
+        }
         segment.tombstone_scan_seconds = now;
         segment.cleaning = false;
         dead_bytes

@@ -31,6 +31,10 @@ pub enum Operation {
     MultiRemove,
     /// MULTI_INCREMENT.
     MultiIncrement,
+    /// TX_PREPARE (transactions' votes and read-only validations).
+    TxPrepare,
+    /// TX_DECISION.
+    TxDecision,
     /// ENUMERATE.
     Enumerate,
     /// RECOVER_TABLETS.
@@ -42,7 +46,7 @@ pub enum Operation {
 
 impl Operation {
     /// How many there are.
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 13;
 
     /// Every operation, in index order.
     pub const ALL: [Operation; Operation::COUNT] = [
@@ -54,6 +58,8 @@ impl Operation {
         Operation::MultiWrite,
         Operation::MultiRemove,
         Operation::MultiIncrement,
+        Operation::TxPrepare,
+        Operation::TxDecision,
         Operation::Enumerate,
         Operation::RecoverTablets,
         Operation::Control,
@@ -70,6 +76,8 @@ impl Operation {
             Operation::MultiWrite => "multi_write",
             Operation::MultiRemove => "multi_remove",
             Operation::MultiIncrement => "multi_increment",
+            Operation::TxPrepare => "tx_prepare",
+            Operation::TxDecision => "tx_decision",
             Operation::Enumerate => "enumerate",
             Operation::RecoverTablets => "recover_tablets",
             Operation::Control => "control",
@@ -84,6 +92,8 @@ impl Operation {
                 | Operation::MultiWrite
                 | Operation::MultiRemove
                 | Operation::MultiIncrement
+                | Operation::TxPrepare
+                | Operation::TxDecision
         )
     }
 
@@ -98,6 +108,8 @@ impl Operation {
             Some(Opcode::MultiWrite) => Operation::MultiWrite,
             Some(Opcode::MultiRemove) => Operation::MultiRemove,
             Some(Opcode::MultiIncrement) => Operation::MultiIncrement,
+            Some(Opcode::TxPrepare) => Operation::TxPrepare,
+            Some(Opcode::TxDecision) => Operation::TxDecision,
             Some(Opcode::Enumerate) => Operation::Enumerate,
             Some(Opcode::RecoverTablets) => Operation::RecoverTablets,
             _ => Operation::Control,

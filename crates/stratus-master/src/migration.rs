@@ -196,6 +196,7 @@ impl CompletedTransfers {
         table: TableId,
         range: HashRange,
         assignment_epoch: u64,
+        prepared_in_range: impl FnOnce() -> bool,
     ) -> Result<TransferStart, AssignmentRefusal> {
         let transfers = self.lock();
         let done = transfers.iter().find(|done| {
@@ -204,7 +205,9 @@ impl CompletedTransfers {
         if let Some(done) = done {
             return Ok(TransferStart::Completed(done.outcome.clone()));
         }
-        ownership.begin_transfer(table, range, assignment_epoch).map(TransferStart::Started)
+        ownership
+            .begin_transfer(table, range, assignment_epoch, prepared_in_range)
+            .map(TransferStart::Started)
     }
 
     /// Ends the transfer that froze a tablet with `transfer_id`: on success hands the tablet
@@ -570,7 +573,7 @@ mod tests {
                 )
                 .unwrap();
         }
-        let transfer_id = ownership.begin_transfer(TABLE, HashRange::FULL, 2).unwrap();
+        let transfer_id = ownership.begin_transfer(TABLE, HashRange::FULL, 2, || false).unwrap();
         let (source, owner) = (store.clone(), ownership.clone());
         let probed = ownership.clone();
         let target = Arc::new(RecordingTarget {
@@ -716,7 +719,7 @@ mod tests {
         let completed = CompletedTransfers::default();
         let (table, range) = (TableId(1), HashRange::FULL);
         ownership.take(table, range, 1).unwrap();
-        let start = |epoch| completed.outcome_or_freeze(&ownership, table, range, epoch);
+        let start = |epoch| completed.outcome_or_freeze(&ownership, table, range, epoch, || false);
         let Ok(TransferStart::Started(transfer_id)) = start(2) else {
             panic!("the first request starts the transfer");
         };

@@ -35,6 +35,9 @@ pub enum AssignmentRefusal {
     TransferRunning,
     /// RECEIVE_MIGRATION_DATA: this master serves part of the range.
     ServesPart,
+    /// TRANSFER: transactions have operations prepared in the tablet; it moves once they
+    /// are decided (docs/design/transactions.md, "Migration and split").
+    TransactionsPrepared,
 }
 
 /// What an assignment tells the master about a range, in the order that decides between two
@@ -196,15 +199,40 @@ impl TabletOwnership {
         }
     }
 
+    /// Runs `apply` if `hash` of `table` lies in an owned tablet that no transfer is moving,
+    /// holding the ownership lock until it returns: a transaction's PREPARE, whose lock must
+    /// not be left behind by a tablet that moves (a transfer starts only when no operation is
+    /// prepared in its tablet, and waits for this lock to check).
+    pub fn while_not_transferring<T>(
+        &self,
+        table: TableId,
+        hash: KeyHash,
+        apply: impl FnOnce() -> T,
+    ) -> Result<T, WriteRefusal> {
+        let owned = self.read();
+        if !owned.owns(table, hash) {
+            return Err(WriteRefusal::NotOwned);
+        }
+        if owned.frozen.iter().any(|frozen| frozen.table == table && frozen.range.contains(hash)) {
+            return Err(WriteRefusal::Frozen);
+        }
+        Ok(apply())
+    }
+
     /// TRANSFER_TABLET at `epoch`: starts a transfer of `range` of `table`, which must be
     /// exactly an owned tablet not being transferred yet; returns the transfer's id. The tablet
     /// keeps taking writes while it is copied ([`TabletOwnership::hold_writes`] ends that).
     /// Nothing changes on a refusal.
+    ///
+    /// `prepared_in_range` says whether transactions hold operations prepared in the range:
+    /// asked under the ownership lock, which every PREPARE holds too
+    /// ([`TabletOwnership::while_not_transferring`]), so none slips in between.
     pub fn begin_transfer(
         &self,
         table: TableId,
         range: HashRange,
         epoch: u64,
+        prepared_in_range: impl FnOnce() -> bool,
     ) -> Result<u64, AssignmentRefusal> {
         let _assigning = self.assigning();
         let mut owned = self.write();
@@ -223,6 +251,9 @@ impl TabletOwnership {
             } else {
                 AssignmentRefusal::AlreadyFrozen
             });
+        }
+        if prepared_in_range() {
+            return Err(AssignmentRefusal::TransactionsPrepared);
         }
         owned.record(table, range, rank);
         let transfer_id = owned.next_transfer_id;
@@ -590,9 +621,19 @@ mod tests {
         let write = |hash, key: &[u8]| ownership.while_writable(table, KeyHash(hash), key, || 7);
         assert_eq!(write(150, b"a"), Ok(7));
         let part = HashRange::new(100, 150).unwrap();
-        assert_eq!(ownership.begin_transfer(table, part, 2), Err(AssignmentRefusal::NotATablet));
-        let first = ownership.begin_transfer(table, high, 2).unwrap();
-        assert_eq!(ownership.begin_transfer(table, high, 3), Err(AssignmentRefusal::AlreadyFrozen));
+        assert_eq!(
+            ownership.begin_transfer(table, part, 2, || false),
+            Err(AssignmentRefusal::NotATablet)
+        );
+        assert_eq!(
+            ownership.begin_transfer(table, high, 2, || true),
+            Err(AssignmentRefusal::TransactionsPrepared)
+        );
+        let first = ownership.begin_transfer(table, high, 2, || false).unwrap();
+        assert_eq!(
+            ownership.begin_transfer(table, high, 3, || false),
+            Err(AssignmentRefusal::AlreadyFrozen)
+        );
         // Copying: writes go on, and their keys are noted (once each, in order).
         assert_eq!(write(150, b"zebra"), Ok(7));
         assert_eq!(write(160, b"apple"), Ok(7));
@@ -614,13 +655,13 @@ mod tests {
         assert_eq!(ownership.hold_writes(first), None, "ended");
         assert_eq!(write(150, b"a"), Ok(7));
         // A finished transfer: no longer served.
-        let second = ownership.begin_transfer(table, high, 4).unwrap();
+        let second = ownership.begin_transfer(table, high, 4, || false).unwrap();
         assert!(!ownership.hand_off(first), "an ended transfer hands nothing off");
         assert!(ownership.hand_off(second));
         assert_eq!(write(150, b"a"), Err(WriteRefusal::NotOwned));
         // The coordinator hands it back (a failed migration): served and writable again.
         ownership.take(table, high, 5).unwrap();
-        let third = ownership.begin_transfer(table, high, 6).unwrap();
+        let third = ownership.begin_transfer(table, high, 6, || false).unwrap();
         ownership.take(table, high, 7).unwrap();
         assert!(!ownership.hand_off(third), "a TAKE ended the transfer");
         assert_eq!(write(150, b"a"), Ok(7));
@@ -632,7 +673,7 @@ mod tests {
         let ownership = TabletOwnership::default();
         let table = TableId(2);
         ownership.take(table, HashRange::FULL, 1).unwrap();
-        let transfer = ownership.begin_transfer(table, HashRange::FULL, 2).unwrap();
+        let transfer = ownership.begin_transfer(table, HashRange::FULL, 2, || false).unwrap();
         for index in 0..=MIGRATION_CHANGED_KEYS_MAX as u32 {
             let key = index.to_le_bytes();
             ownership.while_writable(table, KeyHash(u64::from(index)), &key, || ()).unwrap();
@@ -673,7 +714,7 @@ mod tests {
         ownership.take(table, whole, 10).unwrap();
         // Transferred away at 11 (and handed off): the TAKE of 10, re-sent or delayed, must
         // not make this master serve the tablet beside its new owner.
-        let transfer = ownership.begin_transfer(table, whole, 11).unwrap();
+        let transfer = ownership.begin_transfer(table, whole, 11, || false).unwrap();
         assert!(ownership.hand_off(transfer));
         assert_eq!(ownership.take(table, whole, 10), Err(AssignmentRefusal::Stale));
         assert_eq!(ownership.take(table, high, 11), Err(AssignmentRefusal::Stale), "same epoch");
@@ -693,8 +734,11 @@ mod tests {
         );
         assert!(ownership.owns(table, KeyHash(5)) && ownership.owns(table, KeyHash(u64::MAX)));
         // A transfer older than the TAKE is refused too; a newer one goes ahead.
-        assert_eq!(ownership.begin_transfer(table, whole, 12), Err(AssignmentRefusal::Stale));
-        assert!(ownership.begin_transfer(table, whole, 15).is_ok());
+        assert_eq!(
+            ownership.begin_transfer(table, whole, 12, || false),
+            Err(AssignmentRefusal::Stale)
+        );
+        assert!(ownership.begin_transfer(table, whole, 15, || false).is_ok());
         // Other tables are unaffected.
         assert_eq!(ownership.take(TableId(5), whole, 1), Ok(()));
     }

@@ -22,6 +22,7 @@ mod durable_answer;
 mod migration_rpc;
 mod objects;
 mod recovery_rpc;
+mod transactions;
 
 use objects::status_of;
 

@@ -20,14 +20,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use stratus_log::format::{
-    decode_completion_unverified, decode_object_unverified, decode_tombstone,
-    ENTRY_HEADER_BYTES_MAX, SEGMENT_HEADER_CONTENT_BYTES,
+    decode_completion_unverified, decode_object_unverified, decode_prepared_unverified,
+    decode_tombstone, segment_named_by, ENTRY_HEADER_BYTES_MAX, SEGMENT_HEADER_CONTENT_BYTES,
 };
 use stratus_log::{
     AppendEntry, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig, Reference,
     SideLog,
 };
-use stratus_types::{key_hash, SegmentId};
+use stratus_types::{key_hash, LeaseId, RpcId, SegmentId};
 
 use crate::completions::Relocation;
 use crate::{ObjectStore, WallTime};
@@ -719,6 +719,25 @@ impl ObjectStore {
                         // as young as anything in the log.
                         (now.seconds(), 0)
                     }
+                    EntryType::Prepared => {
+                        let prepared = decode_prepared_unverified(&content)
+                            .expect("corrupt prepared entry in the log");
+                        let id = (LeaseId(prepared.lease_id), RpcId(prepared.rpc_id));
+                        if !self.prepared.names(id, reference) {
+                            continue;
+                        }
+                        // Decided within a few round trips: young.
+                        (now.seconds(), 0)
+                    }
+                    EntryType::PreparedTombstone => {
+                        let named = segment_named_by(entry_type, &content)
+                            .expect("corrupt prepared tombstone in the log");
+                        if !self.log.tombstone_target_alive(named, &[]) {
+                            tombstones_dropped += 1;
+                            continue;
+                        }
+                        (now.seconds(), 0)
+                    }
                     // Headers, digests and safe versions are superseded by the next head.
                     _ => continue,
                 };
@@ -779,33 +798,38 @@ impl ObjectStore {
                         }
                     }
                 }
-                EntryType::Completion => {
-                    let record = decode_completion_unverified(&content)
-                        .expect("corrupt completion in the log");
-                    let mut refused = None;
-                    let relocation = self.completions.relocate(&record, survivor.reference, || {
-                        match side_log.append(&self.log, &entry) {
-                            Ok((moved, _)) => Some(moved),
-                            Err(error) => {
-                                refused = Some(error);
-                                None
-                            }
-                        }
-                    });
-                    match (relocation, refused) {
-                        (Relocation::Moved, _) => {
+                EntryType::Completion | EntryType::Prepared => {
+                    // Records an in-memory table names (a result until acknowledged, a
+                    // prepared operation until decided): moved only while it still names them.
+                    let copied = if survivor.entry_type == EntryType::Completion {
+                        let record = decode_completion_unverified(&content)
+                            .expect("corrupt completion in the log");
+                        copy_while_named(&mut side_log, &self.log, &entry, |copy| {
+                            self.completions.relocate(&record, survivor.reference, copy)
+                        })
+                    } else {
+                        let prepared = decode_prepared_unverified(&content)
+                            .expect("corrupt prepared entry in the log");
+                        let id = (LeaseId(prepared.lease_id), RpcId(prepared.rpc_id));
+                        copy_while_named(&mut side_log, &self.log, &entry, |copy| {
+                            self.prepared.relocate(id, survivor.reference, copy)
+                        })
+                    };
+                    match copied {
+                        Ok(true) => {
                             self.log.free(&epoch, survivor.reference);
                             completion_bytes += entry.entry_bytes() as u64;
                             Ok(entry.entry_bytes())
                         }
-                        (Relocation::Failed, Some(error)) => Err(error),
-                        // Acknowledged since it was chosen: nothing to move.
-                        _ => Ok(0),
+                        // Acknowledged or decided since it was chosen: nothing to move.
+                        Ok(false) => Ok(0),
+                        Err(error) => Err(error),
                     }
                 }
                 _ => {
-                    let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
-                    if self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
+                    let named =
+                        segment_named_by(survivor.entry_type, &content).expect("corrupt tombstone");
+                    if self.log.tombstone_target_alive(named, &[]) {
                         side_log.append(&self.log, &entry).map(|_| {
                             tombstone_bytes += entry.entry_bytes() as u64;
                             entry.entry_bytes()
@@ -979,7 +1003,9 @@ impl ObjectStore {
         let passes = [
             EntryType::SegmentHeader,
             EntryType::Tombstone,
+            EntryType::PreparedTombstone,
             EntryType::Completion,
+            EntryType::Prepared,
             EntryType::Object,
         ];
         for pass in passes {
@@ -1007,9 +1033,10 @@ impl ObjectStore {
                             bytes_moved += entry.entry_bytes() as u64;
                         }
                     }
-                    EntryType::Tombstone => {
-                        let tombstone = decode_tombstone(&content).expect("corrupt tombstone");
-                        if self.log.tombstone_target_alive(tombstone.segment_id, &[]) {
+                    EntryType::Tombstone | EntryType::PreparedTombstone => {
+                        let named =
+                            segment_named_by(entry_type, &content).expect("corrupt tombstone");
+                        if self.log.tombstone_target_alive(named, &[]) {
                             self.log.append_to_compacted(segment_id, &entry);
                             bytes_moved += entry.entry_bytes() as u64;
                         } else {
@@ -1020,6 +1047,18 @@ impl ObjectStore {
                         let record = decode_completion_unverified(&content)
                             .expect("corrupt completion in the log");
                         let relocation = self.completions.relocate(&record, reference, || {
+                            Some(self.log.append_to_compacted(segment_id, &entry))
+                        });
+                        if relocation == Relocation::Moved {
+                            self.log.free(&epoch, reference);
+                            bytes_moved += entry.entry_bytes() as u64;
+                        }
+                    }
+                    EntryType::Prepared => {
+                        let prepared = decode_prepared_unverified(&content)
+                            .expect("corrupt prepared entry in the log");
+                        let id = (LeaseId(prepared.lease_id), RpcId(prepared.rpc_id));
+                        let relocation = self.prepared.relocate(id, reference, || {
                             Some(self.log.append_to_compacted(segment_id, &entry))
                         });
                         if relocation == Relocation::Moved {
@@ -1050,6 +1089,29 @@ impl ObjectStore {
             }
         });
         CleanOutcome::Compacted { segment_id, seglets_freed }
+    }
+}
+
+/// Copies `entry` into `side_log` for a table's `relocate`, which calls the copy only while it
+/// names the entry (and then names the copy): whether it was moved, or the append's error.
+fn copy_while_named(
+    side_log: &mut SideLog,
+    log: &stratus_log::Log,
+    entry: &AppendEntry<'_>,
+    relocate: impl FnOnce(&mut dyn FnMut() -> Option<Reference>) -> Relocation,
+) -> Result<bool, stratus_log::AppendError> {
+    let mut refused = None;
+    let relocation = relocate(&mut || match side_log.append(log, entry) {
+        Ok((moved, _)) => Some(moved),
+        Err(error) => {
+            refused = Some(error);
+            None
+        }
+    });
+    match (relocation, refused) {
+        (Relocation::Moved, _) => Ok(true),
+        (Relocation::Failed, Some(error)) => Err(error),
+        _ => Ok(false),
     }
 }
 

@@ -34,7 +34,9 @@ mod cleaner;
 mod completions;
 mod config;
 mod enumerate;
+mod prepared;
 mod replay;
+mod transactions;
 
 pub use cleaner::{
     CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, DurabilityError,
@@ -45,10 +47,12 @@ pub use cleaner::{
 pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
+pub use prepared::PreparedStatistics;
 pub use replay::{
     ReplayCollector, ReplayError, ReplayInto, ReplayRoom, ReplayStatistics, RoomShortage,
 };
 pub use stratus_types::{ExpiresAt, Expiry};
+pub use transactions::{TxDecided, TxPrepareOp, TxVoted};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -158,6 +162,9 @@ pub enum ObjectError {
     TooManyUnacknowledged,
     /// The RPC identity cannot be right (lease 0, rpc 0, or an rpc that acknowledges itself).
     InvalidRpcIdentity,
+    /// A transaction has the object locked between its prepare and its decision: retry (the
+    /// decision is a round trip away, or the recovery's delay when its client died).
+    Locked,
 }
 
 /// A change to one object, as [`ObjectStore::mutate`] applies it.
@@ -256,6 +263,7 @@ pub struct ObjectStore {
     objects_live: AtomicU64,
     cleaner: cleaner::CleanerState,
     completions: completions::CompletionTable,
+    prepared: prepared::PreparedTable,
 }
 
 /// The current object of a key, found under its bucket lock: live, or expired and not yet
@@ -301,6 +309,7 @@ impl ObjectStore {
             objects_live: AtomicU64::new(0),
             cleaner: cleaner::CleanerState::default(),
             completions: completions::CompletionTable::default(),
+            prepared: prepared::PreparedTable::default(),
         })
     }
 
@@ -375,6 +384,9 @@ impl ObjectStore {
         Self::check_key(key)?;
         let epoch = self.log.pin();
         let guard = self.index.lock(hash.0);
+        if self.prepared.holder(table, key).is_some() {
+            return Err(ObjectError::Locked);
+        }
         let current = self.lookup(&epoch, &guard, table, key);
         let Some(current) = live(current.as_ref(), now) else {
             return Err(ObjectError::Rejected {
@@ -498,6 +510,9 @@ impl ObjectStore {
                 }
             }
         }
+        if self.prepared.holder(table, key).is_some() {
+            return Err(ObjectError::Locked);
+        }
         let current = self.lookup(&epoch, &guard, table, key);
         let draft = rpc.map(|rpc| CompletionDraft { rpc, key_hash: hash.0 });
         let (result, completion) = match mutation {
@@ -532,7 +547,10 @@ impl ObjectStore {
                 let completion = match current {
                     Some(current) => {
                         let draft = draft.map(|draft| (draft, result));
-                        self.remove_current(&epoch, &mut guard, current, (table, key), now, draft)?
+                        let (table_key, decided) = ((table, key), None);
+                        self.remove_current(
+                            &epoch, &mut guard, current, table_key, now, draft, decided,
+                        )?
                     }
                     None => None,
                 };
@@ -594,11 +612,12 @@ impl ObjectStore {
             Some(current) => Version(current.version.0 + 1),
             None => self.log.allocate_version(),
         };
-        self.store_version(epoch, guard, current, new, version, completion, integer)
+        self.store_version(epoch, guard, current, new, version, (completion, integer), None)
     }
 
     /// [`ObjectStore::store_object`] at a given `version` (replay keeps the versions objects
-    /// had in the replayed log).
+    /// had in the replayed log). `decided` is the content of a PREPARED_TOMBSTONE appended with
+    /// the object (a transaction's write applied at its commit).
     #[allow(clippy::too_many_arguments)]
     fn store_version(
         &self,
@@ -607,8 +626,8 @@ impl ObjectStore {
         current: Option<Current>,
         new: NewObject<'_>,
         version: Version,
-        completion: Option<CompletionDraft>,
-        integer: Option<i64>,
+        (completion, integer): (Option<CompletionDraft>, Option<i64>),
+        decided: Option<&[u8]>,
     ) -> Result<(Version, Option<(Reference, u64)>), ObjectError> {
         let NewObject { table, key, value, expires_at, timestamp } = new;
         let prefix = ObjectPrefix::new(table, version, timestamp, expires_at, key, value);
@@ -625,10 +644,13 @@ impl ObjectStore {
         });
         let completion_content = completion
             .map(|draft| draft.record(table, CompletionResult { version, integer }).encode());
-        let mut entries = Vec::with_capacity(3);
+        let mut entries = Vec::with_capacity(4);
         entries.push(object);
         if let Some(tombstone) = &tombstone {
             entries.push(tombstone_entry(tombstone, key));
+        }
+        if let Some(content) = decided {
+            entries.push(AppendEntry::new(EntryType::PreparedTombstone, content));
         }
         if let Some(content) = &completion_content {
             entries.push(AppendEntry::new(EntryType::Completion, content.as_bytes()));
@@ -663,7 +685,8 @@ impl ObjectStore {
     /// Removes `current`, what the key holds (live or expired): a tombstone for its version
     /// (with the COMPLETION entry of `completion`, in the same append), the index entry gone,
     /// its bytes dead. The caller holds the bucket lock. Returns the completion entry's
-    /// reference and bytes.
+    /// reference and bytes. `decided`: as for [`ObjectStore::store_version`].
+    #[allow(clippy::too_many_arguments)]
     fn remove_current(
         &self,
         epoch: &EpochGuard<'_>,
@@ -672,6 +695,7 @@ impl ObjectStore {
         (table, key): (TableId, &[u8]),
         now: WallTime,
         completion: Option<(CompletionDraft, CompletionResult)>,
+        decided: Option<&[u8]>,
     ) -> Result<Option<(Reference, u64)>, ObjectError> {
         let tombstone = TombstonePrefix::new(&TombstoneView {
             table,
@@ -683,6 +707,9 @@ impl ObjectStore {
         let completion_content =
             completion.map(|(draft, result)| draft.record(table, result).encode());
         let mut entries = vec![tombstone_entry(&tombstone, key)];
+        if let Some(content) = decided {
+            entries.push(AppendEntry::new(EntryType::PreparedTombstone, content));
+        }
         if let Some(content) = &completion_content {
             entries.push(AppendEntry::new(EntryType::Completion, content.as_bytes()));
         }
@@ -694,7 +721,9 @@ impl ObjectStore {
         let old_bytes = self.log.free(epoch, current.reference);
         self.log.table_tallies().object_removed(guard.bucket_index(), table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
-        Ok(completion_content.map(|_| (appended.references[1], entries[1].entry_bytes() as u64)))
+        let last = entries.len() - 1;
+        Ok(completion_content
+            .map(|_| (appended.references[last], entries[last].entry_bytes() as u64)))
     }
 
     /// Forgets every object of `table` whose key hash lies in `range`: removes it from the
@@ -727,6 +756,11 @@ impl ObjectStore {
         let epoch = self.log.pin();
         let mut free = |reference| self.log.free(&epoch, reference);
         self.completions.forget_range(table, range, &mut free);
+        // Its prepared transaction operations too: a tablet migrates only when none is
+        // prepared, so these belong to a dropped table, whose transactions can only abort.
+        for (_, released) in self.prepared.remove_range(table, range) {
+            free(released.reference);
+        }
         dropped
     }
 
@@ -831,3 +865,5 @@ mod completion_tests;
 mod expiry_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transaction_tests;

@@ -15,7 +15,7 @@
 //! recovery master, not a whole cluster. The winners are copied into the log as they were read
 //! (their checksums were verified, not computed again).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
 use std::sync::atomic::Ordering;
@@ -84,6 +84,8 @@ pub struct ReplayStatistics {
     pub objects_removed: u64,
     /// Results of mutations kept for their clients' retries.
     pub completions_replayed: u64,
+    /// Transaction operations prepared and not decided in the replayed log: locked again here.
+    pub prepared_replayed: u64,
 }
 
 /// A replayed key, borrowed from the segment it was read from, with its key hash (computed
@@ -170,6 +172,10 @@ pub struct ReplayCollector<'a> {
     /// Results of mutations (by lease and rpc id: a cleaned segment's record may be seen twice,
     /// and the order must be the same on every run).
     completions: BTreeMap<(u64, u64), CompletionRecord>,
+    /// Prepared transaction operations (by lease and rpc id), with their entries' content.
+    prepared: BTreeMap<(u64, u64), &'a [u8]>,
+    /// Operations whose PREPARED entry a PREPARED_TOMBSTONE marks decided.
+    decided: BTreeSet<(u64, u64)>,
 }
 
 impl std::fmt::Debug for ReplayCollector<'_> {
@@ -195,6 +201,8 @@ impl<'a> ReplayCollector<'a> {
             objects_seen: 0,
             statistics: ReplayStatistics::default(),
             completions: BTreeMap::new(),
+            prepared: BTreeMap::new(),
+            decided: BTreeSet::new(),
         }
     }
 
@@ -268,6 +276,18 @@ impl<'a> ReplayCollector<'a> {
                         self.completions.insert((record.lease_id, record.rpc_id), record);
                     }
                 }
+                Entry::Prepared(prepared) => {
+                    // A prepared operation goes with its object's tablet, as the object does.
+                    if (self.accept)(index, prepared.table, KeyHash(prepared.key_hash)) {
+                        let id = (prepared.lease_id, prepared.rpc_id);
+                        self.prepared.insert(id, entry.content);
+                    }
+                }
+                Entry::PreparedTombstone(decided) => {
+                    if (self.accept)(index, decided.table, KeyHash(decided.key_hash)) {
+                        self.decided.insert((decided.lease_id, decided.rpc_id));
+                    }
+                }
                 Entry::SegmentHeader(_) | Entry::LogDigest(_) | Entry::TableStats(_) => {}
             }
         }
@@ -332,8 +352,12 @@ impl ReplayCollector<'_> {
             objects.fold((0, 0), |(sum, largest), bytes| (sum + bytes, largest.max(bytes)));
         let completion = entry_bytes(stratus_log::COMPLETION_CONTENT_BYTES_MAX);
         let completions = self.completions.len() as u64 * completion;
+        let prepared = self.prepared.values().map(|content| entry_bytes(content.len()));
+        let (prepared_bytes, largest_prepared) =
+            prepared.fold((0, 0), |(sum, largest), bytes| (sum + bytes, largest.max(bytes)));
+        let largest = largest.max(largest_prepared);
         ReplayRoom {
-            entry_bytes: objects_bytes + completions,
+            entry_bytes: objects_bytes + completions + prepared_bytes,
             largest_entry_bytes: if self.completions.is_empty() {
                 largest
             } else {
@@ -433,8 +457,11 @@ impl ObjectStore {
             objects_seen,
             mut statistics,
             completions,
+            mut prepared,
+            decided,
             ..
         } = collector;
+        prepared.retain(|id, _| !decided.contains(id));
         // A key's newest object is live unless a tombstone names its version or a newer one
         // (then every older object of the key is dead too).
         winners.retain(|key, winner| {
@@ -478,6 +505,16 @@ impl ObjectStore {
                 Ok(false) => {}
                 Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
                 Err(error) => unreachable!("replaying a verified completion failed: {error:?}"),
+            }
+        }
+        // Operations of transactions still undecided: their objects are locked again here,
+        // so nothing reads or writes around them until the decision arrives.
+        for content in prepared.values() {
+            match self.import_prepared(content, &mut into) {
+                Ok(true) => statistics.prepared_replayed += 1,
+                Ok(false) => {}
+                Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),
+                Err(error) => unreachable!("replaying a verified prepared entry failed: {error:?}"),
             }
         }
         // Objects this store already held that a replayed tombstone names are dead too.
@@ -562,7 +599,7 @@ impl ObjectStore {
         // Whatever it holds, live or expired: the source removed the key.
         match self.lookup(&epoch, &guard, table, key) {
             Some(current) if current.version < below => {
-                self.remove_current(&epoch, &mut guard, current, (table, key), now, None)?;
+                self.remove_current(&epoch, &mut guard, current, (table, key), now, None, None)?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -596,7 +633,7 @@ impl ObjectStore {
         }
         let ReplayInto::SideLog { side_log, closed } = into else {
             let new = NewObject { table, key, value, expires_at, timestamp };
-            self.store_version(&epoch, &mut guard, current, new, version, None, None)?;
+            self.store_version(&epoch, &mut guard, current, new, version, (None, None), None)?;
             return Ok(true);
         };
         let prefix;

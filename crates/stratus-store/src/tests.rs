@@ -598,7 +598,10 @@ pub(crate) fn replay(store: &ObjectStore) -> BTreeMap<Vec<u8>, (Vec<u8>, Version
                 Entry::SafeVersion(version) => safe_version_max = safe_version_max.max(version),
                 Entry::SegmentHeader(header) => assert_eq!(header.segment_id, segment_id),
                 Entry::LogDigest(ids) => assert_eq!(ids.last(), Some(&segment_id)),
-                Entry::TableStats(_) | Entry::Completion(_) => {}
+                Entry::TableStats(_)
+                | Entry::Completion(_)
+                | Entry::Prepared(_)
+                | Entry::PreparedTombstone(_) => {}
             }
         }
     }

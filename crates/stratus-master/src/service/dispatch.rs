@@ -10,6 +10,7 @@ use stratus_wire::{
 use super::migration_rpc::{MigrationBatch, TransferRequest};
 use super::objects::{respond_version, ObjectWrite};
 use super::recovery_rpc::RecoverRequest;
+use super::transactions::TransactionId;
 use super::Master;
 use crate::metrics::Operation;
 use crate::migration::IncomingTransfer;
@@ -77,6 +78,18 @@ impl Master {
                 self.metrics.add_items(Operation::MultiIncrement, items.len());
                 let results = items.iter().map(|item| self.increment_item(item)).collect();
                 encode_response(out, request_id, Status::Ok, &Response::MultiIncrement { results });
+            }
+            Request::TxPrepare { lease, acknowledged, transaction, validate_only, ops } => {
+                self.metrics.add_items(Operation::TxPrepare, ops.len());
+                let transaction = TransactionId { lease, acknowledged, transaction };
+                let votes = self.tx_prepare(transaction, validate_only, &ops);
+                encode_response(out, request_id, Status::Ok, &Response::TxPrepare { votes });
+            }
+            Request::TxDecision { lease, acknowledged, transaction, decision, ops } => {
+                self.metrics.add_items(Operation::TxDecision, ops.len());
+                let transaction = TransactionId { lease, acknowledged, transaction };
+                let results = self.tx_decision(transaction, decision, &ops);
+                encode_response(out, request_id, Status::Ok, &Response::TxDecision { results });
             }
             Request::Enumerate { table_id, range, cursor, bytes_max } => {
                 self.enumerate(request_id, table_id, range, cursor, bytes_max, out)
@@ -279,5 +292,7 @@ fn changes_log(request: &Request) -> bool {
             | Request::MultiWrite { .. }
             | Request::MultiRemove { .. }
             | Request::MultiIncrement { .. }
+            | Request::TxPrepare { .. }
+            | Request::TxDecision { .. }
     )
 }

@@ -84,6 +84,7 @@ impl Master {
             table,
             range,
             assignment_epoch,
+            || self.store.has_prepared_in_range(table, range),
         );
         let transfer_id = match start {
             Ok(TransferStart::Started(transfer_id)) => transfer_id,
@@ -105,6 +106,11 @@ impl Master {
             }
             Err(AssignmentRefusal::Stale) => {
                 return refuse(out, Status::Retry, "the transfer is older than an assignment seen")
+            }
+            Err(AssignmentRefusal::TransactionsPrepared) => {
+                let message = "transactions hold prepared operations in the tablet: it moves \
+                               once they are decided";
+                return refuse(out, Status::Retry, message);
             }
             Err(_) => {
                 return refuse(

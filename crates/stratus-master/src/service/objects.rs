@@ -352,5 +352,8 @@ pub(super) fn status_of(error: ObjectError) -> (Status, Version) {
         // The client's retry, once it has acknowledged results, goes through.
         ObjectError::TooManyUnacknowledged => (Status::Retry, Version(0)),
         ObjectError::InvalidRpcIdentity => (Status::RequestFormatError, Version(0)),
+        // A transaction holds the object between its vote and its decision: a round trip
+        // or two, the client's retry finds it free.
+        ObjectError::Locked => (Status::Retry, Version(0)),
     }
 }

@@ -407,6 +407,109 @@ ff ff ff ff ff ff ff ff   #     range end 0xffffffffffffffff
 e8 03 00 00 00 00 00 00   # objects replayed 1000
 07 00 00 00 00 00 00 00   # creation segment 7
 """,
+    "tx-prepare-request": """
+b6 00 00 00               # frame length 182
+01 00                     # kind: request, flags
+3c 00                     # opcode 60 TX_PREPARE
+17 00 00 00 00 00 00 00   # request id 23
+07 00 00 00 00 00 00 00   # lease 7
+0a 00 00 00 00 00 00 00   # acknowledged 10
+0c 00 00 00 00 00 00 00   # transaction 12
+00                        # not validate-only
+02 00 00 00               # 2 ops
+01 00 00 00 00 00 00 00   # op 1: table id 1
+01 00 61                  #   key "a"
+0c 00 00 00 00 00 00 00   #   rpc 12
+02                        #   kind: write
+03 00 00 00 00 00 00 00   #   version read 3
+01 00 00 00 78            #   value "x"
+01 00 00 00 00 00 00 00   # op 2: table id 1
+01 00 62                  #   key "b"
+0d 00 00 00 00 00 00 00   #   rpc 13
+01                        #   kind: read
+00 00 00 00 00 00 00 00   #   version read 0: absent
+00 00 00 00               #   no value
+03 00 00 00               # 3 participants
+01 00 00 00 00 00 00 00   # participant 1: table id 1
+20 a7 37 6f 99 d0 f6 d2   #   key hash of "a", 0xd2f6d0996f37a720
+0c 00 00 00 00 00 00 00   #   rpc 12
+01 00 00 00 00 00 00 00   # participant 2: table id 1
+20 23 45 a3 38 91 00 99   #   key hash of "b", 0x99009138a3452320
+0d 00 00 00 00 00 00 00   #   rpc 13
+01 00 00 00 00 00 00 00   # participant 3: table id 1
+2d 80 37 b5 bd 40 e6 14   #   key hash of "c", 0x14e640bdb537802d
+0e 00 00 00 00 00 00 00   #   rpc 14
+""",
+    "tx-prepare-response": """
+28 00 00 00               # frame length 40
+02 00                     # kind: response, flags
+3c 00                     # opcode 60 TX_PREPARE
+17 00 00 00 00 00 00 00   # request id 23
+00 00                     # status OK
+02 00 00 00               # 2 votes
+00 00                     # vote 1: status OK
+01                        #   prepared
+03 00 00 00 00 00 00 00   #   version 3
+09 00                     # vote 2: status 9 RETRY
+02                        #   (no vote)
+00 00 00 00 00 00 00 00   #   version 0
+""",
+    "tx-decision-request": """
+59 00 00 00               # frame length 89
+01 00                     # kind: request, flags
+3d 00                     # opcode 61 TX_DECISION
+18 00 00 00 00 00 00 00   # request id 24
+07 00 00 00 00 00 00 00   # lease 7
+0a 00 00 00 00 00 00 00   # acknowledged 10
+0c 00 00 00 00 00 00 00   # transaction 12
+01                        # decision: commit
+02 00 00 00               # 2 ops
+01 00 00 00 00 00 00 00   # op 1: table id 1
+20 a7 37 6f 99 d0 f6 d2   #   key hash of "a"
+0c 00 00 00 00 00 00 00   #   rpc 12
+01 00 00 00 00 00 00 00   # op 2: table id 1
+20 23 45 a3 38 91 00 99   #   key hash of "b"
+0d 00 00 00 00 00 00 00   #   rpc 13
+""",
+    "tx-decision-response": """
+16 00 00 00               # frame length 22
+02 00                     # kind: response, flags
+3d 00                     # opcode 61 TX_DECISION
+18 00 00 00 00 00 00 00   # request id 24
+00 00                     # status OK
+02 00 00 00               # 2 results
+00 00                     #   OK
+01 00                     #   UNKNOWN_TABLET
+""",
+    "tx-request-abort-request": """
+50 00 00 00               # frame length 80
+01 00                     # kind: request, flags
+3e 00                     # opcode 62 TX_REQUEST_ABORT
+19 00 00 00 00 00 00 00   # request id 25
+07 00 00 00 00 00 00 00   # lease 7
+0c 00 00 00 00 00 00 00   # transaction 12
+02 00 00 00               # 2 ops
+01 00 00 00 00 00 00 00   # op 1: table id 1
+20 a7 37 6f 99 d0 f6 d2   #   key hash of "a"
+0c 00 00 00 00 00 00 00   #   rpc 12
+01 00 00 00 00 00 00 00   # op 2: table id 1
+20 23 45 a3 38 91 00 99   #   key hash of "b"
+0d 00 00 00 00 00 00 00   #   rpc 13
+""",
+    "tx-request-abort-response": """
+28 00 00 00               # frame length 40
+02 00                     # kind: response, flags
+3e 00                     # opcode 62 TX_REQUEST_ABORT
+19 00 00 00 00 00 00 00   # request id 25
+00 00                     # status OK
+02 00 00 00               # 2 votes
+00 00                     # vote 1: status OK
+01                        #   prepared
+03 00 00 00 00 00 00 00   #   version 3
+00 00                     # vote 2: status OK
+02                        #   abort (had not voted: recorded now)
+00 00 00 00 00 00 00 00   #   version 0
+""",
 }
 
 

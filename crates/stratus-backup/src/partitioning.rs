@@ -421,7 +421,9 @@ pub(crate) fn partition_replica(
             Entry::PreparedTombstone(decided) => {
                 (decided.table, stratus_types::KeyHash(decided.key_hash))
             }
-            Entry::SafeVersion(_) => {
+            // A transaction's list goes to every partition: any recovery master that gets
+            // one of its undecided operations needs it to finish the transaction.
+            Entry::SafeVersion(_) | Entry::TxParticipants(_) => {
                 parts.fill(true);
                 return;
             }

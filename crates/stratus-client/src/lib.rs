@@ -18,7 +18,8 @@
 //! strictly serializable (docs/design/transactions.md): reads go to the masters as they
 //! come, writes are buffered, and the commit prepares every object on its master (in
 //! parallel) and then tells each master the decision; [`Client::run_transaction`] runs one
-//! again after a conflict.
+//! again after a conflict. [`Client::finish_transaction`] is for participants: a master
+//! finishing a transaction whose client died.
 //!
 //! This crate depends on no server crate: only the shared types, the wire protocol and the RPC
 //! layer.
@@ -45,9 +46,9 @@ pub use enumeration::Enumeration;
 pub use error::{Error, Result};
 pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
 pub use stratus_types::{ExpiresAt, Expiry, RejectRules, TableId, Version};
-pub use stratus_types::{LeaseId, RpcId, RpcIdentity};
+pub use stratus_types::{LeaseId, RpcId, RpcIdentity, TxDecision};
 pub use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, ServerStatus, Status,
-    TableEntry, TabletEntry, WriteItem,
+    TableEntry, TabletEntry, TxDecisionOp, WriteItem,
 };
 pub use transaction::{AbortReason, BlockingTransaction, Transaction, TransactionError, TxOutcome};

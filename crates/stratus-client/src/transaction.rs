@@ -4,14 +4,17 @@
 //! How a [`Transaction`] reads, buffers and commits is in its own documentation.
 //!
 //! Split by concern: [`buffer`] holds what a transaction read and wrote, and its limits;
-//! [`commit`] decides; [`fanout`] sends one phase's requests to the masters and judges each
-//! op's answer; [`retry`] is the policy of [`Client::run_transaction`]; [`blocking`] is the
-//! blocking twin.
+//! [`commit`] prepares and reports; [`finish`] makes votes final, decides and delivers the
+//! decision (for a commit, and for a participant finishing another client's transaction:
+//! [`Client::finish_transaction`]); [`fanout`] sends one phase's requests to the masters and
+//! judges each op's answer; [`retry`] is the policy of [`Client::run_transaction`];
+//! [`blocking`] is the blocking twin.
 
 mod blocking;
 mod buffer;
 mod commit;
 mod fanout;
+mod finish;
 mod retry;
 
 use std::fmt;
@@ -52,8 +55,10 @@ pub enum AbortReason {
         key: Bytes,
     },
     /// Not every vote could be learnt by the operation's deadline (a master could not be
-    /// reached, or answered RETRY throughout); the client then told every master to abort,
-    /// and each acknowledged it, so the transaction cannot commit later.
+    /// reached, or answered RETRY throughout); the client then asked the masters of the ops
+    /// without a vote for their final votes (TX_REQUEST_ABORT, which records ABORT for an op
+    /// that had not voted), and not every one was PREPARED, so the transaction can never
+    /// commit.
     Timeout,
 }
 
@@ -83,8 +88,8 @@ impl fmt::Display for AbortReason {
                 String::from_utf8_lossy(key)
             ),
             AbortReason::Timeout => f.write_str(
-                "not every participant's vote could be learnt in time; the transaction was \
-                 aborted everywhere",
+                "not every participant's vote could be learnt in time, and one made final \
+                 then was ABORT",
             ),
         }
     }
@@ -120,9 +125,19 @@ impl std::error::Error for TransactionError {}
 /// 3. sends TX_PREPARE to every master holding an object, all in parallel, and goes on with
 ///    each op a master could not vote on (a stale map, RETRY, a lost connection) as a
 ///    multi-operation goes on with its items, with the same rpc id, until every op has a vote
-///    or the deadline passes;
-/// 4. decides COMMIT if every op voted PREPARED, ABORT otherwise, and sends TX_DECISION for
-///    every op until each is acknowledged or the deadline passes; then gives the tickets back.
+///    or the deadline passes. Every request carries the transaction's participants (every
+///    op, by table, key hash and rpc id), so that any participant can finish the transaction
+///    if the client dies;
+/// 4. when some votes are still unknown (and none is ABORT), sends TX_REQUEST_ABORT for those
+///    ops, which makes each vote final (an op that had not voted is recorded ABORT), within
+///    another operation's time;
+/// 5. decides from the final votes as any participant would: COMMIT if every op voted
+///    PREPARED, ABORT otherwise; sends TX_DECISION for every op until each is acknowledged,
+///    within another operation's time, and returns the outcome;
+/// 6. gives the tickets back once every op acknowledged the decision (until then the client
+///    acknowledges none of them, so a participant finishing the transaction can still learn
+///    every vote). Ops still unacknowledged then are told in the background, for at most
+///    half a client lease term, after which the tickets are given back anyway.
 ///
 /// A transaction that only reads locks nothing: one object needs no request at all, more are
 /// validated (TX_PREPARE, validate-only): committed if each is still unlocked at its version.
@@ -248,12 +263,13 @@ impl Transaction {
     }
 
     /// Commits the transaction (see [`Transaction`]). Returns its outcome
-    /// when it is known: [`TxOutcome::Committed`] once every op voted PREPARED (even if a
-    /// master could not be told so in time: it is committed, and a warning is logged), or
-    /// [`TxOutcome::Aborted`].
+    /// when it is known: [`TxOutcome::Committed`] once every op's final vote is PREPARED
+    /// (even if a master could not be told so in time: it is committed, a warning is logged,
+    /// and the decision is delivered in the background), or [`TxOutcome::Aborted`].
     ///
-    /// An error with status TIMEOUT means the outcome may be unknown (the message says: some
-    /// vote was not learnt and some master could not be told to abort). Any other error means
+    /// An error with status TIMEOUT means the outcome is unknown (the message says: some
+    /// vote could neither be learnt nor made final in time); the participants settle it, and
+    /// it committed only if every op was prepared. Any other error means
     /// the transaction did not commit and never will: an object could not be read or
     /// prepared for a reason retrying cannot cure (a table that does not exist, a value the
     /// master refuses), or the transaction was committed already through another handle.

@@ -18,8 +18,8 @@ use stratus_types::{
     Version,
 };
 use stratus_wire::{
-    decode_request, encode_error_response, encode_response, FrameHeader, ReadItemResult, Request,
-    Response, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
+    decode_request, encode_error_response, encode_response, FrameHeader, Opcode, ReadItemResult,
+    Request, Response, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
 };
 
 /// How a model master misbehaves.
@@ -29,7 +29,11 @@ enum Fault {
     None,
     /// Leaves every TX_PREPARE unanswered (and unapplied).
     MutePrepares,
-    /// Leaves every TX_PREPARE and TX_DECISION unanswered (and unapplied).
+    /// Applies every TX_PREPARE but leaves it unanswered (the answer is lost).
+    LosePrepareAnswers,
+    /// Leaves every TX_DECISION unanswered (and unapplied).
+    MuteDecisions,
+    /// Leaves every TX_PREPARE, TX_REQUEST_ABORT and TX_DECISION unanswered (and unapplied).
     MuteTransactions,
 }
 
@@ -115,6 +119,16 @@ impl Model {
         vote(decided)
     }
 
+    /// TX_REQUEST_ABORT of one op: its vote, made final (recorded ABORT if it had none).
+    fn request_abort(&mut self, lease: LeaseId, op: &TxDecisionOp) -> TxVoteItem {
+        let identity = (lease, op.rpc);
+        let vote = match self.prepared.contains_key(&identity) {
+            true => TxVote::Prepared,
+            false => *self.votes.entry(identity).or_insert(TxVote::Abort),
+        };
+        TxVoteItem { status: Status::Ok, vote, version: Version::NONEXISTENT }
+    }
+
     fn decide(&mut self, lease: LeaseId, decision: TxDecision, op: &TxDecisionOp) -> Status {
         let identity = (lease, op.rpc);
         if let Some(prepared) = self.prepared.remove(&identity) {
@@ -148,18 +162,37 @@ impl Model {
                     })
                     .collect(),
             },
-            Request::TxPrepare { lease, transaction, validate_only, ops, .. } => {
+            Request::TxPrepare { lease, transaction, validate_only, ops, participants, .. } => {
                 self.requests.push(request.clone());
-                if self.fault != Fault::None {
+                if matches!(self.fault, Fault::MutePrepares | Fault::MuteTransactions) {
                     return None;
+                }
+                // Every op of a prepare is among its participants (the master checks).
+                let listed = |op: &TxOp| {
+                    let hash = key_hash(TABLE, &op.key).0;
+                    participants.iter().any(|p| p.rpc == op.rpc && p.key_hash == hash)
+                };
+                if !*validate_only && !ops.iter().all(listed) {
+                    return Some((Status::RequestFormatError, Response::Ping));
                 }
                 let owner = (*lease, *transaction);
                 let votes = ops.iter().map(|op| self.prepare(owner, *validate_only, op)).collect();
+                if self.fault == Fault::LosePrepareAnswers {
+                    return None;
+                }
                 Response::TxPrepare { votes }
+            }
+            Request::TxRequestAbort { lease, ops, .. } => {
+                self.requests.push(request.clone());
+                if self.fault == Fault::MuteTransactions {
+                    return None;
+                }
+                let votes = ops.iter().map(|op| self.request_abort(*lease, op)).collect();
+                Response::TxRequestAbort { votes }
             }
             Request::TxDecision { lease, decision, ops, .. } => {
                 self.requests.push(request.clone());
-                if self.fault == Fault::MuteTransactions {
+                if matches!(self.fault, Fault::MuteDecisions | Fault::MuteTransactions) {
                     return None;
                 }
                 let results = ops.iter().map(|op| self.decide(*lease, *decision, op)).collect();
@@ -172,6 +205,11 @@ impl Model {
 
     fn prepares(&self) -> Vec<&Request> {
         self.requests.iter().filter(|r| matches!(r, Request::TxPrepare { .. })).collect()
+    }
+
+    /// The opcodes of the transaction requests received, in order.
+    fn phases(&self) -> Vec<Opcode> {
+        self.requests.iter().map(Request::opcode).collect()
     }
 
     fn decisions(&self) -> Vec<TxDecision> {
@@ -300,9 +338,18 @@ async fn a_transfer_between_two_masters_commits_on_both() {
             assert!(model.locks.is_empty() && model.prepared.is_empty(), "{model:?}");
             assert_eq!(model.decisions(), [TxDecision::Commit]);
             match model.prepares()[..] {
-                [Request::TxPrepare { lease, transaction, validate_only: false, ops, .. }] => {
+                [Request::TxPrepare {
+                    lease,
+                    transaction,
+                    validate_only: false,
+                    ops,
+                    participants,
+                    ..
+                }] => {
                     assert_eq!(ops.len(), 1, "each master gets its own op only");
                     assert_eq!(ops[0].kind, TxOpKind::Write);
+                    assert_eq!(participants.len(), 2, "but the names of every op");
+                    assert_eq!(participants[0].rpc, *transaction, "the first is the id");
                     (*lease, *transaction)
                 }
                 ref other => panic!("{other:?}"),
@@ -395,8 +442,13 @@ async fn a_read_only_transaction_validates_its_reads_and_locks_nothing() {
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Aborted(conflict));
 }
 
+/// The op named as the transaction requests of lease-less tests name it.
+fn op_name(key: &[u8], rpc: u64) -> TxDecisionOp {
+    TxDecisionOp { table_id: TABLE, key_hash: key_hash(TABLE, key).0, rpc: RpcId(rpc) }
+}
+
 #[tokio::test]
-async fn unanswered_votes_abort_the_transaction_on_every_master() {
+async fn an_unanswered_vote_is_made_final_as_abort_before_anything_is_decided() {
     let (client, masters) = cluster(2, Duration::from_millis(400)).await;
     let (a, b) = (key_on(0, 2, "a"), key_on(1, 2, "b"));
     masters[1].model().fault = Fault::MutePrepares;
@@ -407,12 +459,187 @@ async fn unanswered_votes_abort_the_transaction_on_every_master() {
     for master in &masters {
         let model = master.model();
         assert!(model.locks.is_empty() && model.prepared.is_empty(), "{model:?}");
-        assert!(model.decisions().iter().all(|decision| *decision == TxDecision::Abort));
+        assert_eq!(model.decisions(), [TxDecision::Abort], "every op is told");
     }
-    // The muted op is recorded aborted: its PREPARE, arriving late, could not lock it.
-    let model = masters[1].model();
+    // The muted op's vote was asked for (TX_REQUEST_ABORT) before any decision was sent to
+    // it, and recorded ABORT; the other op voted and needed no asking.
+    let mut model = masters[1].model();
+    assert_eq!(model.phases(), [Opcode::TxPrepare, Opcode::TxRequestAbort, Opcode::TxDecision]);
+    assert_eq!(masters[0].model().phases(), [Opcode::TxPrepare, Opcode::TxDecision]);
     assert_eq!(model.votes.values().copied().collect::<Vec<_>>(), [TxVote::Abort]);
-    assert!(model.objects.is_empty() && masters[0].model().objects.is_empty());
+    // Its PREPARE, arriving late, votes ABORT and locks nothing.
+    model.fault = Fault::None;
+    let late = model.prepares()[0].clone();
+    match model.answer(&late) {
+        Some((Status::Ok, Response::TxPrepare { votes })) => {
+            assert_eq!(votes.iter().map(|vote| vote.vote).collect::<Vec<_>>(), [TxVote::Abort]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(model.locks.is_empty() && model.objects.is_empty(), "{model:?}");
+    assert!(masters[0].model().objects.is_empty());
+}
+
+#[tokio::test]
+async fn a_prepared_op_whose_answer_was_lost_is_found_prepared_and_commits() {
+    let (client, masters) = cluster(2, Duration::from_millis(400)).await;
+    let (a, b) = (key_on(0, 2, "a"), key_on(1, 2, "b"));
+    masters[1].model().fault = Fault::LosePrepareAnswers;
+    let tx = client.transaction();
+    tx.write(TABLE, &a, b"x").unwrap();
+    tx.write(TABLE, &b, b"y").unwrap();
+    assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    assert_eq!(masters[0].model().phases(), [Opcode::TxPrepare, Opcode::TxDecision]);
+    assert_eq!(
+        masters[1].model().phases(),
+        [Opcode::TxPrepare, Opcode::TxRequestAbort, Opcode::TxDecision]
+    );
+    for master in &masters {
+        let model = master.model();
+        assert!(model.locks.is_empty() && model.prepared.is_empty(), "{model:?}");
+        assert_eq!(model.decisions(), [TxDecision::Commit]);
+    }
+    assert_eq!(masters[1].model().objects[&b[..]].0, Bytes::from_static(b"y"));
+    assert_eq!(masters[0].model().objects[&a[..]].0, Bytes::from_static(b"x"));
+}
+
+/// The acknowledged mark of the one TX_PREPARE `master` received last.
+fn last_acknowledged(master: &ModelMaster) -> RpcId {
+    match master.model().prepares().last() {
+        Some(Request::TxPrepare { acknowledged, .. }) => *acknowledged,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn undelivered_decisions_keep_the_tickets_until_they_are_delivered() {
+    let (client, masters) = cluster(2, Duration::from_millis(300)).await;
+    let (a, b, c) = (key_on(0, 2, "a"), key_on(1, 2, "b"), key_on(0, 2, "c"));
+    masters[1].model().fault = Fault::MuteDecisions;
+    let tx = client.transaction();
+    tx.write(TABLE, &a, b"x").unwrap();
+    tx.write(TABLE, &b, b"y").unwrap();
+    // Committed: every vote is PREPARED, though one master has not heard the decision.
+    assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    let (transaction, last_rpc) = match masters[0].model().prepares()[..] {
+        [Request::TxPrepare { transaction, participants, .. }] => {
+            (*transaction, participants.iter().map(|op| op.rpc).max().unwrap())
+        }
+        ref other => panic!("{other:?}"),
+    };
+    assert!(masters[1].model().locks.contains_key(&b[..]), "b waits for its decision");
+
+    // Meanwhile the client acknowledges none of the transaction's ops.
+    let tx = client.transaction();
+    tx.write(TABLE, &c, b"z").unwrap();
+    assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    assert!(last_acknowledged(&masters[0]) < transaction, "the ops are not acknowledged");
+
+    // The master answers again: the decision reaches it in the background.
+    masters[1].model().fault = Fault::None;
+    let delivered = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !masters[1].model().locks.is_empty() {
+        assert!(tokio::time::Instant::now() < delivered, "the decision is delivered late");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(masters[1].model().objects[&b[..]].0, Bytes::from_static(b"y"));
+    // Once it is, the client acknowledges them.
+    let settled = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let tx = client.transaction();
+        tx.write(TABLE, &c, b"w").unwrap();
+        assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+        if last_acknowledged(&masters[0]) >= last_rpc {
+            break;
+        }
+        // The background task gives the tickets back just after the answer.
+        assert!(tokio::time::Instant::now() < settled, "the ops are acknowledged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_participant_finishes_a_transaction_whose_ops_are_all_prepared_by_committing_it() {
+    let (client, masters) = cluster(2, Duration::from_secs(5)).await;
+    let (a, b) = (key_on(0, 2, "a"), key_on(1, 2, "b"));
+    // Another client (lease 9) prepared its transaction 5 everywhere, then died.
+    let (lease, transaction) = (LeaseId(9), RpcId(5));
+    let write = |key: &[u8], rpc: u64, value: &'static [u8]| TxOp {
+        table_id: TABLE,
+        key: Bytes::copy_from_slice(key),
+        rpc: RpcId(rpc),
+        kind: TxOpKind::Write,
+        version_read: Version::NONEXISTENT,
+        value: Bytes::from_static(value),
+    };
+    let owner = (lease, transaction);
+    assert_eq!(
+        masters[0].model().prepare(owner, false, &write(&a, 5, b"x")).vote,
+        TxVote::Prepared
+    );
+    assert_eq!(
+        masters[1].model().prepare(owner, false, &write(&b, 6, b"y")).vote,
+        TxVote::Prepared
+    );
+    let participants = [op_name(&a, 5), op_name(&b, 6)];
+    let decision = client.finish_transaction(lease, transaction, &participants).await.unwrap();
+    assert_eq!(decision, TxDecision::Commit);
+    for master in &masters {
+        let model = master.model();
+        assert!(model.locks.is_empty() && model.prepared.is_empty(), "{model:?}");
+        assert_eq!(model.phases(), [Opcode::TxRequestAbort, Opcode::TxDecision]);
+        match &model.requests[1] {
+            Request::TxDecision { lease: sent, acknowledged, transaction: id, .. } => {
+                assert_eq!((*sent, *acknowledged, *id), (lease, RpcId(0), transaction));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(masters[0].model().objects[&a[..]].0, Bytes::from_static(b"x"));
+    assert_eq!(masters[1].model().objects[&b[..]].0, Bytes::from_static(b"y"));
+}
+
+#[tokio::test]
+async fn a_participant_finishes_a_transaction_with_an_op_that_never_voted_by_aborting_it() {
+    let (client, masters) = cluster(2, Duration::from_secs(5)).await;
+    let (a, b) = (key_on(0, 2, "a"), key_on(1, 2, "b"));
+    let (lease, transaction) = (LeaseId(9), RpcId(5));
+    let write = |key: &[u8], rpc: u64| TxOp {
+        table_id: TABLE,
+        key: Bytes::copy_from_slice(key),
+        rpc: RpcId(rpc),
+        kind: TxOpKind::Write,
+        version_read: Version::NONEXISTENT,
+        value: Bytes::from_static(b"v"),
+    };
+    let owner = (lease, transaction);
+    // The client died after its PREPARE reached a's master only.
+    assert_eq!(masters[0].model().prepare(owner, false, &write(&a, 5)).vote, TxVote::Prepared);
+    let participants = [op_name(&a, 5), op_name(&b, 6)];
+    let decision = client.finish_transaction(lease, transaction, &participants).await.unwrap();
+    assert_eq!(decision, TxDecision::Abort);
+    for master in &masters {
+        let model = master.model();
+        assert!(model.locks.is_empty() && model.prepared.is_empty(), "{model:?}");
+        assert!(model.objects.is_empty(), "{model:?}");
+        assert_eq!(model.decisions(), [TxDecision::Abort]);
+    }
+    // b's vote is recorded ABORT: its PREPARE, arriving late, locks nothing.
+    {
+        let mut model = masters[1].model();
+        assert_eq!(model.votes.get(&(lease, RpcId(6))), Some(&TxVote::Abort));
+        assert_eq!(model.prepare(owner, false, &write(&b, 6)).vote, TxVote::Abort);
+        assert!(model.locks.is_empty());
+    }
+
+    // A master that does not answer: the finish cannot complete, and says so.
+    let (client, masters) = cluster(2, Duration::from_millis(200)).await;
+    masters[1].model().fault = Fault::MuteTransactions;
+    let error = client.finish_transaction(lease, transaction, &participants).await.unwrap_err();
+    assert_eq!(error.status, Status::Timeout, "{error}");
+    assert!(error.message.contains("could not be finished"), "{error}");
+    let error = client.finish_transaction(lease, transaction, &[]).await.unwrap_err();
+    assert_eq!(error.status, Status::InvalidParameter, "{error}");
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The byte formats of the log: entry headers, the nine entry types and segment certificates.
+//! The byte formats of the log: entry headers, the ten entry types and segment certificates.
 //! Replicas and recovery depend on these bytes, so they are specified byte by byte in
 //! docs/design/log-format.md; change that document and these functions together. Everything is
 //! little-endian. Decoders return errors (never panic) on any input.
@@ -29,14 +29,17 @@ pub enum EntryType {
     Prepared = 8,
     /// Marks a PREPARED entry decided: the lock it took is released.
     PreparedTombstone = 9,
+    /// Every operation of a transaction with operations prepared in this log, so this master
+    /// can finish the transaction if its client dies.
+    TxParticipants = 10,
 }
 
 /// Number of slots in per-type arrays (index = the type's code; slot 0 is the invalid type).
-pub const ENTRY_TYPE_SLOTS: usize = 10;
+pub const ENTRY_TYPE_SLOTS: usize = 11;
 
 impl EntryType {
     /// Every valid type, in code order.
-    pub const ALL: [EntryType; 9] = [
+    pub const ALL: [EntryType; 10] = [
         EntryType::SegmentHeader,
         EntryType::Object,
         EntryType::Tombstone,
@@ -46,6 +49,7 @@ impl EntryType {
         EntryType::Completion,
         EntryType::Prepared,
         EntryType::PreparedTombstone,
+        EntryType::TxParticipants,
     ];
 
     /// The 6-bit code.
@@ -53,7 +57,7 @@ impl EntryType {
         self as u8
     }
 
-    /// The type with this code; `None` for 0 (invalid) and the reserved codes 10..63.
+    /// The type with this code; `None` for 0 (invalid) and the reserved codes 11..63.
     pub fn from_code(code: u8) -> Option<EntryType> {
         EntryType::ALL.into_iter().find(|entry_type| entry_type.code() == code)
     }
@@ -469,7 +473,7 @@ pub const SEGMENT_MAGIC: [u8; 4] = *b"SGMT";
 /// The segment format version this code writes. Version 2 added TABLE_STATS to every head;
 /// version 3 lets an object carry an expiry time (widths bit 7, which older versions refuse);
 /// version 4 adds COMPLETION entries (type 7: exactly-once results); version 5 adds
-/// PREPARED and PREPARED_TOMBSTONE entries (types 8 and 9: transactions). Older segments are still read, so a cluster upgraded in place recovers logs written before
+/// PREPARED, PREPARED_TOMBSTONE and TX_PARTICIPANTS entries (types 8 to 10: transactions). Older segments are still read, so a cluster upgraded in place recovers logs written before
 /// it. A binary that knows only older versions refuses newer segments by their header, with a
 /// clear error, rather than at an unknown entry type or a bit it does not know.
 pub const SEGMENT_FORMAT_VERSION: u16 = 5;
@@ -984,6 +988,93 @@ pub fn decode_prepared_tombstone(content: &[u8]) -> Result<PreparedTombstoneReco
     Ok(record)
 }
 
+/// One operation of a transaction as TX_PARTICIPANTS lists it: its object's table and key hash
+/// (enough to route to its master) and its rpc id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TxParticipant {
+    /// The object's table.
+    pub table: TableId,
+    /// The object's key hash.
+    pub key_hash: u64,
+    /// The operation's rpc id.
+    pub rpc_id: u64,
+}
+
+/// A TX_PARTICIPANTS entry: every operation of the transaction (lease, transaction), on every
+/// master, so a participant can ask each for its vote and decide when the client is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxParticipantsRecord {
+    /// The client's lease.
+    pub lease_id: u64,
+    /// The transaction: the rpc id of its first operation.
+    pub transaction: u64,
+    /// Every operation (at least one).
+    pub participants: Vec<TxParticipant>,
+}
+
+/// Bytes of a TX_PARTICIPANTS entry's content before its list: checksum, lease, transaction,
+/// count.
+pub const TX_PARTICIPANTS_FIXED_BYTES: usize = 4 + 8 + 8 + 4;
+/// Bytes per listed operation.
+pub const TX_PARTICIPANT_BYTES: usize = 3 * 8;
+
+impl TxParticipantsRecord {
+    /// The entry content (docs/design/log-format.md).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut content = Vec::with_capacity(
+            TX_PARTICIPANTS_FIXED_BYTES + self.participants.len() * TX_PARTICIPANT_BYTES,
+        );
+        content.extend_from_slice(&[0; 4]);
+        content.extend_from_slice(&self.lease_id.to_le_bytes());
+        content.extend_from_slice(&self.transaction.to_le_bytes());
+        let count = u32::try_from(self.participants.len()).expect("participants fit a u32");
+        content.extend_from_slice(&count.to_le_bytes());
+        for participant in &self.participants {
+            content.extend_from_slice(&participant.table.0.to_le_bytes());
+            content.extend_from_slice(&participant.key_hash.to_le_bytes());
+            content.extend_from_slice(&participant.rpc_id.to_le_bytes());
+        }
+        let crc = checksum(&content[4..]);
+        content[..4].copy_from_slice(&crc.to_le_bytes());
+        content
+    }
+}
+
+/// Decodes a TX_PARTICIPANTS entry without verifying its checksum.
+pub fn decode_tx_participants_unverified(
+    content: &[u8],
+) -> Result<TxParticipantsRecord, FormatError> {
+    let mut position = 4;
+    let lease_id = read_uint(content, &mut position, 8)?;
+    let transaction = read_uint(content, &mut position, 8)?;
+    let count = read_u32(content, &mut position)? as usize;
+    // The count is checked against the length before anything is allocated for it.
+    if count == 0 || content.len() != TX_PARTICIPANTS_FIXED_BYTES + count * TX_PARTICIPANT_BYTES {
+        return Err(FormatError::Malformed("transaction participants length"));
+    }
+    if lease_id == 0 || transaction == 0 {
+        return Err(FormatError::Malformed("transaction participants identity"));
+    }
+    let mut participants = Vec::with_capacity(count);
+    for _ in 0..count {
+        let table = TableId(read_uint(content, &mut position, 8)?);
+        let key_hash = read_uint(content, &mut position, 8)?;
+        let rpc_id = read_uint(content, &mut position, 8)?;
+        if rpc_id < transaction {
+            return Err(FormatError::Malformed("transaction participant before its transaction"));
+        }
+        participants.push(TxParticipant { table, key_hash, rpc_id });
+    }
+    Ok(TxParticipantsRecord { lease_id, transaction, participants })
+}
+
+/// Decodes and verifies a TX_PARTICIPANTS entry.
+pub fn decode_tx_participants(content: &[u8]) -> Result<TxParticipantsRecord, FormatError> {
+    let record = decode_tx_participants_unverified(content)?;
+    verify_leading_checksum(content, EntryType::TxParticipants)?;
+    Ok(record)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decoded entries
 // ---------------------------------------------------------------------------------------------
@@ -1009,6 +1100,8 @@ pub enum Entry<'a> {
     Prepared(PreparedView<'a>),
     /// A decided transaction operation.
     PreparedTombstone(PreparedTombstoneRecord),
+    /// A transaction's operations.
+    TxParticipants(TxParticipantsRecord),
 }
 
 /// Decodes and verifies the content of an entry of `entry_type`.
@@ -1025,6 +1118,7 @@ pub fn decode_entry(entry_type: EntryType, content: &[u8]) -> Result<Entry<'_>, 
         EntryType::PreparedTombstone => {
             Entry::PreparedTombstone(decode_prepared_tombstone(content)?)
         }
+        EntryType::TxParticipants => Entry::TxParticipants(decode_tx_participants(content)?),
     })
 }
 
@@ -1099,7 +1193,7 @@ mod tests {
             assert_eq!(decoded.header_bytes, header_bytes);
         }
         assert_eq!(decode_entry_header(&[0x02 | 0x40, 5, 0]), Err(FormatError::NonMinimalLength));
-        assert_eq!(decode_entry_header(&[0x0A, 5]), Err(FormatError::InvalidEntryType(10)));
+        assert_eq!(decode_entry_header(&[0x0B, 5]), Err(FormatError::InvalidEntryType(11)));
         assert_eq!(decode_entry_header(&[0x00, 5]), Err(FormatError::InvalidEntryType(0)));
         assert_eq!(decode_entry_header(&[0x02 | 0x80, 5]), Err(FormatError::Truncated));
         assert_eq!(decode_entry_header(&[]), Err(FormatError::Truncated));
@@ -1636,5 +1730,50 @@ mod prepared_tests {
             assert!(decode_prepared_tombstone(&corrupt).is_err(), "a flip at byte {index} passed");
         }
         assert!(decode_prepared_tombstone(&content[..43]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod tx_participants_tests {
+    use super::*;
+
+    fn transfer() -> TxParticipantsRecord {
+        TxParticipantsRecord {
+            lease_id: 9,
+            transaction: 41,
+            participants: vec![
+                TxParticipant { table: TableId(3), key_hash: 5, rpc_id: 41 },
+                TxParticipant { table: TableId(3), key_hash: 6, rpc_id: 42 },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_participant_list_round_trips_and_refuses_corruption() {
+        let record = transfer();
+        let content = record.encode();
+        assert_eq!(content.len(), TX_PARTICIPANTS_FIXED_BYTES + 2 * TX_PARTICIPANT_BYTES);
+        assert_eq!(&content[20..24], &2u32.to_le_bytes());
+        assert_eq!(&content[24..32], &3u64.to_le_bytes());
+        assert_eq!(decode_tx_participants(&content), Ok(record.clone()));
+        assert_eq!(
+            decode_entry(EntryType::TxParticipants, &content),
+            Ok(Entry::TxParticipants(record))
+        );
+        for index in 0..content.len() {
+            let mut corrupt = content.clone();
+            corrupt[index] ^= 0x01;
+            assert!(decode_tx_participants(&corrupt).is_err(), "a flip at byte {index} passed");
+        }
+        for length in 0..content.len() {
+            assert!(decode_tx_participants(&content[..length]).is_err(), "{length} bytes");
+        }
+        // A count the content cannot hold is refused before anything is allocated for it.
+        let mut huge = content.clone();
+        huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode_tx_participants_unverified(&huge),
+            Err(FormatError::Malformed("transaction participants length"))
+        );
     }
 }

@@ -19,7 +19,8 @@ pub mod table_tallies;
 
 pub use format::{
     Certificate, Entry, EntryType, FormatError, ObjectView, PreparedTombstoneRecord, PreparedView,
-    TableStats, TableTally, TombstoneView, COMPLETION_CONTENT_BYTES_MAX, ENTRY_HEADER_BYTES_MAX,
+    TableStats, TableTally, TombstoneView, TxParticipant, TxParticipantsRecord,
+    COMPLETION_CONTENT_BYTES_MAX, ENTRY_HEADER_BYTES_MAX,
 };
 pub use iterator::{
     filter_segment, partition_segment, verify_replica, IteratedEntry, SegmentIterator,

@@ -273,6 +273,7 @@ impl SegmentStatistics {
             + self.live_bytes_of(EntryType::Completion)
             + self.live_bytes_of(EntryType::Prepared)
             + self.live_bytes_of(EntryType::PreparedTombstone)
+            + self.live_bytes_of(EntryType::TxParticipants)
     }
 
     /// Bytes of live objects that are expired at `now_millis`, as far as these counters can

@@ -20,6 +20,7 @@ mod peer_probe;
 mod recovery;
 mod replication;
 mod service;
+mod transaction_recovery;
 
 pub use client_leases::{ClientLeaseChecks, LeaseStanding, CLIENT_LEASE_SWEEP_INTERVAL};
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
@@ -33,3 +34,4 @@ pub use replication::{
     REPLICATION_TIMEOUT_DEFAULT,
 };
 pub use service::{Master, MasterConfig};
+pub use transaction_recovery::finish_abandoned_transactions;

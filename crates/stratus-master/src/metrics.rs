@@ -35,6 +35,8 @@ pub enum Operation {
     TxPrepare,
     /// TX_DECISION.
     TxDecision,
+    /// TX_REQUEST_ABORT (a participant finishing a transaction whose client died).
+    TxRequestAbort,
     /// ENUMERATE.
     Enumerate,
     /// RECOVER_TABLETS.
@@ -46,7 +48,7 @@ pub enum Operation {
 
 impl Operation {
     /// How many there are.
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
 
     /// Every operation, in index order.
     pub const ALL: [Operation; Operation::COUNT] = [
@@ -60,6 +62,7 @@ impl Operation {
         Operation::MultiIncrement,
         Operation::TxPrepare,
         Operation::TxDecision,
+        Operation::TxRequestAbort,
         Operation::Enumerate,
         Operation::RecoverTablets,
         Operation::Control,
@@ -78,6 +81,7 @@ impl Operation {
             Operation::MultiIncrement => "multi_increment",
             Operation::TxPrepare => "tx_prepare",
             Operation::TxDecision => "tx_decision",
+            Operation::TxRequestAbort => "tx_request_abort",
             Operation::Enumerate => "enumerate",
             Operation::RecoverTablets => "recover_tablets",
             Operation::Control => "control",
@@ -94,6 +98,7 @@ impl Operation {
                 | Operation::MultiIncrement
                 | Operation::TxPrepare
                 | Operation::TxDecision
+                | Operation::TxRequestAbort
         )
     }
 
@@ -110,6 +115,7 @@ impl Operation {
             Some(Opcode::MultiIncrement) => Operation::MultiIncrement,
             Some(Opcode::TxPrepare) => Operation::TxPrepare,
             Some(Opcode::TxDecision) => Operation::TxDecision,
+            Some(Opcode::TxRequestAbort) => Operation::TxRequestAbort,
             Some(Opcode::Enumerate) => Operation::Enumerate,
             Some(Opcode::RecoverTablets) => Operation::RecoverTablets,
             _ => Operation::Control,

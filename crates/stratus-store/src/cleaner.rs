@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use stratus_log::format::{
     decode_completion_unverified, decode_object_unverified, decode_prepared_unverified,
-    decode_tombstone, segment_named_by, ENTRY_HEADER_BYTES_MAX, SEGMENT_HEADER_CONTENT_BYTES,
+    decode_tombstone, decode_tx_participants_unverified, segment_named_by, ENTRY_HEADER_BYTES_MAX,
+    SEGMENT_HEADER_CONTENT_BYTES,
 };
 use stratus_log::{
     AppendEntry, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig, Reference,
@@ -729,6 +730,15 @@ impl ObjectStore {
                         // Decided within a few round trips: young.
                         (now.seconds(), 0)
                     }
+                    EntryType::TxParticipants => {
+                        let record = decode_tx_participants_unverified(&content)
+                            .expect("corrupt transaction participants in the log");
+                        let id = (LeaseId(record.lease_id), RpcId(record.transaction));
+                        if !self.prepared.names_transaction(id, reference) {
+                            continue;
+                        }
+                        (now.seconds(), 0)
+                    }
                     EntryType::PreparedTombstone => {
                         let named = segment_named_by(entry_type, &content)
                             .expect("corrupt prepared tombstone in the log");
@@ -798,22 +808,35 @@ impl ObjectStore {
                         }
                     }
                 }
-                EntryType::Completion | EntryType::Prepared => {
+                EntryType::Completion | EntryType::Prepared | EntryType::TxParticipants => {
                     // Records an in-memory table names (a result until acknowledged, a
-                    // prepared operation until decided): moved only while it still names them.
-                    let copied = if survivor.entry_type == EntryType::Completion {
-                        let record = decode_completion_unverified(&content)
-                            .expect("corrupt completion in the log");
-                        copy_while_named(&mut side_log, &self.log, &entry, |copy| {
-                            self.completions.relocate(&record, survivor.reference, copy)
-                        })
-                    } else {
-                        let prepared = decode_prepared_unverified(&content)
-                            .expect("corrupt prepared entry in the log");
-                        let id = (LeaseId(prepared.lease_id), RpcId(prepared.rpc_id));
-                        copy_while_named(&mut side_log, &self.log, &entry, |copy| {
-                            self.prepared.relocate(id, survivor.reference, copy)
-                        })
+                    // prepared operation until decided, a transaction's list while any of its
+                    // operations is prepared here): moved only while it still names them.
+                    let reference = survivor.reference;
+                    let copied = match survivor.entry_type {
+                        EntryType::Completion => {
+                            let record = decode_completion_unverified(&content)
+                                .expect("corrupt completion in the log");
+                            copy_while_named(&mut side_log, &self.log, &entry, |copy| {
+                                self.completions.relocate(&record, reference, copy)
+                            })
+                        }
+                        EntryType::Prepared => {
+                            let prepared = decode_prepared_unverified(&content)
+                                .expect("corrupt prepared entry in the log");
+                            let id = (LeaseId(prepared.lease_id), RpcId(prepared.rpc_id));
+                            copy_while_named(&mut side_log, &self.log, &entry, |copy| {
+                                self.prepared.relocate(id, reference, copy)
+                            })
+                        }
+                        _ => {
+                            let record = decode_tx_participants_unverified(&content)
+                                .expect("corrupt transaction participants in the log");
+                            let id = (LeaseId(record.lease_id), RpcId(record.transaction));
+                            copy_while_named(&mut side_log, &self.log, &entry, |copy| {
+                                self.prepared.relocate_transaction(id, reference, copy)
+                            })
+                        }
                     };
                     match copied {
                         Ok(true) => {
@@ -1006,6 +1029,7 @@ impl ObjectStore {
             EntryType::PreparedTombstone,
             EntryType::Completion,
             EntryType::Prepared,
+            EntryType::TxParticipants,
             EntryType::Object,
         ];
         for pass in passes {
@@ -1059,6 +1083,18 @@ impl ObjectStore {
                             .expect("corrupt prepared entry in the log");
                         let id = (LeaseId(prepared.lease_id), RpcId(prepared.rpc_id));
                         let relocation = self.prepared.relocate(id, reference, || {
+                            Some(self.log.append_to_compacted(segment_id, &entry))
+                        });
+                        if relocation == Relocation::Moved {
+                            self.log.free(&epoch, reference);
+                            bytes_moved += entry.entry_bytes() as u64;
+                        }
+                    }
+                    EntryType::TxParticipants => {
+                        let record = decode_tx_participants_unverified(&content)
+                            .expect("corrupt transaction participants in the log");
+                        let id = (LeaseId(record.lease_id), RpcId(record.transaction));
+                        let relocation = self.prepared.relocate_transaction(id, reference, || {
                             Some(self.log.append_to_compacted(segment_id, &entry))
                         });
                         if relocation == Relocation::Moved {

@@ -47,7 +47,7 @@ pub use cleaner::{
 pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
-pub use prepared::PreparedStatistics;
+pub use prepared::{PreparedStatistics, TransactionToFinish};
 pub use replay::{
     ReplayCollector, ReplayError, ReplayInto, ReplayRoom, ReplayStatistics, RoomShortage,
 };
@@ -165,6 +165,9 @@ pub enum ObjectError {
     /// A transaction has the object locked between its prepare and its decision: retry (the
     /// decision is a round trip away, or the recovery's delay when its client died).
     Locked,
+    /// A transaction's operation that its own participant list does not name (the list is
+    /// what finishes the transaction if its client dies, so it must be whole).
+    NotAParticipant,
 }
 
 /// A change to one object, as [`ObjectStore::mutate`] applies it.
@@ -758,8 +761,11 @@ impl ObjectStore {
         self.completions.forget_range(table, range, &mut free);
         // Its prepared transaction operations too: a tablet migrates only when none is
         // prepared, so these belong to a dropped table, whose transactions can only abort.
-        for (_, released) in self.prepared.remove_range(table, range) {
+        for (released, finished) in self.prepared.remove_range(table, range) {
             free(released.reference);
+            if let Some(transaction) = finished {
+                free(transaction.reference);
+            }
         }
         dropped
     }

@@ -176,6 +176,9 @@ pub struct ReplayCollector<'a> {
     prepared: BTreeMap<(u64, u64), &'a [u8]>,
     /// Operations whose PREPARED entry a PREPARED_TOMBSTONE marks decided.
     decided: BTreeSet<(u64, u64)>,
+    /// The participant lists of transactions (by lease and transaction), with their entries'
+    /// content: kept for the transactions of the prepared operations replayed.
+    participants: BTreeMap<(u64, u64), &'a [u8]>,
 }
 
 impl std::fmt::Debug for ReplayCollector<'_> {
@@ -203,6 +206,7 @@ impl<'a> ReplayCollector<'a> {
             completions: BTreeMap::new(),
             prepared: BTreeMap::new(),
             decided: BTreeSet::new(),
+            participants: BTreeMap::new(),
         }
     }
 
@@ -288,6 +292,12 @@ impl<'a> ReplayCollector<'a> {
                         self.decided.insert((decided.lease_id, decided.rpc_id));
                     }
                 }
+                Entry::TxParticipants(record) => {
+                    // Every partition gets it (backups send it to all): kept here only if an
+                    // undecided operation of its transaction is.
+                    let id = (record.lease_id, record.transaction);
+                    self.participants.insert(id, entry.content);
+                }
                 Entry::SegmentHeader(_) | Entry::LogDigest(_) | Entry::TableStats(_) => {}
             }
         }
@@ -352,7 +362,14 @@ impl ReplayCollector<'_> {
             objects.fold((0, 0), |(sum, largest), bytes| (sum + bytes, largest.max(bytes)));
         let completion = entry_bytes(stratus_log::COMPLETION_CONTENT_BYTES_MAX);
         let completions = self.completions.len() as u64 * completion;
-        let prepared = self.prepared.values().map(|content| entry_bytes(content.len()));
+        // Each prepared operation may bring its transaction's list (counted once per
+        // operation: an upper bound).
+        let prepared = self.prepared.values().map(|content| {
+            let view = stratus_log::format::decode_prepared_unverified(content)
+                .expect("verified by the collector");
+            let listed = self.participants.get(&(view.lease_id, view.transaction));
+            entry_bytes(content.len()) + listed.map_or(0, |list| entry_bytes(list.len()))
+        });
         let (prepared_bytes, largest_prepared) =
             prepared.fold((0, 0), |(sum, largest), bytes| (sum + bytes, largest.max(bytes)));
         let largest = largest.max(largest_prepared);
@@ -459,6 +476,7 @@ impl ObjectStore {
             completions,
             mut prepared,
             decided,
+            participants,
             ..
         } = collector;
         prepared.retain(|id, _| !decided.contains(id));
@@ -510,7 +528,10 @@ impl ObjectStore {
         // Operations of transactions still undecided: their objects are locked again here,
         // so nothing reads or writes around them until the decision arrives.
         for content in prepared.values() {
-            match self.import_prepared(content, &mut into) {
+            let view = stratus_log::format::decode_prepared_unverified(content)
+                .expect("verified by the collector");
+            let listed = participants.get(&(view.lease_id, view.transaction)).copied();
+            match self.import_prepared(content, listed, now, &mut into) {
                 Ok(true) => statistics.prepared_replayed += 1,
                 Ok(false) => {}
                 Err(ObjectError::LogFull) => return Err(ReplayError::StoreFull),

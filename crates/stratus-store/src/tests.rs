@@ -601,7 +601,8 @@ pub(crate) fn replay(store: &ObjectStore) -> BTreeMap<Vec<u8>, (Vec<u8>, Version
                 Entry::TableStats(_)
                 | Entry::Completion(_)
                 | Entry::Prepared(_)
-                | Entry::PreparedTombstone(_) => {}
+                | Entry::PreparedTombstone(_)
+                | Entry::TxParticipants(_) => {}
             }
         }
     }

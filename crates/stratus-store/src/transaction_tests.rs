@@ -1,6 +1,7 @@
 //! A participant's side of transactions in the store: votes, locks, decisions, and the
 //! prepared state kept by the cleaner and brought back by replay.
 
+use stratus_log::format::TxParticipant;
 use stratus_log::{Certificate, Entry, EntryType, SegmentIterator};
 use stratus_types::{key_hash, LeaseId, RejectRules, RpcId, RpcIdentity, ServerId};
 use stratus_types::{TableId, TxDecision, TxOpKind, TxVote, Version};
@@ -32,6 +33,13 @@ fn read(store: &ObjectStore, key: &[u8]) -> Result<(Version, Vec<u8>), ObjectErr
     store.read(TABLE, key, hash, &RejectRules::NONE, NOW, &mut value).map(|v| (v, value))
 }
 
+/// The participant list of a one-operation transaction (leaked: tests build a few hundred).
+fn alone(key: &[u8], rpc: u64) -> &'static [TxParticipant] {
+    let participant = TxParticipant { table: TABLE, key_hash: key_hash(TABLE, key).0, rpc_id: rpc };
+    Box::leak(Box::new([participant]))
+}
+
+/// A one-operation transaction's operation (its transaction id is its own rpc id).
 fn op<'a>(
     key: &'a [u8],
     (lease, rpc): (u64, u64),
@@ -44,10 +52,11 @@ fn op<'a>(
         key,
         hash: key_hash(TABLE, key),
         rpc: identity(lease, rpc),
-        transaction: RpcId(1),
+        transaction: RpcId(rpc),
         kind,
         version_read,
         value,
+        participants: alone(key, rpc),
     }
 }
 
@@ -62,7 +71,7 @@ fn decide(
     (lease, rpc): (u64, u64),
     decision: TxDecision,
 ) -> TxDecided {
-    let object = (TABLE, key, key_hash(TABLE, key));
+    let object = (TABLE, key_hash(TABLE, key));
     store.decide(object, identity(lease, rpc), decision, NOW).unwrap()
 }
 
@@ -230,4 +239,51 @@ fn the_cleaner_keeps_prepared_entries_while_undecided() {
     assert!(prepared_in_log >= 1, "the undecided PREPARED entry left the log");
     assert_eq!(decide(&store, b"locked", (LEASE, 1), TxDecision::Commit), TxDecided::Applied);
     assert_eq!(read(&store, b"locked").unwrap().1, b"2".to_vec());
+}
+
+/// A participant finishing a transaction whose client died: every operation's vote becomes
+/// final (an unprepared one is recorded ABORT, so its late PREPARE cannot lock), and the
+/// transaction is due for recovery only after its delay.
+#[test]
+fn request_abort_makes_every_vote_final() {
+    let store = store();
+    let version = put(&store, b"a", b"1");
+    let participants: &'static [TxParticipant] = Box::leak(Box::new([
+        TxParticipant { table: TABLE, key_hash: key_hash(TABLE, b"a").0, rpc_id: 10 },
+        TxParticipant { table: TABLE, key_hash: key_hash(TABLE, b"b").0, rpc_id: 11 },
+    ]));
+    let first = TxPrepareOp {
+        transaction: RpcId(10),
+        participants,
+        ..op(b"a", (LEASE, 10), TxOpKind::Write, version, b"2")
+    };
+    assert_eq!(vote(&store, &first).0, TxVote::Prepared);
+    assert!(store.transactions_to_finish(NOW, 16).is_empty(), "not due before its delay");
+    let later = WallTime::from_millis(NOW.millis() + 60_000);
+    let due = store.transactions_to_finish(later, 16);
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].lease, due[0].transaction), (LeaseId(LEASE), RpcId(10)));
+    assert_eq!(due[0].participants, participants.to_vec());
+    let ask = |key: &[u8], rpc| {
+        let object = (TABLE, key_hash(TABLE, key));
+        store.request_abort(object, identity(LEASE, rpc), NOW).unwrap().vote
+    };
+    assert_eq!(ask(b"a", 10), TxVote::Prepared);
+    assert_eq!(ask(b"b", 11), TxVote::Abort);
+    // The PREPARE of the second operation arrives late: it cannot lock anything now.
+    let second = TxPrepareOp {
+        transaction: RpcId(10),
+        participants,
+        ..op(b"b", (LEASE, 11), TxOpKind::Write, Version(0), b"new")
+    };
+    assert_eq!(vote(&store, &second), (TxVote::Abort, true));
+    assert_eq!(decide(&store, b"a", (LEASE, 10), TxDecision::Abort), TxDecided::Applied);
+    assert_eq!(read(&store, b"a").unwrap(), (version, b"1".to_vec()));
+    assert!(store.transactions_to_finish(WallTime::from_millis(u64::MAX / 2), 16).is_empty());
+    // An operation the participant list leaves out is refused.
+    let unlisted = TxPrepareOp {
+        participants: alone(b"other", 12),
+        ..op(b"c", (LEASE, 12), TxOpKind::Write, Version(0), b"x")
+    };
+    assert_eq!(store.prepare(&unlisted, NOW), Err(ObjectError::NotAParticipant));
 }

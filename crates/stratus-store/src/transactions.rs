@@ -16,12 +16,15 @@
 //! a PREPARE still in flight that arrives after it must not lock the object for a
 //! transaction that is over.
 
-use stratus_log::format::{decode_prepared_unverified, PreparedTombstoneRecord, PreparedView};
+use stratus_log::format::{
+    decode_prepared_unverified, PreparedTombstoneRecord, PreparedView, TxParticipant,
+    TxParticipantsRecord,
+};
 use stratus_log::{AppendEntry, AppendPriority, EntryType};
 use stratus_types::{KeyHash, RpcId, RpcIdentity, TableId, TxDecision, TxOpKind, TxVote, Version};
 
 use crate::completions::{self, CompletionResult};
-use crate::prepared::PreparedOp;
+use crate::prepared::{PreparedOp, TransactionRecord, TransactionToFinish};
 use crate::{
     append_error, live, live_version, CompletionDraft, NewObject, ObjectError, ObjectStore,
     WallTime,
@@ -46,6 +49,10 @@ pub struct TxPrepareOp<'a> {
     pub version_read: Version,
     /// A WRITE's new value; empty otherwise.
     pub value: &'a [u8],
+    /// Every operation of the transaction, on every master (this one among them): kept while
+    /// any of its operations is prepared here, so this master can finish the transaction if
+    /// its client does not.
+    pub participants: &'a [TxParticipant],
 }
 
 /// A participant's vote.
@@ -136,6 +143,13 @@ impl ObjectStore {
             self.completions.record(&rpc, (op.table, op.hash.0), result, recorded, &mut free);
             return Ok(TxVoted { vote: TxVote::Abort, version, repeated: false });
         }
+        let listed = op.participants.iter().any(|participant| {
+            (participant.table, participant.key_hash, participant.rpc_id)
+                == (op.table, op.hash.0, rpc.rpc.0)
+        });
+        if !listed {
+            return Err(ObjectError::NotAParticipant);
+        }
         let content = PreparedView {
             table: op.table,
             key_hash: op.hash.0,
@@ -149,8 +163,26 @@ impl ObjectStore {
             value: op.value,
         }
         .encode();
-        let entry = AppendEntry::new(EntryType::Prepared, &content);
-        let appended = self.log.append(&[entry], AppendPriority::Normal).map_err(append_error)?;
+        // The transaction's first operation here brings its participant list, in the same
+        // append: a replica never holds a PREPARED entry without the list.
+        let transaction_key = (rpc.lease, op.transaction);
+        let participants = (!self.prepared.knows_transaction(transaction_key)).then(|| {
+            TxParticipantsRecord {
+                lease_id: rpc.lease.0,
+                transaction: op.transaction.0,
+                participants: op.participants.to_vec(),
+            }
+            .encode()
+        });
+        let mut entries = vec![AppendEntry::new(EntryType::Prepared, &content)];
+        if let Some(participants) = &participants {
+            entries.push(AppendEntry::new(EntryType::TxParticipants, participants));
+        }
+        let appended = self.log.append(&entries, AppendPriority::Normal).map_err(append_error)?;
+        let record = participants.as_ref().map(|_| {
+            let entry = (appended.references[1], entries[1].entry_bytes() as u64);
+            TransactionRecord::new(op.participants.to_vec(), entry, now.millis())
+        });
         self.prepared.insert(
             (rpc.lease, rpc.rpc),
             PreparedOp {
@@ -161,8 +193,9 @@ impl ObjectStore {
                 version_read: op.version_read,
                 transaction: op.transaction,
                 reference: appended.references[0],
-                entry_bytes: entry.entry_bytes() as u64,
+                entry_bytes: entries[0].entry_bytes() as u64,
             },
+            record,
         );
         drop(guard);
         Ok(TxVoted { vote: TxVote::Prepared, version, repeated: false })
@@ -195,12 +228,11 @@ impl ObjectStore {
     /// released. Idempotent.
     pub fn decide(
         &self,
-        (table, key, hash): (TableId, &[u8], KeyHash),
+        (table, hash): (TableId, KeyHash),
         rpc: RpcIdentity,
         decision: TxDecision,
         now: WallTime,
     ) -> Result<TxDecided, ObjectError> {
-        Self::check_key(key)?;
         if rpc.validate().is_err() {
             return Err(ObjectError::InvalidRpcIdentity);
         }
@@ -224,24 +256,16 @@ impl ObjectStore {
                     Ok(TxDecided::AlreadyDecided)
                 }
                 Ok(completions::Check::New) => {
-                    let current = self.lookup(&epoch, &guard, table, key);
-                    let result = vote_result(TxVote::Abort, live_version(current.as_ref(), now));
-                    let content = draft.record(table, result).encode();
-                    let entry = AppendEntry::new(EntryType::Completion, content.as_bytes());
-                    let appended = self
-                        .log
-                        .append(&[entry], AppendPriority::MayUseReserve)
-                        .map_err(append_error)?;
-                    let recorded = (appended.references[0], entry.entry_bytes() as u64);
-                    self.completions.record(&rpc, (table, hash.0), result, recorded, &mut free);
+                    self.record_abort_vote((table, hash), rpc, &mut free)?;
                     Ok(TxDecided::NothingPrepared)
                 }
             };
         };
-        if prepared.table != table || *prepared.key != *key {
+        if prepared.table != table || prepared.key_hash != hash.0 {
             // The client named another object for this rpc id than it prepared.
             return Err(ObjectError::InvalidRpcIdentity);
         }
+        let key: &[u8] = &prepared.key;
         let decided = PreparedTombstoneRecord {
             table,
             key_hash: hash.0,
@@ -324,13 +348,86 @@ impl ObjectStore {
                 Some((result, (appended.references[1], entries[1].entry_bytes() as u64)))
             }
         };
-        let released = self.prepared.remove((rpc.lease, rpc.rpc)).expect("held under the lock");
+        let (released, finished) =
+            self.prepared.remove((rpc.lease, rpc.rpc)).expect("held under the lock");
         free(released.reference);
+        if let Some(transaction) = finished {
+            free(transaction.reference);
+        }
         if let Some((result, entry)) = completion {
             self.completions.record(&rpc, (table, hash.0), result, entry, &mut free);
         }
         drop(guard);
         Ok(TxDecided::Applied)
+    }
+
+    /// Appends and keeps the vote ABORT for `rpc`, an operation on (`table`, `hash`) that was
+    /// never prepared here: whatever arrives for it later (a PREPARE still in flight) gets that
+    /// vote. The caller holds the key's bucket lock and found no record of the operation.
+    fn record_abort_vote(
+        &self,
+        (table, hash): (TableId, KeyHash),
+        rpc: RpcIdentity,
+        free: &mut crate::completions::FreeEntry<'_>,
+    ) -> Result<(), ObjectError> {
+        // The version is for information only; with no key at hand it is not looked up.
+        let result = vote_result(TxVote::Abort, Version::NONEXISTENT);
+        let draft = CompletionDraft { rpc, key_hash: hash.0 };
+        let content = draft.record(table, result).encode();
+        let entry = AppendEntry::new(EntryType::Completion, content.as_bytes());
+        let appended =
+            self.log.append(&[entry], AppendPriority::MayUseReserve).map_err(append_error)?;
+        let recorded = (appended.references[0], entry.entry_bytes() as u64);
+        self.completions.record(&rpc, (table, hash.0), result, recorded, free);
+        Ok(())
+    }
+
+    /// Makes the vote of operation `rpc` on (`table`, `hash`) final and returns it (a
+    /// participant finishing a transaction whose client is gone asks every operation this):
+    /// PREPARED if it is prepared here, or was and is decided; its recorded vote if it has one;
+    /// otherwise ABORT, recorded first, so a PREPARE arriving later votes ABORT too. An
+    /// operation its client acknowledged already was decided long ago: ABORT, recording
+    /// nothing (its client acknowledges only once every operation has its decision, so no
+    /// recovery asks about it while another operation of its transaction is prepared).
+    pub fn request_abort(
+        &self,
+        (table, hash): (TableId, KeyHash),
+        rpc: RpcIdentity,
+        now: WallTime,
+    ) -> Result<TxVoted, ObjectError> {
+        if rpc.validate().is_err() {
+            return Err(ObjectError::InvalidRpcIdentity);
+        }
+        self.log.observe_time(now.seconds());
+        let epoch = self.log.pin();
+        let _guard = self.index.lock(hash.0);
+        if let Some(prepared) = self.prepared.get((rpc.lease, rpc.rpc)) {
+            let version = prepared.version_read;
+            return Ok(TxVoted { vote: TxVote::Prepared, version, repeated: true });
+        }
+        let mut free = |reference| self.log.free(&epoch, reference);
+        let aborted =
+            TxVoted { vote: TxVote::Abort, version: Version::NONEXISTENT, repeated: true };
+        match self.completions.check(&rpc, &mut free) {
+            Ok(completions::Check::Completed(result)) => {
+                Ok(TxVoted { vote: recorded_vote(result), version: result.version, repeated: true })
+            }
+            Err(completions::CheckError::Stale) => Ok(aborted),
+            Err(completions::CheckError::TooManyUnacknowledged) => {
+                Err(ObjectError::TooManyUnacknowledged)
+            }
+            Ok(completions::Check::New) => {
+                self.record_abort_vote((table, hash), rpc, &mut free)?;
+                Ok(TxVoted { repeated: false, ..aborted })
+            }
+        }
+    }
+
+    /// The transactions with operations prepared here that this master should finish now,
+    /// their clients not having decided them in time (at most `limit`; each is due again
+    /// later, less and less often, until its operations here are decided).
+    pub fn transactions_to_finish(&self, now: WallTime, limit: usize) -> Vec<TransactionToFinish> {
+        self.prepared.due_for_recovery(now.millis(), limit)
     }
 
     /// Whether an operation on an object of `table` whose key hash lies in `range` is prepared
@@ -348,10 +445,14 @@ impl ObjectStore {
 impl ObjectStore {
     /// Appends a PREPARED entry from a replayed log (`content`, verified) where `into` says,
     /// and locks its object again, unless the operation is prepared here already or this store
-    /// holds its decided vote. Returns whether it was kept.
+    /// holds its decided vote. `participants` is the content of the transaction's
+    /// TX_PARTICIPANTS entry from the same log, appended too when the transaction has no
+    /// record here yet; its recovery delay starts at `now`. Returns whether it was kept.
     pub(crate) fn import_prepared(
         &self,
         content: &[u8],
+        participants: Option<&[u8]>,
+        now: WallTime,
         into: &mut crate::ReplayInto<'_>,
     ) -> Result<bool, ObjectError> {
         let view = decode_prepared_unverified(content).expect("verified by the replay");
@@ -378,21 +479,44 @@ impl ObjectStore {
             // replayed log is not one this store can hold.
             panic!("replayed prepared operation {rpc:?} on an object {holder:?} locks");
         }
-        let entry = AppendEntry::new(EntryType::Prepared, content);
-        let reference = match into {
-            crate::ReplayInto::Head => {
-                let appended =
-                    self.log.append(&[entry], AppendPriority::Normal).map_err(append_error)?;
-                appended.references[0]
-            }
-            crate::ReplayInto::SideLog { side_log, closed } => {
-                let (reference, full) = side_log.append(&self.log, &entry).map_err(append_error)?;
-                if let Some(full) = full {
-                    closed(full);
-                }
-                reference
-            }
+        let transaction_key = (rpc.lease, RpcId(view.transaction));
+        let participants = match participants {
+            _ if self.prepared.knows_transaction(transaction_key) => None,
+            Some(participants) => Some(participants),
+            // Appended in the same append as the transaction's first PREPARED entry on the
+            // crashed master, and kept while any of its operations was prepared there.
+            None => panic!("replayed prepared operation {rpc:?} without its transaction's list"),
         };
+        let mut entries = vec![AppendEntry::new(EntryType::Prepared, content)];
+        if let Some(participants) = participants {
+            entries.push(AppendEntry::new(EntryType::TxParticipants, participants));
+        }
+        let mut references = Vec::with_capacity(2);
+        for entry in &entries {
+            references.push(match into {
+                crate::ReplayInto::Head => {
+                    let appended =
+                        self.log.append(&[*entry], AppendPriority::Normal).map_err(append_error)?;
+                    appended.references[0]
+                }
+                crate::ReplayInto::SideLog { side_log, closed } => {
+                    let (reference, full) =
+                        side_log.append(&self.log, entry).map_err(append_error)?;
+                    if let Some(full) = full {
+                        closed(full);
+                    }
+                    reference
+                }
+            });
+        }
+        let record = participants.map(|participants| {
+            let listed = stratus_log::format::decode_tx_participants_unverified(participants)
+                .expect("verified by the replay");
+            let entry = (references[1], entries[1].entry_bytes() as u64);
+            TransactionRecord::new(listed.participants, entry, now.millis())
+        });
+        let reference = references[0];
+        let entry = entries[0];
         self.prepared.insert(
             (rpc.lease, rpc.rpc),
             PreparedOp {
@@ -405,6 +529,7 @@ impl ObjectStore {
                 reference,
                 entry_bytes: entry.entry_bytes() as u64,
             },
+            record,
         );
         Ok(true)
     }

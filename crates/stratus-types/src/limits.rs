@@ -184,12 +184,14 @@ pub const TRANSACTION_REQUEST_BYTES_MAX: usize = 8 << 20;
 const _: () = assert!(TRANSACTION_OBJECTS_MAX <= MULTI_OP_ITEMS_MAX);
 const _: () = assert!(2 * TRANSACTION_OBJECTS_MAX <= COMPLETIONS_PER_LEASE_MAX);
 // A request at the limit by its last op (the largest key and value), with every op's fixed
-// fields (31 bytes of TX_PREPARE) and the request's own.
+// fields (31 bytes of TX_PREPARE), the transaction's participants (24 bytes each) and the
+// request's own.
 const _: () = assert!(
     TRANSACTION_REQUEST_BYTES_MAX
         + VALUE_BYTES_MAX_DEFAULT
         + KEY_BYTES_MAX
         + MULTI_OP_ITEMS_MAX * 31
+        + TRANSACTION_OBJECTS_MAX * 24
         + 4_096
         < FRAME_BYTES_MAX
 );
@@ -200,3 +202,19 @@ pub const MIGRATION_COMPLETIONS_PER_BATCH_MAX: usize = 16_384;
 
 const _: () = assert!(MIGRATION_COMPLETIONS_PER_BATCH_MAX * 64 + 4_096 < FRAME_BYTES_MAX);
 const _: () = assert!(CLIENT_LEASES_PER_CHECK_MAX * 16 + 4_096 < FRAME_BYTES_MAX);
+
+/// How long a participant waits, after preparing an operation of a transaction, before it
+/// finishes the transaction itself (asks every operation for its vote, decides, delivers the
+/// decision): the client normally decides within a few round trips, so 250 ms means its client
+/// died or lost touch. RAMCloud starts at 50 µs-scale RPCs with 50 ms; our round trips on
+/// loopback and shared cores are 10–100× slower, and a recovery that starts early is harmless
+/// (it decides what the client decides) but costs requests.
+pub const TX_RECOVERY_DELAY_MILLIS: u64 = 250;
+
+/// The delay doubles after each recovery attempt that could not finish (a participant down,
+/// the coordinator unreachable), up to this.
+pub const TX_RECOVERY_DELAY_MAX_MILLIS: u64 = 4_000;
+
+/// Transactions one master finishes at once, at most: bounds the requests a master sends for
+/// recoveries when many clients died together.
+pub const TX_RECOVERIES_IN_FLIGHT_MAX: usize = 16;

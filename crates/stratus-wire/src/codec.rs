@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use stratus_types::limits::{
     CLIENT_LEASES_PER_CHECK_MAX, FRAME_BYTES_MAX, MIGRATION_COMPLETIONS_PER_BATCH_MAX,
     MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
-    TABLE_NAME_BYTES_MAX,
+    TABLE_NAME_BYTES_MAX, TRANSACTION_OBJECTS_MAX,
 };
 use stratus_types::Version;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
@@ -386,7 +386,14 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_rpc(out, &item.rpc);
             }
         }
-        Request::TxPrepare { lease, acknowledged, transaction, validate_only, ops } => {
+        Request::TxPrepare {
+            lease,
+            acknowledged,
+            transaction,
+            validate_only,
+            ops,
+            participants,
+        } => {
             put_transaction(out, *lease, *acknowledged, *transaction);
             put_u8(out, u8::from(*validate_only));
             put_count(out, ops.len());
@@ -398,16 +405,17 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
                 put_version(out, op.version_read);
                 put_value(out, &op.value);
             }
+            put_tx_decision_ops(out, participants);
         }
         Request::TxDecision { lease, acknowledged, transaction, decision, ops } => {
             put_transaction(out, *lease, *acknowledged, *transaction);
             put_u8(out, decision.code());
-            put_count(out, ops.len());
-            for op in ops {
-                put_u64(out, op.table_id.0);
-                put_key(out, &op.key);
-                put_u64(out, op.rpc.0);
-            }
+            put_tx_decision_ops(out, ops);
+        }
+        Request::TxRequestAbort { lease, transaction, ops } => {
+            put_u64(out, lease.0);
+            put_u64(out, transaction.0);
+            put_tx_decision_ops(out, ops);
         }
         Request::ClientLease { lease } => put_u64(out, lease.0),
         Request::CheckClientLeases { leases } => {
@@ -673,7 +681,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_i64(out, result.value);
             }
         }
-        Response::TxPrepare { votes } => {
+        Response::TxPrepare { votes } | Response::TxRequestAbort { votes } => {
             put_count(out, votes.len());
             for vote in votes {
                 put_u16(out, vote.status.code());
@@ -810,6 +818,16 @@ fn put_transaction(out: &mut BytesMut, lease: LeaseId, acknowledged: RpcId, tran
     put_u64(out, lease.0);
     put_u64(out, acknowledged.0);
     put_u64(out, transaction.0);
+}
+
+/// A list of transaction ops named by table, key hash and rpc id (u64 each).
+fn put_tx_decision_ops(out: &mut BytesMut, ops: &[TxDecisionOp]) {
+    put_count(out, ops.len());
+    for op in ops {
+        put_u64(out, op.table_id.0);
+        put_u64(out, op.key_hash);
+        put_u64(out, op.rpc.0);
+    }
 }
 
 /// A migrated completion: key hash, lease, rpc id, acknowledged, version (u64 each), then the
@@ -1100,6 +1118,34 @@ impl Reader {
         Ok(TxOp { table_id, key, rpc, kind, version_read, value })
     }
 
+    /// A list of at most `max` transaction ops named by table, key hash and rpc id (see
+    /// [`put_tx_decision_ops`]); each rpc id must be above `acknowledged` (so never 0).
+    fn tx_decision_ops(
+        &mut self,
+        max: usize,
+        acknowledged: RpcId,
+    ) -> Result<Vec<TxDecisionOp>, DecodeError> {
+        self.list(max, TX_DECISION_OP_BYTES, |reader| {
+            Ok(TxDecisionOp {
+                table_id: reader.table_id()?,
+                key_hash: reader.u64()?,
+                rpc: reader.transaction_op_rpc(acknowledged)?,
+            })
+        })
+    }
+
+    /// TX_PREPARE, TX_DECISION or TX_REQUEST_ABORT votes (see [`TxVoteItem`]).
+    fn tx_votes(&mut self) -> Result<Vec<TxVoteItem>, DecodeError> {
+        self.list(MULTI_OP_ITEMS_MAX, TX_VOTE_BYTES, |reader| {
+            Ok(TxVoteItem {
+                status: reader.status()?,
+                vote: TxVote::from_code(reader.u8()?)
+                    .ok_or(DecodeError::InvalidField("transaction vote"))?,
+                version: reader.version()?,
+            })
+        })
+    }
+
     /// A migrated completion (see [`put_migrated_completion`]).
     fn migrated_completion(&mut self) -> Result<MigratedCompletion, DecodeError> {
         let completion = MigratedCompletion {
@@ -1288,7 +1334,7 @@ const VERSION_RESULT_BYTES_MIN: usize = 2 + 8;
 const INCREMENT_RESULT_BYTES_MIN: usize = 2 + 8 + 8;
 const ENUMERATED_OBJECT_BYTES_MIN: usize = 2 + 4 + 8 + 1;
 const TX_OP_BYTES_MIN: usize = 8 + 2 + 8 + 1 + 8 + 4;
-const TX_DECISION_OP_BYTES_MIN: usize = 8 + 2 + 8;
+const TX_DECISION_OP_BYTES: usize = 8 + 8 + 8;
 const TX_VOTE_BYTES: usize = 2 + 1 + 8;
 const STATUS_BYTES: usize = 2;
 /// An expiry on the wire: kind byte and u64.
@@ -1437,20 +1483,40 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             let ops = reader.list(MULTI_OP_ITEMS_MAX, TX_OP_BYTES_MIN, |reader| {
                 reader.tx_op(acknowledged, validate_only)
             })?;
-            Request::TxPrepare { lease, acknowledged, transaction, validate_only, ops }
+            let participants = reader.tx_decision_ops(TRANSACTION_OBJECTS_MAX, acknowledged)?;
+            // A validation locks nothing, so nobody has anything to finish; a prepare locks,
+            // and its participants must be able to finish it.
+            if validate_only != participants.is_empty() {
+                return Err(DecodeError::InvalidField("transaction participants"));
+            }
+            Request::TxPrepare {
+                lease,
+                acknowledged,
+                transaction,
+                validate_only,
+                ops,
+                participants,
+            }
         }
         Opcode::TxDecision => {
             let (lease, acknowledged, transaction) = reader.transaction()?;
             let decision = TxDecision::from_code(reader.u8()?)
                 .ok_or(DecodeError::InvalidField("transaction decision"))?;
-            let ops = reader.list(MULTI_OP_ITEMS_MAX, TX_DECISION_OP_BYTES_MIN, |reader| {
-                Ok(TxDecisionOp {
-                    table_id: reader.table_id()?,
-                    key: reader.key()?,
-                    rpc: reader.transaction_op_rpc(acknowledged)?,
-                })
-            })?;
+            let ops = reader.tx_decision_ops(MULTI_OP_ITEMS_MAX, acknowledged)?;
             Request::TxDecision { lease, acknowledged, transaction, decision, ops }
+        }
+        Opcode::TxRequestAbort => {
+            // As a transaction's identity with nothing acknowledged.
+            let lease = LeaseId(reader.u64()?);
+            let transaction = RpcId(reader.u64()?);
+            if lease.0 == 0 {
+                return Err(DecodeError::InvalidField("transaction lease"));
+            }
+            if transaction.0 == 0 {
+                return Err(DecodeError::InvalidField("transaction id"));
+            }
+            let ops = reader.tx_decision_ops(MULTI_OP_ITEMS_MAX, RpcId(0))?;
+            Request::TxRequestAbort { lease, transaction, ops }
         }
         Opcode::Enumerate => Request::Enumerate {
             table_id: reader.table_id()?,
@@ -1628,16 +1694,8 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 })
             })?,
         },
-        Opcode::TxPrepare => Response::TxPrepare {
-            votes: reader.list(MULTI_OP_ITEMS_MAX, TX_VOTE_BYTES, |reader| {
-                Ok(TxVoteItem {
-                    status: reader.status()?,
-                    vote: TxVote::from_code(reader.u8()?)
-                        .ok_or(DecodeError::InvalidField("transaction vote"))?,
-                    version: reader.version()?,
-                })
-            })?,
-        },
+        Opcode::TxPrepare => Response::TxPrepare { votes: reader.tx_votes()? },
+        Opcode::TxRequestAbort => Response::TxRequestAbort { votes: reader.tx_votes()? },
         Opcode::TxDecision => Response::TxDecision {
             results: reader.list(MULTI_OP_ITEMS_MAX, STATUS_BYTES, |reader| reader.status())?,
         },

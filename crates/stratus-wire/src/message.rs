@@ -98,6 +98,10 @@ pub enum Opcode {
     /// Master (from a client that decided a transaction): apply (commit) or drop (abort) the
     /// transaction's prepared operations on this master's objects, and unlock them.
     TxDecision = 61,
+    /// Master (from a participant finishing a transaction whose client went silent): make
+    /// the votes of some of the transaction's operations on this master final (an operation
+    /// that never voted is recorded as voting ABORT), and answer them.
+    TxRequestAbort = 62,
     /// Backup: append to a replica of a master's segment (opening or closing it), then store
     /// the certificate that commits it.
     BackupWrite = 50,
@@ -120,7 +124,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 45] = [
+    pub const ALL: [Opcode; 46] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -158,6 +162,7 @@ impl Opcode {
         Opcode::AbandonMigration,
         Opcode::TxPrepare,
         Opcode::TxDecision,
+        Opcode::TxRequestAbort,
         Opcode::BackupWrite,
         Opcode::BackupFree,
         Opcode::BackupListReplicas,
@@ -373,23 +378,27 @@ pub struct TxOp {
     pub value: Bytes,
 }
 
-/// One operation of a TX_DECISION: the object and the rpc id its PREPARE carried.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One operation of a transaction, named by its object's table and key hash and its rpc id:
+/// an op of TX_DECISION and TX_REQUEST_ABORT, and a participant of TX_PREPARE. A participant
+/// finds a prepared operation by (lease, rpc id), and routes and records it by table and key
+/// hash, so no key is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TxDecisionOp {
-    /// Table.
+    /// The object's table.
     pub table_id: TableId,
-    /// Key.
-    pub key: Bytes,
+    /// The object's key hash (`stratus_types::key_hash`).
+    pub key_hash: u64,
     /// The rpc id of the operation's PREPARE.
     pub rpc: RpcId,
 }
 
-/// Per-operation answer of TX_PREPARE.
+/// Per-operation answer of TX_PREPARE and TX_REQUEST_ABORT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TxVoteItem {
     /// OK: `vote` is the participant's vote. Any other status (UNKNOWN_TABLET, RETRY, ...):
-    /// the operation was not voted on, and the client sends it again (to the master the
-    /// status points to) with the same rpc id; `vote` is then meaningless.
+    /// the operation was not voted on (nor, for TX_REQUEST_ABORT, recorded), and the sender
+    /// sends it again (to the master the status points to) with the same rpc id; `vote` is
+    /// then meaningless.
     pub status: Status,
     /// The vote, when `status` is OK.
     pub vote: TxVote,
@@ -810,6 +819,12 @@ pub enum Request {
         validate_only: bool,
         /// The operations (at most `MULTI_OP_ITEMS_MAX`).
         ops: Vec<TxOp>,
+        /// Every operation of the transaction, on every master, in the client's order (at
+        /// most `TRANSACTION_OBJECTS_MAX`), so that each participant can finish the
+        /// transaction if its client dies. Empty when `validate_only` (the decoder refuses
+        /// otherwise), not empty otherwise (likewise); every op of the request must be in it
+        /// (the master checks that, not the decoder).
+        participants: Vec<TxDecisionOp>,
     },
     /// TX_DECISION: the transaction `(lease, transaction)` is decided; apply or drop its
     /// operations `ops` on this master, and unlock their objects.
@@ -823,6 +838,18 @@ pub enum Request {
         /// Commit or abort.
         decision: TxDecision,
         /// The operations (at most `MULTI_OP_ITEMS_MAX`).
+        ops: Vec<TxDecisionOp>,
+    },
+    /// TX_REQUEST_ABORT: a participant finishing the transaction `(lease, transaction)` (its
+    /// client went silent) asks for the final vote of each of `ops`; an op that never voted
+    /// is recorded as voting ABORT first, so a PREPARE of it arriving later votes ABORT. The
+    /// sender acknowledges nothing of the lease.
+    TxRequestAbort {
+        /// The transaction's client lease (not 0).
+        lease: LeaseId,
+        /// The rpc id of the transaction's first operation (at least 1).
+        transaction: RpcId,
+        /// The operations (at most `MULTI_OP_ITEMS_MAX`; rpc ids at least 1).
         ops: Vec<TxDecisionOp>,
     },
     /// ENUMERATE.
@@ -1120,6 +1147,14 @@ pub enum Response {
         /// One per request op, in order.
         results: Vec<Status>,
     },
+    /// TX_REQUEST_ABORT: per op, in order, status OK with the op's final vote (PREPARED if
+    /// the op is prepared, or was prepared and is decided; ABORT if it voted ABORT or had not
+    /// voted, which is now recorded); any other status (UNKNOWN_TABLET, RETRY, ...): nothing
+    /// was recorded, and the sender asks again (where the status points).
+    TxRequestAbort {
+        /// One per request op, in order.
+        votes: Vec<TxVoteItem>,
+    },
     /// ENUMERATE.
     Enumerate {
         /// Objects in enumeration order.
@@ -1275,6 +1310,7 @@ impl Request {
             Request::MultiIncrement { .. } => Opcode::MultiIncrement,
             Request::TxPrepare { .. } => Opcode::TxPrepare,
             Request::TxDecision { .. } => Opcode::TxDecision,
+            Request::TxRequestAbort { .. } => Opcode::TxRequestAbort,
             Request::Enumerate { .. } => Opcode::Enumerate,
             Request::TakeTabletOwnership { .. } => Opcode::TakeTabletOwnership,
             Request::DropTabletOwnership { .. } => Opcode::DropTabletOwnership,
@@ -1328,6 +1364,7 @@ impl Response {
             Response::MultiIncrement { .. } => Opcode::MultiIncrement,
             Response::TxPrepare { .. } => Opcode::TxPrepare,
             Response::TxDecision { .. } => Opcode::TxDecision,
+            Response::TxRequestAbort { .. } => Opcode::TxRequestAbort,
             Response::Enumerate { .. } => Opcode::Enumerate,
             Response::TakeTabletOwnership => Opcode::TakeTabletOwnership,
             Response::DropTabletOwnership => Opcode::DropTabletOwnership,

@@ -6,7 +6,7 @@ mod common;
 use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
-use stratus_types::limits::{FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX};
+use stratus_types::limits::{FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, TRANSACTION_OBJECTS_MAX};
 use stratus_wire::{
     decode_frame_header, decode_request, decode_response, encode_request, encode_response,
     frame_length, peek_request_identity, DecodeError, FrameError, Hello, Opcode, Status,
@@ -298,10 +298,20 @@ fn field_domains_are_checked() {
     assert_eq!(DecodeError::InvalidUtf8.status(), Status::RequestFormatError);
 }
 
+/// The op named by table 1, key hash 5 and `rpc`.
+fn tx_op_name(rpc: u64) -> stratus_wire::TxDecisionOp {
+    stratus_wire::TxDecisionOp {
+        table_id: stratus_types::TableId(1),
+        key_hash: 5,
+        rpc: stratus_types::RpcId(rpc),
+    }
+}
+
 /// A TX_PREPARE of one op (lease 7, acknowledged 10, transaction 12) and its body, for the
 /// byte surgery below. Body offsets: lease 0, acknowledged 8, transaction 16, validate-only
 /// flag 24, count 25, then the op: table 29, key 37 ("k"), rpc 40, kind 48, version 49,
-/// value 57.
+/// value 57 (4 + the value's length), then the participants: with a 1-byte value, count 62,
+/// then the participant (the op itself): table 66, key hash 74, rpc 82.
 fn tx_prepare(kind: stratus_types::TxOpKind, value: &'static [u8]) -> stratus_wire::Request {
     stratus_wire::Request::TxPrepare {
         lease: stratus_types::LeaseId(7),
@@ -316,6 +326,24 @@ fn tx_prepare(kind: stratus_types::TxOpKind, value: &'static [u8]) -> stratus_wi
             version_read: stratus_types::Version(3),
             value: Bytes::from_static(value),
         }],
+        participants: vec![tx_op_name(12)],
+    }
+}
+
+/// [`tx_prepare`] of a read, as a read-only transaction's validation (no participants).
+fn tx_validation() -> stratus_wire::Request {
+    match tx_prepare(stratus_types::TxOpKind::Read, b"") {
+        stratus_wire::Request::TxPrepare { lease, acknowledged, transaction, ops, .. } => {
+            stratus_wire::Request::TxPrepare {
+                lease,
+                acknowledged,
+                transaction,
+                validate_only: true,
+                ops,
+                participants: Vec::new(),
+            }
+        }
+        _ => unreachable!(),
     }
 }
 
@@ -376,23 +404,47 @@ fn transaction_requests_that_cannot_be_right_are_refused() {
     .is_ok());
     // A validation carries reads only.
     assert_eq!(refused(Opcode::TxPrepare, patched(24, &[1])), invalid("validate-only op kind"));
+    let validation = request_body(&tx_validation()).to_vec();
+    assert!(decode_request(Opcode::TxPrepare.code(), Bytes::from(validation.clone())).is_ok());
+
+    // Participants: exactly when not validate-only, each with an rpc id above acknowledged.
     let read = request_body(&tx_prepare(TxOpKind::Read, b"")).to_vec();
-    let mut validation = read.clone();
-    validation[24] = 1;
-    assert!(decode_request(Opcode::TxPrepare.code(), Bytes::from(validation)).is_ok());
+    let mut validation_with_participants = read.clone();
+    validation_with_participants[24] = 1;
+    assert_eq!(
+        refused(Opcode::TxPrepare, validation_with_participants),
+        invalid("transaction participants")
+    );
+    let mut prepare_without_participants = validation.clone();
+    prepare_without_participants[24] = 0;
+    assert_eq!(
+        refused(Opcode::TxPrepare, prepare_without_participants),
+        invalid("transaction participants")
+    );
+    for rpc in [0u64, 10] {
+        assert_eq!(
+            refused(Opcode::TxPrepare, patched(82, &rpc.to_le_bytes())),
+            invalid("transaction op rpc id")
+        );
+    }
+    let mut too_many_participants = write[..62].to_vec();
+    too_many_participants.extend_from_slice(&(TRANSACTION_OBJECTS_MAX as u32 + 1).to_le_bytes());
+    assert_eq!(
+        refused(Opcode::TxPrepare, too_many_participants),
+        DecodeError::TooManyItems {
+            count: TRANSACTION_OBJECTS_MAX as u64 + 1,
+            max: TRANSACTION_OBJECTS_MAX as u64
+        }
+    );
 
     // TX_DECISION: the same identity rules, and a decision byte of 1 or 2. Body offsets:
-    // identity 0..24, decision 24, count 25, op: table 29, key 37 ("k"), rpc 40.
+    // identity 0..24, decision 24, count 25, op: table 29, key hash 37, rpc 45.
     let decision = stratus_wire::Request::TxDecision {
         lease: stratus_types::LeaseId(7),
         acknowledged: stratus_types::RpcId(10),
         transaction: stratus_types::RpcId(12),
         decision: stratus_types::TxDecision::Abort,
-        ops: vec![stratus_wire::TxDecisionOp {
-            table_id: stratus_types::TableId(1),
-            key: Bytes::from_static(b"k"),
-            rpc: stratus_types::RpcId(13),
-        }],
+        ops: vec![tx_op_name(13)],
     };
     let body = request_body(&decision).to_vec();
     let patched = |at: usize, bytes: &[u8]| {
@@ -414,9 +466,44 @@ fn transaction_requests_that_cannot_be_right_are_refused() {
             invalid("transaction decision")
         );
     }
+    for rpc in [0u64, 10] {
+        assert_eq!(
+            refused(Opcode::TxDecision, patched(45, &rpc.to_le_bytes())),
+            invalid("transaction op rpc id")
+        );
+    }
+
+    // TX_REQUEST_ABORT: lease and transaction not 0, op rpc ids not 0, and no acknowledged
+    // mark (rpc 1 is fine). Body offsets: lease 0, transaction 8, count 16, op: table 20, key
+    // hash 28, rpc 36.
+    let request_abort = stratus_wire::Request::TxRequestAbort {
+        lease: stratus_types::LeaseId(7),
+        transaction: stratus_types::RpcId(12),
+        ops: vec![tx_op_name(1)],
+    };
+    let body = request_body(&request_abort).to_vec();
+    assert_eq!(body.len(), 44);
+    assert!(decode_request(Opcode::TxRequestAbort.code(), Bytes::from(body.clone())).is_ok());
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut patched = body.clone();
+        patched[at..at + bytes.len()].copy_from_slice(bytes);
+        patched
+    };
+    let zero = 0u64.to_le_bytes();
+    assert_eq!(refused(Opcode::TxRequestAbort, patched(0, &zero)), invalid("transaction lease"));
+    assert_eq!(refused(Opcode::TxRequestAbort, patched(8, &zero)), invalid("transaction id"));
     assert_eq!(
-        refused(Opcode::TxDecision, patched(40, &0u64.to_le_bytes())),
+        refused(Opcode::TxRequestAbort, patched(36, &zero)),
         invalid("transaction op rpc id")
+    );
+    let mut too_many_ops = body[..16].to_vec();
+    too_many_ops.extend_from_slice(&((MULTI_OP_ITEMS_MAX + 1) as u32).to_le_bytes());
+    assert_eq!(
+        refused(Opcode::TxRequestAbort, too_many_ops),
+        DecodeError::TooManyItems {
+            count: MULTI_OP_ITEMS_MAX as u64 + 1,
+            max: MULTI_OP_ITEMS_MAX as u64
+        }
     );
 
     // Too many ops, for both (after the identity and the flag or decision byte).
@@ -435,15 +522,17 @@ fn transaction_requests_that_cannot_be_right_are_refused() {
 #[test]
 fn transaction_responses_that_cannot_be_right_are_refused() {
     // A vote byte that is no vote, and an unknown status in a decision's results.
-    for vote in [0u8, 3] {
-        let mut body = 1u32.to_le_bytes().to_vec();
-        body.extend_from_slice(&Status::Ok.code().to_le_bytes());
-        body.push(vote);
-        body.extend_from_slice(&3u64.to_le_bytes());
-        assert_eq!(
-            decode_response(Opcode::TxPrepare, Status::Ok, Bytes::from(body)),
-            Err(DecodeError::InvalidField("transaction vote"))
-        );
+    for opcode in [Opcode::TxPrepare, Opcode::TxRequestAbort] {
+        for vote in [0u8, 3] {
+            let mut body = 1u32.to_le_bytes().to_vec();
+            body.extend_from_slice(&Status::Ok.code().to_le_bytes());
+            body.push(vote);
+            body.extend_from_slice(&3u64.to_le_bytes());
+            assert_eq!(
+                decode_response(opcode, Status::Ok, Bytes::from(body)),
+                Err(DecodeError::InvalidField("transaction vote"))
+            );
+        }
     }
     let mut body = 1u32.to_le_bytes().to_vec();
     body.extend_from_slice(&999u16.to_le_bytes());
@@ -452,7 +541,7 @@ fn transaction_responses_that_cannot_be_right_are_refused() {
         Err(DecodeError::InvalidField("status"))
     );
     let count = (MULTI_OP_ITEMS_MAX + 1) as u32;
-    for opcode in [Opcode::TxPrepare, Opcode::TxDecision] {
+    for opcode in [Opcode::TxPrepare, Opcode::TxDecision, Opcode::TxRequestAbort] {
         assert_eq!(
             decode_response(opcode, Status::Ok, Bytes::copy_from_slice(&count.to_le_bytes())),
             Err(DecodeError::TooManyItems {

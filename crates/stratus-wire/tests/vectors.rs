@@ -25,6 +25,11 @@ enum Expected {
     Response { request_id: u64, opcode: Opcode, status: Status, body: ResponseBody },
 }
 
+/// The op of table 1 whose key is `key`, with rpc id `rpc`, as transaction requests name it.
+fn tx_op(key: &[u8], rpc: u64) -> TxDecisionOp {
+    TxDecisionOp { table_id: TableId(1), key_hash: key_hash(TableId(1), key).0, rpc: RpcId(rpc) }
+}
+
 fn expected(name: &str) -> Expected {
     let ok = |request_id, response: Response| Expected::Response {
         request_id,
@@ -117,6 +122,7 @@ fn expected(name: &str) -> Expected {
                         value: Bytes::new(),
                     },
                 ],
+                participants: vec![tx_op(b"a", 12), tx_op(b"b", 13), tx_op(b"c", 14)],
             },
         },
         "tx-prepare-response" => ok(
@@ -139,23 +145,33 @@ fn expected(name: &str) -> Expected {
                 acknowledged: RpcId(10),
                 transaction: RpcId(12),
                 decision: TxDecision::Commit,
-                ops: vec![
-                    TxDecisionOp {
-                        table_id: TableId(1),
-                        key: Bytes::from_static(b"a"),
-                        rpc: RpcId(12),
-                    },
-                    TxDecisionOp {
-                        table_id: TableId(1),
-                        key: Bytes::from_static(b"b"),
-                        rpc: RpcId(13),
-                    },
-                ],
+                ops: vec![tx_op(b"a", 12), tx_op(b"b", 13)],
             },
         },
         "tx-decision-response" => {
             ok(24, Response::TxDecision { results: vec![Status::Ok, Status::UnknownTablet] })
         }
+        "tx-request-abort-request" => Expected::Request {
+            request_id: 25,
+            request: Request::TxRequestAbort {
+                lease: LeaseId(7),
+                transaction: RpcId(12),
+                ops: vec![tx_op(b"a", 12), tx_op(b"b", 13)],
+            },
+        },
+        "tx-request-abort-response" => ok(
+            25,
+            Response::TxRequestAbort {
+                votes: vec![
+                    TxVoteItem { status: Status::Ok, vote: TxVote::Prepared, version: Version(3) },
+                    TxVoteItem {
+                        status: Status::Ok,
+                        vote: TxVote::Abort,
+                        version: Version::NONEXISTENT,
+                    },
+                ],
+            },
+        ),
         "increment-response" => ok(5, Response::Increment { version: Version(9), value: -2 }),
         "multi-write-request" => Expected::Request {
             request_id: 6,
@@ -491,6 +507,8 @@ fn spec_vectors_decode_and_re_encode() {
         "tx-prepare-response",
         "tx-decision-request",
         "tx-decision-response",
+        "tx-request-abort-request",
+        "tx-request-abort-response",
     ] {
         assert!(names.contains(&required), "the spec lacks the vector {required}");
     }

@@ -626,6 +626,12 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         // Mutations are applied exactly once under client leases the coordinator vouches for.
         let sweep = master.check_client_leases(coordinator.clone(), environment.network.clone());
         tokio::spawn(sweep);
+        // Transactions whose client died mid-commit are finished by their participants.
+        tokio::spawn(stratus_master::finish_abandoned_transactions(
+            master.store_handle(),
+            coordinator.clone(),
+            environment.clone(),
+        ));
         // The master serves only while the coordinator renews its lease.
         let lease = Lease::new();
         master.set_lease(lease.clone());

@@ -1,16 +1,15 @@
-//! The commit of a transaction: versions of blind writes, tickets, PREPARE, the decision, and
-//! what the caller is told (see the module documentation of `transaction`).
+//! The commit of a transaction: versions of blind writes, tickets, PREPARE, final votes, the
+//! decision, and what the caller is told (see the module documentation of `transaction`).
 //!
 //! What the outcome rests on (docs/design/transactions.md): a PREPARED vote is durable on its
-//! master before it is answered, and an ABORT vote is the op's recorded result, so
-//! - every op voted PREPARED: the transaction is committed, whether or not every master hears
-//!   of the decision in time (the recovery of an unfinished transaction finds the votes);
-//! - some op voted ABORT: it can never commit;
-//! - otherwise some op has no vote the client knows of (a master unreachable, a request still
-//!   in flight that may yet prepare it, a lease that expired, an op refused): the transaction
-//!   has not committed, and cannot later only once every master acknowledged the ABORT
-//!   decision, which makes a master record ABORT for an op it never prepared (a PREPARE that
-//!   arrives later then votes ABORT).
+//! master before it is answered, an ABORT vote is the op's recorded result, and
+//! TX_REQUEST_ABORT makes the vote of an op the client did not hear from final (`finish`), so
+//! - every op's vote is known, or made final: the transaction is committed iff every one is
+//!   PREPARED, whether or not every master hears of the decision in time (a participant's
+//!   recovery finds the same votes);
+//! - some op voted ABORT: it can never commit, whatever the others' votes;
+//! - otherwise some vote could neither be learnt nor made final in time: the outcome is
+//!   unknown (the participants' recovery decides it, as the client would have).
 
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use stratus_wire::{KeyItem, Request, Response, Status, TxDecisionOp, TxOp};
 
 use super::buffer::PlannedOp;
 use super::fanout::{self, OpState, Phase, TxObject};
+use super::finish::{self, answered, decided, first_cause, Finishing, Unfinished};
 use super::{AbortReason, TxOutcome};
 use crate::client::{operation_deadline, Inner};
 use crate::error::{Error, Result};
@@ -29,8 +29,8 @@ use crate::multi::MultiItems;
 /// Bytes of a TX_PREPARE op besides its key and value: table id, key length, rpc id, kind,
 /// version read, value length.
 const PREPARE_OP_FIXED_BYTES: usize = 8 + 2 + 8 + 1 + 8 + 4;
-/// Bytes of a TX_DECISION op besides its key: table id, key length, rpc id.
-const DECISION_OP_FIXED_BYTES: usize = 8 + 2 + 8;
+/// Bytes of a MULTI_READ item besides its key: table id, key length, reject rules.
+const KEY_ITEM_FIXED_BYTES: usize = 8 + 2 + 9;
 
 /// Commits the transaction whose ops `plan` lists.
 pub(super) async fn commit(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<TxOutcome> {
@@ -39,25 +39,88 @@ pub(super) async fn commit(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<T
     }
     let objects = in_commit_order(with_versions(inner, plan).await?);
     let all: Vec<usize> = (0..objects.len()).collect();
-    let deadline = operation_deadline(inner.config().operation_timeout);
+    let timeout = inner.config().operation_timeout;
+    let deadline = operation_deadline(timeout);
     let tickets = Tickets(inner.lease_agent().tickets(inner, objects.len(), deadline).await?);
-    let prepare = Prepare { objects: &objects, tickets: &tickets, validate_only: false };
-    let votes = fanout::run(inner, &objects, &all, &prepare, deadline).await;
+    let participants = participants(&objects, &tickets);
+    let prepare = Prepare {
+        objects: &objects,
+        tickets: &tickets,
+        participants: &participants,
+        validate_only: false,
+    };
+    let votes = fanout::run(inner, &participants, &all, &prepare, deadline).await;
     tickets.note_lease_expiry(inner, &votes);
-    let committed = votes.iter().all(|vote| matches!(vote, OpState::Answered(TxVote::Prepared)));
-    let decision = if committed { TxDecision::Commit } else { TxDecision::Abort };
-    let decide = Decide { objects: &objects, tickets: &tickets, decision };
-    let deadline = operation_deadline(inner.config().operation_timeout);
-    let acknowledgements = fanout::run(inner, &objects, &all, &decide, deadline).await;
-    tickets.note_lease_expiry(inner, &acknowledgements);
-    let undelivered = acknowledgements
+    let finishing = Finishing {
+        inner,
+        lease: tickets.lease(),
+        transaction: tickets.transaction(),
+        tickets: Some(&tickets),
+        ops: &participants,
+    };
+    // Every vote final before deciding: the ones the client did not hear are asked for with
+    // TX_REQUEST_ABORT (unless an ABORT decided the transaction already).
+    let mut final_votes: Vec<Option<TxVote>> = votes.iter().map(answered).collect();
+    if decided(&final_votes).is_none() {
+        let unknown: Vec<usize> =
+            all.iter().copied().filter(|&i| final_votes[i].is_none()).collect();
+        let answers = finishing.request_aborts(&unknown, operation_deadline(timeout)).await;
+        for &index in &unknown {
+            final_votes[index] = answered(&answers[index]);
+        }
+        if decided(&final_votes).is_none() {
+            let error = unknown_outcome(&final_votes, &votes, &answers);
+            finish::finish_in_background(
+                inner.clone(),
+                tickets,
+                participants,
+                Unfinished::Votes(final_votes),
+            );
+            return Err(error);
+        }
+    }
+    let decision = decided(&final_votes).unwrap_or(TxDecision::Abort);
+    let acknowledgements = finishing.deliver(decision, &all, operation_deadline(timeout)).await;
+    let undelivered: Vec<usize> = all
         .iter()
-        .filter(|acknowledgement| !matches!(acknowledgement, OpState::Answered(())))
-        .count();
-    // Every op's outcome is settled on its master (or left to recovery): its result may be
-    // forgotten.
-    drop(tickets);
-    outcome(&objects, &votes, undelivered)
+        .copied()
+        .filter(|&index| !matches!(acknowledgements[index], OpState::Answered(())))
+        .collect();
+    if undelivered.is_empty() {
+        // Every op's outcome is settled on its master: its result may be forgotten.
+        drop(tickets);
+    } else {
+        tracing::warn!(
+            undelivered = undelivered.len(),
+            ?decision,
+            "{} of a transaction's ops' masters did not acknowledge its decision in time \
+             (first cause: {}): it goes on in the background, and their objects stay locked \
+             until they learn it",
+            undelivered.len(),
+            first_cause(&acknowledgements)
+        );
+        finish::finish_in_background(
+            inner.clone(),
+            tickets,
+            participants,
+            Unfinished::Delivery(decision, undelivered),
+        );
+    }
+    outcome(&objects, &votes, decision)
+}
+
+/// Every op of the transaction, as TX_PREPARE lists its participants and as the later
+/// phases name its ops: table, key hash and rpc id.
+fn participants(objects: &[TxObject], tickets: &Tickets) -> Vec<TxDecisionOp> {
+    objects
+        .iter()
+        .enumerate()
+        .map(|(index, object)| TxDecisionOp {
+            table_id: object.table_id,
+            key_hash: key_hash(object.table_id, &object.key).0,
+            rpc: tickets.rpc(index),
+        })
+        .collect()
 }
 
 /// Commits a transaction that only read: nothing to do for one object (it was read at one
@@ -85,8 +148,11 @@ async fn validate(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<TxOutcome>
     let deadline = operation_deadline(inner.config().operation_timeout);
     // The wire wants rpc ids (never 0) even where nothing is recorded.
     let tickets = Tickets(inner.lease_agent().tickets(inner, objects.len(), deadline).await?);
-    let prepare = Prepare { objects: &objects, tickets: &tickets, validate_only: true };
-    let votes = fanout::run(inner, &objects, &all, &prepare, deadline).await;
+    // Only to route the ops: a validation names no participants.
+    let names = participants(&objects, &tickets);
+    let prepare =
+        Prepare { objects: &objects, tickets: &tickets, participants: &[], validate_only: true };
+    let votes = fanout::run(inner, &names, &all, &prepare, deadline).await;
     tickets.note_lease_expiry(inner, &votes);
     drop(tickets);
     validation_outcome(&objects, &votes)
@@ -101,7 +167,7 @@ async fn with_versions(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<Vec<T
     // A multi-read splits by count, not by bytes: keep each one's keys within a request's.
     let chunks = fanout::batches(
         [(String::new(), blind)].into_iter().collect(),
-        |index| plan[index].key.len() + DECISION_OP_FIXED_BYTES,
+        |index| plan[index].key.len() + KEY_ITEM_FIXED_BYTES,
         MULTI_OP_ITEMS_MAX,
         TRANSACTION_REQUEST_BYTES_MAX,
     );
@@ -148,26 +214,28 @@ fn in_commit_order(mut objects: Vec<TxObject>) -> Vec<TxObject> {
 }
 
 /// One ticket per object, in the objects' order, all under one lease (taken in one go).
-/// Invariant: not empty (a commit with no object sends nothing).
-struct Tickets(Vec<RpcTicket>);
+/// Invariant: not empty (a commit with no object sends nothing). Dropping them acknowledges
+/// the transaction's ops: only once every op acknowledged the decision (or the commit gave up
+/// on it, see `finish`).
+pub(super) struct Tickets(Vec<RpcTicket>);
 
 impl Tickets {
     fn first(&self) -> &RpcTicket {
         &self.0[0]
     }
 
-    fn lease(&self) -> LeaseId {
+    pub(super) fn lease(&self) -> LeaseId {
         self.first().lease()
     }
 
     /// The transaction's id under its lease: its first op's rpc id.
-    fn transaction(&self) -> RpcId {
+    pub(super) fn transaction(&self) -> RpcId {
         self.first().rpc()
     }
 
     /// What the client has acknowledged now: below the transaction's first op while its
     /// tickets are out.
-    fn acknowledged(&self) -> RpcId {
+    pub(super) fn acknowledged(&self) -> RpcId {
         self.first().identity().acknowledged
     }
 
@@ -177,7 +245,7 @@ impl Tickets {
 
     /// Forgets the lease if a master said it expired: the client's next mutation takes a new
     /// one.
-    fn note_lease_expiry<T>(&self, inner: &Inner, states: &[OpState<T>]) {
+    pub(super) fn note_lease_expiry<T>(&self, inner: &Inner, states: &[OpState<T>]) {
         if states.iter().any(|state| matches!(state, OpState::LeaseExpired)) {
             inner.lease_agent().lost(self.lease());
         }
@@ -188,6 +256,8 @@ impl Tickets {
 struct Prepare<'a> {
     objects: &'a [TxObject],
     tickets: &'a Tickets,
+    /// Every op of the transaction, in every request (empty for a validation).
+    participants: &'a [TxDecisionOp],
     validate_only: bool,
 }
 
@@ -215,6 +285,7 @@ impl Phase for Prepare<'_> {
             transaction: self.tickets.transaction(),
             validate_only: self.validate_only,
             ops,
+            participants: self.participants.to_vec(),
         }
     }
 
@@ -232,8 +303,9 @@ impl Phase for Prepare<'_> {
         PREPARE_OP_FIXED_BYTES + object.key.len() + object.value.len()
     }
 
-    /// Once an op voted ABORT, or can never be voted on, the transaction aborts whatever the
-    /// others vote: learning their votes is no use (their ABORT decisions cover them).
+    /// Once an op voted ABORT, or can never be voted on here, the transaction aborts (or, for
+    /// an op refused after it may have reached its master, is decided by the final votes):
+    /// waiting for more votes is no use, and TX_REQUEST_ABORT makes the others final.
     fn settled(&self, votes: &[OpState<TxVote>]) -> bool {
         votes.iter().any(|vote| {
             matches!(
@@ -241,48 +313,6 @@ impl Phase for Prepare<'_> {
                 OpState::Answered(TxVote::Abort) | OpState::Refused(_) | OpState::LeaseExpired
             )
         })
-    }
-}
-
-/// The DECISION phase.
-struct Decide<'a> {
-    objects: &'a [TxObject],
-    tickets: &'a Tickets,
-    decision: TxDecision,
-}
-
-impl Phase for Decide<'_> {
-    type Answer = ();
-
-    fn request(&self, indices: &[usize]) -> Request {
-        let ops = indices
-            .iter()
-            .map(|&index| TxDecisionOp {
-                table_id: self.objects[index].table_id,
-                key: self.objects[index].key.clone(),
-                rpc: self.tickets.rpc(index),
-            })
-            .collect();
-        Request::TxDecision {
-            lease: self.tickets.lease(),
-            acknowledged: self.tickets.acknowledged(),
-            transaction: self.tickets.transaction(),
-            decision: self.decision,
-            ops,
-        }
-    }
-
-    fn answers(&self, response: Response) -> Option<Vec<(Status, ())>> {
-        match response {
-            Response::TxDecision { results } => {
-                Some(results.into_iter().map(|status| (status, ())).collect())
-            }
-            _ => None,
-        }
-    }
-
-    fn op_bytes(&self, index: usize) -> usize {
-        DECISION_OP_FIXED_BYTES + self.objects[index].key.len()
     }
 }
 
@@ -309,56 +339,48 @@ fn refusal(votes: &[OpState<TxVote>]) -> Option<Error> {
     })
 }
 
-/// What a read-write transaction's caller is told, from its votes and the number of its
-/// decisions no master acknowledged (see the module documentation).
+/// What a read-write transaction's caller is told once `decision` is taken from the final
+/// votes, given the votes its PREPARE round learnt (`votes`): committed; or aborted in a
+/// conflict (an op voted ABORT on PREPARE), with the error of an op refused for a reason
+/// retrying cannot cure (nothing was applied), or for want of votes (made ABORT by
+/// TX_REQUEST_ABORT).
 fn outcome(
     objects: &[TxObject],
     votes: &[OpState<TxVote>],
-    undelivered: usize,
+    decision: TxDecision,
 ) -> Result<TxOutcome> {
-    if votes.iter().all(|vote| matches!(vote, OpState::Answered(TxVote::Prepared))) {
-        if undelivered > 0 {
-            tracing::warn!(
-                undelivered,
-                "transaction committed, but {undelivered} of its ops' masters did not \
-                 acknowledge the decision in time: they apply it when they learn it (their \
-                 objects stay locked until then)"
-            );
-        }
+    if decision == TxDecision::Commit {
         return Ok(TxOutcome::Committed);
     }
     if let Some(reason) = conflict(objects, votes) {
-        if undelivered > 0 {
-            tracing::warn!(
-                undelivered,
-                "transaction aborted, but {undelivered} of its ops' masters did not \
-                 acknowledge the decision in time: objects it prepared stay locked until \
-                 they learn it"
-            );
-        }
         return Ok(TxOutcome::Aborted(reason));
-    }
-    if undelivered > 0 {
-        let unvoted = votes.iter().filter(|vote| !matches!(vote, OpState::Answered(_))).count();
-        let cause = votes.iter().find_map(|vote| match vote {
-            OpState::Waiting(Some(error)) | OpState::Refused(error) => Some(error.to_string()),
-            OpState::LeaseExpired => Some("the client's lease expired".to_string()),
-            OpState::Waiting(None) | OpState::Answered(_) => None,
-        });
-        return Err(Error::new(
-            Status::Timeout,
-            format!(
-                "the transaction's outcome is unknown: {unvoted} of its ops have no vote \
-                 (first cause: {}), and {undelivered} could not be told to abort in time; it \
-                 committed only if every op was prepared",
-                cause.unwrap_or_else(|| "no time left".to_string())
-            ),
-        ));
     }
     if let Some(error) = refusal(votes) {
         return Err(error);
     }
     Ok(TxOutcome::Aborted(AbortReason::Timeout))
+}
+
+/// The error of a commit whose votes could neither all be learnt nor all be made final:
+/// `final_votes` as they stand, `votes` of the PREPARE round, `answers` of TX_REQUEST_ABORT.
+fn unknown_outcome(
+    final_votes: &[Option<TxVote>],
+    votes: &[OpState<TxVote>],
+    answers: &[OpState<TxVote>],
+) -> Error {
+    let unknown = final_votes.iter().filter(|vote| vote.is_none()).count();
+    Error::new(
+        Status::Timeout,
+        format!(
+            "the transaction's outcome is unknown: {unknown} of its {} ops have no vote (first \
+             cause: {}), and their masters could not be asked in time to make it final \
+             (first cause: {}); it commits only if every op was prepared, which the \
+             participants settle",
+            final_votes.len(),
+            first_cause(votes),
+            first_cause(answers)
+        ),
+    )
 }
 
 /// What a read-only transaction's caller is told, from its validation's votes (nothing was
@@ -396,6 +418,7 @@ mod tests {
     }
 
     use OpState::{Answered, LeaseExpired, Refused, Waiting};
+    use TxOutcome::Committed;
     const PREPARED: OpState<TxVote> = Answered(TxVote::Prepared);
     const ABORT: OpState<TxVote> = Answered(TxVote::Abort);
 
@@ -408,52 +431,46 @@ mod tests {
     }
 
     #[test]
-    fn every_op_prepared_is_committed_even_if_a_decision_is_not_delivered() {
-        let objects = objects(2);
-        assert_eq!(outcome(&objects, &[PREPARED, PREPARED], 0), Ok(TxOutcome::Committed));
-        assert_eq!(outcome(&objects, &[PREPARED, PREPARED], 2), Ok(TxOutcome::Committed));
-    }
-
-    #[test]
-    fn an_abort_vote_is_a_conflict_on_its_object_whatever_else_happened() {
+    fn the_outcome_is_the_decision_with_its_reason() {
         let objects = objects(3);
+        let commit = TxDecision::Commit;
+        let abort = TxDecision::Abort;
+        // Committed, even when some votes were made final by TX_REQUEST_ABORT.
+        assert_eq!(outcome(&objects, &[PREPARED, waiting(), PREPARED], commit), Ok(Committed));
+        // An ABORT on PREPARE is a conflict on its object, whatever else happened.
         let conflict = TxOutcome::Aborted(AbortReason::Conflict {
             table: TableId(1),
             key: Bytes::from_static(b"k1"),
         });
-        for (votes, undelivered) in [
-            ([PREPARED, ABORT, PREPARED], 0),
-            ([waiting(), ABORT, ABORT], 3),
-            ([refused(), ABORT, LeaseExpired], 1),
+        for votes in [
+            [PREPARED, ABORT, PREPARED],
+            [waiting(), ABORT, ABORT],
+            [refused(), ABORT, LeaseExpired],
         ] {
-            assert_eq!(outcome(&objects, &votes, undelivered), Ok(conflict.clone()));
+            assert_eq!(outcome(&objects, &votes, abort), Ok(conflict.clone()));
         }
-    }
-
-    #[test]
-    fn unknown_votes_abort_only_once_every_master_acknowledged_the_abort() {
-        let objects = objects(2);
+        // Aborted by votes made final: for want of votes, or for an op refused.
         assert_eq!(
-            outcome(&objects, &[PREPARED, waiting()], 0),
+            outcome(&objects, &[PREPARED, waiting(), Waiting(None)], abort),
             Ok(TxOutcome::Aborted(AbortReason::Timeout))
         );
-        assert_eq!(
-            outcome(&objects, &[PREPARED, Waiting(None)], 0),
-            Ok(TxOutcome::Aborted(AbortReason::Timeout))
-        );
-        for votes in [[PREPARED, waiting()], [PREPARED, LeaseExpired], [refused(), PREPARED]] {
-            let error = outcome(&objects, &votes, 1).unwrap_err();
-            assert_eq!(error.status, Status::Timeout);
-            assert!(error.message.contains("outcome is unknown"), "{error}");
-        }
-    }
-
-    #[test]
-    fn a_refused_op_is_the_error_once_the_abort_is_delivered() {
-        let objects = objects(2);
-        let error = outcome(&objects, &[PREPARED, refused()], 0).unwrap_err();
+        let error = outcome(&objects, &[PREPARED, refused(), waiting()], abort).unwrap_err();
         assert_eq!(error.status, Status::ValueTooLarge);
         assert!(error.message.contains("nothing of it applied"), "{error}");
+    }
+
+    #[test]
+    fn votes_neither_learnt_nor_made_final_leave_the_outcome_unknown() {
+        let error = unknown_outcome(
+            &[Some(TxVote::Prepared), None],
+            &[PREPARED, waiting()],
+            &[Waiting(None), LeaseExpired],
+        );
+        assert_eq!(error.status, Status::Timeout);
+        assert!(error.message.contains("outcome is unknown"), "{error}");
+        assert!(error.message.contains("1 of its 2 ops"), "{error}");
+        assert!(error.message.contains("master a:1"), "{error}");
+        assert!(error.message.contains("lease expired"), "{error}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! One phase of a commit (PREPARE or DECISION) on the wire: rounds of routing the ops still
-//! without an answer, sending one request per master (split at [`MULTI_OP_ITEMS_MAX`] ops and
+//! One phase of a transaction's commit or finish (PREPARE, REQUEST_ABORT or DECISION) on the
+//! wire: rounds of routing the ops still without an answer (by each op's table and key hash), sending one request per master (split at [`MULTI_OP_ITEMS_MAX`] ops and
 //! [`TRANSACTION_REQUEST_BYTES_MAX`] bytes), all in parallel, and judging each op's answer,
 //! until every op has one, the phase's caller says the rest no longer matters, or the
 //! deadline passes.
@@ -15,8 +15,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use stratus_rpc::{Backoff, RpcError};
 use stratus_types::limits::{MULTI_OP_ITEMS_MAX, TRANSACTION_REQUEST_BYTES_MAX};
-use stratus_types::{key_hash, TableId, TxOpKind, Version};
-use stratus_wire::{Request, Response, ResponseBody, Status};
+use stratus_types::{KeyHash, TableId, TxOpKind, Version};
+use stratus_wire::{Request, Response, ResponseBody, Status, TxDecisionOp};
 use tokio::time::Instant;
 
 use crate::client::{failure, out_of_time, time_left, Inner, Judgement, Route, UnavailableTables};
@@ -112,18 +112,19 @@ pub(super) fn batches(
     batches
 }
 
-/// Runs `phase` for the ops of `objects` at `indices` (the others keep [`OpState::Waiting`]
-/// and are never sent): rounds with a pause between them, until no op waits, the phase is
-/// settled, or `deadline` passes.
+/// Runs `phase` for the ops named by `ops` at `indices` (the others keep
+/// [`OpState::Waiting`] and are never sent): rounds with a pause between them, until no op
+/// waits, the phase is settled, or `deadline` passes. Each op goes to the master of its
+/// table and key hash.
 pub(super) async fn run<P: Phase>(
     inner: &Arc<Inner>,
-    objects: &[TxObject],
+    ops: &[TxDecisionOp],
     indices: &[usize],
     phase: &P,
     deadline: Instant,
 ) -> Vec<OpState<P::Answer>> {
     let mut states: Vec<OpState<P::Answer>> =
-        (0..objects.len()).map(|_| OpState::Waiting(None)).collect();
+        (0..ops.len()).map(|_| OpState::Waiting(None)).collect();
     let waiting = |states: &[OpState<P::Answer>]| -> Vec<usize> {
         indices.iter().copied().filter(|&index| states[index].is_waiting()).collect()
     };
@@ -134,8 +135,8 @@ pub(super) async fn run<P: Phase>(
         // Every attempt carries the lease: a commit that retries for long keeps it alive.
         inner.lease_agent().renew_if_due(inner.me());
         let batches =
-            route(inner, objects, &pending, phase, &mut states, &mut unavailable, deadline).await;
-        send(inner, objects, batches, phase, &mut states, deadline).await;
+            route(inner, ops, &pending, phase, &mut states, &mut unavailable, deadline).await;
+        send(inner, ops, batches, phase, &mut states, deadline).await;
         pending = waiting(&states);
         if !pending.is_empty() && !phase.settled(&states) {
             inner.pause(&mut backoff, deadline).await;
@@ -148,7 +149,7 @@ pub(super) async fn run<P: Phase>(
 /// that never will are refused.
 async fn route<P: Phase>(
     inner: &Inner,
-    objects: &[TxObject],
+    ops: &[TxDecisionOp],
     pending: &[usize],
     phase: &P,
     states: &mut [OpState<P::Answer>],
@@ -157,9 +158,8 @@ async fn route<P: Phase>(
 ) -> Vec<Batch> {
     let mut by_master: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for &index in pending {
-        let object = &objects[index];
-        let hash = key_hash(object.table_id, &object.key);
-        match inner.route(object.table_id, hash, deadline, unavailable).await {
+        let op = &ops[index];
+        match inner.route(op.table_id, KeyHash(op.key_hash), deadline, unavailable).await {
             Route::Send(tablet) => by_master.entry(tablet.owner_address).or_default().push(index),
             Route::Wait(error) => states[index] = OpState::Waiting(Some(error)),
             Route::Fail(error) => states[index] = OpState::Refused(error),
@@ -177,7 +177,7 @@ async fn route<P: Phase>(
 /// answer as its request's arrives.
 async fn send<P: Phase>(
     inner: &Arc<Inner>,
-    objects: &[TxObject],
+    ops: &[TxDecisionOp],
     batches: Vec<Batch>,
     phase: &P,
     states: &mut [OpState<P::Answer>],
@@ -186,7 +186,7 @@ async fn send<P: Phase>(
     let Some(left) = time_left(deadline) else {
         for batch in &batches {
             for &index in &batch.indices {
-                states[index] = OpState::Waiting(Some(out_of_time("the transaction's commit")));
+                states[index] = OpState::Waiting(Some(out_of_time("the transaction's phase")));
             }
         }
         return;
@@ -204,14 +204,14 @@ async fn send<P: Phase>(
         // Nothing cancels these tasks: an error is a panic in the RPC layer, passed on.
         let (batch, sent) =
             joined.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
-        judge_batch(inner, objects, &batch, sent, phase, states);
+        judge_batch(inner, ops, &batch, sent, phase, states);
     }
 }
 
 /// Judges the answer to one batch, op by op.
 fn judge_batch<P: Phase>(
     inner: &Inner,
-    objects: &[TxObject],
+    ops: &[TxDecisionOp],
     batch: &Batch,
     sent: std::result::Result<(Status, ResponseBody), RpcError>,
     phase: &P,
@@ -222,7 +222,7 @@ fn judge_batch<P: Phase>(
         Ok((Status::Ok, ResponseBody::Operation(response))) => match phase.answers(response) {
             Some(answers) if answers.len() == batch.indices.len() => {
                 for (&index, (status, answer)) in batch.indices.iter().zip(answers) {
-                    let table_id = objects[index].table_id;
+                    let table_id = ops[index].table_id;
                     states[index] = if status == Status::Ok {
                         OpState::Answered(answer)
                     } else {
@@ -250,14 +250,14 @@ fn judge_batch<P: Phase>(
         Ok((status, body)) => {
             let error = failure(status, body);
             for &index in &batch.indices {
-                let table_id = objects[index].table_id;
+                let table_id = ops[index].table_id;
                 states[index] = judge_status(inner, table_id, status, error.clone());
             }
         }
         Err(error) => {
             let failed = Error::new(error.status(), format!("master {address}: {error}"));
             for &index in &batch.indices {
-                let table_id = objects[index].table_id;
+                let table_id = ops[index].table_id;
                 states[index] = match inner.judge_transport(table_id, address, &error, false) {
                     Judgement::Retry => OpState::Waiting(Some(failed.clone())),
                     Judgement::Final => OpState::Refused(failed.clone()),

@@ -79,11 +79,23 @@ impl Master {
                 let results = items.iter().map(|item| self.increment_item(item)).collect();
                 encode_response(out, request_id, Status::Ok, &Response::MultiIncrement { results });
             }
-            Request::TxPrepare { lease, acknowledged, transaction, validate_only, ops } => {
+            Request::TxPrepare {
+                lease,
+                acknowledged,
+                transaction,
+                validate_only,
+                ops,
+                participants,
+            } => {
                 self.metrics.add_items(Operation::TxPrepare, ops.len());
                 let transaction = TransactionId { lease, acknowledged, transaction };
-                let votes = self.tx_prepare(transaction, validate_only, &ops);
+                let votes = self.tx_prepare(transaction, validate_only, &ops, &participants);
                 encode_response(out, request_id, Status::Ok, &Response::TxPrepare { votes });
+            }
+            Request::TxRequestAbort { lease, transaction, ops } => {
+                self.metrics.add_items(Operation::TxRequestAbort, ops.len());
+                let votes = self.tx_request_abort((lease, transaction), &ops);
+                encode_response(out, request_id, Status::Ok, &Response::TxRequestAbort { votes });
             }
             Request::TxDecision { lease, acknowledged, transaction, decision, ops } => {
                 self.metrics.add_items(Operation::TxDecision, ops.len());
@@ -294,5 +306,6 @@ fn changes_log(request: &Request) -> bool {
             | Request::MultiIncrement { .. }
             | Request::TxPrepare { .. }
             | Request::TxDecision { .. }
+            | Request::TxRequestAbort { .. }
     )
 }

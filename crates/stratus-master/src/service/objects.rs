@@ -355,5 +355,6 @@ pub(super) fn status_of(error: ObjectError) -> (Status, Version) {
         // A transaction holds the object between its vote and its decision: a round trip
         // or two, the client's retry finds it free.
         ObjectError::Locked => (Status::Retry, Version(0)),
+        ObjectError::NotAParticipant => (Status::RequestFormatError, Version(0)),
     }
 }

@@ -1,11 +1,16 @@
 //! Transaction requests (docs/design/transactions.md): TX_PREPARE votes on operations of a
-//! transaction whose objects this master serves, TX_DECISION applies the outcome. Each
-//! operation is admitted like a single-object mutation (the lease serves, the key is valid,
-//! the tablet is owned, the client lease is vouched for), and answered per operation, so the
-//! client re-routes only the operations whose tablet moved.
+//! transaction whose objects this master serves, TX_DECISION applies the outcome, and
+//! TX_REQUEST_ABORT makes an operation's vote final for a participant finishing the
+//! transaction of a dead client. A PREPARE is admitted like a single-object mutation (the
+//! lease serves, the key is valid, the tablet is owned and not moving, the client lease is
+//! vouched for); every request is answered per operation, so the client re-routes only the
+//! operations whose tablet moved.
 
-use stratus_store::TxPrepareOp;
-use stratus_types::{LeaseId, RpcId, RpcIdentity, TableId, TxDecision, TxOpKind, TxVote, Version};
+use stratus_log::format::TxParticipant;
+use stratus_store::{ObjectError, TxPrepareOp, TxVoted, WallTime};
+use stratus_types::{
+    KeyHash, LeaseId, RpcId, RpcIdentity, TableId, TxDecision, TxOpKind, TxVote, Version,
+};
 use stratus_wire::{Status, TxDecisionOp, TxOp, TxVoteItem};
 
 use super::objects::status_of;
@@ -42,25 +47,36 @@ fn refusal_status(refusal: WriteRefusal) -> Status {
 }
 
 impl Master {
-    /// TX_PREPARE: one vote per operation, in order.
+    /// TX_PREPARE: one vote per operation, in order. `participants` lists every operation of
+    /// the transaction (empty for a validation).
     pub(super) fn tx_prepare(
         &self,
         transaction: TransactionId,
         validate_only: bool,
         ops: &[TxOp],
+        participants: &[TxDecisionOp],
     ) -> Vec<TxVoteItem> {
+        let participants: Vec<TxParticipant> = participants
+            .iter()
+            .map(|op| TxParticipant { table: op.table_id, key_hash: op.key_hash, rpc_id: op.rpc.0 })
+            .collect();
         ops.iter()
             .map(|op| {
                 if validate_only {
                     self.validate_op(op)
                 } else {
-                    self.prepare_op(transaction, op)
+                    self.prepare_op(transaction, op, &participants)
                 }
             })
             .collect()
     }
 
-    fn prepare_op(&self, transaction: TransactionId, op: &TxOp) -> TxVoteItem {
+    fn prepare_op(
+        &self,
+        transaction: TransactionId,
+        op: &TxOp,
+        participants: &[TxParticipant],
+    ) -> TxVoteItem {
         let hash = match self.admit_key(op.table_id, &op.key) {
             Ok(hash) => hash,
             Err(status) => return unvoted(status, Version(0)),
@@ -78,6 +94,7 @@ impl Master {
             kind: op.kind,
             version_read: op.version_read,
             value: &op.value,
+            participants,
         };
         let now = self.now();
         let voted = self
@@ -122,26 +139,62 @@ impl Master {
         decision: TxDecision,
         ops: &[TxDecisionOp],
     ) -> Vec<Status> {
-        ops.iter().map(|op| self.decide_op(transaction, decision, op)).collect()
+        ops.iter()
+            .map(|op| {
+                let rpc = transaction.identity(op.rpc);
+                let decided = self.on_transaction_op(op, |object, now| {
+                    self.store.decide(object, rpc, decision, now).map(|_| ())
+                });
+                decided.map_or_else(|(status, _)| status, |()| Status::Ok)
+            })
+            .collect()
     }
 
-    fn decide_op(
+    /// TX_REQUEST_ABORT: one final vote per operation, in order.
+    pub(super) fn tx_request_abort(
         &self,
-        transaction: TransactionId,
-        decision: TxDecision,
+        (lease, transaction): (LeaseId, RpcId),
+        ops: &[TxDecisionOp],
+    ) -> Vec<TxVoteItem> {
+        // The sender, a participant finishing the transaction, acknowledges nothing.
+        let asking = TransactionId { lease, acknowledged: RpcId(0), transaction };
+        ops.iter()
+            .map(|op| {
+                let rpc = asking.identity(op.rpc);
+                let voted = self.on_transaction_op(op, |object, now| {
+                    self.store.request_abort(object, rpc, now)
+                });
+                match voted {
+                    Ok(TxVoted { vote, version, .. }) => {
+                        TxVoteItem { status: Status::Ok, vote, version }
+                    }
+                    Err((status, version)) => unvoted(status, version),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `apply` on operation `op`'s object while its tablet is served here and not being
+    /// transferred. A decision or a request to abort is not refused for its client's lease:
+    /// it only finishes what a PREPARE, admitted under the lease, started, and a participant
+    /// finishing the transaction of a dead client sends it after the lease may have expired.
+    fn on_transaction_op<T>(
+        &self,
         op: &TxDecisionOp,
-    ) -> Status {
-        let rpc = transaction.identity(op.rpc);
-        let (table, key): (TableId, &[u8]) = (op.table_id, &op.key);
+        apply: impl FnOnce((TableId, KeyHash), WallTime) -> Result<T, ObjectError>,
+    ) -> Result<T, (Status, Version)> {
+        if !self.may_serve() {
+            return Err((Status::Retry, Version(0)));
+        }
+        let hash = KeyHash(op.key_hash);
         let now = self.now();
-        // Admitted as a mutation: it may append (the decision's effect and records), and a
-        // transfer copying the tablet must see the key as changed.
-        let decided = self.mutate(table, key, Some(rpc), |hash| {
-            self.store.decide((table, key, hash), rpc, decision, now)
-        });
-        match decided {
-            Ok(_) => Status::Ok,
-            Err((status, _)) => status,
+        let applied = self
+            .ownership
+            .while_not_transferring(op.table_id, hash, || apply((op.table_id, hash), now));
+        match applied {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(error)) => Err(status_of(error)),
+            Err(refusal) => Err((refusal_status(refusal), Version(0))),
         }
     }
 }

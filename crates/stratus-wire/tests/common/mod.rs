@@ -165,17 +165,40 @@ fn op_rpc(acknowledged: u64, raw: u64) -> stratus_types::RpcId {
     stratus_types::RpcId(acknowledged + 1 + raw % (u64::MAX - acknowledged))
 }
 
+/// A vote of TX_PREPARE or TX_REQUEST_ABORT.
+fn tx_vote() -> impl Strategy<Value = TxVoteItem> {
+    (any_status(), prop_oneof![Just(TxVote::Prepared), Just(TxVote::Abort)], version())
+        .prop_map(|(status, vote, version)| TxVoteItem { status, vote, version })
+}
+
 fn tx_kind() -> impl Strategy<Value = TxOpKind> {
     prop_oneof![Just(TxOpKind::Read), Just(TxOpKind::Write), Just(TxOpKind::Remove)]
 }
 
+/// Raw transaction op names: table, key hash, raw rpc id (see [`op_rpc`]).
+fn tx_op_names(count: std::ops::Range<usize>) -> impl Strategy<Value = Vec<(TableId, u64, u64)>> {
+    vec((table_id(), any::<u64>(), any::<u64>()), count)
+}
+
+/// Transaction op names with rpc ids above `acknowledged`.
+fn tx_decision_ops(acknowledged: u64, raw: Vec<(TableId, u64, u64)>) -> Vec<TxDecisionOp> {
+    raw.into_iter()
+        .map(|(table_id, key_hash, rpc)| TxDecisionOp {
+            table_id,
+            key_hash,
+            rpc: op_rpc(acknowledged, rpc),
+        })
+        .collect()
+}
+
 /// A TX_PREPARE that can be right: lease and transaction id at least 1, acknowledging only
 /// ids below the transaction's and its ops', values only on writes, only reads when
-/// validate-only.
+/// validate-only, participants exactly when not validate-only.
 pub fn tx_prepare() -> impl Strategy<Value = Request> {
     let op = (table_id(), key(), any::<u64>(), tx_kind(), version(), value());
-    (1..u64::MAX, 1..u64::MAX, any::<u64>(), any::<bool>(), vec(op, 0..4)).prop_map(
-        |(lease, transaction, acknowledged, validate_only, ops)| {
+    let validation = (any::<bool>(), tx_op_names(1..5));
+    (1..u64::MAX, 1..u64::MAX, any::<u64>(), validation, vec(op, 0..4)).prop_map(
+        |(lease, transaction, acknowledged, (validate_only, participants), ops)| {
             let acknowledged = acknowledged % transaction;
             let ops = ops
                 .into_iter()
@@ -186,12 +209,17 @@ pub fn tx_prepare() -> impl Strategy<Value = Request> {
                     TxOp { table_id, key, rpc, kind, version_read, value }
                 })
                 .collect();
+            let participants = match validate_only {
+                true => Vec::new(),
+                false => tx_decision_ops(acknowledged, participants),
+            };
             Request::TxPrepare {
                 lease: stratus_types::LeaseId(lease),
                 acknowledged: stratus_types::RpcId(acknowledged),
                 transaction: stratus_types::RpcId(transaction),
                 validate_only,
                 ops,
+                participants,
             }
         },
     )
@@ -200,18 +228,10 @@ pub fn tx_prepare() -> impl Strategy<Value = Request> {
 /// A TX_DECISION that can be right (as [`tx_prepare`]).
 pub fn tx_decision() -> impl Strategy<Value = Request> {
     let decision = prop_oneof![Just(TxDecision::Commit), Just(TxDecision::Abort)];
-    let op = (table_id(), key(), any::<u64>());
-    (1..u64::MAX, 1..u64::MAX, any::<u64>(), decision, vec(op, 0..4)).prop_map(
+    (1..u64::MAX, 1..u64::MAX, any::<u64>(), decision, tx_op_names(0..4)).prop_map(
         |(lease, transaction, acknowledged, decision, ops)| {
             let acknowledged = acknowledged % transaction;
-            let ops = ops
-                .into_iter()
-                .map(|(table_id, key, rpc)| TxDecisionOp {
-                    table_id,
-                    key,
-                    rpc: op_rpc(acknowledged, rpc),
-                })
-                .collect();
+            let ops = tx_decision_ops(acknowledged, ops);
             Request::TxDecision {
                 lease: stratus_types::LeaseId(lease),
                 acknowledged: stratus_types::RpcId(acknowledged),
@@ -221,6 +241,17 @@ pub fn tx_decision() -> impl Strategy<Value = Request> {
             }
         },
     )
+}
+
+/// A TX_REQUEST_ABORT that can be right: lease, transaction and every rpc id at least 1.
+pub fn tx_request_abort() -> impl Strategy<Value = Request> {
+    (1..u64::MAX, 1..u64::MAX, tx_op_names(0..4)).prop_map(|(lease, transaction, ops)| {
+        Request::TxRequestAbort {
+            lease: stratus_types::LeaseId(lease),
+            transaction: stratus_types::RpcId(transaction),
+            ops: tx_decision_ops(0, ops),
+        }
+    })
 }
 
 fn key_item() -> impl Strategy<Value = KeyItem> {
@@ -329,6 +360,7 @@ pub fn request() -> impl Strategy<Value = Request> {
         vec(key_item(), 0..4).prop_map(|items| Request::MultiRead { items }),
         tx_prepare(),
         tx_decision(),
+        tx_request_abort(),
         vec(
             (table_id(), key(), value(), rules(), expiry(), rpc()).prop_map(
                 |(table_id, key, value, rules, expiry, rpc)| WriteItem {
@@ -576,12 +608,8 @@ pub fn response() -> impl Strategy<Value = Response> {
         )
         .prop_map(|results| Response::MultiRead { results }),
         vec(version_result(), 0..4).prop_map(|results| Response::MultiWrite { results }),
-        vec(
-            (any_status(), prop_oneof![Just(TxVote::Prepared), Just(TxVote::Abort)], version())
-                .prop_map(|(status, vote, version)| TxVoteItem { status, vote, version }),
-            0..4
-        )
-        .prop_map(|votes| Response::TxPrepare { votes }),
+        vec(tx_vote(), 0..4).prop_map(|votes| Response::TxPrepare { votes }),
+        vec(tx_vote(), 0..4).prop_map(|votes| Response::TxRequestAbort { votes }),
         vec(any_status(), 0..4).prop_map(|results| Response::TxDecision { results }),
         vec(version_result(), 0..4).prop_map(|results| Response::MultiRemove { results }),
         vec(

@@ -185,7 +185,7 @@ class Cluster:
             f"--coordinator=coordinator:{COORDINATOR_PORT}", "workload",
             f"--seed={seed}", f"--seconds={a.seconds}", f"--servers={a.servers}",
             f"--clients={a.clients}", f"--keys={a.keys}", f"--rate={a.rate}",
-            "--settle-seconds=60",
+            "--settle-seconds=60", "--bank-accounts=16", "--bank-clients=2",
             "--startup-seconds=30", "--history-out=/tmp/history.txt",
             f"--availability-out={AVAILABILITY_FILE}",
         ])

@@ -24,6 +24,10 @@
 //! no value returned twice). Counter keys are left out of the register check (their histories
 //! are long, and the counter check is the stronger one for them).
 //!
+//! `--bank-accounts` adds a bank (`workload/bank.rs`): clients moving money between accounts
+//! on every master in transactions, and read-only transactions summing every account; every
+//! committed audit must see the opening total, and so must the final plain reads.
+//!
 //! Exit status: 0 linearizable and nothing lost; 1 the workload could not run (no cluster, bad
 //! arguments); 2 a violation (lost acknowledged write or non-linearizable history); 3
 //! inconclusive (a key stayed unreadable after the run, the checker ran out of search steps on a
@@ -57,6 +61,7 @@ use stratus_types::Version;
 use stratus_wire::ServerStatus;
 
 mod availability;
+mod bank;
 
 /// `stratus workload`.
 #[derive(Debug, Args)]
@@ -113,11 +118,27 @@ pub struct WorkloadArguments {
     /// for analysis beyond the minimal histories printed.
     #[arg(long)]
     pub history_out: Option<PathBuf>,
+    /// Accounts of the bank run beside the checked clients (0: none): transfers in
+    /// transactions between accounts on every master and read-only audits of every account,
+    /// checked to conserve the total (docs/design/transactions.md).
+    #[arg(long, default_value_t = 0, value_parser = parse_bank_accounts)]
+    pub bank_accounts: u32,
+    /// Bank clients, each alternating transfers and audits.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub bank_clients: u32,
     /// Write when each operation of the mixed phase ran and which master owned its key here
     /// (format in `workload/availability.rs`), for a fault harness that bounds how long
     /// operations on servers it did not touch waited.
     #[arg(long)]
     pub availability_out: Option<PathBuf>,
+}
+
+/// `--bank-accounts`: none, or at least two (a transfer needs two accounts).
+fn parse_bank_accounts(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(count) if count == 0 || (2..=4_096).contains(&count) => Ok(count),
+        _ => Err("0 (no bank) or 2 to 4096 accounts".to_string()),
+    }
 }
 
 /// The workload's verdicts, as exit statuses.
@@ -597,6 +618,31 @@ async fn run_phases(
             stop.clone(),
         ));
     }
+    let bank_table = if arguments.bank_accounts > 0 {
+        let name = format!("{table_name}-bank");
+        let bank_table = create_table(&admin, &name, span).await?;
+        bank::open_accounts(&admin, bank_table, arguments.bank_accounts).await?;
+        println!(
+            "workload: bank table {name} (id {bank_table}): {} accounts of {}",
+            arguments.bank_accounts,
+            bank::OPENING_BALANCE
+        );
+        Some(bank_table)
+    } else {
+        None
+    };
+    let mut bank_tasks = tokio::task::JoinSet::new();
+    if let Some(bank_table) = bank_table {
+        for bank_client in 0..arguments.bank_clients {
+            bank_tasks.spawn(bank::run_bank_client(
+                exactly_once_client(coordinator, timeouts),
+                bank_table,
+                arguments.bank_accounts,
+                seed ^ u64::from(bank_client + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                stop.clone(),
+            ));
+        }
+    }
     let owners = arguments.availability_out.as_ref().map(|_| {
         tokio::spawn(availability::Owners::sample_until(admin.clone(), table, stop.clone()))
     });
@@ -635,6 +681,24 @@ async fn run_phases(
         Ok(result) => result?,
         Err(_) => return Err("client tasks did not stop after the mixed phase".to_string()),
     }
+    // A bank client's transaction in flight is bounded like any operation: its commit's
+    // rounds each by the operation timeout.
+    let mut bank = bank::BankTally::default();
+    let bank_joined = tokio::time::timeout(4 * timeouts.operation + FAULT_BACKOFF_MAX, async {
+        while let Some(joined) = bank_tasks.join_next().await {
+            let tally = joined.map_err(|error| format!("a bank client failed: {error}"))?;
+            bank.committed += tally.committed;
+            bank.unknown += tally.unknown;
+            bank.audits += tally.audits;
+            bank.wrong_audits.extend(tally.wrong_audits);
+        }
+        Ok::<(), String>(())
+    })
+    .await;
+    match bank_joined {
+        Ok(result) => result?,
+        Err(_) => return Err("bank clients did not stop after the mixed phase".to_string()),
+    }
     let mixed_seconds = mixed_started.elapsed().as_secs_f64();
     if let (Some(path), Some(owners)) = (&arguments.availability_out, owners) {
         // The sampler stops within one interval (or one tablet-map call) of `stop`.
@@ -659,6 +723,18 @@ async fn run_phases(
         (0..arguments.counters as usize).map(|index| counter_key(index).to_vec()).collect();
     let counter_finals = read_back(&reader, table, &counter_keys, settle_deadline).await;
     let unreadable = final_reads.iter().filter(|read| **read == FinalRead::Unreadable).count();
+    let bank_total = match bank_table {
+        Some(bank_table) => {
+            let accounts = arguments.bank_accounts;
+            Some(bank::final_total(&admin, bank_table, accounts, settle_deadline).await)
+        }
+        None => None,
+    };
+    let bank_expected = bank::OPENING_BALANCE * i64::from(arguments.bank_accounts);
+    let bank_violation = !bank.wrong_audits.is_empty()
+        || matches!(&bank_total, Some(Ok(total)) if *total != bank_expected);
+    let bank_inconclusive = matches!(&bank_total, Some(Err(_)))
+        || (bank_table.is_some() && (bank.committed == 0 || bank.audits == 0));
 
     // Checks.
     let history = recorder.history();
@@ -687,13 +763,19 @@ async fn run_phases(
     let steps: u64 = report.keys.iter().map(|key| key.steps).sum();
     let undecided = report.undecided().count();
     let violating = report.violations().count();
-    let verdict = if violating > 0 || !lost.is_empty() || !counters.violations.is_empty() {
-        "VIOLATION"
-    } else if unreadable > 0 || counters.unreadable > 0 || undecided > 0 || canary != Some(true) {
-        "INCONCLUSIVE"
-    } else {
-        "linearizable"
-    };
+    let verdict =
+        if violating > 0 || !lost.is_empty() || !counters.violations.is_empty() || bank_violation {
+            "VIOLATION"
+        } else if unreadable > 0
+            || counters.unreadable > 0
+            || undecided > 0
+            || canary != Some(true)
+            || bank_inconclusive
+        {
+            "INCONCLUSIVE"
+        } else {
+            "linearizable"
+        };
     if verdict != "linearizable" {
         print!("{report}");
         for (write, final_read) in &lost {
@@ -707,6 +789,25 @@ async fn run_phases(
         }
         for violation in &counters.violations {
             println!("EXACTLY-ONCE VIOLATION: {violation}");
+        }
+        for seen in &bank.wrong_audits {
+            println!(
+                "BANK VIOLATION: a committed read-only transaction summed every account to \
+                 {seen}, not {bank_expected}"
+            );
+        }
+        match &bank_total {
+            Some(Ok(total)) if *total != bank_expected => println!(
+                "BANK VIOLATION: the accounts sum to {total} after the run, not {bank_expected}"
+            ),
+            Some(Err(reason)) => println!("BANK UNAVAILABLE: {reason}"),
+            _ => {}
+        }
+        if bank_table.is_some() && (bank.committed == 0 || bank.audits == 0) {
+            println!(
+                "BANK INCONCLUSIVE: {} transfers and {} audits committed",
+                bank.committed, bank.audits
+            );
         }
         if counters.unreadable > 0 {
             println!(
@@ -742,6 +843,7 @@ async fn run_phases(
          unknown_mutations={unknown_mutations} unknown_by_status={unknown_by_status:?} keys={} \
          final_reads={}/{} lost_writes={} violating_keys={violating} undecided_keys={undecided} \
          counters={} counted_increments={} counter_violations={} \
+         bank_transfers={} bank_unknown={} bank_audits={} bank_total={} \
          search_steps={steps} mixed_seconds={mixed_seconds:.1} check_seconds={:.1} \
          total_seconds={:.1}",
         history.len(),
@@ -752,6 +854,14 @@ async fn run_phases(
         arguments.counters,
         counters.counted_increments,
         counters.violations.len(),
+        bank.committed,
+        bank.unknown,
+        bank.audits,
+        match &bank_total {
+            None => "none".to_string(),
+            Some(Ok(total)) => format!("{total}/{bank_expected}"),
+            Some(Err(_)) => "unreadable".to_string(),
+        },
         check_started.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64(),
     );

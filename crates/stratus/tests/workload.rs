@@ -1,5 +1,6 @@
-//! `stratus workload` against a real cluster: a short mixed phase passes the checks, and
-//! `--availability-out` records every operation with its master.
+//! `stratus workload` against a real cluster: a short mixed phase passes the checks (the bank's
+//! transfers and audits among them), and `--availability-out` records every operation with its
+//! master.
 
 mod common;
 
@@ -16,6 +17,7 @@ fn a_short_workload_is_linearizable_and_times_every_operation_with_its_master() 
         .args(["--coordinator", &cluster.coordinator_address, "workload"])
         .args(["--seconds", "2", "--servers", "2", "--clients", "2", "--rate", "200"])
         .args(["--settle-seconds", "30", "--startup-seconds", "30"])
+        .args(["--bank-accounts", "8", "--bank-clients", "2"])
         .arg("--availability-out")
         .arg(&availability)
         .stdin(Stdio::null())
@@ -24,6 +26,9 @@ fn a_short_workload_is_linearizable_and_times_every_operation_with_its_master() 
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("verdict=linearizable"), "{stdout}");
+    // The bank ran and kept its money: 8 accounts of 1 000.
+    assert!(stdout.contains("bank_total=8000/8000"), "{stdout}");
+    assert!(!stdout.contains("bank_transfers=0 "), "{stdout}");
 
     let masters: Vec<String> =
         cluster.servers.iter().map(|server| server.address.clone().unwrap()).collect();

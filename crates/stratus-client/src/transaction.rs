@@ -183,11 +183,30 @@ impl Client {
     /// ```
     pub async fn run_transaction<T, F, Fut>(
         &self,
-        mut body: F,
+        body: F,
     ) -> std::result::Result<T, TransactionError>
     where
         F: FnMut(Transaction) -> Fut,
         Fut: Future<Output = Result<T>>,
+    {
+        self.run_transaction_retrying_if(body, |_| true).await
+    }
+
+    /// [`Client::run_transaction`], retrying only the conflicts `retry_conflict` accepts
+    /// (given the [`AbortReason::Conflict`]); another conflict ends the call with
+    /// [`TransactionError::Aborted`] at once. The retry policy stays the one of
+    /// `run_transaction`. For callers to which some conflicts are an answer: the RESP
+    /// gateway's EXEC answers a conflict on a WATCHed key with a null reply, as Redis does,
+    /// and retries the others.
+    pub async fn run_transaction_retrying_if<T, F, Fut, R>(
+        &self,
+        mut body: F,
+        mut retry_conflict: R,
+    ) -> std::result::Result<T, TransactionError>
+    where
+        F: FnMut(Transaction) -> Fut,
+        Fut: Future<Output = Result<T>>,
+        R: FnMut(&AbortReason) -> bool,
     {
         let started = tokio::time::Instant::now();
         let mut retries = ConflictRetries::new(self.config().operation_timeout);
@@ -199,10 +218,10 @@ impl Client {
                 TxOutcome::Aborted(reason) => reason,
             };
             let pause = match reason {
-                AbortReason::Conflict { .. } => {
+                AbortReason::Conflict { .. } if retry_conflict(&reason) => {
                     retries.next_pause(self.inner.entropy(), started.elapsed())
                 }
-                AbortReason::Timeout => None,
+                AbortReason::Conflict { .. } | AbortReason::Timeout => None,
             };
             match pause {
                 Some(pause) => tokio::time::sleep(pause).await,
@@ -262,6 +281,20 @@ impl Transaction {
         Ok(sum)
     }
 
+    /// Records that the transaction saw the object at `version` (`Version::NONEXISTENT`:
+    /// absent) without reading it now, as if it had read it then: its commit checks that the
+    /// object is still at that version (locking it there if the transaction also writes or
+    /// removes it, which keeps `version` as the version read) and aborts with
+    /// [`AbortReason::Conflict`] on it otherwise. A later [`Transaction::read`] of the object
+    /// fetches its value; if the master has another version by then, the transaction can
+    /// only abort, and its commit does so at once, sending nothing. For the RESP gateway's
+    /// WATCH, whose versions were read before the transaction began. Limits as for
+    /// [`Transaction::write`].
+    pub fn expect_version(&self, table_id: TableId, key: &[u8], version: Version) -> Result<()> {
+        check_key(key)?;
+        self.buffer().expect_version((table_id, Bytes::copy_from_slice(key)), version)
+    }
+
     /// Commits the transaction (see [`Transaction`]). Returns its outcome
     /// when it is known: [`TxOutcome::Committed`] once every op's final vote is PREPARED
     /// (even if a master could not be told so in time: it is committed, a warning is logged,
@@ -274,7 +307,15 @@ impl Transaction {
     /// prepared for a reason retrying cannot cure (a table that does not exist, a value the
     /// master refuses), or the transaction was committed already through another handle.
     pub async fn commit(self) -> Result<TxOutcome> {
-        let plan = self.buffer().take()?;
+        let (plan, stale) = {
+            let mut buffer = self.buffer();
+            let stale = buffer.stale();
+            (buffer.take()?, stale)
+        };
+        if let Some((table, key)) = stale {
+            // A version it expected is gone already (see `expect_version`).
+            return Ok(TxOutcome::Aborted(AbortReason::Conflict { table, key }));
+        }
         commit::commit(&self.client.inner, plan).await
     }
 

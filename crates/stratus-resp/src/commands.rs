@@ -16,6 +16,7 @@ use crate::expiry::{parse_expiry, time_option, TimeGiven};
 use crate::gateway::{Gateway, OpenScan, Session};
 use crate::glob;
 use crate::hash::{is_hash, Hash, HASH_MARKER};
+use crate::transaction;
 use crate::value::{Protocol, Value};
 
 /// How many times a read-modify-write command (INCR, APPEND, SET ... GET) re-reads and
@@ -56,13 +57,13 @@ pub(crate) fn not_an_integer() -> Failure {
     error("ERR value is not an integer or out of range")
 }
 
-fn wrong_type() -> Failure {
+pub(crate) fn wrong_type() -> Failure {
     error("WRONGTYPE Operation against a key holding the wrong kind of value")
 }
 
 /// Strings may not start with the bytes that mark a stored hash: the marker is how a value is
 /// told to be a hash (docs/design/resp-hash-format.md).
-fn check_string(value: &[u8]) -> Result<(), Failure> {
+pub(crate) fn check_string(value: &[u8]) -> Result<(), Failure> {
     if is_hash(value) {
         return Err(error(format!(
             "ERR Stratus reserves strings that start with the bytes {HASH_MARKER:02X?} for hashes"
@@ -107,7 +108,7 @@ const INFO_SERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs
 
 /// A client error as a reply: `ERR stratus: <status>: <details>`, the words every Stratus
 /// tool uses for it (the error's `Display`).
-fn client_error_reply(error: &Error) -> Value {
+pub(crate) fn client_error_reply(error: &Error) -> Value {
     Value::Error(format!("ERR stratus: {error}"))
 }
 
@@ -135,6 +136,8 @@ const WRITE_FAST: &[&str] = &["write", "fast"];
 const CONNECTION: &[&str] = &["fast", "stale", "loading"];
 const SLOW_READ: &[&str] = &["readonly"];
 const ADMIN: &[&str] = &["admin", "noscript"];
+const TRANSACTION: &[&str] = &["noscript", "loading", "stale", "fast"];
+const TRANSACTION_SLOW: &[&str] = &["noscript", "loading", "stale"];
 
 /// Every command the gateway serves.
 const COMMANDS: &[CommandSpecification] = &[
@@ -192,6 +195,11 @@ const COMMANDS: &[CommandSpecification] = &[
     command("scan", -2, SLOW_READ, (0, 0, 0)),
     command("flushdb", -1, WRITE, (0, 0, 0)),
     command("flushall", -1, WRITE, (0, 0, 0)),
+    command("multi", 1, TRANSACTION, (0, 0, 0)),
+    command("exec", 1, TRANSACTION_SLOW, (0, 0, 0)),
+    command("discard", 1, TRANSACTION, (0, 0, 0)),
+    command("watch", -2, TRANSACTION, (1, -1, 1)),
+    command("unwatch", 1, TRANSACTION, (0, 0, 0)),
 ];
 
 fn specification(name: &str) -> Option<&'static CommandSpecification> {
@@ -263,7 +271,22 @@ fn unknown_command(arguments: &[Bytes]) -> Value {
     ))
 }
 
-fn wrong_arity(name: &str) -> Value {
+/// The command, if the gateway knows it and it has a number of arguments its arity allows;
+/// else the error Redis answers.
+fn check_call(name: &str, arguments: &[Bytes]) -> Result<(), Value> {
+    let Some(specification) = specification(name) else {
+        return Err(unknown_command(arguments));
+    };
+    let count = arguments.len() as i64;
+    if (specification.arity > 0 && count != specification.arity)
+        || (specification.arity < 0 && count < -specification.arity)
+    {
+        return Err(wrong_arity(name));
+    }
+    Ok(())
+}
+
+pub(crate) fn wrong_arity(name: &str) -> Value {
     Value::error(format!("ERR wrong number of arguments for '{name}' command"))
 }
 
@@ -295,34 +318,43 @@ impl Gateway {
         self.commands_processed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(first) = arguments.first() else { return After::Continue };
         let name = lowercase(first);
-        let Some(specification) = specification(&name) else {
-            unknown_command(arguments).encode(session.protocol, out);
-            return After::Continue;
-        };
-        let count = arguments.len() as i64;
-        if (specification.arity > 0 && count != specification.arity)
-            || (specification.arity < 0 && count < -specification.arity)
-        {
-            wrong_arity(&name).encode(session.protocol, out);
-            return After::Continue;
-        }
-        let mut outcome = self.dispatch(session, &name, arguments).await;
-        if let Err(Failure::Client(failure)) = &outcome {
-            if failure.status == Status::TableDoesntExist {
-                self.forget_table(session.database);
-                outcome = self.dispatch(session, &name, arguments).await;
+        let reply = match check_call(&name, arguments) {
+            Err(refusal) => {
+                // As Redis: an unknown command or a wrong arity inside MULTI dooms its EXEC.
+                if let Some(queue) = session.queue.as_mut() {
+                    queue.refuse();
+                }
+                refusal
             }
-        }
-        let reply = match outcome {
-            Ok(value) => value,
-            Err(Failure::Reply(value)) => value,
-            Err(Failure::Client(failure)) => client_error_reply(&failure),
+            Ok(()) => match session.queue.as_mut() {
+                Some(queue) if !transaction::runs_inside_multi(&name) => {
+                    queue.enqueue(&name, arguments)
+                }
+                _ => self.run_command(session, &name, arguments).await,
+            },
         };
         reply.encode(session.protocol, out);
         if name == "quit" {
             After::Close
         } else {
             After::Continue
+        }
+    }
+
+    /// Runs a command now (not queued), once more if its database's table was dropped under
+    /// it; its reply.
+    async fn run_command(&self, session: &mut Session, name: &str, arguments: &[Bytes]) -> Value {
+        let mut outcome = self.dispatch(session, name, arguments).await;
+        if let Err(Failure::Client(failure)) = &outcome {
+            if failure.status == Status::TableDoesntExist {
+                self.forget_table(session.database);
+                outcome = self.dispatch(session, name, arguments).await;
+            }
+        }
+        match outcome {
+            Ok(value) => value,
+            Err(Failure::Reply(value)) => value,
+            Err(Failure::Client(failure)) => client_error_reply(&failure),
         }
     }
 
@@ -434,6 +466,26 @@ impl Gateway {
             "flushdb" => {
                 check_flush_options(arguments)?;
                 self.flush(session.database).await
+            }
+            "multi" => match session.queue {
+                Some(_) => Err(error("ERR MULTI calls can not be nested")),
+                None => {
+                    session.queue = Some(transaction::Queue::default());
+                    Ok(Value::ok())
+                }
+            },
+            "exec" => self.exec(session).await,
+            "discard" => match session.queue.take() {
+                Some(_) => {
+                    session.watches.clear();
+                    Ok(Value::ok())
+                }
+                None => Err(error("ERR DISCARD without MULTI")),
+            },
+            "watch" => self.watch(session, arguments).await,
+            "unwatch" => {
+                session.watches.clear();
+                Ok(Value::ok())
             }
             "flushall" => {
                 check_flush_options(arguments)?;
@@ -884,7 +936,8 @@ impl Gateway {
     }
 
     /// MSET: one multi-write, fanned out to the masters in parallel. Not atomic across keys
-    /// (Stratus has no multi-key transactions yet): on an error some keys may be written.
+    /// (a transaction would cost a second round and locks): on an error some keys may be
+    /// written. Inside MULTI it is atomic, like the whole EXEC (`transaction.rs`).
     async fn multi_set(&self, session: &Session, pairs: &[Bytes]) -> Outcome {
         if !pairs.len().is_multiple_of(2) {
             return Err(Failure::Reply(wrong_arity("mset")));

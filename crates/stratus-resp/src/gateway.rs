@@ -8,6 +8,7 @@ use stratus_client::{Client, Enumeration, TableId};
 use tokio::time::Instant;
 
 use crate::request::RequestLimits;
+use crate::transaction::{Queue, Watches};
 use crate::value::Protocol;
 
 /// Settings of a gateway.
@@ -171,12 +172,23 @@ pub struct Session {
     pub name: Option<bytes::Bytes>,
     /// CLIENT ID.
     pub id: u64,
+    /// The commands queued since MULTI (`None`: not in MULTI).
+    pub(crate) queue: Option<Queue>,
+    /// The keys WATCHed since the last EXEC, DISCARD or UNWATCH, with their versions.
+    pub(crate) watches: Watches,
 }
 
 impl Session {
     /// A new connection's session: RESP2, database 0.
     pub fn new(id: u64) -> Session {
-        Session { protocol: Protocol::Resp2, database: 0, name: None, id }
+        Session {
+            protocol: Protocol::Resp2,
+            database: 0,
+            name: None,
+            id,
+            queue: None,
+            watches: Watches::default(),
+        }
     }
 }
 

@@ -37,6 +37,9 @@
 //!   is refused with an error, never ignored.
 //! - DEL and EXISTS are one multi-remove / multi-read; MGET and MSET one multi-read /
 //!   multi-write, fanned out to masters in parallel. MSET is not atomic across keys.
+//! - MULTI / EXEC / WATCH: EXEC runs the queued commands as one Stratus transaction, atomic
+//!   across keys on any masters; a changed WATCHed key makes it answer a null array
+//!   (`transaction`, and docs/design/transactions.md).
 //! - DBSIZE and KEYS enumerate the whole table (KEYS is bounded by reply size). SCAN keeps a
 //!   Stratus enumeration in the gateway under a cursor number (at most `scans_open_max` open,
 //!   oldest forgotten first): a key present for the whole scan is returned exactly once; a
@@ -63,6 +66,7 @@ mod glob;
 pub mod hash;
 pub mod request;
 mod server;
+mod transaction;
 pub mod value;
 
 pub use gateway::{Gateway, GatewayConfig, Session};

@@ -30,6 +30,10 @@ pub enum Value {
     BulkString(Bytes),
     /// RESP3 `_`; RESP2 `$-1` (and `*-1` when parsed).
     Null,
+    /// The null a command that answers arrays gives (EXEC of a transaction whose WATCHed key
+    /// changed): RESP3 `_`, RESP2 `*-1`, as Redis writes it. Never produced by the parser,
+    /// which reads both nulls as [`Value::Null`].
+    NullArray,
     /// `*n`.
     Array(Vec<Value>),
     /// RESP3 `%n`; RESP2 a flat array of 2n elements.
@@ -84,6 +88,8 @@ impl Value {
             Value::BulkString(bytes) => bulk(out, bytes),
             Value::Null if resp3 => out.put_slice(b"_\r\n"),
             Value::Null => out.put_slice(b"$-1\r\n"),
+            Value::NullArray if resp3 => out.put_slice(b"_\r\n"),
+            Value::NullArray => out.put_slice(b"*-1\r\n"),
             Value::Array(items) => {
                 header(out, b'*', items.len() as i64);
                 items.iter().for_each(|item| item.encode(protocol, out));

@@ -88,6 +88,23 @@ impl Connection {
         self.reply()
     }
 
+    /// The next reply's bytes, exactly as they came (to tell `*-1` from `$-1`).
+    fn call_raw(&mut self, arguments: &[&[u8]]) -> Vec<u8> {
+        self.send(arguments);
+        loop {
+            if let Some((_, used)) = parse_value(&self.buffer).expect("valid RESP reply") {
+                return self.buffer.drain(..used).collect();
+            }
+            let mut chunk = [0u8; 65536];
+            let read = match self.stream.read(&mut chunk) {
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                read => read.expect("read reply"),
+            };
+            assert!(read > 0, "gateway closed the connection; buffered {:?}", self.buffer);
+            self.buffer.extend_from_slice(&chunk[..read]);
+        }
+    }
+
     /// True when the gateway closed the connection (after any pending replies).
     fn closed(&mut self) -> bool {
         let mut chunk = [0u8; 1024];
@@ -850,4 +867,215 @@ fn expiry_answers_what_redis_answers() {
     }
     assert_eq!(stratus.call(&[b"GET", b"brief"]), Value::Null);
     assert_eq!(stratus.call(&[b"TTL", b"brief"]), Value::Integer(-2));
+}
+
+/// MULTI / EXEC / DISCARD / WATCH answer byte for byte what Redis answers: the same commands,
+/// on two connections each (the second changes watched keys), go to a redis-server and to the
+/// gateway.
+#[test]
+fn transactions_answer_what_redis_answers() {
+    common::require_installed("redis-server");
+    let redis = RedisServer::start().expect("redis-server starts");
+    let setup = start();
+    let mut stratus = [Connection::open(&setup.address), Connection::open(&setup.address)];
+    let mut reference = [Connection::open(&redis.address), Connection::open(&redis.address)];
+    let script: &[(usize, &[&[u8]])] = &[
+        // Reads see the transaction's own writes.
+        (0, &[b"MULTI"]),
+        (0, &[b"SET", b"k", b"1"]),
+        (0, &[b"INCR", b"k"]),
+        (0, &[b"GET", b"k"]),
+        (0, &[b"EXEC"]),
+        // Errors at exec time are the command's reply; the other commands apply.
+        (0, &[b"SET", b"s", b"hello"]),
+        (0, &[b"HSET", b"h", b"f", b"v"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"INCR", b"s"]),
+        (0, &[b"GET", b"h"]),
+        (0, &[b"SET", b"t", b"1"]),
+        (0, &[b"INCRBY", b"t", b"x"]),
+        (0, &[b"APPEND", b"t", b"23"]),
+        (0, &[b"STRLEN", b"t"]),
+        (0, &[b"APPEND", b"h", b"x"]),
+        (0, &[b"DEL", b"t", b"t", b"nosuch"]),
+        (0, &[b"EXISTS", b"t", b"s", b"s"]),
+        (0, &[b"MSET", b"a", b"1", b"b", b"2"]),
+        (0, &[b"MSET", b"a", b"1", b"b"]),
+        (0, &[b"MGET", b"a", b"b", b"h", b"nosuch"]),
+        (0, &[b"SETNX", b"a", b"9"]),
+        (0, &[b"SETNX", b"c", b"3"]),
+        (0, &[b"GETSET", b"c", b"4"]),
+        (0, &[b"SET", b"c", b"5", b"XX", b"GET"]),
+        (0, &[b"SET", b"d", b"1", b"NX"]),
+        (0, &[b"SET", b"d", b"2", b"NX"]),
+        (0, &[b"SET", b"d", b"2", b"BOGUS"]),
+        (0, &[b"SET", b"h", b"x", b"GET"]),
+        (0, &[b"DECRBY", b"a", b"5"]),
+        (0, &[b"DECR", b"fresh"]),
+        (0, &[b"PING"]),
+        (0, &[b"ECHO", b"hi"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"MGET", b"a", b"b", b"c", b"d", b"t", b"fresh", b"s"]),
+        // An error at queue time discards the transaction.
+        (0, &[b"MULTI"]),
+        (0, &[b"SET", b"x", b"1"]),
+        (0, &[b"GET"]),
+        (0, &[b"NOSUCHCOMMAND", b"arg"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"EXISTS", b"x"]),
+        // DISCARD.
+        (0, &[b"MULTI"]),
+        (0, &[b"SET", b"y", b"1"]),
+        (0, &[b"DISCARD"]),
+        (0, &[b"EXISTS", b"y"]),
+        (0, &[b"DISCARD"]),
+        (0, &[b"EXEC"]),
+        // Nested MULTI and WATCH inside MULTI are refused, and do not discard.
+        (0, &[b"MULTI"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"WATCH", b"k"]),
+        (0, &[b"SET", b"n", b"1"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"GET", b"n"]),
+        // A watched key changed by another connection: EXEC answers a null array and
+        // applies nothing.
+        (0, &[b"WATCH", b"w"]),
+        (1, &[b"SET", b"w", b"theirs"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"SET", b"w", b"mine"]),
+        (0, &[b"SET", b"other", b"x"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"GET", b"w"]),
+        (0, &[b"EXISTS", b"other"]),
+        // EXEC cleared the watches.
+        (0, &[b"MULTI"]),
+        (0, &[b"SET", b"w", b"mine"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"GET", b"w"]),
+        // Watched keys left alone (one absent): EXEC runs.
+        (0, &[b"WATCH", b"w", b"absent"]),
+        (1, &[b"GET", b"w"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"INCR", b"absent"]),
+        (0, &[b"EXEC"]),
+        // A watched absent key created, and a watched key removed.
+        (0, &[b"WATCH", b"z"]),
+        (1, &[b"SET", b"z", b"1"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"GET", b"z"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"WATCH", b"z"]),
+        (1, &[b"DEL", b"z"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"SET", b"z", b"2"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"EXISTS", b"z"]),
+        // UNWATCH and DISCARD forget the watches.
+        (0, &[b"WATCH", b"q"]),
+        (1, &[b"SET", b"q", b"1"]),
+        (0, &[b"UNWATCH"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"INCR", b"q"]),
+        (0, &[b"EXEC"]),
+        (0, &[b"WATCH", b"q"]),
+        (1, &[b"SET", b"q", b"7"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"DISCARD"]),
+        (0, &[b"MULTI"]),
+        (0, &[b"GET", b"q"]),
+        (0, &[b"EXEC"]),
+        // An empty transaction.
+        (0, &[b"MULTI"]),
+        (0, &[b"EXEC"]),
+    ];
+    let compare = |stratus: &mut [Connection; 2], reference: &mut [Connection; 2]| {
+        for (index, command) in script {
+            let expected = reference[*index].call_raw(command);
+            let got = stratus[*index].call_raw(command);
+            let shown: Vec<String> = command
+                .iter()
+                .map(|argument| String::from_utf8_lossy(argument).into_owned())
+                .collect();
+            assert_eq!(
+                got.escape_ascii().to_string(),
+                expected.escape_ascii().to_string(),
+                "{shown:?} on connection {index}"
+            );
+        }
+    };
+    compare(&mut stratus, &mut reference);
+    // The same in RESP3 (the nulls are `_`), from a clean slate.
+    for connection in stratus.iter_mut().chain(reference.iter_mut()) {
+        connection.call(&[b"HELLO", b"3"]);
+        connection.call(&[b"FLUSHALL"]);
+    }
+    compare(&mut stratus, &mut reference);
+}
+
+/// One EXEC writes keys on both masters all together, or (a watched key changed) none of them.
+#[test]
+fn exec_applies_keys_on_every_master_all_or_nothing() {
+    let setup = start();
+    let mut connection = Connection::open(&setup.address);
+    let mut other = Connection::open(&setup.address);
+    let keys: Vec<String> = (0..20).map(|index| format!("all-{index}")).collect();
+    let mut mset: Vec<&[u8]> = vec![b"MSET"];
+    for key in &keys {
+        mset.extend([key.as_bytes(), b"1"]);
+    }
+    let mut exists: Vec<&[u8]> = vec![b"EXISTS"];
+    exists.extend(keys.iter().map(|key| key.as_bytes()));
+    // Nothing: the watched key changed, so no key of the MSET is written.
+    assert_eq!(connection.call(&[b"WATCH", b"guard"]), ok());
+    assert_eq!(other.call(&[b"SET", b"guard", b"changed"]), ok());
+    assert_eq!(connection.call(&[b"MULTI"]), ok());
+    assert_eq!(connection.call(&mset), Value::simple("QUEUED"));
+    assert_eq!(connection.call(&[b"INCR", b"total"]), Value::simple("QUEUED"));
+    assert_eq!(connection.call_raw(&[b"EXEC"]), b"*-1\r\n");
+    assert_eq!(connection.call(&exists), Value::Integer(0));
+    assert_eq!(connection.call(&[b"GET", b"total"]), Value::Null);
+    // All: the same, watched key untouched.
+    assert_eq!(connection.call(&[b"WATCH", b"guard"]), ok());
+    assert_eq!(connection.call(&[b"MULTI"]), ok());
+    connection.call(&mset);
+    connection.call(&[b"INCR", b"total"]);
+    assert_eq!(connection.call(&[b"EXEC"]), Value::Array(vec![ok(), Value::Integer(1)]));
+    assert_eq!(connection.call(&exists), Value::Integer(20));
+}
+
+/// Transactions racing on keys nobody watches never fail: the gateway runs a conflicting one
+/// again, so every increment is applied once, as Redis, which runs one EXEC at a time, would.
+#[test]
+fn concurrent_execs_on_unwatched_keys_all_apply() {
+    let setup = start();
+    const EXECS_PER_CLIENT: i64 = 25;
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let address = setup.address.clone();
+            std::thread::spawn(move || {
+                let mut connection = Connection::open(&address);
+                for _ in 0..EXECS_PER_CLIENT {
+                    assert_eq!(connection.call(&[b"MULTI"]), ok());
+                    connection.call(&[b"INCR", b"left"]);
+                    connection.call(&[b"DECR", b"right"]);
+                    match connection.call(&[b"EXEC"]) {
+                        Value::Array(replies) => assert_eq!(replies.len(), 2),
+                        other => panic!("EXEC: {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    let mut connection = Connection::open(&setup.address);
+    let total = 3 * EXECS_PER_CLIENT;
+    assert_eq!(
+        connection.call(&[b"MGET", b"left", b"right"]),
+        Value::Array(vec![
+            bulk(total.to_string().as_bytes()),
+            bulk((-total).to_string().as_bytes())
+        ])
+    );
 }

@@ -1,13 +1,18 @@
 //! What a transaction read and wrote before its commit, and its limits.
 //!
 //! Invariants:
-//! 1. `objects` counts the objects in `reads` or `writes` (either or both), and never exceeds
-//!    [`TRANSACTION_OBJECTS_MAX`].
+//! 1. `objects` counts the objects in `reads`, `expected` or `changes` (any of them), and never
+//!    exceeds [`TRANSACTION_OBJECTS_MAX`]. `reads` and `expected` never share an object.
 //! 2. `bytes` is the sum of the keys of those objects and the values of the buffered writes,
 //!    and never exceeds [`TRANSACTION_BYTES_MAX`].
 //! 3. A read is recorded once per object: the first read is what the transaction saw, and
 //!    its version is what the commit checks.
 //! 4. Once `taken` (committed), the buffer refuses everything.
+//! 5. An object in `expected` was given a version by the caller (`expect_version`), not read:
+//!    its first read moves it to `reads` at the expected version, and marks the transaction
+//!    `stale` if the master had another one (versions only grow, so the commit could only
+//!    abort; it aborts without asking, and no read value that contradicts the expected version
+//!    can ever be part of a committed transaction).
 
 use std::collections::BTreeMap;
 
@@ -57,13 +62,21 @@ pub(super) struct PlannedOp {
     pub(super) version_read: Option<Version>,
     /// A write's value; empty for other kinds.
     pub(super) value: Bytes,
+    /// The version read was given by the caller ([`TxBuffer::expect_version`]) and never
+    /// compared with the master's: a commit must check it even where a read it made itself
+    /// would need no check (a transaction reading one object).
+    pub(super) version_given: bool,
 }
 
 /// The reads and buffered changes of one transaction (see the invariants above).
 #[derive(Debug, Default)]
 pub(super) struct TxBuffer {
     reads: BTreeMap<ObjectKey, FirstRead>,
+    /// Versions the caller expects of objects not read yet (invariant 5).
+    expected: BTreeMap<ObjectKey, Version>,
     changes: BTreeMap<ObjectKey, Change>,
+    /// The first object read at another version than the one expected (invariant 5).
+    stale: Option<ObjectKey>,
     objects: usize,
     bytes: usize,
     taken: bool,
@@ -86,7 +99,9 @@ impl TxBuffer {
     }
 
     fn is_known(&self, object: &ObjectKey) -> bool {
-        self.reads.contains_key(object) || self.changes.contains_key(object)
+        self.reads.contains_key(object)
+            || self.expected.contains_key(object)
+            || self.changes.contains_key(object)
     }
 
     /// Checks that the transaction may hold `object` with a buffered value of `value_bytes`
@@ -152,9 +167,43 @@ impl TxBuffer {
             return Ok(seen);
         }
         let (objects, bytes) = self.room_for(&object, 0)?;
+        let version = match self.expected.remove(&object) {
+            Some(expected) => {
+                if expected != version && self.stale.is_none() {
+                    self.stale = Some(object.clone());
+                }
+                expected
+            }
+            None => version,
+        };
         self.reads.insert(object, FirstRead { value: value.clone(), version });
         (self.objects, self.bytes) = (objects, bytes);
         Ok(value)
+    }
+
+    /// Records that the transaction saw `object` at `version` (0: absent) without reading it
+    /// (invariant 5): its commit checks that version, even if the transaction writes the
+    /// object. An object read (or expected) already at another version makes the transaction
+    /// stale.
+    pub(super) fn expect_version(&mut self, object: ObjectKey, version: Version) -> Result<()> {
+        self.check_open()?;
+        let known = self.reads.get(&object).map(|read| read.version);
+        if let Some(seen) = known.or_else(|| self.expected.get(&object).copied()) {
+            if seen != version && self.stale.is_none() {
+                self.stale = Some(object);
+            }
+            return Ok(());
+        }
+        let (objects, bytes) = self.room_for(&object, 0)?;
+        self.expected.insert(object, version);
+        (self.objects, self.bytes) = (objects, bytes);
+        Ok(())
+    }
+
+    /// The first object the transaction read at another version than it expected: its commit
+    /// can only abort, in a conflict on that object.
+    pub(super) fn stale(&self) -> Option<ObjectKey> {
+        self.stale.clone()
     }
 
     /// Buffers a write.
@@ -186,6 +235,7 @@ impl TxBuffer {
         self.check_open()?;
         self.taken = true;
         let reads = std::mem::take(&mut self.reads);
+        let expected = std::mem::take(&mut self.expected);
         let changes = std::mem::take(&mut self.changes);
         let mut ops = Vec::with_capacity(self.objects);
         for ((table_id, key), change) in changes.iter() {
@@ -193,20 +243,30 @@ impl TxBuffer {
                 Change::Write(value) => (TxOpKind::Write, value.clone()),
                 Change::Remove => (TxOpKind::Remove, Bytes::new()),
             };
-            let version_read = reads.get(&(*table_id, key.clone())).map(|read| read.version);
+            let object = (*table_id, key.clone());
+            let given = expected.get(&object).copied();
+            let version_read = reads.get(&object).map(|read| read.version).or(given);
             ops.push(PlannedOp {
                 table_id: *table_id,
                 key: key.clone(),
                 kind,
                 version_read,
                 value,
+                version_given: given.is_some(),
             });
         }
-        for ((table_id, key), read) in reads {
+        let unchanged_reads = reads.into_iter().map(|(object, read)| (object, read.version, false));
+        let unchanged_given = expected.into_iter().map(|(object, version)| (object, version, true));
+        for ((table_id, key), version, version_given) in unchanged_reads.chain(unchanged_given) {
             if !changes.contains_key(&(table_id, key.clone())) {
-                let version_read = Some(read.version);
-                let value = Bytes::new();
-                ops.push(PlannedOp { table_id, key, kind: TxOpKind::Read, version_read, value });
+                ops.push(PlannedOp {
+                    table_id,
+                    key,
+                    kind: TxOpKind::Read,
+                    version_read: Some(version),
+                    value: Bytes::new(),
+                    version_given,
+                });
             }
         }
         debug_assert_eq!(ops.len(), self.objects, "invariant 1");
@@ -308,6 +368,42 @@ mod tests {
                 (b"read-then-written", TxOpKind::Write, Some(Version(0)), b"new"),
             ]
         );
+    }
+
+    #[test]
+    fn an_expected_version_is_the_version_read_and_a_read_at_another_one_makes_it_stale() {
+        let mut buffer = TxBuffer::default();
+        buffer.expect_version(object(b"watched"), Version(3)).unwrap();
+        buffer.expect_version(object(b"watched-written"), Version(0)).unwrap();
+        buffer.write(object(b"watched-written"), value(b"new")).unwrap();
+        buffer.expect_version(object(b"read-same"), Version(5)).unwrap();
+        assert!(matches!(buffer.seen(&object(b"read-same")).unwrap(), Seen::Unknown));
+        buffer.record_read(object(b"read-same"), Some(value(b"x")), Version(5)).unwrap();
+        assert_eq!(buffer.objects, 3, "an expected object counts once, read or not");
+        assert_eq!(buffer.stale(), None);
+        let seen = buffer.record_read(object(b"watched"), Some(value(b"y")), Version(4)).unwrap();
+        assert_eq!(seen, Some(value(b"y")));
+        assert_eq!(buffer.stale(), Some(object(b"watched")), "version 4 is not the one expected");
+        let mut ops = buffer.take().unwrap();
+        ops.sort_by(|a, b| a.key.cmp(&b.key));
+        let plan: Vec<_> = ops
+            .iter()
+            .map(|op| (&op.key[..], op.kind, op.version_read, op.version_given))
+            .collect();
+        assert_eq!(
+            plan,
+            [
+                (&b"read-same"[..], TxOpKind::Read, Some(Version(5)), false),
+                (b"watched", TxOpKind::Read, Some(Version(3)), false),
+                (b"watched-written", TxOpKind::Write, Some(Version(0)), true),
+            ]
+        );
+        let mut buffer = TxBuffer::default();
+        buffer.record_read(object(b"a"), None, Version(0)).unwrap();
+        buffer.expect_version(object(b"a"), Version(0)).unwrap();
+        assert_eq!(buffer.stale(), None);
+        buffer.expect_version(object(b"a"), Version(2)).unwrap();
+        assert_eq!(buffer.stale(), Some(object(b"a")), "read at 0, expected at 2");
     }
 
     #[test]

@@ -123,11 +123,12 @@ fn participants(objects: &[TxObject], tickets: &Tickets) -> Vec<TxDecisionOp> {
         .collect()
 }
 
-/// Commits a transaction that only read: nothing to do for one object (it was read at one
-/// instant); otherwise a validate-only PREPARE of every object, which locks and logs nothing,
-/// so no decision follows.
+/// Commits a transaction that only read: nothing to do for one object it read itself (it
+/// was read at one instant); otherwise (more objects, or a version the caller gave) a
+/// validate-only PREPARE of every object, which locks and logs nothing, so no decision
+/// follows.
 async fn validate(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<TxOutcome> {
-    if plan.len() <= 1 {
+    if plan.len() <= 1 && plan.iter().all(|op| !op.version_given) {
         return Ok(TxOutcome::Committed);
     }
     let objects = in_commit_order(

@@ -83,7 +83,7 @@ pub async fn run_bank_client(
     let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
-        if round % 4 == 0 {
+        if round.is_multiple_of(4) {
             match audit(&client, table, accounts).await {
                 Ok(Some(seen)) => {
                     tally.audits += 1;

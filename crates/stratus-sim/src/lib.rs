@@ -19,10 +19,14 @@
 //!   the run's time limit;
 //! - durability restored: once the faults stop, every running server's segments are back on R
 //!   backups;
-//! - no panic anywhere (a broken storage invariant panics).
+//! - no panic anywhere (a broken storage invariant panics);
+//! - with the bank workload ([`SimulationOptions::bank`], module [`bank`]): multi-object
+//!   transactions conserve money, read-only ones see states the committed transfers explain,
+//!   and no lock outlives the run.
 //!
 //! `docs/design/simulation.md` describes the model and what it leaves out.
 
+pub mod bank;
 pub mod disk;
 pub mod network;
 pub mod nodes;
@@ -42,6 +46,7 @@ use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
 use stratus_meta::MemoryMetaStore;
 use stratus_wire::ServerStatus;
 
+pub use crate::bank::BankOptions;
 use crate::disk::SimulatedDisk;
 use crate::nodes::{server_host, ServerSetup, ServingObservations, COORDINATOR_ADDRESS};
 use crate::schedule::{Choices, Fault, ScheduledFault};
@@ -79,6 +84,10 @@ pub struct SimulationOptions {
     /// silent for longer than a lease term (after the faults), and must then find that
     /// neither a new mutation nor its old one is applied under the expired lease.
     pub zombie_client: bool,
+    /// The bank workload besides the main one (module [`bank`]): accounts on every master,
+    /// clients moving money between them in transactions, auditors summing them in
+    /// read-only transactions. `None` (the default, and `for_seed`'s): no bank.
+    pub bank: Option<BankOptions>,
 }
 
 impl SimulationOptions {
@@ -120,6 +129,7 @@ impl Default for SimulationOptions {
             tablet_moves: false,
             cleaner_levels: 2,
             zombie_client: false,
+            bank: None,
         }
     }
 }
@@ -135,6 +145,8 @@ pub struct SimulationReport {
     pub shape: (usize, usize, u32),
     /// Whether the operator split and migrated tablets (`SimulationOptions::tablet_moves`).
     pub tablet_moves: bool,
+    /// What the bank workload did, when it ran (`SimulationOptions::bank`).
+    pub bank: Option<bank::BankSummary>,
     /// Servers the coordinator declared crashed and whose tablets were recovered.
     pub servers_recovered: usize,
     /// The faults injected.
@@ -193,6 +205,20 @@ impl fmt::Display for SimulationReport {
             self.tablet_migrations,
             self.fingerprint
         )?;
+        if let Some(bank) = &self.bank {
+            writeln!(
+                f,
+                "  bank: {} transfers committed, {} not applied, {} unknown; {} audits \
+                 committed ({} snapshots checked, {} unchecked), {} not committed",
+                bank.transfers.0,
+                bank.transfers.1,
+                bank.transfers.2,
+                bank.audits.0,
+                bank.snapshots.0,
+                bank.snapshots.1,
+                bank.audits.1
+            )?;
+        }
         for fault in &self.faults {
             writeln!(f, "  {fault}")?;
         }
@@ -218,9 +244,10 @@ impl fmt::Display for SimulationFailure {
         writeln!(f, "simulation seed {} failed: {}", self.report.seed, self.reason)?;
         write!(f, "{}", self.report)?;
         let moves = if self.report.tablet_moves { " STRATUS_SIM_TABLET_MOVES=1" } else { "" };
+        let bank = if self.report.bank.is_some() { " STRATUS_SIM_BANK=1" } else { "" };
         write!(
             f,
-            "reproduce: STRATUS_SIM_SEED={}{moves} cargo test -p stratus-sim --test seeds \
+            "reproduce: STRATUS_SIM_SEED={}{moves}{bank} cargo test -p stratus-sim --test seeds \
              one_seed -- --ignored --nocapture",
             self.report.seed
         )
@@ -355,6 +382,8 @@ struct Workload {
     counter_finals: Mutex<Vec<i64>>,
     /// The zombie client finished its checks.
     zombie_checked: AtomicBool,
+    /// The bank workload's clients and log (`SimulationOptions::bank`).
+    bank: bank::BankState,
 }
 
 fn client_config() -> ClientConfig {
@@ -446,6 +475,17 @@ async fn run_operator(
         if workload.clients_done.load(Ordering::Acquire) >= options.clients {
             break;
         }
+        // With the bank, half the moves are of its table (a range holding prepared
+        // transactions must drain before it migrates). Drawn only then, so the runs without
+        // the bank make the same choices as before.
+        let (name, table) = if options.bank.is_some() && schedule::percent(&mut choices, 50) {
+            match client.get_table_id("bank").await {
+                Ok(bank) => ("bank", bank),
+                Err(_) => continue,
+            }
+        } else {
+            ("simulation", table)
+        };
         let Ok(tablets) = client.tablet_map(table).await else { continue };
         let Ok(servers) = client.server_list().await else { continue };
         let masters: Vec<_> = servers
@@ -457,13 +497,13 @@ async fn run_operator(
             continue;
         }
         if schedule::percent(&mut choices, 40) {
-            if client.split_tablet("simulation", choices.below(u64::MAX)).await.is_ok() {
+            if client.split_tablet(name, choices.below(u64::MAX)).await.is_ok() {
                 workload.tablet_splits.fetch_add(1, Ordering::AcqRel);
             }
         } else {
             let tablet = &tablets[choices.below(tablets.len() as u64) as usize];
             let target = masters[choices.below(masters.len() as u64) as usize];
-            if client.migrate_tablet("simulation", tablet.range.start, target).await.is_ok() {
+            if client.migrate_tablet(name, tablet.range.start, target).await.is_ok() {
                 workload.tablet_migrations.fetch_add(1, Ordering::AcqRel);
             }
         }
@@ -493,6 +533,7 @@ async fn verify(
 ) -> nodes::HostResult {
     while workload.clients_done.load(Ordering::Acquire) < options.clients
         || !workload.faults_over.load(Ordering::Acquire)
+        || options.bank.as_ref().is_some_and(|bank| !workload.bank.done(bank))
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -557,6 +598,18 @@ async fn verify(
             }
         }
     }
+    // The bank: every account readable (no lock left behind), its final balance recorded for
+    // the checks after the run, and no live master holding a prepared operation.
+    if let Some(bank) = &options.bank {
+        bank::verify_accounts(
+            client.client(),
+            bank,
+            &workload.bank,
+            &observations,
+            LIVE_SAMPLE_AGE_MAX,
+        )
+        .await?;
+    }
     // Durability restored: every live server's segments are back on R backups.
     let mut waited = Duration::ZERO;
     loop {
@@ -611,8 +664,17 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         seed,
         shape: (options.servers, options.replicas, options.clients),
         tablet_moves: options.tablet_moves,
+        bank: options.bank.as_ref().map(|_| bank::BankSummary::default()),
         ..SimulationReport::default()
     };
+    if options.bank.as_ref().is_some_and(|bank| bank.crash_a_client_mid_commit) {
+        return Err(SimulationFailure {
+            reason: "BankOptions::crash_a_client_mid_commit is not supported yet: it needs the \
+                     participant-side transaction recovery manager"
+                .to_string(),
+            report: Box::new(report),
+        });
+    }
     let mut schedule_choices = Choices::new(seed ^ 0x5C4E_D01E);
     let mut disk_choices = Choices::new(seed ^ 0xD15C_0000);
     let durability = if schedule::percent(&mut schedule_choices, 50) {
@@ -669,6 +731,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         tablet_migrations: AtomicU32::new(0),
         counter_finals: Mutex::new(Vec::new()),
         zombie_checked: AtomicBool::new(false),
+        bank: bank::BankState::default(),
     });
     let mut hosts: Vec<String> = vec!["coordinator".to_string()];
     hosts.extend((0..options.servers).map(server_host));
@@ -684,6 +747,20 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     if options.zombie_client {
         hosts.push("zombie".to_string());
         simulation.client("zombie", zombie::run(seed, options.clone(), workload.clone()));
+    }
+    if let Some(bank) = &options.bank {
+        for index in 0..bank.transfer_clients {
+            let name = format!("bank-client-{index}");
+            hosts.push(name.clone());
+            simulation
+                .client(name, bank::run_transfers(seed, index, options.clone(), workload.clone()));
+        }
+        for index in 0..bank.auditors {
+            let name = format!("bank-auditor-{index}");
+            hosts.push(name.clone());
+            simulation
+                .client(name, bank::run_auditor(seed, index, options.clone(), workload.clone()));
+        }
     }
     hosts.push("verifier".to_string());
     simulation
@@ -837,6 +914,11 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     fnv1a(&mut fingerprint, format!("{:?}", history.operations).as_bytes());
     fnv1a(&mut fingerprint, &report.steps.to_le_bytes());
     fnv1a(&mut fingerprint, &report.serving_samples.to_le_bytes());
+    if options.bank.is_some() {
+        let log = workload.bank.log();
+        fnv1a(&mut fingerprint, log.join("\n").as_bytes());
+        report.history.extend(log);
+    }
     report.fingerprint = fingerprint;
     let verdict = check(&history, &CheckOptions::default());
     if !verdict.is_linearizable() {
@@ -868,6 +950,12 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
                     return Err(fail(format!("counter {index}: {violation}"), &report));
                 }
             }
+        }
+    }
+    if let Some(bank) = &options.bank {
+        match bank::check(&workload.bank, bank) {
+            Ok(summary) => report.bank = Some(summary),
+            Err(reason) => return Err(fail(reason, &report)),
         }
     }
     Ok(report)

@@ -92,6 +92,9 @@ pub struct ServingObservations {
     /// Per server incarnation: when it last sampled (simulated time), and how many of its
     /// segments were then on fewer than R backups.
     pub segments_short: std::collections::BTreeMap<ServerId, (Duration, usize)>,
+    /// Per server incarnation: when it last sampled, and how many transaction operations it
+    /// then held prepared (each locking an object).
+    pub prepared_ops: std::collections::BTreeMap<ServerId, (Duration, u64)>,
 }
 
 fn overlaps(first: &HashRange, second: &HashRange) -> bool {
@@ -225,6 +228,13 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     let sweep =
         master.check_client_leases(COORDINATOR_ADDRESS.to_string(), environment.network.clone());
     tokio::spawn(sweep);
+    // Transactions whose client left them undecided are finished by their participants, as
+    // `stratus server` does.
+    tokio::spawn(stratus_master::finish_abandoned_transactions(
+        master.store_handle(),
+        COORDINATOR_ADDRESS.to_string(),
+        environment.clone(),
+    ));
     let lease = Lease::new();
     master.set_lease(lease.clone());
     tokio::spawn(keep_lease(
@@ -312,6 +322,8 @@ async fn sample_serving(
             let short = replication.segments_short_of_replicas();
             let mut observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
             observations.segments_short.insert(server_id, (elapsed, short));
+            let prepared = master.store().prepared_statistics().operations;
+            observations.prepared_ops.insert(server_id, (elapsed, prepared));
         }
         // What the request path checks: a master that would refuse every object request
         // serves nothing.

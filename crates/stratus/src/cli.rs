@@ -64,6 +64,10 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(stratus_bench::BenchCommand),
+    /// Run one transaction read from stdin, one operation per line: `get TABLE KEY`,
+    /// `set TABLE KEY VALUE`, `del TABLE KEY`, `incr TABLE KEY [DELTA]`. Prints what the gets
+    /// and incrs saw and `committed`, or `aborted: <reason>` (exit status 1).
+    Tx,
     /// Run a checked workload: concurrent recording clients on a small key set, then every
     /// key read back and the history checked for linearizability and lost writes. Exit status
     /// 0 pass, 2 violation, 3 inconclusive.
@@ -472,6 +476,13 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
             client.migrate_tablet(&name, start_hash, target).await?;
             let _ =
                 writeln!(stdout, "migrated {name} tablet {start_hash:#018x} to server {target}");
+        }
+        Command::Tx => {
+            let lines =
+                crate::tx::read_lines(std::io::stdin().lock()).map_err(CommandError::Value)?;
+            drop(stdout);
+            crate::tx::run(client, &lines).await.map_err(CommandError::Value)?;
+            return Ok(());
         }
         Command::Table(TableCommand::List) => {
             for table in client.list_tables().await? {

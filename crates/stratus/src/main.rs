@@ -13,6 +13,7 @@
 mod cli;
 mod roles;
 mod status;
+mod tx;
 mod up;
 mod workload;
 

@@ -181,6 +181,22 @@ fn cli_against_a_local_cluster() {
          131072 bytes (--value-bytes-max)\n"
     );
 
+    // A transaction from the shell: a transfer between two keys on (likely) two masters.
+    let opening = b"set users from 100\nset users to 0\n";
+    let opened = stratus(&coordinator, &["tx"], Some(opening));
+    assert!(opened.success, "{}", opened.stderr);
+    assert_eq!(text(&opened), "committed\n");
+    let script = b"# move 30\nget users from\nset users from 70\nget users to\nset users to 30\n\
+                   get users from\nincr users counter 5\n";
+    let moved = stratus(&coordinator, &["tx"], Some(script));
+    assert!(moved.success, "{}", moved.stderr);
+    // Reads inside see the transaction's own writes.
+    assert_eq!(text(&moved), "from\t100\nto\t0\nfrom\t70\ncounter\t5\ncommitted\n");
+    assert_eq!(text(&stratus(&coordinator, &["get", "users", "to"], None)), "30\n");
+    let bad = stratus(&coordinator, &["tx"], Some(b"get users\n"));
+    assert!(!bad.success);
+    assert!(bad.stderr.starts_with("stratus: line 1:"), "{}", bad.stderr);
+
     // Every failure is one line.
     let empty_key = stratus(&coordinator, &["get", "users", ""], None);
     assert!(!empty_key.success);

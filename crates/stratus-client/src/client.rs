@@ -803,7 +803,8 @@ impl Inner {
                 Err(error) => error,
             };
             self.pool.forget(address);
-            let cached_connection_broke = matches!(error, RpcError::ConnectionLost(_));
+            let cached_connection_broke =
+                matches!(error, RpcError::ConnectionLost(_) | RpcError::NotSent(_));
             if !cached_connection_broke || fresh_connection_tried {
                 return Err(Error::new(error.status(), format!("server {address}: {error}")));
             }
@@ -943,7 +944,7 @@ impl Inner {
     ) -> Judgement {
         self.pool.forget(address);
         self.forget_table(table_id);
-        let may_have_run = !matches!(error, RpcError::Connect(_));
+        let may_have_run = !matches!(error, RpcError::Connect(_) | RpcError::NotSent(_));
         if is_permanent(error)
             || (may_have_run && mutation && !self.config.retry_ambiguous_mutations)
         {

@@ -324,7 +324,9 @@ fn a_connection_the_master_closed_while_idle_is_not_used_for_a_write() {
     let client = BlockingClient::new(config).unwrap();
     for written in 1..=3 {
         assert_eq!(
-            client.write(TableId(1), b"key", b"value", RejectRules::NONE).unwrap(),
+            client
+                .write(TableId(1), b"key", b"value", RejectRules::NONE)
+                .unwrap_or_else(|error| panic!("write {written}: {error:?}")),
             Version(5)
         );
         // The master has closed the connection, and the client's is idle long enough to be

@@ -59,6 +59,9 @@ pub enum RpcError {
     Timeout,
     /// The connection broke before the response arrived; the request may or may not have run.
     ConnectionLost(String),
+    /// The connection had closed before the request was written to it: the request reached
+    /// nobody, so it may be sent again anywhere without doubt.
+    NotSent(String),
     /// The peer sent bytes that violate the protocol.
     Protocol(String),
     /// The peer speaks another protocol version.
@@ -72,7 +75,9 @@ impl RpcError {
     /// The status a caller reports for this failure.
     pub fn status(&self) -> Status {
         match self {
-            RpcError::Connect(_) | RpcError::ConnectionLost(_) => Status::CouldntConnect,
+            RpcError::Connect(_) | RpcError::ConnectionLost(_) | RpcError::NotSent(_) => {
+                Status::CouldntConnect
+            }
             RpcError::Timeout => Status::Timeout,
             RpcError::Protocol(_) => Status::InternalError,
             RpcError::VersionMismatch { .. } => Status::ProtocolVersionMismatch,
@@ -86,6 +91,7 @@ impl std::fmt::Display for RpcError {
             RpcError::Connect(reason) => write!(f, "couldn't connect: {reason}"),
             RpcError::Timeout => write!(f, "request timed out"),
             RpcError::ConnectionLost(reason) => write!(f, "connection lost: {reason}"),
+            RpcError::NotSent(reason) => write!(f, "not sent: {reason}"),
             RpcError::Protocol(reason) => write!(f, "protocol violation: {reason}"),
             RpcError::VersionMismatch { server_version } => write!(
                 f,
@@ -220,7 +226,7 @@ impl Channel {
             .await
             .map_err(|_| RpcError::ConnectionLost("channel shut down".to_string()))?;
         if self.is_closed() {
-            return Err(RpcError::ConnectionLost(format!("connection to {} closed", self.address)));
+            return Err(RpcError::NotSent(format!("connection to {} closed", self.address)));
         }
         let request_id = self.shared.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = oneshot::channel();
@@ -235,9 +241,11 @@ impl Channel {
         }
         self.shared.output_ready.notify_one();
         // The connection may have closed between the check and the insert; the close drains
-        // `pending`, but only entries present then, so check again.
-        if self.is_closed() {
-            self.forget(request_id);
+        // `pending`, but only entries present then, so check again. An entry no longer there
+        // was taken by the reader (its answer is waiting in `receiver`: the server may answer
+        // and close before this line runs) or by the close (its error is): either way the
+        // receiver has the outcome. Only an entry still present would never be completed.
+        if self.is_closed() && self.forget(request_id) {
             return Err(RpcError::ConnectionLost(format!("connection to {} closed", self.address)));
         }
         match tokio::time::timeout(timeout, receiver).await {
@@ -250,8 +258,15 @@ impl Channel {
         }
     }
 
-    fn forget(&self, request_id: u64) {
-        self.shared.pending.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&request_id);
+    /// Drops the completion of `request_id`; true if it was still waiting (nobody else will
+    /// complete it now).
+    fn forget(&self, request_id: u64) -> bool {
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(&request_id)
+            .is_some()
     }
 }
 

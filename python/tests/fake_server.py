@@ -6,7 +6,9 @@ then reads request frames and answers each with whatever its ``respond`` functio
 Every blocking call has a timeout, and ``close`` stops every thread, so a test that goes wrong
 fails instead of hanging. ``ScriptedCoordinator`` answers GET_TABLET_MAP from a script and
 CLIENT_LEASE (exactly-once leases) with a ``LeaseGranter`` or a function of the test's;
-``rpc_identity`` and ``multi_identities`` read the exactly-once identities a client sent.
+``rpc_identity`` and ``multi_identities`` read the exactly-once identities a client sent;
+``tx_prepare_request``, ``tx_decision_request`` and ``tx_request_abort_request`` read the
+transaction requests, and ``tx_votes_body`` and ``tx_results_body`` make their answers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ HELLO_OK = b"STRA\x03\x00\x00\x00"
 READ, WRITE, REMOVE, INCREMENT = 30, 31, 32, 33
 MULTI_READ, MULTI_WRITE, MULTI_REMOVE, MULTI_INCREMENT = 34, 35, 36, 37
 SET_EXPIRY = 39
+TX_PREPARE, TX_DECISION, TX_REQUEST_ABORT = 60, 61, 62
 CLIENT_LEASE = 24
 GET_TABLET_MAP = 16
 UNIMPLEMENTED_REQUEST = 8
@@ -130,6 +133,105 @@ def multi_identities(request: Request) -> list:
         identities.append(identity)
     assert offset == len(request.body)
     return identities
+
+
+@dataclass(frozen=True)
+class TxPrepareOp:
+    table_id: int
+    key: bytes
+    rpc: int
+    kind: int
+    version_read: int
+    value: bytes
+
+
+@dataclass(frozen=True)
+class TxPrepareRequest:
+    lease: int
+    acknowledged: int
+    transaction: int
+    validate_only: bool
+    ops: list[TxPrepareOp]
+    # (table id, key hash, rpc id) of every op of the transaction
+    participants: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class TxDecisionRequest:
+    lease: int
+    acknowledged: int
+    transaction: int
+    decision: int
+    ops: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class TxRequestAbortRequest:
+    lease: int
+    transaction: int
+    ops: list[tuple[int, int, int]]
+
+
+def _tx_op_names(body: bytes, offset: int) -> tuple[list[tuple[int, int, int]], int]:
+    (count,) = struct.unpack_from("<I", body, offset)
+    offset += 4
+    names = [struct.unpack_from("<QQQ", body, offset + 24 * i) for i in range(count)]
+    return names, offset + 24 * count
+
+
+def tx_prepare_request(request: Request) -> TxPrepareRequest:
+    """A TX_PREPARE request's fields (the wire's layout, checked to be consumed whole)."""
+    assert request.opcode == TX_PREPARE
+    body = request.body
+    lease, acknowledged, transaction, validate_only, count = struct.unpack_from("<QQQBI", body)
+    assert validate_only in (0, 1)
+    offset = 8 * 3 + 1 + 4
+    ops = []
+    for _ in range(count):
+        table_id, key_length = struct.unpack_from("<QH", body, offset)
+        offset += 10
+        key = body[offset : offset + key_length]
+        offset += key_length
+        rpc, kind, version_read, value_length = struct.unpack_from("<QBQI", body, offset)
+        offset += 8 + 1 + 8 + 4
+        value = body[offset : offset + value_length]
+        offset += value_length
+        ops.append(TxPrepareOp(table_id, key, rpc, kind, version_read, value))
+    participants, offset = _tx_op_names(body, offset)
+    assert offset == len(body), "the participants end the body"
+    return TxPrepareRequest(
+        lease, acknowledged, transaction, bool(validate_only), ops, participants
+    )
+
+
+def tx_decision_request(request: Request) -> TxDecisionRequest:
+    assert request.opcode == TX_DECISION
+    lease, acknowledged, transaction, decision = struct.unpack_from("<QQQB", request.body)
+    ops, offset = _tx_op_names(request.body, 25)
+    assert offset == len(request.body)
+    return TxDecisionRequest(lease, acknowledged, transaction, decision, ops)
+
+
+def tx_request_abort_request(request: Request) -> TxRequestAbortRequest:
+    assert request.opcode == TX_REQUEST_ABORT
+    lease, transaction = struct.unpack_from("<QQ", request.body)
+    ops, offset = _tx_op_names(request.body, 16)
+    assert offset == len(request.body)
+    return TxRequestAbortRequest(lease, transaction, ops)
+
+
+def tx_votes_body(votes: list[tuple[int, int, int]]) -> bytes:
+    """TX_PREPARE's or TX_REQUEST_ABORT's answer body: (status, vote, version) per op."""
+    return struct.pack("<I", len(votes)) + b"".join(
+        struct.pack("<HBQ", status, vote, version) for status, vote, version in votes
+    )
+
+
+def tx_results_body(statuses: list[int]) -> bytes:
+    """TX_DECISION's answer body: a status per op."""
+    return struct.pack("<I", len(statuses)) + b"".join(
+        struct.pack("<H", status) for status in statuses
+    )
 
 
 class LeaseGranter:

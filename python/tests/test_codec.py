@@ -11,8 +11,21 @@ import pytest
 from wire_vectors import VECTORS, hex_bytes, vector_bytes
 
 from stratus_client import codec
-from stratus_client.codec import ClientLeaseGrant, ErrorBody, MultiItemResult, Opcode, RpcIdentity
+from stratus_client.codec import (
+    ClientLeaseGrant,
+    ErrorBody,
+    MultiItemResult,
+    Opcode,
+    RpcIdentity,
+    TxDecision,
+    TxOp,
+    TxOpKind,
+    TxOpName,
+    TxVote,
+    TxVoteResult,
+)
 from stratus_client.errors import InvalidKey, ProtocolError, RequestTooLarge
+from stratus_client.key_hash import key_hash
 from stratus_client.model import (
     FULL_HASH_RANGE,
     EnumeratedObject,
@@ -204,6 +217,84 @@ def test_create_table_request_vector():
     )
 
 
+# The transaction of the specification's vectors: lease 7, acknowledged up to 10, first op rpc
+# 12: a write of "x" to key "a" of table 1 read at version 3, a read of key "b" found absent,
+# and (on another master) key "c", rpc 14.
+TX_OPS = [TxOp(1, b"a", 12, TxOpKind.WRITE, 3, b"x"), TxOp(1, b"b", 13, TxOpKind.READ, 0)]
+TX_NAMES = [TxOpName(1, key_hash(1, key), rpc) for key, rpc in ((b"a", 12), (b"b", 13), (b"c", 14))]
+
+
+def test_tx_prepare_request_vector():
+    assert TX_NAMES[0].key_hash == 0xD2F6D0996F37A720
+    body = codec.tx_prepare_body(7, 10, 12, False, TX_OPS, TX_NAMES)
+    assert codec.encode_request(Opcode.TX_PREPARE, 23, body) == vector_bytes("tx-prepare-request")
+
+
+def test_tx_decision_request_vector():
+    body = codec.tx_decision_body(7, 10, 12, TxDecision.COMMIT, TX_NAMES[:2])
+    assert codec.encode_request(Opcode.TX_DECISION, 24, body) == vector_bytes("tx-decision-request")
+
+
+def test_tx_request_abort_request_vector():
+    body = codec.tx_request_abort_body(7, 12, TX_NAMES[:2])
+    assert codec.encode_request(Opcode.TX_REQUEST_ABORT, 25, body) == vector_bytes(
+        "tx-request-abort-request"
+    )
+
+
+def test_a_validation_carries_reads_and_no_participants():
+    reads = [TxOp(2, b"k", 5, TxOpKind.READ, 9)]
+    body = codec.tx_prepare_body(3, 4, 5, True, reads, [])
+    assert body == (
+        struct.pack("<QQQBI", 3, 4, 5, 1, 1)
+        + struct.pack("<QH", 2, 1)
+        + b"k"
+        + struct.pack("<QBQI", 5, 1, 9, 0)
+        + struct.pack("<I", 0)
+    )
+    remove = codec.tx_prepare_body(
+        3, 0, 1, False, [TxOp(2, b"k", 1, TxOpKind.REMOVE, 4)], [TxOpName(2, 99, 1)]
+    )
+    assert remove.endswith(struct.pack("<QBQI", 1, 3, 4, 0) + struct.pack("<IQQQ", 1, 2, 99, 1))
+    # A participant finishing a transaction acknowledges nothing.
+    abort = codec.tx_decision_body(7, 0, 12, TxDecision.ABORT, [TxOpName(1, 2, 12)])
+    assert abort == struct.pack("<QQQBIQQQ", 7, 0, 12, 2, 1, 1, 2, 12)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        # Identities a master would refuse as malformed.
+        lambda: codec.tx_prepare_body(0, 0, 1, False, TX_OPS, TX_NAMES),
+        lambda: codec.tx_prepare_body(7, 12, 12, False, TX_OPS, TX_NAMES),
+        lambda: codec.tx_prepare_body(7, 0, 0, False, TX_OPS, TX_NAMES),
+        lambda: codec.tx_prepare_body(7, 12, 13, False, TX_OPS, TX_NAMES),
+        lambda: codec.tx_decision_body(7, 12, 12, TxDecision.COMMIT, TX_NAMES),
+        lambda: codec.tx_decision_body(7, 12, 13, TxDecision.COMMIT, TX_NAMES),
+        lambda: codec.tx_request_abort_body(0, 12, TX_NAMES),
+        lambda: codec.tx_request_abort_body(7, 0, TX_NAMES),
+        lambda: codec.tx_request_abort_body(7, 12, [TxOpName(1, 2, 0)]),
+        # Participants exactly when not only validating; only reads when validating.
+        lambda: codec.tx_prepare_body(7, 10, 12, False, TX_OPS, []),
+        lambda: codec.tx_prepare_body(7, 10, 12, True, TX_OPS[1:], TX_NAMES),
+        lambda: codec.tx_prepare_body(7, 10, 12, True, TX_OPS, []),
+        # A value on a read or a remove.
+        lambda: codec.tx_prepare_body(
+            7, 10, 12, False, [TxOp(1, b"b", 13, TxOpKind.READ, 0, b"v")], TX_NAMES
+        ),
+        lambda: codec.tx_prepare_body(
+            7, 10, 12, False, [TxOp(1, b"b", 13, TxOpKind.REMOVE, 0, b"v")], TX_NAMES
+        ),
+        lambda: codec.tx_prepare_body(7, 10, 12, False, [TX_OPS[0]] * 4097, TX_NAMES),
+        lambda: codec.tx_decision_body(7, 10, 12, TxDecision.ABORT, TX_NAMES * 1366),
+        lambda: codec.tx_prepare_body(7, 10, 12, False, [TxOp(1, b"b", 13, 4, 0)], TX_NAMES),
+    ],
+)
+def test_transaction_requests_a_master_would_refuse_are_not_encoded(make):
+    with pytest.raises(ValueError):
+        make()
+
+
 def test_requests_of_other_roles_share_the_envelope():
     """The client never sends backup or recovery requests, but their frames are requests like
     any other: the header this client writes must frame their bodies identically."""
@@ -290,6 +381,33 @@ def test_get_tablet_map_response_vector():
         ),
     ]
     assert tablets[1].recovering and not tablets[0].recovering
+
+
+def test_tx_prepare_response_vector():
+    header, body = split_response(vector_bytes("tx-prepare-response"))
+    assert (header.opcode_code, header.request_id, header.status) == (60, 23, Status.OK)
+    assert codec.decode_response_body(Opcode.TX_PREPARE, header.status, body) == [
+        TxVoteResult(Status.OK, TxVote.PREPARED, 3),
+        TxVoteResult(Status.RETRY, TxVote.ABORT, 0),
+    ]
+
+
+def test_tx_decision_response_vector():
+    header, body = split_response(vector_bytes("tx-decision-response"))
+    assert (header.opcode_code, header.request_id, header.status) == (61, 24, Status.OK)
+    assert codec.decode_response_body(Opcode.TX_DECISION, header.status, body) == [
+        Status.OK,
+        Status.UNKNOWN_TABLET,
+    ]
+
+
+def test_tx_request_abort_response_vector():
+    header, body = split_response(vector_bytes("tx-request-abort-response"))
+    assert (header.opcode_code, header.request_id, header.status) == (62, 25, Status.OK)
+    assert codec.decode_response_body(Opcode.TX_REQUEST_ABORT, header.status, body) == [
+        TxVoteResult(Status.OK, TxVote.PREPARED, 3),
+        TxVoteResult(Status.OK, TxVote.ABORT, 0),
+    ]
 
 
 def test_error_response_vector():
@@ -443,6 +561,23 @@ def test_malformed_response_headers_are_refused(frame, problem):
         (Opcode.CHECK_CLIENT_LEASES, Status.OK, struct.pack("<II", 2, 1), "cannot fit"),
         (Opcode.ENUMERATE, Status.OK, struct.pack("<IBQB", 0, 1, 0, 5), "cursor after-key flag"),
         (
+            Opcode.TX_PREPARE,
+            Status.OK,
+            struct.pack("<IHBQ", 1, 0, 3, 0),
+            "unknown transaction vote",
+        ),
+        (
+            Opcode.TX_PREPARE,
+            Status.OK,
+            struct.pack("<IHBQ", 1, 0, 0, 0),
+            "unknown transaction vote",
+        ),
+        (Opcode.TX_REQUEST_ABORT, Status.OK, struct.pack("<I", 4097), "exceeds the maximum"),
+        (Opcode.TX_REQUEST_ABORT, Status.OK, struct.pack("<I", 2) + bytes(11), "cannot fit"),
+        (Opcode.TX_PREPARE, Status.OK, struct.pack("<IHBQB", 1, 0, 1, 0, 0), "trailing"),
+        (Opcode.TX_DECISION, Status.OK, struct.pack("<IH", 1, 77), "unknown status code 77"),
+        (Opcode.TX_DECISION, Status.OK, struct.pack("<IH", 2, 0), "cannot fit"),
+        (
             Opcode.LIST_TABLES,
             Status.OK,
             struct.pack("<IH", 1, 300) + bytes(300 + 12),
@@ -467,6 +602,9 @@ def test_mutated_frames_never_escape_as_anything_but_protocol_errors():
         "error-response-unknown-tablet": Opcode.READ,
         "client-lease-response": Opcode.CLIENT_LEASE,
         "check-client-leases-response": Opcode.CHECK_CLIENT_LEASES,
+        "tx-prepare-response": Opcode.TX_PREPARE,
+        "tx-decision-response": Opcode.TX_DECISION,
+        "tx-request-abort-response": Opcode.TX_REQUEST_ABORT,
     }
     generator = random.Random(20240607)
     outcomes = {"decoded": 0, "refused": 0}

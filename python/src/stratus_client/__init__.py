@@ -7,10 +7,17 @@
         version = client.write(table, b"alice", b"hello")
         value, version = client.read(table, b"alice")
 
+        tx = client.transaction()                  # multi-object, strictly serializable
+        tx.increment(table, b"alice-balance", -10)
+        tx.increment(table, b"bob-balance", 10)
+        if not tx.commit():                        # a TxOutcome: committed, or an AbortReason
+            ...
+
 See ``Client`` for every operation, and ``errors`` for what each failure raises.
 """
 
 from .client import Client
+from .codec import TxDecision, TxOpName
 from .enumeration import Enumeration, EnumerationPosition
 from .errors import (
     CouldNotConnect,
@@ -32,6 +39,7 @@ from .errors import (
     StratusError,
     TableDoesNotExist,
     Timeout,
+    TransactionAborted,
     Unavailable,
     UnimplementedRequest,
     UnknownTablet,
@@ -41,6 +49,8 @@ from .errors import (
 )
 from .key_hash import key_hash
 from .model import (
+    AbortKind,
+    AbortReason,
     EnumeratedObject,
     Expiry,
     HashRange,
@@ -53,13 +63,17 @@ from .model import (
     TableEntry,
     TabletEntry,
     TabletState,
+    TxOutcome,
     WriteItem,
 )
 from .status import Status
+from .transaction import Transaction
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbortKind",
+    "AbortReason",
     "Client",
     "CouldNotConnect",
     "EnumeratedObject",
@@ -95,6 +109,11 @@ __all__ = [
     "TabletEntry",
     "TabletState",
     "Timeout",
+    "Transaction",
+    "TransactionAborted",
+    "TxDecision",
+    "TxOpName",
+    "TxOutcome",
     "Unavailable",
     "UnimplementedRequest",
     "UnknownTablet",

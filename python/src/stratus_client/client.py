@@ -24,7 +24,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 from . import codec
 from .codec import ClientLeaseGrant, MultiItemResult, Opcode, RpcIdentity
@@ -62,6 +63,11 @@ from .model import (
 )
 from .retry import Attempts, failure_from_response
 from .status import Status
+
+if TYPE_CHECKING:
+    from .codec import TxDecision, TxOpName
+    from .model import AbortReason
+    from .transaction import Transaction
 
 __all__ = ["Client"]
 
@@ -199,8 +205,11 @@ class Client:
         self._closed = False
         self._coordinator_index = 0  # the coordinator address that answered last
         self.exactly_once = bool(exactly_once)
-        # The lease and rpc ids of exactly-once mutations.
+        # The lease and rpc ids of exactly-once mutations (and of transactions' ops).
         self._lease_agent = LeaseAgent(self._client_lease_call)
+        # Threads sending a transaction phase's requests to several masters at once; made by
+        # the first transaction that needs them.
+        self._executor: ThreadPoolExecutor | None = None
 
     # -----------------------------------------------------------------------------------------
     # Lifetime.
@@ -218,8 +227,11 @@ class Client:
             connections = list(self._connections.values())
             self._connections.clear()
             self._tablet_maps.clear()
+            executor, self._executor = self._executor, None
         for connection in connections:
             connection.close()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     # -----------------------------------------------------------------------------------------
     # Tables (coordinator).
@@ -432,6 +444,74 @@ class Client:
         )
 
     # -----------------------------------------------------------------------------------------
+    # Transactions (docs/design/transactions.md; transaction.py).
+
+    def transaction(self) -> Transaction:
+        """Starts a multi-object transaction (see ``Transaction``): strictly serializable
+        reads and writes of objects on any masters. Nothing is sent until it reads or
+        commits."""
+        from .transaction import Transaction
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+        return Transaction(self)
+
+    def run_transaction(self, body: Callable[[Transaction], _Result]) -> _Result:
+        """Runs ``body`` on a fresh transaction and commits it; when the commit aborts in a
+        conflict, runs it again on another fresh transaction after a pause (1 ms doubling to
+        64 ms, with jitter), up to 32 attempts and while the client's ``timeout`` since the
+        first has not passed. Returns what ``body`` returned for the transaction that
+        committed.
+
+        ``body`` must not commit the transaction, and may run several times: it should do
+        nothing but read and buffer through it. An exception from ``body`` ends the call
+        without committing, and so does an error of the commit (``Timeout``: its outcome is
+        unknown). An abort other than a conflict, or a conflict on the last attempt allowed,
+        raises ``TransactionAborted`` with the ``AbortReason``.
+
+            def transfer(tx):
+                tx.increment(accounts, "alice", -10)
+                tx.increment(accounts, "bob", 10)
+
+            client.run_transaction(transfer)
+        """
+        from .transaction import run_transaction
+
+        return run_transaction(self, body)
+
+    def run_transaction_retrying_if(
+        self,
+        body: Callable[[Transaction], _Result],
+        retry_conflict: Callable[[AbortReason], bool],
+    ) -> _Result:
+        """``run_transaction``, retrying only the conflicts ``retry_conflict`` accepts (given
+        the conflict's ``AbortReason``); another conflict raises ``TransactionAborted`` at
+        once. For callers to which some conflicts are an answer (as Redis's EXEC answers a
+        conflict on a WATCHed key)."""
+        from .transaction import run_transaction
+
+        return run_transaction(self, body, retry_conflict)
+
+    def finish_transaction(
+        self, lease: int, transaction: int, participants: list[TxOpName]
+    ) -> TxDecision:
+        """Finishes the transaction ``(lease, transaction)`` whose ops are ``participants``
+        (every op of the transaction as its TX_PREPARE requests listed them: table, key hash,
+        rpc id) as a participant does for a transaction whose client went silent, and returns
+        its decision: TX_REQUEST_ABORT for every op (an op that had not voted is recorded
+        ABORT, so it can never prepare later), COMMIT iff every vote is PREPARED, then
+        TX_DECISION for every op. For tools and tests; applications commit with
+        ``Transaction.commit``.
+
+        Each round has the client's ``timeout``; ``Timeout`` means a round could not complete
+        (calling again is safe, and decides the same). ``InvalidParameter``: no participants,
+        more than 4096, or an id of 0."""
+        from .transaction import finish_transaction
+
+        return finish_transaction(self, lease, transaction, participants)
+
+    # -----------------------------------------------------------------------------------------
     # Enumeration.
 
     def enumerate(
@@ -502,6 +582,17 @@ class Client:
                 if self._connections.get(address) is connection:
                     del self._connections[address]
             raise
+
+    def _transaction_executor(self) -> ThreadPoolExecutor:
+        """The threads that send a transaction phase's requests to several masters at once."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=16, thread_name_prefix="stratus-transaction"
+                )
+            return self._executor
 
     def _retrying(self, attempts: Attempts, attempt: Callable[[], _Result]) -> _Result:
         """Runs ``attempt`` until it returns, raises a non-retryable error, or the deadline

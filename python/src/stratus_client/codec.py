@@ -59,6 +59,12 @@ TABLES_MAX = 65_536
 SERVERS_MAX = 16_384
 TABLETS_MAX = TABLES_MAX * SERVER_SPAN_MAX
 ENUMERATE_RESPONSE_BYTES_MAX = 4 * 1024 * 1024
+# Transactions (docs/design/transactions.md): objects of one transaction at most (each takes an
+# rpc id of the lease until decided), bytes of keys and buffered values at most, and the bytes of
+# ops one TX_PREPARE (or a commit's multi-read) carries at most before it is split.
+TRANSACTION_OBJECTS_MAX = 4_096
+TRANSACTION_BYTES_MAX = 64 * 1024 * 1024
+TRANSACTION_REQUEST_BYTES_MAX = 8 * 1024 * 1024
 # An enumerated object takes at least 14 bytes (empty key and value), so no more fit a frame.
 ENUMERATED_OBJECTS_MAX = FRAME_BYTES_MAX // (2 + 4 + 8)
 
@@ -135,6 +141,60 @@ class RpcIdentity(NamedTuple):
     lease: int
     rpc: int
     acknowledged: int
+
+
+class TxOpKind(enum.IntEnum):
+    """What a transaction does to one object (a TX_PREPARE op's kind); a ``u8`` on the wire."""
+
+    READ = 1
+    WRITE = 2
+    REMOVE = 3
+
+
+class TxVote(enum.IntEnum):
+    """A participant's vote on one op (TX_PREPARE, TX_REQUEST_ABORT); a ``u8`` on the wire."""
+
+    PREPARED = 1
+    ABORT = 2
+
+
+class TxDecision(enum.IntEnum):
+    """A transaction's decision (TX_DECISION); a ``u8`` on the wire."""
+
+    COMMIT = 1
+    ABORT = 2
+
+
+class TxOp(NamedTuple):
+    """One op of a TX_PREPARE: the object, the op's rpc id under the transaction's lease, what
+    it does, the version the transaction observed (0: absent), and a write's value (empty for
+    the other kinds)."""
+
+    table_id: int
+    key: bytes
+    rpc: int
+    kind: TxOpKind
+    version_read: int
+    value: bytes = b""
+
+
+class TxOpName(NamedTuple):
+    """One op of a transaction named without its key (24 bytes on the wire): a participant of
+    TX_PREPARE, and an op of TX_DECISION and TX_REQUEST_ABORT."""
+
+    table_id: int
+    key_hash: int
+    rpc: int
+
+
+class TxVoteResult(NamedTuple):
+    """One op's answer to TX_PREPARE or TX_REQUEST_ABORT: status OK when ``vote`` is the op's
+    vote; any other status means it was not voted on (its ``vote`` is then meaningless).
+    ``version`` is for information (0 when unknown)."""
+
+    status: Status
+    vote: TxVote
+    version: int
 
 
 class ClientLeaseGrant(NamedTuple):
@@ -475,6 +535,82 @@ def enumerate_body(
     )
 
 
+def _check_transaction(lease: int, acknowledged: int, transaction: int) -> None:
+    """A transaction's identity as TX_PREPARE and TX_DECISION carry it; one a master would
+    refuse as malformed (lease 0, transaction 0 or at or below acknowledged) is the caller's
+    bug, refused here."""
+    if lease == 0 or transaction == 0 or not 0 <= acknowledged < transaction:
+        raise ValueError(
+            f"not a valid transaction identity: lease {lease}, acknowledged {acknowledged}, "
+            f"transaction {transaction}"
+        )
+
+
+def _put_tx_op_names(
+    writer: BodyWriter, names: list[TxOpName], count_max: int, acknowledged: int
+) -> None:
+    """A list of tx op names: table id, key hash, rpc id (u64 each); every rpc id above
+    ``acknowledged`` (so never 0)."""
+    if len(names) > count_max:
+        raise ValueError(f"{len(names)} transaction ops exceed the maximum of {count_max}")
+    writer.count(len(names))
+    for name in names:
+        if not name.rpc > acknowledged:
+            raise ValueError(f"transaction op {name!r}: its rpc id is not above {acknowledged}")
+        writer.u64(name.table_id).u64(name.key_hash).u64(name.rpc)
+
+
+def tx_prepare_body(
+    lease: int,
+    acknowledged: int,
+    transaction: int,
+    validate_only: bool,
+    ops: list[TxOp],
+    participants: list[TxOpName],
+) -> bytes:
+    """The body of TX_PREPARE: the transaction's identity, the validate-only flag, the ops for
+    this master, then every op of the transaction (empty for a validation, and only then)."""
+    _check_transaction(lease, acknowledged, transaction)
+    if len(ops) > MULTI_OP_ITEMS_MAX:
+        raise ValueError(f"{len(ops)} ops exceed the maximum of {MULTI_OP_ITEMS_MAX}")
+    if validate_only == bool(participants):
+        raise ValueError("a TX_PREPARE lists participants unless it only validates")
+    writer = BodyWriter().u64(lease).u64(acknowledged).u64(transaction)
+    writer.u8(1 if validate_only else 0).count(len(ops))
+    for op in ops:
+        kind = TxOpKind(op.kind)
+        if not op.rpc > acknowledged:
+            raise ValueError(f"transaction op rpc id {op.rpc} is not above {acknowledged}")
+        if validate_only and kind is not TxOpKind.READ:
+            raise ValueError(f"a validate-only TX_PREPARE carries only reads, not {kind.name}")
+        if kind is not TxOpKind.WRITE and op.value:
+            raise ValueError(f"a {kind.name} op carries no value")
+        writer.u64(op.table_id).key(op.key).u64(op.rpc).u8(kind).u64(op.version_read)
+        writer.value(op.value)
+    _put_tx_op_names(writer, participants, TRANSACTION_OBJECTS_MAX, acknowledged)
+    return writer.to_bytes()
+
+
+def tx_decision_body(
+    lease: int, acknowledged: int, transaction: int, decision: TxDecision, ops: list[TxOpName]
+) -> bytes:
+    """The body of TX_DECISION: the transaction's identity, the decision, the ops it is for."""
+    _check_transaction(lease, acknowledged, transaction)
+    writer = BodyWriter().u64(lease).u64(acknowledged).u64(transaction).u8(TxDecision(decision))
+    _put_tx_op_names(writer, ops, MULTI_OP_ITEMS_MAX, acknowledged)
+    return writer.to_bytes()
+
+
+def tx_request_abort_body(lease: int, transaction: int, ops: list[TxOpName]) -> bytes:
+    """The body of TX_REQUEST_ABORT: lease, transaction, the ops whose votes to make final (no
+    acknowledged mark)."""
+    if lease == 0 or transaction == 0:
+        raise ValueError(f"not a valid transaction: lease {lease}, transaction {transaction}")
+    writer = BodyWriter().u64(lease).u64(transaction)
+    _put_tx_op_names(writer, ops, MULTI_OP_ITEMS_MAX, 0)
+    return writer.to_bytes()
+
+
 # ---------------------------------------------------------------------------------------------
 # Response bodies.
 
@@ -659,6 +795,16 @@ def _increment_result(reader: BodyReader) -> MultiItemResult:
     return MultiItemResult(reader.status(), reader.u64(), integer=reader.i64())
 
 
+def _tx_vote(reader: BodyReader) -> TxVoteResult:
+    status = reader.status()
+    code = reader.u8()
+    try:
+        vote = TxVote(code)
+    except ValueError:
+        raise reader.fail(f"unknown transaction vote {code}") from None
+    return TxVoteResult(status, vote, reader.u64())
+
+
 def _enumerated_object(reader: BodyReader) -> EnumeratedObject:
     key, value, version = reader.key(), reader.value(), reader.u64()
     # The object's expiry time (read_object tells it for one key; an enumeration does not).
@@ -706,6 +852,11 @@ _OPERATION_BODY_DECODERS: dict[Opcode, Callable[[BodyReader], object]] = {
         MULTI_OP_ITEMS_MAX, 2 + 8 + 8, _increment_result
     ),
     Opcode.ENUMERATE: _decode_enumerate,
+    # Per op, in the request's order: its status, vote and version.
+    Opcode.TX_PREPARE: lambda reader: reader.list(MULTI_OP_ITEMS_MAX, 2 + 1 + 8, _tx_vote),
+    Opcode.TX_REQUEST_ABORT: lambda reader: reader.list(MULTI_OP_ITEMS_MAX, 2 + 1 + 8, _tx_vote),
+    # Per op, in the request's order: OK once the decision is applied.
+    Opcode.TX_DECISION: lambda reader: reader.list(MULTI_OP_ITEMS_MAX, 2, BodyReader.status),
     Opcode.CLIENT_LEASE: lambda reader: ClientLeaseGrant(reader.u64(), reader.u32()),
     # Milliseconds each lease stays valid (0: expired), in the request's order.
     Opcode.CHECK_CLIENT_LEASES: lambda reader: reader.list(

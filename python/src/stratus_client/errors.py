@@ -13,7 +13,12 @@ when one reaches the caller it is a ``Timeout`` whose ``last_error`` says what w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .status import Status
+
+if TYPE_CHECKING:
+    from .model import AbortReason
 
 __all__ = [
     "CouldNotConnect",
@@ -35,6 +40,7 @@ __all__ = [
     "StratusError",
     "TableDoesNotExist",
     "Timeout",
+    "TransactionAborted",
     "Unavailable",
     "UnimplementedRequest",
     "UnknownTablet",
@@ -251,6 +257,34 @@ class Timeout(Unavailable):
 
 def _rebuild_timeout(message, last_error):
     return Timeout(message, last_error=last_error)
+
+
+class TransactionAborted(StratusError):
+    """``run_transaction`` gave up: the last attempt's commit aborted, for ``reason`` (an
+    ``AbortReason``): a conflict on the last attempt the retry policy allows (or one the caller
+    chose not to retry), or a timeout. Nothing of that attempt was applied. Its status is
+    WRONG_VERSION for a conflict (an object was not at the version read) and TIMEOUT for a
+    timeout (the transaction is aborted, not of unknown outcome: that is ``Timeout``)."""
+
+    status = Status.WRONG_VERSION
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        status: Status | None = None,
+        version: int = 0,
+        reason: AbortReason | None = None,
+    ):
+        self.reason = reason
+        super().__init__(message, status=status, version=version)
+
+    def __reduce__(self):
+        return (_rebuild_transaction_aborted, (self.message, self.status, self.reason))
+
+
+def _rebuild_transaction_aborted(message, status, reason):
+    return TransactionAborted(message, status=status, reason=reason)
 
 
 class ProtocolError(StratusError):

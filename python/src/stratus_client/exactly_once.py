@@ -145,10 +145,16 @@ class LeaseAgent:
     def ticket(self, attempts: Attempts) -> RpcTicket:
         """A ticket under the current lease, opening a lease first if none is usable (within
         the operation's deadline; ``Timeout`` when it passes first)."""
+        return self.tickets(attempts, 1)[0]
+
+    def tickets(self, attempts: Attempts, count: int) -> list[RpcTicket]:
+        """``count`` tickets under one lease, with consecutive rpc ids taken in one go (a
+        transaction's ops: its id is its lease and the first one's rpc id), opening a lease
+        first if none is usable (within the operation's deadline)."""
         while True:
-            ticket = self.ticket_now(attempts)
-            if ticket is not None:
-                return ticket
+            tickets = self.tickets_now(count, attempts)
+            if tickets is not None:
+                return tickets
             left = attempts.deadline - time.monotonic()  # (the deadline's clock, not the lease's)
             if left <= 0 or not self._opening.acquire(timeout=left):
                 raise attempts.timeout_error(attempts.last_error)
@@ -162,18 +168,29 @@ class LeaseAgent:
     def ticket_now(self, attempts: Attempts | None = None) -> RpcTicket | None:
         """A ticket under the current lease if one is usable now (renewing it first when due
         and ``attempts`` is given), else None: a lapsed lease is replaced, not renewed."""
+        tickets = self.tickets_now(1, attempts)
+        return None if tickets is None else tickets[0]
+
+    def tickets_now(self, count: int, attempts: Attempts | None = None) -> list[RpcTicket] | None:
+        """``count`` tickets under the current lease, with consecutive rpc ids, if one is usable
+        now (see ``ticket_now``), else None."""
+        if count < 1:
+            raise ValueError(f"cannot take {count} tickets")
         if attempts is not None and self._usable():
             self.renew_if_due(attempts)
         with self._lock:
             held = self._lease
             if held is None or self._clock() >= held.usable_until:
                 return None
-            rpc = self._next_rpc
-            self._next_rpc += 1
+            first = self._next_rpc
+            self._next_rpc += count
             outstanding = self._outstanding.setdefault(held.lease, _Outstanding())
-            outstanding.live.add(rpc)
-            heapq.heappush(outstanding.heap, rpc)
-            return RpcTicket(self, held.lease, rpc)
+            tickets = []
+            for rpc in range(first, first + count):
+                outstanding.live.add(rpc)
+                heapq.heappush(outstanding.heap, rpc)
+                tickets.append(RpcTicket(self, held.lease, rpc))
+            return tickets
 
     def _identity(self, ticket: RpcTicket) -> RpcIdentity:
         with self._lock:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from .status import Status
 
 __all__ = [
+    "AbortKind",
+    "AbortReason",
     "EnumeratedObject",
     "EnumerationCursor",
     "HashRange",
@@ -24,6 +26,7 @@ __all__ = [
     "TableEntry",
     "TabletEntry",
     "TabletState",
+    "TxOutcome",
     "WriteItem",
 ]
 
@@ -316,3 +319,79 @@ class IncrementItem:
     key: bytes | str
     delta: int
     reject_rules: RejectRules | None = None
+
+
+class AbortKind(enum.Enum):
+    """Why a transaction aborted (``AbortReason.kind``)."""
+
+    CONFLICT = "conflict"
+    """An object changed since the transaction read it, or another transaction held it (its
+    master voted ABORT). Running the transaction again may commit: ``run_transaction`` does."""
+
+    TIMEOUT = "timeout"
+    """Not every vote could be learnt by the operation's deadline (a master could not be
+    reached, or answered RETRY throughout); the client then asked the masters of the ops
+    without a vote for their final votes (TX_REQUEST_ABORT, which records ABORT for an op that
+    had not voted), and not every one was PREPARED, so the transaction can never commit."""
+
+
+@dataclass(frozen=True)
+class AbortReason:
+    """Why a transaction aborted: ``kind``, and for a conflict the object (``table_id``,
+    ``key``) whose master voted ABORT."""
+
+    kind: AbortKind
+    table_id: int = 0
+    key: bytes = b""
+
+    TIMEOUT: ClassVar[AbortReason]
+
+    @classmethod
+    def conflict(cls, table_id: int, key: bytes) -> AbortReason:
+        return cls(AbortKind.CONFLICT, table_id, key)
+
+    @property
+    def is_conflict(self) -> bool:
+        return self.kind is AbortKind.CONFLICT
+
+    def __str__(self) -> str:
+        if self.kind is AbortKind.CONFLICT:
+            key = self.key.decode("utf-8", errors="replace")
+            return (
+                f"conflict on key {key} of table {self.table_id}: it changed since the "
+                "transaction read it, or another transaction held it"
+            )
+        return (
+            "not every participant's vote could be learnt in time, and one made final then "
+            "was ABORT"
+        )
+
+
+AbortReason.TIMEOUT = AbortReason(AbortKind.TIMEOUT)
+
+
+@dataclass(frozen=True)
+class TxOutcome:
+    """How a transaction's commit ended, when its outcome is known: ``committed`` (every op
+    was prepared: its writes are applied, as of one instant between the call of ``commit`` and
+    its return), or aborted (nothing of it was applied, and nothing will be) for ``reason``.
+    True exactly when committed."""
+
+    committed: bool
+    reason: AbortReason | None = None
+
+    COMMITTED: ClassVar[TxOutcome]
+
+    def __post_init__(self) -> None:
+        if self.committed != (self.reason is None):
+            raise ValueError("a committed transaction has no abort reason; an aborted one has one")
+
+    @classmethod
+    def aborted(cls, reason: AbortReason) -> TxOutcome:
+        return cls(False, reason)
+
+    def __bool__(self) -> bool:
+        return self.committed
+
+
+TxOutcome.COMMITTED = TxOutcome(True)

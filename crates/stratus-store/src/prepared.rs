@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard};
 use stratus_log::format::TxParticipant;
 use stratus_log::Reference;
 use stratus_types::limits::{TX_RECOVERY_DELAY_MAX_MILLIS, TX_RECOVERY_DELAY_MILLIS};
-use stratus_types::{HashRange, KeyHash, LeaseId, RpcId, TableId, TxOpKind, Version};
+use stratus_types::{key_hash, HashRange, KeyHash, LeaseId, RpcId, TableId, TxOpKind, Version};
 
 use crate::completions::Relocation;
 
@@ -94,8 +94,9 @@ pub struct TransactionToFinish {
 #[derive(Debug, Default)]
 struct Inner {
     ops: HashMap<OpId, PreparedOp>,
-    /// Which operation locks each object.
-    locks: HashMap<(TableId, Box<[u8]>), OpId>,
+    /// Which operation locks each object, by the object's key hash (looked up without
+    /// allocating a key): the objects of one hash, nearly always one.
+    locks: HashMap<(TableId, KeyHash), Vec<(Box<[u8]>, OpId)>>,
     /// The transactions of the prepared operations.
     transactions: HashMap<TransactionKey, TransactionRecord>,
 }
@@ -129,9 +130,10 @@ impl PreparedTable {
         if self.operations.load(Ordering::Acquire) == 0 {
             return None;
         }
-        // A boxed key to look up with: the map's keys are boxes, and a borrowed form of the
-        // pair does not exist. Only paid while some operation is prepared.
-        self.lock().locks.get(&(table, Box::from(key))).copied()
+        let hash = key_hash(table, key);
+        let inner = self.lock();
+        let objects = inner.locks.get(&(table, hash))?;
+        objects.iter().find(|(locked, _)| &locked[..] == key).map(|&(_, op)| op)
     }
 
     /// The prepared operation `op`, if it is prepared here.
@@ -169,10 +171,14 @@ impl PreparedTable {
             .get_mut(&key)
             .expect("a prepared operation's transaction is recorded")
             .prepared_here += 1;
-        let object = (prepared.table, prepared.key.clone());
+        let hash = key_hash(prepared.table, &prepared.key);
         let bytes = prepared.entry_bytes;
-        let previous_lock = inner.locks.insert(object, op);
-        assert!(previous_lock.is_none(), "two prepared operations lock one object");
+        let objects = inner.locks.entry((prepared.table, hash)).or_default();
+        assert!(
+            objects.iter().all(|(locked, _)| *locked != prepared.key),
+            "two prepared operations lock one object"
+        );
+        objects.push((prepared.key.clone(), op));
         let previous = inner.ops.insert(op, prepared);
         assert!(previous.is_none(), "an operation prepared twice");
         self.operations.fetch_add(1, Ordering::AcqRel);
@@ -184,8 +190,15 @@ impl PreparedTable {
     pub(crate) fn remove(&self, op: OpId) -> Option<(PreparedOp, Option<TransactionRecord>)> {
         let mut inner = self.lock();
         let prepared = inner.ops.remove(&op)?;
-        let holder = inner.locks.remove(&(prepared.table, prepared.key.clone()));
-        assert_eq!(holder, Some(op), "a prepared operation without its lock");
+        let hash = key_hash(prepared.table, &prepared.key);
+        let objects = inner.locks.get_mut(&(prepared.table, hash));
+        let objects = objects.expect("a prepared operation without its lock");
+        let position = objects.iter().position(|(locked, _)| *locked == prepared.key);
+        let (_, holder) = objects.swap_remove(position.expect("a prepared operation's lock"));
+        assert_eq!(holder, op, "a prepared operation's object locked by another");
+        if objects.is_empty() {
+            inner.locks.remove(&(prepared.table, hash));
+        }
         let key = (op.0, prepared.transaction);
         let record = inner.transactions.get_mut(&key).expect("a prepared operation's transaction");
         record.prepared_here -= 1;

@@ -204,9 +204,9 @@ async fn with_versions(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<Vec<T
         .collect())
 }
 
-/// The objects in (table, key hash, key) order: the first one's master is the transaction's
-/// recovery owner (transactions.md, "Commit"), and its ticket, the first taken, is the
-/// transaction's id.
+/// The objects in (table, key hash, key) order, the same for every attempt of the same
+/// objects: the first one's ticket, the first taken, is the transaction's id (every
+/// participant holds the whole participant list, so no master is singled out to finish it).
 fn in_commit_order(mut objects: Vec<TxObject>) -> Vec<TxObject> {
     objects.sort_by_cached_key(|object| {
         (object.table_id, key_hash(object.table_id, &object.key), object.key.clone())

@@ -91,12 +91,15 @@ pub struct TransactionToFinish {
     pub participants: Vec<TxParticipant>,
 }
 
+/// An object a prepared operation locks: its key and the operation.
+type LockedObject = (Box<[u8]>, OpId);
+
 #[derive(Debug, Default)]
 struct Inner {
     ops: HashMap<OpId, PreparedOp>,
     /// Which operation locks each object, by the object's key hash (looked up without
     /// allocating a key): the objects of one hash, nearly always one.
-    locks: HashMap<(TableId, KeyHash), Vec<(Box<[u8]>, OpId)>>,
+    locks: HashMap<(TableId, KeyHash), Vec<LockedObject>>,
     /// The transactions of the prepared operations.
     transactions: HashMap<TransactionKey, TransactionRecord>,
 }

@@ -75,6 +75,9 @@ pub(crate) struct Inner {
     lease_agent: LeaseAgent,
     /// This, for background work (lease renewals) that must not keep the client alive.
     me: Weak<Inner>,
+    /// Decisions of committed transactions still on their way in the background, at most
+    /// [`TX_BACKGROUND_DECISIONS_MAX`](stratus_types::limits::TX_BACKGROUND_DECISIONS_MAX).
+    pub(crate) background_decisions: Arc<tokio::sync::Semaphore>,
 }
 
 /// The error for a tablet whose master crashed and is still being recovered: retryable, and
@@ -385,6 +388,9 @@ impl Client {
             tablet_maps: RwLock::new(HashMap::new()),
             lease_agent: LeaseAgent::default(),
             me: me.clone(),
+            background_decisions: Arc::new(tokio::sync::Semaphore::new(
+                stratus_types::limits::TX_BACKGROUND_DECISIONS_MAX,
+            )),
         });
         Client { inner }
     }

@@ -157,6 +157,19 @@ impl Client {
         Transaction { client: self.clone(), buffer: Arc::new(Mutex::new(TxBuffer::default())) }
     }
 
+    /// Waits, at most `timeout`, until the decisions of this client's committed transactions
+    /// have reached their masters (a commit returns once every vote is PREPARED, and its
+    /// decision follows in the background); true if they all did. A process about to exit
+    /// calls it so that its last transactions' objects are unlocked now rather than when the
+    /// participants finish them (after
+    /// [`TX_RECOVERY_DELAY_MILLIS`](stratus_types::limits::TX_RECOVERY_DELAY_MILLIS)).
+    pub async fn settle_transactions(&self, timeout: std::time::Duration) -> bool {
+        let all = u32::try_from(stratus_types::limits::TX_BACKGROUND_DECISIONS_MAX)
+            .expect("the bound fits a semaphore");
+        let settled = self.inner.background_decisions.acquire_many(all);
+        matches!(tokio::time::timeout(timeout, settled).await, Ok(Ok(_)))
+    }
+
     /// Runs `body` on a fresh transaction and commits it; when the commit aborts in a
     /// conflict, runs it again on another fresh transaction after a pause (1 ms doubling to
     /// 64 ms, with jitter), up to 32 attempts and while the client's operation timeout since

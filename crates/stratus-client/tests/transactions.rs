@@ -22,6 +22,9 @@ use stratus_wire::{
     Request, Response, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
 };
 
+/// How long a test waits for a committed transaction's decision to reach the masters.
+const SETTLE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How a model master misbehaves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Fault {
@@ -330,6 +333,8 @@ async fn a_transfer_between_two_masters_commits_on_both() {
     assert_eq!(tx.read(TABLE, &alice).await.unwrap(), Some(Bytes::copy_from_slice(&integer(70))));
     assert!(masters.iter().all(|master| master.model().requests.is_empty()));
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    // The decision goes on in the background: wait for it before looking at the masters.
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
 
     let identities: Vec<(LeaseId, RpcId)> = masters
         .iter()
@@ -393,6 +398,8 @@ async fn a_blind_write_is_prepared_at_the_version_the_commit_read() {
     tx.write(TABLE, b"present", b"new").unwrap();
     tx.remove(TABLE, b"absent").unwrap();
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    // The decision goes on in the background: wait for it before looking at the masters.
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
     let model = masters[0].model();
     let Request::TxPrepare { ops, .. } = model.prepares()[0] else { unreachable!() };
     let mut versions: Vec<(&[u8], TxOpKind, Version)> =
@@ -419,12 +426,16 @@ async fn a_read_only_transaction_validates_its_reads_and_locks_nothing() {
     let tx = client.transaction();
     assert_eq!(tx.read(TABLE, &a).await.unwrap(), Some(Bytes::from_static(b"1")));
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    // The decision goes on in the background: wait for it before looking at the masters.
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
     assert!(masters[0].model().requests.is_empty());
 
     let tx = client.transaction();
     tx.read(TABLE, &a).await.unwrap();
     assert_eq!(tx.read(TABLE, &b).await.unwrap(), Some(Bytes::from_static(b"2")));
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    // The decision goes on in the background: wait for it before looking at the masters.
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
     for master in &masters {
         let model = master.model();
         assert!(matches!(model.prepares()[..], [Request::TxPrepare { validate_only: true, .. }]));
@@ -489,6 +500,8 @@ async fn a_prepared_op_whose_answer_was_lost_is_found_prepared_and_commits() {
     tx.write(TABLE, &a, b"x").unwrap();
     tx.write(TABLE, &b, b"y").unwrap();
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    // The decision goes on in the background: wait for it before looking at the masters.
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
     assert_eq!(masters[0].model().phases(), [Opcode::TxPrepare, Opcode::TxDecision]);
     assert_eq!(
         masters[1].model().phases(),
@@ -549,6 +562,8 @@ async fn undelivered_decisions_keep_the_tickets_until_they_are_delivered() {
         let tx = client.transaction();
         tx.write(TABLE, &c, b"w").unwrap();
         assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+        // The decision goes on in the background: wait for it before looking at the masters.
+        assert!(client.settle_transactions(SETTLE_PATIENCE).await);
         if last_acknowledged(&masters[0]) >= last_rpc {
             break;
         }
@@ -674,6 +689,8 @@ async fn a_transaction_refuses_use_after_its_commit() {
     let handle = tx.clone();
     tx.write(TABLE, b"a", b"x").unwrap();
     assert_eq!(tx.commit().await.unwrap(), TxOutcome::Committed);
+    // The decision goes on in the background: wait for it before looking at the masters.
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
     assert_eq!(handle.write(TABLE, b"a", b"y").unwrap_err().status, Status::InvalidParameter);
     assert_eq!(handle.commit().await.unwrap_err().status, Status::InvalidParameter);
 }
@@ -707,6 +724,7 @@ async fn concurrent_increments_in_transactions_lose_nothing() {
     while let Some(joined) = tasks.join_next().await {
         joined.unwrap();
     }
+    assert!(client.settle_transactions(SETTLE_PATIENCE).await);
     assert_eq!(masters[0].model().integer(&a), CLIENTS * INCREMENTS);
     assert_eq!(masters[1].model().integer(&b), -CLIENTS * INCREMENTS);
     assert!(masters.iter().all(|master| master.model().locks.is_empty()));
@@ -731,5 +749,6 @@ fn the_blocking_twin_runs_transactions_too() {
     tx.remove(TABLE, b"counter").unwrap();
     assert_eq!(tx.read(TABLE, b"counter").unwrap(), None);
     assert_eq!(tx.commit().unwrap(), TxOutcome::Committed);
+    assert!(blocking.settle_transactions(SETTLE_PATIENCE));
     assert!(masters[0].model().objects.is_empty());
 }

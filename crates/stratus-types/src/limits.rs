@@ -215,6 +215,13 @@ pub const TX_RECOVERY_DELAY_MILLIS: u64 = 250;
 /// the coordinator unreachable), up to this.
 pub const TX_RECOVERY_DELAY_MAX_MILLIS: u64 = 4_000;
 
+/// Committed transactions one client delivers decisions for in the background at once, at
+/// most (its commits return once every vote is PREPARED): a commit past it delivers its own
+/// decision before returning, so masters that stopped answering slow that client's commits
+/// down instead of piling up its background work. Each costs one small task while its
+/// decision is on its way (normally one round trip).
+pub const TX_BACKGROUND_DECISIONS_MAX: usize = 1_024;
+
 /// Transactions one master finishes at once, at most: bounds the requests a master sends for
 /// recoveries when many clients died together.
 pub const TX_RECOVERIES_IN_FLIGHT_MAX: usize = 16;

@@ -136,6 +136,10 @@ pub(crate) async fn run(client: &Client, lines: &[TxLine]) -> Result<(), String>
         TxOutcome::Committed => {}
         TxOutcome::Aborted(reason) => return Err(format!("aborted: {reason:?}")),
     }
+    // The decision is on its way to the masters; the process ends right after, so it waits
+    // for it (bounded) rather than leave the objects locked until the participants finish
+    // the transaction themselves. Committed either way.
+    client.settle_transactions(client.config().operation_timeout).await;
     let mut stdout = std::io::stdout().lock();
     for line in printed {
         let _ = match line {

@@ -24,6 +24,11 @@ impl BlockingClient {
         BlockingTransaction { client: self, transaction: self.async_client().transaction() }
     }
 
+    /// See [`Client::settle_transactions`](crate::Client::settle_transactions).
+    pub fn settle_transactions(&self, timeout: std::time::Duration) -> bool {
+        self.block_on(self.async_client().settle_transactions(timeout))
+    }
+
     /// Runs `body` on a fresh transaction and commits it, again after a conflict, as
     /// [`Client::run_transaction`](crate::Client::run_transaction) does.
     pub fn run_transaction<T>(

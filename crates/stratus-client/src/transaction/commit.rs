@@ -75,11 +75,31 @@ pub(super) async fn commit(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<T
                 tickets,
                 participants,
                 Unfinished::Votes(final_votes),
+                None,
             );
             return Err(error);
         }
     }
     let decision = decided(&final_votes).unwrap_or(TxDecision::Abort);
+    if decision == TxDecision::Commit {
+        // Every vote is PREPARED, in its master's replicated log: the transaction is committed
+        // whoever decides (a participant finishing it for a dead client asks the same votes),
+        // so the client hears it now, as RAMCloud's does, and the decision reaches the masters
+        // in the background. Until it does their objects stay locked: a read of one answers
+        // RETRY, so nobody sees the transaction half applied, nor the old values after this
+        // returns. An abort is still delivered first: the caller's retry would otherwise meet
+        // its own earlier attempt's locks.
+        if let Ok(permit) = inner.background_decisions.clone().try_acquire_owned() {
+            finish::finish_in_background(
+                inner.clone(),
+                tickets,
+                participants,
+                Unfinished::Delivery(decision, all),
+                Some(permit),
+            );
+            return outcome(&objects, &votes, decision);
+        }
+    }
     let acknowledgements = finishing.deliver(decision, &all, operation_deadline(timeout)).await;
     let undelivered: Vec<usize> = all
         .iter()
@@ -104,6 +124,7 @@ pub(super) async fn commit(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<T
             tickets,
             participants,
             Unfinished::Delivery(decision, undelivered),
+            None,
         );
     }
     outcome(&objects, &votes, decision)

@@ -273,11 +273,14 @@ pub(super) enum Unfinished {
 /// Goes on with what a commit left unfinished in a task of its own, holding the commit's
 /// tickets (so the client acknowledges none of its ops meanwhile), for at most
 /// [`BACKGROUND_FINISH`]; then gives the tickets back, with a warning if it did not finish.
+/// `permit`, when given, is held until then (the bound on the decisions of committed
+/// transactions in the background, which `Client::settle_transactions` waits for).
 pub(super) fn finish_in_background(
     inner: Arc<Inner>,
     tickets: Tickets,
     ops: Vec<TxDecisionOp>,
     unfinished: Unfinished,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         // A commit always runs on a runtime; without one, nothing could be sent anyway.
@@ -295,6 +298,7 @@ pub(super) fn finish_in_background(
             );
         }
         drop(tickets);
+        drop(permit);
     });
 }
 
@@ -344,7 +348,10 @@ async fn finish(
                     .filter(|&index| !matches!(states[index], OpState::Answered(())))
                     .collect();
                 if undelivered.is_empty() {
-                    tracing::debug!(?decision, "a transaction's decision was delivered late");
+                    tracing::debug!(
+                        ?decision,
+                        "a transaction's decision was delivered in the background"
+                    );
                     return true;
                 }
                 Unfinished::Delivery(decision, undelivered)

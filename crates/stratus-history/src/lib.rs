@@ -28,12 +28,18 @@
 //! exactly-once is visible in the numbers (no increment applied twice, none lost), which a
 //! register model cannot see when nobody read the value in between.
 //!
+//! Multi-object transactions are checked separately, on list-append histories
+//! ([`list_append`]): an Elle-style inference of each key's version order and of the
+//! dependencies between transactions, and a search for the cycles and other anomalies strict
+//! serializability forbids.
+//!
 //! Dependency direction: this crate depends on `stratus-client` and `stratus-types`; nothing in
 //! the production path depends on it.
 
 mod checker;
 mod counter;
 mod history;
+pub mod list_append;
 mod model;
 mod recorder;
 pub mod workload;
@@ -41,4 +47,5 @@ pub mod workload;
 pub use checker::{check, check_key, CheckOptions, KeyReport, Report, Verdict, Violation};
 pub use counter::{check_counter, CounterReport, CounterViolation};
 pub use history::{History, Operation, OperationRecord, Outcome};
+pub use list_append::{check_list_append, ListAppendHistory, ListAppendReport};
 pub use recorder::{Recorder, RecordingClient};

@@ -535,6 +535,17 @@ pub(crate) async fn verify_accounts(
         finals.push(value);
     }
     *lock(&state.finals) = Some(finals);
+    no_prepared_operations_left(observations, live_sample_age_max, "bank").await
+}
+
+/// Waits up to [`PREPARED_PATIENCE`] for every live master's sampled prepared operations to
+/// be 0 (a workload's transactions are all over, so every lock must go); `workload` names
+/// the workload in the error.
+pub(crate) async fn no_prepared_operations_left(
+    observations: &Mutex<ServingObservations>,
+    live_sample_age_max: Duration,
+    workload: &str,
+) -> Result<(), String> {
     let mut waited = Duration::ZERO;
     loop {
         let at = now();
@@ -551,8 +562,8 @@ pub(crate) async fn verify_accounts(
         }
         if waited >= PREPARED_PATIENCE {
             return Err(format!(
-                "bank: prepared operations (locks) left on live masters after every transaction \
-                 ended ({})",
+                "{workload}: prepared operations (locks) left on live masters after every \
+                 transaction ended ({})",
                 holding.join(", ")
             ));
         }

@@ -22,12 +22,17 @@
 //! - no panic anywhere (a broken storage invariant panics);
 //! - with the bank workload ([`SimulationOptions::bank`], module [`bank`]): multi-object
 //!   transactions conserve money, read-only ones see states the committed transfers explain,
-//!   and no lock outlives the run.
+//!   and no lock outlives the run;
+//! - with the list-append workload ([`SimulationOptions::list_append`], module
+//!   [`list_append`]): transactions appending to and reading lists, whose whole history must
+//!   show none of the anomalies strict serializability forbids (stratus-history's Elle-style
+//!   checker).
 //!
 //! `docs/design/simulation.md` describes the model and what it leaves out.
 
 pub mod bank;
 pub mod disk;
+pub mod list_append;
 pub mod network;
 pub mod nodes;
 pub mod schedule;
@@ -48,6 +53,7 @@ use stratus_wire::ServerStatus;
 
 pub use crate::bank::BankOptions;
 use crate::disk::SimulatedDisk;
+pub use crate::list_append::{ListAppendOptions, ListAppendSummary};
 use crate::nodes::{server_host, ServerSetup, ServingObservations, COORDINATOR_ADDRESS};
 use crate::schedule::{Choices, Fault, ScheduledFault};
 
@@ -88,6 +94,11 @@ pub struct SimulationOptions {
     /// clients moving money between them in transactions, auditors summing them in
     /// read-only transactions. `None` (the default, and `for_seed`'s): no bank.
     pub bank: Option<BankOptions>,
+    /// The list-append workload besides the main one (module [`list_append`]): lists on
+    /// every master, clients appending to and reading them in transactions, the history
+    /// checked for the anomalies of strict serializability. `None` (the default, and
+    /// `for_seed`'s): none.
+    pub list_append: Option<ListAppendOptions>,
 }
 
 impl SimulationOptions {
@@ -130,6 +141,7 @@ impl Default for SimulationOptions {
             cleaner_levels: 2,
             zombie_client: false,
             bank: None,
+            list_append: None,
         }
     }
 }
@@ -147,6 +159,8 @@ pub struct SimulationReport {
     pub tablet_moves: bool,
     /// What the bank workload did, when it ran (`SimulationOptions::bank`).
     pub bank: Option<bank::BankSummary>,
+    /// What the list-append workload did, when it ran (`SimulationOptions::list_append`).
+    pub list_append: Option<ListAppendSummary>,
     /// Servers the coordinator declared crashed and whose tablets were recovered.
     pub servers_recovered: usize,
     /// The faults injected.
@@ -219,6 +233,22 @@ impl fmt::Display for SimulationReport {
                 bank.audits.1
             )?;
         }
+        if let Some(lists) = &self.list_append {
+            writeln!(
+                f,
+                "  list-append: {} transactions committed ({} appending, {} appends), {} \
+                 aborted, {} unknown; {} committed reads checked, graph of {} transactions and \
+                 {} edges",
+                lists.transactions.0,
+                lists.committed_appends.0,
+                lists.committed_appends.1,
+                lists.transactions.1,
+                lists.transactions.2,
+                lists.report.committed_reads_checked,
+                lists.report.graph_transactions,
+                lists.report.graph_edges
+            )?;
+        }
         for fault in &self.faults {
             writeln!(f, "  {fault}")?;
         }
@@ -245,6 +275,14 @@ impl fmt::Display for SimulationFailure {
         write!(f, "{}", self.report)?;
         let moves = if self.report.tablet_moves { " STRATUS_SIM_TABLET_MOVES=1" } else { "" };
         let bank = if self.report.bank.is_some() { " STRATUS_SIM_BANK=1" } else { "" };
+        if self.report.list_append.is_some() {
+            return write!(
+                f,
+                "reproduce: STRATUS_SIM_SEED={} cargo test -p stratus-sim --test list_append \
+                 one_list_append_seed -- --ignored --nocapture",
+                self.report.seed
+            );
+        }
         write!(
             f,
             "reproduce: STRATUS_SIM_SEED={}{moves}{bank} cargo test -p stratus-sim --test seeds \
@@ -384,6 +422,8 @@ struct Workload {
     zombie_checked: AtomicBool,
     /// The bank workload's clients and log (`SimulationOptions::bank`).
     bank: bank::BankState,
+    /// The list-append workload's clients and history (`SimulationOptions::list_append`).
+    lists: list_append::ListAppendState,
 }
 
 fn client_config() -> ClientConfig {
@@ -478,9 +518,15 @@ async fn run_operator(
         // With the bank, half the moves are of its table (a range holding prepared
         // transactions must drain before it migrates). Drawn only then, so the runs without
         // the bank make the same choices as before.
+        // Likewise with the list-append workload, half the remaining ones are of its table.
         let (name, table) = if options.bank.is_some() && schedule::percent(&mut choices, 50) {
             match client.get_table_id("bank").await {
                 Ok(bank) => ("bank", bank),
+                Err(_) => continue,
+            }
+        } else if options.list_append.is_some() && schedule::percent(&mut choices, 50) {
+            match client.get_table_id(list_append::TABLE).await {
+                Ok(lists) => (list_append::TABLE, lists),
                 Err(_) => continue,
             }
         } else {
@@ -534,6 +580,7 @@ async fn verify(
     while workload.clients_done.load(Ordering::Acquire) < options.clients
         || !workload.faults_over.load(Ordering::Acquire)
         || options.bank.as_ref().is_some_and(|bank| !workload.bank.done(bank))
+        || options.list_append.as_ref().is_some_and(|lists| !workload.lists.done(lists))
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -610,6 +657,18 @@ async fn verify(
         )
         .await?;
     }
+    // The lists: every one readable, read once more in one read-only transaction, and no
+    // lock left.
+    if let Some(lists) = &options.list_append {
+        list_append::verify_lists(
+            client.client(),
+            lists,
+            &workload.lists,
+            &observations,
+            LIVE_SAMPLE_AGE_MAX,
+        )
+        .await?;
+    }
     // Durability restored: every live server's segments are back on R backups.
     let mut waited = Duration::ZERO;
     loop {
@@ -665,6 +724,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         shape: (options.servers, options.replicas, options.clients),
         tablet_moves: options.tablet_moves,
         bank: options.bank.as_ref().map(|_| bank::BankSummary::default()),
+        list_append: options.list_append.as_ref().map(|_| ListAppendSummary::default()),
         ..SimulationReport::default()
     };
     if options.bank.as_ref().is_some_and(|bank| bank.crash_a_client_mid_commit) {
@@ -732,6 +792,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         counter_finals: Mutex::new(Vec::new()),
         zombie_checked: AtomicBool::new(false),
         bank: bank::BankState::default(),
+        lists: list_append::ListAppendState::default(),
     });
     let mut hosts: Vec<String> = vec!["coordinator".to_string()];
     hosts.extend((0..options.servers).map(server_host));
@@ -760,6 +821,16 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             hosts.push(name.clone());
             simulation
                 .client(name, bank::run_auditor(seed, index, options.clone(), workload.clone()));
+        }
+    }
+    if let Some(lists) = &options.list_append {
+        for index in 0..lists.clients {
+            let name = format!("list-client-{index}");
+            hosts.push(name.clone());
+            simulation.client(
+                name,
+                list_append::run_client(seed, index, options.clone(), workload.clone()),
+            );
         }
     }
     hosts.push("verifier".to_string());
@@ -919,6 +990,11 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         fnv1a(&mut fingerprint, log.join("\n").as_bytes());
         report.history.extend(log);
     }
+    if options.list_append.is_some() {
+        let log = workload.lists.log();
+        fnv1a(&mut fingerprint, log.join("\n").as_bytes());
+        report.history.extend(log);
+    }
     report.fingerprint = fingerprint;
     let verdict = check(&history, &CheckOptions::default());
     if !verdict.is_linearizable() {
@@ -956,6 +1032,13 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         match bank::check(&workload.bank, bank) {
             Ok(summary) => report.bank = Some(summary),
             Err(reason) => return Err(fail(reason, &report)),
+        }
+    }
+    if options.list_append.is_some() {
+        let (summary, verdict) = list_append::check(&workload.lists);
+        report.list_append = Some(summary);
+        if let Err(reason) = verdict {
+            return Err(fail(reason, &report));
         }
     }
     Ok(report)

@@ -22,6 +22,7 @@ mod resp;
 mod resp_client;
 mod rpc;
 mod server_logs;
+mod tx;
 mod utilization;
 mod ycsb;
 
@@ -67,6 +68,11 @@ pub enum BenchCommand {
     /// Stratus (R = 0; R = 3 buffered and fsync) side by side with Redis (appendfsync everysec
     /// and always) and memcached, started here; YCSB-style report plus JSON lines.
     Ycsb(ycsb::YcsbArguments),
+    /// Transactions: commit latency of 1, 2 and 5 objects on 1, 2 and 5 masters beside a
+    /// single write, and T2's transactional YCSB (zipfian read-modify-write transactions) on
+    /// Stratus beside Redis's WATCH/MULTI/EXEC with replicas and WAIT; committed transactions
+    /// per second, abort rates, latency and CPU per transaction.
+    Tx(tx::TxArguments),
     /// Memory needed to hold the same live data while object sizes change (FAST'14 Table 1,
     /// W1..W8): Stratus's log at 90 % against glibc, jemalloc and mimalloc, Redis (with and
     /// without active defragmentation) and memcached, each's peak resident set.
@@ -95,6 +101,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Failover(arguments) => failover::run(arguments),
         BenchCommand::Migration(arguments) => migration::run(arguments),
         BenchCommand::Ycsb(arguments) => ycsb::run(arguments),
+        BenchCommand::Tx(arguments) => tx::run(arguments),
         BenchCommand::Resp(arguments) => resp::run(arguments),
         BenchCommand::Memory(arguments) => memory::run(arguments),
         BenchCommand::MemoryWorker(arguments) => memory::run_worker(arguments),

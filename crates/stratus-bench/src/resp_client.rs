@@ -119,6 +119,18 @@ impl RespConnection {
         }
     }
 
+    /// Sends `commands` in one write (one round trip) and reads one reply per command, error
+    /// replies included as [`Value::Error`]: every reply is read before any is judged, so the
+    /// connection stays in step whatever the server answered.
+    pub fn call_pipelined(&mut self, commands: &[Vec<&[u8]>]) -> Result<Vec<Value>, RespError> {
+        self.request.clear();
+        for command in commands {
+            append_command(&mut self.request, command);
+        }
+        self.stream.write_all(&self.request).map_err(RespError::Io)?;
+        commands.iter().map(|_| self.read_value()).collect()
+    }
+
     /// Reads one whole reply, waiting (bounded by the socket's timeout) for its bytes.
     fn read_value(&mut self) -> Result<Value, RespError> {
         loop {

@@ -266,6 +266,40 @@ impl Transaction {
         self.buffer().record_read(object, value, version)
     }
 
+    /// [`Transaction::read`] of many objects at once: those the transaction has not seen yet
+    /// are read from their masters in parallel (one multi-read per master), in one round
+    /// trip rather than one per object. One value (`None`: absent) per object, in order.
+    pub async fn read_many(&self, objects: &[(TableId, &[u8])]) -> Result<Vec<Option<Bytes>>> {
+        let mut values = Vec::with_capacity(objects.len());
+        let mut unseen: Vec<ObjectKey> = Vec::new();
+        for &(table_id, key) in objects {
+            check_key(key)?;
+            let object: ObjectKey = (table_id, Bytes::copy_from_slice(key));
+            match self.buffer().seen(&object)? {
+                Seen::Known(value) => values.push(value),
+                Seen::Unknown => {
+                    values.push(None);
+                    // The same object twice is read once: the second sees the first's read.
+                    if !unseen.contains(&object) {
+                        unseen.push(object);
+                    }
+                }
+            }
+        }
+        let read = commit::read_objects(&self.client.inner, &unseen).await?;
+        for (object, (value, version)) in unseen.into_iter().zip(read) {
+            self.buffer().record_read(object, value, version)?;
+        }
+        // Every object is seen now: what the transaction sees of each, duplicates included.
+        for (index, &(table_id, key)) in objects.iter().enumerate() {
+            let object: ObjectKey = (table_id, Bytes::copy_from_slice(key));
+            if let Seen::Known(value) = self.buffer().seen(&object)? {
+                values[index] = value;
+            }
+        }
+        Ok(values)
+    }
+
     /// Buffers a write of `value` to the object (sent at commit). Refused, before anything is
     /// sent, when the transaction would exceed
     /// [`TRANSACTION_OBJECTS_MAX`](stratus_types::limits::TRANSACTION_OBJECTS_MAX) objects or

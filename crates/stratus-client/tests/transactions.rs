@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use scripted::{serve, TABLE};
-use stratus_client::{AbortReason, BlockingClient, Client, ClientConfig, Status, TxOutcome};
+use stratus_client::{
+    AbortReason, BlockingClient, Client, ClientConfig, Status, TableId, TxOutcome,
+};
 use stratus_rpc::{Handled, Service};
 use stratus_types::{
     key_hash, HashRange, LeaseId, RpcId, ServerId, TabletState, TxDecision, TxOpKind, TxVote,
@@ -53,6 +55,8 @@ struct Model {
     prepared: BTreeMap<(LeaseId, RpcId), TxOp>,
     /// The transaction requests it received.
     requests: Vec<Request>,
+    /// The opcodes of the read requests it received.
+    reads: Vec<Opcode>,
     fault: Fault,
     value_bytes_max: usize,
 }
@@ -66,6 +70,7 @@ impl Model {
             votes: BTreeMap::new(),
             prepared: BTreeMap::new(),
             requests: Vec::new(),
+            reads: Vec::new(),
             fault: Fault::None,
             value_bytes_max: 1 << 20,
         }
@@ -153,18 +158,22 @@ impl Model {
     fn answer(&mut self, request: &Request) -> Option<(Status, Response)> {
         let response = match request {
             Request::Read { key, .. } => {
+                self.reads.push(Opcode::Read);
                 let (status, version, value) = self.read(key);
                 return Some((status, Response::Read { version, value, expires_in_millis: 0 }));
             }
-            Request::MultiRead { items } => Response::MultiRead {
-                results: items
-                    .iter()
-                    .map(|item| {
-                        let (status, version, value) = self.read(&item.key);
-                        ReadItemResult { status, version, value }
-                    })
-                    .collect(),
-            },
+            Request::MultiRead { items } => {
+                self.reads.push(Opcode::MultiRead);
+                Response::MultiRead {
+                    results: items
+                        .iter()
+                        .map(|item| {
+                            let (status, version, value) = self.read(&item.key);
+                            ReadItemResult { status, version, value }
+                        })
+                        .collect(),
+                }
+            }
             Request::TxPrepare { lease, transaction, validate_only, ops, participants, .. } => {
                 self.requests.push(request.clone());
                 if matches!(self.fault, Fault::MutePrepares | Fault::MuteTransactions) {
@@ -751,4 +760,30 @@ fn the_blocking_twin_runs_transactions_too() {
     assert_eq!(tx.commit().unwrap(), TxOutcome::Committed);
     assert!(blocking.settle_transactions(SETTLE_PATIENCE));
     assert!(masters[0].model().objects.is_empty());
+}
+
+#[tokio::test]
+async fn many_reads_go_out_together_and_are_checked_at_commit_as_single_reads() {
+    let (client, masters) = cluster(2, Duration::from_secs(5)).await;
+    let (a, b, c) = (key_on(0, 2, "a"), key_on(1, 2, "b"), key_on(1, 2, "c"));
+    masters[0].model().put(&a, b"one");
+    masters[1].model().put(&b, b"two");
+    let tx = client.transaction();
+    tx.write(TABLE, &c, b"mine").unwrap();
+    let objects: [(TableId, &[u8]); 4] = [(TABLE, &a), (TABLE, &b), (TABLE, &c), (TABLE, &a)];
+    let values = tx.read_many(&objects).await.unwrap();
+    let expected: Vec<Option<Bytes>> = vec![
+        Some(Bytes::from_static(b"one")),
+        Some(Bytes::from_static(b"two")),
+        Some(Bytes::from_static(b"mine")),
+        Some(Bytes::from_static(b"one")),
+    ];
+    assert_eq!(values, expected);
+    // One multi-read per master; the transaction's own write was not read.
+    for master in &masters {
+        assert_eq!(master.model().reads, [Opcode::MultiRead]);
+    }
+    // What read_many saw is what the commit checks: a change to b aborts it.
+    masters[1].model().put(&b, b"changed");
+    assert!(matches!(tx.commit().await.unwrap(), TxOutcome::Aborted(AbortReason::Conflict { .. })));
 }

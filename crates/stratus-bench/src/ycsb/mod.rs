@@ -14,7 +14,7 @@
 
 mod bindings;
 mod driver;
-mod generators;
+pub(crate) mod generators;
 mod measure;
 mod systems;
 

@@ -65,6 +65,11 @@ impl BlockingTransaction<'_> {
         self.client.block_on(self.transaction.read(table_id, key))
     }
 
+    /// See [`Transaction::read_many`].
+    pub fn read_many(&self, objects: &[(TableId, &[u8])]) -> Result<Vec<Option<Bytes>>> {
+        self.client.block_on(self.transaction.read_many(objects))
+    }
+
     /// See [`Transaction::write`].
     pub fn write(&self, table_id: TableId, key: &[u8], value: &[u8]) -> Result<()> {
         self.transaction.write(table_id, key, value)

@@ -13,8 +13,11 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use stratus_types::limits::{MULTI_OP_ITEMS_MAX, TRANSACTION_REQUEST_BYTES_MAX};
-use stratus_types::{key_hash, LeaseId, RejectRules, RpcId, TxDecision, TxOpKind, TxVote, Version};
+use stratus_types::{
+    key_hash, LeaseId, RejectRules, RpcId, TableId, TxDecision, TxOpKind, TxVote, Version,
+};
 use stratus_wire::{KeyItem, Request, Response, Status, TxDecisionOp, TxOp};
 
 use super::buffer::PlannedOp;
@@ -144,6 +147,44 @@ fn participants(objects: &[TxObject], tickets: &Tickets) -> Vec<TxDecisionOp> {
         .collect()
 }
 
+/// The value (`None`: absent) and version of every object, read from every master involved in
+/// parallel, in multi-reads whose keys stay within a request's bytes (a multi-read splits by
+/// count only). A locked object's item is retried as any multi-read item answered RETRY.
+pub(super) async fn read_objects(
+    inner: &Arc<Inner>,
+    objects: &[(TableId, Bytes)],
+) -> Result<Vec<(Option<Bytes>, Version)>> {
+    let mut read = vec![(None, Version::NONEXISTENT); objects.len()];
+    let chunks = fanout::batches(
+        [(String::new(), (0..objects.len()).collect())].into_iter().collect(),
+        |index| objects[index].1.len() + KEY_ITEM_FIXED_BYTES,
+        MULTI_OP_ITEMS_MAX,
+        TRANSACTION_REQUEST_BYTES_MAX,
+    );
+    for chunk in chunks {
+        let items = chunk
+            .indices
+            .iter()
+            .map(|&index| KeyItem {
+                table_id: objects[index].0,
+                key: objects[index].1.clone(),
+                rules: RejectRules::NONE,
+            })
+            .collect();
+        let outcomes = inner.clone().multi(MultiItems::Read(items)).await;
+        for (&index, outcome) in chunk.indices.iter().zip(outcomes) {
+            read[index] = match outcome {
+                Ok((value, version, _)) => (Some(value), version),
+                Err(error) if error.status == Status::ObjectDoesntExist => {
+                    (None, Version::NONEXISTENT)
+                }
+                Err(error) => return Err(error),
+            };
+        }
+    }
+    Ok(read)
+}
+
 /// Commits a transaction that only read: nothing to do for one object it read itself (it
 /// was read at one instant); otherwise (more objects, or a version the caller gave) a
 /// validate-only PREPARE of every object, which locks and logs nothing, so no decision
@@ -186,31 +227,10 @@ async fn validate(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<TxOutcome>
 async fn with_versions(inner: &Arc<Inner>, plan: Vec<PlannedOp>) -> Result<Vec<TxObject>> {
     let blind: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].version_read.is_none()).collect();
     let mut versions: Vec<Option<Version>> = plan.iter().map(|op| op.version_read).collect();
-    // A multi-read splits by count, not by bytes: keep each one's keys within a request's.
-    let chunks = fanout::batches(
-        [(String::new(), blind)].into_iter().collect(),
-        |index| plan[index].key.len() + KEY_ITEM_FIXED_BYTES,
-        MULTI_OP_ITEMS_MAX,
-        TRANSACTION_REQUEST_BYTES_MAX,
-    );
-    for chunk in chunks {
-        let items = chunk
-            .indices
-            .iter()
-            .map(|&index| KeyItem {
-                table_id: plan[index].table_id,
-                key: plan[index].key.clone(),
-                rules: RejectRules::NONE,
-            })
-            .collect();
-        let outcomes = inner.clone().multi(MultiItems::Read(items)).await;
-        for (&index, outcome) in chunk.indices.iter().zip(outcomes) {
-            versions[index] = Some(match outcome {
-                Ok((_, version, _)) => version,
-                Err(error) if error.status == Status::ObjectDoesntExist => Version::NONEXISTENT,
-                Err(error) => return Err(error),
-            });
-        }
+    let objects: Vec<(TableId, Bytes)> =
+        blind.iter().map(|&index| (plan[index].table_id, plan[index].key.clone())).collect();
+    for (index, (_, version)) in blind.into_iter().zip(read_objects(inner, &objects).await?) {
+        versions[index] = Some(version);
     }
     Ok(plan
         .into_iter()

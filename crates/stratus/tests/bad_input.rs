@@ -7,10 +7,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use common::TestCluster;
 use stratus_client::{RejectRules, Status, TableId};
-use stratus_types::{HashRange, SegmentId, ServerId, Version};
+use stratus_types::{
+    key_hash, HashRange, LeaseId, RpcId, SegmentId, ServerId, TxDecision, TxOpKind, TxVote, Version,
+};
 use stratus_wire::{
-    decode_frame_header, encode_request, frame_length, EnumeratedObject, FrameKind, Hello,
-    RecoveryTablet, Request, HELLO_BYTES, PROTOCOL_VERSION,
+    body_offset, decode_frame_header, decode_response, encode_request, frame_length,
+    EnumeratedObject, FrameKind, Hello, Opcode, RecoveryTablet, Request, Response, ResponseBody,
+    TxDecisionOp, TxOp, HELLO_BYTES, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -346,4 +349,116 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
     assert_eq!(&value[..], b"value");
     client.write(table, b"after", b"ok").await.unwrap();
     assert_eq!(client.list_tables().await.unwrap().len(), 1);
+}
+
+/// Reads one response frame and decodes its body as the answer to `opcode`.
+async fn read_answer(
+    stream: &mut TcpStream,
+    buffer: &mut BytesMut,
+    opcode: Opcode,
+) -> (u64, Status, ResponseBody) {
+    loop {
+        if let Some(length) = frame_length(buffer).unwrap() {
+            if buffer.len() >= length {
+                let frame = buffer.split_to(length).freeze();
+                let header = decode_frame_header(&frame).unwrap();
+                let body = frame.slice(body_offset(FrameKind::Response)..);
+                let decoded = decode_response(opcode, header.status, body).unwrap();
+                return (header.request_id, header.status, decoded);
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_buf(buffer))
+            .await
+            .expect("a response in time")
+            .unwrap();
+        assert!(read > 0, "connection closed before a response");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_stray_transaction_requests_get_clear_errors_and_lock_nothing() {
+    let cluster = TestCluster::start(1);
+    let client = cluster.client();
+    let table = client.create_table("strict-tx", 1).await.unwrap();
+    let version = client.write(table, b"good", b"value").await.unwrap();
+    let master = client.tablet_map(table).await.unwrap()[0].owner_address.clone();
+    let hash = key_hash(table, b"good").0;
+    let op = TxOp {
+        table_id: table,
+        key: Bytes::from_static(b"good"),
+        rpc: RpcId(5),
+        kind: TxOpKind::Write,
+        version_read: version,
+        value: Bytes::from_static(b"stolen"),
+    };
+    let participant = TxDecisionOp { table_id: table, key_hash: hash, rpc: RpcId(5) };
+    let prepare = |request_id, lease, participants: Vec<TxDecisionOp>, out: &mut BytesMut| {
+        let request = Request::TxPrepare {
+            lease: LeaseId(lease),
+            acknowledged: RpcId(0),
+            transaction: RpcId(5),
+            validate_only: false,
+            ops: vec![op.clone()],
+            participants,
+        };
+        encode_request(out, request_id, &request);
+    };
+    let mut stream = handshaken(&master).await;
+    let mut received = BytesMut::new();
+
+    // A prepare without its participant list (nobody could finish it): refused as a whole.
+    let mut frame = BytesMut::new();
+    prepare(1, 77, Vec::new(), &mut frame);
+    stream.write_all(&frame).await.unwrap();
+    let (id, status, _) = read_answer(&mut stream, &mut received, Opcode::TxPrepare).await;
+    assert_eq!((id, status), (1, Status::RequestFormatError));
+
+    // A prepare under a lease the coordinator never granted: the op is refused, not locked.
+    let mut frame = BytesMut::new();
+    prepare(2, 424_242, vec![participant], &mut frame);
+    stream.write_all(&frame).await.unwrap();
+    match read_answer(&mut stream, &mut received, Opcode::TxPrepare).await {
+        (2, Status::Ok, ResponseBody::Operation(Response::TxPrepare { votes })) => {
+            assert_eq!(votes.len(), 1);
+            assert_ne!(votes[0].status, Status::Ok, "{votes:?}");
+            assert_eq!(votes[0].vote, TxVote::Abort, "{votes:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Decisions for ops nobody prepared (COMMIT here and on a table the master does not
+    // serve), and a request to abort under lease 0: idempotent, refused per op, refused.
+    let mut frame = BytesMut::new();
+    let stray_table = TxDecisionOp { table_id: TableId(table.0 + 1_000), ..participant };
+    let decision = Request::TxDecision {
+        lease: LeaseId(424_243),
+        acknowledged: RpcId(0),
+        transaction: RpcId(5),
+        decision: TxDecision::Commit,
+        ops: vec![participant, stray_table],
+    };
+    encode_request(&mut frame, 3, &decision);
+    stream.write_all(&frame).await.unwrap();
+    match read_answer(&mut stream, &mut received, Opcode::TxDecision).await {
+        (3, Status::Ok, ResponseBody::Operation(Response::TxDecision { results })) => {
+            assert_eq!(results, [Status::Ok, Status::UnknownTablet]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut frame = BytesMut::new();
+    let abort = Request::TxRequestAbort {
+        lease: LeaseId(0),
+        transaction: RpcId(5),
+        ops: vec![participant],
+    };
+    encode_request(&mut frame, 4, &abort);
+    stream.write_all(&frame).await.unwrap();
+    let (id, status, _) = read_answer(&mut stream, &mut received, Opcode::TxRequestAbort).await;
+    assert_eq!((id, status), (4, Status::RequestFormatError));
+
+    // Nothing was applied or left locked: the object reads and writes as before.
+    // (A locked object would answer RETRY until the client's deadline.)
+    let (value, read_version) = client.read(table, b"good").await.unwrap();
+    assert_eq!((&value[..], read_version), (&b"value"[..], version));
+    client.write(table, b"good", b"after").await.unwrap();
 }

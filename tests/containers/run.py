@@ -5,7 +5,9 @@ Brings up a coordinator and N storage servers (default 5), each its own containe
 `stratus:local` image (deploy/build-image.sh), on a private internal network created for this
 run; starts a client container running `stratus workload` (recorded exactly-once clients, then
 every key read back and the history checked for linearizability and lost writes, and counter
-keys checked for increments applied other than once); and meanwhile injects faults on a
+keys checked for increments applied other than once; list-append transactions checked for
+every anomaly strict serializability forbids, their own summary line required to read
+"workload: list_append ok ... anomalies=0"); and meanwhile injects faults on a
 schedule drawn from a seed:
 
   kill        SIGKILL of a server (docker kill), restarted after the hold: a new server process
@@ -22,7 +24,8 @@ crashed, one in ten freezes it for 10 s), heals, restarts every server container
 exits), and waits until the cluster is healthy again (every server address up, every tablet
 served) before the next episode. A cluster that does not recover within --recovery-timeout
 fails the run. The workload's exit status is the verdict: 0 pass, 2 violation (lost write or
-non-linearizable history, or a counter that shows an increment applied twice), 3 inconclusive.
+non-linearizable history, a counter that shows an increment applied twice, or a list-append
+anomaly), 3 inconclusive.
 
 Availability is bounded too (issue 27): the workload writes when each operation ran and which
 master owned its key (`--availability-out`), and for every episode that faulted only servers,
@@ -186,6 +189,7 @@ class Cluster:
             f"--seed={seed}", f"--seconds={a.seconds}", f"--servers={a.servers}",
             f"--clients={a.clients}", f"--keys={a.keys}", f"--rate={a.rate}",
             "--settle-seconds=60", "--bank-accounts=16", "--bank-clients=2",
+            "--list-append-keys=16", "--list-append-clients=1",
             "--startup-seconds=30", "--history-out=/tmp/history.txt",
             f"--availability-out={AVAILABILITY_FILE}",
         ])
@@ -560,7 +564,7 @@ def main() -> int:
     cluster = Cluster(arguments, run_id)
     history: list = []
     counts: collections.Counter = collections.Counter()
-    verdict, reason, workload_summary = "FAILED", "", ""
+    verdict, reason, workload_summary, list_append_summary = "FAILED", "", "", ""
     availability: list = []
     save = arguments.keep_logs
     try:
@@ -587,6 +591,12 @@ def main() -> int:
         output = docker("logs", cluster.client, check=False, merge=True).stdout
         summary_lines = [line for line in output.splitlines() if "verdict=" in line]
         workload_summary = summary_lines[-1] if summary_lines else ""
+        # The list-append transactions' own line: "ok ... anomalies=0" when they check out.
+        list_lines = [line for line in output.splitlines()
+                      if line.startswith("workload: list_append ")]
+        list_append_summary = list_lines[-1] if list_lines else ""
+        list_append_ok = (list_append_summary.startswith("workload: list_append ok ")
+                          and list_append_summary.endswith(" anomalies=0"))
         print(output, end="", flush=True)
         # The cluster must still be whole at the end.
         healthy, state = cluster.health()
@@ -594,14 +604,17 @@ def main() -> int:
         if exit_code == 0:
             availability, unavailable = check_availability(
                 cluster, history, arguments.logs_dir / run_id)
-        if exit_code == 0 and healthy and not unavailable:
+        if exit_code == 0 and not list_append_ok:
+            reason = f"list-append not checked out: {list_append_summary or 'no summary line'}"
+        elif exit_code == 0 and healthy and not unavailable:
             verdict = "PASSED"
         elif exit_code == 0 and unavailable:
             reason = "availability: " + "; ".join(unavailable)
         elif exit_code == 0:
             reason = f"cluster unhealthy after the workload: {state}"
         else:
-            reason = {2: "history violation (lost write or not linearizable)",
+            reason = {2: "history violation (lost write, not linearizable, or a list-append "
+                         "anomaly)",
                       3: "inconclusive (a key unreadable or undecided, or a timeout)"}.get(
                 exit_code, f"the workload exited with status {exit_code}")
     except RunFailed as error:
@@ -620,7 +633,7 @@ def main() -> int:
                   "restarts_after_declared_crash": cluster.restarts,
                   "episodes": sum(1 for event in history if event["event"] == "healthy"),
                   "availability": availability,
-                  "workload": workload_summary}
+                  "workload": workload_summary, "list_append": list_append_summary}
         if save:
             directory = arguments.logs_dir / run_id
             try:

@@ -28,6 +28,12 @@
 //! on every master in transactions, and read-only transactions summing every account; every
 //! committed audit must see the opening total, and so must the final plain reads.
 //!
+//! `--list-append-keys` adds list-append transactions (`workload/list_append.rs`): clients
+//! reading lists and appending unique elements to them in transactions, the whole history
+//! (with a final read-only transaction of every list) checked for every anomaly strict
+//! serializability forbids by `stratus_history::list_append`; one more summary line
+//! (`workload: list_append ...`) is printed before the verdict line.
+//!
 //! Exit status: 0 linearizable and nothing lost; 1 the workload could not run (no cluster, bad
 //! arguments); 2 a violation (lost acknowledged write or non-linearizable history); 3
 //! inconclusive (a key stayed unreadable after the run, the checker ran out of search steps on a
@@ -62,6 +68,7 @@ use stratus_wire::ServerStatus;
 
 mod availability;
 mod bank;
+mod list_append;
 
 /// `stratus workload`.
 #[derive(Debug, Args)]
@@ -126,6 +133,14 @@ pub struct WorkloadArguments {
     /// Bank clients, each alternating transfers and audits.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub bank_clients: u32,
+    /// Lists of the list-append transactions run beside the checked clients (0: none):
+    /// transactions reading 1–3 lists and appending to 1–2, checked for every anomaly strict
+    /// serializability forbids.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4_096))]
+    pub list_append_keys: u32,
+    /// List-append clients, each running one transaction at a time.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub list_append_clients: u32,
     /// Write when each operation of the mixed phase ran and which master owned its key here
     /// (format in `workload/availability.rs`), for a fault harness that bounds how long
     /// operations on servers it did not touch waited.
@@ -643,6 +658,32 @@ async fn run_phases(
             ));
         }
     }
+    let list_table = if arguments.list_append_keys > 0 {
+        let name = format!("{table_name}-lists");
+        let list_table = create_table(&admin, &name, span).await?;
+        println!(
+            "workload: list-append table {name} (id {list_table}): {} lists, {} clients",
+            arguments.list_append_keys, arguments.list_append_clients
+        );
+        Some(list_table)
+    } else {
+        None
+    };
+    let list_state = Arc::new(list_append::ListAppendState::default());
+    let mut list_tasks = tokio::task::JoinSet::new();
+    if let Some(list_table) = list_table {
+        for list_client in 0..arguments.list_append_clients {
+            list_tasks.spawn(list_append::run_list_append_client(
+                exactly_once_client(coordinator, timeouts),
+                list_table,
+                arguments.list_append_keys,
+                list_client,
+                seed ^ u64::from(list_client + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
+                list_state.clone(),
+                stop.clone(),
+            ));
+        }
+    }
     let owners = arguments.availability_out.as_ref().map(|_| {
         tokio::spawn(availability::Owners::sample_until(admin.clone(), table, stop.clone()))
     });
@@ -699,6 +740,18 @@ async fn run_phases(
         Ok(result) => result?,
         Err(_) => return Err("bank clients did not stop after the mixed phase".to_string()),
     }
+    // Like a bank client's, a list-append transaction in flight is bounded by its rounds.
+    let list_joined = tokio::time::timeout(4 * timeouts.operation + FAULT_BACKOFF_MAX, async {
+        while let Some(joined) = list_tasks.join_next().await {
+            joined.map_err(|error| format!("a list-append client failed: {error}"))?;
+        }
+        Ok::<(), String>(())
+    })
+    .await;
+    match list_joined {
+        Ok(result) => result?,
+        Err(_) => return Err("list-append clients did not stop after the mixed phase".to_string()),
+    }
     let mixed_seconds = mixed_started.elapsed().as_secs_f64();
     if let (Some(path), Some(owners)) = (&arguments.availability_out, owners) {
         // The sampler stops within one interval (or one tablet-map call) of `stop`.
@@ -735,6 +788,74 @@ async fn run_phases(
         || matches!(&bank_total, Some(Ok(total)) if *total != bank_expected);
     let bank_inconclusive = matches!(&bank_total, Some(Err(_)))
         || (bank_table.is_some() && (bank.committed == 0 || bank.audits == 0));
+    // The list-append history, closed by a read-only transaction of every list.
+    let lists = match list_table {
+        Some(list_table) => {
+            let final_read = list_append::final_read(
+                &admin,
+                list_table,
+                arguments.list_append_keys,
+                arguments.list_append_clients,
+                &list_state,
+                settle_deadline,
+            )
+            .await;
+            let findings = tokio::task::block_in_place(|| list_append::check(&list_state));
+            Some((final_read, findings))
+        }
+        None => None,
+    };
+    let lists_violation = matches!(&lists, Some((_, findings)) if findings.anomalies() > 0);
+    let lists_inconclusive = matches!(
+        &lists,
+        Some((final_read, findings))
+            if final_read.is_err() || findings.report.is_err() || findings.committed_appends == 0
+    );
+    if let Some((final_read, findings)) = &lists {
+        if !lists_violation && !lists_inconclusive {
+            println!(
+                "workload: list_append ok committed={} aborted={} unknown={} \
+                 committed_appends={} reads_checked={} anomalies=0",
+                findings.committed,
+                findings.aborted,
+                findings.unknown,
+                findings.committed_appends,
+                findings.reads_checked(),
+            );
+        } else {
+            for violation in &findings.violations {
+                println!("LIST-APPEND VIOLATION: {violation}");
+            }
+            match &findings.report {
+                Ok(report) if !report.is_valid() => {
+                    println!("LIST-APPEND VIOLATION: not strictly serializable: {report}")
+                }
+                Ok(_) => {}
+                Err(error) => println!("LIST-APPEND INCONCLUSIVE: malformed history: {error}"),
+            }
+            if let Err(reason) = final_read {
+                println!("LIST-APPEND UNAVAILABLE: {reason}");
+            }
+            if findings.committed_appends == 0 {
+                println!(
+                    "LIST-APPEND INCONCLUSIVE: no transaction committed an append ({} aborted, \
+                     {} unknown)",
+                    findings.aborted, findings.unknown
+                );
+            }
+            println!(
+                "workload: list_append {} committed={} aborted={} unknown={} \
+                 committed_appends={} reads_checked={} anomalies={}",
+                if lists_violation { "VIOLATION" } else { "INCONCLUSIVE" },
+                findings.committed,
+                findings.aborted,
+                findings.unknown,
+                findings.committed_appends,
+                findings.reads_checked(),
+                findings.anomalies(),
+            );
+        }
+    }
 
     // Checks.
     let history = recorder.history();
@@ -763,19 +884,24 @@ async fn run_phases(
     let steps: u64 = report.keys.iter().map(|key| key.steps).sum();
     let undecided = report.undecided().count();
     let violating = report.violations().count();
-    let verdict =
-        if violating > 0 || !lost.is_empty() || !counters.violations.is_empty() || bank_violation {
-            "VIOLATION"
-        } else if unreadable > 0
-            || counters.unreadable > 0
-            || undecided > 0
-            || canary != Some(true)
-            || bank_inconclusive
-        {
-            "INCONCLUSIVE"
-        } else {
-            "linearizable"
-        };
+    let verdict = if violating > 0
+        || !lost.is_empty()
+        || !counters.violations.is_empty()
+        || bank_violation
+        || lists_violation
+    {
+        "VIOLATION"
+    } else if lists_inconclusive
+        || unreadable > 0
+        || counters.unreadable > 0
+        || undecided > 0
+        || canary != Some(true)
+        || bank_inconclusive
+    {
+        "INCONCLUSIVE"
+    } else {
+        "linearizable"
+    };
     if verdict != "linearizable" {
         print!("{report}");
         for (write, final_read) in &lost {

@@ -1,6 +1,6 @@
 //! `stratus workload` against a real cluster: a short mixed phase passes the checks (the bank's
 //! transfers and audits among them), and `--availability-out` records every operation with its
-//! master.
+//! master; the list-append transactions check out too.
 
 mod common;
 
@@ -52,4 +52,34 @@ fn a_short_workload_is_linearizable_and_times_every_operation_with_its_master() 
     assert!(timed > 100, "only {timed} operations timed");
     let attributed = text.lines().skip(1).filter(|line| !line.ends_with(" -")).count();
     assert!(attributed * 2 > timed, "{attributed} of {timed} operations have an owner");
+}
+
+#[test]
+fn a_short_list_append_workload_commits_transactions_without_anomalies() {
+    let cluster = TestCluster::start(2);
+    let output = Command::new(stratus_binary())
+        .args(["--coordinator", &cluster.coordinator_address, "workload"])
+        .args(["--seconds", "3", "--servers", "2", "--clients", "1", "--rate", "50"])
+        .args(["--settle-seconds", "30", "--startup-seconds", "30"])
+        .args(["--list-append-keys", "8", "--list-append-clients", "2"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run stratus workload");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let summary = stdout
+        .lines()
+        .find(|line| line.starts_with("workload: list_append "))
+        .unwrap_or_else(|| panic!("no list-append summary:\n{stdout}"));
+    println!("{summary}");
+    assert!(summary.starts_with("workload: list_append ok "), "{summary}");
+    assert!(summary.ends_with(" anomalies=0"), "{summary}");
+    let field = |name: &str| -> u64 {
+        let prefix = format!("{name}=");
+        let value = summary.split(' ').find_map(|field| field.strip_prefix(&prefix[..]));
+        value.unwrap_or_else(|| panic!("no {name} in {summary}")).parse().unwrap()
+    };
+    assert!(field("committed") > 10, "{summary}");
+    assert!(field("committed_appends") > 0, "{summary}");
+    assert!(field("reads_checked") > 10, "{summary}");
 }

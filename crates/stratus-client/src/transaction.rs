@@ -17,6 +17,7 @@ mod fanout;
 mod finish;
 mod retry;
 
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -270,19 +271,20 @@ impl Transaction {
     /// are read from their masters in parallel (one multi-read per master), in one round
     /// trip rather than one per object. One value (`None`: absent) per object, in order.
     pub async fn read_many(&self, objects: &[(TableId, &[u8])]) -> Result<Vec<Option<Bytes>>> {
-        let mut values = Vec::with_capacity(objects.len());
+        let objects: Vec<ObjectKey> = objects
+            .iter()
+            .map(|&(table_id, key)| {
+                check_key(key)?;
+                Ok((table_id, Bytes::copy_from_slice(key)))
+            })
+            .collect::<Result<_>>()?;
+        // Each object not seen yet, once (the same object twice is read once).
         let mut unseen: Vec<ObjectKey> = Vec::new();
-        for &(table_id, key) in objects {
-            check_key(key)?;
-            let object: ObjectKey = (table_id, Bytes::copy_from_slice(key));
-            match self.buffer().seen(&object)? {
-                Seen::Known(value) => values.push(value),
-                Seen::Unknown => {
-                    values.push(None);
-                    // The same object twice is read once: the second sees the first's read.
-                    if !unseen.contains(&object) {
-                        unseen.push(object);
-                    }
+        let mut listed: HashSet<&ObjectKey> = HashSet::new();
+        for object in &objects {
+            if let Seen::Unknown = self.buffer().seen(object)? {
+                if listed.insert(object) {
+                    unseen.push(object.clone());
                 }
             }
         }
@@ -290,14 +292,13 @@ impl Transaction {
         for (object, (value, version)) in unseen.into_iter().zip(read) {
             self.buffer().record_read(object, value, version)?;
         }
-        // Every object is seen now: what the transaction sees of each, duplicates included.
-        for (index, &(table_id, key)) in objects.iter().enumerate() {
-            let object: ObjectKey = (table_id, Bytes::copy_from_slice(key));
-            if let Seen::Known(value) = self.buffer().seen(&object)? {
-                values[index] = value;
-            }
-        }
-        Ok(values)
+        objects
+            .iter()
+            .map(|object| match self.buffer().seen(object)? {
+                Seen::Known(value) => Ok(value),
+                Seen::Unknown => unreachable!("every object was read or written above"),
+            })
+            .collect()
     }
 
     /// Buffers a write of `value` to the object (sent at commit). Refused, before anything is

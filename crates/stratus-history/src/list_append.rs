@@ -45,6 +45,22 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
+/// A list's bytes as the list-append workloads store it in one object: its elements, 8 bytes
+/// little-endian each (an absent object is the empty list).
+pub fn encode_list(list: &[u64]) -> Vec<u8> {
+    list.iter().flat_map(|element| element.to_le_bytes()).collect()
+}
+
+/// A list from its object's bytes; `None` for a length that is not a whole number of
+/// elements.
+pub fn decode_list(value: &[u8]) -> Option<Vec<u64>> {
+    let chunks = value.chunks_exact(8);
+    if !chunks.remainder().is_empty() {
+        return None;
+    }
+    chunks.map(|chunk| chunk.try_into().ok().map(u64::from_le_bytes)).collect()
+}
+
 /// One operation inside a transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MicroOp {
@@ -1559,6 +1575,14 @@ mod tests {
     fn assert_shows(report: &ListAppendReport, kind: AnomalyKind) {
         assert!(report.count(kind) > 0, "expected {kind}, got {report}");
         assert!(report.anomalies.iter().any(|anomaly| anomaly.kind == kind));
+    }
+
+    #[test]
+    fn lists_round_trip_and_torn_ones_are_refused() {
+        for list in [vec![], vec![7], vec![1, u64::MAX, 3]] {
+            assert_eq!(decode_list(&encode_list(&list)), Some(list));
+        }
+        assert_eq!(decode_list(&[1, 2, 3]), None);
     }
 
     #[test]

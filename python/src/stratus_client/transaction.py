@@ -962,13 +962,7 @@ def outcome(objects: list[TxObject], votes: list[OpState], decision: TxDecision)
     """
     if decision is TxDecision.COMMIT:
         return TxOutcome.COMMITTED
-    reason = _conflict(objects, votes)
-    if reason is not None:
-        return TxOutcome.aborted(reason)
-    refusal = _refusal(votes)
-    if refusal is not None:
-        raise refusal
-    return TxOutcome.aborted(AbortReason.TIMEOUT)
+    return _abort_outcome(objects, votes)
 
 
 def validation_outcome(objects: list[TxObject], votes: list[OpState]) -> TxOutcome:
@@ -976,6 +970,12 @@ def validation_outcome(objects: list[TxObject], votes: list[OpState]) -> TxOutco
     locked, so an unknown vote only means the reads could not be shown consistent)."""
     if all(isinstance(vote, Answered) and vote.answer is TxVote.PREPARED for vote in votes):
         return TxOutcome.COMMITTED
+    return _abort_outcome(objects, votes)
+
+
+def _abort_outcome(objects: list[TxObject], votes: list[OpState]) -> TxOutcome:
+    """Why a transaction did not commit: a conflict (an op voted ABORT); else the error of an
+    op refused for a reason retrying cannot cure (raised); else a want of votes (TIMEOUT)."""
     reason = _conflict(objects, votes)
     if reason is not None:
         return TxOutcome.aborted(reason)

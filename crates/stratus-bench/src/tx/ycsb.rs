@@ -101,6 +101,7 @@ impl TxStore for RedisStore {
                 commit.push(vec![b"SET", key, value]);
             }
         }
+        let exec_index = commit.len();
         commit.push(vec![b"EXEC"]);
         let writes = updates.iter().any(|&update| update);
         if let (true, Some(replicas)) = (writes, &replicas_text) {
@@ -112,7 +113,7 @@ impl TxStore for RedisStore {
         {
             return Err(format!("redis: {message}"));
         }
-        let exec = &replies[commit.len() - 1 - usize::from(writes && replicas_text.is_some())];
+        let exec = &replies[exec_index];
         if let (true, Some(replicas)) = (writes, self.wait_replicas) {
             match replies.last() {
                 Some(Value::Integer(acknowledged)) if *acknowledged >= i64::from(replicas) => {}

@@ -37,6 +37,9 @@ pub(crate) enum Job {
     Read { frame: u32, length: u32, completion: ReadCompletion },
     /// Zero both metadata slots of a freed frame, so its replica does not reappear.
     Clear { frame: u32 },
+    /// Writes nothing; completes once every job queued before it is done (jobs complete in
+    /// queue order), so a stopping backup can wait for writes it acknowledged before the disk.
+    Barrier { completion: WriteCompletion },
 }
 
 /// A storage failure that stops the backup from acknowledging writes.
@@ -268,6 +271,7 @@ impl IoThread {
                     }
                     wrote = true;
                 }
+                Job::Barrier { completion } => completions.push(completion),
             }
         }
         // The newest metadata of each frame, into the slot that is not the synced one.

@@ -879,11 +879,36 @@ impl BackupService {
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
         }
+        // Then everything queued before, such as closed replicas and raised epochs that were
+        // acknowledged before they reached the disk (buffered mode): the queue completes jobs
+        // in order, so this barrier completes after them.
+        let barrier = loop {
+            let (sender, receiver) = oneshot::channel();
+            let completion = Box::new(move |result: Result<(), String>| {
+                let _ = sender.send(result);
+            });
+            if self.push(Job::Barrier { completion }).is_ok() {
+                break Some(receiver);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        };
         let mut written = 0;
         for receiver in waiting {
             if let Ok(Ok(Ok(()))) = tokio::time::timeout_at(deadline, receiver).await {
                 written += 1;
             }
+        }
+        let drained = match barrier {
+            Some(receiver) => {
+                matches!(tokio::time::timeout_at(deadline, receiver).await, Ok(Ok(Ok(()))))
+            }
+            None => false,
+        };
+        if !drained {
+            tracing::warn!("the backup's earlier disk writes did not finish before the stop");
         }
         written
     }
@@ -1039,8 +1064,14 @@ impl BackupService {
             return Err(certificate_too_long(write.certificate.segment_length, length));
         }
         let newly_closed = write.flags.close && !replica.closed;
+        // A raised epoch on a replica whose bytes live on disk only (closed, or found there
+        // after a restart) exists nowhere else: no buffer is flushed for it at a stop. Its
+        // metadata goes to disk before the write is acknowledged, or a master could record a
+        // head at an epoch that no backup has after a whole-cluster restart (recovery then
+        // waits forever for it).
+        let raises_epoch_on_disk = write.epoch > replica.epoch && replica.buffer.is_none();
         let needs_disk = match config.durability {
-            Durability::Buffered => newly_closed,
+            Durability::Buffered => newly_closed || raises_epoch_on_disk,
             Durability::Fsync => true,
         };
         if needs_disk && !self.shared.queue.has_room() {
@@ -1081,6 +1112,14 @@ impl BackupService {
                         }
                     });
                     self.push(Job::Write { frame, data_offset: 0, data, metadata, completion })?;
+                } else if raises_epoch_on_disk {
+                    let (sender, receiver) = oneshot::channel();
+                    let completion = Box::new(move |result: Result<(), String>| {
+                        let _ = sender.send(result.map_err(storage_failed));
+                    });
+                    let data: Box<dyn AsRef<[u8]> + Send> = Box::new(Bytes::new());
+                    self.push(Job::Write { frame, data_offset: 0, data, metadata, completion })?;
+                    return Ok(Pending::Waiting(receiver));
                 }
                 Ok(Pending::Ready(Ok(())))
             }

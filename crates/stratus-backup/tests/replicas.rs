@@ -207,6 +207,43 @@ async fn restart_finds_closed_replicas_and_fsynced_open_ones() {
     assert!(!contents.closed);
 }
 
+/// A master replacing a lost backup raises the epoch of every segment that backup held, closed
+/// ones too, and may record a head at that epoch with the coordinator. In buffered mode a
+/// closed replica's bytes are on disk only, so its raised epoch must reach the disk before the
+/// write is acknowledged: after a whole-cluster restart, recovery looks for the head at the
+/// recorded epoch (CI once waited forever for one that existed only in a stopped backup's RAM).
+#[tokio::test]
+async fn a_raised_epoch_and_a_stop_flush_survive_a_restart_in_buffered_mode() {
+    let directory = tempfile::tempdir().unwrap();
+    let closed = segment(7, 1, 20);
+    let open = segment(7, 2, 5);
+    {
+        let (backup, _) =
+            BackupService::open_directory(config(Durability::Buffered), directory.path()).unwrap();
+        backup.write(closed.write_from(0, WHOLE)).await.unwrap();
+        backup.write(open.write_from(0, OPEN)).await.unwrap();
+        for built in [&closed, &open] {
+            let raise = ReplicaWrite { epoch: 2, ..built.write_from(built.length(), APPEND) };
+            assert!(raise.data.is_empty());
+            backup.write(raise).await.unwrap();
+        }
+        // What a stopping server does; the open replica is written with its raised epoch.
+        assert_eq!(backup.flush_open_replicas(Duration::from_secs(10)).await, 1);
+        // A stopping backup takes no more writes (the master replaces it).
+        let refused = backup.write(open.write_from(0, APPEND)).await.unwrap_err();
+        assert_eq!(refused.status, Status::Retry);
+    }
+    let (backup, report) =
+        BackupService::open_directory(config(Durability::Buffered), directory.path()).unwrap();
+    assert_eq!(report.replicas_found, 2, "{report:?}");
+    for (built, closed) in [(&closed, true), (&open, false)] {
+        let contents = backup.read(ServerId(7), built.segment_id).await.unwrap();
+        assert_eq!(contents.epoch, 2, "segment {}", built.segment_id);
+        assert_eq!(contents.closed, closed);
+        assert_eq!(contents.data, built.bytes);
+    }
+}
+
 /// Byte offsets of a frame's metadata slots and data, for corrupting them.
 fn frame_offsets(config: &BackupConfig, frame: u32) -> (u64, u64, u64) {
     let geometry = config.geometry();

@@ -68,6 +68,48 @@ struct Bucket {
 
 const _: () = assert!(std::mem::size_of::<Bucket>() == BUCKET_BYTES as usize);
 const _: () = assert!(std::mem::align_of::<Bucket>() == BUCKET_BYTES as usize);
+const _: () = assert!(stratus_pages::PAGE_BYTES.is_multiple_of(BUCKET_BYTES as usize));
+
+/// The main buckets, in memory whose pages are mapped only once touched: a table sized for the
+/// whole log costs memory only where keys landed (a `Box` of default buckets would write, and
+/// so map, every page at start).
+struct MainBuckets {
+    region: stratus_pages::PageRegion,
+    count: usize,
+}
+
+impl std::fmt::Debug for MainBuckets {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("MainBuckets").field("count", &self.count).finish()
+    }
+}
+
+impl MainBuckets {
+    fn new(count: usize) -> MainBuckets {
+        let bytes = count.checked_mul(BUCKET_BYTES as usize).expect("bucket array overflows");
+        MainBuckets { region: stratus_pages::PageRegion::new(bytes), count }
+    }
+
+    fn get(&self, index: usize) -> &Bucket {
+        assert!(index < self.count, "bucket {index} out of range");
+        // SAFETY: in bounds (above); the region is page-aligned (so aligned for `Bucket`,
+        // checked above), starts zeroed, and lives as long as `self`; all zeros is a valid
+        // `Bucket` (eight `AtomicU64` of 0), and every change goes through the atomics. Pages
+        // are released only for buckets beyond a shrunk table, which no reference points into
+        // (`HashTable::finish_resize`).
+        #[allow(unsafe_code)]
+        unsafe {
+            &*self.region.as_ptr().cast::<Bucket>().add(index)
+        }
+    }
+
+    /// Gives the pages of buckets `[from, to)` back; they read as empty afterwards.
+    fn release(&self, from: usize, to: usize) {
+        assert!(from <= to && to <= self.count, "release of buckets {from}..{to}");
+        let bytes = BUCKET_BYTES as usize;
+        self.region.release(from * bytes, (to - from) * bytes);
+    }
+}
 
 /// Which bucket a slot is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -131,39 +173,209 @@ impl OverflowPool {
         let (chunk, offset) = Self::locate(index);
         &self.chunks[chunk].get().expect("chain points to an unallocated overflow bucket")[offset]
     }
+
+    /// Returns an overflow bucket no chain points to any more; it is zeroed first (a new chain
+    /// expects it empty).
+    fn free(&self, index: u64) {
+        for word in &self.bucket(index).words {
+            word.store(0, Ordering::Relaxed);
+        }
+        self.free.lock().expect("overflow free list poisoned").push(index);
+    }
+}
+
+/// The phase of the table's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// `2^bits` buckets.
+    Stable,
+    /// From `2^bits` to `2^(bits+1)`: old buckets below `cursor` were split (bucket `i`'s
+    /// entries whose hash has bit `bits` set moved to bucket `i + 2^bits`).
+    Growing,
+    /// From `2^bits` to `2^(bits-1)`: buckets `i + 2^(bits-1)` for `i` below `cursor` were
+    /// merged into bucket `i`.
+    Shrinking,
+}
+
+/// Where keys live now, packed in one atomic word: bits 0..6 `bits`, 6..8 the phase, 8.. the
+/// cursor. Read under a stripe lock it is stable for that stripe's buckets: a unit of migration
+/// moves one stripe's buckets under that stripe's lock and advances the cursor before releasing
+/// it, and every size keeps the stripe bits of the bucket index (sizes are at least
+/// [`LOCK_STRIPES`] buckets when the table resizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    bits: u32,
+    phase: Phase,
+    cursor: u64,
+}
+
+impl Layout {
+    fn encode(self) -> u64 {
+        let phase = match self.phase {
+            Phase::Stable => 0,
+            Phase::Growing => 1,
+            Phase::Shrinking => 2,
+        };
+        u64::from(self.bits) | (phase << 6) | (self.cursor << 8)
+    }
+
+    fn decode(word: u64) -> Layout {
+        let phase = match (word >> 6) & 3 {
+            0 => Phase::Stable,
+            1 => Phase::Growing,
+            _ => Phase::Shrinking,
+        };
+        Layout { bits: (word & 63) as u32, phase, cursor: word >> 8 }
+    }
+
+    /// The main bucket of `hash`.
+    fn bucket_of(self, hash: u64) -> u64 {
+        let hash = hash & BUCKET_HASH_MASK;
+        let count = 1u64 << self.bits;
+        match self.phase {
+            Phase::Stable => hash & (count - 1),
+            Phase::Growing => {
+                let old = hash & (count - 1);
+                if old < self.cursor {
+                    hash & (2 * count - 1)
+                } else {
+                    old
+                }
+            }
+            Phase::Shrinking => {
+                let new = hash & (count / 2 - 1);
+                if new < self.cursor {
+                    new
+                } else {
+                    hash & (count - 1)
+                }
+            }
+        }
+    }
+
+    /// One past the highest main bucket that may hold an entry.
+    fn buckets_in_use(self) -> u64 {
+        match self.phase {
+            Phase::Growing => 2u64 << self.bits,
+            Phase::Stable | Phase::Shrinking => 1u64 << self.bits,
+        }
+    }
+
+    /// Units of migration of the resize in progress (0 when stable).
+    fn units(self) -> u64 {
+        match self.phase {
+            Phase::Stable => 0,
+            Phase::Growing => 1u64 << self.bits,
+            Phase::Shrinking => 1u64 << (self.bits - 1),
+        }
+    }
+}
+
+/// A table grows once it holds more than this many entries per main bucket on average (half of
+/// a bucket's 8: chains stay rare, Poisson(4) overflows 8 in about 2 % of buckets).
+pub const GROW_ENTRIES_PER_BUCKET: u64 = 4;
+
+/// A table shrinks once it holds fewer than this many entries per main bucket on average; after
+/// halving it holds fewer than 2, so it never shrinks and grows back at once.
+pub const SHRINK_ENTRIES_PER_BUCKET: u64 = 1;
+
+/// What [`HashTable::resize_step`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResizeProgress {
+    /// The table has the size its entries call for.
+    Idle,
+    /// Units were migrated and more remain (call again).
+    Migrating,
+    /// A resize finished in this call.
+    Finished,
+    /// Another thread is resizing.
+    Busy,
 }
 
 /// The hash table.
 #[derive(Debug)]
 pub struct HashTable {
-    buckets: Box<[Bucket]>,
+    /// Room for the largest size; pages are touched only where the current size's buckets
+    /// hold entries.
+    buckets: MainBuckets,
     overflow: OverflowPool,
     locks: Box<[Mutex<()>]>,
-    bucket_mask: u64,
+    /// The stripe of a hash: its low bits under this mask (the bucket index's low bits at every
+    /// size the table takes).
+    stripe_mask: u64,
+    /// log2 of the largest and the smallest size.
+    bits_max: u32,
+    bits_min: u32,
+    /// The [`Layout`], encoded.
+    layout: AtomicU64,
+    /// Held by the one thread migrating.
+    resizing: Mutex<()>,
 }
 
 impl HashTable {
-    /// A table using about `bytes` of memory for its main buckets: the largest power of two of
-    /// 64-byte buckets that fits (at least one bucket).
+    /// A table of a fixed size using about `bytes` of memory for its main buckets: the largest
+    /// power of two of 64-byte buckets that fits (at least one bucket). Its pages are touched
+    /// only where keys land.
     pub fn new(bytes: u64) -> HashTable {
+        let mut table = HashTable::growable(bytes);
+        // Fixed at its largest size: never resized.
+        table.bits_min = table.bits_max;
+        let bits = table.bits_max;
+        table
+            .layout
+            .store(Layout { bits, phase: Phase::Stable, cursor: 0 }.encode(), Ordering::SeqCst);
+        table
+    }
+
+    /// A table that may take up to about `bytes` for its main buckets (as [`HashTable::new`]),
+    /// starting at [`LOCK_STRIPES`] buckets (or the largest size, if smaller) and resized by
+    /// [`HashTable::resize_step`] as its entries come and go. Only the pages of the buckets in
+    /// use are ever touched.
+    pub fn growable(bytes: u64) -> HashTable {
         let wanted = (bytes / BUCKET_BYTES).clamp(1, BUCKET_HASH_MASK + 1);
-        let bucket_count = 1u64 << (63 - wanted.leading_zeros());
+        let bits_max = 63 - wanted.leading_zeros();
+        let bucket_count = 1u64 << bits_max;
+        let bits_min = bits_max.min(LOCK_STRIPES.trailing_zeros());
         HashTable {
-            buckets: (0..bucket_count).map(|_| Bucket::default()).collect(),
+            buckets: MainBuckets::new(
+                usize::try_from(bucket_count).expect("bucket count fits the address space"),
+            ),
             overflow: OverflowPool::new(),
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
-            bucket_mask: bucket_count - 1,
+            stripe_mask: (1u64 << bits_min) - 1,
+            bits_max,
+            bits_min,
+            layout: AtomicU64::new(
+                Layout { bits: bits_min, phase: Phase::Stable, cursor: 0 }.encode(),
+            ),
+            resizing: Mutex::new(()),
         }
     }
 
-    /// Number of main buckets (a power of two).
-    pub fn bucket_count(&self) -> u64 {
-        self.bucket_mask + 1
+    fn current_layout(&self) -> Layout {
+        Layout::decode(self.layout.load(Ordering::Acquire))
     }
 
-    /// The bucket that holds keys with this hash.
+    /// Number of main buckets in use (a power of two; during a resize, the size it started
+    /// from).
+    pub fn bucket_count(&self) -> u64 {
+        1u64 << self.current_layout().bits
+    }
+
+    /// The most main buckets the table may grow to.
+    pub fn bucket_count_max(&self) -> u64 {
+        1u64 << self.bits_max
+    }
+
+    /// The main bucket that holds keys with this hash now (it changes as the table resizes;
+    /// its low bits under the stripe mask do not).
     pub fn bucket_index(&self, hash: u64) -> u64 {
-        (hash & BUCKET_HASH_MASK) & self.bucket_mask
+        self.current_layout().bucket_of(hash)
+    }
+
+    /// Bytes of main buckets in use.
+    pub fn main_bucket_bytes(&self) -> u64 {
+        self.current_layout().buckets_in_use() * BUCKET_BYTES
     }
 
     /// Asks the processor to bring the main bucket of `hash` (and its lock) into the cache, so
@@ -172,9 +384,12 @@ impl HashTable {
     /// it relocates; every relocation otherwise starts with a cache miss on a random bucket.
     pub fn prefetch(&self, hash: u64) {
         let bucket_index = self.bucket_index(hash) as usize;
-        let stripe = bucket_index & (LOCK_STRIPES - 1);
-        prefetch_line(std::ptr::from_ref(&self.buckets[bucket_index]).cast());
-        prefetch_line(std::ptr::from_ref(&self.locks[stripe]).cast());
+        prefetch_line(std::ptr::from_ref(self.buckets.get(bucket_index)).cast());
+        prefetch_line(std::ptr::from_ref(&self.locks[self.stripe_of(hash)]).cast());
+    }
+
+    fn stripe_of(&self, hash: u64) -> usize {
+        (hash & BUCKET_HASH_MASK & self.stripe_mask) as usize
     }
 
     /// Overflow buckets allocated so far.
@@ -182,27 +397,28 @@ impl HashTable {
         self.overflow.next_index.load(Ordering::Relaxed)
     }
 
-    fn lock_bucket(&self, bucket_index: u64) -> MutexGuard<'_, ()> {
+    fn lock_stripe(&self, stripe: usize) -> MutexGuard<'_, ()> {
         // The lock guards no data of its own (`()`), so a panic while holding it cannot leave
         // the mutex's contents inconsistent; recover from poisoning.
-        let stripe = (bucket_index as usize) & (LOCK_STRIPES - 1);
         self.locks[stripe].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Locks the bucket of `hash` for lookups and updates of that key.
     pub fn lock(&self, hash: u64) -> BucketGuard<'_> {
-        let bucket_index = self.bucket_index(hash);
+        let lock = self.lock_stripe(self.stripe_of(hash));
+        // Read under the stripe lock: stable for this stripe's buckets while it is held.
+        let bucket_index = self.current_layout().bucket_of(hash);
         BucketGuard {
             table: self,
             bucket_index,
             partial_hash: hash >> PARTIAL_HASH_SHIFT,
-            _lock: self.lock_bucket(bucket_index),
+            _lock: lock,
         }
     }
 
     fn bucket(&self, location: BucketLocation) -> &Bucket {
         match location {
-            BucketLocation::Main(index) => &self.buckets[index as usize],
+            BucketLocation::Main(index) => self.buckets.get(index as usize),
             BucketLocation::Overflow(index) => self.overflow.bucket(index),
         }
     }
@@ -233,36 +449,192 @@ impl HashTable {
         self.bucket(slot.bucket).words[slot.position].store(word, Ordering::Relaxed);
     }
 
-    /// Calls `visit(reference)` for every entry of main bucket `bucket_index` and its chain,
-    /// under that bucket's lock (for enumeration).
-    pub fn for_each_in_bucket(&self, bucket_index: u64, mut visit: impl FnMut(u64)) {
-        assert!(bucket_index <= self.bucket_mask, "bucket index out of range");
-        let _lock = self.lock_bucket(bucket_index);
-        self.walk(bucket_index, |_, word| {
-            if word != 0 {
-                visit(word & REFERENCE_MASK);
-            }
-            false
-        });
+    /// Calls `visit(reference)` for every entry that may belong to a hash whose low `bits`
+    /// bits equal `low_bits`, under one stripe lock (for enumeration, which checks each key's
+    /// hash itself): every main bucket that can hold such a hash in the current layout, with its
+    /// chain. Entries of other hashes may be visited too. `bits` must be at least the stripe
+    /// bits (`log2` of [`HashTable::bucket_count`] always is).
+    pub fn for_each_in_hash_class(&self, low_bits: u64, bits: u32, mut visit: impl FnMut(u64)) {
+        assert!(
+            u64::from(bits) >= u64::from(self.stripe_mask.count_ones()) && bits <= 48,
+            "hash class of {bits} bits"
+        );
+        let stripe = (low_bits & self.stripe_mask) as usize;
+        let _lock = self.lock_stripe(stripe);
+        let layout = self.current_layout();
+        let in_use = layout.buckets_in_use();
+        // Buckets congruent to `low_bits` modulo the smaller of the class and the table.
+        let step = (1u64 << bits).min(in_use);
+        let mut bucket_index = low_bits & (step - 1);
+        while bucket_index < in_use {
+            self.walk(bucket_index, |_, word| {
+                if word != 0 {
+                    visit(word & REFERENCE_MASK);
+                }
+                false
+            });
+            bucket_index += step;
+        }
     }
 
-    /// Removes every entry of main bucket `bucket_index` (and its chain) for which
-    /// `keep(reference)` returns false, under that bucket's lock (for tablet drop). Returns how
-    /// many were removed.
-    pub fn retain_in_bucket(&self, bucket_index: u64, mut keep: impl FnMut(u64) -> bool) -> u64 {
-        assert!(bucket_index <= self.bucket_mask, "bucket index out of range");
-        let _lock = self.lock_bucket(bucket_index);
-        let mut removed = Vec::new();
-        self.walk(bucket_index, |slot, word| {
-            if word != 0 && !keep(word & REFERENCE_MASK) {
-                removed.push(slot);
+    /// Removes every entry for which `keep(reference)` returns false (for tablet drop), one
+    /// stripe lock at a time. Returns how many were removed.
+    pub fn retain(&self, mut keep: impl FnMut(u64) -> bool) -> u64 {
+        let mut removed_count = 0;
+        for stripe in 0..=self.stripe_mask {
+            let _lock = self.lock_stripe(stripe as usize);
+            let layout = self.current_layout();
+            let mut removed = Vec::new();
+            let mut bucket_index = stripe;
+            while bucket_index < layout.buckets_in_use() {
+                self.walk(bucket_index, |slot, word| {
+                    if word != 0 && !keep(word & REFERENCE_MASK) {
+                        removed.push(slot);
+                    }
+                    false
+                });
+                bucket_index += self.stripe_mask + 1;
             }
-            false
-        });
-        for &slot in &removed {
-            self.store(slot, 0);
+            for &slot in &removed {
+                self.store(slot, 0);
+            }
+            removed_count += removed.len() as u64;
         }
-        removed.len() as u64
+        removed_count
+    }
+
+    /// Adds `word` to the chain of main bucket `bucket_index` (the caller holds its stripe
+    /// lock): in the first empty entry, or in a new overflow bucket.
+    fn insert_word(&self, bucket_index: u64, word: u64) -> Slot {
+        let mut last_bucket = BucketLocation::Main(bucket_index);
+        let empty = self.walk(bucket_index, |slot, existing| {
+            last_bucket = slot.bucket;
+            existing == 0
+        });
+        if let Some(slot) = empty {
+            self.store(slot, word);
+            return slot;
+        }
+        // The chain is full: its last bucket's 8th entry moves to a new overflow bucket and
+        // becomes the chain pointer.
+        let overflow_index = self.overflow.allocate();
+        let overflow = BucketLocation::Overflow(overflow_index);
+        let last_slot = Slot { bucket: last_bucket, position: ENTRIES_PER_BUCKET - 1 };
+        let moved = self.bucket(last_bucket).words[ENTRIES_PER_BUCKET - 1].load(Ordering::Relaxed);
+        assert!(moved != 0 && moved & CHAIN_FLAG == 0, "full chain ends in an empty or chain slot");
+        let new_bucket = self.bucket(overflow);
+        assert!(
+            new_bucket.words.iter().all(|entry| entry.load(Ordering::Relaxed) == 0),
+            "overflow bucket handed out twice"
+        );
+        new_bucket.words[0].store(moved, Ordering::Relaxed);
+        new_bucket.words[1].store(word, Ordering::Relaxed);
+        self.store(last_slot, CHAIN_FLAG | overflow_index);
+        Slot { bucket: overflow, position: 1 }
+    }
+
+    /// Empties the chain of main bucket `bucket_index` (the caller holds its stripe lock),
+    /// returning its overflow buckets to the pool; returns the entries it held.
+    fn take_chain(&self, bucket_index: u64) -> Vec<u64> {
+        let mut words = Vec::new();
+        let mut location = BucketLocation::Main(bucket_index);
+        loop {
+            let bucket = self.bucket(location);
+            let mut next = None;
+            for (position, word) in bucket.words.iter().enumerate() {
+                let value = word.load(Ordering::Relaxed);
+                if position == ENTRIES_PER_BUCKET - 1 && value & CHAIN_FLAG != 0 {
+                    next = Some(value & REFERENCE_MASK);
+                } else if value != 0 {
+                    words.push(value);
+                }
+                word.store(0, Ordering::Relaxed);
+            }
+            if let BucketLocation::Overflow(index) = location {
+                self.overflow.free(index);
+            }
+            match next {
+                Some(index) => location = BucketLocation::Overflow(index),
+                None => return words,
+            }
+        }
+    }
+
+    /// One step of keeping the table sized for `entries` (the live entries, counted by the
+    /// caller): starts a resize when the load leaves [`SHRINK_ENTRIES_PER_BUCKET`]..=
+    /// [`GROW_ENTRIES_PER_BUCKET`] per bucket, and migrates at most `units_max` units (one old
+    /// bucket split, or two merged), each under its stripe's lock alone, so a reader waits at
+    /// most one unit's work. Growing needs each entry's full hash, which only the caller can
+    /// compute from the reference (`hash_of`, reading the log); an entry whose partial hash or
+    /// bucket does not match the hash given is a broken invariant and panics.
+    pub fn resize_step(
+        &self,
+        entries: u64,
+        units_max: u64,
+        mut hash_of: impl FnMut(u64) -> u64,
+    ) -> ResizeProgress {
+        let Ok(_resizing) = self.resizing.try_lock() else { return ResizeProgress::Busy };
+        let mut layout = self.current_layout();
+        if layout.phase == Phase::Stable {
+            let count = 1u64 << layout.bits;
+            let phase = if entries > count * GROW_ENTRIES_PER_BUCKET && layout.bits < self.bits_max
+            {
+                Phase::Growing
+            } else if entries < count * SHRINK_ENTRIES_PER_BUCKET && layout.bits > self.bits_min {
+                Phase::Shrinking
+            } else {
+                return ResizeProgress::Idle;
+            };
+            layout = Layout { bits: layout.bits, phase, cursor: 0 };
+            self.layout.store(layout.encode(), Ordering::Release);
+        }
+        let count = 1u64 << layout.bits;
+        let end = layout.units().min(layout.cursor.saturating_add(units_max));
+        for unit in layout.cursor..end {
+            let _lock = self.lock_stripe((unit & self.stripe_mask) as usize);
+            match layout.phase {
+                Phase::Growing => {
+                    for word in self.take_chain(unit) {
+                        let hash = hash_of(word & REFERENCE_MASK);
+                        assert_eq!(
+                            hash >> PARTIAL_HASH_SHIFT,
+                            word >> PARTIAL_HASH_SHIFT,
+                            "an entry's partial hash does not match its object's hash"
+                        );
+                        let target = hash & BUCKET_HASH_MASK & (2 * count - 1);
+                        assert!(
+                            target == unit || target == unit + count,
+                            "an entry in bucket {unit} hashes to bucket {target}"
+                        );
+                        self.insert_word(target, word);
+                    }
+                }
+                Phase::Shrinking => {
+                    for word in self.take_chain(unit + count / 2) {
+                        self.insert_word(unit, word);
+                    }
+                }
+                Phase::Stable => unreachable!("a stable layout has no units"),
+            }
+            layout.cursor = unit + 1;
+            self.layout.store(layout.encode(), Ordering::Release);
+        }
+        if layout.cursor < layout.units() {
+            return ResizeProgress::Migrating;
+        }
+        let bits = match layout.phase {
+            Phase::Growing => layout.bits + 1,
+            _ => layout.bits - 1,
+        };
+        self.layout
+            .store(Layout { bits, phase: Phase::Stable, cursor: 0 }.encode(), Ordering::Release);
+        if layout.phase == Phase::Shrinking {
+            // Every bucket of the upper half was emptied under its stripe's lock, after which no
+            // lookup addresses it (the layout read under that lock sent it below); so no
+            // reference into those buckets exists now, and their pages can go.
+            self.buckets.release(count as usize / 2, count as usize);
+        }
+        ResizeProgress::Finished
     }
 }
 
@@ -317,32 +689,7 @@ impl BucketGuard<'_> {
     /// slots obtained earlier from this guard.
     pub fn insert(&mut self, reference: u64) -> Slot {
         let word = self.word_for(reference);
-        let table = self.table;
-        let mut last_bucket = BucketLocation::Main(self.bucket_index);
-        let empty = table.walk(self.bucket_index, |slot, existing| {
-            last_bucket = slot.bucket;
-            existing == 0
-        });
-        if let Some(slot) = empty {
-            table.store(slot, word);
-            return slot;
-        }
-        // The chain is full: its last bucket's 8th entry moves to a new overflow bucket and
-        // becomes the chain pointer.
-        let overflow_index = table.overflow.allocate();
-        let overflow = BucketLocation::Overflow(overflow_index);
-        let last_slot = Slot { bucket: last_bucket, position: ENTRIES_PER_BUCKET - 1 };
-        let moved = table.bucket(last_bucket).words[ENTRIES_PER_BUCKET - 1].load(Ordering::Relaxed);
-        assert!(moved != 0 && moved & CHAIN_FLAG == 0, "full chain ends in an empty or chain slot");
-        let new_bucket = table.bucket(overflow);
-        assert!(
-            new_bucket.words.iter().all(|entry| entry.load(Ordering::Relaxed) == 0),
-            "overflow bucket handed out twice"
-        );
-        new_bucket.words[0].store(moved, Ordering::Relaxed);
-        new_bucket.words[1].store(word, Ordering::Relaxed);
-        table.store(last_slot, CHAIN_FLAG | overflow_index);
-        Slot { bucket: overflow, position: 1 }
+        self.table.insert_word(self.bucket_index, word)
     }
 
     /// Points the entry at `slot` to `reference` (overwrite, or relocation by a cleaner).
@@ -424,7 +771,7 @@ mod tests {
         }
         assert!(table.overflow_bucket_count() >= 100 / 7);
         let mut seen = BTreeSet::new();
-        table.for_each_in_bucket(2, |reference| {
+        table.for_each_in_hash_class(2, 2, |reference| {
             assert!(seen.insert(reference));
         });
         assert_eq!(seen, expected);
@@ -436,7 +783,7 @@ mod tests {
             assert_eq!(candidates, wanted);
         }
         // Other buckets are unaffected.
-        table.for_each_in_bucket(1, |_| panic!("bucket 1 should be empty"));
+        table.for_each_in_hash_class(1, 2, |_| panic!("bucket 1 should be empty"));
         // Remove half, then reinsert into the freed slots without new overflow buckets.
         let overflow_before = table.overflow_bucket_count();
         for index in (1..=100u64).filter(|index| index % 2 == 0) {
@@ -449,12 +796,12 @@ mod tests {
         }
         assert_eq!(table.overflow_bucket_count(), overflow_before);
         let mut count = 0;
-        table.for_each_in_bucket(2, |_| count += 1);
+        table.for_each_in_hash_class(2, 2, |_| count += 1);
         assert_eq!(count, 100);
-        let removed = table.retain_in_bucket(2, |reference| reference > 100);
+        let removed = table.retain(|reference| reference > 100);
         assert_eq!(removed, 50);
         let mut left = Vec::new();
-        table.for_each_in_bucket(2, |reference| left.push(reference));
+        table.for_each_in_hash_class(2, 2, |reference| left.push(reference));
         left.sort();
         assert_eq!(left, (101..=150).collect::<Vec<_>>());
     }
@@ -484,10 +831,131 @@ mod tests {
             }
         });
         let mut total = 0;
-        for bucket in 0..table.bucket_count() {
-            table.for_each_in_bucket(bucket, |_| total += 1);
+        for class in 0..8 {
+            table.for_each_in_hash_class(class, 3, |_| total += 1);
         }
         assert_eq!(total, 2000);
+    }
+
+    /// The hash of a reference in the resizing tests: what the store computes from the key
+    /// stored at the reference.
+    fn mixed(reference: u64) -> u64 {
+        let mut value = reference.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        value ^= value >> 29;
+        value.wrapping_mul(0xBF58_476D_1CE4_E5B9)
+    }
+
+    fn resize_until_idle(table: &HashTable, entries: u64, units_max: u64) -> u32 {
+        let mut finished = 0;
+        for _ in 0..100_000 {
+            match table.resize_step(entries, units_max, mixed) {
+                ResizeProgress::Idle => return finished,
+                ResizeProgress::Finished => finished += 1,
+                ResizeProgress::Migrating | ResizeProgress::Busy => {}
+            }
+        }
+        panic!("the table never settled");
+    }
+
+    fn present(table: &HashTable, reference: u64) -> bool {
+        table.lock(mixed(reference)).find(|found| found == reference).is_some()
+    }
+
+    #[test]
+    fn a_growable_table_starts_small_grows_with_its_entries_and_shrinks_back() {
+        // Room for 16 Ki buckets (1 MiB); it starts at 1 Ki (64 KiB).
+        let table = HashTable::growable(1 << 20);
+        assert_eq!((table.bucket_count(), table.bucket_count_max()), (1024, 16_384));
+        assert_eq!(table.main_bucket_bytes(), 64 << 10);
+        for reference in 1..=20_000u64 {
+            table.lock(mixed(reference)).insert(reference);
+            if reference % 1_000 == 0 {
+                // A few units at a time, interleaved with inserts, as the cleaner does.
+                table.resize_step(reference, 300, mixed);
+            }
+        }
+        resize_until_idle(&table, 20_000, 300);
+        // Above 4 per bucket it grows: 20 000 entries settle at 8 Ki buckets (2.4 per bucket).
+        assert_eq!(table.bucket_count(), 8192);
+        assert!((1..=20_000).all(|reference| present(&table, reference)));
+        for reference in 501..=20_000u64 {
+            let mut guard = table.lock(mixed(reference));
+            let (slot, _) = guard.find(|found| found == reference).unwrap();
+            guard.remove(slot);
+        }
+        assert_eq!(resize_until_idle(&table, 500, 50), 3);
+        assert_eq!(table.bucket_count(), 1024);
+        assert!((1..=500).all(|reference| present(&table, reference)));
+        assert!((501..=600).all(|reference| !present(&table, reference)));
+        let mut seen = 0;
+        for class in 0..1024 {
+            table.for_each_in_hash_class(class, 10, |_| seen += 1);
+        }
+        assert_eq!(seen, 500);
+        // A fixed table never resizes.
+        let fixed = HashTable::new(1 << 20);
+        assert_eq!(fixed.bucket_count(), 16_384);
+        assert_eq!(fixed.resize_step(0, 100, mixed), ResizeProgress::Idle);
+    }
+
+    #[test]
+    #[should_panic(expected = "partial hash does not match")]
+    fn growing_with_a_wrong_hash_stops_rather_than_misplacing_an_entry() {
+        let table = HashTable::growable(1 << 20);
+        for reference in 1..=5_000u64 {
+            table.lock(mixed(reference)).insert(reference);
+        }
+        table.resize_step(5_000, 1_024, |reference| mixed(reference + 1));
+    }
+
+    /// Writers insert and find their own entries, and a reader enumerates hash classes, while
+    /// another thread grows and shrinks the table a few units at a time: no entry is ever
+    /// missing from a lookup or from its hash class.
+    #[test]
+    fn lookups_and_enumeration_see_every_entry_while_the_table_resizes() {
+        let table = HashTable::growable(1 << 20);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let resizer = scope.spawn(|| {
+                let mut finished = 0;
+                while !done.load(Ordering::Relaxed) {
+                    // Claims a count that swings the table up and down.
+                    let entries = if finished % 2 == 0 { 60_000 } else { 10 };
+                    if table.resize_step(entries, 7, mixed) == ResizeProgress::Finished {
+                        finished += 1;
+                    }
+                }
+                finished
+            });
+            let writers: Vec<_> = (0..2u64)
+                .map(|thread| {
+                    let table = &table;
+                    scope.spawn(move || {
+                        for index in 0..6_000u64 {
+                            let reference = thread * 100_000 + index + 1;
+                            table.lock(mixed(reference)).insert(reference);
+                            assert!(present(table, reference), "{reference} lost");
+                            let earlier = thread * 100_000 + index / 2 + 1;
+                            assert!(present(table, earlier), "{earlier} lost");
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.join().unwrap();
+            }
+            // Every entry is in its hash class, exactly once.
+            let mut seen = BTreeSet::new();
+            for class in 0..1024 {
+                table.for_each_in_hash_class(class, 10, |reference| {
+                    assert_eq!(mixed(reference) & 1023, class);
+                    assert!(seen.insert(reference), "{reference} twice");
+                });
+            }
+            assert_eq!(seen.len(), 12_000);
+            done.store(true, Ordering::Relaxed);
+            assert!(resizer.join().unwrap() >= 2, "the table should have resized meanwhile");
+        });
     }
 
     proptest::proptest! {

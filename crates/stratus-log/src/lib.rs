@@ -12,6 +12,7 @@
 //! the clock (time arrives as an argument).
 
 pub mod format;
+mod free_seglets;
 pub mod iterator;
 pub mod log;
 pub mod seglet_memory;

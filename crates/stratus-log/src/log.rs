@@ -28,6 +28,7 @@ use crate::format::{
     EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS,
     SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES, TABLE_STATS_TABLES_MAX,
 };
+use crate::free_seglets::{FreeSeglets, SegletSource};
 use crate::seglet_memory::{EpochGuard, SegletMemory};
 use crate::table_tallies::TableTallies;
 
@@ -307,6 +308,11 @@ pub struct LogStatistics {
     pub seglets_free: u64,
     /// Seglets of dropped segments waiting for readers to finish (epochs) before reuse.
     pub seglets_waiting_for_readers: u64,
+    /// Free seglets whose pages are resident (freed by cleaning and not given back).
+    pub seglets_free_resident: u64,
+    /// Bytes of the region whose pages are resident, at most: allocated seglets, those waiting
+    /// for readers, and the resident free ones (what the log costs the machine).
+    pub log_bytes_resident: u64,
     /// Segments in the log, head included.
     pub segments_in_log: u64,
     /// Segments the next head's digest would list besides itself: the log after the pending
@@ -401,8 +407,12 @@ struct Compaction {
 /// State changed only under the log lock.
 #[derive(Debug)]
 struct LogState {
-    /// Free seglets (a stack: recently freed seglets are reused first).
-    free_seglets: Vec<u32>,
+    /// Free seglets: resident ones first (a stack: recently freed seglets are reused first),
+    /// then those whose pages were given back or never touched.
+    free_seglets: FreeSeglets,
+    /// Free seglets taken out of the list while their pages are given back (outside the log
+    /// lock); they count as free.
+    seglets_releasing: usize,
     segments: BTreeMap<SegmentId, SegmentRecord>,
     head: Option<SegmentId>,
     next_segment_id: u64,
@@ -509,7 +519,8 @@ impl Log {
                 // Reversed so that seglets are handed out in ascending order (easier to debug).
                 // Seglet 0 is never used: reference 0 means "no entry" in the hash table, and
                 // once seglets are reused any entry could otherwise land at offset 0.
-                free_seglets: (1..seglet_count).rev().collect(),
+                free_seglets: FreeSeglets::untouched(1..seglet_count),
+                seglets_releasing: 0,
                 segments: BTreeMap::new(),
                 head: None,
                 next_segment_id: 1,
@@ -576,7 +587,30 @@ impl Log {
             self.seglet_owner[seglet as usize].store(NO_SEGMENT, Ordering::Release);
             self.seglet_next[seglet as usize].store(NO_SEGLET, Ordering::Release);
         }
-        state.free_seglets.extend_from_slice(&seglets);
+        state.free_seglets.push_resident(seglets.iter().copied());
+        seglets.len()
+    }
+
+    /// Gives the pages of free resident seglets back to the operating system until at most
+    /// `keep_resident` free seglets stay resident, at most `batch_max` per call; returns the
+    /// seglets released. The pages are given back outside the log lock (a system call per
+    /// seglet), with the seglets taken out of the free list meanwhile and counted free. Appends
+    /// take resident seglets first, so the ones given back are those least likely needed soon.
+    pub fn release_free_seglets(&self, keep_resident: usize, batch_max: usize) -> usize {
+        let seglets = {
+            let mut state = self.lock();
+            let surplus = state.free_seglets.resident().saturating_sub(keep_resident);
+            let seglets = state.free_seglets.take_resident(surplus.min(batch_max));
+            state.seglets_releasing += seglets.len();
+            seglets
+        };
+        if seglets.is_empty() {
+            return 0;
+        }
+        self.memory.release(&seglets);
+        let mut state = self.lock();
+        state.seglets_releasing -= seglets.len();
+        state.free_seglets.push_released(&seglets);
         seglets.len()
     }
 
@@ -839,7 +873,7 @@ impl Log {
     /// Writes one entry at the end of `segment`, taking seglets from `free_seglets`.
     fn append_entry_to(
         &self,
-        free_seglets: &mut Vec<u32>,
+        free_seglets: &mut impl SegletSource,
         segment: &mut SegmentRecord,
         segment_id: SegmentId,
         entry: &AppendEntry<'_>,
@@ -878,7 +912,7 @@ impl Log {
     /// size the caller checked) as the segment grows.
     fn write_bytes(
         &self,
-        free_seglets: &mut Vec<u32>,
+        free_seglets: &mut impl SegletSource,
         segment: &mut SegmentRecord,
         segment_id: SegmentId,
         mut bytes: &[u8],
@@ -888,7 +922,8 @@ impl Log {
             let position = segment.length as usize;
             let seglet_position = position / seglet_bytes;
             if seglet_position == segment.seglets.len() {
-                let seglet = free_seglets.pop().expect("free seglets were counted before append");
+                let seglet =
+                    free_seglets.take_seglet().expect("free seglets were counted before append");
                 // Publish the seglet's owner and link before any entry bytes in it are
                 // published (the seglet memory's SeqCst store orders these before them).
                 self.seglet_owner[seglet as usize].store(segment_id.0, Ordering::Release);
@@ -1189,8 +1224,9 @@ impl Log {
         {
             return false;
         }
-        let at = state.free_seglets.len() - seglets as usize;
-        let spare_seglets: Vec<u32> = state.free_seglets.split_off(at).into_iter().rev().collect();
+        // Reversed: the copy pops them, resident ones first.
+        let mut spare_seglets = state.free_seglets.take(seglets as usize);
+        spare_seglets.reverse();
         let mut copy = self.new_record(Membership::InLog);
         let segment = state.segments.get_mut(&segment_id).expect("checked above");
         copy.creation_seconds = segment.creation_seconds;
@@ -1229,7 +1265,9 @@ impl Log {
         segment.statistics = copy.statistics;
         segment.cleaning = false;
         let freed = old_seglets.len().saturating_sub(segment.seglets.len()) as u32;
-        state.free_seglets.extend(spare_seglets.into_iter().rev());
+        // Counted resident, though some may never have been touched: an upper bound, and
+        // giving back an untouched seglet's pages costs a system call and nothing else.
+        state.free_seglets.push_resident(spare_seglets);
         self.memory.retire(&old_seglets);
         freed
     }
@@ -1541,7 +1579,7 @@ impl Log {
     pub fn statistics(&self) -> LogStatistics {
         let state = self.lock();
         let seglets_total = u64::from(self.memory.seglet_count());
-        let seglets_free = state.free_seglets.len() as u64;
+        let seglets_free = (state.free_seglets.len() + state.seglets_releasing) as u64;
         let seglets_waiting = self.memory.retired_count() as u64;
         let sum = |measure: &dyn Fn(&SegmentStatistics) -> u64| -> u64 {
             state.segments.values().map(|segment| measure(&segment.statistics)).sum()
@@ -1557,6 +1595,10 @@ impl Log {
             seglets_total,
             seglets_free,
             seglets_waiting_for_readers: seglets_waiting,
+            seglets_free_resident: state.free_seglets.resident() as u64,
+            log_bytes_resident: (seglets_total - 1 - seglets_free
+                + state.free_seglets.resident() as u64)
+                * u64::from(self.config.seglet_bytes),
             segments_in_log: state.in_log_count() as u64,
             segments_in_next_digest: self.digest_members(&state).len() as u64,
             segments_side: state

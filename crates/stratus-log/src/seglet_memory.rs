@@ -39,6 +39,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use stratus_pages::PageRegion;
+
 /// Epoch slots: how many guards can be pinned at once. A pin that finds every slot taken waits
 /// (yields) until one is released; 256 is far above the request threads of a server.
 pub const EPOCH_SLOTS: usize = 256;
@@ -73,7 +75,10 @@ struct Retired {
 
 /// The raw memory of the log, divided into seglets.
 pub struct SegletMemory {
-    /// Start of the region; owned (allocated in [`SegletMemory::new`], freed in `Drop`).
+    /// The region; its pages cost memory only once touched, and free seglets' pages can be
+    /// given back ([`SegletMemory::release`]).
+    region: PageRegion,
+    /// Start of the region (`region.as_ptr()`), valid while `region` lives.
     base: NonNull<u8>,
     /// Total bytes in the region (`seglet_count * seglet_bytes`).
     region_bytes: usize,
@@ -140,9 +145,9 @@ impl EpochGuard<'_> {
 /// pages' compaction on first use, under load. Linux with transparent huge pages in "madvise"
 /// or "always" mode; elsewhere, or when the kernel refuses, the region keeps normal pages.
 #[cfg(all(target_os = "linux", not(miri)))]
-fn advise_huge_pages(region: &mut [u8]) {
+fn advise_huge_pages(region: &PageRegion) {
     const HUGE_PAGE_BYTES: usize = 2 << 20;
-    let start = region.as_mut_ptr() as usize;
+    let start = region.as_ptr() as usize;
     let end = start + region.len();
     // Only whole huge pages inside the region (madvise needs a page-aligned start).
     let aligned_start = start.next_multiple_of(HUGE_PAGE_BYTES);
@@ -150,8 +155,8 @@ fn advise_huge_pages(region: &mut [u8]) {
     if aligned_end <= aligned_start {
         return;
     }
-    // SAFETY: the range lies inside `region`, which is borrowed mutably here, so no other code
-    // uses it meanwhile. MADV_HUGEPAGE changes neither the contents nor the addresses, only
+    // SAFETY: the range lies inside `region`, which is being created, so no other code uses
+    // it meanwhile. MADV_HUGEPAGE changes neither the contents nor the addresses, only
     // how the kernel backs the pages; its result is ignored because a refusal (huge pages
     // disabled, an old kernel) leaves the region exactly as it was.
     let _ = unsafe {
@@ -164,7 +169,7 @@ fn advise_huge_pages(region: &mut [u8]) {
 }
 
 #[cfg(not(all(target_os = "linux", not(miri))))]
-fn advise_huge_pages(_region: &mut [u8]) {}
+fn advise_huge_pages(_region: &PageRegion) {}
 
 /// Bytes between two touched bytes when prefaulting: the smallest page size in use.
 const PREFAULT_STRIDE_BYTES: usize = 4096;
@@ -185,18 +190,19 @@ impl SegletMemory {
         let region_bytes = (seglet_count as usize)
             .checked_mul(seglet_bytes as usize)
             .expect("log region size overflows usize");
-        let mut region: Box<[u8]> = vec![0u8; region_bytes].into_boxed_slice();
+        let region = PageRegion::new(region_bytes);
+        let base = NonNull::new(region.as_ptr()).expect("a region is never null");
         if prefault {
-            advise_huge_pages(&mut region);
+            advise_huge_pages(&region);
             for offset in (0..region_bytes).step_by(PREFAULT_STRIDE_BYTES) {
-                // The value is hidden from the optimizer: storing a known zero into zeroed
-                // memory could otherwise be removed, and the page would stay unmapped.
-                region[offset] = std::hint::black_box(0);
+                // SAFETY: in bounds, and the region is not shared yet. The volatile write of
+                // a zero into zeroed memory is not removed, so the page gets mapped.
+                unsafe { base.as_ptr().add(offset).write_volatile(0) };
             }
         }
-        let base = NonNull::new(Box::into_raw(region).cast::<u8>()).expect("Box is never null");
         let counters = || (0..seglet_count).map(|_| AtomicU32::new(0)).collect::<Box<[_]>>();
         SegletMemory {
+            region,
             base,
             region_bytes,
             seglet_bytes,
@@ -310,6 +316,25 @@ impl SegletMemory {
         self.written[seglet as usize].load(Ordering::SeqCst)
     }
 
+    /// Gives the pages of free seglets back to the operating system: they use no physical
+    /// memory until written again, and read as empty. Each seglet must be free: handed back by
+    /// [`SegletMemory::reclaim`] (or never used) and not written since, which the caller (the
+    /// owner of the free list) guarantees and this asserts. Returns the bytes given back.
+    pub fn release(&self, seglets: &[u32]) -> u64 {
+        let mut released = 0u64;
+        for &seglet in seglets {
+            let index = seglet as usize;
+            assert!(index < self.written.len(), "seglet {seglet} out of range");
+            // Free: nothing claimed (no writer) and nothing published (no reader can make a
+            // slice of it, invariant 3), so no reference into its bytes exists.
+            assert_eq!(self.reserved[index].load(Ordering::SeqCst), 0, "release of a used seglet");
+            assert_eq!(self.written[index].load(Ordering::SeqCst), 0, "release of a used seglet");
+            let start = self.region_offset(seglet, 0);
+            released += self.region.release(start, self.seglet_bytes as usize) as u64;
+        }
+        released
+    }
+
     /// Retires seglets that no longer belong to the log: they are reused only after every
     /// guard pinned now (or earlier) is dropped. Returns the epoch they were tagged with.
     pub fn retire(&self, seglets: &[u32]) -> u64 {
@@ -386,16 +411,6 @@ impl SegletMemory {
         let start = seglet as usize * self.seglet_bytes as usize + offset as usize;
         debug_assert!(start <= self.region_bytes);
         start
-    }
-}
-
-impl Drop for SegletMemory {
-    fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.region_bytes);
-        // SAFETY: `base`/`region_bytes` came from `Box::into_raw` of a `Box<[u8]>` of exactly this
-        // length in `new`, and this is the only place that frees it; `&mut self` proves no guard
-        // (and so no slice handed out by `read`) is still alive.
-        drop(unsafe { Box::from_raw(slice) });
     }
 }
 

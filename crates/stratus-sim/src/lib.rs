@@ -86,6 +86,9 @@ pub struct SimulationOptions {
     /// The servers' cleaning levels: 2 compacts in memory first (what a replicated server
     /// runs), 1 cleans with the combined cleaner alone (`stratus server --cleaner-levels 1`).
     pub cleaner_levels: u32,
+    /// The servers' memory target (`stratus server --memory-target-percent`): the log cleans
+    /// ahead of need and gives free pages back. `None`: the log fills its region first.
+    pub memory_target_percent: Option<u32>,
     /// Whether a zombie client runs: it applies a mutation under a client lease, falls
     /// silent for longer than a lease term (after the faults), and must then find that
     /// neither a new mutation nor its old one is applied under the expired lease.
@@ -121,6 +124,11 @@ impl SimulationOptions {
         if choices.below(3) == 0 {
             options.cleaner_levels = 1;
         }
+        // One seed in two runs the servers as `stratus server` does by default, cleaning ahead
+        // of need to keep memory near the live data: far more cleaning under the faults.
+        if choices.below(2) == 0 {
+            options.memory_target_percent = Some(stratus_store::MEMORY_TARGET_PERCENT_DEFAULT);
+        }
         options
     }
 }
@@ -139,6 +147,7 @@ impl Default for SimulationOptions {
             time_limit: Duration::from_secs(150),
             tablet_moves: false,
             cleaner_levels: 2,
+            memory_target_percent: None,
             zombie_client: false,
             bank: None,
             list_append: None,
@@ -775,6 +784,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             index,
             replicas: options.replicas,
             cleaner_levels: options.cleaner_levels,
+            memory_target_percent: options.memory_target_percent,
             durability,
             disk: disk.clone(),
             observations: observations.clone(),

@@ -172,6 +172,8 @@ pub struct ServerSetup {
     pub replicas: usize,
     /// Cleaning levels (1 or 2).
     pub cleaner_levels: u32,
+    /// The store's memory target.
+    pub memory_target_percent: Option<u32>,
     /// When backups acknowledge.
     pub durability: Durability,
     /// Its disk.
@@ -203,6 +205,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     // As `stratus server` configures it: two-level cleaning (compaction first) with replicas,
     // unless told to clean in one level.
     store.cleaner.replicas = if setup.cleaner_levels == 1 { 0 } else { setup.replicas as u32 };
+    store.cleaner.memory_target_percent = setup.memory_target_percent;
     let (backup, _report) =
         BackupService::open(backup_config(setup.durability), setup.disk.clone())?;
     let backup = Arc::new(backup);

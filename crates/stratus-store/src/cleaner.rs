@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use stratus_index::ResizeProgress;
 use stratus_log::format::{
     decode_completion_unverified, decode_object_unverified, decode_prepared_unverified,
     decode_tombstone, decode_tx_participants_unverified, segment_named_by, ENTRY_HEADER_BYTES_MAX,
@@ -54,6 +55,32 @@ pub const TOMBSTONE_RATIO_PERCENT_DEFAULT: u32 = 40;
 /// Percent of the log's segment limit ([`stratus_log::LogConfig::segment_count_max`]) past
 /// which combined cleaning is forced (the text's "on-disk log above 90 % of its limit").
 pub const SEGMENT_COUNT_FORCE_PERCENT: u64 = 90;
+
+/// Default memory target of a server (`--memory-target-percent`): live bytes are 90 % of the
+/// log's resident memory, the utilization RAMCloud's cleaner is measured at (the cleaner's cost
+/// rises steeply above it).
+pub const MEMORY_TARGET_PERCENT_DEFAULT: u32 = 90;
+
+/// Room above the memory target, in segments: the head fills a segment before anything in it
+/// can be cleaned, and a combined pass needs free seglets for its survivors.
+pub const MEMORY_TARGET_HEADROOM_SEGMENTS: u64 = 1;
+
+/// The memory target never asks for less than this many segments' worth: below it cleaning
+/// would gain little and run often.
+pub const MEMORY_TARGET_FLOOR_SEGMENTS: u64 = 2;
+
+/// Most seglets given back to the operating system per call of the cleaner: bounds the time of
+/// one call (one madvise per seglet) so the loop stays responsive.
+pub const RELEASE_SEGLETS_PER_CALL_MAX: usize = 256;
+
+/// Most units of hash-table migration (one bucket split or two merged, each under its stripe's
+/// lock alone) per call of the cleaner: a few milliseconds, so a table that must double during
+/// a bulk load catches up within a few calls of a cleaner thread that does not sleep meanwhile.
+pub const INDEX_RESIZE_UNITS_PER_CALL: u64 = 16_384;
+
+/// Units of hash-table migration a writer does when the background resize has fallen behind
+/// ([`ObjectStore::help_resize_index_if_behind`]): small, so one write waits little.
+pub const INDEX_RESIZE_UNITS_BY_WRITER: u64 = 64;
 
 /// Segments cleaned between two dead-tombstone scans (RAMCloud's
 /// `SCAN_TOMBSTONES_EVERY_N_SEGMENTS`): scanning cost then grows with cleaning, so with the
@@ -106,6 +133,12 @@ pub struct CleanerConfig {
     /// (it exists to keep the 1:1 memory/disk segment mapping), so only the combined cleaner
     /// runs, in memory.
     pub replicas: u32,
+    /// Memory that tracks the data: keep the log's resident memory near its live bytes / this
+    /// percentage ([`ObjectStore::memory_target_bytes`]), cleaning ahead of need once the
+    /// allocated seglets pass it and giving free seglets' pages back to the operating system.
+    /// `None`: the log may fill its whole region before cleaning starts and keeps every page it
+    /// touched (RAMCloud's dedicated machine; `--prefault-memory`).
+    pub memory_target_percent: Option<u32>,
 }
 
 impl Default for CleanerConfig {
@@ -114,6 +147,7 @@ impl Default for CleanerConfig {
             cost_benefit: CostBenefit::AgeOverUtilization,
             tombstone_ratio_percent: TOMBSTONE_RATIO_PERCENT_DEFAULT,
             replicas: 0,
+            memory_target_percent: None,
         }
     }
 }
@@ -123,6 +157,9 @@ impl Default for CleanerConfig {
 pub enum CleanOutcome {
     /// Memory is not short: nothing to do (call again later).
     Idle,
+    /// Memory is not short, but the hash table was being resized and more may remain: call
+    /// again soon.
+    IndexResized,
     /// Memory is short but no segment is worth cleaning now (all too full, or chosen by
     /// another cleaner).
     NothingToClean,
@@ -226,6 +263,8 @@ pub struct CleanerStatistics {
     pub expired_bytes_dropped: u64,
     /// Times the durability hook failed to make a survivor durable (its pass waited).
     pub survivors_not_durable: u64,
+    /// Free seglets whose pages were given back to the operating system (memory target).
+    pub seglets_released: u64,
 }
 
 /// A hook replication provides: the cleaner blocks on it for every survivor segment before the
@@ -421,8 +460,14 @@ impl ObjectStore {
     fn clean_unit(&self, now: WallTime) -> CleanStep {
         self.log.observe_time(now.seconds());
         self.log.reclaim();
+        self.release_memory_above_target();
+        let resized = self.resize_index_step();
         let Some(work) = self.balance() else {
-            return CleanStep::Finished(CleanOutcome::Idle);
+            return CleanStep::Finished(if resized {
+                CleanOutcome::IndexResized
+            } else {
+                CleanOutcome::Idle
+            });
         };
         let step = match work {
             Work::Combined(goal) => match self.try_combined() {
@@ -498,6 +543,85 @@ impl ObjectStore {
         outcome
     }
 
+    /// The log's resident memory the memory target asks for: live bytes / the target
+    /// percentage plus [`MEMORY_TARGET_HEADROOM_SEGMENTS`], at least
+    /// [`MEMORY_TARGET_FLOOR_SEGMENTS`], at most the region. `None` without a target.
+    pub fn memory_target_bytes(&self) -> Option<u64> {
+        let percent = u64::from(self.config.cleaner.memory_target_percent?.clamp(1, 100));
+        let statistics = self.log.statistics();
+        Some(self.target_bytes_for(percent, &statistics))
+    }
+
+    fn target_bytes_for(&self, percent: u64, statistics: &stratus_log::LogStatistics) -> u64 {
+        let segment_bytes = u64::from(self.log.config().segment_bytes);
+        (statistics.log_bytes_live * 100 / percent
+            + MEMORY_TARGET_HEADROOM_SEGMENTS * segment_bytes)
+            .max(MEMORY_TARGET_FLOOR_SEGMENTS * segment_bytes)
+            .min(statistics.log_bytes_total)
+    }
+
+    /// With a memory target: gives back the pages of free seglets beyond what the target
+    /// leaves room for (at most [`RELEASE_SEGLETS_PER_CALL_MAX`] per call). Returns how many.
+    fn release_memory_above_target(&self) -> usize {
+        let Some(percent) = self.config.cleaner.memory_target_percent else { return 0 };
+        let statistics = self.log.statistics();
+        let target = self.target_bytes_for(u64::from(percent.clamp(1, 100)), &statistics);
+        let seglet_bytes = u64::from(self.log.config().seglet_bytes);
+        let in_use =
+            statistics.log_bytes_allocated + statistics.seglets_waiting_for_readers * seglet_bytes;
+        let keep = (target.saturating_sub(in_use) / seglet_bytes) as usize;
+        let released = self.log.release_free_seglets(keep, RELEASE_SEGLETS_PER_CALL_MAX);
+        if released > 0 {
+            self.count(|statistics| {
+                statistics.seglets_released += released as u64;
+            });
+        }
+        released
+    }
+
+    /// One step of keeping the hash table sized for the live objects (a growable table, which
+    /// a store with a memory target has): returns true if it migrated anything.
+    fn resize_index_step(&self) -> bool {
+        let entries = self.objects_live.load(Ordering::Relaxed);
+        let progress = self.resize_index(entries, INDEX_RESIZE_UNITS_PER_CALL);
+        matches!(progress, ResizeProgress::Migrating | ResizeProgress::Finished)
+    }
+
+    /// [`HashTable::resize_step`](stratus_index::HashTable::resize_step) with the store's hash
+    /// of each entry (its object's key hash, read from the log). The caller holds no bucket
+    /// lock.
+    fn resize_index(&self, entries: u64, units_max: u64) -> ResizeProgress {
+        let epoch = self.log.pin();
+        self.index.resize_step(entries, units_max, |reference| {
+            let (_, content) = self.log.entry(&epoch, Reference(reference));
+            let object = decode_object_unverified(&content).expect("corrupt object in the log");
+            key_hash(object.table, object.key).0
+        })
+    }
+
+    /// Resizes a growable hash table for `entries` now, before they arrive (a recovery's
+    /// replay); waits for a resize another thread has under way. Bounded: each call of the
+    /// loop migrates or finds the size right, and the sizes are finite.
+    pub(crate) fn size_index_for(&self, entries: u64) {
+        for _ in 0..1_000_000 {
+            match self.resize_index(entries, INDEX_RESIZE_UNITS_PER_CALL) {
+                ResizeProgress::Idle => return,
+                ResizeProgress::Busy => std::thread::yield_now(),
+                ResizeProgress::Migrating | ResizeProgress::Finished => {}
+            }
+        }
+    }
+
+    /// From the write path, with no bucket lock held: when the background resize has fallen
+    /// far behind the objects (twice the load that starts a resize), the writer migrates a few
+    /// units itself, so chains stay short during a bulk load.
+    pub(crate) fn help_resize_index_if_behind(&self) {
+        let entries = self.objects_live.load(Ordering::Relaxed);
+        if entries > self.index.bucket_count() * stratus_index::GROW_ENTRIES_PER_BUCKET * 2 {
+            self.resize_index(entries, INDEX_RESIZE_UNITS_BY_WRITER);
+        }
+    }
+
     /// Whether to clean, and how (docs/design/cleaner.md, "Balancer").
     fn balance(&self) -> Option<Work> {
         let log = self.log.config();
@@ -515,7 +639,12 @@ impl ObjectStore {
         // waiting to be dropped do not.
         let segment_pressure = statistics.segments_in_next_digest * 100
             >= log.segment_count_max() as u64 * SEGMENT_COUNT_FORCE_PERCENT;
-        if usable_free as f64 > threshold && !segment_pressure {
+        // Past the memory target the log cleans ahead of need, as if its region ended there.
+        let above_target = self.config.cleaner.memory_target_percent.is_some_and(|percent| {
+            statistics.log_bytes_allocated
+                > self.target_bytes_for(u64::from(percent.clamp(1, 100)), &statistics)
+        });
+        if usable_free as f64 > threshold && !segment_pressure && !above_target {
             return None;
         }
         let memory_only = self.config.cleaner.replicas == 0;

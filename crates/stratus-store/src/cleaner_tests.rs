@@ -997,3 +997,154 @@ fn two_level_cleaning_at_ninety_percent_merges_segments_of_tombstones() {
     };
     overwrite_at_ninety_percent_with_two_levels(config, 1, 2);
 }
+
+/// Memory that tracks the data: with a memory target the log cleans ahead of need and gives the
+/// pages of free seglets back, so churn over a small live set keeps the resident log near
+/// live / target; without one the same churn fills the region before cleaning starts.
+#[test]
+fn a_memory_target_keeps_the_resident_log_near_the_live_data() {
+    const KEYS: u32 = 200;
+    const VALUE_BYTES: usize = 1000;
+    for target_percent in [None, Some(90)] {
+        for replicas in [0, 3] {
+            let mut config = small_config();
+            config.cleaner.memory_target_percent = target_percent;
+            config.cleaner.replicas = replicas;
+            let store = store_with(config);
+            let clean_until_idle = |store: &ObjectStore| {
+                for _ in 0..1_000 {
+                    match store.clean_once(WallTime::from_seconds(NOW)) {
+                        CleanOutcome::Idle | CleanOutcome::NothingToClean => return,
+                        _ => {}
+                    }
+                }
+                panic!("the cleaner never went idle");
+            };
+            let mut resident_peak = 0;
+            // 40 generations of 200 KB: twice the 4 MiB region written.
+            for generation in 0..40 {
+                for key in 0..KEYS {
+                    let value = value_for(key, generation, VALUE_BYTES);
+                    let name = format!("key-{key}");
+                    while let Err(error) = write_at(&store, name.as_bytes(), &value, NOW) {
+                        assert_eq!(error, ObjectError::LogFull, "{error:?}");
+                        store.clean_once(WallTime::from_seconds(NOW));
+                    }
+                }
+                clean_until_idle(&store);
+                resident_peak = resident_peak.max(store.statistics().log_bytes_resident);
+            }
+            for key in 0..KEYS {
+                let (value, _) = read(&store, format!("key-{key}").as_bytes()).unwrap();
+                assert_eq!(value, value_for(key, 39, VALUE_BYTES), "key {key}");
+            }
+            let statistics = store.statistics();
+            let context = format!("target {target_percent:?}, replicas {replicas}: {statistics:?}");
+            match target_percent {
+                None => {
+                    assert!(resident_peak >= 3 << 20, "{context}");
+                    assert_eq!(statistics.cleaner.seglets_released, 0, "{context}");
+                    assert_eq!(statistics.log_bytes_target, 0, "{context}");
+                }
+                Some(_) => {
+                    // Live ~210 KB of objects (and, with two levels, as much again of
+                    // tombstones, live until their segments are cleaned): the target is live
+                    // / 0.9 plus one 160 KiB segment, a fraction of the 4 MiB region.
+                    let target = statistics.log_bytes_target;
+                    assert!(target < 1 << 20, "{context}");
+                    assert!(statistics.log_bytes_resident <= target + (64 << 10), "{context}");
+                    assert!(resident_peak <= 2 * target, "peak {resident_peak}: {context}");
+                    assert!(statistics.cleaner.seglets_released > 0, "{context}");
+                }
+            }
+        }
+    }
+}
+
+/// With a memory target the hash table starts at 1 Ki buckets and follows the object count
+/// (the cleaner resizes it a few thousand units per call, a writer helps when it falls far
+/// behind): it grows under 20 000 objects, an enumeration running across the resize returns
+/// every object exactly once, and it shrinks back once most objects are gone; drop_range still
+/// finds every object of the range.
+#[test]
+fn a_memory_target_sizes_the_hash_table_for_the_objects() {
+    let mut config = StoreConfig::for_testing();
+    config.hash_table_bytes = 1 << 20;
+    config.cleaner.memory_target_percent = Some(90);
+    let store = store_with(config);
+    assert_eq!(store.statistics().hash_table_buckets, 1024);
+    let now = WallTime::from_seconds(NOW);
+    let mut enumerated: Vec<Vec<u8>> = Vec::new();
+    let mut cursor: (u64, Option<Vec<u8>>) = (0, None);
+    let mut enumeration_done = false;
+    let mut buckets_at_enumeration_start = None;
+    for key in 0..20_000u32 {
+        write_at(&store, format!("key-{key}").as_bytes(), &value_for(key, 0, 16), NOW).unwrap();
+        if key % 500 == 499 {
+            store.clean_once(now);
+        }
+        // An enumeration of the first 2 000 keys' table runs alongside, a few objects a call.
+        if key >= 2_000 && !enumeration_done && key % 50 == 0 {
+            buckets_at_enumeration_start.get_or_insert(store.statistics().hash_table_buckets);
+            let next = store.enumerate(
+                TABLE,
+                stratus_types::HashRange::FULL,
+                (cursor.0, cursor.1.as_deref()),
+                200,
+                now,
+                &mut |key, _, _, _| enumerated.push(key.to_vec()),
+            );
+            match next {
+                Some(next) => cursor = next,
+                None => enumeration_done = true,
+            }
+        }
+    }
+    // The table grew while the enumeration ran.
+    assert!(buckets_at_enumeration_start.unwrap() < 8192, "{buckets_at_enumeration_start:?}");
+    assert!(!enumerated.is_empty());
+    // The rest of the enumeration, after the table settled.
+    while !enumeration_done {
+        let next = store.enumerate(
+            TABLE,
+            stratus_types::HashRange::FULL,
+            (cursor.0, cursor.1.as_deref()),
+            200,
+            now,
+            &mut |key, _, _, _| enumerated.push(key.to_vec()),
+        );
+        match next {
+            Some(next) => cursor = next,
+            None => enumeration_done = true,
+        }
+        store.clean_once(now);
+    }
+    for _ in 0..100 {
+        store.clean_once(now);
+    }
+    let buckets = store.statistics().hash_table_buckets;
+    assert_eq!(buckets, 8192, "20 000 objects at up to 4 per bucket");
+    // Every key written before the enumeration began is returned exactly once.
+    let mut seen = std::collections::HashSet::new();
+    for key in &enumerated {
+        assert!(seen.insert(key.clone()), "{} twice", String::from_utf8_lossy(key));
+    }
+    for key in 0..2_000u32 {
+        assert!(seen.contains(format!("key-{key}").as_bytes()), "key-{key} missed");
+    }
+    for key in 0..20_000u32 {
+        assert_eq!(read(&store, format!("key-{key}").as_bytes()).unwrap().0, value_for(key, 0, 16));
+    }
+    for key in 500..20_000u32 {
+        remove_at(&store, format!("key-{key}").as_bytes(), NOW).unwrap();
+    }
+    for _ in 0..100 {
+        store.clean_once(now);
+    }
+    assert_eq!(store.statistics().hash_table_buckets, 1024);
+    for key in 0..500u32 {
+        assert_eq!(read(&store, format!("key-{key}").as_bytes()).unwrap().0, value_for(key, 0, 16));
+    }
+    assert_eq!(store.drop_range(TABLE, stratus_types::HashRange::FULL), 500);
+    assert_eq!(store.statistics().objects_live, 0);
+}

@@ -80,16 +80,20 @@ impl ObjectStore {
                 first_reversed_of(position).reverse_bits() & (bucket_count - 1),
                 bucket_index
             );
+            let class_mask = if bucket_bits == 0 { 0 } else { u64::MAX >> (64 - bucket_bits) };
+            let in_class = |hash: u64| hash & class_mask == bucket_index;
             let mut found = Vec::new();
             let epoch = self.log.pin();
-            self.index.for_each_in_bucket(bucket_index, |reference| {
+            // Every bucket that may hold hashes whose low `bucket_bits` bits are
+            // `bucket_index`, whatever the table's size is now (it may resize meanwhile).
+            self.index.for_each_in_hash_class(bucket_index, bucket_bits, |reference| {
                 let (_, content) = self.log.entry(&epoch, Reference(reference));
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
                 if object.table != table || now.has_passed(object.expires_at) {
                     return;
                 }
                 let hash = key_hash(table, object.key);
-                if !range.contains(hash) {
+                if !range.contains(hash) || !in_class(hash.0) {
                     return;
                 }
                 let reversed_hash = hash.0.reverse_bits();

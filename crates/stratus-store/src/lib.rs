@@ -41,8 +41,9 @@ mod transactions;
 pub use cleaner::{
     CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, DurabilityError,
     PendingCombinedPass, SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT,
-    CLEAN_FREE_PERCENT_MAX, COMPACTED_UTILIZATION_MAX_PERCENT, PASS_LIVE_SEGMENTS_MAX,
-    SEGMENT_COUNT_FORCE_PERCENT, TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
+    CLEAN_FREE_PERCENT_MAX, COMPACTED_UTILIZATION_MAX_PERCENT, MEMORY_TARGET_PERCENT_DEFAULT,
+    PASS_LIVE_SEGMENTS_MAX, SEGMENT_COUNT_FORCE_PERCENT, TOMBSTONE_RATIO_PERCENT_DEFAULT,
+    TOMBSTONE_SCAN_EVERY_SEGMENTS,
 };
 pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
@@ -234,6 +235,11 @@ pub struct StoreStatistics {
     pub seglets_waiting_for_readers: u64,
     /// Cleaner survivor segments not yet fused into the log.
     pub segments_side: u64,
+    /// Bytes of the log region whose pages are resident, at most (allocated, waiting for
+    /// readers, and free seglets not given back).
+    pub log_bytes_resident: u64,
+    /// What the memory target asks the resident log to stay near; 0 without a target.
+    pub log_bytes_target: u64,
     /// The cleaner's work.
     pub cleaner: CleanerStatistics,
 }
@@ -307,7 +313,13 @@ impl ObjectStore {
         config.validate()?;
         Ok(ObjectStore {
             log: Log::with_memory(config.log_config(), log_id, memory),
-            index: HashTable::new(config.hash_table_bytes),
+            // With a memory target the table starts small and follows the object count;
+            // otherwise it has its configured size from the start.
+            index: if config.cleaner.memory_target_percent.is_some() {
+                HashTable::growable(config.hash_table_bytes)
+            } else {
+                HashTable::new(config.hash_table_bytes)
+            },
             config,
             objects_live: AtomicU64::new(0),
             cleaner: cleaner::CleanerState::default(),
@@ -480,6 +492,21 @@ impl ObjectStore {
     /// remove of a missing object), records nothing: applying it again is as correct as the
     /// first time, since nothing of the first was visible.
     pub fn mutate(
+        &self,
+        object: (TableId, &[u8], KeyHash),
+        rules: &RejectRules,
+        mutation: Mutation<'_>,
+        rpc: Option<RpcIdentity>,
+        now: WallTime,
+    ) -> Result<Mutated, ObjectError> {
+        let result = self.mutate_locked(object, rules, mutation, rpc, now);
+        // With the bucket lock released: a resize takes stripe locks.
+        self.help_resize_index_if_behind();
+        result
+    }
+
+    /// [`ObjectStore::mutate`] under the key's bucket lock.
+    fn mutate_locked(
         &self,
         (table, key, hash): (TableId, &[u8], KeyHash),
         rules: &RejectRules,
@@ -733,26 +760,28 @@ impl ObjectStore {
     /// index and counts its bytes dead (no tombstones: the tablet is gone from this master).
     /// Returns how many objects were dropped.
     pub fn drop_range(&self, table: TableId, range: HashRange) -> u64 {
-        let mut dropped = 0;
-        for bucket_index in 0..self.index.bucket_count() {
-            let epoch = self.log.pin();
-            dropped += self.index.retain_in_bucket(bucket_index, |reference| {
-                let (_, content) = self.log.entry(&epoch, Reference(reference));
-                let object = decode_object_unverified(&content).expect("corrupt object in the log");
-                let drop = object.table == table
-                    && range.contains(stratus_types::key_hash(table, object.key));
-                // Counted dead under the bucket lock, as every other free is: once the entry
-                // is out of the index and the lock released, the cleaner takes the copy for
-                // dead and may clean its segment away, and a free after that would find no
-                // segment (a migration target under memory pressure did).
-                if drop {
-                    let bytes = self.log.free(&epoch, Reference(reference));
-                    // The tallies are sharded by bucket, as the store's other calls pass it.
-                    self.log.table_tallies().object_removed(bucket_index, table, bytes);
-                }
-                !drop
-            });
-        }
+        // One epoch for the whole scan (a reference read under it stays readable); the scan
+        // takes one stripe lock at a time, so writers wait at most one stripe's work.
+        let epoch = self.log.pin();
+        let dropped = self.index.retain(|reference| {
+            let (_, content) = self.log.entry(&epoch, Reference(reference));
+            let object = decode_object_unverified(&content).expect("corrupt object in the log");
+            let hash = stratus_types::key_hash(table, object.key);
+            let drop = object.table == table && range.contains(hash);
+            // Counted dead under the bucket lock, as every other free is: once the entry is
+            // out of the index and the lock released, the cleaner takes the copy for dead and
+            // may clean its segment away, and a free after that would find no segment (a
+            // migration target under memory pressure did).
+            if drop {
+                let bytes = self.log.free(&epoch, Reference(reference));
+                // The tallies are sharded by the key's bucket, as the store's other calls pass
+                // it (its shard bits never change as the table resizes).
+                let shard = self.index.bucket_index(hash.0);
+                self.log.table_tallies().object_removed(shard, table, bytes);
+            }
+            !drop
+        });
+        drop(epoch);
         self.objects_live.fetch_sub(dropped, Ordering::Relaxed);
         // The tablet's results go with it: its new master has its own copies (a transfer
         // carries them), and this master answers nothing of the tablet any more.
@@ -787,6 +816,8 @@ impl ObjectStore {
             log_bytes_tombstones: log.log_bytes_tombstones,
             seglets_waiting_for_readers: log.seglets_waiting_for_readers,
             segments_side: log.segments_side,
+            log_bytes_resident: log.log_bytes_resident,
+            log_bytes_target: self.memory_target_bytes().unwrap_or(0),
             cleaner: self.cleaner_statistics(),
         }
     }

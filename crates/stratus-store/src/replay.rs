@@ -500,6 +500,11 @@ impl ObjectStore {
         self.log.observe_time(now.seconds());
         // Versions are never reused: new writes here get versions above everything replayed.
         self.log.raise_safe_version(Version(highest_version.0 + 1));
+        // A growable hash table is sized for what arrives before it arrives: inserting a whole
+        // recovery into a table sized for far fewer would walk long chains for every object.
+        self.size_index_for(
+            self.objects_live.load(std::sync::atomic::Ordering::Relaxed) + winners.len() as u64,
+        );
         for (key, winner) in winners {
             match self.replay_object(key.hash, winner.object, Some(winner.content), &mut into) {
                 Ok(true) => statistics.objects_replayed += 1,

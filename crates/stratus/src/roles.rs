@@ -115,6 +115,14 @@ pub struct ServerArguments {
     /// longer by the time to zero the memory once.
     #[arg(long)]
     pub prefault_memory: bool,
+    /// Memory that tracks the data: keep the log's resident memory near its live bytes / this
+    /// percentage (plus one segment), cleaning ahead of need and giving free memory back to the
+    /// system; `--log-mib` stays the hard limit. 0 turns it off: the log fills its region
+    /// before cleaning and keeps every page it touched (as with --prefault-memory, which
+    /// implies 0). Higher keeps less memory and costs more cleaning.
+    #[arg(long, default_value_t = stratus_store::MEMORY_TARGET_PERCENT_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(0..=99))]
+    pub memory_target_percent: u32,
     /// Seglet size in KiB: the unit compaction frees memory in. Must divide the segment size.
     #[arg(long, default_value_t = 64)]
     pub seglet_kib: u32,
@@ -520,6 +528,9 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
     store.segment_bytes = arguments.segment_mib << 20;
     store.seglet_bytes = arguments.seglet_kib << 10;
     store.prefault_memory = arguments.prefault_memory;
+    store.cleaner.memory_target_percent = (arguments.memory_target_percent > 0
+        && !arguments.prefault_memory)
+        .then_some(arguments.memory_target_percent);
     // Without an explicit limit, values may be as large as the segment size allows (an eighth
     // of a segment, the cleaner's packing rule), up to the default.
     store.value_bytes_max = match arguments.value_bytes_max {

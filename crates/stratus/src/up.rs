@@ -55,6 +55,12 @@ pub struct UpArguments {
     /// recovery pays a page's first-use fault.
     #[arg(long)]
     pub prefault_memory: bool,
+    /// Each server keeps its log's resident memory near live bytes / this percentage, cleaning
+    /// ahead of need and giving free memory back (see `stratus server --memory-target-percent`);
+    /// 0 lets each log fill its region before cleaning and keep what it touched.
+    #[arg(long, default_value_t = stratus_store::MEMORY_TARGET_PERCENT_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(0..=99))]
+    pub memory_target_percent: u32,
     /// Seglet size per server, in KiB.
     #[arg(long, default_value_t = 64)]
     pub seglet_kib: u32,
@@ -560,6 +566,10 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
         if arguments.prefault_memory {
             extra.push("--prefault-memory".to_string());
         }
+        extra.extend([
+            "--memory-target-percent".to_string(),
+            arguments.memory_target_percent.to_string(),
+        ]);
         if let Some(base) = arguments.resp_port {
             let port = if base == 0 { 0 } else { u32::from(base) + index };
             extra.extend([

@@ -37,7 +37,9 @@ impl Master {
                         | CleanOutcome::SurvivorsNotDurable(_) => {
                             std::thread::sleep(CLEANER_IDLE_SLEEP)
                         }
-                        CleanOutcome::Combined { .. } | CleanOutcome::Compacted { .. } => {}
+                        CleanOutcome::Combined { .. }
+                        | CleanOutcome::Compacted { .. }
+                        | CleanOutcome::IndexResized => {}
                     }
                 }
             })?;

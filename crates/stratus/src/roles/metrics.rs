@@ -170,6 +170,18 @@ fn render_master(master: &Master, out: &mut Exposition) {
         store.log_bytes_allocated,
     );
     out.gauge(
+        "stratus_log_resident_bytes",
+        "Bytes of the log region whose pages are resident, at most: allocated seglets, those \
+         waiting for readers, and free seglets not given back to the system.",
+        store.log_bytes_resident,
+    );
+    out.gauge(
+        "stratus_log_target_bytes",
+        "What the memory target asks the resident log to stay near (live / target percentage \
+         plus a segment); 0 without a target.",
+        store.log_bytes_target,
+    );
+    out.gauge(
         "stratus_log_live_bytes",
         "Bytes of log entries not yet dead; live / allocated is the log's utilization.",
         store.log_bytes_live,
@@ -254,6 +266,11 @@ fn render_master(master: &Master, out: &mut Exposition) {
         "stratus_cleaner_compaction_freed_bytes_total",
         "Bytes of memory (whole seglets) compaction gave back to the log.",
         cleaner.seglets_freed_by_compaction.saturating_mul(seglet_bytes),
+    );
+    out.counter(
+        "stratus_cleaner_released_bytes_total",
+        "Bytes of free seglets whose pages the memory target gave back to the system.",
+        cleaner.seglets_released.saturating_mul(seglet_bytes),
     );
     out.counter(
         "stratus_cleaner_combined_passes_total",

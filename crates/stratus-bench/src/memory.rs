@@ -18,7 +18,12 @@
 //! - `redis` (default settings but persistence off) and `redis-defrag` (`activedefrag yes`),
 //!   driven with pipelined SET and DEL;
 //! - `memcached`, given the same memory as Stratus's log (`-m`): it evicts rather than grows,
-//!   so its row says what fraction of the live objects it still held at the end.
+//!   so its row says what fraction of the live objects it still held at the end;
+//! - `stratus-server`: what a user gets, a real `stratus server` started by `stratus up
+//!   --servers 1` with its default flags (memory target 90 %, a hash table that follows the
+//!   objects; memory-only, as one server has no backups), its log's hard limit raised to hold
+//!   the data, driven with the same pipelined SET and DEL as Redis through the server's own
+//!   RESP front end (its gateway buffers count against it). Its peak is the server process's.
 //!
 //! The workers read operations as fixed 12-byte records on their standard input (see
 //! [`WorkerRecord`]); the pipe's flow control keeps the driver in step with them.
@@ -76,11 +81,12 @@ pub struct MemoryArguments {
     /// Workloads, comma-separated (W1..W8), or `all`.
     #[arg(long, default_value = "all", value_delimiter = ',')]
     pub workload: Vec<String>,
-    /// Systems, comma-separated: stratus, glibc, jemalloc, mimalloc, redis, redis-defrag,
-    /// memcached. Redis and memcached come from the Debian packages (scripts/install-peers).
+    /// Systems, comma-separated: stratus, stratus-server, glibc, jemalloc, mimalloc, redis,
+    /// redis-defrag, memcached. Redis and memcached come from the Debian packages
+    /// (scripts/install-peers).
     #[arg(
         long,
-        default_value = "stratus,glibc,jemalloc,mimalloc,redis,redis-defrag,memcached",
+        default_value = "stratus,stratus-server,glibc,jemalloc,mimalloc,redis,redis-defrag,memcached",
         value_delimiter = ','
     )]
     pub systems: Vec<String>,
@@ -759,6 +765,41 @@ impl PeerHolder {
         PeerHolder::connected(server, PeerKind::Redis, &address)
     }
 
+    /// `stratus up --servers 1` with default flags but a RESP port and a log whose hard limit
+    /// holds the data (four times the live data, at least the default 256 MiB: a limit, not a
+    /// reservation). The peak measured is the server process's.
+    fn start_stratus_server(
+        directory: &std::path::Path,
+        live_mib: u64,
+    ) -> Result<PeerHolder, String> {
+        let log_mib = (live_mib * 4).max(256).to_string();
+        // A fresh directory each time: one left by another workload would be recovered first.
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let start = STARTS.fetch_add(1, Ordering::Relaxed);
+        let data = directory.join(format!("stratus-server-{start}"));
+        let cluster = crate::cluster::start_local_cluster(
+            &data,
+            1,
+            &["--resp-port", "0", "--log-mib", &log_mib],
+            None,
+        )?;
+        let field = |prefix: &str| {
+            cluster.lines.iter().find_map(|line| line.strip_prefix(prefix)).map(str::trim)
+        };
+        let address = field("redis: server-0 ")
+            .ok_or_else(|| format!("stratus up printed no RESP address: {:?}", cluster.lines))?
+            .to_string();
+        let server_id = field("processes: ")
+            .and_then(|processes| {
+                processes.split_whitespace().find_map(|part| part.strip_prefix("server-0="))
+            })
+            .and_then(|id| id.parse::<u32>().ok())
+            .ok_or_else(|| format!("stratus up printed no server process: {:?}", cluster.lines))?;
+        let mut holder = PeerHolder::connected(cluster.process, PeerKind::Redis, &address)?;
+        holder.process_id = server_id;
+        Ok(holder)
+    }
+
     /// Whether a Redis at `address` answers PING with PONG now.
     fn answers_ping(address: &str) -> bool {
         let Ok(stream) = connect(address) else { return false };
@@ -953,8 +994,16 @@ fn peak_resident_bytes(process_id: u32) -> Result<u64, String> {
 // The benchmark
 // ---------------------------------------------------------------------------------------------
 
-const SYSTEMS: [&str; 7] =
-    ["stratus", "glibc", "jemalloc", "mimalloc", "redis", "redis-defrag", "memcached"];
+const SYSTEMS: [&str; 8] = [
+    "stratus",
+    "stratus-server",
+    "glibc",
+    "jemalloc",
+    "mimalloc",
+    "redis",
+    "redis-defrag",
+    "memcached",
+];
 
 /// One system's result on one workload.
 #[derive(Clone, Debug)]
@@ -1064,7 +1113,9 @@ pub fn run(mut arguments: MemoryArguments) -> Result<(), String> {
                 );
             }
             let is_stratus = row.system == "stratus";
-            let relative = |reference: Option<f64>| match (is_stratus, row.ratio(), reference) {
+            // Both Stratus rows are compared with the references.
+            let compared = is_stratus || row.system == "stratus-server";
+            let relative = |reference: Option<f64>| match (compared, row.ratio(), reference) {
                 (true, Some(ratio), Some(reference)) => Some(ratio / reference),
                 _ => None,
             };
@@ -1162,6 +1213,9 @@ fn measure(
             "redis" => Box::new(PeerHolder::start_redis(directory, false)?),
             "redis-defrag" => Box::new(PeerHolder::start_redis(directory, true)?),
             "memcached" => Box::new(PeerHolder::start_memcached(directory, sizes.log_bytes)?),
+            "stratus-server" => {
+                Box::new(PeerHolder::start_stratus_server(directory, arguments.live_mib)?)
+            }
             "stratus" => Box::new(WorkerHolder::start(&[
                 "--system".into(),
                 "stratus".into(),

@@ -69,6 +69,11 @@ pub const MEMORY_TARGET_HEADROOM_SEGMENTS: u64 = 1;
 /// would gain little and run often.
 pub const MEMORY_TARGET_FLOOR_SEGMENTS: u64 = 2;
 
+/// Most live data one combined pass moves, in segments, with a memory target: its survivors
+/// are written before the cleaned segments leave, so a pass overshoots the target by up to
+/// this much (RAMCloud's ten would be 80 MB at the default segment size).
+pub const MEMORY_TARGET_PASS_LIVE_SEGMENTS_MAX: u64 = 2;
+
 /// Most seglets given back to the operating system per call of the cleaner: bounds the time of
 /// one call (one madvise per seglet) so the loop stays responsive.
 pub const RELEASE_SEGLETS_PER_CALL_MAX: usize = 256;
@@ -751,9 +756,16 @@ impl ObjectStore {
         // worth. Never plan with memory that is not there: a pass that runs out of memory
         // midway frees nothing.
         let free = statistics.seglets_free;
+        // With a memory target a pass's survivors sit beside the segments they come from until
+        // it commits, above the target: smaller passes keep that overshoot (and the pass's own
+        // work list) small.
+        let pass_live_segments_max = match self.config.cleaner.memory_target_percent {
+            Some(_) => MEMORY_TARGET_PASS_LIVE_SEGMENTS_MAX,
+            None => PASS_LIVE_SEGMENTS_MAX,
+        };
         let budget_seglets = free
             .saturating_sub(u64::from(log_config.head_seglets_max()))
-            .min(PASS_LIVE_SEGMENTS_MAX * u64::from(log_config.seglets_per_segment()));
+            .min(pass_live_segments_max * u64::from(log_config.seglets_per_segment()));
         let segment_count_max = log_config.segment_count_max() as u64;
         let mut chosen = Vec::new();
         let mut chosen_seglets = Vec::new();

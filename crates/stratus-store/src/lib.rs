@@ -227,6 +227,9 @@ pub struct StoreStatistics {
     pub safe_version: u64,
     /// Main hash-table buckets.
     pub hash_table_buckets: u64,
+    /// Bytes of the hash table's buckets in use: the main buckets of its current size and the
+    /// overflow buckets allocated.
+    pub hash_table_bytes: u64,
     /// Bytes of live objects (entry headers included).
     pub log_bytes_live_objects: u64,
     /// Bytes of tombstones still in the log (their death is learnt by cleaning).
@@ -812,6 +815,8 @@ impl ObjectStore {
             objects_live: self.objects_live.load(Ordering::Relaxed),
             safe_version: log.safe_version,
             hash_table_buckets: self.index.bucket_count(),
+            hash_table_bytes: self.index.main_bucket_bytes()
+                + self.index.overflow_bucket_count() * stratus_index::BUCKET_BYTES,
             log_bytes_live_objects: log.log_bytes_live_objects,
             log_bytes_tombstones: log.log_bytes_tombstones,
             seglets_waiting_for_readers: log.seglets_waiting_for_readers,

@@ -725,6 +725,10 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 cleaner_bytes_relocated,
                 compactions,
                 bytes_compacted,
+                process_resident_bytes,
+                log_bytes_resident,
+                log_bytes_target,
+                hash_table_bytes,
             } = statistics;
             put_u64(out, server_id.0);
             for field in [
@@ -749,6 +753,10 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 cleaner_bytes_relocated,
                 compactions,
                 bytes_compacted,
+                process_resident_bytes,
+                log_bytes_resident,
+                log_bytes_target,
+                hash_table_bytes,
             ] {
                 put_u64(out, *field);
             }
@@ -1729,6 +1737,10 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 cleaner_bytes_relocated: reader.u64()?,
                 compactions: reader.u64()?,
                 bytes_compacted: reader.u64()?,
+                process_resident_bytes: reader.u64()?,
+                log_bytes_resident: reader.u64()?,
+                log_bytes_target: reader.u64()?,
+                hash_table_bytes: reader.u64()?,
             },
         },
         Opcode::RecoverTablets => Response::RecoverTablets {

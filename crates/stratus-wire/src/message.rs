@@ -495,6 +495,14 @@ pub struct ServerStatistics {
     pub compactions: u64,
     /// Bytes moved by compaction.
     pub bytes_compacted: u64,
+    /// Bytes of the server process resident in RAM (0 where the system does not say).
+    pub process_resident_bytes: u64,
+    /// Bytes of the log region whose pages are resident, at most.
+    pub log_bytes_resident: u64,
+    /// What the memory target asks the resident log to stay near (0: no target).
+    pub log_bytes_target: u64,
+    /// Bytes of the hash table's buckets in use.
+    pub hash_table_bytes: u64,
 }
 
 /// A segment certificate as carried on the wire: the length of the segment prefix it commits

@@ -57,6 +57,10 @@ impl ClusterStatus {
             "FRAMES FREE>",
             "DISK WRITTEN>",
         ]);
+        // Where each master's memory goes: the log's resident pages (and what the memory
+        // target asks of them), the hash table, and everything else in the process.
+        let mut memory =
+            TextTable::new(&["SERVER", "RSS>", "LOG RESIDENT>", "LOG TARGET>", "INDEX>", "OTHER>"]);
         let mut attention = Vec::new();
         for server in &self.overview.servers {
             let id = server.entry.server_id.to_string();
@@ -78,6 +82,23 @@ impl ClusterStatus {
                 None => row.extend(std::iter::repeat_n("-".to_string(), 7)),
             }
             servers.push(row);
+            if let Some(statistics) = &server.statistics {
+                let other = statistics
+                    .process_resident_bytes
+                    .saturating_sub(statistics.log_bytes_resident)
+                    .saturating_sub(statistics.hash_table_bytes);
+                memory.push(vec![
+                    id.clone(),
+                    bytes_text(statistics.process_resident_bytes),
+                    bytes_text(statistics.log_bytes_resident),
+                    match statistics.log_bytes_target {
+                        0 => "off".to_string(),
+                        target => bytes_text(target),
+                    },
+                    bytes_text(statistics.hash_table_bytes),
+                    bytes_text(other),
+                ]);
+            }
             if let Some(backup) = &server.backup {
                 backups.push(vec![
                     id.clone(),
@@ -107,6 +128,10 @@ impl ClusterStatus {
             }
         }
         servers.print(out)?;
+        if !memory.rows.is_empty() {
+            writeln!(out)?;
+            memory.print(out)?;
+        }
         if !backups.rows.is_empty() {
             writeln!(out)?;
             backups.print(out)?;
@@ -189,6 +214,15 @@ impl ClusterStatus {
                 "cleaner_bytes_relocated": statistics.cleaner_bytes_relocated,
                 "compactions": statistics.compactions,
                 "bytes_compacted": statistics.bytes_compacted,
+                "memory": {
+                    "process_resident_bytes": statistics.process_resident_bytes,
+                    "log_bytes_resident": statistics.log_bytes_resident,
+                    "log_bytes_target": statistics.log_bytes_target,
+                    "hash_table_bytes": statistics.hash_table_bytes,
+                    "other_bytes": statistics.process_resident_bytes
+                        .saturating_sub(statistics.log_bytes_resident)
+                        .saturating_sub(statistics.hash_table_bytes),
+                },
             })
         });
         let backup = server.backup.as_ref().map(|backup| {

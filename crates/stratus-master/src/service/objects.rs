@@ -292,6 +292,10 @@ impl Master {
                 + cleaner.tombstone_bytes_relocated,
             compactions: cleaner.compactions,
             bytes_compacted: cleaner.bytes_compacted,
+            process_resident_bytes: stratus_ops::process::resident_memory_bytes().unwrap_or(0),
+            log_bytes_resident: store.log_bytes_resident,
+            log_bytes_target: store.log_bytes_target,
+            hash_table_bytes: store.hash_table_bytes,
         }
     }
 }

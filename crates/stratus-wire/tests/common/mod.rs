@@ -545,8 +545,17 @@ fn tablet_entry() -> impl Strategy<Value = TabletEntry> {
 }
 
 fn statistics() -> impl Strategy<Value = ServerStatistics> {
-    (server_id(), any::<[u64; 7]>(), any::<u32>(), any::<u64>(), any::<u32>(), any::<[u64; 7]>())
-        .prop_map(|(server_id, counters, tablets_owned, requests_served, replicas, more)| {
+    (
+        server_id(),
+        any::<[u64; 7]>(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<[u64; 7]>(),
+        any::<[u64; 4]>(),
+    )
+        .prop_map(|(server_id, counters, tablets_owned, requests_served, replicas, more, memory)| {
+            let [process_resident, log_resident, log_target, hash_table] = memory;
             let [total, live, allocated, seglets, free, segments, objects] = counters;
             let [live_objects, replicated, cleaner_replicated, cleaned, relocated, compactions, compacted] =
                 more;
@@ -569,6 +578,10 @@ fn statistics() -> impl Strategy<Value = ServerStatistics> {
                 cleaner_bytes_relocated: relocated,
                 compactions,
                 bytes_compacted: compacted,
+                process_resident_bytes: process_resident,
+                log_bytes_resident: log_resident,
+                log_bytes_target: log_target,
+                hash_table_bytes: hash_table,
             }
         })
 }

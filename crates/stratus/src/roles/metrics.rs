@@ -218,6 +218,12 @@ fn render_master(master: &Master, out: &mut Exposition) {
         "Buckets of the master's hash table.",
         store.hash_table_buckets,
     );
+    out.gauge(
+        "stratus_hash_table_bytes",
+        "Bytes of the hash table's buckets in use (main buckets of its current size and the \
+         overflow buckets allocated); with a memory target the table follows the objects.",
+        store.hash_table_bytes,
+    );
     let completions = master.store().completion_statistics();
     out.gauge(
         "stratus_master_client_leases",

@@ -261,6 +261,15 @@ impl Layout {
         }
     }
 
+    /// The smallest table size at which the layout places some hash: a hash's bucket is its
+    /// low bits modulo this size or modulo a larger one in use.
+    fn placement_buckets_min(self) -> u64 {
+        match self.phase {
+            Phase::Stable | Phase::Growing => 1u64 << self.bits,
+            Phase::Shrinking => 1u64 << (self.bits - 1),
+        }
+    }
+
     /// Units of migration of the resize in progress (0 when stable).
     fn units(self) -> u64 {
         match self.phase {
@@ -463,8 +472,10 @@ impl HashTable {
         let _lock = self.lock_stripe(stripe);
         let layout = self.current_layout();
         let in_use = layout.buckets_in_use();
-        // Buckets congruent to `low_bits` modulo the smaller of the class and the table.
-        let step = (1u64 << bits).min(in_use);
+        // Buckets congruent to `low_bits` modulo the smaller of the class and the smallest size
+        // the layout places a hash at (half the size during a shrink: merged buckets are in
+        // the lower half), up to the buckets in use.
+        let step = (1u64 << bits).min(layout.placement_buckets_min());
         let mut bucket_index = low_bits & (step - 1);
         while bucket_index < in_use {
             self.walk(bucket_index, |_, word| {
@@ -478,29 +489,32 @@ impl HashTable {
     }
 
     /// Removes every entry for which `keep(reference)` returns false (for tablet drop), one
-    /// stripe lock at a time. Returns how many were removed.
+    /// bucket's stripe lock at a time. No resize runs meanwhile (it waits for this), so no
+    /// entry moves between buckets and every one is seen once. Returns how many were removed.
     pub fn retain(&self, mut keep: impl FnMut(u64) -> bool) -> u64 {
+        let _resizing = self.resizing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let layout = self.current_layout();
         let mut removed_count = 0;
-        for stripe in 0..=self.stripe_mask {
-            let _lock = self.lock_stripe(stripe as usize);
-            let layout = self.current_layout();
+        for bucket_index in 0..layout.buckets_in_use() {
+            let _lock = self.lock_stripe((bucket_index & self.stripe_mask) as usize);
             let mut removed = Vec::new();
-            let mut bucket_index = stripe;
-            while bucket_index < layout.buckets_in_use() {
-                self.walk(bucket_index, |slot, word| {
-                    if word != 0 && !keep(word & REFERENCE_MASK) {
-                        removed.push(slot);
-                    }
-                    false
-                });
-                bucket_index += self.stripe_mask + 1;
-            }
+            self.walk(bucket_index, |slot, word| {
+                if word != 0 && !keep(word & REFERENCE_MASK) {
+                    removed.push(slot);
+                }
+                false
+            });
             for &slot in &removed {
                 self.store(slot, 0);
             }
             removed_count += removed.len() as u64;
         }
         removed_count
+    }
+
+    /// True if the table may change size (a growable table of more than one size).
+    pub fn can_resize(&self) -> bool {
+        self.bits_min < self.bits_max
     }
 
     /// Adds `word` to the chain of main bucket `bucket_index` (the caller holds its stripe
@@ -573,7 +587,13 @@ impl HashTable {
         units_max: u64,
         mut hash_of: impl FnMut(u64) -> u64,
     ) -> ResizeProgress {
-        let Ok(_resizing) = self.resizing.try_lock() else { return ResizeProgress::Busy };
+        let _resizing = match self.resizing.try_lock() {
+            Ok(guard) => guard,
+            // A panic in an earlier step (a broken invariant) left nothing half-moved: entries
+            // are placed before their chain is emptied.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return ResizeProgress::Busy,
+        };
         let mut layout = self.current_layout();
         if layout.phase == Phase::Stable {
             let count = 1u64 << layout.bits;
@@ -594,18 +614,29 @@ impl HashTable {
             let _lock = self.lock_stripe((unit & self.stripe_mask) as usize);
             match layout.phase {
                 Phase::Growing => {
-                    for word in self.take_chain(unit) {
-                        let hash = hash_of(word & REFERENCE_MASK);
-                        assert_eq!(
-                            hash >> PARTIAL_HASH_SHIFT,
-                            word >> PARTIAL_HASH_SHIFT,
-                            "an entry's partial hash does not match its object's hash"
-                        );
-                        let target = hash & BUCKET_HASH_MASK & (2 * count - 1);
-                        assert!(
-                            target == unit || target == unit + count,
-                            "an entry in bucket {unit} hashes to bucket {target}"
-                        );
+                    // Every entry's place first, checked, and only then the chain emptied: a
+                    // broken invariant panics with the table as it was.
+                    let mut placed = Vec::new();
+                    self.walk(unit, |_, word| {
+                        if word != 0 {
+                            let hash = hash_of(word & REFERENCE_MASK);
+                            assert_eq!(
+                                hash >> PARTIAL_HASH_SHIFT,
+                                word >> PARTIAL_HASH_SHIFT,
+                                "an entry's partial hash does not match its object's hash"
+                            );
+                            let target = hash & BUCKET_HASH_MASK & (2 * count - 1);
+                            assert!(
+                                target == unit || target == unit + count,
+                                "an entry in bucket {unit} hashes to bucket {target}"
+                            );
+                            placed.push((target, word));
+                        }
+                        false
+                    });
+                    let taken = self.take_chain(unit);
+                    debug_assert_eq!(taken.len(), placed.len());
+                    for (target, word) in placed {
                         self.insert_word(target, word);
                     }
                 }
@@ -630,8 +661,14 @@ impl HashTable {
             .store(Layout { bits, phase: Phase::Stable, cursor: 0 }.encode(), Ordering::Release);
         if layout.phase == Phase::Shrinking {
             // Every bucket of the upper half was emptied under its stripe's lock, after which no
-            // lookup addresses it (the layout read under that lock sent it below); so no
-            // reference into those buckets exists now, and their pages can go.
+            // lookup addresses it (the layout read under that lock sends it below). A visitor of
+            // a whole hash class that read the shrinking layout may still walk those empty
+            // buckets under its stripe lock: taking every stripe lock once waits for them, and
+            // later ones read the stable layout. Then no reference into the upper half exists,
+            // and its pages can go.
+            for stripe in 0..=self.stripe_mask {
+                drop(self.lock_stripe(stripe as usize));
+            }
             self.buckets.release(count as usize / 2, count as usize);
         }
         ResizeProgress::Finished
@@ -896,6 +933,54 @@ mod tests {
         let fixed = HashTable::new(1 << 20);
         assert_eq!(fixed.bucket_count(), 16_384);
         assert_eq!(fixed.resize_step(0, 100, mixed), ResizeProgress::Idle);
+    }
+
+    /// Every entry of a hash class, exactly once, whatever the class width against the
+    /// table's size during a resize: the classes of the size a shrink started from (whose upper
+    /// half is partly merged down already), and classes wider than a table halfway through
+    /// growing.
+    #[test]
+    fn hash_classes_are_complete_in_the_middle_of_a_shrink_and_of_a_grow() {
+        let check = |table: &HashTable, bits: u32, expected: &BTreeSet<u64>| {
+            let mut seen = BTreeSet::new();
+            for class in 0..(1u64 << bits) {
+                table.for_each_in_hash_class(class, bits, |reference| {
+                    if mixed(reference) & ((1 << bits) - 1) == class {
+                        assert!(seen.insert(reference), "{reference} twice");
+                    }
+                });
+            }
+            assert_eq!(&seen, expected, "classes of {bits} bits");
+        };
+        let table = HashTable::growable(1 << 20);
+        for reference in 1..=20_000u64 {
+            table.lock(mixed(reference)).insert(reference);
+        }
+        resize_until_idle(&table, 20_000, 1_000);
+        assert_eq!(table.bucket_count(), 8192);
+        for reference in 501..=20_000u64 {
+            let mut guard = table.lock(mixed(reference));
+            let (slot, _) = guard.find(|found| found == reference).unwrap();
+            guard.remove(slot);
+        }
+        let left: BTreeSet<u64> = (1..=500).collect();
+        // A tenth of the way through halving 8 Ki buckets.
+        assert_eq!(table.resize_step(500, 400, mixed), ResizeProgress::Migrating);
+        assert_eq!(table.bucket_count(), 8192);
+        for bits in [10, 12, 13, 14] {
+            check(&table, bits, &left);
+        }
+        resize_until_idle(&table, 500, 1_000);
+        assert_eq!(table.bucket_count(), 1024);
+        // Halfway through growing from 1 Ki to 2 Ki buckets.
+        for reference in 20_001..=25_000u64 {
+            table.lock(mixed(reference)).insert(reference);
+        }
+        assert_eq!(table.resize_step(5_500, 512, mixed), ResizeProgress::Migrating);
+        let all: BTreeSet<u64> = (1..=500).chain(20_001..=25_000).collect();
+        for bits in [10, 11, 12] {
+            check(&table, bits, &all);
+        }
     }
 
     #[test]

@@ -18,9 +18,20 @@ pub(crate) struct FreeSeglets {
 }
 
 impl FreeSeglets {
-    /// Seglets that were never touched, handed out in the order given.
+    /// Seglets handed out in the order given: never touched, or (`resident`) touched already
+    /// (a prefaulted region).
+    pub(crate) fn new(
+        seglets: impl DoubleEndedIterator<Item = u32>,
+        resident: bool,
+    ) -> FreeSeglets {
+        let seglets: VecDeque<u32> = seglets.rev().collect();
+        let resident = if resident { seglets.len() } else { 0 };
+        FreeSeglets { seglets, resident }
+    }
+
+    #[cfg(test)]
     pub(crate) fn untouched(seglets: impl DoubleEndedIterator<Item = u32>) -> FreeSeglets {
-        FreeSeglets { seglets: seglets.rev().collect(), resident: 0 }
+        FreeSeglets::new(seglets, false)
     }
 
     /// Free seglets, resident or not.
@@ -48,12 +59,13 @@ impl FreeSeglets {
         self.resident += self.seglets.len() - before;
     }
 
-    /// Takes up to `count` resident seglets, most recently freed last, to be released.
+    /// Takes up to `count` resident seglets to be released: the ones freed longest ago, which
+    /// appends would take last (the most recently freed are popped next).
     pub(crate) fn take_resident(&mut self, count: usize) -> Vec<u32> {
         let count = count.min(self.resident);
+        let at = self.seglets.len() - self.resident;
         self.resident -= count;
-        let at = self.seglets.len() - count;
-        self.seglets.split_off(at).into()
+        self.seglets.drain(at..at + count).collect()
     }
 
     /// Returns released seglets (their pages given back): taken after every resident one.
@@ -100,6 +112,10 @@ mod tests {
         free.push_resident([2, 1]);
         assert_eq!((free.len(), free.resident()), (4, 2));
         assert_eq!(free.take_resident(5), vec![2, 1]);
+        free.push_resident([7, 8, 9]);
+        // The one freed longest ago goes first; the newest stay to be reused.
+        assert_eq!(free.take_resident(1), vec![7]);
+        assert_eq!(free.take(2), vec![9, 8]);
         assert_eq!((free.len(), free.resident()), (2, 0));
         free.push_released(&[2, 1]);
         free.push_resident([9]);

@@ -519,7 +519,7 @@ impl Log {
                 // Reversed so that seglets are handed out in ascending order (easier to debug).
                 // Seglet 0 is never used: reference 0 means "no entry" in the hash table, and
                 // once seglets are reused any entry could otherwise land at offset 0.
-                free_seglets: FreeSeglets::untouched(1..seglet_count),
+                free_seglets: FreeSeglets::new(1..seglet_count, config.prefault_memory),
                 seglets_releasing: 0,
                 segments: BTreeMap::new(),
                 head: None,
@@ -596,11 +596,17 @@ impl Log {
     /// seglets released. The pages are given back outside the log lock (a system call per
     /// seglet), with the seglets taken out of the free list meanwhile and counted free. Appends
     /// take resident seglets first, so the ones given back are those least likely needed soon.
+    /// The free list never drops below what every reserve and a new head need while the pages
+    /// go back, so no append is refused because of a release.
     pub fn release_free_seglets(&self, keep_resident: usize, batch_max: usize) -> usize {
+        let floor = (self.config.reserve_seglets()
+            + self.config.cleaner_reserve_seglets()
+            + self.config.head_seglets_max()) as usize;
         let seglets = {
             let mut state = self.lock();
             let surplus = state.free_seglets.resident().saturating_sub(keep_resident);
-            let seglets = state.free_seglets.take_resident(surplus.min(batch_max));
+            let above_floor = state.free_seglets.len().saturating_sub(floor);
+            let seglets = state.free_seglets.take_resident(surplus.min(batch_max).min(above_floor));
             state.seglets_releasing += seglets.len();
             seglets
         };

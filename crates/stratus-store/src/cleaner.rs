@@ -548,6 +548,21 @@ impl ObjectStore {
         outcome
     }
 
+    /// RAMCloud's trigger: the usable free seglets (reserves excluded; those waiting for
+    /// readers count as free, as RAMCloud counts them) are at most min(10 %, (1 − L)/2) of the
+    /// region.
+    fn memory_short(log: &LogConfig, statistics: &stratus_log::LogStatistics) -> bool {
+        let total = statistics.seglets_total as f64;
+        let free = statistics.seglets_free + statistics.seglets_waiting_for_readers;
+        let reserves = u64::from(log.reserve_seglets() + log.cleaner_reserve_seglets());
+        let usable_free = free.saturating_sub(reserves);
+        let live_fraction =
+            statistics.log_bytes_live_objects as f64 / statistics.log_bytes_total as f64;
+        let threshold = (total * (CLEAN_FREE_PERCENT_MAX as f64 / 100.0))
+            .min(total * (1.0 - live_fraction) / 2.0);
+        usable_free as f64 <= threshold
+    }
+
     /// The log's resident memory the memory target asks for: live bytes / the target
     /// percentage plus [`MEMORY_TARGET_HEADROOM_SEGMENTS`], at least
     /// [`MEMORY_TARGET_FLOOR_SEGMENTS`], at most the region. `None` without a target.
@@ -621,8 +636,14 @@ impl ObjectStore {
     /// far behind the objects (twice the load that starts a resize), the writer migrates a few
     /// units itself, so chains stay short during a bulk load.
     pub(crate) fn help_resize_index_if_behind(&self) {
+        if !self.index.can_resize() {
+            return;
+        }
         let entries = self.objects_live.load(Ordering::Relaxed);
-        if entries > self.index.bucket_count() * stratus_index::GROW_ENTRIES_PER_BUCKET * 2 {
+        let count = self.index.bucket_count();
+        if entries > count * stratus_index::GROW_ENTRIES_PER_BUCKET * 2
+            && count < self.index.bucket_count_max()
+        {
             self.resize_index(entries, INDEX_RESIZE_UNITS_BY_WRITER);
         }
     }
@@ -631,15 +652,9 @@ impl ObjectStore {
     fn balance(&self) -> Option<Work> {
         let log = self.log.config();
         let statistics = self.log.statistics();
-        let total = statistics.seglets_total;
-        // Seglets waiting for readers count as free (RAMCloud does the same).
-        let free = statistics.seglets_free + statistics.seglets_waiting_for_readers;
-        let reserves = u64::from(log.reserve_seglets() + log.cleaner_reserve_seglets());
-        let usable_free = free.saturating_sub(reserves);
         let total_bytes = statistics.log_bytes_total as f64;
         let live_fraction = statistics.log_bytes_live_objects as f64 / total_bytes;
-        let threshold = (total as f64 * (CLEAN_FREE_PERCENT_MAX as f64 / 100.0))
-            .min(total as f64 * (1.0 - live_fraction) / 2.0);
+        let memory_short = Self::memory_short(log, &statistics);
         // Counted as the limit counts them: survivors waiting to be fused take a slot, segments
         // waiting to be dropped do not.
         let segment_pressure = statistics.segments_in_next_digest * 100
@@ -649,7 +664,7 @@ impl ObjectStore {
             statistics.log_bytes_allocated
                 > self.target_bytes_for(u64::from(percent.clamp(1, 100)), &statistics)
         });
-        if usable_free as f64 > threshold && !segment_pressure && !above_target {
+        if !memory_short && !segment_pressure && !above_target {
             return None;
         }
         let memory_only = self.config.cleaner.replicas == 0;
@@ -759,9 +774,15 @@ impl ObjectStore {
         // With a memory target a pass's survivors sit beside the segments they come from until
         // it commits, above the target: smaller passes keep that overshoot (and the pass's own
         // work list) small.
-        let pass_live_segments_max = match self.config.cleaner.memory_target_percent {
-            Some(_) => MEMORY_TARGET_PASS_LIVE_SEGMENTS_MAX,
-            None => PASS_LIVE_SEGMENTS_MAX,
+        // Only when cleaning ahead of need: a pass for the segment limit, or one the region
+        // itself runs short for, moves as much as it can.
+        let ahead_of_need = self.config.cleaner.memory_target_percent.is_some()
+            && goal == Goal::Memory
+            && !Self::memory_short(&log_config, &statistics);
+        let pass_live_segments_max = if ahead_of_need {
+            MEMORY_TARGET_PASS_LIVE_SEGMENTS_MAX
+        } else {
+            PASS_LIVE_SEGMENTS_MAX
         };
         let budget_seglets = free
             .saturating_sub(u64::from(log_config.head_seglets_max()))

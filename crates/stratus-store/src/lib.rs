@@ -763,10 +763,10 @@ impl ObjectStore {
     /// index and counts its bytes dead (no tombstones: the tablet is gone from this master).
     /// Returns how many objects were dropped.
     pub fn drop_range(&self, table: TableId, range: HashRange) -> u64 {
-        // One epoch for the whole scan (a reference read under it stays readable); the scan
-        // takes one stripe lock at a time, so writers wait at most one stripe's work.
-        let epoch = self.log.pin();
+        // The scan takes one bucket's lock at a time, and an epoch per entry (a reference read
+        // under it stays readable), so neither writers nor memory reuse wait for the whole scan.
         let dropped = self.index.retain(|reference| {
+            let epoch = self.log.pin();
             let (_, content) = self.log.entry(&epoch, Reference(reference));
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
             let hash = stratus_types::key_hash(table, object.key);
@@ -784,7 +784,6 @@ impl ObjectStore {
             }
             !drop
         });
-        drop(epoch);
         self.objects_live.fetch_sub(dropped, Ordering::Relaxed);
         // The tablet's results go with it: its new master has its own copies (a transfer
         // carries them), and this master answers nothing of the tablet any more.

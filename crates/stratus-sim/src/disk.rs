@@ -190,9 +190,12 @@ impl ReplicaStorage for SimulatedDisk {
     fn sync(&self) -> io::Result<()> {
         let mut state = self.lock();
         if state.failing_syncs > 0 {
-            // As Linux does after a failed fsync: the writes stay readable for now, but nothing
-            // says they are on the disk (a crash may still lose them).
+            // As Linux may after a failed fsync: the pages stay readable for now (the page
+            // cache keeps them), but they were marked clean, so no later sync writes them: a
+            // crash loses them even after a sync that succeeds.
             state.failing_syncs -= 1;
+            let dropped = std::mem::take(&mut state.unsynced).len();
+            state.faults.push(format!("a failed sync dropped {dropped} unsynced writes"));
             return Err(io::Error::other("simulated sync error"));
         }
         let unsynced = std::mem::take(&mut state.unsynced);
@@ -238,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_sync_makes_nothing_durable() {
+    fn a_failed_sync_makes_nothing_durable_then_or_later() {
         let disk = SimulatedDisk::new(1 << 20);
         disk.write_at(0, &[7u8; 512]).unwrap();
         disk.fail_syncs(1);
@@ -256,6 +259,24 @@ mod tests {
         });
         assert!(lost);
         assert!(disk.sync().is_ok(), "the disk works again after the failed sync");
+        // A later sync that succeeds does not make the dropped writes durable: every crash
+        // loses them now, while reads still see them until then (the page cache).
+        for seed in 0..32 {
+            let disk = SimulatedDisk::new(1 << 20);
+            disk.write_at(0, &[7u8; 512]).unwrap();
+            disk.fail_syncs(1);
+            assert!(disk.sync().is_err());
+            disk.sync().unwrap();
+            let mut buffer = [0u8; 512];
+            disk.read_at(0, &mut buffer).unwrap();
+            assert_eq!(buffer, [7u8; 512], "still readable before the crash");
+            disk.crash(&mut Choices::new(seed));
+            disk.read_at(0, &mut buffer).unwrap();
+            assert_eq!(
+                buffer, [0u8; 512],
+                "seed {seed}: a write dropped by a failed sync survived"
+            );
+        }
     }
 
     #[test]

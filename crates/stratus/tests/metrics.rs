@@ -502,6 +502,16 @@ fn the_status_page_shows_the_live_cluster_in_a_headless_browser() {
     for id in &server_ids {
         let row = format!("<tr data-server-id=\"{id}\" data-state=\"up\">");
         assert!(dom.contains(&row), "no row for server {id}");
+        // Its resident memory, split into log, index and the rest.
+        let after_row = &dom[dom.find(&row).expect("found above")..];
+        let resident = after_row.split("class=\"memory-resident\">").nth(1).expect("a memory cell");
+        let resident = &resident[..resident.find('<').expect("the cell ends")];
+        assert!(
+            resident.contains(": log ")
+                && resident.contains(", index ")
+                && resident.contains(", other "),
+            "server {id}'s resident memory reads {resident:?}"
+        );
     }
     assert_eq!(dom.matches(&format!("<tr data-table-id=\"{}\">", table.0)).count(), 2);
     assert!(dom.contains(&format!("pages (id {})", table.0)));

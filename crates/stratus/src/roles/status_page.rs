@@ -223,6 +223,10 @@ fn render(overview: &ClusterOverview, history: &VecDeque<Sample>, coordinator: &
                     ("bytes_replicated", statistics.bytes_replicated),
                     ("segments_cleaned", statistics.segments_cleaned),
                     ("compactions", statistics.compactions),
+                    ("process_resident_bytes", statistics.process_resident_bytes),
+                    ("log_bytes_resident", statistics.log_bytes_resident),
+                    ("log_bytes_target", statistics.log_bytes_target),
+                    ("hash_table_bytes", statistics.hash_table_bytes),
                 ];
                 for (name, value) in figures {
                     json.key(name).unsigned(value);

@@ -596,63 +596,87 @@ impl HashTable {
         };
         let mut layout = self.current_layout();
         if layout.phase == Phase::Stable {
-            let count = 1u64 << layout.bits;
-            let phase = if entries > count * GROW_ENTRIES_PER_BUCKET && layout.bits < self.bits_max
-            {
-                Phase::Growing
-            } else if entries < count * SHRINK_ENTRIES_PER_BUCKET && layout.bits > self.bits_min {
-                Phase::Shrinking
-            } else {
-                return ResizeProgress::Idle;
-            };
-            layout = Layout { bits: layout.bits, phase, cursor: 0 };
-            self.layout.store(layout.encode(), Ordering::Release);
+            match self.start_resize(layout, entries) {
+                Some(started) => layout = started,
+                None => return ResizeProgress::Idle,
+            }
         }
-        let count = 1u64 << layout.bits;
         let end = layout.units().min(layout.cursor.saturating_add(units_max));
         for unit in layout.cursor..end {
             let _lock = self.lock_stripe((unit & self.stripe_mask) as usize);
             match layout.phase {
-                Phase::Growing => {
-                    // Every entry's place first, checked, and only then the chain emptied: a
-                    // broken invariant panics with the table as it was.
-                    let mut placed = Vec::new();
-                    self.walk(unit, |_, word| {
-                        if word != 0 {
-                            let hash = hash_of(word & REFERENCE_MASK);
-                            assert_eq!(
-                                hash >> PARTIAL_HASH_SHIFT,
-                                word >> PARTIAL_HASH_SHIFT,
-                                "an entry's partial hash does not match its object's hash"
-                            );
-                            let target = hash & BUCKET_HASH_MASK & (2 * count - 1);
-                            assert!(
-                                target == unit || target == unit + count,
-                                "an entry in bucket {unit} hashes to bucket {target}"
-                            );
-                            placed.push((target, word));
-                        }
-                        false
-                    });
-                    let taken = self.take_chain(unit);
-                    debug_assert_eq!(taken.len(), placed.len());
-                    for (target, word) in placed {
-                        self.insert_word(target, word);
-                    }
-                }
-                Phase::Shrinking => {
-                    for word in self.take_chain(unit + count / 2) {
-                        self.insert_word(unit, word);
-                    }
-                }
+                Phase::Growing => self.split_bucket(unit, 1u64 << layout.bits, &mut hash_of),
+                Phase::Shrinking => self.merge_bucket(unit, 1u64 << (layout.bits - 1)),
                 Phase::Stable => unreachable!("a stable layout has no units"),
             }
+            // Under the unit's stripe lock: a holder of it sees the unit before or after.
             layout.cursor = unit + 1;
             self.layout.store(layout.encode(), Ordering::Release);
         }
         if layout.cursor < layout.units() {
             return ResizeProgress::Migrating;
         }
+        self.finish_resize(layout);
+        ResizeProgress::Finished
+    }
+
+    /// The layout of a resize `entries` call for from the stable `layout`, now published;
+    /// `None` if the size is right.
+    fn start_resize(&self, layout: Layout, entries: u64) -> Option<Layout> {
+        let count = 1u64 << layout.bits;
+        let phase = if entries > count * GROW_ENTRIES_PER_BUCKET && layout.bits < self.bits_max {
+            Phase::Growing
+        } else if entries < count * SHRINK_ENTRIES_PER_BUCKET && layout.bits > self.bits_min {
+            Phase::Shrinking
+        } else {
+            return None;
+        };
+        let started = Layout { bits: layout.bits, phase, cursor: 0 };
+        self.layout.store(started.encode(), Ordering::Release);
+        Some(started)
+    }
+
+    /// Splits old bucket `unit` of a table growing from `count` buckets: entries whose hash has
+    /// the bit `count` set move to `unit + count`. The caller holds the unit's stripe lock.
+    /// Every entry's place is found and checked first, and only then the chain emptied: a
+    /// broken invariant panics with the table as it was.
+    fn split_bucket(&self, unit: u64, count: u64, hash_of: &mut impl FnMut(u64) -> u64) {
+        let mut placed = Vec::new();
+        self.walk(unit, |_, word| {
+            if word != 0 {
+                let hash = hash_of(word & REFERENCE_MASK);
+                assert_eq!(
+                    hash >> PARTIAL_HASH_SHIFT,
+                    word >> PARTIAL_HASH_SHIFT,
+                    "an entry's partial hash does not match its object's hash"
+                );
+                let target = hash & BUCKET_HASH_MASK & (2 * count - 1);
+                assert!(
+                    target == unit || target == unit + count,
+                    "an entry in bucket {unit} hashes to bucket {target}"
+                );
+                placed.push((target, word));
+            }
+            false
+        });
+        let taken = self.take_chain(unit);
+        debug_assert_eq!(taken.len(), placed.len());
+        for (target, word) in placed {
+            self.insert_word(target, word);
+        }
+    }
+
+    /// Merges bucket `unit + half` into `unit` of a table shrinking to `half` buckets. The
+    /// caller holds the unit's stripe lock (both buckets share it).
+    fn merge_bucket(&self, unit: u64, half: u64) {
+        for word in self.take_chain(unit + half) {
+            self.insert_word(unit, word);
+        }
+    }
+
+    /// Publishes the stable layout after the last unit of `layout`; after a shrink, gives the
+    /// upper half's pages back.
+    fn finish_resize(&self, layout: Layout) {
         let bits = match layout.phase {
             Phase::Growing => layout.bits + 1,
             _ => layout.bits - 1,
@@ -669,9 +693,9 @@ impl HashTable {
             for stripe in 0..=self.stripe_mask {
                 drop(self.lock_stripe(stripe as usize));
             }
-            self.buckets.release(count as usize / 2, count as usize);
+            let count = 1usize << layout.bits;
+            self.buckets.release(count / 2, count);
         }
-        ResizeProgress::Finished
     }
 }
 

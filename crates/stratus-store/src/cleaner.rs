@@ -567,25 +567,29 @@ impl ObjectStore {
     /// percentage plus [`MEMORY_TARGET_HEADROOM_SEGMENTS`], at least
     /// [`MEMORY_TARGET_FLOOR_SEGMENTS`], at most the region. `None` without a target.
     pub fn memory_target_bytes(&self) -> Option<u64> {
-        let percent = u64::from(self.config.cleaner.memory_target_percent?.clamp(1, 100));
-        let statistics = self.log.statistics();
-        Some(self.target_bytes_for(percent, &statistics))
+        self.target_bytes_for(&self.log.statistics())
     }
 
-    fn target_bytes_for(&self, percent: u64, statistics: &stratus_log::LogStatistics) -> u64 {
+    /// [`ObjectStore::memory_target_bytes`] from statistics already taken.
+    pub(crate) fn target_bytes_for(&self, statistics: &stratus_log::LogStatistics) -> Option<u64> {
+        let percent = u64::from(self.config.cleaner.memory_target_percent?.clamp(1, 100));
         let segment_bytes = u64::from(self.log.config().segment_bytes);
-        (statistics.log_bytes_live * 100 / percent
+        let target = (statistics.log_bytes_live * 100 / percent
             + MEMORY_TARGET_HEADROOM_SEGMENTS * segment_bytes)
             .max(MEMORY_TARGET_FLOOR_SEGMENTS * segment_bytes)
-            .min(statistics.log_bytes_total)
+            .min(statistics.log_bytes_total);
+        Some(target)
     }
 
     /// With a memory target: gives back the pages of free seglets beyond what the target
     /// leaves room for (at most [`RELEASE_SEGLETS_PER_CALL_MAX`] per call). Returns how many.
     fn release_memory_above_target(&self) -> usize {
-        let Some(percent) = self.config.cleaner.memory_target_percent else { return 0 };
+        // Without a target, not even the statistics (a pass over the segments).
+        if self.config.cleaner.memory_target_percent.is_none() {
+            return 0;
+        }
         let statistics = self.log.statistics();
-        let target = self.target_bytes_for(u64::from(percent.clamp(1, 100)), &statistics);
+        let Some(target) = self.target_bytes_for(&statistics) else { return 0 };
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
         let in_use =
             statistics.log_bytes_allocated + statistics.seglets_waiting_for_readers * seglet_bytes;
@@ -660,10 +664,9 @@ impl ObjectStore {
         let segment_pressure = statistics.segments_in_next_digest * 100
             >= log.segment_count_max() as u64 * SEGMENT_COUNT_FORCE_PERCENT;
         // Past the memory target the log cleans ahead of need, as if its region ended there.
-        let above_target = self.config.cleaner.memory_target_percent.is_some_and(|percent| {
-            statistics.log_bytes_allocated
-                > self.target_bytes_for(u64::from(percent.clamp(1, 100)), &statistics)
-        });
+        let above_target = self
+            .target_bytes_for(&statistics)
+            .is_some_and(|target| statistics.log_bytes_allocated > target);
         if !memory_short && !segment_pressure && !above_target {
             return None;
         }

@@ -1075,7 +1075,20 @@ fn a_memory_target_sizes_the_hash_table_for_the_objects() {
     assert_eq!(store.statistics().hash_table_buckets, 1024);
     let now = WallTime::from_seconds(NOW);
     let mut enumerated: Vec<Vec<u8>> = Vec::new();
-    let mut cursor: (u64, Option<Vec<u8>>) = (0, None);
+    let mut cursor: Option<(u64, Option<Vec<u8>>)> = Some((0, None));
+    // One call of the enumeration, a few objects at a time; false once it is done.
+    let mut enumerate_step = |enumerated: &mut Vec<Vec<u8>>| {
+        let Some((reversed, after)) = cursor.take() else { return false };
+        cursor = store.enumerate(
+            TABLE,
+            stratus_types::HashRange::FULL,
+            (reversed, after.as_deref()),
+            200,
+            now,
+            &mut |key, _, _, _| enumerated.push(key.to_vec()),
+        );
+        cursor.is_some()
+    };
     let mut enumeration_done = false;
     let mut buckets_at_enumeration_start = None;
     for key in 0..20_000u32 {
@@ -1086,37 +1099,14 @@ fn a_memory_target_sizes_the_hash_table_for_the_objects() {
         // An enumeration of the first 2 000 keys' table runs alongside, a few objects a call.
         if key >= 2_000 && !enumeration_done && key % 50 == 0 {
             buckets_at_enumeration_start.get_or_insert(store.statistics().hash_table_buckets);
-            let next = store.enumerate(
-                TABLE,
-                stratus_types::HashRange::FULL,
-                (cursor.0, cursor.1.as_deref()),
-                200,
-                now,
-                &mut |key, _, _, _| enumerated.push(key.to_vec()),
-            );
-            match next {
-                Some(next) => cursor = next,
-                None => enumeration_done = true,
-            }
+            enumeration_done = !enumerate_step(&mut enumerated);
         }
     }
     // The table grew while the enumeration ran.
     assert!(buckets_at_enumeration_start.unwrap() < 8192, "{buckets_at_enumeration_start:?}");
     assert!(!enumerated.is_empty());
     // The rest of the enumeration, after the table settled.
-    while !enumeration_done {
-        let next = store.enumerate(
-            TABLE,
-            stratus_types::HashRange::FULL,
-            (cursor.0, cursor.1.as_deref()),
-            200,
-            now,
-            &mut |key, _, _, _| enumerated.push(key.to_vec()),
-        );
-        match next {
-            Some(next) => cursor = next,
-            None => enumeration_done = true,
-        }
+    while enumerate_step(&mut enumerated) {
         store.clean_once(now);
     }
     for _ in 0..100 {

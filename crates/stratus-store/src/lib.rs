@@ -821,7 +821,8 @@ impl ObjectStore {
             seglets_waiting_for_readers: log.seglets_waiting_for_readers,
             segments_side: log.segments_side,
             log_bytes_resident: log.log_bytes_resident,
-            log_bytes_target: self.memory_target_bytes().unwrap_or(0),
+            // From the figures above, not a second pass over the log's segments.
+            log_bytes_target: self.target_bytes_for(&log).unwrap_or(0),
             cleaner: self.cleaner_statistics(),
         }
     }

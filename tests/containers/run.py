@@ -34,6 +34,9 @@ OTHERS_STALL_BOUND_MS while the episode lasted (from its first fault until the c
 healthy again). An episode over the bound fails the run. How long the faulted servers' keys
 waited is reported per episode.
 
+The coordinator and the servers run in secure mode (one cluster secret, copied into each
+container); the workload is a client and holds no secret.
+
 Every wait is bounded (the whole run by --deadline, default 360 s, after the image build);
 containers, the network and volumes are removed in a finally block, on failure and on Ctrl-C
 too. On failure the logs of every container, the fault schedule and the whole history are
@@ -58,6 +61,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,6 +69,9 @@ REPO = Path(__file__).resolve().parents[2]
 COORDINATOR_PORT = 7400
 SERVER_PORT = 7401
 LABEL = "org.stratus.container-test"
+
+# Where the coordinator's and the servers' containers find the cluster secret.
+SECRET_PATH = "/cluster-secret"
 
 # How long one docker command may take before the run fails (the engine is local).
 DOCKER_TIMEOUT = 60
@@ -133,6 +140,8 @@ class Cluster:
         self.network_created = False
         # Servers started again after they exited on their own (declared crashed).
         self.restarts = 0
+        # Holds the cluster secret file while the run lasts (removed in teardown).
+        self.secret_directory = tempfile.mkdtemp(prefix=f"{run_id}-")
 
     # -- naming
 
@@ -173,14 +182,30 @@ class Cluster:
             ], volume=f"{self.run_id}-{server}")
 
     def run_container(self, role: str, command: list[str], volume: str | None = None) -> None:
+        """Starts `role`'s container. The coordinator and the servers run in secure mode: each
+        gets the run's cluster secret, copied in with `docker cp` before it starts (works with a
+        remote engine too), so they admit only each other to server-to-server operations; the
+        workload is a client and gets none."""
         name = self.container(role)
-        arguments = ["run", "--detach", "--name", name, "--hostname", role,
+        member = role != "client"
+        arguments = ["--name", name, "--hostname", role,
                      "--network", self.network, "--network-alias", role,
                      "--env", "NO_COLOR=1", *self.labels()]
+        if member:
+            arguments += ["--env", f"STRATUS_CLUSTER_SECRET_FILE={SECRET_PATH}"]
         if volume:
             arguments += ["--volume", f"{volume}:/data"]
-        docker(*arguments, self.image, *command)
+        if not member:
+            docker("run", "--detach", *arguments, self.image, *command)
+            self.containers.append(name)
+            return
+        docker("create", *arguments, self.image, *command)
         self.containers.append(name)
+        secret_file = Path(self.secret_directory) / "cluster-secret"
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(32) + "\n")
+        docker("cp", str(secret_file), f"{name}:{SECRET_PATH}")
+        docker("start", name)
 
     def start_workload(self, seed: int) -> None:
         a = self.arguments
@@ -317,6 +342,7 @@ class Cluster:
 
     def teardown(self) -> None:
         """Removes everything this run created, whatever state it is in; never raises."""
+        shutil.rmtree(self.secret_directory, ignore_errors=True)
         names = set(self.containers)
         # Anything labelled for this run, even if its creation was interrupted half-way.
         listed = docker("ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.run_id}",

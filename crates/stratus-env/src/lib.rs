@@ -268,6 +268,20 @@ impl Entropy for SeededEntropy {
     }
 }
 
+/// The operating system's cryptographically secure random source (getrandom(2) on Linux): for
+/// what an attacker must not predict, such as the nonces of the membership preamble. A
+/// [`SeededEntropy`] seeded from the clock is fine for jitter and placement but predictable.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsEntropy;
+
+impl Entropy for OsEntropy {
+    fn next_u64(&self) -> u64 {
+        // The kernel's source fails only before its pool is initialised at early boot, or when
+        // the system call is blocked by a sandbox: a server cannot authenticate safely then.
+        getrandom::u64().expect("the operating system's random source is unavailable")
+    }
+}
+
 fn system_seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -295,6 +309,13 @@ mod tests {
                 assert!(drawn < bound.max(1), "{drawn} of {bound}");
             }
         }
+    }
+
+    #[test]
+    fn os_entropy_does_not_repeat() {
+        let draws: std::collections::BTreeSet<u64> =
+            (0..64).map(|_| OsEntropy.next_u64()).collect();
+        assert_eq!(draws.len(), 64);
     }
 
     #[test]

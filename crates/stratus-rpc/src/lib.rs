@@ -8,6 +8,8 @@
 //!   per request) and spawns only the handlers that must wait.
 //! - [`blocking`]: [`blocking::BlockingChannel`], one request at a time over a blocking socket,
 //!   for callers without an async runtime.
+//! - [`membership`]: the cluster secret; members prove it to each other before the hello, and
+//!   a server with a secret serves server-to-server opcodes to proven members only.
 //! - [`backoff`]: bounded exponential backoff with jitter, used by every retry loop.
 //!
 //! Every queue here is bounded: requests in flight per connection, bytes buffered for a peer
@@ -17,9 +19,11 @@
 pub mod backoff;
 pub mod blocking;
 pub mod client;
+pub mod membership;
 pub mod server;
 
 pub use backoff::{deadline_in, Backoff};
 pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
-pub use server::{serve, serve_within, Handled, ServerLimits, Service};
+pub use membership::{Admission, ClusterKey, MemberNetwork, Membership, SecretError};
+pub use server::{serve, serve_admitting, serve_within, Handled, ServerLimits, Service};

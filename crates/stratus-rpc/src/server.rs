@@ -23,10 +23,13 @@ use stratus_types::limits::{
     RPC_CONNECTIONS_PER_SERVER_MAX, RPC_OUTPUT_BYTES_PER_CONNECTION_MAX,
     RPC_OUTPUT_BYTES_PER_SERVER_MAX,
 };
+use stratus_wire::membership::MEMBER_MAGIC;
 use stratus_wire::{
     body_offset, decode_frame_header, encode_error_response, frame_length, peek_request_identity,
-    FrameError, FrameHeader, FrameKind, Hello, Status, HELLO_BYTES, PROTOCOL_VERSION,
+    FrameError, FrameHeader, FrameKind, Hello, Opcode, Status, HELLO_BYTES, PROTOCOL_VERSION,
 };
+
+use crate::membership::{refuse_without_secret, Admission, ConnectionAccess, Membership};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
 
@@ -138,16 +141,35 @@ impl ServerLimits {
 }
 
 /// Accepts connections forever, serving each with `service` on its own task, within the
-/// standard [`ServerLimits`].
+/// standard [`ServerLimits`], to every connection (no cluster secret).
 pub async fn serve(listener: Box<dyn Listener>, service: Arc<dyn Service>) -> std::io::Result<()> {
-    serve_within(listener, service, ServerLimits::standard()).await
+    accept_loop(listener, service, ServerLimits::standard(), Admission::Open).await
+}
+
+/// [`serve`], asking of every connection what `admission` says: with a cluster secret, the
+/// server-to-server opcodes only to connections that proved it.
+pub async fn serve_admitting(
+    listener: Box<dyn Listener>,
+    service: Arc<dyn Service>,
+    admission: Admission,
+) -> std::io::Result<()> {
+    accept_loop(listener, service, ServerLimits::standard(), admission).await
 }
 
 /// [`serve`] within `limits`, which the caller may watch.
 pub async fn serve_within(
+    listener: Box<dyn Listener>,
+    service: Arc<dyn Service>,
+    limits: Arc<ServerLimits>,
+) -> std::io::Result<()> {
+    accept_loop(listener, service, limits, Admission::Open).await
+}
+
+async fn accept_loop(
     mut listener: Box<dyn Listener>,
     service: Arc<dyn Service>,
     limits: Arc<ServerLimits>,
+    admission: Admission,
 ) -> std::io::Result<()> {
     loop {
         let connection = match listener.accept().await {
@@ -164,9 +186,9 @@ pub async fn serve_within(
             drop(connection);
             continue;
         };
-        let (service, limits) = (service.clone(), limits.clone());
+        let (service, limits, admission) = (service.clone(), limits.clone(), admission.clone());
         tokio::spawn(async move {
-            serve_connection_within(connection, service, limits).await;
+            serve_connection_within(connection, service, limits, &admission).await;
             drop(permit);
         });
     }
@@ -279,7 +301,16 @@ enum Room {
 /// Serves one connection until it closes or misbehaves, within the standard limits of a
 /// server that has only this connection (a caller with its own accept loop).
 pub async fn serve_connection(connection: Connection, service: Arc<dyn Service>) {
-    serve_connection_within(connection, service, ServerLimits::standard()).await
+    serve_connection_within(connection, service, ServerLimits::standard(), &Admission::Open).await
+}
+
+/// [`serve_connection`], asking of the connection what `admission` says.
+pub async fn serve_connection_admitting(
+    connection: Connection,
+    service: Arc<dyn Service>,
+    admission: &Admission,
+) {
+    serve_connection_within(connection, service, ServerLimits::standard(), admission).await
 }
 
 /// Serves one connection of a server with `limits` until it closes or misbehaves.
@@ -287,10 +318,12 @@ async fn serve_connection_within(
     connection: Connection,
     service: Arc<dyn Service>,
     limits: Arc<ServerLimits>,
+    admission: &Admission,
 ) {
     let Connection { mut reader, mut writer, peer_address } = connection;
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut writer)).await {
-        Ok(Ok(())) => {}
+    let handshaking = handshake(&mut reader, &mut writer, admission, &peer_address);
+    let access = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshaking).await {
+        Ok(Ok(access)) => access,
         Ok(Err(HandshakeFailure::ClosedBeforeHello)) => {
             tracing::debug!(peer = %peer_address, "closed before its hello (a probe)");
             return;
@@ -300,11 +333,17 @@ async fn serve_connection_within(
             let _ = writer.shutdown().await;
             return;
         }
+        Ok(Err(HandshakeFailure::NotAMember(reason))) => {
+            // Logged (rate-limited) and counted by the membership itself.
+            tracing::debug!(peer = %peer_address, %reason, "not a member");
+            let _ = writer.shutdown().await;
+            return;
+        }
         Err(_) => {
             tracing::info!(peer = %peer_address, "no handshake in time");
             return;
         }
-    }
+    };
     let output = Arc::new(Output {
         buffer: Mutex::new(BytesMut::with_capacity(64 << 10)),
         ready: Notify::new(),
@@ -314,7 +353,8 @@ async fn serve_connection_within(
         limits,
     });
     let writer_task = tokio::spawn(write_loop(writer, output.clone()));
-    let reason = read_loop(&mut reader, &service, &output).await;
+    let connection = ConnectionContext { access, peer_address: peer_address.clone() };
+    let reason = read_loop(&mut reader, &service, &output, &connection).await;
     tracing::debug!(peer = %peer_address, %reason, "connection ended");
     // Let the writer flush what is buffered (for example a REQUEST_TOO_LARGE answer), then end.
     output.ready.notify_one();
@@ -329,21 +369,56 @@ enum HandshakeFailure {
     /// The peer closed the connection before sending its hello: a probe of whether anything
     /// listens (a standby coordinator checks the active one's address this way), not an error.
     ClosedBeforeHello,
+    /// The peer opened the membership preamble and did not prove the cluster secret (or this
+    /// server has none): logged as a warning where it is found, since it is either an attack
+    /// or a misconfigured cluster.
+    NotAMember(String),
     /// Anything else, said in words.
     Refused(String),
 }
 
-async fn handshake(reader: &mut BoxReader, writer: &mut BoxWriter) -> Result<(), HandshakeFailure> {
+/// Reads the peer's first four bytes; with [`MEMBER_MAGIC`] runs the membership preamble, then
+/// the hello. Returns what the connection may send.
+async fn handshake(
+    reader: &mut BoxReader,
+    writer: &mut BoxWriter,
+    admission: &Admission,
+    peer: &str,
+) -> Result<ConnectionAccess, HandshakeFailure> {
     let mut bytes = [0u8; HELLO_BYTES];
-    let mut received = 0;
-    while received < HELLO_BYTES {
-        match reader.read(&mut bytes[received..]).await {
-            Ok(0) if received == 0 => return Err(HandshakeFailure::ClosedBeforeHello),
-            Ok(0) => return Err(HandshakeFailure::Refused("closed within the hello".into())),
-            Ok(read) => received += read,
-            Err(error) => return Err(HandshakeFailure::Refused(error.to_string())),
+    read_opening(reader, &mut bytes[..4]).await?;
+    let access = if bytes[..4] == MEMBER_MAGIC {
+        let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        match admission {
+            Admission::Open => {
+                refuse_without_secret(magic, reader, writer).await;
+                tracing::warn!(
+                    %peer,
+                    "a peer asked to prove a cluster secret, and this process runs without one"
+                );
+                return Err(HandshakeFailure::NotAMember(
+                    "this server runs without a cluster secret".to_string(),
+                ));
+            }
+            Admission::Members(membership) => {
+                membership
+                    .admit(magic, reader, writer, peer)
+                    .await
+                    .map_err(HandshakeFailure::NotAMember)?;
+            }
         }
-    }
+        read_opening(reader, &mut bytes[..4]).await?;
+        ConnectionAccess::Member
+    } else {
+        match admission {
+            Admission::Open => ConnectionAccess::Everything,
+            Admission::Members(membership) => ConnectionAccess::ClientOnly(membership.clone()),
+        }
+    };
+    reader
+        .read_exact(&mut bytes[4..])
+        .await
+        .map_err(|error| HandshakeFailure::Refused(format!("closed within the hello: {error}")))?;
     let hello = Hello::decode(&bytes)
         .map_err(|error| HandshakeFailure::Refused(format!("bad handshake: {error}")))?;
     if hello.version != PROTOCOL_VERSION {
@@ -358,13 +433,37 @@ async fn handshake(reader: &mut BoxReader, writer: &mut BoxWriter) -> Result<(),
     writer
         .write_all(&welcome.encode())
         .await
-        .map_err(|error| HandshakeFailure::Refused(error.to_string()))
+        .map_err(|error| HandshakeFailure::Refused(error.to_string()))?;
+    Ok(access)
+}
+
+/// Reads the four bytes that open a connection (or the hello after a preamble); a peer that
+/// closes before sending any is a probe.
+async fn read_opening(reader: &mut BoxReader, bytes: &mut [u8]) -> Result<(), HandshakeFailure> {
+    let mut received = 0;
+    while received < bytes.len() {
+        match reader.read(&mut bytes[received..]).await {
+            Ok(0) if received == 0 => return Err(HandshakeFailure::ClosedBeforeHello),
+            Ok(0) => return Err(HandshakeFailure::Refused("closed within the hello".into())),
+            Ok(read) => received += read,
+            Err(error) => return Err(HandshakeFailure::Refused(error.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// What the request loop knows of its connection.
+#[derive(Debug)]
+struct ConnectionContext {
+    access: ConnectionAccess,
+    peer_address: String,
 }
 
 async fn read_loop(
     reader: &mut BoxReader,
     service: &Arc<dyn Service>,
     output: &Arc<Output>,
+    connection: &ConnectionContext,
 ) -> String {
     let mut buffer = BytesMut::with_capacity(64 << 10);
     let deferred = Arc::new(Semaphore::new(DEFERRED_RESPONSES_PER_CONNECTION_MAX));
@@ -379,7 +478,9 @@ async fn read_loop(
                         return "writer closed".to_string();
                     }
                     let frame = buffer.split_to(length).freeze();
-                    if let Err(reason) = dispatch(frame, service, output, &deferred).await {
+                    if let Err(reason) =
+                        dispatch(frame, service, output, &deferred, connection).await
+                    {
                         output.ready.notify_one();
                         return reason;
                     }
@@ -417,10 +518,19 @@ async fn dispatch(
     service: &Arc<dyn Service>,
     output: &Arc<Output>,
     deferred: &Arc<Semaphore>,
+    connection: &ConnectionContext,
 ) -> Result<(), String> {
     let header = decode_frame_header(&frame).map_err(|error| format!("bad frame: {error}"))?;
     if header.kind != FrameKind::Request {
         return Err("client sent a response frame".to_string());
+    }
+    if !connection.access.allows_everything() {
+        if let Some(access) = Opcode::access_of_code(header.opcode_code) {
+            if let Some(membership) = connection.access.refuses(access) {
+                refuse_non_member(&header, membership, connection, output);
+                return Ok(());
+            }
+        }
     }
     let body = frame.slice(body_offset(FrameKind::Request)..);
     let handled = {
@@ -444,6 +554,42 @@ async fn dispatch(
         });
     }
     Ok(())
+}
+
+/// Answers a member-only request on a connection that did not prove the cluster secret with
+/// PERMISSION_DENIED; nothing reaches the service.
+fn refuse_non_member(
+    header: &FrameHeader,
+    membership: &Membership,
+    connection: &ConnectionContext,
+    output: &Output,
+) {
+    let opcode = Opcode::from_code(header.opcode_code);
+    let name =
+        opcode.map_or_else(|| header.opcode_code.to_string(), |opcode| format!("{opcode:?}"));
+    let refused = membership.count_refused_request();
+    // The first refusal of a process is logged, then one in 1 024, so a peer that repeats
+    // cannot flood the log; the counter has them all.
+    if refused == 1 || refused.is_multiple_of(1_024) {
+        tracing::warn!(
+            peer = %connection.peer_address,
+            opcode = %name,
+            refused,
+            "refused a server-to-server request from a connection that is not a cluster member"
+        );
+    }
+    let message = format!(
+        "{name} is for cluster members only: this connection did not prove the cluster secret"
+    );
+    let mut frame = BytesMut::new();
+    encode_error_response(
+        &mut frame,
+        header.request_id,
+        header.opcode_code,
+        Status::PermissionDenied,
+        &message,
+    );
+    output.push(&frame);
 }
 
 /// Answers a frame whose announced length is over the limit with REQUEST_TOO_LARGE for its

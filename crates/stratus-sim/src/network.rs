@@ -8,6 +8,7 @@ use std::time::Duration;
 use stratus_env::{
     BoxFuture, Connection, Environment, Listener, Network, SeededEntropy, WallClock,
 };
+use stratus_rpc::{Admission, ClusterKey, MemberNetwork, Membership};
 
 /// Connections through turmoil's simulated TCP: byte streams between simulated hosts whose
 /// segments turmoil delays, holds (a stalled link) or drops (a partition: the stream stalls for
@@ -89,4 +90,21 @@ pub fn node_environment(seed: u64, node: &str, incarnation: u64) -> Environment 
         wall_clock: Arc::new(SimulatedWallClock),
         entropy: Arc::new(SeededEntropy::new(mixed)),
     }
+}
+
+/// The cluster secret of every simulated cluster: the coordinator and the servers run in secure
+/// mode, as a production cluster with `--cluster-secret-file` does, and the clients do not
+/// hold it (they reach only client opcodes).
+const SIMULATED_CLUSTER_SECRET: &[u8] = b"the simulated cluster's secret";
+
+/// [`node_environment`] for a coordinator or server: every connection it opens proves the
+/// cluster secret, and what its listener must ask of connections. Its nonces come from their
+/// own seeded stream (deterministic, so the run stays a function of the seed).
+pub fn member_environment(seed: u64, node: &str, incarnation: u64) -> (Environment, Admission) {
+    let mut environment = node_environment(seed, node, incarnation);
+    let nonces = Arc::new(SeededEntropy::new(environment.entropy.next_u64()));
+    let key = ClusterKey::from_secret(SIMULATED_CLUSTER_SECRET).expect("a long enough secret");
+    let membership = Membership::new(key, nonces);
+    environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
+    (environment, Admission::Members(membership))
 }

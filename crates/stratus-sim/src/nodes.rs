@@ -13,13 +13,13 @@ use stratus_master::{
     ReplicaManager, ReplicationConfig,
 };
 use stratus_meta::MemoryMetaStore;
-use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig, Service};
+use stratus_rpc::{serve_admitting, Backoff, ChannelPool, RpcConfig, Service};
 use stratus_store::{CleanOutcome, CleanStep, StoreConfig};
 use stratus_types::{HashRange, ServerId, TableId};
 use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
 
 use crate::disk::SimulatedDisk;
-use crate::network::node_environment;
+use crate::network::member_environment;
 
 /// The coordinator's host name and port.
 pub const COORDINATOR_ADDRESS: &str = "coordinator:7400";
@@ -146,7 +146,7 @@ pub fn coordinator(
         let meta = meta.clone();
         let incarnation = incarnations.fetch_add(1, Ordering::Relaxed);
         Box::pin(async move {
-            let environment = node_environment(seed, "coordinator", incarnation);
+            let (environment, admission) = member_environment(seed, "coordinator", incarnation);
             let coordinator = Coordinator::open(meta, environment.clone())?;
             let listener = environment.network.bind("0.0.0.0:7400").await?;
             let background = coordinator.clone();
@@ -155,7 +155,7 @@ pub fn coordinator(
             tokio::spawn(async move {
                 detector.run_failure_detector(FailureDetectorConfig::default()).await
             });
-            serve(listener, Arc::new(coordinator)).await?;
+            serve_admitting(listener, Arc::new(coordinator), admission).await?;
             Ok(())
         })
     }
@@ -198,7 +198,7 @@ pub fn server(
 async fn run_server(setup: ServerSetup) -> HostResult {
     let host = server_host(setup.index);
     let incarnation = setup.incarnations.fetch_add(1, Ordering::Relaxed);
-    let environment = node_environment(setup.seed, &host, incarnation);
+    let (environment, admission) = member_environment(setup.seed, &host, incarnation);
     let listener = environment.network.bind(&format!("0.0.0.0:{SERVER_PORT}")).await?;
     let address = format!("{host}:{SERVER_PORT}");
     let mut store = store_config();
@@ -258,7 +258,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     tokio::spawn(collect_garbage(backup.clone(), COORDINATOR_ADDRESS.to_string(), pool));
     let service: Arc<dyn Service> = Arc::new(BackupRouter::new(backup, master));
-    let serving = tokio::spawn(serve(listener, service));
+    let serving = tokio::spawn(serve_admitting(listener, service, admission));
     // A zombie stops itself once it learns it was declared crashed (its tablets are served
     // elsewhere); the schedule starts it again as a new server.
     loop {

@@ -138,6 +138,8 @@ pub enum FrameError {
     BadFlags(u8),
     /// The handshake does not start with [`MAGIC`].
     BadMagic,
+    /// A membership preamble message is malformed (its magic, or a reserved field not zero).
+    BadPreamble(&'static str),
     /// A status code this version does not know.
     UnknownStatus(u16),
 }
@@ -153,6 +155,7 @@ impl fmt::Display for FrameError {
             FrameError::BadKind(kind) => write!(f, "unknown frame kind {kind}"),
             FrameError::BadFlags(flags) => write!(f, "non-zero frame flags {flags:#04x}"),
             FrameError::BadMagic => f.write_str("handshake does not start with the magic \"STRA\""),
+            FrameError::BadPreamble(what) => write!(f, "bad membership preamble: {what}"),
             FrameError::UnknownStatus(code) => write!(f, "unknown status code {code}"),
         }
     }

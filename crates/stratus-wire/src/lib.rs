@@ -10,6 +10,8 @@
 //!   and in-place frame building ([`begin_response`], [`finish_frame`]).
 //! - [`codec`]: request and response bodies ([`encode_request`], [`decode_request`],
 //!   [`encode_response`], [`decode_response`], [`encode_error_response`]).
+//! - [`membership`]: the preamble in which cluster members prove the cluster secret to each
+//!   other before the hello.
 //! - [`put`]: appenders for building a body in place (the master's zero-copy read path).
 //! - [`message`] and [`status`]: the Rust types of every body and the closed set of statuses.
 //!
@@ -18,6 +20,7 @@
 
 pub mod codec;
 pub mod frame;
+pub mod membership;
 pub mod message;
 pub mod put;
 pub mod status;
@@ -33,7 +36,7 @@ pub use frame::{
     LENGTH_FIELD_BYTES, MAGIC, PROTOCOL_VERSION, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 pub use message::{
-    BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
+    Access, BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
     ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
     Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,

@@ -182,6 +182,94 @@ impl Opcode {
     pub fn from_code(code: u16) -> Option<Opcode> {
         Opcode::ALL.iter().copied().find(|opcode| opcode.code() == code)
     }
+
+    /// Who may send the opcode with wire code `code`, if it is one: a table lookup, for the
+    /// RPC layer's check of every request on a connection that did not prove the cluster
+    /// secret.
+    pub fn access_of_code(code: u16) -> Option<Access> {
+        ACCESS_BY_CODE.get(usize::from(code)).copied().flatten()
+    }
+
+    /// Who may send this opcode to a server that runs with a cluster secret. The match names
+    /// every opcode, so a new one cannot be added without deciding.
+    pub const fn access(self) -> Access {
+        match self {
+            // What clients, the CLI and the RESP gateway send.
+            Opcode::Ping
+            | Opcode::GetServerList
+            | Opcode::CreateTable
+            | Opcode::DropTable
+            | Opcode::GetTableId
+            | Opcode::ListTables
+            | Opcode::GetTabletMap
+            | Opcode::RecoveryAcceptLoss
+            | Opcode::SplitTablet
+            | Opcode::MigrateTablet
+            | Opcode::ClientLease
+            | Opcode::Read
+            | Opcode::Write
+            | Opcode::Remove
+            | Opcode::Increment
+            | Opcode::MultiRead
+            | Opcode::MultiWrite
+            | Opcode::MultiRemove
+            | Opcode::MultiIncrement
+            | Opcode::Enumerate
+            | Opcode::SetExpiry
+            | Opcode::GetServerStatistics
+            | Opcode::TxPrepare
+            | Opcode::TxDecision
+            | Opcode::BackupGetStatistics => Access::Client,
+            // What only the coordinator and the servers send each other: each one can change
+            // who owns data, forge or fence a log, or read a master's replicas.
+            Opcode::EnlistServer
+            | Opcode::RenewLease
+            | Opcode::SetLogHead
+            | Opcode::HintServerCrashed
+            | Opcode::ServerStopping
+            | Opcode::CheckClientLeases
+            | Opcode::TakeTabletOwnership
+            | Opcode::DropTabletOwnership
+            | Opcode::RecoverTablets
+            | Opcode::TransferTablet
+            | Opcode::ReceiveMigrationData
+            | Opcode::ReplicasNeeded
+            | Opcode::AbandonMigration
+            | Opcode::TxRequestAbort
+            | Opcode::BackupWrite
+            | Opcode::BackupFree
+            | Opcode::BackupListReplicas
+            | Opcode::BackupReadReplica
+            | Opcode::BackupFenceMaster
+            | Opcode::BackupGetRecoveryData
+            | Opcode::BackupStartPartitioning => Access::Member,
+        }
+    }
+}
+
+/// One past the largest opcode's wire code.
+const OPCODE_CODES: usize = 64;
+
+/// [`Opcode::access`] by wire code; `None` where no opcode has the code.
+const ACCESS_BY_CODE: [Option<Access>; OPCODE_CODES] = {
+    let mut table = [None; OPCODE_CODES];
+    let mut index = 0;
+    while index < Opcode::ALL.len() {
+        let opcode = Opcode::ALL[index];
+        table[opcode as usize] = Some(opcode.access());
+        index += 1;
+    }
+    table
+};
+
+/// Who may send an opcode to a server that runs with a cluster secret (docs/design/security.md).
+/// A server without one serves every opcode to every connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Any connection (clients are not authenticated yet).
+    Client,
+    /// Only a connection that proved the cluster secret in the membership preamble.
+    Member,
 }
 
 /// Services a server runs; a bit mask on the wire.

@@ -80,11 +80,17 @@ pub enum Status {
     /// The client's lease expired (or was never granted): nothing was applied. The client
     /// takes a new lease.
     ExpiredLease = 30,
+    /// The peer's credentials were refused (in the membership preamble: the acceptor has no
+    /// cluster secret, or the connector's proof is wrong).
+    AuthenticationFailed = 31,
+    /// The connection is not allowed this operation: a server-to-server opcode on a connection
+    /// that did not authenticate as a cluster member. Nothing was done.
+    PermissionDenied = 32,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 31] = [
+    pub const ALL: [Status; 33] = [
         Status::Ok,
         Status::UnknownTablet,
         Status::TableDoesntExist,
@@ -116,6 +122,8 @@ impl Status {
         Status::InProgress,
         Status::StaleRpc,
         Status::ExpiredLease,
+        Status::AuthenticationFailed,
+        Status::PermissionDenied,
     ];
 
     /// The wire code.
@@ -171,6 +179,8 @@ impl Status {
             Status::InProgress => "still in progress",
             Status::StaleRpc => "stale rpc: its result was acknowledged already",
             Status::ExpiredLease => "client lease expired",
+            Status::AuthenticationFailed => "authentication failed",
+            Status::PermissionDenied => "permission denied",
         }
     }
 }

@@ -14,14 +14,17 @@ use stratus_backup::{
 };
 use stratus_client::{Client, ClientConfig};
 use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig, StandbyGate};
-use stratus_env::Environment;
+use stratus_env::{Environment, OsEntropy};
 use stratus_master::{
     keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
     RecoveryReader, ReplicaManager, ReplicationConfig, ServerList, REPLICATION_TIMEOUT_DEFAULT,
 };
 use stratus_meta::FileMetaStore;
 use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig};
-use stratus_rpc::{serve, Backoff, ChannelPool, RpcConfig};
+use stratus_rpc::{
+    serve_admitting, Admission, Backoff, ChannelPool, ClusterKey, MemberNetwork, Membership,
+    RpcConfig,
+};
 use stratus_store::StoreConfig;
 use stratus_types::limits::SEGMENT_BYTES_MAX;
 use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
@@ -68,6 +71,50 @@ pub struct CoordinatorArguments {
     /// Serve Prometheus metrics (GET /metrics) and the status page (GET /) on this address.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    #[command(flatten)]
+    pub membership: MembershipArguments,
+}
+
+/// How a coordinator or server proves it belongs to its cluster (docs/design/security.md).
+#[derive(Debug, Args)]
+pub struct MembershipArguments {
+    /// File holding the cluster secret (at least 16 bytes; `stratus up --cluster-secret-file`
+    /// writes one). Every coordinator and server of the cluster must be given the same: they
+    /// prove it to each other on every connection, and serve the server-to-server operations
+    /// (replication, recovery, tablet ownership, fencing) only to processes that proved it.
+    /// Without it the process runs in insecure mode: anything that reaches its port can act
+    /// as a server.
+    #[arg(long, env = "STRATUS_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+}
+
+/// The process's environment and what its listener asks of connections: with a cluster secret,
+/// every connection it opens proves the secret and its server opcodes go to proven members
+/// only. Says in one line which mode it runs in.
+fn member_environment(
+    arguments: &MembershipArguments,
+    role: &str,
+    listen: &str,
+) -> Result<(Environment, Admission), String> {
+    let mut environment = Environment::system();
+    let Some(path) = &arguments.cluster_secret_file else {
+        let loopback = ["127.", "localhost:", "[::1]:"].iter().any(|host| listen.starts_with(host));
+        if loopback {
+            tracing::info!("{role} in insecure mode (no --cluster-secret-file), on loopback");
+        } else {
+            tracing::warn!(
+                "{role} in insecure mode: no --cluster-secret-file, so any process that reaches \
+                 {listen} can act as a server of this cluster"
+            );
+        }
+        return Ok((environment, Admission::Open));
+    };
+    let key =
+        ClusterKey::read_file(path).map_err(|error| format!("--cluster-secret-file: {error}"))?;
+    let membership = Membership::new(key, Arc::new(OsEntropy));
+    environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
+    tracing::info!("{role} admits only cluster members to server-to-server operations");
+    Ok((environment, Admission::Members(membership)))
 }
 
 /// `stratus server`.
@@ -172,6 +219,8 @@ pub struct ServerArguments {
     /// CPUs (`stratus up`) should split them: more threads than CPUs only add thread switches.
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    #[command(flatten)]
+    pub membership: MembershipArguments,
 }
 
 /// Opens the server's backup service (off the async runtime: a restart scans the disk).
@@ -276,10 +325,11 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
             "discarded a torn, unacknowledged tail of the metadata log"
         );
     }
-    let environment = Environment::system();
+    let (environment, admission) =
+        member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
     let coordinator = Coordinator::open(Arc::new(store), environment.clone())
         .map_err(|error| error.to_string())?;
-    serve_coordinator(arguments, coordinator, environment, std::future::pending())
+    serve_coordinator(arguments, coordinator, (environment, admission), std::future::pending())
 }
 
 /// How often an active coordinator on etcd checks that it still holds the leadership.
@@ -321,7 +371,8 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         takeover_delay,
         standby_poll_interval: STANDBY_POLL_INTERVAL,
     };
-    let environment = Environment::system();
+    let (environment, admission) =
+        member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
     runtime(None)?.block_on(async move {
         // Listening from the start, for the whole life of the process, is what lets a standby
         // read a refused connection on the active one's address as that process being gone.
@@ -332,7 +383,8 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
         let gate = Arc::new(StandbyGate::new());
-        let serving = tokio::spawn(serve(listener, gate.clone()));
+        let membership = admission.membership();
+        let serving = tokio::spawn(serve_admitting(listener, gate.clone(), admission));
         println!(
             "coordinator on {address} standing by for the leadership in etcd ({})",
             client.endpoints().join(",")
@@ -362,8 +414,14 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         }
         gate.activate(coordinator.clone());
         let lost = exit_once_leadership_lost(leadership.clone(), store);
-        let outcome =
-            serve_active_coordinator(&arguments, coordinator, &address, serving, lost).await;
+        let outcome = serve_active_coordinator(
+            &arguments,
+            coordinator,
+            &address,
+            (serving, membership),
+            lost,
+        )
+        .await;
         if outcome.is_ok() {
             // A clean stop: hand over at once rather than after the lease's TTL. Tasks of
             // this runtime still hold the coordinator (and so the leadership): resigning loses
@@ -468,7 +526,7 @@ const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 fn serve_coordinator(
     arguments: CoordinatorArguments,
     coordinator: Coordinator,
-    environment: Environment,
+    (environment, admission): (Environment, Admission),
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     runtime(None)?.block_on(async move {
@@ -478,7 +536,10 @@ fn serve_coordinator(
             .await
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
-        let serving = tokio::spawn(serve(listener, Arc::new(coordinator.clone())));
+        let coordinator_service = Arc::new(coordinator.clone());
+        let membership = admission.membership();
+        let serving = tokio::spawn(serve_admitting(listener, coordinator_service, admission));
+        let serving = (serving, membership);
         serve_active_coordinator(&arguments, coordinator, &address, serving, stopped).await
     })
 }
@@ -489,14 +550,14 @@ async fn serve_active_coordinator(
     arguments: &CoordinatorArguments,
     coordinator: Coordinator,
     address: &str,
-    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+    (serving, membership): (tokio::task::JoinHandle<std::io::Result<()>>, Option<Arc<Membership>>),
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
     tracing::info!(%address, "coordinator listening");
     println!("coordinator listening on {address}");
     if let Some(metrics_listener) = metrics_listener {
-        metrics::serve_coordinator(metrics_listener, coordinator.clone(), address);
+        metrics::serve_coordinator(metrics_listener, coordinator.clone(), address, membership);
     }
     let background = coordinator.clone();
     tokio::spawn(async move { background.verify_servers_and_redeliver().await });
@@ -551,7 +612,8 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             SEGMENT_BYTES_MAX >> 20
         ));
     }
-    let environment = Environment::system();
+    let (environment, admission) =
+        member_environment(&arguments.membership, "server", &arguments.listen)?;
     let coordinator = coordinator.to_string();
     runtime(arguments.worker_threads)?.block_on(async move {
         let listener = environment
@@ -674,7 +736,14 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         println!("server {server_id} listening on {address}");
         let master = Arc::new(master);
         if let Some(listener) = metrics_listener {
-            metrics::serve_server(listener, server_id, &address, master.clone(), backup.clone());
+            let figures = metrics::ServerFigures {
+                server_id,
+                address: address.clone(),
+                master: master.clone(),
+                backup: backup.clone(),
+                membership: admission.membership(),
+            };
+            metrics::serve_server(listener, figures);
         }
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
         let master: Arc<dyn stratus_rpc::Service> = master;
@@ -710,7 +779,9 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             tokio::spawn(stratus_resp::serve(gateway, resp_listener));
         }
         tokio::select! {
-            result = serve(listener, service) => result.map_err(|error| error.to_string()),
+            result = serve_admitting(listener, service, admission) => {
+                result.map_err(|error| error.to_string())
+            }
             _ = termination(arguments.exit_with_parent) => {
                 tracing::info!("server stopping");
                 // Serve nothing more, then say so: the coordinator records an orderly stop

@@ -104,6 +104,37 @@ pub struct UpArguments {
     /// servers (at least one each), since all of them share this machine.
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    /// The cluster secret every coordinator and server proves to the others (see `stratus
+    /// server --cluster-secret-file`). A file that does not exist is created with 32 random
+    /// bytes, hex-encoded, readable by its owner only. Without it the cluster runs in insecure
+    /// mode, fine on loopback.
+    #[arg(long, env = "STRATUS_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+}
+
+/// The cluster secret file at `path`, created with a fresh random secret if it does not exist;
+/// returns its absolute path (the children run elsewhere).
+fn ensure_cluster_secret(path: &Path) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use stratus_env::Entropy;
+    let shown = path.display();
+    if !path.exists() {
+        let entropy = stratus_env::OsEntropy;
+        let secret: String = (0..4).map(|_| format!("{:016x}", entropy.next_u64())).collect();
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|error| format!("--cluster-secret-file {shown}: {error}"))?;
+        file.write_all(format!("{secret}\n").as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|error| format!("--cluster-secret-file {shown}: {error}"))?;
+        println!("cluster secret: created {shown}");
+    }
+    stratus_rpc::ClusterKey::read_file(path).map_err(|error| error.to_string())?;
+    std::fs::canonicalize(path).map_err(|error| format!("--cluster-secret-file {shown}: {error}"))
 }
 
 /// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
@@ -470,6 +501,23 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     }
     let logs = arguments.dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|error| format!("{}: {error}", logs.display()))?;
+    let membership = match &arguments.cluster_secret_file {
+        Some(path) => {
+            let path = ensure_cluster_secret(path)?;
+            println!(
+                "secure membership: coordinators and servers prove the secret in {}",
+                path.display()
+            );
+            vec!["--cluster-secret-file".to_string(), path.display().to_string()]
+        }
+        None => {
+            println!(
+                "insecure mode: no --cluster-secret-file, so any process that reaches these \
+                 loopback ports can act as a server of this cluster"
+            );
+            Vec::new()
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -509,6 +557,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             "--probe-misses".to_string(),
             arguments.probe_misses.to_string(),
         ];
+        coordinator_arguments.extend(membership.iter().cloned());
         match &etcd {
             Some(etcd) => {
                 coordinator_arguments.extend(["--etcd".to_string(), etcd.client_url().to_string()])
@@ -563,6 +612,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             extra.extend(["--metrics-listen".to_string(), address]);
         }
         extra.extend(["--worker-threads".to_string(), worker_threads.to_string()]);
+        extra.extend(membership.iter().cloned());
         if arguments.prefault_memory {
             extra.push("--prefault-memory".to_string());
         }

@@ -15,6 +15,7 @@ use stratus_master::{Master, Operation};
 use stratus_ops::exposition::CONTENT_TYPE;
 use stratus_ops::http::{HttpLimits, Reply, Routes};
 use stratus_ops::{Exposition, MetricType};
+use stratus_rpc::Membership;
 use stratus_types::ServerId;
 use tokio::net::TcpListener;
 
@@ -38,24 +39,19 @@ fn bound_address(listener: &TcpListener) -> String {
 }
 
 /// What a storage server's scrape reads.
-struct ServerFigures {
-    server_id: ServerId,
-    address: String,
-    master: Arc<Master>,
-    backup: Option<Arc<BackupService>>,
+pub(crate) struct ServerFigures {
+    pub(crate) server_id: ServerId,
+    pub(crate) address: String,
+    pub(crate) master: Arc<Master>,
+    pub(crate) backup: Option<Arc<BackupService>>,
+    /// With a cluster secret: what the server refused to non-members.
+    pub(crate) membership: Option<Arc<Membership>>,
 }
 
 /// Serves a storage server's `GET /metrics` on `listener`.
-pub(crate) fn serve_server(
-    listener: TcpListener,
-    server_id: ServerId,
-    address: &str,
-    master: Arc<Master>,
-    backup: Option<Arc<BackupService>>,
-) {
+pub(crate) fn serve_server(listener: TcpListener, figures: ServerFigures) {
     println!("metrics served at http://{}/metrics", bound_address(&listener));
-    let figures =
-        Arc::new(ServerFigures { server_id, address: address.to_string(), master, backup });
+    let figures = Arc::new(figures);
     let routes = Routes::new().get("/metrics", move || {
         let figures = figures.clone();
         async move { Reply::ok(CONTENT_TYPE, render_server(&figures)) }
@@ -70,6 +66,7 @@ pub(crate) fn serve_coordinator(
     listener: TcpListener,
     coordinator: Coordinator,
     coordinator_address: &str,
+    membership: Option<Arc<Membership>>,
 ) {
     let bound = bound_address(&listener);
     println!("metrics served at http://{bound}/metrics");
@@ -77,8 +74,12 @@ pub(crate) fn serve_coordinator(
     let data = StatusPageData::start(coordinator_address);
     let routes = Routes::new()
         .get("/metrics", move || {
-            let coordinator = coordinator.clone();
-            async move { Reply::ok(CONTENT_TYPE, render_coordinator(&coordinator).await) }
+            let (coordinator, membership) = (coordinator.clone(), membership.clone());
+            async move {
+                let mut text = render_coordinator(&coordinator).await;
+                text.push_str(&render_membership(membership.as_deref()));
+                Reply::ok(CONTENT_TYPE, text)
+            }
         })
         .get("/", || async {
             Reply {
@@ -117,6 +118,30 @@ fn render_server(figures: &ServerFigures) -> String {
         render_backup(backup, &mut out);
     }
     render_process(&mut out);
+    let mut text = out.into_text();
+    text.push_str(&render_membership(figures.membership.as_deref()));
+    text
+}
+
+/// The membership counters of a process that runs with a cluster secret (none without one).
+fn render_membership(membership: Option<&Membership>) -> String {
+    let mut out = Exposition::new();
+    if let Some(membership) = membership {
+        out.family(
+            "stratus_membership_handshakes_refused_total",
+            "Connections that opened the membership preamble and did not prove the cluster \
+             secret (a wrong secret, a replayed or malformed handshake).",
+            MetricType::Counter,
+        )
+        .sample(&[], membership.handshakes_refused());
+        out.family(
+            "stratus_membership_requests_refused_total",
+            "Server-to-server requests refused (PERMISSION_DENIED) on connections that did not \
+             prove the cluster secret.",
+            MetricType::Counter,
+        )
+        .sample(&[], membership.requests_refused());
+    }
     out.into_text()
 }
 

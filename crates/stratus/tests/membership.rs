@@ -1,0 +1,155 @@
+//! Cluster membership with real processes (docs/design/security.md): a coordinator and servers
+//! started with one cluster secret serve clients as before; a server with another secret, or
+//! none, cannot join; and hand-built server-to-server requests from a process without the
+//! secret (fence a master, drop its tablet, recover, read a replica, enlist) are refused while
+//! the cluster keeps every object and goes on taking writes.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{server_arguments, stratus_binary, TestCluster};
+use stratus_env::Environment;
+use stratus_rpc::{ChannelPool, RpcConfig};
+use stratus_types::{HashRange, SegmentId, ServerId};
+use stratus_wire::{Request, ServiceMask, Status};
+
+const KEYS: usize = 200;
+
+fn write_secret(path: &Path, secret: &str) {
+    std::fs::write(path, format!("{secret}\n")).expect("write the secret");
+}
+
+/// Runs a `stratus server` that should fail to join, and returns its exit status and everything
+/// it wrote; kills it if it has not ended within 60 s.
+fn run_rogue_server(
+    cluster: &TestCluster,
+    name: &str,
+    extra: &[&str],
+) -> (std::process::ExitStatus, String) {
+    let directory = cluster.directory.path().join(name);
+    let mut arguments = server_arguments(&cluster.coordinator_address, 0, &directory);
+    arguments.extend(["--enlist-timeout-seconds".to_string(), "2".to_string()]);
+    arguments.extend(extra.iter().map(|argument| argument.to_string()));
+    let output_path = cluster.directory.path().join(format!("{name}.out"));
+    let output = std::fs::File::create(&output_path).expect("output file");
+    let mut child = Command::new(stratus_binary())
+        .args(&arguments)
+        .env("STRATUS_LOG", "warn")
+        .env_remove("STRATUS_CLUSTER_SECRET_FILE")
+        .stdin(Stdio::null())
+        .stdout(output.try_clone().expect("output"))
+        .stderr(output)
+        .spawn()
+        .expect("start the rogue server");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the rogue server {name} did not give up in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status, std::fs::read_to_string(&output_path).unwrap_or_default())
+}
+
+#[test]
+fn only_processes_holding_the_cluster_secret_join_replicate_fence_or_recover() {
+    let secrets = tempfile::tempdir().expect("temporary directory");
+    let secret_file = secrets.path().join("cluster-secret");
+    write_secret(&secret_file, "0123456789abcdef0123456789abcdef");
+    let secret_path = secret_file.display().to_string();
+    let membership = ["--cluster-secret-file", secret_path.as_str()];
+    let cluster = TestCluster::start_with_coordinator(3, 2, &membership, &membership);
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let client = cluster.client();
+    // Clients hold no secret: every client operation works as before.
+    let table = runtime.block_on(client.create_table("accounts", 3)).expect("create table");
+    runtime.block_on(async {
+        for index in 0..KEYS {
+            let key = format!("key-{index}");
+            client.write(table, key.as_bytes(), key.as_bytes()).await.expect("write");
+        }
+    });
+
+    // A server with another secret cannot even connect to the coordinator.
+    let wrong_file = secrets.path().join("wrong-secret");
+    write_secret(&wrong_file, "not the secret of this cluster at all");
+    let wrong = wrong_file.display().to_string();
+    let (status, output) = run_rogue_server(
+        &cluster,
+        "rogue-wrong-secret",
+        &["--cluster-secret-file", wrong.as_str()],
+    );
+    assert!(!status.success(), "{output}");
+    assert!(output.contains("does not hold this cluster's secret"), "{output}");
+    // One without a secret connects as a client and is refused enlistment.
+    let (status, output) = run_rogue_server(&cluster, "rogue-no-secret", &[]);
+    assert!(!status.success(), "{output}");
+    assert!(output.contains("permission denied"), "{output}");
+
+    // Hand-built server-to-server requests from a process without the secret.
+    let servers = runtime.block_on(client.server_list()).expect("server list");
+    assert_eq!(servers.len(), 3, "no rogue joined: {servers:?}");
+    let pool = ChannelPool::new(Environment::system().network, RpcConfig::default());
+    let mut refused = 0;
+    runtime.block_on(async {
+        let enlist = Request::EnlistServer {
+            address: "127.0.0.1:1".to_string(),
+            services: ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP),
+            previous_server_id: ServerId(0),
+        };
+        let (status, _) =
+            pool.call(&cluster.coordinator_address, &enlist).await.expect("an answer");
+        assert_eq!(status, Status::PermissionDenied);
+        refused += 1;
+        for target in &servers {
+            for victim in &servers {
+                let master_id = victim.server_id;
+                let requests = [
+                    Request::BackupFenceMaster { master_id },
+                    Request::BackupReadReplica { master_id, segment_id: SegmentId(1) },
+                    Request::DropTabletOwnership {
+                        master_id,
+                        table_id: table,
+                        range: HashRange::FULL,
+                        assignment_epoch: u64::MAX,
+                    },
+                    Request::RecoverTablets {
+                        master_id,
+                        crashed_master: ServerId(u64::MAX),
+                        tablets: Vec::new(),
+                        segments: Vec::new(),
+                        backups: Vec::new(),
+                        assignment_epoch: u64::MAX,
+                    },
+                ];
+                for request in requests {
+                    let (status, _) =
+                        pool.call(&target.address, &request).await.expect("an answer");
+                    assert_eq!(status, Status::PermissionDenied, "{request:?}");
+                    refused += 1;
+                }
+            }
+        }
+    });
+    assert_eq!(refused, 1 + 3 * 3 * 4);
+
+    // Nothing happened: every object is there, every master still takes writes.
+    runtime.block_on(async {
+        for index in 0..KEYS {
+            let key = format!("key-{index}");
+            let (value, _) = client.read(table, key.as_bytes()).await.expect("read");
+            assert_eq!(value.as_ref(), key.as_bytes());
+            client.write(table, key.as_bytes(), b"after").await.expect("write after");
+        }
+    });
+    let servers_after = runtime.block_on(client.server_list()).expect("server list");
+    assert_eq!(servers_after, servers, "no server was fenced, stopped or added");
+}

@@ -1,0 +1,171 @@
+//! The membership preamble fed arbitrary bytes: its decoders, and a server connection of a
+//! process with a cluster secret. Nothing may panic or hang; whatever decodes re-encodes to the
+//! same bytes; and the server writes a well-formed answer, verdict, hello and response frames,
+//! in that order, and never a welcome after a wrong proof.
+//!
+//! The first input byte steers the stream: with its low bit set and a whole challenge after
+//! it, the target splices in the right proof for that challenge (the server's nonce is
+//! deterministic here: seeded entropy), so the fuzzer also reaches the frames a member sends.
+
+#![no_main]
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use libfuzzer_sys::fuzz_target;
+use stratus_env::{Connection, Entropy, SeededEntropy};
+use stratus_rpc::server::serve_connection_admitting;
+use stratus_rpc::{Admission, ClusterKey, Handled, Membership, Service};
+use stratus_wire::membership::{
+    decode_member_verdict, encode_member_verdict, MemberAnswer, MemberChallenge, ProofSide,
+    MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES, MEMBER_MAGIC, MEMBER_VERDICT_BYTES,
+};
+use stratus_wire::{
+    decode_frame_header, encode_error_response, frame_length, FrameHeader, FrameKind, Hello,
+    Status, HELLO_BYTES,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PIPE_BYTES: usize = 4 << 20;
+const SECRET: &[u8] = b"the fuzzed cluster's secret";
+const NONCE_SEED: u64 = 7;
+
+struct AnswerEverything;
+
+impl Service for AnswerEverything {
+    fn handle(&self, header: &FrameHeader, _body: Bytes, out: &mut BytesMut) -> Handled {
+        encode_error_response(out, header.request_id, header.opcode_code, Status::Retry, "fuzz");
+        Handled::Done
+    }
+}
+
+thread_local! {
+    static RUNTIME: RefCell<tokio::runtime::Runtime> = RefCell::new(
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime"),
+    );
+}
+
+fuzz_target!(|data: &[u8]| {
+    check_decoders(data);
+    let input = steer(data);
+    let output = RUNTIME.with(|runtime| runtime.borrow().block_on(exchange(input)));
+    check_output(&output);
+});
+
+fn check_decoders(data: &[u8]) {
+    if let Some(bytes) = data.get(..MEMBER_CHALLENGE_BYTES) {
+        let bytes: &[u8; MEMBER_CHALLENGE_BYTES] = bytes.try_into().expect("length");
+        if let Ok(challenge) = MemberChallenge::decode(bytes) {
+            assert_eq!(&challenge.encode(), bytes);
+        }
+    }
+    if let Some(bytes) = data.get(..MEMBER_ANSWER_BYTES) {
+        let bytes: &[u8; MEMBER_ANSWER_BYTES] = bytes.try_into().expect("length");
+        if let Ok(answer) = MemberAnswer::decode(bytes) {
+            assert_eq!(&answer.encode(), bytes);
+        }
+    }
+    if let Some(bytes) = data.get(..MEMBER_VERDICT_BYTES) {
+        let bytes: &[u8; MEMBER_VERDICT_BYTES] = bytes.try_into().expect("length");
+        if let Ok(status) = decode_member_verdict(bytes) {
+            assert_eq!(&encode_member_verdict(status), bytes);
+        }
+    }
+}
+
+fn key() -> ClusterKey {
+    ClusterKey::from_secret(SECRET).expect("a long enough secret")
+}
+
+/// The stream to send: the input after its first byte, with the right proof spliced in after
+/// the challenge when the first byte asks for it.
+fn steer(data: &[u8]) -> Vec<u8> {
+    let Some((&steering, rest)) = data.split_first() else { return Vec::new() };
+    let challenge = rest.get(..MEMBER_CHALLENGE_BYTES);
+    match challenge {
+        Some(challenge) if steering & 1 == 1 && challenge[..4] == MEMBER_MAGIC => {
+            let mut client_nonce = [0u8; 32];
+            client_nonce.copy_from_slice(&challenge[8..]);
+            // The server's first nonce: four draws of its seeded entropy, as Membership does.
+            let entropy = SeededEntropy::new(NONCE_SEED);
+            let mut server_nonce = [0u8; 32];
+            for chunk in server_nonce.chunks_exact_mut(8) {
+                chunk.copy_from_slice(&entropy.next_u64().to_le_bytes());
+            }
+            let proof = key().prove(ProofSide::Connector, &client_nonce, &server_nonce);
+            let mut stream = challenge.to_vec();
+            stream.extend_from_slice(&proof);
+            stream.extend_from_slice(&rest[MEMBER_CHALLENGE_BYTES..]);
+            stream
+        }
+        _ => rest.to_vec(),
+    }
+}
+
+async fn exchange(input: Vec<u8>) -> Vec<u8> {
+    let (client, server) = tokio::io::duplex(PIPE_BYTES);
+    let (server_reader, server_writer) = tokio::io::split(server);
+    let connection = Connection {
+        reader: Box::new(server_reader),
+        writer: Box::new(server_writer),
+        peer_address: "fuzz".to_string(),
+    };
+    let membership = Membership::with_refused_proof_delay(
+        key(),
+        Arc::new(SeededEntropy::new(NONCE_SEED)),
+        Duration::ZERO,
+    );
+    let server = tokio::spawn(async move {
+        let admission = Admission::Members(membership);
+        serve_connection_admitting(connection, Arc::new(AnswerEverything), &admission).await
+    });
+    let (mut client_reader, mut client_writer) = tokio::io::split(client);
+    let reader = tokio::spawn(async move {
+        let mut output = Vec::new();
+        let _ = client_reader.read_to_end(&mut output).await;
+        output
+    });
+    let _ = client_writer.write_all(&input).await;
+    let _ = client_writer.shutdown().await;
+    server.await.expect("serve_connection_admitting panicked");
+    drop(client_writer);
+    reader.await.expect("reader task")
+}
+
+fn check_output(output: &[u8]) {
+    let mut rest = output;
+    if rest.starts_with(&MEMBER_MAGIC) {
+        let answer: &[u8; MEMBER_ANSWER_BYTES] =
+            rest.get(..MEMBER_ANSWER_BYTES).and_then(|b| b.try_into().ok()).expect("whole answer");
+        let answer = MemberAnswer::decode(answer).expect("the server's answer decodes");
+        rest = &rest[MEMBER_ANSWER_BYTES..];
+        if answer.status != Status::Ok || rest.is_empty() {
+            assert!(rest.is_empty(), "bytes after a refusal or before a proof");
+            return;
+        }
+        let verdict: &[u8; MEMBER_VERDICT_BYTES] =
+            rest.get(..MEMBER_VERDICT_BYTES).and_then(|b| b.try_into().ok()).expect("verdict");
+        let verdict = decode_member_verdict(verdict).expect("the server's verdict decodes");
+        rest = &rest[MEMBER_VERDICT_BYTES..];
+        if verdict != Status::Ok {
+            assert!(rest.is_empty(), "a welcome after a wrong proof");
+            return;
+        }
+    }
+    if rest.is_empty() {
+        return;
+    }
+    let hello: &[u8; HELLO_BYTES] =
+        rest.get(..HELLO_BYTES).and_then(|bytes| bytes.try_into().ok()).expect("whole hello");
+    Hello::decode(hello).expect("the server's hello decodes");
+    rest = &rest[HELLO_BYTES..];
+    while !rest.is_empty() {
+        let length = frame_length(rest).expect("valid length").expect("a whole length field");
+        let frame = rest.get(..length).expect("the server writes whole frames");
+        let header = decode_frame_header(frame).expect("the server's frame header decodes");
+        assert_eq!(header.kind, FrameKind::Response);
+        rest = &rest[length..];
+    }
+}

@@ -75,8 +75,10 @@ fn check_decoders(data: &[u8]) {
     }
 }
 
+/// Derived once: the derivation is deliberately slow.
 fn key() -> ClusterKey {
-    ClusterKey::from_secret(SECRET).expect("a long enough secret")
+    static KEY: std::sync::OnceLock<ClusterKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| ClusterKey::from_secret(SECRET).expect("a long enough secret")).clone()
 }
 
 /// The stream to send: the input after its first byte, with the right proof spliced in after

@@ -7,6 +7,11 @@
 //! connection is closed), a connection's whole lifetime, the time a handler may take (503), and
 //! the size of a response (500). Requests carry no body here: one that announces one gets 413.
 //! Only GET (and HEAD) are served; an unknown path gets 404, another method 405.
+//!
+//! Routes may require a token ([`Routes::require_token`]): a request without it is answered 401
+//! before any handler runs. Prometheus sends it as `Authorization: Bearer TOKEN`; a browser
+//! opening the status page is asked for it (HTTP Basic, any user name, the token as password)
+//! and sends it again with the page's own requests.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -91,15 +96,20 @@ pub type ReplyFuture = Pin<Box<dyn Future<Output = Reply> + Send>>;
 /// A request handler: called once per request (GET has no body and no parameter here).
 pub type Handler = Arc<dyn Fn() -> ReplyFuture + Send + Sync>;
 
-/// The paths a server answers, each with its handler.
+/// The paths a server answers, each with its handler, and the token they require, if any.
 #[derive(Default)]
 pub struct Routes {
     entries: Vec<(&'static str, Handler)>,
+    token: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for Routes {
+    /// The paths, and whether a token is required (never the token).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.entries.iter().map(|(path, _)| path)).finish()
+        f.debug_struct("Routes")
+            .field("paths", &self.entries.iter().map(|(path, _)| path).collect::<Vec<_>>())
+            .field("token_required", &self.token.is_some())
+            .finish()
     }
 }
 
@@ -119,6 +129,54 @@ impl Routes {
         self.entries.push((path, handler));
         self
     }
+
+    /// Every path (and an unknown one) answers 401 unless the request carries `token`, as
+    /// `Authorization: Bearer TOKEN` or as the password of `Authorization: Basic`.
+    pub fn require_token(mut self, token: &str) -> Routes {
+        self.token = Some(Arc::from(token.as_bytes()));
+        self
+    }
+}
+
+/// True if `request` carries `token` (compared in constant time).
+fn carries_token(request: &Request, token: &[u8]) -> bool {
+    use base64::Engine;
+    let Some(value) = request.headers().get(header::AUTHORIZATION) else { return false };
+    let value = value.as_bytes();
+    if let Some(bearer) = value.strip_prefix(b"Bearer ") {
+        return constant_time_equal(bearer.trim_ascii(), token);
+    }
+    if let Some(basic) = value.strip_prefix(b"Basic ") {
+        let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(basic.trim_ascii())
+        else {
+            return false;
+        };
+        // "user:password"; the user name is not checked.
+        let Some(colon) = decoded.iter().position(|&byte| byte == b':') else { return false };
+        return constant_time_equal(&decoded[colon + 1..], token);
+    }
+    false
+}
+
+/// Equality whose time depends on the lengths only, not on where the bytes differ.
+fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
+    if left.len() != right.len() {
+        return false;
+    }
+    left.iter().zip(right).fold(0u8, |difference, (a, b)| difference | (a ^ b)) == 0
+}
+
+/// Answers 401 (asking a browser for the token) unless the request carries it.
+async fn require_token(token: Arc<[u8]>, request: Request, next: Next) -> Response {
+    if carries_token(&request, &token) {
+        return next.run(request).await;
+    }
+    let mut response = into_response(Reply::error(401, "this endpoint needs its access token"));
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"stratus\", charset=\"UTF-8\""),
+    );
+    response
 }
 
 /// Binds `address` for [`serve`].
@@ -202,6 +260,7 @@ async fn refuse(mut stream: tokio::net::TcpStream) -> std::io::Result<()> {
 }
 
 fn router(routes: Routes, limits: &HttpLimits) -> Router {
+    let token = routes.token.clone();
     let mut router = Router::new();
     for (path, handler) in routes.entries {
         let (timeout, bytes_max) = (limits.handler_timeout, limits.response_bytes_max);
@@ -213,9 +272,13 @@ fn router(routes: Routes, limits: &HttpLimits) -> Router {
             }),
         );
     }
-    router
-        .fallback(|| async { into_response(Reply::error(404, "not found")) })
-        .layer(axum::middleware::from_fn(refuse_bodies))
+    let mut router = router.fallback(|| async { into_response(Reply::error(404, "not found")) });
+    if let Some(token) = token {
+        router = router.layer(axum::middleware::from_fn(move |request: Request, next: Next| {
+            require_token(token.clone(), request, next)
+        }));
+    }
+    router.layer(axum::middleware::from_fn(refuse_bodies))
 }
 
 async fn answer(path: &str, handler: &Handler, timeout: Duration, bytes_max: usize) -> Response {
@@ -308,6 +371,49 @@ mod tests {
             response_bytes_max: 1024,
             ..HttpLimits::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_token_is_required_when_set_as_bearer_or_basic_password() {
+        let token = "a-metrics-token-0123456789";
+        let routes = Routes::new()
+            .get("/metrics", || async { Reply::ok(crate::exposition::CONTENT_TYPE, "up 1\n") })
+            .require_token(token);
+        assert!(!format!("{routes:?}").contains(token));
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        tokio::spawn(serve(listener, routes, small_limits()));
+        let get = |authorization: &str, path: &str| {
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\n{authorization}connection: close\r\n\r\n")
+        };
+        let response = exchange(&address, get("", "/metrics").as_bytes()).await;
+        assert_eq!(status_of(&response), "401", "{response}");
+        assert!(response.to_ascii_lowercase().contains("www-authenticate: basic realm="));
+        assert!(!response.contains("up 1"));
+        // An unknown path does not tell that it is unknown.
+        let response = exchange(&address, get("", "/nothing").as_bytes()).await;
+        assert_eq!(status_of(&response), "401", "{response}");
+        for wrong in [
+            "authorization: Bearer a-metrics-token-012345678\r\n".to_string(),
+            "authorization: Bearer \r\n".to_string(),
+            "authorization: Basic !!!\r\n".to_string(),
+            "authorization: Basic dXNlcjp3cm9uZw==\r\n".to_string(),
+            format!("authorization: Token {token}\r\n"),
+        ] {
+            let response = exchange(&address, get(&wrong, "/metrics").as_bytes()).await;
+            assert_eq!(status_of(&response), "401", "{wrong}: {response}");
+        }
+        let bearer = format!("authorization: Bearer {token}\r\n");
+        let response = exchange(&address, get(&bearer, "/metrics").as_bytes()).await;
+        assert_eq!(status_of(&response), "200", "{response}");
+        assert!(response.ends_with("up 1\n"));
+        // "anyone:a-metrics-token-0123456789", as a browser sends it.
+        use base64::Engine;
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(format!("anyone:{token}").as_bytes());
+        let basic = format!("authorization: Basic {encoded}\r\n");
+        let response = exchange(&address, get(&basic, "/metrics").as_bytes()).await;
+        assert_eq!(status_of(&response), "200", "{response}");
     }
 
     #[tokio::test]

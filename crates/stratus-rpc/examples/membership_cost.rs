@@ -4,7 +4,8 @@
 //! without a secret (the per-request access check). The configurations are interleaved, round
 //! after round, and each round's medians are printed, so the spread is visible.
 //!
-//! `cargo run --release -p stratus-rpc --example membership_cost [rounds]`
+//! `cargo run --release -p stratus-rpc --example membership_cost [rounds]` (also prints what
+//! deriving the cluster key costs, once per process start).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,6 +75,12 @@ async fn ping_median(address: &str) -> f64 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|text| text.parse().ok()).unwrap_or(5);
+    let started = Instant::now();
+    let _ = ClusterKey::from_secret(b"a secret to time the key derivation with").expect("key");
+    println!(
+        "key derivation (Argon2id, once per process): {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
     let open = start(Admission::Open).await;
     let secure = start(Admission::Members(membership())).await;
     let member_network = MemberNetwork::new(Arc::new(TcpNetwork), membership());

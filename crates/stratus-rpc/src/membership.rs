@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use stratus_env::{BoxFuture, BoxReader, BoxWriter, Connection, Entropy, Listener, Network};
 use stratus_wire::membership::{
     decode_member_verdict, encode_member_verdict, proof_transcript, MemberAnswer, MemberChallenge,
@@ -46,10 +46,24 @@ pub const REFUSED_PROOF_DELAY: Duration = Duration::from_secs(1);
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The MAC key of a cluster: SHA-256 of a fixed label and the secret, so the secret itself is
-/// never used as a key and never kept in memory after start.
+/// The MAC key of a cluster: Argon2id of the secret (with a fixed, public salt: every member
+/// must derive the same key), so the secret itself is never a key and is not kept after
+/// start. An acceptor sends its proof for a nonce of the connector's choosing to anyone who
+/// asks, so anyone can try guesses at the secret offline against it: the slow, memory-hard
+/// derivation makes each guess cost what a login attempt's does (KDF parameters below), which
+/// matters for a secret a person chose; a generated one (`stratus up`) is out of reach anyway.
 #[derive(Clone)]
 pub struct ClusterKey([u8; 32]);
+
+/// Argon2id's parameters for the cluster key: OWASP's minimum for password storage (19 MiB,
+/// two passes, one lane). About 50 ms once per process start on this project's machines.
+const KEY_MEMORY_KIB: u32 = 19 * 1024;
+const KEY_PASSES: u32 = 2;
+const KEY_LANES: u32 = 1;
+
+/// The salt of the derivation: public and fixed (a per-cluster salt would have to be
+/// distributed with the secret, and buys nothing when the secret is one per cluster).
+const KEY_SALT: &[u8] = b"stratus cluster key v1";
 
 impl fmt::Debug for ClusterKey {
     /// Never shows the key: a Debug print may reach a log.
@@ -92,22 +106,43 @@ impl ClusterKey {
         if secret.len() < CLUSTER_SECRET_BYTES_MIN {
             return Err(SecretError::TooShort { bytes: secret.len() });
         }
-        let mut digest = Sha256::new();
-        digest.update(b"stratus cluster key v1\0");
-        digest.update(secret);
-        Ok(ClusterKey(digest.finalize().into()))
+        let params = argon2::Params::new(KEY_MEMORY_KIB, KEY_PASSES, KEY_LANES, Some(32))
+            .expect("valid Argon2 parameters");
+        let argon2 =
+            argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        let mut key = [0u8; 32];
+        argon2
+            .hash_password_into(secret, KEY_SALT, &mut key)
+            .map_err(|error| SecretError::Unreadable(format!("key derivation: {error}")))?;
+        Ok(ClusterKey(key))
     }
 
-    /// The key for the secret held in the file at `path`.
+    /// The key for the secret held in the file at `path` (read up to
+    /// [`CLUSTER_SECRET_BYTES_MAX`] + 1 bytes, so a device or a huge file is refused, not
+    /// read whole). Warns if others than its owner may read the file.
     pub fn read_file(path: &Path) -> Result<ClusterKey, SecretError> {
-        let bytes = std::fs::read(path)
-            .map_err(|error| SecretError::Unreadable(format!("{}: {error}", path.display())))?;
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        let unreadable = |error: &dyn fmt::Display| {
+            SecretError::Unreadable(format!("{}: {error}", path.display()))
+        };
+        let file = std::fs::File::open(path).map_err(|error| unreadable(&error))?;
+        let metadata = file.metadata().map_err(|error| unreadable(&error))?;
+        if !metadata.is_file() {
+            return Err(unreadable(&"not a regular file"));
+        }
+        if metadata.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                "the cluster secret file may be read by others than its owner (chmod 600 it)"
+            );
+        }
+        let mut bytes = Vec::new();
+        file.take(CLUSTER_SECRET_BYTES_MAX as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|error| unreadable(&error))?;
         if bytes.len() > CLUSTER_SECRET_BYTES_MAX {
-            return Err(SecretError::Unreadable(format!(
-                "{}: {} bytes, more than {CLUSTER_SECRET_BYTES_MAX}",
-                path.display(),
-                bytes.len()
-            )));
+            return Err(unreadable(&format!("more than {CLUSTER_SECRET_BYTES_MAX} bytes")));
         }
         ClusterKey::from_secret(&bytes)
     }
@@ -413,6 +448,25 @@ mod tests {
         let bare = ClusterKey::from_secret(b"0123456789abcdef").expect("16 bytes");
         assert_eq!(padded.0, bare.0);
         assert_eq!(format!("{padded:?}"), "ClusterKey(<redacted>)");
+    }
+
+    #[test]
+    fn a_secret_file_is_read_bounded_and_only_if_it_is_a_regular_file() {
+        let directory = std::env::temp_dir().join(format!("stratus-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).expect("directory");
+        let huge = directory.join("huge");
+        std::fs::write(&huge, vec![b'x'; CLUSTER_SECRET_BYTES_MAX + 1]).expect("write");
+        assert!(matches!(ClusterKey::read_file(&huge), Err(SecretError::Unreadable(_))));
+        let good = directory.join("good");
+        std::fs::write(&good, "0123456789abcdef0123\n").expect("write");
+        let from_file = ClusterKey::read_file(&good).expect("a good secret");
+        assert_eq!(from_file.0, ClusterKey::from_secret(b"0123456789abcdef0123").expect("key").0);
+        assert!(matches!(
+            ClusterKey::read_file(Path::new("/dev/zero")),
+            Err(SecretError::Unreadable(_))
+        ));
+        assert!(matches!(ClusterKey::read_file(&directory), Err(SecretError::Unreadable(_))));
+        std::fs::remove_dir_all(&directory).expect("clean up");
     }
 
     #[test]

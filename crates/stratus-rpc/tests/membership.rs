@@ -105,6 +105,25 @@ async fn members_reach_every_opcode_and_other_connections_only_client_ones() {
         assert_eq!(opcode.access(), Access::Member, "{opcode:?}");
     }
     assert!(member_only >= 20, "only {member_only} member-only opcodes");
+    // What the client library, the CLI, the RESP gateway and the Python client send must stay
+    // open to connections without the secret (TX_REQUEST_ABORT: a client whose PREPARE answers
+    // were lost asks for final votes).
+    for opcode in [
+        Opcode::Read,
+        Opcode::Write,
+        Opcode::MultiWrite,
+        Opcode::Enumerate,
+        Opcode::CreateTable,
+        Opcode::GetTabletMap,
+        Opcode::ClientLease,
+        Opcode::TxPrepare,
+        Opcode::TxDecision,
+        Opcode::TxRequestAbort,
+        Opcode::GetServerStatistics,
+        Opcode::BackupGetStatistics,
+    ] {
+        assert_eq!(opcode.access(), Access::Client, "{opcode:?}");
+    }
     assert_eq!(server_membership.requests_refused(), member_only);
     let reached = service.handled.load(Ordering::Relaxed);
     assert_eq!(reached, 2 * Opcode::ALL.len() as u64 - member_only);

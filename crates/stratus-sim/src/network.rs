@@ -103,8 +103,12 @@ const SIMULATED_CLUSTER_SECRET: &[u8] = b"the simulated cluster's secret";
 pub fn member_environment(seed: u64, node: &str, incarnation: u64) -> (Environment, Admission) {
     let mut environment = node_environment(seed, node, incarnation);
     let nonces = Arc::new(SeededEntropy::new(environment.entropy.next_u64()));
-    let key = ClusterKey::from_secret(SIMULATED_CLUSTER_SECRET).expect("a long enough secret");
-    let membership = Membership::new(key, nonces);
+    // Derived once per process: the derivation is deliberately slow, and nodes start often.
+    static KEY: std::sync::OnceLock<ClusterKey> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        ClusterKey::from_secret(SIMULATED_CLUSTER_SECRET).expect("a long enough secret")
+    });
+    let membership = Membership::new(key.clone(), nonces);
     environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
     (environment, Admission::Members(membership))
 }

@@ -219,6 +219,9 @@ impl Opcode {
             | Opcode::GetServerStatistics
             | Opcode::TxPrepare
             | Opcode::TxDecision
+            // A client whose PREPARE answers were lost asks the participants for final votes;
+            // it can already abort its own transaction with TX_DECISION, so this grants nothing.
+            | Opcode::TxRequestAbort
             | Opcode::BackupGetStatistics => Access::Client,
             // What only the coordinator and the servers send each other: each one can change
             // who owns data, forge or fence a log, or read a master's replicas.
@@ -235,7 +238,6 @@ impl Opcode {
             | Opcode::ReceiveMigrationData
             | Opcode::ReplicasNeeded
             | Opcode::AbandonMigration
-            | Opcode::TxRequestAbort
             | Opcode::BackupWrite
             | Opcode::BackupFree
             | Opcode::BackupListReplicas

@@ -71,6 +71,11 @@ pub struct CoordinatorArguments {
     /// Serve Prometheus metrics (GET /metrics) and the status page (GET /) on this address.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// File holding a token (at least 16 bytes) that every metrics and status-page request
+    /// must carry: `Authorization: Bearer TOKEN`, or as the password a browser asks for. A
+    /// process with a cluster secret serves metrics on a non-loopback address only with one.
+    #[arg(long, env = "STRATUS_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub membership: MembershipArguments,
 }
@@ -98,8 +103,7 @@ fn member_environment(
 ) -> Result<(Environment, Admission), String> {
     let mut environment = Environment::system();
     let Some(path) = &arguments.cluster_secret_file else {
-        let loopback = ["127.", "localhost:", "[::1]:"].iter().any(|host| listen.starts_with(host));
-        if loopback {
+        if is_loopback(listen) {
             tracing::info!("{role} in insecure mode (no --cluster-secret-file), on loopback");
         } else {
             tracing::warn!(
@@ -115,6 +119,43 @@ fn member_environment(
     environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
     tracing::info!("{role} admits only cluster members to server-to-server operations");
     Ok((environment, Admission::Members(membership)))
+}
+
+/// True if `address` ("host:port") is on the loopback interface.
+fn is_loopback(address: &str) -> bool {
+    ["127.", "localhost:", "[::1]:"].iter().any(|host| address.starts_with(host))
+}
+
+/// The token metrics requests must carry, if any. A process with a cluster secret refuses to
+/// serve metrics (and the status page) beyond loopback without one: they describe the whole
+/// cluster, and the status page's data names every server.
+fn metrics_token(
+    metrics_listen: Option<&str>,
+    token_file: Option<&std::path::Path>,
+    secure: bool,
+) -> Result<Option<String>, String> {
+    let Some(path) = token_file else {
+        return match metrics_listen {
+            Some(listen) if secure && !is_loopback(listen) => Err(format!(
+                "--metrics-listen {listen} is not a loopback address: a process with a cluster \
+                 secret serves metrics beyond loopback only with --metrics-token-file"
+            )),
+            _ => Ok(None),
+        };
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("--metrics-token-file {}: {error}", path.display()))?;
+    let token = text.trim();
+    if token.len() < stratus_rpc::membership::CLUSTER_SECRET_BYTES_MIN
+        || token.bytes().any(|byte| !byte.is_ascii_graphic())
+    {
+        return Err(format!(
+            "--metrics-token-file {}: the token must be at least {} printable ASCII characters",
+            path.display(),
+            stratus_rpc::membership::CLUSTER_SECRET_BYTES_MIN
+        ));
+    }
+    Ok(Some(token.to_string()))
 }
 
 /// `stratus server`.
@@ -200,6 +241,10 @@ pub struct ServerArguments {
     /// Serve Prometheus metrics (GET /metrics) on this address.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// File holding a token every metrics request must carry (see `stratus coordinator
+    /// --metrics-token-file`).
+    #[arg(long, env = "STRATUS_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// Milliseconds between two pings of a random other server (failure detection: one that
     /// does not answer is reported to the coordinator, which checks it). 0 pings no peer.
     #[arg(long, default_value_t = PeerProbeConfig::default().probe_interval.as_millis() as u64)]
@@ -553,11 +598,17 @@ async fn serve_active_coordinator(
     (serving, membership): (tokio::task::JoinHandle<std::io::Result<()>>, Option<Arc<Membership>>),
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
+    let token = metrics_token(
+        arguments.metrics_listen.as_deref(),
+        arguments.metrics_token_file.as_deref(),
+        membership.is_some(),
+    )?;
     let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
     tracing::info!(%address, "coordinator listening");
     println!("coordinator listening on {address}");
     if let Some(metrics_listener) = metrics_listener {
-        metrics::serve_coordinator(metrics_listener, coordinator.clone(), address, membership);
+        let access = metrics::MetricsAccess { membership, token };
+        metrics::serve_coordinator(metrics_listener, coordinator.clone(), address, access);
     }
     let background = coordinator.clone();
     tokio::spawn(async move { background.verify_servers_and_redeliver().await });
@@ -621,6 +672,11 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             .bind(&arguments.listen)
             .await
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
+        let metrics_token = metrics_token(
+            arguments.metrics_listen.as_deref(),
+            arguments.metrics_token_file.as_deref(),
+            admission.membership().is_some(),
+        )?;
         let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
         let resp_listener = match &arguments.resp_listen {
             Some(resp_listen) => Some(
@@ -741,9 +797,10 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
                 address: address.clone(),
                 master: master.clone(),
                 backup: backup.clone(),
-                membership: admission.membership(),
             };
-            metrics::serve_server(listener, figures);
+            let access =
+                metrics::MetricsAccess { membership: admission.membership(), token: metrics_token };
+            metrics::serve_server(listener, figures, access);
         }
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
         let master: Arc<dyn stratus_rpc::Service> = master;

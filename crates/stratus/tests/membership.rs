@@ -19,11 +19,13 @@ use stratus_wire::{Request, ServiceMask, Status};
 const KEYS: usize = 200;
 
 fn write_secret(path: &Path, secret: &str) {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, format!("{secret}\n")).expect("write the secret");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
 
 /// Runs a `stratus server` that should fail to join, and returns its exit status and everything
-/// it wrote; kills it if it has not ended within 60 s.
+/// it wrote.
 fn run_rogue_server(
     cluster: &TestCluster,
     name: &str,
@@ -33,17 +35,23 @@ fn run_rogue_server(
     let mut arguments = server_arguments(&cluster.coordinator_address, 0, &directory);
     arguments.extend(["--enlist-timeout-seconds".to_string(), "2".to_string()]);
     arguments.extend(extra.iter().map(|argument| argument.to_string()));
-    let output_path = cluster.directory.path().join(format!("{name}.out"));
-    let output = std::fs::File::create(&output_path).expect("output file");
+    run_to_exit(&arguments, &cluster.directory.path().join(format!("{name}.out")))
+}
+
+/// Runs `stratus ARGUMENTS` (expected to end by itself) and returns its exit status and
+/// everything it wrote (kept in `output_path`); kills it if it has not ended within 60 s.
+fn run_to_exit(arguments: &[String], output_path: &Path) -> (std::process::ExitStatus, String) {
+    let output = std::fs::File::create(output_path).expect("output file");
     let mut child = Command::new(stratus_binary())
-        .args(&arguments)
+        .args(arguments)
         .env("STRATUS_LOG", "warn")
         .env_remove("STRATUS_CLUSTER_SECRET_FILE")
+        .env_remove("STRATUS_METRICS_TOKEN_FILE")
         .stdin(Stdio::null())
         .stdout(output.try_clone().expect("output"))
         .stderr(output)
         .spawn()
-        .expect("start the rogue server");
+        .expect("start stratus");
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {
@@ -51,11 +59,76 @@ fn run_rogue_server(
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("the rogue server {name} did not give up in 60 s");
+            panic!("`stratus {arguments:?}` did not end in 60 s");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    (status, std::fs::read_to_string(&output_path).unwrap_or_default())
+    (status, std::fs::read_to_string(output_path).unwrap_or_default())
+}
+
+/// `GET path` on `address` with `authorization` (a whole header line, or empty); returns the
+/// status code and the body.
+fn http_get(address: &str, path: &str, authorization: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to metrics");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let request =
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\n{authorization}connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body).to_string();
+    (status, body)
+}
+
+#[test]
+fn a_secure_coordinator_serves_metrics_beyond_loopback_only_with_a_token() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let secret = directory.path().join("cluster-secret");
+    write_secret(&secret, "0123456789abcdef0123456789abcdef");
+    let base = |name: &str| -> Vec<String> {
+        [
+            "coordinator",
+            "--listen",
+            "127.0.0.1:0",
+            "--dir",
+            &directory.path().join(name).display().to_string(),
+            "--cluster-secret-file",
+            &secret.display().to_string(),
+            "--metrics-listen",
+            "0.0.0.0:0",
+        ]
+        .iter()
+        .map(|argument| argument.to_string())
+        .collect()
+    };
+    let (status, output) = run_to_exit(&base("refused"), &directory.path().join("refused.out"));
+    assert!(!status.success(), "{output}");
+    assert!(output.contains("--metrics-token-file"), "{output}");
+
+    let token_file = directory.path().join("metrics-token");
+    let token = "metrics-token-fedcba9876543210";
+    write_secret(&token_file, token);
+    let mut arguments = base("served");
+    arguments.extend(["--metrics-token-file".to_string(), token_file.display().to_string()]);
+    let coordinator = common::Process::start(&arguments);
+    let line = coordinator.wait_for_line("metrics served at http://", Duration::from_secs(30));
+    let port = line.rsplit(':').next().and_then(|tail| tail.split('/').next()).expect("a port");
+    let address = format!("127.0.0.1:{port}");
+    for path in ["/metrics", "/", "/api/cluster"] {
+        let (status, body) = http_get(&address, path, "");
+        assert_eq!(status, 401, "{path}: {body}");
+        let (status, _) = http_get(&address, path, "authorization: Bearer wrong-token-000000\r\n");
+        assert_eq!(status, 401, "{path} with a wrong token");
+    }
+    let bearer = format!("authorization: Bearer {token}\r\n");
+    let (status, body) = http_get(&address, "/metrics", &bearer);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("stratus_membership_handshakes_refused_total 0"), "{body}");
+    assert!(!body.contains(token) && !body.contains("0123456789abcdef"), "a secret in metrics");
+    let (status, _) = http_get(&address, "/", &bearer);
+    assert_eq!(status, 200);
 }
 
 #[test]

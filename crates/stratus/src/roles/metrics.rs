@@ -44,18 +44,38 @@ pub(crate) struct ServerFigures {
     pub(crate) address: String,
     pub(crate) master: Arc<Master>,
     pub(crate) backup: Option<Arc<BackupService>>,
-    /// With a cluster secret: what the server refused to non-members.
+}
+
+/// Who may read a role's endpoints, and what its membership refused.
+pub(crate) struct MetricsAccess {
+    /// With a cluster secret: what the process refused to non-members.
     pub(crate) membership: Option<Arc<Membership>>,
+    /// The token every request must carry, if one was given.
+    pub(crate) token: Option<String>,
+}
+
+impl MetricsAccess {
+    fn protect(&self, routes: Routes) -> Routes {
+        match &self.token {
+            Some(token) => routes.require_token(token),
+            None => routes,
+        }
+    }
 }
 
 /// Serves a storage server's `GET /metrics` on `listener`.
-pub(crate) fn serve_server(listener: TcpListener, figures: ServerFigures) {
+pub(crate) fn serve_server(listener: TcpListener, figures: ServerFigures, access: MetricsAccess) {
     println!("metrics served at http://{}/metrics", bound_address(&listener));
     let figures = Arc::new(figures);
-    let routes = Routes::new().get("/metrics", move || {
-        let figures = figures.clone();
-        async move { Reply::ok(CONTENT_TYPE, render_server(&figures)) }
-    });
+    let membership = access.membership.clone();
+    let routes = access.protect(Routes::new().get("/metrics", move || {
+        let (figures, membership) = (figures.clone(), membership.clone());
+        async move {
+            let mut text = render_server(&figures);
+            text.push_str(&render_membership(membership.as_deref()));
+            Reply::ok(CONTENT_TYPE, text)
+        }
+    }));
     tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default()));
 }
 
@@ -66,8 +86,9 @@ pub(crate) fn serve_coordinator(
     listener: TcpListener,
     coordinator: Coordinator,
     coordinator_address: &str,
-    membership: Option<Arc<Membership>>,
+    access: MetricsAccess,
 ) {
+    let membership = access.membership.clone();
     let bound = bound_address(&listener);
     println!("metrics served at http://{bound}/metrics");
     println!("status page served at http://{bound}/");
@@ -94,6 +115,7 @@ pub(crate) fn serve_coordinator(
             let reply = data.reply();
             async move { reply }
         });
+    let routes = access.protect(routes);
     tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default()));
 }
 
@@ -118,9 +140,7 @@ fn render_server(figures: &ServerFigures) -> String {
         render_backup(backup, &mut out);
     }
     render_process(&mut out);
-    let mut text = out.into_text();
-    text.push_str(&render_membership(figures.membership.as_deref()));
-    text
+    out.into_text()
 }
 
 /// The membership counters of a process that runs with a cluster secret (none without one).

@@ -19,7 +19,8 @@ use stratus_env::{Connection, Entropy, SeededEntropy};
 use stratus_rpc::server::serve_connection_admitting;
 use stratus_rpc::{Admission, ClusterKey, Handled, Membership, Service};
 use stratus_wire::membership::{
-    decode_member_verdict, encode_member_verdict, MemberAnswer, MemberChallenge, ProofSide,
+    decode_member_verdict, encode_member_verdict, MemberAnswer, MemberChallenge, PeerRole,
+    ProofSide,
     MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES, MEMBER_MAGIC, MEMBER_VERDICT_BYTES,
 };
 use stratus_wire::{
@@ -30,6 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PIPE_BYTES: usize = 4 << 20;
 const SECRET: &[u8] = b"the fuzzed cluster's secret";
+const PASSWORD: &[u8] = b"the fuzzed cluster's client password";
 const NONCE_SEED: u64 = 7;
 
 struct AnswerEverything;
@@ -75,6 +77,12 @@ fn check_decoders(data: &[u8]) {
     }
 }
 
+/// The client password's key, derived once.
+fn client_key() -> ClusterKey {
+    static KEY: std::sync::OnceLock<ClusterKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| ClusterKey::from_client_password(PASSWORD).expect("long enough")).clone()
+}
+
 /// Derived once: the derivation is deliberately slow.
 fn key() -> ClusterKey {
     static KEY: std::sync::OnceLock<ClusterKey> = std::sync::OnceLock::new();
@@ -96,7 +104,13 @@ fn steer(data: &[u8]) -> Vec<u8> {
             for chunk in server_nonce.chunks_exact_mut(8) {
                 chunk.copy_from_slice(&entropy.next_u64().to_le_bytes());
             }
-            let proof = key().prove(ProofSide::Connector, &client_nonce, &server_nonce);
+            // The role the challenge claims (an unknown one is refused before any proof).
+            let role = match challenge[6] {
+                1 => PeerRole::Client,
+                _ => PeerRole::Member,
+            };
+            let key = if role == PeerRole::Client { client_key() } else { key() };
+            let proof = key.prove(role, ProofSide::Connector, &client_nonce, &server_nonce);
             let mut stream = challenge.to_vec();
             stream.extend_from_slice(&proof);
             stream.extend_from_slice(&rest[MEMBER_CHALLENGE_BYTES..]);
@@ -114,11 +128,10 @@ async fn exchange(input: Vec<u8>) -> Vec<u8> {
         writer: Box::new(server_writer),
         peer_address: "fuzz".to_string(),
     };
-    let membership = Membership::with_refused_proof_delay(
-        key(),
-        Arc::new(SeededEntropy::new(NONCE_SEED)),
-        Duration::ZERO,
-    );
+    // Every other input runs a server that requires the client password.
+    let client_key = (input.len() % 2 == 0).then(client_key);
+    let nonces = Arc::new(SeededEntropy::new(NONCE_SEED));
+    let membership = Membership::with_options(key(), client_key, nonces, Duration::ZERO);
     let server = tokio::spawn(async move {
         let admission = Admission::Members(membership);
         serve_connection_admitting(connection, Arc::new(AnswerEverything), &admission).await

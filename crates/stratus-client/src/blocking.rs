@@ -240,6 +240,11 @@ impl BlockingClient {
         request: &Request,
         deadline: Instant,
     ) -> Option<Attempt> {
+        if self.client.config().client_password.is_some() {
+            // The direct path's blocking socket does not speak the credentials preamble: with a
+            // client password every attempt goes through the async client, which does.
+            return None;
+        }
         let inner = &self.client.inner;
         let tablet = inner.cached_served_tablet(table_id, key_hash(table_id, key))?;
         let address = tablet.owner_address;

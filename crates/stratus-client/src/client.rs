@@ -5,8 +5,10 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stratus_env::Environment;
-use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
+use stratus_env::{Environment, OsEntropy};
+use stratus_rpc::{
+    Backoff, ChannelPool, ClientNetwork, ClusterKey, RpcConfig, RpcError, SecretError,
+};
 use stratus_types::limits::KEY_BYTES_MAX;
 use stratus_types::{
     key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Version,
@@ -44,6 +46,10 @@ pub struct ClientConfig {
     /// from a master whose replication did not confirm in time). Such a retry may apply it
     /// twice; `false` returns the ambiguous error to the caller instead.
     pub retry_ambiguous_mutations: bool,
+    /// For a cluster that requires the client password (`--client-password-file` on its
+    /// servers): the password's key ([`ClientConfig::with_password`]). Every connection then
+    /// proves it before its first request, and checks that the server knows it too.
+    pub client_password: Option<ClusterKey>,
 }
 
 impl ClientConfig {
@@ -55,7 +61,18 @@ impl ClientConfig {
             operation_timeout: Duration::from_secs(10),
             exactly_once: true,
             retry_ambiguous_mutations: true,
+            client_password: None,
         }
+    }
+
+    /// These settings, proving `password` on every connection (see
+    /// [`ClientConfig::client_password`]); fails for a password under 16 bytes.
+    pub fn with_password(
+        mut self,
+        password: &[u8],
+    ) -> std::result::Result<ClientConfig, SecretError> {
+        self.client_password = Some(ClusterKey::from_client_password(password)?);
+        Ok(self)
     }
 }
 
@@ -355,8 +372,14 @@ impl Client {
         Client::with_environment(config, Environment::system())
     }
 
-    /// A client using `environment` (the simulator passes its own).
-    pub fn with_environment(config: ClientConfig, environment: Environment) -> Client {
+    /// A client using `environment` (the simulator passes its own). With a client password,
+    /// every connection it opens proves it first (nonces from the operating system's random
+    /// source: they must be unpredictable).
+    pub fn with_environment(config: ClientConfig, mut environment: Environment) -> Client {
+        if let Some(key) = &config.client_password {
+            let network = ClientNetwork::new(environment.network, key.clone(), Arc::new(OsEntropy));
+            environment.network = Arc::new(network);
+        }
         let pool = ChannelPool::new(environment.network.clone(), config.rpc.clone());
         Client::with_pool(config, pool, environment)
     }

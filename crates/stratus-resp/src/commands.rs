@@ -144,6 +144,7 @@ const COMMANDS: &[CommandSpecification] = &[
     command("ping", -1, CONNECTION, (0, 0, 0)),
     command("echo", 2, CONNECTION, (0, 0, 0)),
     command("hello", -1, CONNECTION, (0, 0, 0)),
+    command("auth", -2, CONNECTION, (0, 0, 0)),
     command("select", 2, CONNECTION, (0, 0, 0)),
     command("quit", -1, CONNECTION, (0, 0, 0)),
     command("client", -2, CONNECTION, (0, 0, 0)),
@@ -298,6 +299,10 @@ fn unknown_subcommand(subcommand: &[u8], command: &str) -> Failure {
     ))
 }
 
+/// How long a wrong password waits for its answer: a guesser gets a few tries per second per
+/// connection (and connections are bounded), a person who mistyped hardly notices.
+const WRONG_PASSWORD_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What a command asks of the connection besides its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum After {
@@ -318,6 +323,11 @@ impl Gateway {
         self.commands_processed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(first) = arguments.first() else { return After::Continue };
         let name = lowercase(first);
+        if self.needs_password(session) && !matches!(name.as_str(), "auth" | "hello" | "quit") {
+            // As Redis with `requirepass`: nothing else before the password.
+            Value::error("NOAUTH Authentication required.").encode(session.protocol, out);
+            return After::Continue;
+        }
         let reply = match check_call(&name, arguments) {
             Err(refusal) => {
                 // As Redis: an unknown command or a wrong arity inside MULTI dooms its EXEC.
@@ -368,7 +378,12 @@ impl Gateway {
             },
             "echo" => Ok(Value::BulkString(arguments[0].clone())),
             "quit" => Ok(Value::ok()),
-            "hello" => self.hello(session, arguments),
+            "hello" => self.hello(session, arguments).await,
+            "auth" => match arguments {
+                [password] => self.authenticate(session, None, password).await,
+                [user, password] => self.authenticate(session, Some(user), password).await,
+                _ => Err(error("ERR syntax error")),
+            },
             "select" => {
                 let database = parse_integer(&arguments[0]).ok_or_else(not_an_integer)?;
                 if database < 0 || database >= i64::from(self.config.databases) {
@@ -498,7 +513,36 @@ impl Gateway {
         }
     }
 
-    fn hello(&self, session: &mut Session, arguments: &[Bytes]) -> Outcome {
+    /// True if the connection must still give the password.
+    fn needs_password(&self, session: &Session) -> bool {
+        self.config.password.is_some() && !session.authenticated
+    }
+
+    /// AUTH [user] password, and HELLO's AUTH option: only the user `default` exists. A wrong
+    /// password is answered after [`WRONG_PASSWORD_DELAY`] and counted.
+    async fn authenticate(
+        &self,
+        session: &mut Session,
+        user: Option<&Bytes>,
+        password: &[u8],
+    ) -> Outcome {
+        let Some(expected) = &self.config.password else {
+            return Err(error(
+                "ERR AUTH <password> called without any password configured for the default \
+                 user. Are you sure your configuration is correct?",
+            ));
+        };
+        let user_known = user.is_none_or(|user| user.as_ref() == b"default");
+        if user_known && expected.matches(password) {
+            session.authenticated = true;
+            return Ok(Value::ok());
+        }
+        self.authentications_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
+        Err(error("WRONGPASS invalid username-password pair or user is disabled."))
+    }
+
+    async fn hello(&self, session: &mut Session, arguments: &[Bytes]) -> Outcome {
         let mut protocol = session.protocol;
         if let Some(version) = arguments.first() {
             protocol = match parse_integer(version) {
@@ -516,9 +560,9 @@ impl Gateway {
             let option = lowercase(&arguments[index]);
             match option.as_str() {
                 "auth" if index + 2 < arguments.len() => {
-                    return Err(error(
-                        "ERR HELLO AUTH is not supported: Stratus has no authentication yet",
-                    ))
+                    let (user, password) = (&arguments[index + 1], &arguments[index + 2]);
+                    self.authenticate(session, Some(user), password).await?;
+                    index += 3;
                 }
                 "setname" if index + 1 < arguments.len() => {
                     name = Some(valid_client_name(&arguments[index + 1])?);
@@ -531,6 +575,13 @@ impl Gateway {
                     )))
                 }
             }
+        }
+        if self.needs_password(session) {
+            return Err(error(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise \
+                 the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                 client and select the RESP protocol version at the same time",
+            ));
         }
         session.protocol = protocol;
         if let Some(name) = name {
@@ -1144,5 +1195,66 @@ fn hash_read_reply(name: &str, hash: &Hash, arguments: &[Bytes]) -> Value {
         }
         // The dispatcher sends only the names above here.
         _ => Value::error(format!("ERR {name} is not a hash read command")),
+    }
+}
+
+#[cfg(test)]
+mod authentication_tests {
+    use crate::gateway::{Gateway, GatewayConfig, RespPassword, Session};
+    use crate::test_support::{call, offline_gateway_with};
+    use crate::value::Value;
+
+    fn gateway(password: Option<&str>) -> Gateway {
+        offline_gateway_with(GatewayConfig {
+            password: password.map(|password| RespPassword(password.as_bytes().to_vec())),
+            ..GatewayConfig::default()
+        })
+    }
+
+    fn error_text(value: Value) -> String {
+        match value {
+            Value::Error(text) => text,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn with_a_password_nothing_runs_before_auth_and_a_wrong_one_is_refused() {
+        let gateway = gateway(Some("s3cret-password"));
+        let mut session = Session::new(1);
+        for command in [vec!["PING"], vec!["GET", "k"], vec!["SELECT", "1"], vec!["MULTI"]] {
+            let text = error_text(call(&gateway, &mut session, &command).await);
+            assert!(text.starts_with("NOAUTH"), "{command:?}: {text}");
+        }
+        let text = error_text(call(&gateway, &mut session, &["HELLO", "3"]).await);
+        assert!(text.starts_with("NOAUTH HELLO must be called"), "{text}");
+        for wrong in [vec!["AUTH", "guess"], vec!["AUTH", "admin", "s3cret-password"]] {
+            let text = error_text(call(&gateway, &mut session, &wrong).await);
+            assert!(text.starts_with("WRONGPASS"), "{text}");
+        }
+        assert_eq!(gateway.authentications_failed.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert_eq!(call(&gateway, &mut session, &["AUTH", "s3cret-password"]).await, Value::ok());
+        assert_eq!(call(&gateway, &mut session, &["PING"]).await, Value::simple("PONG"));
+
+        // HELLO with AUTH authenticates a new connection and switches its protocol at once.
+        let mut other = Session::new(2);
+        let hello = ["HELLO", "3", "AUTH", "default", "s3cret-password"];
+        assert!(matches!(call(&gateway, &mut other, &hello).await, Value::Map(_)));
+        assert_eq!(call(&gateway, &mut other, &["PING"]).await, Value::simple("PONG"));
+        let mut third = Session::new(3);
+        let wrong_hello = ["HELLO", "3", "AUTH", "default", "nope"];
+        let text = error_text(call(&gateway, &mut third, &wrong_hello).await);
+        assert!(text.starts_with("WRONGPASS"), "{text}");
+        assert!(error_text(call(&gateway, &mut third, &["PING"]).await).starts_with("NOAUTH"));
+        assert!(!format!("{:?}", gateway.config).contains("s3cret"), "password in Debug");
+    }
+
+    #[tokio::test]
+    async fn without_a_password_everything_runs_and_auth_says_none_is_configured() {
+        let gateway = gateway(None);
+        let mut session = Session::new(1);
+        assert_eq!(call(&gateway, &mut session, &["PING"]).await, Value::simple("PONG"));
+        let text = error_text(call(&gateway, &mut session, &["AUTH", "anything"]).await);
+        assert!(text.contains("without any password configured"), "{text}");
     }
 }

@@ -32,6 +32,28 @@ pub struct GatewayConfig {
     /// server (`INFO stratus` reports it, so a client can tell which keys cost no hop); `None`
     /// for the `stratus resp` gateway.
     pub local_master: Option<String>,
+    /// The password of the default user (Redis's `requirepass`): with one, a connection must
+    /// AUTH (or HELLO … AUTH) before any command but those two, QUIT and PING's refusal.
+    pub password: Option<RespPassword>,
+}
+
+/// The default user's password; its Debug output is redacted.
+#[derive(Clone)]
+pub struct RespPassword(pub Vec<u8>);
+
+impl std::fmt::Debug for RespPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RespPassword(<redacted>)")
+    }
+}
+
+impl RespPassword {
+    /// True if `candidate` is the password; the time taken depends on the lengths only.
+    pub fn matches(&self, candidate: &[u8]) -> bool {
+        self.0.len() == candidate.len()
+            && self.0.iter().zip(candidate).fold(0u8, |difference, (a, b)| difference | (a ^ b))
+                == 0
+    }
 }
 
 impl Default for GatewayConfig {
@@ -45,6 +67,7 @@ impl Default for GatewayConfig {
             keys_reply_bytes_max: 64 << 20,
             scans_open_max: 1_024,
             local_master: None,
+            password: None,
         }
     }
 }
@@ -104,6 +127,8 @@ pub struct Gateway {
     pub(crate) connected_clients: AtomicU64,
     pub(crate) connections_received: AtomicU64,
     pub(crate) commands_processed: AtomicU64,
+    /// AUTH and HELLO … AUTH attempts with a wrong user or password.
+    pub(crate) authentications_failed: AtomicU64,
     pub(crate) started: Instant,
     /// This gateway's wall clock: what EXPIRETIME and the absolute expiry forms compare with.
     pub(crate) wall_clock: std::sync::Arc<dyn stratus_env::WallClock>,
@@ -121,6 +146,7 @@ impl Gateway {
             connected_clients: AtomicU64::new(0),
             connections_received: AtomicU64::new(0),
             commands_processed: AtomicU64::new(0),
+            authentications_failed: AtomicU64::new(0),
             started: Instant::now(),
             wall_clock: std::sync::Arc::new(stratus_env::SystemWallClock),
         }
@@ -176,6 +202,8 @@ pub struct Session {
     pub(crate) queue: Option<Queue>,
     /// The keys WATCHed since the last EXEC, DISCARD or UNWATCH, with their versions.
     pub(crate) watches: Watches,
+    /// Whether the connection gave the password (or none is needed).
+    pub(crate) authenticated: bool,
 }
 
 impl Session {
@@ -188,6 +216,7 @@ impl Session {
             id,
             queue: None,
             watches: Watches::default(),
+            authenticated: false,
         }
     }
 }

@@ -452,27 +452,15 @@ async fn increment(tx: &Transaction, table: TableId, key: &Bytes, delta: i64) ->
 
 #[cfg(test)]
 mod tests {
-    use bytes::{Bytes, BytesMut};
-    use stratus_client::{Client, ClientConfig};
-
     use super::QUEUED_COMMANDS_MAX;
     use crate::gateway::{Gateway, GatewayConfig, Session};
-    use crate::value::{parse_value, Protocol, Value};
+    use crate::test_support::{call, offline_gateway_with};
+    use crate::value::{Protocol, Value};
 
     /// A gateway whose cluster cannot be reached: every reply below is decided in the
     /// gateway, before any request to a master.
     fn offline_gateway() -> Gateway {
-        Gateway::new(Client::new(ClientConfig::new("127.0.0.1:1")), GatewayConfig::default())
-    }
-
-    async fn call(gateway: &Gateway, session: &mut Session, arguments: &[&str]) -> Value {
-        let arguments: Vec<Bytes> =
-            arguments.iter().map(|argument| Bytes::copy_from_slice(argument.as_bytes())).collect();
-        let mut out = BytesMut::new();
-        gateway.execute(session, &arguments, &mut out).await;
-        let (value, used) = parse_value(&out).unwrap().expect("one whole reply");
-        assert_eq!(used, out.len());
-        value
+        offline_gateway_with(GatewayConfig::default())
     }
 
     fn queued() -> Value {

@@ -25,5 +25,7 @@ pub mod server;
 pub use backoff::{deadline_in, Backoff};
 pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
-pub use membership::{Admission, ClusterKey, MemberNetwork, Membership, SecretError};
+pub use membership::{
+    Admission, ClientNetwork, ClusterKey, MemberNetwork, Membership, SecretError,
+};
 pub use server::{serve, serve_admitting, serve_within, Handled, ServerLimits, Service};

@@ -23,13 +23,14 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use stratus_env::{BoxFuture, BoxReader, BoxWriter, Connection, Entropy, Listener, Network};
+use stratus_wire::membership::PeerRole;
 use stratus_wire::membership::{
     decode_member_verdict, encode_member_verdict, proof_transcript, MemberAnswer, MemberChallenge,
     MemberNonce, MemberProof, ProofSide, MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES,
     MEMBER_CLIENT_PROOF_BYTES, MEMBER_MAGIC, MEMBER_NONCE_BYTES, MEMBER_PREAMBLE_VERSION,
     MEMBER_VERDICT_BYTES,
 };
-use stratus_wire::{Access, Status};
+use stratus_wire::{Access, Opcode, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The shortest secret accepted, in bytes: 128 bits if it is random, which is what `stratus up
@@ -61,9 +62,12 @@ const KEY_MEMORY_KIB: u32 = 19 * 1024;
 const KEY_PASSES: u32 = 2;
 const KEY_LANES: u32 = 1;
 
-/// The salt of the derivation: public and fixed (a per-cluster salt would have to be
-/// distributed with the secret, and buys nothing when the secret is one per cluster).
+/// The salts of the derivations: public and fixed (a per-cluster salt would have to be
+/// distributed with the secret, and buys nothing when the secret is one per cluster), and
+/// different for the cluster secret and the client password, so one string used for both
+/// gives two unrelated keys.
 const KEY_SALT: &[u8] = b"stratus cluster key v1";
+const CLIENT_KEY_SALT: &[u8] = b"stratus client key v1";
 
 impl fmt::Debug for ClusterKey {
     /// Never shows the key: a Debug print may reach a log.
@@ -102,6 +106,16 @@ impl ClusterKey {
     /// The key for `secret`, with surrounding ASCII whitespace removed (a file written by an
     /// editor ends with a newline).
     pub fn from_secret(secret: &[u8]) -> Result<ClusterKey, SecretError> {
+        ClusterKey::derive(secret, KEY_SALT)
+    }
+
+    /// The key clients prove for the client password `password` (surrounding whitespace
+    /// removed, at least [`CLUSTER_SECRET_BYTES_MIN`] bytes).
+    pub fn from_client_password(password: &[u8]) -> Result<ClusterKey, SecretError> {
+        ClusterKey::derive(password, CLIENT_KEY_SALT)
+    }
+
+    fn derive(secret: &[u8], salt: &[u8]) -> Result<ClusterKey, SecretError> {
         let secret = secret.trim_ascii();
         if secret.len() < CLUSTER_SECRET_BYTES_MIN {
             return Err(SecretError::TooShort { bytes: secret.len() });
@@ -112,7 +126,7 @@ impl ClusterKey {
             argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
         let mut key = [0u8; 32];
         argon2
-            .hash_password_into(secret, KEY_SALT, &mut key)
+            .hash_password_into(secret, salt, &mut key)
             .map_err(|error| SecretError::Unreadable(format!("key derivation: {error}")))?;
         Ok(ClusterKey(key))
     }
@@ -121,65 +135,146 @@ impl ClusterKey {
     /// [`CLUSTER_SECRET_BYTES_MAX`] + 1 bytes, so a device or a huge file is refused, not
     /// read whole). Warns if others than its owner may read the file.
     pub fn read_file(path: &Path) -> Result<ClusterKey, SecretError> {
-        use std::io::Read;
-        use std::os::unix::fs::PermissionsExt;
-        let unreadable = |error: &dyn fmt::Display| {
-            SecretError::Unreadable(format!("{}: {error}", path.display()))
-        };
-        let file = std::fs::File::open(path).map_err(|error| unreadable(&error))?;
-        let metadata = file.metadata().map_err(|error| unreadable(&error))?;
-        if !metadata.is_file() {
-            return Err(unreadable(&"not a regular file"));
-        }
-        if metadata.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                path = %path.display(),
-                "the cluster secret file may be read by others than its owner (chmod 600 it)"
-            );
-        }
-        let mut bytes = Vec::new();
-        file.take(CLUSTER_SECRET_BYTES_MAX as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|error| unreadable(&error))?;
-        if bytes.len() > CLUSTER_SECRET_BYTES_MAX {
-            return Err(unreadable(&format!("more than {CLUSTER_SECRET_BYTES_MAX} bytes")));
-        }
-        ClusterKey::from_secret(&bytes)
+        ClusterKey::from_secret(&read_secret_file(path)?)
     }
 
-    fn mac(&self, side: ProofSide, client: &MemberNonce, server: &MemberNonce) -> HmacSha256 {
+    /// The client key for the password held in the file at `path` (read as
+    /// [`ClusterKey::read_file`] reads).
+    pub fn read_client_password_file(path: &Path) -> Result<ClusterKey, SecretError> {
+        ClusterKey::from_client_password(&read_secret_file(path)?)
+    }
+
+    fn mac(
+        &self,
+        role: PeerRole,
+        side: ProofSide,
+        client: &MemberNonce,
+        server: &MemberNonce,
+    ) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        mac.update(&proof_transcript(side, client, server));
+        mac.update(&proof_transcript(role, side, client, server));
         mac
     }
 
-    /// The proof that `side` holds this key, for one exchange's nonces.
+    /// The proof that `side` holds this key in `role`, for one exchange's nonces.
     pub fn prove(
         &self,
+        role: PeerRole,
         side: ProofSide,
         client: &MemberNonce,
         server: &MemberNonce,
     ) -> MemberProof {
-        self.mac(side, client, server).finalize().into_bytes().into()
+        self.mac(role, side, client, server).finalize().into_bytes().into()
     }
 
-    /// True if `proof` is `side`'s proof for these nonces; compared in constant time, so the
-    /// time a refusal takes tells nothing of how much of a forged proof was right.
+    /// True if `proof` is `side`'s proof in `role` for these nonces; compared in constant time,
+    /// so the time a refusal takes tells nothing of how much of a forged proof was right.
     pub fn verify(
         &self,
+        role: PeerRole,
         side: ProofSide,
         client: &MemberNonce,
         server: &MemberNonce,
         proof: &MemberProof,
     ) -> bool {
-        self.mac(side, client, server).verify_slice(proof).is_ok()
+        self.mac(role, side, client, server).verify_slice(proof).is_ok()
     }
 }
 
-/// A member process's key, where its nonces come from, and what it refused.
+/// The bytes of a secret file: read up to [`CLUSTER_SECRET_BYTES_MAX`] + 1 bytes (a device or a
+/// huge file is refused, not read whole), only from a regular file; warns if others than its
+/// owner may read it.
+pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let unreadable =
+        |error: &dyn fmt::Display| SecretError::Unreadable(format!("{}: {error}", path.display()));
+    let file = std::fs::File::open(path).map_err(|error| unreadable(&error))?;
+    let metadata = file.metadata().map_err(|error| unreadable(&error))?;
+    if !metadata.is_file() {
+        return Err(unreadable(&"not a regular file"));
+    }
+    if metadata.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(
+            path = %path.display(),
+            "a secret file may be read by others than its owner (chmod 600 it)"
+        );
+    }
+    let mut bytes = Vec::new();
+    file.take(CLUSTER_SECRET_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| unreadable(&error))?;
+    if bytes.len() > CLUSTER_SECRET_BYTES_MAX {
+        return Err(unreadable(&format!("more than {CLUSTER_SECRET_BYTES_MAX} bytes")));
+    }
+    Ok(bytes)
+}
+
+/// 32 bytes from `nonces`.
+fn draw_nonce(nonces: &dyn Entropy) -> MemberNonce {
+    let mut nonce = [0u8; MEMBER_NONCE_BYTES];
+    for chunk in nonce.chunks_exact_mut(8) {
+        chunk.copy_from_slice(&nonces.next_u64().to_le_bytes());
+    }
+    nonce
+}
+
+/// The connector's side of the preamble, in `role` with `key`: proves it to the acceptor of
+/// `connection` and checks that the acceptor holds the key too (it never sends its own proof to
+/// one that does not). On success the caller goes on with the hello.
+async fn prove_to_acceptor(
+    connection: &mut Connection,
+    role: PeerRole,
+    key: &ClusterKey,
+    nonces: &dyn Entropy,
+) -> io::Result<()> {
+    let peer = connection.peer_address.clone();
+    let what = match role {
+        PeerRole::Member => "cluster secret",
+        PeerRole::Client => "client password",
+    };
+    let client_nonce = draw_nonce(nonces);
+    let challenge = MemberChallenge { version: MEMBER_PREAMBLE_VERSION, role, client_nonce };
+    connection.writer.write_all(&challenge.encode()).await?;
+    let mut answer = [0u8; MEMBER_ANSWER_BYTES];
+    connection.reader.read_exact(&mut answer).await?;
+    let answer = MemberAnswer::decode(&answer).map_err(invalid_data)?;
+    if answer.status != Status::Ok {
+        return Err(denied(format!(
+            "{peer} refused to authenticate ({}): it has no {what} configured, or speaks \
+             another preamble version",
+            answer.status
+        )));
+    }
+    let proven = key.verify(
+        role,
+        ProofSide::Acceptor,
+        &client_nonce,
+        &answer.server_nonce,
+        &answer.server_proof,
+    );
+    if !proven {
+        return Err(denied(format!(
+            "{peer} does not hold this {what} (a server of another cluster, or a different \
+             one on each side)"
+        )));
+    }
+    let proof = key.prove(role, ProofSide::Connector, &client_nonce, &answer.server_nonce);
+    connection.writer.write_all(&proof).await?;
+    let mut verdict = [0u8; MEMBER_VERDICT_BYTES];
+    connection.reader.read_exact(&mut verdict).await?;
+    match decode_member_verdict(&verdict).map_err(invalid_data)? {
+        Status::Ok => Ok(()),
+        status => Err(denied(format!("{peer} refused this process's {what} ({status})"))),
+    }
+}
+
+/// A member process's keys (the cluster's, and the client password's if clients must prove
+/// one), where its nonces come from, and what it refused.
 #[derive(Debug)]
 pub struct Membership {
     key: ClusterKey,
+    client_key: Option<ClusterKey>,
     refused_proof_delay: Duration,
     /// Must be unpredictable in production (`stratus_env::OsEntropy`); seeded in the simulator.
     nonces: Arc<dyn Entropy>,
@@ -188,34 +283,42 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// A membership with `key`, drawing nonces from `nonces`.
+    /// A membership with `key`, drawing nonces from `nonces`; clients need no password.
     pub fn new(key: ClusterKey, nonces: Arc<dyn Entropy>) -> Arc<Membership> {
-        Membership::with_refused_proof_delay(key, nonces, REFUSED_PROOF_DELAY)
+        Membership::with_options(key, None, nonces, REFUSED_PROOF_DELAY)
     }
 
-    /// [`Membership::new`] answering a wrong proof after `delay` instead of
-    /// [`REFUSED_PROOF_DELAY`] (the fuzz target, which tries many wrong proofs a second).
-    pub fn with_refused_proof_delay(
+    /// A membership whose clients must prove `client_key` (or, without one, need nothing), that
+    /// answers a wrong proof after `refused_proof_delay` ([`REFUSED_PROOF_DELAY`] in servers;
+    /// the fuzz target, which tries many wrong proofs a second, gives zero).
+    pub fn with_options(
         key: ClusterKey,
+        client_key: Option<ClusterKey>,
         nonces: Arc<dyn Entropy>,
-        delay: Duration,
+        refused_proof_delay: Duration,
     ) -> Arc<Membership> {
         Arc::new(Membership {
             key,
-            refused_proof_delay: delay,
+            client_key,
+            refused_proof_delay,
             nonces,
             handshakes_refused: AtomicU64::new(0),
             requests_refused: AtomicU64::new(0),
         })
     }
 
+    /// True if a client must prove the client password before any operation but PING.
+    pub fn requires_client_password(&self) -> bool {
+        self.client_key.is_some()
+    }
+
     /// Preambles this process refused as acceptor (a wrong proof, a bad message, a version it
-    /// does not speak).
+    /// does not speak, a role it has no key for).
     pub fn handshakes_refused(&self) -> u64 {
         self.handshakes_refused.load(Ordering::Relaxed)
     }
 
-    /// Requests for a member-only opcode refused on connections that did not authenticate.
+    /// Requests refused because the connection did not prove what the opcode needs.
     pub fn requests_refused(&self) -> u64 {
         self.requests_refused.load(Ordering::Relaxed)
     }
@@ -224,72 +327,31 @@ impl Membership {
         self.requests_refused.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn nonce(&self) -> MemberNonce {
-        let mut nonce = [0u8; MEMBER_NONCE_BYTES];
-        for chunk in nonce.chunks_exact_mut(8) {
-            chunk.copy_from_slice(&self.nonces.next_u64().to_le_bytes());
-        }
-        nonce
-    }
-
-    /// The connector's side: proves the secret to the acceptor of `connection` and checks that
-    /// it holds it too. On success the caller goes on with the hello.
+    /// The connector's side, as a cluster member: proves the cluster secret to the acceptor of
+    /// `connection` and checks that it holds it too.
     pub async fn authenticate(&self, connection: &mut Connection) -> io::Result<()> {
-        let peer = connection.peer_address.clone();
-        let client_nonce = self.nonce();
-        let challenge = MemberChallenge { version: MEMBER_PREAMBLE_VERSION, client_nonce };
-        connection.writer.write_all(&challenge.encode()).await?;
-        let mut answer = [0u8; MEMBER_ANSWER_BYTES];
-        connection.reader.read_exact(&mut answer).await?;
-        let answer = MemberAnswer::decode(&answer).map_err(invalid_data)?;
-        if answer.status != Status::Ok {
-            return Err(denied(format!(
-                "{peer} refused to authenticate ({}): it runs without a cluster secret, or speaks \
-                 another membership preamble version",
-                answer.status
-            )));
-        }
-        let proven = self.key.verify(
-            ProofSide::Acceptor,
-            &client_nonce,
-            &answer.server_nonce,
-            &answer.server_proof,
-        );
-        if !proven {
-            return Err(denied(format!(
-                "{peer} does not hold this cluster's secret (a server of another cluster, or a \
-                 wrong --cluster-secret-file on one side)"
-            )));
-        }
-        let proof = self.key.prove(ProofSide::Connector, &client_nonce, &answer.server_nonce);
-        connection.writer.write_all(&proof).await?;
-        let mut verdict = [0u8; MEMBER_VERDICT_BYTES];
-        connection.reader.read_exact(&mut verdict).await?;
-        match decode_member_verdict(&verdict).map_err(invalid_data)? {
-            Status::Ok => Ok(()),
-            status => Err(denied(format!("{peer} refused this process's proof ({status})"))),
-        }
+        prove_to_acceptor(connection, PeerRole::Member, &self.key, &*self.nonces).await
     }
 
     /// The acceptor's side, after the connector's first four bytes (`magic`, already read)
-    /// were [`MEMBER_MAGIC`]. Ok when the connector proved the secret; an error (the reason in
-    /// words) when the connection must be closed. A refusal is counted and logged as a warning
-    /// (the first of the process, then one in 64: a misconfigured server retrying in a loop
-    /// does not flood the log).
+    /// were [`MEMBER_MAGIC`]. The role the connector proved; an error (the reason in words)
+    /// when the connection must be closed. A refusal is counted and logged as a warning (the
+    /// first of the process, then one in 64: a misconfigured peer retrying in a loop does not
+    /// flood the log).
     pub async fn admit(
         &self,
         magic: [u8; 4],
         reader: &mut BoxReader,
         writer: &mut BoxWriter,
         peer: &str,
-    ) -> Result<(), String> {
+    ) -> Result<PeerRole, String> {
         let result = self.admit_unchecked(magic, reader, writer).await;
         if let Err(reason) = &result {
             let refused = self.handshakes_refused.fetch_add(1, Ordering::Relaxed) + 1;
             if refused == 1 || refused.is_multiple_of(64) {
-                tracing::warn!(%peer, %reason, refused, "refused a peer claiming cluster membership");
+                tracing::warn!(%peer, %reason, refused, "refused a peer's credentials");
             } else {
-                tracing::debug!(%peer, %reason, refused, "refused a peer claiming cluster membership");
+                tracing::debug!(%peer, %reason, refused, "refused a peer's credentials");
             }
         }
         result
@@ -300,7 +362,7 @@ impl Membership {
         magic: [u8; 4],
         reader: &mut BoxReader,
         writer: &mut BoxWriter,
-    ) -> Result<(), String> {
+    ) -> Result<PeerRole, String> {
         debug_assert_eq!(magic, MEMBER_MAGIC);
         let mut challenge = [0u8; MEMBER_CHALLENGE_BYTES];
         challenge[..4].copy_from_slice(&magic);
@@ -309,34 +371,48 @@ impl Membership {
         if challenge.version != MEMBER_PREAMBLE_VERSION {
             let refusal = MemberAnswer::refusal(Status::ProtocolVersionMismatch);
             let _ = writer.write_all(&refusal.encode()).await;
-            return Err(format!("membership preamble version {}", challenge.version));
+            return Err(format!("preamble version {}", challenge.version));
         }
-        let server_nonce = self.nonce();
+        let role = challenge.role;
+        let (key, what) = match role {
+            PeerRole::Member => (&self.key, "cluster secret"),
+            PeerRole::Client => match &self.client_key {
+                Some(key) => (key, "client password"),
+                None => {
+                    let refusal = MemberAnswer::refusal(Status::AuthenticationFailed);
+                    let _ = writer.write_all(&refusal.encode()).await;
+                    return Err("a client offered a password, and none is configured".to_string());
+                }
+            },
+        };
+        let server_nonce = draw_nonce(&*self.nonces);
         let server_proof =
-            self.key.prove(ProofSide::Acceptor, &challenge.client_nonce, &server_nonce);
+            key.prove(role, ProofSide::Acceptor, &challenge.client_nonce, &server_nonce);
         let answer = MemberAnswer { status: Status::Ok, server_nonce, server_proof };
         writer.write_all(&answer.encode()).await.map_err(|error| error.to_string())?;
         let mut proof = [0u8; MEMBER_CLIENT_PROOF_BYTES];
         reader.read_exact(&mut proof).await.map_err(|error| match error.kind() {
-            io::ErrorKind::UnexpectedEof => "closed without sending its proof: it did not accept \
-                                             this server's (it holds another cluster secret)"
-                .to_string(),
+            io::ErrorKind::UnexpectedEof => {
+                format!("closed without sending its proof: it did not accept this server's {what} (it holds another)")
+            }
             _ => error.to_string(),
         })?;
-        if !self.key.verify(ProofSide::Connector, &challenge.client_nonce, &server_nonce, &proof) {
+        let client_nonce = &challenge.client_nonce;
+        if !key.verify(role, ProofSide::Connector, client_nonce, &server_nonce, &proof) {
             tokio::time::sleep(self.refused_proof_delay).await;
             let _ = writer.write_all(&encode_member_verdict(Status::AuthenticationFailed)).await;
-            return Err("wrong proof of the cluster secret".to_string());
+            return Err(format!("wrong proof of the {what}"));
         }
         writer
             .write_all(&encode_member_verdict(Status::Ok))
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| error.to_string())?;
+        Ok(role)
     }
 }
 
-/// Answers a membership preamble on a server that has no cluster secret: it cannot prove one,
-/// so it says so (the connector reports a clear error) and the connection closes.
+/// Answers a preamble on a server that has no cluster secret: it cannot prove one, so it says
+/// so (the connector reports a clear error) and the connection closes.
 pub(crate) async fn refuse_without_secret(
     magic: [u8; 4],
     reader: &mut BoxReader,
@@ -355,7 +431,7 @@ fn invalid_data(error: impl fmt::Display) -> io::Error {
 }
 
 fn denied(reason: String) -> io::Error {
-    io::Error::new(io::ErrorKind::PermissionDenied, format!("membership: {reason}"))
+    io::Error::new(io::ErrorKind::PermissionDenied, format!("authentication: {reason}"))
 }
 
 /// A network whose every outgoing connection proves the cluster secret before anything else:
@@ -387,14 +463,49 @@ impl Network for MemberNetwork {
     }
 }
 
+/// A network whose every outgoing connection proves the client password before anything else:
+/// the network of a client of a cluster that requires one.
+#[derive(Debug)]
+pub struct ClientNetwork {
+    inner: Arc<dyn Network>,
+    key: ClusterKey,
+    nonces: Arc<dyn Entropy>,
+}
+
+impl ClientNetwork {
+    /// `inner`, with every connection it opens proving the password whose key is `key`.
+    pub fn new(
+        inner: Arc<dyn Network>,
+        key: ClusterKey,
+        nonces: Arc<dyn Entropy>,
+    ) -> ClientNetwork {
+        ClientNetwork { inner, key, nonces }
+    }
+}
+
+impl Network for ClientNetwork {
+    fn connect<'a>(&'a self, address: &'a str) -> BoxFuture<'a, io::Result<Connection>> {
+        Box::pin(async move {
+            let mut connection = self.inner.connect(address).await?;
+            prove_to_acceptor(&mut connection, PeerRole::Client, &self.key, &*self.nonces).await?;
+            Ok(connection)
+        })
+    }
+
+    fn bind<'a>(&'a self, address: &'a str) -> BoxFuture<'a, io::Result<Box<dyn Listener>>> {
+        self.inner.bind(address)
+    }
+}
+
 /// What a server asks of the connections it accepts.
 #[derive(Clone, Debug)]
 pub enum Admission {
     /// Nothing: every connection may send every opcode (no cluster secret: the default on
     /// loopback).
     Open,
-    /// Connections that proved the cluster secret may send every opcode; the others only
-    /// [`Access::Client`] ones.
+    /// Connections that proved the cluster secret may send every opcode; those that proved the
+    /// client password (or any other, when none is configured) only [`Access::Client`] ones;
+    /// the rest only PING.
     Members(Arc<Membership>),
 }
 
@@ -417,20 +528,47 @@ pub(crate) enum ConnectionAccess {
     Member,
     /// Client opcodes only; member-only ones are refused and counted in the membership.
     ClientOnly(Arc<Membership>),
+    /// PING only: the server requires the client password and the connection did not prove it.
+    PingOnly(Arc<Membership>),
 }
 
 impl ConnectionAccess {
-    /// The membership to count a refusal in, if `access` is not allowed here.
-    pub(crate) fn refuses(&self, access: Access) -> Option<&Arc<Membership>> {
+    /// What an accepted connection that proved `role` (or nothing) may send under `admission`.
+    pub(crate) fn after(admission: &Admission, role: Option<PeerRole>) -> ConnectionAccess {
+        match (admission, role) {
+            (Admission::Open, _) => ConnectionAccess::Everything,
+            (Admission::Members(_), Some(PeerRole::Member)) => ConnectionAccess::Member,
+            (Admission::Members(membership), Some(PeerRole::Client)) => {
+                ConnectionAccess::ClientOnly(membership.clone())
+            }
+            (Admission::Members(membership), None) if membership.requires_client_password() => {
+                ConnectionAccess::PingOnly(membership.clone())
+            }
+            (Admission::Members(membership), None) => {
+                ConnectionAccess::ClientOnly(membership.clone())
+            }
+        }
+    }
+
+    /// If the opcode with wire code `code` is not allowed here: the membership to count the
+    /// refusal in, and what the connection lacks. Unknown codes pass (the service answers
+    /// them as unknown).
+    pub(crate) fn refusal(&self, code: u16) -> Option<(&Arc<Membership>, &'static str)> {
+        let access = Opcode::access_of_code(code)?;
         match (self, access) {
-            (ConnectionAccess::ClientOnly(membership), Access::Member) => Some(membership),
+            (ConnectionAccess::ClientOnly(membership), Access::Member) => {
+                Some((membership, "is for cluster members only: this connection did not prove the cluster secret"))
+            }
+            (ConnectionAccess::PingOnly(membership), _) if code != Opcode::Ping.code() => {
+                Some((membership, "needs the client password: this connection did not prove it (give --password-file, or STRATUS_PASSWORD_FILE)"))
+            }
             _ => None,
         }
     }
 
     /// True if no opcode is refused (the per-request check can be skipped).
     pub(crate) fn allows_everything(&self) -> bool {
-        !matches!(self, ConnectionAccess::ClientOnly(_))
+        matches!(self, ConnectionAccess::Everything | ConnectionAccess::Member)
     }
 }
 
@@ -474,13 +612,16 @@ mod tests {
         let key = ClusterKey::from_secret(b"the right secret, long enough").expect("key");
         let other = ClusterKey::from_secret(b"another secret, long enough!!").expect("key");
         let (client, server) = ([1u8; 32], [2u8; 32]);
-        let proof = key.prove(ProofSide::Connector, &client, &server);
-        assert!(key.verify(ProofSide::Connector, &client, &server, &proof));
-        assert!(!other.verify(ProofSide::Connector, &client, &server, &proof));
-        assert!(!key.verify(ProofSide::Acceptor, &client, &server, &proof), "reflected");
-        assert!(!key.verify(ProofSide::Connector, &client, &[3u8; 32], &proof), "replayed");
+        let member = PeerRole::Member;
+        let proof = key.prove(member, ProofSide::Connector, &client, &server);
+        assert!(key.verify(member, ProofSide::Connector, &client, &server, &proof));
+        assert!(!other.verify(member, ProofSide::Connector, &client, &server, &proof));
+        assert!(!key.verify(member, ProofSide::Acceptor, &client, &server, &proof), "reflected");
+        assert!(!key.verify(member, ProofSide::Connector, &client, &[3u8; 32], &proof), "replayed");
+        let as_client = PeerRole::Client;
+        assert!(!key.verify(as_client, ProofSide::Connector, &client, &server, &proof), "role");
         let mut flipped = proof;
         flipped[31] ^= 1;
-        assert!(!key.verify(ProofSide::Connector, &client, &server, &flipped));
+        assert!(!key.verify(member, ProofSide::Connector, &client, &server, &flipped));
     }
 }

@@ -387,34 +387,30 @@ async fn handshake(
 ) -> Result<ConnectionAccess, HandshakeFailure> {
     let mut bytes = [0u8; HELLO_BYTES];
     read_opening(reader, &mut bytes[..4]).await?;
-    let access = if bytes[..4] == MEMBER_MAGIC {
+    let proven = if bytes[..4] == MEMBER_MAGIC {
         let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
-        match admission {
+        let role = match admission {
             Admission::Open => {
                 refuse_without_secret(magic, reader, writer).await;
                 tracing::warn!(
                     %peer,
-                    "a peer asked to prove a cluster secret, and this process runs without one"
+                    "a peer asked to prove credentials, and this process runs without a cluster secret"
                 );
                 return Err(HandshakeFailure::NotAMember(
                     "this server runs without a cluster secret".to_string(),
                 ));
             }
-            Admission::Members(membership) => {
-                membership
-                    .admit(magic, reader, writer, peer)
-                    .await
-                    .map_err(HandshakeFailure::NotAMember)?;
-            }
-        }
+            Admission::Members(membership) => membership
+                .admit(magic, reader, writer, peer)
+                .await
+                .map_err(HandshakeFailure::NotAMember)?,
+        };
         read_opening(reader, &mut bytes[..4]).await?;
-        ConnectionAccess::Member
+        Some(role)
     } else {
-        match admission {
-            Admission::Open => ConnectionAccess::Everything,
-            Admission::Members(membership) => ConnectionAccess::ClientOnly(membership.clone()),
-        }
+        None
     };
+    let access = ConnectionAccess::after(admission, proven);
     reader
         .read_exact(&mut bytes[4..])
         .await
@@ -525,11 +521,9 @@ async fn dispatch(
         return Err("client sent a response frame".to_string());
     }
     if !connection.access.allows_everything() {
-        if let Some(access) = Opcode::access_of_code(header.opcode_code) {
-            if let Some(membership) = connection.access.refuses(access) {
-                refuse_non_member(&header, membership, connection, output);
-                return Ok(());
-            }
+        if let Some((membership, lack)) = connection.access.refusal(header.opcode_code) {
+            refuse_request(&header, membership, lack, connection, output);
+            return Ok(());
         }
     }
     let body = frame.slice(body_offset(FrameKind::Request)..);
@@ -556,11 +550,12 @@ async fn dispatch(
     Ok(())
 }
 
-/// Answers a member-only request on a connection that did not prove the cluster secret with
-/// PERMISSION_DENIED; nothing reaches the service.
-fn refuse_non_member(
+/// Answers a request the connection may not send (it did not prove what the opcode needs)
+/// with PERMISSION_DENIED, saying what it lacks; nothing reaches the service.
+fn refuse_request(
     header: &FrameHeader,
     membership: &Membership,
+    lack: &str,
     connection: &ConnectionContext,
     output: &Output,
 ) {
@@ -575,12 +570,11 @@ fn refuse_non_member(
             peer = %connection.peer_address,
             opcode = %name,
             refused,
-            "refused a server-to-server request from a connection that is not a cluster member"
+            lack,
+            "refused a request the connection did not prove it may send"
         );
     }
-    let message = format!(
-        "{name} is for cluster members only: this connection did not prove the cluster secret"
-    );
+    let message = format!("{name} {lack}");
     let mut frame = BytesMut::new();
     encode_error_response(
         &mut frame,

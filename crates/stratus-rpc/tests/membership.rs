@@ -9,11 +9,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use stratus_env::{Network, OsEntropy, TcpNetwork};
 use stratus_rpc::{
-    serve, serve_admitting, Admission, Channel, ClusterKey, Handled, MemberNetwork, Membership,
-    RpcConfig, Service,
+    serve, serve_admitting, Admission, Channel, ClientNetwork, ClusterKey, Handled, MemberNetwork,
+    Membership, RpcConfig, Service,
 };
 use stratus_wire::membership::{
-    decode_member_verdict, MemberAnswer, MemberChallenge, ProofSide, MEMBER_ANSWER_BYTES,
+    decode_member_verdict, MemberAnswer, MemberChallenge, PeerRole, ProofSide, MEMBER_ANSWER_BYTES,
     MEMBER_PREAMBLE_VERSION, MEMBER_VERDICT_BYTES,
 };
 use stratus_wire::{
@@ -144,7 +144,7 @@ async fn a_server_without_a_secret_serves_everyone_and_refuses_to_authenticate()
     let error = Channel::connect(&member_network, &address, &RpcConfig::default())
         .await
         .expect_err("an open server cannot prove a secret");
-    assert!(error.to_string().contains("runs without a cluster secret"), "{error}");
+    assert!(error.to_string().contains("has no cluster secret configured"), "{error}");
 }
 
 #[tokio::test]
@@ -158,7 +158,7 @@ async fn a_server_with_another_secret_is_not_trusted_and_does_not_learn_a_proof(
         .expect_err("the secrets differ");
     // The connector checks the acceptor's proof first: it never sends its own to a server
     // that does not hold the secret.
-    assert!(error.to_string().contains("does not hold this cluster's secret"), "{error}");
+    assert!(error.to_string().contains("does not hold this cluster secret"), "{error}");
     wait_until(|| server_membership.handshakes_refused() == 1).await;
     assert_eq!(service.handled.load(Ordering::Relaxed), 0);
 }
@@ -171,7 +171,8 @@ async fn preamble_by_hand(
     proof_for: impl FnOnce(&MemberAnswer) -> [u8; 32],
 ) -> (Status, TcpStream) {
     let mut stream = TcpStream::connect(address).await.expect("connect");
-    let challenge = MemberChallenge { version: MEMBER_PREAMBLE_VERSION, client_nonce };
+    let challenge =
+        MemberChallenge { version: MEMBER_PREAMBLE_VERSION, role: PeerRole::Member, client_nonce };
     stream.write_all(&challenge.encode()).await.expect("challenge");
     let mut answer = [0u8; MEMBER_ANSWER_BYTES];
     stream.read_exact(&mut answer).await.expect("answer");
@@ -193,7 +194,8 @@ async fn a_wrong_proof_and_a_replayed_handshake_are_refused() {
     // A genuine exchange, as an eavesdropper would record it: the challenge and the proof.
     let mut captured_proof = [0u8; 32];
     let (verdict, mut stream) = preamble_by_hand(&address, client_nonce, |answer| {
-        captured_proof = key.prove(ProofSide::Connector, &client_nonce, &answer.server_nonce);
+        captured_proof =
+            key.prove(PeerRole::Member, ProofSide::Connector, &client_nonce, &answer.server_nonce);
         captured_proof
     })
     .await;
@@ -211,7 +213,7 @@ async fn a_wrong_proof_and_a_replayed_handshake_are_refused() {
     // A proof under another secret.
     let other = ClusterKey::from_secret(b"a guess at the cluster secret").expect("key");
     let (verdict, _) = preamble_by_hand(&address, [1; 32], |answer| {
-        other.prove(ProofSide::Connector, &[1; 32], &answer.server_nonce)
+        other.prove(PeerRole::Member, ProofSide::Connector, &[1; 32], &answer.server_nonce)
     })
     .await;
     assert_eq!(verdict, Status::AuthenticationFailed);
@@ -230,4 +232,56 @@ async fn wait_until(condition: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("condition not met in 5 s");
+}
+
+#[tokio::test]
+async fn with_a_client_password_a_connection_that_proves_nothing_may_only_ping() {
+    let password = b"the client password of the tests";
+    let client_key = ClusterKey::from_client_password(password).expect("key");
+    let key = ClusterKey::from_secret(SECRET).expect("key");
+    let server_membership = Membership::with_options(
+        key,
+        Some(client_key.clone()),
+        Arc::new(OsEntropy),
+        Duration::from_millis(10),
+    );
+    let (address, _service) = start(Admission::Members(server_membership.clone())).await;
+    let config = RpcConfig::default();
+
+    let anonymous = Channel::connect(&TcpNetwork, &address, &config).await.expect("anonymous");
+    let client_network = ClientNetwork::new(Arc::new(TcpNetwork), client_key, Arc::new(OsEntropy));
+    let client = Channel::connect(&client_network, &address, &config).await.expect("client");
+    let member_network = MemberNetwork::new(Arc::new(TcpNetwork), membership(SECRET));
+    let member = Channel::connect(&member_network, &address, &config).await.expect("member");
+    for opcode in Opcode::ALL {
+        let anonymous_expected = if opcode == Opcode::Ping {
+            Status::InvalidParameter
+        } else {
+            Status::PermissionDenied
+        };
+        assert_eq!(status_of(&anonymous, opcode).await, anonymous_expected, "{opcode:?}");
+        let client_expected = match opcode.access() {
+            Access::Client => Status::InvalidParameter,
+            Access::Member => Status::PermissionDenied,
+        };
+        assert_eq!(status_of(&client, opcode).await, client_expected, "{opcode:?} as client");
+        assert_eq!(status_of(&member, opcode).await, Status::InvalidParameter, "{opcode:?}");
+    }
+
+    // A wrong password, and a password offered to a server that requires none.
+    let wrong = ClusterKey::from_client_password(b"not the client password!").expect("key");
+    let wrong_network = ClientNetwork::new(Arc::new(TcpNetwork), wrong, Arc::new(OsEntropy));
+    let error = Channel::connect(&wrong_network, &address, &config).await.expect_err("wrong");
+    assert!(error.to_string().contains("does not hold this client password"), "{error}");
+    let (no_password_address, _) = start(Admission::Members(membership(SECRET))).await;
+    let error =
+        Channel::connect(&client_network, &no_password_address, &config).await.expect_err("none");
+    assert!(error.to_string().contains("no client password configured"), "{error}");
+    // The cluster secret is not the client password: a client cannot pass as a member.
+    let as_member = ClientNetwork::new(
+        Arc::new(TcpNetwork),
+        ClusterKey::from_secret(SECRET).expect("key"),
+        Arc::new(OsEntropy),
+    );
+    assert!(Channel::connect(&as_member, &address, &config).await.is_err());
 }

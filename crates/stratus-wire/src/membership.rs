@@ -5,15 +5,17 @@
 //! exchange first (little-endian, see docs/design/wire-protocol.md, "Membership preamble"):
 //!
 //! ```text
-//! 1. connector -> acceptor  challenge: [b"STRM"][u16 version][u16 reserved = 0][32 B client nonce]
+//! 1. connector -> acceptor  challenge: [b"STRM"][u16 version][u16 role][32 B client nonce]
 //! 2. acceptor  -> connector answer:    [b"STRM"][u16 status][u16 reserved = 0][32 B server nonce]
 //!                                      [32 B server proof]
 //! 3. connector -> acceptor  proof:     [32 B client proof]
 //! 4. acceptor  -> connector verdict:   [u16 status][u16 reserved = 0]
 //! ```
 //!
-//! then the ordinary hello and frames. A proof is HMAC-SHA-256 under the cluster key of a
-//! [`proof_transcript`]: a label naming which side proves, then both nonces. The acceptor's
+//! then the ordinary hello and frames. The role says what the connector claims to be: a cluster
+//! member (proving the cluster secret) or a client (proving the client password). A proof is
+//! HMAC-SHA-256, under the key of the claimed role, of a [`proof_transcript`]: a label naming
+//! the role and which side proves, then both nonces. The acceptor's
 //! nonce is fresh, so a recorded client proof answers no later challenge (a replay fails);
 //! the connector's nonce is fresh, so a recorded server answer proves nothing to a later
 //! connector; the labels differ, so one side's proof cannot be reflected back as the other's.
@@ -46,9 +48,36 @@ pub const MEMBER_CLIENT_PROOF_BYTES: usize = MEMBER_PROOF_BYTES;
 /// Size of the acceptor's verdict (step 4).
 pub const MEMBER_VERDICT_BYTES: usize = 4;
 
-/// Labels that open a proof's transcript: which side proves (16 bytes each).
-const CONNECTOR_LABEL: &[u8; 16] = b"stratus member c";
-const ACCEPTOR_LABEL: &[u8; 16] = b"stratus member a";
+/// Labels that open a proof's transcript: the role, and which side proves (16 bytes each).
+const MEMBER_CONNECTOR_LABEL: &[u8; 16] = b"stratus member c";
+const MEMBER_ACCEPTOR_LABEL: &[u8; 16] = b"stratus member a";
+const CLIENT_CONNECTOR_LABEL: &[u8; 16] = b"stratus client c";
+const CLIENT_ACCEPTOR_LABEL: &[u8; 16] = b"stratus client a";
+
+/// What the connector claims to be. On the wire: a u16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerRole {
+    /// A coordinator or server of the cluster, proving the cluster secret.
+    Member = 0,
+    /// A client, proving the client password.
+    Client = 1,
+}
+
+impl PeerRole {
+    /// The wire code.
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// The role for a wire code, if it is one.
+    pub fn from_code(code: u16) -> Option<PeerRole> {
+        match code {
+            0 => Some(PeerRole::Member),
+            1 => Some(PeerRole::Client),
+            _ => None,
+        }
+    }
+}
 
 /// Size of a proof's transcript.
 pub const MEMBER_TRANSCRIPT_BYTES: usize = 16 + 2 * MEMBER_NONCE_BYTES;
@@ -70,13 +99,16 @@ pub enum ProofSide {
 
 /// The bytes a proof is the MAC of: `[16 B label][client nonce][server nonce]`.
 pub fn proof_transcript(
+    role: PeerRole,
     side: ProofSide,
     client_nonce: &MemberNonce,
     server_nonce: &MemberNonce,
 ) -> [u8; MEMBER_TRANSCRIPT_BYTES] {
-    let label = match side {
-        ProofSide::Connector => CONNECTOR_LABEL,
-        ProofSide::Acceptor => ACCEPTOR_LABEL,
+    let label = match (role, side) {
+        (PeerRole::Member, ProofSide::Connector) => MEMBER_CONNECTOR_LABEL,
+        (PeerRole::Member, ProofSide::Acceptor) => MEMBER_ACCEPTOR_LABEL,
+        (PeerRole::Client, ProofSide::Connector) => CLIENT_CONNECTOR_LABEL,
+        (PeerRole::Client, ProofSide::Acceptor) => CLIENT_ACCEPTOR_LABEL,
     };
     let mut transcript = [0u8; MEMBER_TRANSCRIPT_BYTES];
     transcript[..16].copy_from_slice(label);
@@ -90,6 +122,8 @@ pub fn proof_transcript(
 pub struct MemberChallenge {
     /// The connector's preamble version.
     pub version: u16,
+    /// What the connector claims to be.
+    pub role: PeerRole,
     /// Fresh for every connection.
     pub client_nonce: MemberNonce,
 }
@@ -100,22 +134,23 @@ impl MemberChallenge {
         let mut bytes = [0u8; MEMBER_CHALLENGE_BYTES];
         bytes[..4].copy_from_slice(&MEMBER_MAGIC);
         bytes[4..6].copy_from_slice(&self.version.to_le_bytes());
+        bytes[6..8].copy_from_slice(&self.role.code().to_le_bytes());
         bytes[8..].copy_from_slice(&self.client_nonce);
         bytes
     }
 
-    /// Parses a challenge; refuses a wrong magic or a nonzero reserved field. The version is
-    /// returned as sent: whether it is acceptable is the acceptor's decision.
+    /// Parses a challenge; refuses a wrong magic or an unknown role. The version is returned
+    /// as sent: whether it is acceptable is the acceptor's decision.
     pub fn decode(bytes: &[u8; MEMBER_CHALLENGE_BYTES]) -> Result<MemberChallenge, FrameError> {
         if bytes[..4] != MEMBER_MAGIC {
             return Err(FrameError::BadPreamble("does not start with \"STRM\""));
         }
-        if bytes[6..8] != [0, 0] {
-            return Err(FrameError::BadPreamble("reserved field is not zero"));
-        }
+        let role = PeerRole::from_code(u16::from_le_bytes([bytes[6], bytes[7]]))
+            .ok_or(FrameError::BadPreamble("unknown role"))?;
         let mut client_nonce = [0u8; MEMBER_NONCE_BYTES];
         client_nonce.copy_from_slice(&bytes[8..]);
-        Ok(MemberChallenge { version: u16::from_le_bytes([bytes[4], bytes[5]]), client_nonce })
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        Ok(MemberChallenge { version, role, client_nonce })
     }
 }
 
@@ -194,16 +229,23 @@ mod tests {
 
     #[test]
     fn challenge_and_answer_round_trip_and_refuse_bad_bytes() {
-        let challenge = MemberChallenge { version: MEMBER_PREAMBLE_VERSION, client_nonce: [7; 32] };
+        let challenge = MemberChallenge {
+            version: MEMBER_PREAMBLE_VERSION,
+            role: PeerRole::Member,
+            client_nonce: [7; 32],
+        };
         let bytes = challenge.encode();
         assert_eq!(&bytes[..8], b"STRM\x01\x00\x00\x00");
         assert_eq!(MemberChallenge::decode(&bytes), Ok(challenge));
+        let client = MemberChallenge { role: PeerRole::Client, ..challenge };
+        assert_eq!(&client.encode()[..8], b"STRM\x01\x00\x01\x00");
+        assert_eq!(MemberChallenge::decode(&client.encode()), Ok(client));
         let mut wrong = bytes;
         wrong[0] = b'X';
         assert!(matches!(MemberChallenge::decode(&wrong), Err(FrameError::BadPreamble(_))));
-        let mut reserved = bytes;
-        reserved[7] = 1;
-        assert!(MemberChallenge::decode(&reserved).is_err());
+        let mut unknown_role = bytes;
+        unknown_role[6] = 2;
+        assert!(MemberChallenge::decode(&unknown_role).is_err());
 
         let answer =
             MemberAnswer { status: Status::Ok, server_nonce: [1; 32], server_proof: [2; 32] };
@@ -234,9 +276,13 @@ mod tests {
             assert_eq!(decode_member_verdict(&encode_member_verdict(status)), Ok(status));
         }
         assert!(decode_member_verdict(&[0, 0, 1, 0]).is_err());
-        let connector = proof_transcript(ProofSide::Connector, &[1; 32], &[2; 32]);
-        let acceptor = proof_transcript(ProofSide::Acceptor, &[1; 32], &[2; 32]);
+        let connector =
+            proof_transcript(PeerRole::Member, ProofSide::Connector, &[1; 32], &[2; 32]);
+        let acceptor = proof_transcript(PeerRole::Member, ProofSide::Acceptor, &[1; 32], &[2; 32]);
+        let client = proof_transcript(PeerRole::Client, ProofSide::Connector, &[1; 32], &[2; 32]);
         assert_ne!(connector, acceptor);
+        assert_ne!(connector, client);
+        assert_eq!(&client[..16], b"stratus client c");
         assert_eq!(&connector[..16], b"stratus member c");
         assert_eq!(&connector[16..48], &[1; 32]);
         assert_eq!(&connector[48..], &[2; 32]);

@@ -22,6 +22,11 @@ pub struct Arguments {
     /// How long a client command may take, retries included, in milliseconds.
     #[arg(long, global = true, default_value_t = 10_000)]
     pub timeout_ms: u64,
+    /// File holding the cluster's client password, for a cluster whose servers were started
+    /// with --client-password-file (client commands, and `stratus resp`, which also asks its
+    /// own clients for it with AUTH).
+    #[arg(long, global = true, env = "STRATUS_PASSWORD_FILE")]
+    pub password_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -352,7 +357,10 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
         Command::Coordinator(role) => crate::roles::run_coordinator(role),
         Command::Server(role) => crate::roles::run_server(role, &arguments.coordinator),
         Command::Bench(bench) => stratus_bench::run(bench, &arguments.coordinator),
-        Command::Resp(resp) => run_resp(resp, &arguments.coordinator, arguments.timeout_ms),
+        Command::Resp(resp) => {
+            let password = read_password(arguments.password_file.as_deref())?;
+            run_resp(resp, &arguments.coordinator, arguments.timeout_ms, password)
+        }
         command => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -360,6 +368,9 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
                 .map_err(|error| error.to_string())?;
             let mut config = ClientConfig::new(arguments.coordinator.clone());
             config.operation_timeout = Duration::from_millis(arguments.timeout_ms);
+            if let Some(password) = read_password(arguments.password_file.as_deref())? {
+                config = config.with_password(&password).map_err(|error| error.to_string())?;
+            }
             runtime.block_on(async move {
                 let client = Client::new(config);
                 run_client_command(&client, command).await.map_err(|error| error.to_string())
@@ -368,8 +379,22 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
     }
 }
 
-/// Runs the RESP gateway until SIGINT or SIGTERM.
-fn run_resp(resp: RespArguments, coordinator: &str, timeout_ms: u64) -> Result<(), String> {
+/// The client password in `path`, if one was given (surrounding whitespace removed).
+fn read_password(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let bytes = stratus_rpc::membership::read_secret_file(path)
+        .map_err(|error| format!("--password-file: {error}"))?;
+    Ok(Some(bytes.trim_ascii().to_vec()))
+}
+
+/// Runs the RESP gateway until SIGINT or SIGTERM; with `password`, it proves it to the cluster
+/// and asks its own clients for it (AUTH).
+fn run_resp(
+    resp: RespArguments,
+    coordinator: &str,
+    timeout_ms: u64,
+    password: Option<Vec<u8>>,
+) -> Result<(), String> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = resp.threads {
         runtime.worker_threads(threads.max(1));
@@ -377,7 +402,11 @@ fn run_resp(resp: RespArguments, coordinator: &str, timeout_ms: u64) -> Result<(
     let runtime = runtime.enable_all().build().map_err(|error| error.to_string())?;
     let mut config = ClientConfig::new(coordinator.to_string());
     config.operation_timeout = Duration::from_millis(timeout_ms);
+    if let Some(password) = &password {
+        config = config.with_password(password).map_err(|error| error.to_string())?;
+    }
     let gateway_config = stratus_resp::GatewayConfig {
+        password: password.map(stratus_resp::RespPassword),
         table_prefix: resp.table_prefix,
         table_span: resp.table_span,
         databases: resp.databases,

@@ -21,6 +21,7 @@ use stratus_master::{
 };
 use stratus_meta::FileMetaStore;
 use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig};
+use stratus_rpc::membership::{read_secret_file, REFUSED_PROOF_DELAY};
 use stratus_rpc::{
     serve_admitting, Admission, Backoff, ChannelPool, ClusterKey, MemberNetwork, Membership,
     RpcConfig,
@@ -91,16 +92,30 @@ pub struct MembershipArguments {
     /// as a server.
     #[arg(long, env = "STRATUS_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// File holding the client password (at least 16 bytes; needs --cluster-secret-file, and
+    /// the same file on every coordinator and server). Clients must then prove it before any
+    /// operation but PING (the CLI: --password-file), and a RESP front end asks for it with
+    /// AUTH, as Redis's `requirepass` does. Without it any client that reaches a port may read
+    /// and write.
+    #[arg(long, env = "STRATUS_CLIENT_PASSWORD_FILE", requires = "cluster_secret_file")]
+    pub client_password_file: Option<PathBuf>,
 }
 
-/// The process's environment and what its listener asks of connections: with a cluster secret,
-/// every connection it opens proves the secret and its server opcodes go to proven members
-/// only. Says in one line which mode it runs in.
+/// How a coordinator or server is secured: its environment (with a cluster secret, every
+/// connection it opens proves it), what its listener asks of connections, and the client
+/// password its RESP front end asks for.
+struct Security {
+    environment: Environment,
+    admission: Admission,
+    client_password: Option<Vec<u8>>,
+}
+
+/// The process's [`Security`] from its flags. Says in one line which mode it runs in.
 fn member_environment(
     arguments: &MembershipArguments,
     role: &str,
     listen: &str,
-) -> Result<(Environment, Admission), String> {
+) -> Result<Security, String> {
     let mut environment = Environment::system();
     let Some(path) = &arguments.cluster_secret_file else {
         if is_loopback(listen) {
@@ -111,14 +126,40 @@ fn member_environment(
                  {listen} can act as a server of this cluster"
             );
         }
-        return Ok((environment, Admission::Open));
+        return Ok(Security { environment, admission: Admission::Open, client_password: None });
     };
     let key =
         ClusterKey::read_file(path).map_err(|error| format!("--cluster-secret-file: {error}"))?;
-    let membership = Membership::new(key, Arc::new(OsEntropy));
+    let client_password = match &arguments.client_password_file {
+        Some(path) => Some(
+            read_secret_file(path)
+                .map_err(|error| format!("--client-password-file: {error}"))?
+                .trim_ascii()
+                .to_vec(),
+        ),
+        None => None,
+    };
+    let client_key = match &client_password {
+        Some(password) => Some(
+            ClusterKey::from_client_password(password)
+                .map_err(|error| format!("--client-password-file: {error}"))?,
+        ),
+        None => None,
+    };
+    let membership =
+        Membership::with_options(key, client_key, Arc::new(OsEntropy), REFUSED_PROOF_DELAY);
     environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
-    tracing::info!("{role} admits only cluster members to server-to-server operations");
-    Ok((environment, Admission::Members(membership)))
+    match client_password {
+        Some(_) => tracing::info!(
+            "{role} admits only cluster members to server-to-server operations, and only \
+             clients with the password to the others"
+        ),
+        None => tracing::info!(
+            "{role} admits only cluster members to server-to-server operations (clients need \
+             no password)"
+        ),
+    }
+    Ok(Security { environment, admission: Admission::Members(membership), client_password })
 }
 
 /// True if `address` ("host:port") is on the loopback interface.
@@ -370,11 +411,10 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
             "discarded a torn, unacknowledged tail of the metadata log"
         );
     }
-    let (environment, admission) =
-        member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
-    let coordinator = Coordinator::open(Arc::new(store), environment.clone())
+    let security = member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
+    let coordinator = Coordinator::open(Arc::new(store), security.environment.clone())
         .map_err(|error| error.to_string())?;
-    serve_coordinator(arguments, coordinator, (environment, admission), std::future::pending())
+    serve_coordinator(arguments, coordinator, security, std::future::pending())
 }
 
 /// How often an active coordinator on etcd checks that it still holds the leadership.
@@ -416,7 +456,7 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         takeover_delay,
         standby_poll_interval: STANDBY_POLL_INTERVAL,
     };
-    let (environment, admission) =
+    let Security { environment, admission, client_password } =
         member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
     runtime(None)?.block_on(async move {
         // Listening from the start, for the whole life of the process, is what lets a standby
@@ -428,7 +468,7 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
         let gate = Arc::new(StandbyGate::new());
-        let membership = admission.membership();
+        let access = metrics::MetricsAccess::new(admission.membership(), client_password);
         let serving = tokio::spawn(serve_admitting(listener, gate.clone(), admission));
         println!(
             "coordinator on {address} standing by for the leadership in etcd ({})",
@@ -459,14 +499,9 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         }
         gate.activate(coordinator.clone());
         let lost = exit_once_leadership_lost(leadership.clone(), store);
-        let outcome = serve_active_coordinator(
-            &arguments,
-            coordinator,
-            &address,
-            (serving, membership),
-            lost,
-        )
-        .await;
+        let outcome =
+            serve_active_coordinator(&arguments, coordinator, &address, (serving, access), lost)
+                .await;
         if outcome.is_ok() {
             // A clean stop: hand over at once rather than after the lease's TTL. Tasks of
             // this runtime still hold the coordinator (and so the leadership): resigning loses
@@ -571,9 +606,10 @@ const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 fn serve_coordinator(
     arguments: CoordinatorArguments,
     coordinator: Coordinator,
-    (environment, admission): (Environment, Admission),
+    security: Security,
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
+    let Security { environment, admission, client_password } = security;
     runtime(None)?.block_on(async move {
         let listener = environment
             .network
@@ -582,9 +618,9 @@ fn serve_coordinator(
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
         let coordinator_service = Arc::new(coordinator.clone());
-        let membership = admission.membership();
+        let access = metrics::MetricsAccess::new(admission.membership(), client_password);
         let serving = tokio::spawn(serve_admitting(listener, coordinator_service, admission));
-        let serving = (serving, membership);
+        let serving = (serving, access);
         serve_active_coordinator(&arguments, coordinator, &address, serving, stopped).await
     })
 }
@@ -595,19 +631,19 @@ async fn serve_active_coordinator(
     arguments: &CoordinatorArguments,
     coordinator: Coordinator,
     address: &str,
-    (serving, membership): (tokio::task::JoinHandle<std::io::Result<()>>, Option<Arc<Membership>>),
+    (serving, mut access): (tokio::task::JoinHandle<std::io::Result<()>>, metrics::MetricsAccess),
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     let token = metrics_token(
         arguments.metrics_listen.as_deref(),
         arguments.metrics_token_file.as_deref(),
-        membership.is_some(),
+        access.membership.is_some(),
     )?;
     let metrics_listener = metrics::bind(arguments.metrics_listen.as_deref()).await?;
     tracing::info!(%address, "coordinator listening");
     println!("coordinator listening on {address}");
     if let Some(metrics_listener) = metrics_listener {
-        let access = metrics::MetricsAccess { membership, token };
+        access.token = token;
         metrics::serve_coordinator(metrics_listener, coordinator.clone(), address, access);
     }
     let background = coordinator.clone();
@@ -663,7 +699,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             SEGMENT_BYTES_MAX >> 20
         ));
     }
-    let (environment, admission) =
+    let Security { environment, admission, client_password } =
         member_environment(&arguments.membership, "server", &arguments.listen)?;
     let coordinator = coordinator.to_string();
     runtime(arguments.worker_threads)?.block_on(async move {
@@ -799,7 +835,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
                 backup: backup.clone(),
             };
             let access =
-                metrics::MetricsAccess { membership: admission.membership(), token: metrics_token };
+                metrics::MetricsAccess::new(admission.membership(), None).with_token(metrics_token);
             metrics::serve_server(listener, figures, access);
         }
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
@@ -830,6 +866,9 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
                     ..stratus_resp::RequestLimits::default()
                 },
                 local_master: Some(address.clone()),
+                // Its own requests go out as a member's (this process's network); its RESP
+                // clients give the client password with AUTH.
+                password: client_password.clone().map(stratus_resp::RespPassword),
                 ..stratus_resp::GatewayConfig::default()
             };
             let gateway = Arc::new(stratus_resp::Gateway::new(client, gateway_config));

@@ -110,11 +110,17 @@ pub struct UpArguments {
     /// mode, fine on loopback.
     #[arg(long, env = "STRATUS_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// The client password every coordinator and server asks clients for (see `stratus server
+    /// --client-password-file`; needs --cluster-secret-file). A file that does not exist is
+    /// created with 32 random bytes, hex-encoded, readable by its owner only. Clients give it
+    /// with --password-file (or STRATUS_PASSWORD_FILE), Redis clients with AUTH.
+    #[arg(long, env = "STRATUS_CLIENT_PASSWORD_FILE", requires = "cluster_secret_file")]
+    pub client_password_file: Option<PathBuf>,
 }
 
-/// The cluster secret file at `path`, created with a fresh random secret if it does not exist;
-/// returns its absolute path (the children run elsewhere).
-fn ensure_cluster_secret(path: &Path) -> Result<PathBuf, String> {
+/// The secret file at `path` (given with `flag`), created with a fresh random secret if it
+/// does not exist; returns its absolute path (the children run elsewhere) and its contents.
+fn ensure_secret_file(path: &Path, flag: &str) -> Result<(PathBuf, Vec<u8>), String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     use stratus_env::Entropy;
@@ -127,14 +133,25 @@ fn ensure_cluster_secret(path: &Path) -> Result<PathBuf, String> {
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(|error| format!("--cluster-secret-file {shown}: {error}"))?;
+            .map_err(|error| format!("{flag} {shown}: {error}"))?;
         file.write_all(format!("{secret}\n").as_bytes())
             .and_then(|()| file.sync_all())
-            .map_err(|error| format!("--cluster-secret-file {shown}: {error}"))?;
-        println!("cluster secret: created {shown}");
+            .map_err(|error| format!("{flag} {shown}: {error}"))?;
+        println!("{flag}: created {shown}");
     }
-    stratus_rpc::ClusterKey::read_file(path).map_err(|error| error.to_string())?;
-    std::fs::canonicalize(path).map_err(|error| format!("--cluster-secret-file {shown}: {error}"))
+    let contents = stratus_rpc::membership::read_secret_file(path)
+        .map_err(|error| format!("{flag}: {error}"))?
+        .trim_ascii()
+        .to_vec();
+    if contents.len() < stratus_rpc::membership::CLUSTER_SECRET_BYTES_MIN {
+        return Err(format!(
+            "{flag} {shown}: fewer than {} bytes",
+            stratus_rpc::membership::CLUSTER_SECRET_BYTES_MIN
+        ));
+    }
+    let absolute =
+        std::fs::canonicalize(path).map_err(|error| format!("{flag} {shown}: {error}"))?;
+    Ok((absolute, contents))
 }
 
 /// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
@@ -501,14 +518,27 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     }
     let logs = arguments.dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|error| format!("{}: {error}", logs.display()))?;
+    let mut client_password = None;
     let membership = match &arguments.cluster_secret_file {
         Some(path) => {
-            let path = ensure_cluster_secret(path)?;
+            let (path, _) = ensure_secret_file(path, "--cluster-secret-file")?;
             println!(
                 "secure membership: coordinators and servers prove the secret in {}",
                 path.display()
             );
-            vec!["--cluster-secret-file".to_string(), path.display().to_string()]
+            let mut flags = vec!["--cluster-secret-file".to_string(), path.display().to_string()];
+            if let Some(password_path) = &arguments.client_password_file {
+                let flag = "--client-password-file";
+                let (password_path, password) = ensure_secret_file(password_path, flag)?;
+                println!(
+                    "client password in {0}: stratus --password-file {0} ..., \
+                     redis-cli -a \"$(cat {0})\" ...",
+                    password_path.display()
+                );
+                flags.extend([flag.to_string(), password_path.display().to_string()]);
+                client_password = Some(password);
+            }
+            flags
         }
         None => {
             println!(
@@ -517,6 +547,14 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             );
             Vec::new()
         }
+    };
+    // `up`'s own client proves the client password too.
+    let client_key = match &client_password {
+        Some(password) => Some(
+            stratus_rpc::ClusterKey::from_client_password(password)
+                .map_err(|error| format!("--client-password-file: {error}"))?,
+        ),
+        None => None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -583,8 +621,13 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
                 let marker = COORDINATOR_LISTENING_LINE;
                 coordinators[0] = wait_for_printed(&mut children, &mut etcd, &log, marker)?;
             }
-            let (first_client, servers_before) =
-                wait_for_coordinator(&runtime, &coordinators[0], &mut children, &mut etcd, &log)?;
+            let (first_client, servers_before) = wait_for_coordinator(
+                &runtime,
+                (&coordinators[0], client_key.as_ref()),
+                &mut children,
+                &mut etcd,
+                &log,
+            )?;
             client = Some(first_client);
             known_before = servers_before;
         } else {
@@ -597,6 +640,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     let client = if on_etcd {
         let mut config = ClientConfig::new(coordinator_list.clone());
         config.operation_timeout = Duration::from_secs(2);
+        config.client_password = client_key.clone();
         let _guard = runtime.enter();
         Client::new(config)
     } else {
@@ -764,13 +808,14 @@ fn etcd_exited(etcd: &mut Option<LocalEtcd>) -> Option<String> {
 /// servers it already knew (of an earlier run of the same directory).
 fn wait_for_coordinator(
     runtime: &tokio::runtime::Runtime,
-    address: &str,
+    (address, client_password): (&str, Option<&stratus_rpc::ClusterKey>),
     children: &mut Children,
     etcd: &mut Option<LocalEtcd>,
     log: &Path,
 ) -> Result<(Client, std::collections::BTreeSet<stratus_types::ServerId>), String> {
     let mut config = ClientConfig::new(address);
     config.operation_timeout = Duration::from_secs(2);
+    config.client_password = client_password.cloned();
     let client = {
         let _guard = runtime.enter();
         Client::new(config)

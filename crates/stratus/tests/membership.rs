@@ -161,7 +161,7 @@ fn only_processes_holding_the_cluster_secret_join_replicate_fence_or_recover() {
         &["--cluster-secret-file", wrong.as_str()],
     );
     assert!(!status.success(), "{output}");
-    assert!(output.contains("does not hold this cluster's secret"), "{output}");
+    assert!(output.contains("does not hold this cluster secret"), "{output}");
     // One without a secret connects as a client and is refused enlistment.
     let (status, output) = run_rogue_server(&cluster, "rogue-no-secret", &[]);
     assert!(!status.success(), "{output}");
@@ -225,4 +225,76 @@ fn only_processes_holding_the_cluster_secret_join_replicate_fence_or_recover() {
     });
     let servers_after = runtime.block_on(client.server_list()).expect("server list");
     assert_eq!(servers_after, servers, "no server was fenced, stopped or added");
+}
+
+/// Sends one RESP command over `stream` and returns the first line of the reply.
+fn resp_line(stream: &mut std::net::TcpStream, arguments: &[&str]) -> String {
+    use std::io::{BufRead, Write};
+    let mut request = format!("*{}\r\n", arguments.len());
+    for argument in arguments {
+        request.push_str(&format!("${}\r\n{argument}\r\n", argument.len()));
+    }
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("reply");
+    line.trim_end().to_string()
+}
+
+#[test]
+fn with_a_client_password_only_clients_that_give_it_read_or_write() {
+    let files = tempfile::tempdir().expect("temporary directory");
+    let secret = files.path().join("cluster-secret");
+    write_secret(&secret, "0123456789abcdef0123456789abcdef");
+    let password_file = files.path().join("client-password");
+    let password = "the-client-password-of-this-test";
+    write_secret(&password_file, password);
+    let (secret, password_path) =
+        (secret.display().to_string(), password_file.display().to_string());
+    let security = [
+        "--cluster-secret-file",
+        secret.as_str(),
+        "--client-password-file",
+        password_path.as_str(),
+    ];
+    let mut server_flags = security.to_vec();
+    server_flags.extend(["--resp-listen", "127.0.0.1:0"]);
+    let cluster = TestCluster::start_with_coordinator(3, 2, &server_flags, &security);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+
+    // Without the password: refused, saying why.
+    let error = runtime.block_on(cluster.client().create_table("t", 3)).expect_err("refused");
+    assert!(error.to_string().contains("needs the client password"), "{error}");
+
+    // With it: everything works, through the library and the CLI.
+    let mut config = stratus_client::ClientConfig::new(cluster.coordinator_address.clone())
+        .with_password(password.as_bytes())
+        .expect("a long enough password");
+    config.operation_timeout = Duration::from_secs(20);
+    let client = stratus_client::Client::new(config);
+    let table = runtime.block_on(client.create_table("t", 3)).expect("create");
+    runtime.block_on(client.write(table, b"k", b"v")).expect("write");
+    let cli = |extra: &[&str], name: &str| {
+        let mut arguments = vec!["--coordinator".to_string(), cluster.coordinator_address.clone()];
+        arguments.extend(extra.iter().map(|argument| argument.to_string()));
+        arguments.extend(["get", "t", "k"].map(str::to_string));
+        run_to_exit(&arguments, &cluster.directory.path().join(name))
+    };
+    let (status, output) = cli(&["--password-file", password_path.as_str()], "cli-ok.out");
+    assert!(status.success(), "{output}");
+    assert_eq!(output.trim(), "v");
+    let (status, output) = cli(&[], "cli-refused.out");
+    assert!(!status.success(), "{output}");
+    assert!(output.contains("--password-file"), "{output}");
+
+    // The RESP front end asks for it, as Redis with requirepass does.
+    let line = cluster.servers[0].wait_for_line("speaks RESP on", Duration::from_secs(30));
+    let address = line.split_whitespace().last().expect("an address").to_string();
+    let mut stream = std::net::TcpStream::connect(&address).expect("connect to RESP");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    assert_eq!(resp_line(&mut stream, &["SET", "a", "1"]), "-NOAUTH Authentication required.");
+    assert!(resp_line(&mut stream, &["AUTH", "guess"]).starts_with("-WRONGPASS"));
+    assert_eq!(resp_line(&mut stream, &["AUTH", password]), "+OK");
+    assert_eq!(resp_line(&mut stream, &["SET", "a", "1"]), "+OK");
+    assert_eq!(resp_line(&mut stream, &["INCR", "a"]), ":2");
 }

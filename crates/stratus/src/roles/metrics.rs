@@ -46,15 +46,30 @@ pub(crate) struct ServerFigures {
     pub(crate) backup: Option<Arc<BackupService>>,
 }
 
-/// Who may read a role's endpoints, and what its membership refused.
+/// Who may read a role's endpoints, what its membership refused, and the client password the
+/// status page's own client proves.
 pub(crate) struct MetricsAccess {
     /// With a cluster secret: what the process refused to non-members.
     pub(crate) membership: Option<Arc<Membership>>,
     /// The token every request must carry, if one was given.
     pub(crate) token: Option<String>,
+    /// The cluster's client password, if it requires one.
+    pub(crate) client_password: Option<Vec<u8>>,
 }
 
 impl MetricsAccess {
+    pub(crate) fn new(
+        membership: Option<Arc<Membership>>,
+        client_password: Option<Vec<u8>>,
+    ) -> MetricsAccess {
+        MetricsAccess { membership, token: None, client_password }
+    }
+
+    pub(crate) fn with_token(mut self, token: Option<String>) -> MetricsAccess {
+        self.token = token;
+        self
+    }
+
     fn protect(&self, routes: Routes) -> Routes {
         match &self.token {
             Some(token) => routes.require_token(token),
@@ -92,7 +107,7 @@ pub(crate) fn serve_coordinator(
     let bound = bound_address(&listener);
     println!("metrics served at http://{bound}/metrics");
     println!("status page served at http://{bound}/");
-    let data = StatusPageData::start(coordinator_address);
+    let data = StatusPageData::start(coordinator_address, access.client_password.as_deref());
     let routes = Routes::new()
         .get("/metrics", move || {
             let (coordinator, membership) = (coordinator.clone(), membership.clone());

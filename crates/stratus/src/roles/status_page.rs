@@ -83,12 +83,19 @@ pub(crate) struct StatusPageData {
 
 impl StatusPageData {
     /// Starts the sampler, asking the coordinator at `coordinator_address`.
-    pub(crate) fn start(coordinator_address: &str) -> Arc<StatusPageData> {
+    pub(crate) fn start(
+        coordinator_address: &str,
+        client_password: Option<&[u8]>,
+    ) -> Arc<StatusPageData> {
         let data = Arc::new(StatusPageData {
             latest: Mutex::new(Err("no sample of the cluster yet".to_string())),
         });
         let mut config = ClientConfig::new(coordinator_address);
         config.operation_timeout = Duration::from_secs(3);
+        if let Some(password) = client_password {
+            // Checked at start (`member_environment`): a bad one never gets here.
+            config = config.with_password(password).expect("a checked client password");
+        }
         let client = Client::new(config);
         tokio::spawn(sample_forever(client, coordinator_address.to_string(), data.clone()));
         data

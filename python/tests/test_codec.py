@@ -508,7 +508,7 @@ def test_largest_frame_is_accepted():
         (struct.pack("<IBBHQH", 14, 1, 0, 1, 1, 0), "request frame"),
         (struct.pack("<IBBHQH", 14, 3, 0, 1, 1, 0), "unknown frame kind 3"),
         (struct.pack("<IBBHQH", 14, 2, 1, 1, 1, 0), "non-zero frame flags"),
-        (struct.pack("<IBBHQH", 14, 2, 0, 1, 1, 31), "unknown status code 31"),
+        (struct.pack("<IBBHQH", 14, 2, 0, 1, 1, 33), "unknown status code 33"),
         (struct.pack("<IBBHQH", 15, 2, 0, 1, 1, 0), "length field says"),
         (b"\x0e\x00\x00\x00\x02\x00", "shorter than a response header"),
     ],

@@ -13,10 +13,11 @@ from stratus_client.errors import error_for_status
 
 def test_status_codes_are_the_specifications():
     # docs/design/wire-protocol.md, "Statuses": codes are never renumbered.
-    assert [status.value for status in Status] == list(range(31))
+    assert [status.value for status in Status] == list(range(33))
     assert Status.OBJECT_DOESNT_EXIST == 3 and Status.IN_PROGRESS == 28
     assert Status.STALE_RPC == 29 and Status.EXPIRED_LEASE == 30
-    assert Status.from_code(31) is None
+    assert Status.AUTHENTICATION_FAILED == 31 and Status.PERMISSION_DENIED == 32
+    assert Status.from_code(33) is None
     assert {status for status in Status if status.carries_operation_body} == {
         Status.OK,
         Status.OBJECT_DOESNT_EXIST,
@@ -29,6 +30,8 @@ def test_status_codes_are_the_specifications():
     "status, error_class",
     [
         (Status.UNKNOWN_TABLET, stratus_client.UnknownTablet),
+        (Status.AUTHENTICATION_FAILED, stratus_client.AuthenticationFailed),
+        (Status.PERMISSION_DENIED, stratus_client.PermissionDenied),
         (Status.TABLE_DOESNT_EXIST, stratus_client.TableDoesNotExist),
         (Status.OBJECT_DOESNT_EXIST, stratus_client.ObjectDoesNotExist),
         (Status.OBJECT_EXISTS, stratus_client.ObjectExists),

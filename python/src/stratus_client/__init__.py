@@ -20,6 +20,7 @@ from .client import Client
 from .codec import TxDecision, TxOpName
 from .enumeration import Enumeration, EnumerationPosition
 from .errors import (
+    AuthenticationFailed,
     CouldNotConnect,
     ExpiredLease,
     InternalError,
@@ -29,6 +30,7 @@ from .errors import (
     NoTableSpace,
     ObjectDoesNotExist,
     ObjectExists,
+    PermissionDenied,
     ProtocolError,
     ProtocolVersionMismatch,
     RequestFormatError,
@@ -72,6 +74,7 @@ from .transaction import Transaction
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationFailed",
     "AbortKind",
     "AbortReason",
     "Client",
@@ -92,6 +95,7 @@ __all__ = [
     "ObjectDoesNotExist",
     "ObjectExists",
     "ObjectRead",
+    "PermissionDenied",
     "ProtocolError",
     "ProtocolVersionMismatch",
     "RejectRules",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
-from . import codec
+from . import codec, credentials
 from .codec import ClientLeaseGrant, MultiItemResult, Opcode, RpcIdentity
 from .connection import Connection, parse_address
 from .enumeration import Enumeration, EnumerationPosition
@@ -172,6 +172,11 @@ class Client:
     lease expired after an attempt that may have been applied fails with ``Timeout`` (its
     outcome is unknown). With ``exactly_once=False`` no lease is taken and no identity sent
     (a mutation retried after a lost answer may be applied twice).
+
+    ``password`` is the cluster's client password, for a cluster whose servers were started with
+    ``--client-password-file``: every connection proves it before its first request (and checks
+    that the server holds it too). It needs the ``argon2-cffi`` package
+    (``pip install 'stratus-client[password]'``).
     """
 
     def __init__(
@@ -182,6 +187,7 @@ class Client:
         request_timeout: float = 2.0,
         connect_timeout: float = 2.0,
         exactly_once: bool = True,
+        password: str | bytes | None = None,
     ) -> None:
         # Several addresses, comma-separated: the coordinators of a cluster with standbys (one is
         # active and listens). Malformed addresses are refused now, not at the first call.
@@ -205,6 +211,9 @@ class Client:
         self._closed = False
         self._coordinator_index = 0  # the coordinator address that answered last
         self.exactly_once = bool(exactly_once)
+        # The client password's key, derived once (slow on purpose), for clusters that require
+        # one (servers started with --client-password-file).
+        self._password_key = None if password is None else credentials.client_key(password)
         # The lease and rpc ids of exactly-once mutations (and of transactions' ops).
         self._lease_agent = LeaseAgent(self._client_lease_call)
         # Threads sending a transaction phase's requests to several masters at once; made by
@@ -550,7 +559,7 @@ class Client:
         if connection is not None and not connection.closed:
             return connection
         deadline = min(time.monotonic() + self.connect_timeout, attempts.deadline)
-        connection = Connection(address, deadline)
+        connection = Connection(address, deadline, self._password_key)
         with self._lock:
             if self._closed:
                 connection.close()

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from . import codec
+from . import codec, credentials
 from .codec import Opcode
 from .errors import (
     CouldNotConnect,
@@ -62,11 +62,13 @@ class Connection:
     Thread-safe: callers take turns (each waits for its turn no longer than its own deadline).
     """
 
-    def __init__(self, address: str, deadline: float) -> None:
-        """Connects and performs the handshake, all before ``deadline`` (``time.monotonic``).
+    def __init__(self, address: str, deadline: float, password_key: bytes | None = None) -> None:
+        """Connects and performs the handshake, all before ``deadline`` (``time.monotonic``);
+        with ``password_key`` (``credentials.client_key``), proves the client password first.
 
         Raises ``CouldNotConnect`` or ``Timeout`` when the server cannot be reached in time,
-        ``ProtocolVersionMismatch`` when it speaks another protocol version, and
+        ``ProtocolVersionMismatch`` when it speaks another protocol version,
+        ``AuthenticationFailed`` when the password is refused (or the server lacks it), and
         ``ProtocolError`` when what answers is not a Stratus server.
         """
         self.address = address
@@ -79,6 +81,8 @@ class Connection:
                 (host, port), timeout=_seconds_left(deadline, address, "connecting")
             )
             self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if password_key is not None:
+                self._prove_password(password_key, deadline)
             self._send_all(codec.encode_hello(), deadline)
             server_version, status = codec.decode_hello(
                 self._receive_exactly(codec.HELLO_BYTES, deadline)
@@ -106,6 +110,14 @@ class Connection:
         if status is not Status.OK:
             self.close()
             raise ProtocolError(f"{address} refused the handshake with {status.name}")
+
+    def _prove_password(self, key: bytes, deadline: float) -> None:
+        """The client side of the credentials preamble (see ``credentials``)."""
+        client_nonce, challenge = credentials.challenge()
+        self._send_all(challenge, deadline)
+        answer = self._receive_exactly(credentials.ANSWER_BYTES, deadline)
+        self._send_all(credentials.answer_proof(key, client_nonce, answer), deadline)
+        credentials.check_verdict(self._receive_exactly(credentials.VERDICT_BYTES, deadline))
 
     @property
     def closed(self) -> bool:

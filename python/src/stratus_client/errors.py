@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .model import AbortReason
 
 __all__ = [
+    "AuthenticationFailed",
     "CouldNotConnect",
     "ExpiredLease",
     "InternalError",
@@ -30,6 +31,7 @@ __all__ = [
     "NoTableSpace",
     "ObjectDoesNotExist",
     "ObjectExists",
+    "PermissionDenied",
     "ProtocolError",
     "ProtocolVersionMismatch",
     "RequestFormatError",
@@ -208,6 +210,20 @@ class ExpiredLease(StratusError):
     status = Status.EXPIRED_LEASE
 
 
+class AuthenticationFailed(StratusError):
+    """A server refused this client's password, or does not hold it itself (a wrong
+    ``password``, or a server of another cluster). Not retried."""
+
+    status = Status.AUTHENTICATION_FAILED
+
+
+class PermissionDenied(StratusError):
+    """The server requires the cluster's client password and this client gave none (pass
+    ``password=``), or the request is one only cluster members may send. Nothing was done."""
+
+    status = Status.PERMISSION_DENIED
+
+
 class Unavailable(StratusError):
     """The cluster could not serve the request now; trying again later may succeed."""
 
@@ -323,6 +339,8 @@ _CLASS_BY_STATUS: dict[Status, type[StratusError]] = {
         InvalidParameter,
         StaleRpc,
         ExpiredLease,
+        AuthenticationFailed,
+        PermissionDenied,
         RetryLater,
         CouldNotConnect,
         ServiceNotAvailable,

@@ -7,7 +7,13 @@ import random
 import time
 
 from .codec import ErrorBody
-from .errors import StratusError, Timeout, error_for_status
+from .errors import (
+    AuthenticationFailed,
+    PermissionDenied,
+    StratusError,
+    Timeout,
+    error_for_status,
+)
 from .status import Status
 
 __all__ = ["Attempts", "failure_from_response"]
@@ -48,7 +54,10 @@ class Attempts:
 
     def wait_before_retry(self, last_error: StratusError) -> None:
         """Sleeps the next backoff delay before another attempt, or raises ``Timeout`` naming
-        ``last_error`` when the deadline comes first."""
+        ``last_error`` when the deadline comes first. A refused credential is raised at once:
+        no retry can cure a wrong or missing password."""
+        if isinstance(last_error, (AuthenticationFailed, PermissionDenied)):
+            raise last_error
         explaining = self.note(last_error)
         if not self.pause_before_retry():
             raise self.timeout_error(explaining) from explaining

@@ -45,6 +45,8 @@ class Status(enum.IntEnum):
     IN_PROGRESS = 28
     STALE_RPC = 29
     EXPIRED_LEASE = 30
+    AUTHENTICATION_FAILED = 31
+    PERMISSION_DENIED = 32
 
     @property
     def carries_operation_body(self) -> bool:
@@ -105,4 +107,6 @@ _DESCRIPTIONS = {
     Status.IN_PROGRESS: "still in progress",
     Status.STALE_RPC: "stale rpc: its result was acknowledged already",
     Status.EXPIRED_LEASE: "client lease expired",
+    Status.AUTHENTICATION_FAILED: "authentication failed",
+    Status.PERMISSION_DENIED: "permission denied",
 }

@@ -526,13 +526,21 @@ impl Gateway {
         user: Option<&Bytes>,
         password: &[u8],
     ) -> Outcome {
-        let Some(expected) = &self.config.password else {
-            return Err(error(
-                "ERR AUTH <password> called without any password configured for the default \
-                 user. Are you sure your configuration is correct?",
-            ));
-        };
         let user_known = user.is_none_or(|user| user.as_ref() == b"default");
+        let Some(expected) = &self.config.password else {
+            // As Redis whose default user has no password: it accepts any password given
+            // with its name, and only it exists.
+            return match user {
+                None => Err(error(
+                    "ERR AUTH <password> called without any password configured for the \
+                     default user. Are you sure your configuration is correct?",
+                )),
+                Some(_) if user_known => Ok(Value::ok()),
+                Some(_) => {
+                    Err(error("WRONGPASS invalid username-password pair or user is disabled."))
+                }
+            };
+        };
         if user_known && expected.matches(password) {
             session.authenticated = true;
             return Ok(Value::ok());
@@ -1256,5 +1264,10 @@ mod authentication_tests {
         assert_eq!(call(&gateway, &mut session, &["PING"]).await, Value::simple("PONG"));
         let text = error_text(call(&gateway, &mut session, &["AUTH", "anything"]).await);
         assert!(text.contains("without any password configured"), "{text}");
+        assert_eq!(call(&gateway, &mut session, &["AUTH", "default", "x"]).await, Value::ok());
+        let text = error_text(call(&gateway, &mut session, &["AUTH", "someone", "x"]).await);
+        assert!(text.starts_with("WRONGPASS"), "{text}");
+        let hello = ["HELLO", "3", "AUTH", "default", "anything"];
+        assert!(matches!(call(&gateway, &mut session, &hello).await, Value::Map(_)));
     }
 }

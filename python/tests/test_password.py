@@ -54,7 +54,12 @@ def test_the_password_admits_a_client_and_its_absence_is_refused_at_once(secured
     with Client(coordinator, timeout=30) as anonymous:
         with pytest.raises(PermissionDenied) as refused:
             anonymous.list_tables()
-    assert "client password" in str(refused.value)
+        assert "client password" in str(refused.value)
+        # The paths that locate many keys, or a transaction's, give up at once too.
+        with pytest.raises(PermissionDenied):
+            anonymous.multi_read([(table, b"k")])
+        with pytest.raises(PermissionDenied):
+            anonymous.run_transaction(lambda transaction: transaction.read(table, b"k"))
     with Client(coordinator, timeout=30, password="not the password of this cluster") as wrong:
         with pytest.raises(AuthenticationFailed):
             wrong.list_tables()

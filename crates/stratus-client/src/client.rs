@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stratus_env::{Environment, OsEntropy};
+use stratus_env::Environment;
 use stratus_rpc::{
     Backoff, ChannelPool, ClientNetwork, ClusterKey, RpcConfig, RpcError, SecretError,
 };
@@ -156,10 +156,25 @@ pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// True for a transport failure that retrying cannot cure: the peer broke the protocol or
-/// speaks another version of it (retrying until the deadline would only hide the cause).
+/// True for a transport failure that retrying cannot cure: the peer broke the protocol, speaks
+/// another version of it, or refused this client's password (retrying until the deadline would
+/// only hide the cause).
 fn is_permanent(error: &RpcError) -> bool {
-    matches!(error, RpcError::Protocol(_) | RpcError::VersionMismatch { .. })
+    matches!(
+        error,
+        RpcError::Protocol(_)
+            | RpcError::VersionMismatch { .. }
+            | RpcError::AuthenticationFailed(_)
+    )
+}
+
+/// True for a status that no retry can cure: what the client asked for does not exist, or its
+/// credentials do not allow it.
+fn is_final_locating(status: Status) -> bool {
+    matches!(
+        status,
+        Status::TableDoesntExist | Status::PermissionDenied | Status::AuthenticationFailed
+    )
 }
 
 /// True for a single-object request that changes the object.
@@ -373,11 +388,12 @@ impl Client {
     }
 
     /// A client using `environment` (the simulator passes its own). With a client password,
-    /// every connection it opens proves it first (nonces from the operating system's random
+    /// every connection it opens proves it first (nonces from the environment's secure
     /// source: they must be unpredictable).
     pub fn with_environment(config: ClientConfig, mut environment: Environment) -> Client {
         if let Some(key) = &config.client_password {
-            let network = ClientNetwork::new(environment.network, key.clone(), Arc::new(OsEntropy));
+            let nonces = environment.secure_entropy.clone();
+            let network = ClientNetwork::new(environment.network, key.clone(), nonces);
             environment.network = Arc::new(network);
         }
         let pool = ChannelPool::new(environment.network.clone(), config.rpc.clone());
@@ -994,7 +1010,7 @@ impl Inner {
     ) -> Route {
         let tablet = match self.locate(table_id, hash, deadline).await {
             Ok(tablet) => tablet,
-            Err(error) if error.status == Status::TableDoesntExist => return Route::Fail(error),
+            Err(error) if is_final_locating(error.status) => return Route::Fail(error),
             Err(error) => return Route::Wait(error),
         };
         match tablet.state {

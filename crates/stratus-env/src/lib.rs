@@ -119,18 +119,22 @@ pub struct Environment {
     pub network: Arc<dyn Network>,
     /// The wall clock.
     pub wall_clock: Arc<dyn WallClock>,
-    /// Randomness.
+    /// Randomness (jitter, placement): cheap, and predictable in production.
     pub entropy: Arc<dyn Entropy>,
+    /// Randomness an attacker must not predict (authentication nonces): the kernel's source in
+    /// production, seeded in the simulator (a run stays a function of its seed).
+    pub secure_entropy: Arc<dyn Entropy>,
 }
 
 impl Environment {
-    /// The real operating system: TCP, the system clock, and randomness seeded from the clock
-    /// and the process id.
+    /// The real operating system: TCP, the system clock, randomness seeded from the clock and
+    /// the process id, and the kernel's unpredictable source for nonces.
     pub fn system() -> Environment {
         Environment {
             network: Arc::new(TcpNetwork),
             wall_clock: Arc::new(SystemWallClock),
             entropy: Arc::new(SeededEntropy::new(system_seed())),
+            secure_entropy: Arc::new(OsEntropy),
         }
     }
 }

@@ -303,6 +303,11 @@ fn unknown_subcommand(subcommand: &[u8], command: &str) -> Failure {
 /// connection (and connections are bounded), a person who mistyped hardly notices.
 const WRONG_PASSWORD_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// Failed AUTH attempts a gateway checks per second, over all its connections; beyond it AUTH
+/// is refused without checking until the second ends. A hundred is far more than people
+/// mistyping and far fewer than a guesser needs.
+const AUTH_FAILURES_PER_SECOND_MAX: u32 = 100;
+
 /// What a command asks of the connection besides its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum After {
@@ -541,13 +546,42 @@ impl Gateway {
                 }
             };
         };
+        if !self.reserve_auth_attempt() {
+            tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
+            return Err(error("ERR too many failed AUTH attempts on this server; try again later"));
+        }
         if user_known && expected.matches(password) {
+            // A success does not count against the window.
+            let mut window = self.lock_auth_failure_window();
+            window.1 = window.1.saturating_sub(1);
+            drop(window);
             session.authenticated = true;
             return Ok(Value::ok());
         }
         self.authentications_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
         Err(error("WRONGPASS invalid username-password pair or user is disabled."))
+    }
+
+    /// Takes one attempt from the current one-second window, unless
+    /// `AUTH_FAILURES_PER_SECOND_MAX` were taken (by attempts that failed, or are being
+    /// checked): the bound on guesses a second over all connections, each of which alone is
+    /// slowed by `WRONG_PASSWORD_DELAY` but may be one of thousands. While a guesser exhausts
+    /// it, honest clients are refused too, for that second: the price of the bound.
+    fn reserve_auth_attempt(&self) -> bool {
+        let mut window = self.lock_auth_failure_window();
+        if window.0.elapsed() >= std::time::Duration::from_secs(1) {
+            *window = (tokio::time::Instant::now(), 0);
+        }
+        if window.1 >= AUTH_FAILURES_PER_SECOND_MAX {
+            return false;
+        }
+        window.1 += 1;
+        true
+    }
+
+    fn lock_auth_failure_window(&self) -> std::sync::MutexGuard<'_, (tokio::time::Instant, u32)> {
+        self.auth_failure_window.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     async fn hello(&self, session: &mut Session, arguments: &[Bytes]) -> Outcome {
@@ -1255,6 +1289,24 @@ mod authentication_tests {
         assert!(text.starts_with("WRONGPASS"), "{text}");
         assert!(error_text(call(&gateway, &mut third, &["PING"]).await).starts_with("NOAUTH"));
         assert!(!format!("{:?}", gateway.config).contains("s3cret"), "password in Debug");
+    }
+
+    #[tokio::test]
+    async fn failed_auth_attempts_are_bounded_per_second_over_all_connections() {
+        let gateway = gateway(Some("s3cret-password"));
+        let attempts = (0..120)
+            .map(|id| {
+                let gateway = &gateway;
+                Box::pin(async move {
+                    let mut session = Session::new(id);
+                    error_text(call(gateway, &mut session, &["AUTH", "guess"]).await)
+                }) as stratus_env::BoxFuture<'_, String>
+            })
+            .collect();
+        let texts = stratus_env::join_all(attempts).await;
+        let checked = texts.iter().filter(|text| text.starts_with("WRONGPASS")).count();
+        let refused = texts.iter().filter(|text| text.contains("too many failed AUTH")).count();
+        assert_eq!((checked, refused), (100, 20), "{texts:?}");
     }
 
     #[tokio::test]

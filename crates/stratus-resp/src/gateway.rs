@@ -129,6 +129,9 @@ pub struct Gateway {
     pub(crate) commands_processed: AtomicU64,
     /// AUTH and HELLO … AUTH attempts with a wrong user or password.
     pub(crate) authentications_failed: AtomicU64,
+    /// Failed AUTH attempts in the current one-second window (its start, its count): past
+    /// `AUTH_FAILURES_PER_SECOND_MAX`, AUTH is refused unchecked until the window ends.
+    pub(crate) auth_failure_window: Mutex<(Instant, u32)>,
     pub(crate) started: Instant,
     /// This gateway's wall clock: what EXPIRETIME and the absolute expiry forms compare with.
     pub(crate) wall_clock: std::sync::Arc<dyn stratus_env::WallClock>,
@@ -147,6 +150,7 @@ impl Gateway {
             connections_received: AtomicU64::new(0),
             commands_processed: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
+            auth_failure_window: Mutex::new((Instant::now(), 0)),
             started: Instant::now(),
             wall_clock: std::sync::Arc::new(stratus_env::SystemWallClock),
         }

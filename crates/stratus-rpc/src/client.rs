@@ -69,6 +69,9 @@ pub enum RpcError {
         /// The version the peer announced.
         server_version: u16,
     },
+    /// The credentials preamble failed: the peer refused this process's secret or password,
+    /// or does not hold it itself. Retrying cannot cure it.
+    AuthenticationFailed(String),
 }
 
 impl RpcError {
@@ -81,6 +84,7 @@ impl RpcError {
             RpcError::Timeout => Status::Timeout,
             RpcError::Protocol(_) => Status::InternalError,
             RpcError::VersionMismatch { .. } => Status::ProtocolVersionMismatch,
+            RpcError::AuthenticationFailed(_) => Status::AuthenticationFailed,
         }
     }
 }
@@ -93,6 +97,7 @@ impl std::fmt::Display for RpcError {
             RpcError::ConnectionLost(reason) => write!(f, "connection lost: {reason}"),
             RpcError::NotSent(reason) => write!(f, "not sent: {reason}"),
             RpcError::Protocol(reason) => write!(f, "protocol violation: {reason}"),
+            RpcError::AuthenticationFailed(reason) => f.write_str(reason),
             RpcError::VersionMismatch { server_version } => write!(
                 f,
                 "protocol version mismatch: we speak {PROTOCOL_VERSION}, server speaks {server_version}"
@@ -150,10 +155,16 @@ impl Channel {
         config: &RpcConfig,
     ) -> Result<Channel, RpcError> {
         let connecting = async {
-            let mut connection = network
-                .connect(address)
-                .await
-                .map_err(|error| RpcError::Connect(error.to_string()))?;
+            let mut connection = network.connect(address).await.map_err(|error| {
+                // A credentials preamble refused (see `membership`): final, not a connection
+                // failure to retry.
+                match error.kind() {
+                    std::io::ErrorKind::PermissionDenied => {
+                        RpcError::AuthenticationFailed(error.to_string())
+                    }
+                    _ => RpcError::Connect(error.to_string()),
+                }
+            })?;
             let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
             connection
                 .writer

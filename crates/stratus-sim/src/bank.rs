@@ -215,7 +215,7 @@ fn balance(value: Option<&[u8]>) -> Option<i64> {
 fn bank_client(seed: u64, name: &str, bank: &BankOptions) -> Client {
     let mut config = client_config();
     config.operation_timeout = bank.operation_timeout;
-    Client::with_environment(config, network::node_environment(seed, name, 0))
+    Client::with_environment(config, network::client_environment(seed, name, 0))
 }
 
 /// The bank table: created (span: every master) by the opener, looked up by the others.

@@ -473,7 +473,7 @@ async fn run_client(
     let mut choices = Choices::new(seed ^ 0xC11E_0000 ^ u64::from(client_id));
     let client = Client::with_environment(
         client_config(),
-        network::node_environment(seed, &format!("client-{client_id}"), 0),
+        network::client_environment(seed, &format!("client-{client_id}"), 0),
     );
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), client_id);
@@ -517,7 +517,7 @@ async fn run_operator(
 ) -> nodes::HostResult {
     let mut choices = Choices::new(seed ^ 0x0BE2_A702);
     let client =
-        Client::with_environment(client_config(), network::node_environment(seed, "operator", 0));
+        Client::with_environment(client_config(), network::client_environment(seed, "operator", 0));
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     for _ in 0..TABLET_MOVES_MAX {
         tokio::time::sleep(Duration::from_millis(200 + choices.below(1_300))).await;
@@ -595,7 +595,7 @@ async fn verify(
     }
     let mut config = client_config();
     config.operation_timeout = Duration::from_secs(30);
-    let client = Client::with_environment(config, network::node_environment(seed, "verifier", 0));
+    let client = Client::with_environment(config, network::client_environment(seed, "verifier", 0));
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), options.clients);
     let shared_keys = (0..options.keys).map(|index| format!("key-{index}"));

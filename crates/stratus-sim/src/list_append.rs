@@ -333,7 +333,7 @@ pub(crate) async fn run_client(
     let name = format!("list-client-{index}");
     let mut config = client_config();
     config.operation_timeout = lists.operation_timeout;
-    let client = Client::with_environment(config, network::node_environment(seed, &name, 0));
+    let client = Client::with_environment(config, network::client_environment(seed, &name, 0));
     let table = table_id(&client, options.servers as u32, state).await?;
     let mut choices = Choices::new(seed ^ 0x115A_0000 ^ u64::from(index));
     for sequence in 0..TRANSACTIONS_PER_CLIENT_MAX {

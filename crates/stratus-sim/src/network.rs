@@ -8,7 +8,8 @@ use std::time::Duration;
 use stratus_env::{
     BoxFuture, Connection, Environment, Listener, Network, SeededEntropy, WallClock,
 };
-use stratus_rpc::{Admission, ClusterKey, MemberNetwork, Membership};
+use stratus_rpc::membership::REFUSED_PROOF_DELAY;
+use stratus_rpc::{Admission, ClientNetwork, ClusterKey, MemberNetwork, Membership};
 
 /// Connections through turmoil's simulated TCP: byte streams between simulated hosts whose
 /// segments turmoil delays, holds (a stalled link) or drops (a partition: the stream stalls for
@@ -89,26 +90,52 @@ pub fn node_environment(seed: u64, node: &str, incarnation: u64) -> Environment 
         network: Arc::new(SimulatedNetwork),
         wall_clock: Arc::new(SimulatedWallClock),
         entropy: Arc::new(SeededEntropy::new(mixed)),
+        // Its own stream: nonces drawn do not shift the node's other random choices.
+        secure_entropy: Arc::new(SeededEntropy::new(mixed ^ 0x5EC0_5EC0_5EC0_5EC0)),
     }
 }
 
-/// The cluster secret of every simulated cluster: the coordinator and the servers run in secure
-/// mode, as a production cluster with `--cluster-secret-file` does, and the clients do not
-/// hold it (they reach only client opcodes).
+/// The cluster secret and the client password of every simulated cluster: the coordinator and
+/// the servers run in secure mode with a client password, as a production cluster with
+/// `--cluster-secret-file` and `--client-password-file` does; the clients prove the password,
+/// and nothing else holds the secret.
 const SIMULATED_CLUSTER_SECRET: &[u8] = b"the simulated cluster's secret";
+const SIMULATED_CLIENT_PASSWORD: &[u8] = b"the simulated cluster's client password";
+
+/// The cluster key and the client key, derived once per process: the derivations are
+/// deliberately slow, and nodes start often.
+fn keys() -> &'static (ClusterKey, ClusterKey) {
+    static KEYS: std::sync::OnceLock<(ClusterKey, ClusterKey)> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let cluster = ClusterKey::from_secret(SIMULATED_CLUSTER_SECRET).expect("long enough");
+        let client =
+            ClusterKey::from_client_password(SIMULATED_CLIENT_PASSWORD).expect("long enough");
+        (cluster, client)
+    })
+}
 
 /// [`node_environment`] for a coordinator or server: every connection it opens proves the
-/// cluster secret, and what its listener must ask of connections. Its nonces come from their
-/// own seeded stream (deterministic, so the run stays a function of the seed).
+/// cluster secret, and what its listener must ask of connections (the secret from members, the
+/// client password from clients).
 pub fn member_environment(seed: u64, node: &str, incarnation: u64) -> (Environment, Admission) {
     let mut environment = node_environment(seed, node, incarnation);
-    let nonces = Arc::new(SeededEntropy::new(environment.entropy.next_u64()));
-    // Derived once per process: the derivation is deliberately slow, and nodes start often.
-    static KEY: std::sync::OnceLock<ClusterKey> = std::sync::OnceLock::new();
-    let key = KEY.get_or_init(|| {
-        ClusterKey::from_secret(SIMULATED_CLUSTER_SECRET).expect("a long enough secret")
-    });
-    let membership = Membership::new(key.clone(), nonces);
+    let (cluster_key, client_key) = keys().clone();
+    let membership = Membership::with_options(
+        cluster_key,
+        Some(client_key),
+        environment.secure_entropy.clone(),
+        REFUSED_PROOF_DELAY,
+    );
     environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
     (environment, Admission::Members(membership))
+}
+
+/// [`node_environment`] for a client: every connection it opens (the client library's and
+/// any raw pool's) proves the client password.
+pub fn client_environment(seed: u64, node: &str, incarnation: u64) -> Environment {
+    let mut environment = node_environment(seed, node, incarnation);
+    let client_key = keys().1.clone();
+    let nonces = environment.secure_entropy.clone();
+    environment.network = Arc::new(ClientNetwork::new(environment.network, client_key, nonces));
+    environment
 }

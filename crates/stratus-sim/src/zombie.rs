@@ -36,7 +36,7 @@ pub(crate) async fn run(
     options: SimulationOptions,
     workload: Arc<Workload>,
 ) -> HostResult {
-    let environment = network::node_environment(seed, "zombie", 0);
+    let environment = network::client_environment(seed, "zombie", 0);
     let client = Client::with_environment(client_config(), environment.clone());
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());

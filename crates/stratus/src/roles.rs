@@ -14,7 +14,7 @@ use stratus_backup::{
 };
 use stratus_client::{Client, ClientConfig};
 use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig, StandbyGate};
-use stratus_env::{Environment, OsEntropy};
+use stratus_env::Environment;
 use stratus_master::{
     keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
     RecoveryReader, ReplicaManager, ReplicationConfig, ServerList, REPLICATION_TIMEOUT_DEFAULT,
@@ -118,6 +118,10 @@ fn member_environment(
 ) -> Result<Security, String> {
     let mut environment = Environment::system();
     let Some(path) = &arguments.cluster_secret_file else {
+        if arguments.client_password_file.is_some() {
+            // Without the secret anyone could act as a server and bypass the password.
+            return Err("--client-password-file needs --cluster-secret-file".to_string());
+        }
         if is_loopback(listen) {
             tracing::info!("{role} in insecure mode (no --cluster-secret-file), on loopback");
         } else {
@@ -146,8 +150,12 @@ fn member_environment(
         ),
         None => None,
     };
-    let membership =
-        Membership::with_options(key, client_key, Arc::new(OsEntropy), REFUSED_PROOF_DELAY);
+    let membership = Membership::with_options(
+        key,
+        client_key,
+        environment.secure_entropy.clone(),
+        REFUSED_PROOF_DELAY,
+    );
     environment.network = Arc::new(MemberNetwork::new(environment.network, membership.clone()));
     match client_password {
         Some(_) => tracing::info!(

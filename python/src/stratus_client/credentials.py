@@ -44,7 +44,10 @@ _LANES = 1
 
 def client_key(password: str | bytes) -> bytes:
     """The 32-byte key of ``password`` (surrounding whitespace removed, at least 16 bytes)."""
-    secret = (password.encode() if isinstance(password, str) else bytes(password)).strip()
+    # The ASCII whitespace Rust's `trim_ascii` removes (bytes.strip() would also take \x0b).
+    secret = (password.encode() if isinstance(password, str) else bytes(password)).strip(
+        b" \t\n\r\x0c"
+    )
     if len(secret) < SECRET_BYTES_MIN:
         raise ValueError(f"the client password has {len(secret)} bytes; at least 16 are needed")
     try:

@@ -46,7 +46,10 @@ class Attempts:
         """Records ``error`` as the last failure seen, and returns the one to report: a
         ``Timeout`` that came because this operation's own deadline passed (its last attempt
         ran out of time, which a loaded machine makes likely) does not hide an earlier failure
-        that explains the timeout."""
+        that explains the timeout. A refused credential is raised at once: no retry can cure a
+        wrong or missing password, so no caller may go on after noting one."""
+        if isinstance(error, (AuthenticationFailed, PermissionDenied)):
+            raise error
         ran_out = isinstance(error, Timeout) and time.monotonic() >= self.deadline
         if not (ran_out and self.last_error is not None):
             self.last_error = error
@@ -54,10 +57,8 @@ class Attempts:
 
     def wait_before_retry(self, last_error: StratusError) -> None:
         """Sleeps the next backoff delay before another attempt, or raises ``Timeout`` naming
-        ``last_error`` when the deadline comes first. A refused credential is raised at once:
-        no retry can cure a wrong or missing password."""
-        if isinstance(last_error, (AuthenticationFailed, PermissionDenied)):
-            raise last_error
+        ``last_error`` when the deadline comes first (a refused credential at once: see
+        ``note``)."""
         explaining = self.note(last_error)
         if not self.pause_before_retry():
             raise self.timeout_error(explaining) from explaining

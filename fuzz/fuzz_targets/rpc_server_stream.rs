@@ -1,6 +1,7 @@
 //! A server connection fed an arbitrary byte stream: the handshake, then whatever frames the
 //! bytes hold. `serve_connection` must neither panic nor hang, and everything it writes back
-//! must be a well-formed handshake followed by well-formed response frames.
+//! must be a well-formed handshake followed by well-formed response frames, or (to a
+//! membership preamble, which this server without a cluster secret refuses) one refusal.
 //!
 //! The service decodes each request body and answers with an error frame (immediately, or
 //! deferred for every other request, to exercise both paths).
@@ -15,6 +16,7 @@ use libfuzzer_sys::fuzz_target;
 use stratus_env::Connection;
 use stratus_rpc::server::serve_connection;
 use stratus_rpc::{Handled, Service};
+use stratus_wire::membership::{MemberAnswer, MEMBER_ANSWER_BYTES, MEMBER_MAGIC};
 use stratus_wire::{
     decode_frame_header, decode_request, encode_error_response, frame_length, FrameHeader,
     FrameKind, Hello, Status, HELLO_BYTES,
@@ -84,6 +86,15 @@ async fn exchange(input: Vec<u8>) -> Vec<u8> {
 
 fn check_output(output: &[u8]) {
     if output.is_empty() {
+        return;
+    }
+    if output.starts_with(&MEMBER_MAGIC) {
+        // A membership preamble sent to this server, which has no cluster secret: it refuses
+        // with one whole answer and says nothing more.
+        let answer: &[u8; MEMBER_ANSWER_BYTES] =
+            output.try_into().expect("exactly one preamble answer, and nothing after it");
+        let answer = MemberAnswer::decode(answer).expect("the server's answer decodes");
+        assert_eq!(answer.status, Status::AuthenticationFailed);
         return;
     }
     let hello: &[u8; HELLO_BYTES] =

@@ -9,27 +9,23 @@
 
 #![no_main]
 
+#[path = "common/server_stream.rs"]
+mod server_stream;
+
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use stratus_env::{Connection, Entropy, SeededEntropy};
-use stratus_rpc::server::serve_connection_admitting;
+use stratus_env::{Entropy, SeededEntropy};
 use stratus_rpc::{Admission, ClusterKey, Handled, Membership, Service};
 use stratus_wire::membership::{
     decode_member_verdict, encode_member_verdict, MemberAnswer, MemberChallenge, PeerRole,
-    ProofSide,
-    MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES, MEMBER_MAGIC, MEMBER_VERDICT_BYTES,
+    ProofSide, MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES, MEMBER_MAGIC, MEMBER_VERDICT_BYTES,
 };
-use stratus_wire::{
-    decode_frame_header, encode_error_response, frame_length, FrameHeader, FrameKind, Hello,
-    Status, HELLO_BYTES,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use stratus_wire::{encode_error_response, FrameHeader, Status};
 
-const PIPE_BYTES: usize = 4 << 20;
 const SECRET: &[u8] = b"the fuzzed cluster's secret";
 const PASSWORD: &[u8] = b"the fuzzed cluster's client password";
 const NONCE_SEED: u64 = 7;
@@ -52,7 +48,9 @@ thread_local! {
 fuzz_target!(|data: &[u8]| {
     check_decoders(data);
     let input = steer(data);
-    let output = RUNTIME.with(|runtime| runtime.borrow().block_on(exchange(input)));
+    let admission = admission(&input);
+    let exchange = server_stream::exchange(input, Arc::new(AnswerEverything), admission);
+    let output = RUNTIME.with(|runtime| runtime.borrow().block_on(exchange));
     check_output(&output);
 });
 
@@ -120,33 +118,11 @@ fn steer(data: &[u8]) -> Vec<u8> {
     }
 }
 
-async fn exchange(input: Vec<u8>) -> Vec<u8> {
-    let (client, server) = tokio::io::duplex(PIPE_BYTES);
-    let (server_reader, server_writer) = tokio::io::split(server);
-    let connection = Connection {
-        reader: Box::new(server_reader),
-        writer: Box::new(server_writer),
-        peer_address: "fuzz".to_string(),
-    };
-    // Every other input runs a server that requires the client password.
+/// A server with a cluster secret (and, for every other input, a client password).
+fn admission(input: &[u8]) -> Admission {
     let client_key = (input.len() % 2 == 0).then(client_key);
     let nonces = Arc::new(SeededEntropy::new(NONCE_SEED));
-    let membership = Membership::with_options(key(), client_key, nonces, Duration::ZERO);
-    let server = tokio::spawn(async move {
-        let admission = Admission::Members(membership);
-        serve_connection_admitting(connection, Arc::new(AnswerEverything), &admission).await
-    });
-    let (mut client_reader, mut client_writer) = tokio::io::split(client);
-    let reader = tokio::spawn(async move {
-        let mut output = Vec::new();
-        let _ = client_reader.read_to_end(&mut output).await;
-        output
-    });
-    let _ = client_writer.write_all(&input).await;
-    let _ = client_writer.shutdown().await;
-    server.await.expect("serve_connection_admitting panicked");
-    drop(client_writer);
-    reader.await.expect("reader task")
+    Admission::Members(Membership::with_options(key(), client_key, nonces, Duration::ZERO))
 }
 
 fn check_output(output: &[u8]) {
@@ -169,18 +145,5 @@ fn check_output(output: &[u8]) {
             return;
         }
     }
-    if rest.is_empty() {
-        return;
-    }
-    let hello: &[u8; HELLO_BYTES] =
-        rest.get(..HELLO_BYTES).and_then(|bytes| bytes.try_into().ok()).expect("whole hello");
-    Hello::decode(hello).expect("the server's hello decodes");
-    rest = &rest[HELLO_BYTES..];
-    while !rest.is_empty() {
-        let length = frame_length(rest).expect("valid length").expect("a whole length field");
-        let frame = rest.get(..length).expect("the server writes whole frames");
-        let header = decode_frame_header(frame).expect("the server's frame header decodes");
-        assert_eq!(header.kind, FrameKind::Response);
-        rest = &rest[length..];
-    }
+    server_stream::check_hello_and_frames(rest);
 }

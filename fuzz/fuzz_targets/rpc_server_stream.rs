@@ -8,24 +8,17 @@
 
 #![no_main]
 
+#[path = "common/server_stream.rs"]
+mod server_stream;
+
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use stratus_env::Connection;
-use stratus_rpc::server::serve_connection;
-use stratus_rpc::{Handled, Service};
+use stratus_rpc::{Admission, Handled, Service};
 use stratus_wire::membership::{MemberAnswer, MEMBER_ANSWER_BYTES, MEMBER_MAGIC};
-use stratus_wire::{
-    decode_frame_header, decode_request, encode_error_response, frame_length, FrameHeader,
-    FrameKind, Hello, Status, HELLO_BYTES,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Enough for every response to a 4 KiB input (libFuzzer's default maximum input size), so
-/// the server never waits on a full pipe while this target is still writing.
-const PIPE_BYTES: usize = 4 << 20;
+use stratus_wire::{decode_request, encode_error_response, FrameHeader, Status};
 
 struct AnswerEverything;
 
@@ -55,34 +48,13 @@ thread_local! {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let output = RUNTIME.with(|runtime| runtime.borrow().block_on(exchange(data.to_vec())));
+    let output = RUNTIME.with(|runtime| {
+        let exchange =
+            server_stream::exchange(data.to_vec(), Arc::new(AnswerEverything), Admission::Open);
+        runtime.borrow().block_on(exchange)
+    });
     check_output(&output);
 });
-
-/// Sends `input` to a fresh server connection, closes the sending side, and returns every byte
-/// the server wrote until it closed the connection.
-async fn exchange(input: Vec<u8>) -> Vec<u8> {
-    let (client, server) = tokio::io::duplex(PIPE_BYTES);
-    let (server_reader, server_writer) = tokio::io::split(server);
-    let connection = Connection {
-        reader: Box::new(server_reader),
-        writer: Box::new(server_writer),
-        peer_address: "fuzz".to_string(),
-    };
-    let server = tokio::spawn(serve_connection(connection, Arc::new(AnswerEverything)));
-    let (mut client_reader, mut client_writer) = tokio::io::split(client);
-    let reader = tokio::spawn(async move {
-        let mut output = Vec::new();
-        let _ = client_reader.read_to_end(&mut output).await;
-        output
-    });
-    // The server may close early (a bad handshake or frame), so a failed write is expected.
-    let _ = client_writer.write_all(&input).await;
-    let _ = client_writer.shutdown().await;
-    server.await.expect("serve_connection panicked");
-    drop(client_writer);
-    reader.await.expect("reader task")
-}
 
 fn check_output(output: &[u8]) {
     if output.is_empty() {
@@ -97,15 +69,5 @@ fn check_output(output: &[u8]) {
         assert_eq!(answer.status, Status::AuthenticationFailed);
         return;
     }
-    let hello: &[u8; HELLO_BYTES] =
-        output.get(..HELLO_BYTES).and_then(|bytes| bytes.try_into().ok()).expect("whole hello");
-    Hello::decode(hello).expect("the server's hello decodes");
-    let mut rest = &output[HELLO_BYTES..];
-    while !rest.is_empty() {
-        let length = frame_length(rest).expect("valid length").expect("a whole length field");
-        let frame = rest.get(..length).expect("the server writes whole frames");
-        let header = decode_frame_header(frame).expect("the server's frame header decodes");
-        assert_eq!(header.kind, FrameKind::Response);
-        rest = &rest[length..];
-    }
+    server_stream::check_hello_and_frames(output);
 }

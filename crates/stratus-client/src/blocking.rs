@@ -240,7 +240,7 @@ impl BlockingClient {
         request: &Request,
         deadline: Instant,
     ) -> Option<Attempt> {
-        if self.client.config().client_password.is_some() {
+        if self.client.config().client_password_key.is_some() {
             // The direct path's blocking socket does not speak the credentials preamble: with a
             // client password every attempt goes through the async client, which does.
             return None;

@@ -49,7 +49,7 @@ pub struct ClientConfig {
     /// For a cluster that requires the client password (`--client-password-file` on its
     /// servers): the password's key ([`ClientConfig::with_password`]). Every connection then
     /// proves it before its first request, and checks that the server knows it too.
-    pub client_password: Option<ClusterKey>,
+    pub client_password_key: Option<ClusterKey>,
 }
 
 impl ClientConfig {
@@ -61,17 +61,17 @@ impl ClientConfig {
             operation_timeout: Duration::from_secs(10),
             exactly_once: true,
             retry_ambiguous_mutations: true,
-            client_password: None,
+            client_password_key: None,
         }
     }
 
     /// These settings, proving `password` on every connection (see
-    /// [`ClientConfig::client_password`]); fails for a password under 16 bytes.
+    /// [`ClientConfig::client_password_key`]); fails for a password under 16 bytes.
     pub fn with_password(
         mut self,
         password: &[u8],
     ) -> std::result::Result<ClientConfig, SecretError> {
-        self.client_password = Some(ClusterKey::from_client_password(password)?);
+        self.client_password_key = Some(ClusterKey::from_client_password(password)?);
         Ok(self)
     }
 }
@@ -391,7 +391,7 @@ impl Client {
     /// every connection it opens proves it first (nonces from the environment's secure
     /// source: they must be unpredictable).
     pub fn with_environment(config: ClientConfig, mut environment: Environment) -> Client {
-        if let Some(key) = &config.client_password {
+        if let Some(key) = &config.client_password_key {
             let nonces = environment.secure_entropy.clone();
             let network = ClientNetwork::new(environment.network, key.clone(), nonces);
             environment.network = Arc::new(network);

@@ -181,7 +181,7 @@ impl ClusterKey {
     }
 }
 
-/// The bytes of a secret file: read up to [`CLUSTER_SECRET_BYTES_MAX`] + 1 bytes (a device or a
+/// The secret held in a file, without surrounding ASCII whitespace: read up to [`CLUSTER_SECRET_BYTES_MAX`] + 1 bytes (a device or a
 /// huge file is refused, not read whole), only from a regular file; warns if others than its
 /// owner may read it.
 pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
@@ -207,7 +207,7 @@ pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
     if bytes.len() > CLUSTER_SECRET_BYTES_MAX {
         return Err(unreadable(&format!("more than {CLUSTER_SECRET_BYTES_MAX} bytes")));
     }
-    Ok(bytes)
+    Ok(bytes.trim_ascii().to_vec())
 }
 
 /// 32 bytes from `nonces`.

@@ -392,9 +392,9 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
 /// The client password in `path`, if one was given (surrounding whitespace removed).
 fn read_password(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, String> {
     let Some(path) = path else { return Ok(None) };
-    let bytes = stratus_rpc::membership::read_secret_file(path)
-        .map_err(|error| format!("--password-file: {error}"))?;
-    Ok(Some(bytes.trim_ascii().to_vec()))
+    stratus_rpc::membership::read_secret_file(path)
+        .map(Some)
+        .map_err(|error| format!("--password-file: {error}"))
 }
 
 /// Runs the RESP gateway until SIGINT or SIGTERM; with `password`, it proves it to the cluster

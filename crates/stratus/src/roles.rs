@@ -111,7 +111,7 @@ struct Security {
 }
 
 /// The process's [`Security`] from its flags. Says in one line which mode it runs in.
-fn member_environment(
+fn security_from_flags(
     arguments: &MembershipArguments,
     role: &str,
     listen: &str,
@@ -136,10 +136,7 @@ fn member_environment(
         ClusterKey::read_file(path).map_err(|error| format!("--cluster-secret-file: {error}"))?;
     let client_password = match &arguments.client_password_file {
         Some(path) => Some(
-            read_secret_file(path)
-                .map_err(|error| format!("--client-password-file: {error}"))?
-                .trim_ascii()
-                .to_vec(),
+            read_secret_file(path).map_err(|error| format!("--client-password-file: {error}"))?,
         ),
         None => None,
     };
@@ -419,7 +416,7 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
             "discarded a torn, unacknowledged tail of the metadata log"
         );
     }
-    let security = member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
+    let security = security_from_flags(&arguments.membership, "coordinator", &arguments.listen)?;
     let coordinator = Coordinator::open(Arc::new(store), security.environment.clone())
         .map_err(|error| error.to_string())?;
     serve_coordinator(arguments, coordinator, security, std::future::pending())
@@ -465,7 +462,7 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         standby_poll_interval: STANDBY_POLL_INTERVAL,
     };
     let Security { environment, admission, client_password } =
-        member_environment(&arguments.membership, "coordinator", &arguments.listen)?;
+        security_from_flags(&arguments.membership, "coordinator", &arguments.listen)?;
     runtime(None)?.block_on(async move {
         // Listening from the start, for the whole life of the process, is what lets a standby
         // read a refused connection on the active one's address as that process being gone.
@@ -708,7 +705,7 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
         ));
     }
     let Security { environment, admission, client_password } =
-        member_environment(&arguments.membership, "server", &arguments.listen)?;
+        security_from_flags(&arguments.membership, "server", &arguments.listen)?;
     let coordinator = coordinator.to_string();
     runtime(arguments.worker_threads)?.block_on(async move {
         let listener = environment

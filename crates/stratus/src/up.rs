@@ -118,31 +118,43 @@ pub struct UpArguments {
     pub client_password_file: Option<PathBuf>,
 }
 
-/// The secret file at `path` (given with `flag`), created with a fresh random secret if it
-/// does not exist; returns its absolute path (the children run elsewhere) and its contents.
-fn ensure_secret_file(path: &Path, flag: &str) -> Result<(PathBuf, Vec<u8>), String> {
+/// Writes 32 random bytes, hex-encoded, to a new file at `path`, readable by its owner only. The
+/// bytes go to a temporary file first, synced, then linked into place (a link never replaces an
+/// existing file), so a crash leaves either no secret file or a whole one: never an empty one
+/// that every later start would refuse.
+fn create_secret_file(path: &Path) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     use stratus_env::Entropy;
-    let shown = path.display();
-    if !path.exists() {
-        let entropy = stratus_env::OsEntropy;
-        let secret: String = (0..4).map(|_| format!("{:016x}", entropy.next_u64())).collect();
+    let entropy = stratus_env::OsEntropy;
+    let secret: String = (0..4).map(|_| format!("{:016x}", entropy.next_u64())).collect();
+    let mut temporary_name = path.as_os_str().to_owned();
+    temporary_name.push(format!(".new-{}", std::process::id()));
+    let temporary = PathBuf::from(temporary_name);
+    let written = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(path)
-            .map_err(|error| format!("{flag} {shown}: {error}"))?;
-        file.write_all(format!("{secret}\n").as_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(|error| format!("{flag} {shown}: {error}"))?;
+            .open(&temporary)?;
+        file.write_all(format!("{secret}\n").as_bytes())?;
+        file.sync_all()?;
+        std::fs::hard_link(&temporary, path)
+    })();
+    let _ = std::fs::remove_file(&temporary);
+    written
+}
+
+/// The secret file at `path` (given with `flag`), created with a fresh random secret if it
+/// does not exist; returns its absolute path (the children run elsewhere) and its contents.
+fn ensure_secret_file(path: &Path, flag: &str) -> Result<(PathBuf, Vec<u8>), String> {
+    let shown = path.display();
+    if !path.exists() {
+        create_secret_file(path).map_err(|error| format!("{flag} {shown}: {error}"))?;
         println!("{flag}: created {shown}");
     }
     let contents = stratus_rpc::membership::read_secret_file(path)
-        .map_err(|error| format!("{flag}: {error}"))?
-        .trim_ascii()
-        .to_vec();
+        .map_err(|error| format!("{flag}: {error}"))?;
     if contents.len() < stratus_rpc::membership::CLUSTER_SECRET_BYTES_MIN {
         return Err(format!(
             "{flag} {shown}: fewer than {} bytes",
@@ -640,7 +652,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     let client = if on_etcd {
         let mut config = ClientConfig::new(coordinator_list.clone());
         config.operation_timeout = Duration::from_secs(2);
-        config.client_password = client_key.clone();
+        config.client_password_key = client_key.clone();
         let _guard = runtime.enter();
         Client::new(config)
     } else {
@@ -808,14 +820,14 @@ fn etcd_exited(etcd: &mut Option<LocalEtcd>) -> Option<String> {
 /// servers it already knew (of an earlier run of the same directory).
 fn wait_for_coordinator(
     runtime: &tokio::runtime::Runtime,
-    (address, client_password): (&str, Option<&stratus_rpc::ClusterKey>),
+    (address, client_key): (&str, Option<&stratus_rpc::ClusterKey>),
     children: &mut Children,
     etcd: &mut Option<LocalEtcd>,
     log: &Path,
 ) -> Result<(Client, std::collections::BTreeSet<stratus_types::ServerId>), String> {
     let mut config = ClientConfig::new(address);
     config.operation_timeout = Duration::from_secs(2);
-    config.client_password = client_password.cloned();
+    config.client_password_key = client_key.cloned();
     let client = {
         let _guard = runtime.enter();
         Client::new(config)

@@ -16,7 +16,7 @@ import hmac
 import os
 import struct
 
-from .errors import ProtocolError
+from .errors import AuthenticationFailed, ProtocolError
 from .status import Status
 
 __all__ = ["client_key", "CHALLENGE_BYTES", "ANSWER_BYTES", "VERDICT_BYTES"]
@@ -81,8 +81,6 @@ def answer_proof(key: bytes, client_nonce: bytes, answer: bytes) -> bytes:
     """Checks the server's answer (its status, and that it holds the key); returns this
     client's proof to send. Raises ``ProtocolError`` for a malformed answer and
     ``AuthenticationFailed`` when the server refuses or does not hold the key."""
-    from .errors import AuthenticationFailed
-
     if len(answer) != ANSWER_BYTES or answer[:4] != MEMBER_MAGIC or answer[6:8] != b"\0\0":
         raise ProtocolError("malformed answer to the password challenge")
     (code,) = struct.unpack_from("<H", answer, 4)
@@ -107,8 +105,6 @@ def answer_proof(key: bytes, client_nonce: bytes, answer: bytes) -> bytes:
 
 def check_verdict(verdict: bytes) -> None:
     """Raises unless the server accepted this client's proof."""
-    from .errors import AuthenticationFailed
-
     if len(verdict) != VERDICT_BYTES or verdict[2:] != b"\0\0":
         raise ProtocolError("malformed verdict on the password proof")
     (code,) = struct.unpack_from("<H", verdict)

@@ -240,9 +240,10 @@ impl BlockingClient {
         request: &Request,
         deadline: Instant,
     ) -> Option<Attempt> {
-        if self.client.config().client_password_key.is_some() {
-            // The direct path's blocking socket does not speak the credentials preamble: with a
-            // client password every attempt goes through the async client, which does.
+        let config = self.client.config();
+        if config.client_password_key.is_some() || config.tls.is_some() {
+            // The direct path's blocking socket speaks neither the credentials preamble nor
+            // TLS: with either, every attempt goes through the async client, which does.
             return None;
         }
         let inner = &self.client.inner;

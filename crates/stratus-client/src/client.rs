@@ -9,6 +9,7 @@ use stratus_env::Environment;
 use stratus_rpc::{
     Backoff, ChannelPool, ClientNetwork, ClusterKey, RpcConfig, RpcError, SecretError,
 };
+use stratus_tls::{ClientTls, TlsNetwork};
 use stratus_types::limits::KEY_BYTES_MAX;
 use stratus_types::{
     key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Version,
@@ -50,6 +51,10 @@ pub struct ClientConfig {
     /// servers): the password's key ([`ClientConfig::with_password`]). Every connection then
     /// proves it before its first request, and checks that the server knows it too.
     pub client_password_key: Option<ClusterKey>,
+    /// For a cluster whose servers speak TLS (`--tls-cert-file` on its servers): the CA the
+    /// client trusts, and its own certificate if the servers ask for one. Every connection
+    /// then runs a TLS handshake first (and proves the password, if any, inside it).
+    pub tls: Option<ClientTls>,
 }
 
 impl ClientConfig {
@@ -62,6 +67,7 @@ impl ClientConfig {
             exactly_once: true,
             retry_ambiguous_mutations: true,
             client_password_key: None,
+            tls: None,
         }
     }
 
@@ -387,10 +393,15 @@ impl Client {
         Client::with_environment(config, Environment::system())
     }
 
-    /// A client using `environment` (the simulator passes its own). With a client password,
-    /// every connection it opens proves it first (nonces from the environment's secure
+    /// A client using `environment` (the simulator passes its own). With TLS, every
+    /// connection it opens runs a handshake first; with a client password, every connection
+    /// proves it (inside TLS, if any) (nonces from the environment's secure
     /// source: they must be unpredictable).
     pub fn with_environment(config: ClientConfig, mut environment: Environment) -> Client {
+        if let Some(tls) = &config.tls {
+            let network = TlsNetwork::new(environment.network, None, Some(tls.clone()));
+            environment.network = Arc::new(network);
+        }
         if let Some(key) = &config.client_password_key {
             let nonces = environment.secure_entropy.clone();
             let network = ClientNetwork::new(environment.network, key.clone(), nonces);

@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// A boxed future, for object-safe async trait methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -69,6 +69,46 @@ impl fmt::Debug for Connection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connection").field("peer_address", &self.peer_address).finish()
     }
+}
+
+/// Writes all of `bytes` to `writer` and flushes it. Every message a peer must see before it
+/// answers goes out this way: a writer that encrypts (TLS) may hold the tail of what it was
+/// given until it is flushed, where a TCP writer sends at once and its flush does nothing.
+pub async fn write_and_flush<W>(writer: &mut W, bytes: &[u8]) -> io::Result<()>
+where
+    W: AsyncWrite + Unpin + ?Sized,
+{
+    writer.write_all(bytes).await?;
+    writer.flush().await
+}
+
+/// Reads exactly `bytes.len()` bytes: the first answer of a peer. When the peer closes first
+/// after sending the start of a TLS record (an alert, or a server hello), the error says that
+/// it speaks TLS and this side does not: the usual mistake of a client without a CA file
+/// reaching a TLS port, which would otherwise read as a bare "early eof".
+pub async fn read_first_answer<R>(reader: &mut R, bytes: &mut [u8]) -> io::Result<()>
+where
+    R: AsyncRead + Unpin + ?Sized,
+{
+    use tokio::io::AsyncReadExt;
+    let mut received = 0;
+    while received < bytes.len() {
+        let read = reader.read(&mut bytes[received..]).await?;
+        if read == 0 {
+            // TLS record types: 21 alert, 22 handshake; then the major version, 3.
+            let tls_record = received >= 2 && matches!(bytes[0], 21 | 22) && bytes[1] == 3;
+            let reason = if tls_record {
+                "the peer speaks TLS and closed: give this client the CA that signed its \
+                 certificate (--tls-ca-file, STRATUS_TLS_CA_FILE)"
+                    .to_string()
+            } else {
+                format!("the peer closed after {received} bytes of its answer")
+            };
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, reason));
+        }
+        received += read;
+    }
+    Ok(())
 }
 
 /// Accepts incoming connections.

@@ -197,14 +197,21 @@ const REFUSAL_PATIENCE: Duration = Duration::from_secs(1);
 /// Bytes read (and dropped) from a refused connection before it is closed.
 const REFUSAL_DRAIN_BYTES_MAX: usize = 64 << 10;
 
-/// Serves `routes` on `listener` forever.
-pub async fn serve(listener: TcpListener, routes: Routes, limits: HttpLimits) {
+/// Serves `routes` on `listener` forever; with `tls`, every connection runs a TLS handshake
+/// first (on its own task, within the handshake timeout, holding one of the connection
+/// permits).
+pub async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    limits: HttpLimits,
+    tls: Option<Arc<stratus_tls::ServerTls>>,
+) {
     let router = router(routes, &limits);
     let permits = Arc::new(Semaphore::new(limits.connections_max));
     let refusals = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT_MAX));
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors is transient: back off instead of spinning.
                 tracing::warn!(%error, "HTTP accept failed");
@@ -213,32 +220,52 @@ pub async fn serve(listener: TcpListener, routes: Routes, limits: HttpLimits) {
             }
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            // No queue: a short answer, then the connection is closed.
-            if let Ok(refusal) = refusals.clone().try_acquire_owned() {
-                tokio::spawn(async move {
-                    let _refusal = refusal;
-                    let _ = tokio::time::timeout(REFUSAL_PATIENCE, refuse(stream)).await;
-                });
+            // No queue: a short answer, then the connection is closed (in plain text only:
+            // a TLS client would not understand it, and is simply closed).
+            if tls.is_none() {
+                if let Ok(refusal) = refusals.clone().try_acquire_owned() {
+                    tokio::spawn(async move {
+                        let _refusal = refusal;
+                        let _ = tokio::time::timeout(REFUSAL_PATIENCE, refuse(stream)).await;
+                    });
+                }
             }
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let router = router.clone();
         let limits = limits.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_header_size(limits.request_head_bytes_max)
-                // Room for a head over the limit to be read whole, so the client gets its 431
-                // rather than a reset of a connection closed with unread bytes.
-                .max_buf_size((2 * limits.request_head_bytes_max).max(8 << 10));
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(limits.connection_lifetime_max, connection).await;
+            match tls {
+                None => serve_connection(stream, router, &limits).await,
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream, &peer.to_string()).await {
+                        serve_connection(stream, router, &limits).await;
+                    }
+                }
+            }
         });
     }
+}
+
+/// Serves one connection (plain or TLS) for at most its lifetime limit.
+async fn serve_connection<S>(stream: S, router: Router, limits: &HttpLimits)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.request_head_bytes_max)
+        // Room for a head over the limit to be read whole, so the client gets its 431 rather
+        // than a reset of a connection closed with unread bytes.
+        .max_buf_size((2 * limits.request_head_bytes_max).max(8 << 10));
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(limits.connection_lifetime_max, connection).await;
 }
 
 /// Answers 503 and closes: the answer, then end of stream, then whatever the client sent is
@@ -345,7 +372,7 @@ mod tests {
             .get("/big", || async { Reply::ok("text/plain", vec![b'x'; 4096]) });
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address").to_string();
-        tokio::spawn(serve(listener, routes, limits));
+        tokio::spawn(serve(listener, routes, limits, None));
         address
     }
 
@@ -382,7 +409,7 @@ mod tests {
         assert!(!format!("{routes:?}").contains(token));
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address").to_string();
-        tokio::spawn(serve(listener, routes, small_limits()));
+        tokio::spawn(serve(listener, routes, small_limits(), None));
         let get = |authorization: &str, path: &str| {
             format!("GET {path} HTTP/1.1\r\nhost: x\r\n{authorization}connection: close\r\n\r\n")
         };

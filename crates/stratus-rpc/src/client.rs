@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use stratus_env::{BoxReader, BoxWriter, Network};
+use stratus_env::{read_first_answer, write_and_flush, BoxReader, BoxWriter, Network};
 use stratus_types::limits::{FRAME_BYTES_MAX, REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX};
 use stratus_wire::{
     body_offset, decode_frame_header, decode_response, encode_request, frame_length, FrameError,
@@ -166,15 +166,11 @@ impl Channel {
                 }
             })?;
             let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
-            connection
-                .writer
-                .write_all(&hello.encode())
+            write_and_flush(&mut connection.writer, &hello.encode())
                 .await
                 .map_err(|error| RpcError::Connect(error.to_string()))?;
             let mut reply = [0u8; HELLO_BYTES];
-            connection
-                .reader
-                .read_exact(&mut reply)
+            read_first_answer(&mut connection.reader, &mut reply)
                 .await
                 .map_err(|error| RpcError::Connect(format!("handshake: {error}")))?;
             let reply =
@@ -322,7 +318,7 @@ async fn write_loop(mut writer: BoxWriter, shared: Arc<Shared>) {
         if spare.is_empty() {
             continue;
         }
-        if let Err(error) = writer.write_all(&spare).await {
+        if let Err(error) = write_and_flush(&mut writer, &spare).await {
             shared.close(&format!("write failed: {error}"));
             break;
         }

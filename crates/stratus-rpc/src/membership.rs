@@ -22,7 +22,10 @@ use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use stratus_env::{BoxFuture, BoxReader, BoxWriter, Connection, Entropy, Listener, Network};
+use stratus_env::{
+    read_first_answer, write_and_flush, BoxFuture, BoxReader, BoxWriter, Connection, Entropy,
+    Listener, Network,
+};
 use stratus_wire::membership::PeerRole;
 use stratus_wire::membership::{
     decode_member_verdict, encode_member_verdict, proof_transcript, MemberAnswer, MemberChallenge,
@@ -31,7 +34,7 @@ use stratus_wire::membership::{
     MEMBER_VERDICT_BYTES,
 };
 use stratus_wire::{Access, Opcode, Status};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 /// The shortest secret accepted, in bytes: 128 bits if it is random, which is what `stratus up
 /// --cluster-secret-file` writes (32 random bytes, hex-encoded).
@@ -235,9 +238,9 @@ async fn prove_to_acceptor(
     };
     let client_nonce = draw_nonce(nonces);
     let challenge = MemberChallenge { version: MEMBER_PREAMBLE_VERSION, role, client_nonce };
-    connection.writer.write_all(&challenge.encode()).await?;
+    write_and_flush(&mut connection.writer, &challenge.encode()).await?;
     let mut answer = [0u8; MEMBER_ANSWER_BYTES];
-    connection.reader.read_exact(&mut answer).await?;
+    read_first_answer(&mut connection.reader, &mut answer).await?;
     let answer = MemberAnswer::decode(&answer).map_err(invalid_data)?;
     if answer.status != Status::Ok {
         return Err(denied(format!(
@@ -260,7 +263,7 @@ async fn prove_to_acceptor(
         )));
     }
     let proof = key.prove(role, ProofSide::Connector, &client_nonce, &answer.server_nonce);
-    connection.writer.write_all(&proof).await?;
+    write_and_flush(&mut connection.writer, &proof).await?;
     let mut verdict = [0u8; MEMBER_VERDICT_BYTES];
     connection.reader.read_exact(&mut verdict).await?;
     match decode_member_verdict(&verdict).map_err(invalid_data)? {
@@ -370,7 +373,7 @@ impl Membership {
         let challenge = MemberChallenge::decode(&challenge).map_err(|error| error.to_string())?;
         if challenge.version != MEMBER_PREAMBLE_VERSION {
             let refusal = MemberAnswer::refusal(Status::ProtocolVersionMismatch);
-            let _ = writer.write_all(&refusal.encode()).await;
+            let _ = write_and_flush(writer, &refusal.encode()).await;
             return Err(format!("preamble version {}", challenge.version));
         }
         let role = challenge.role;
@@ -380,7 +383,7 @@ impl Membership {
                 Some(key) => (key, "client password"),
                 None => {
                     let refusal = MemberAnswer::refusal(Status::AuthenticationFailed);
-                    let _ = writer.write_all(&refusal.encode()).await;
+                    let _ = write_and_flush(writer, &refusal.encode()).await;
                     return Err("a client offered a password, and none is configured".to_string());
                 }
             },
@@ -389,7 +392,7 @@ impl Membership {
         let server_proof =
             key.prove(role, ProofSide::Acceptor, &challenge.client_nonce, &server_nonce);
         let answer = MemberAnswer { status: Status::Ok, server_nonce, server_proof };
-        writer.write_all(&answer.encode()).await.map_err(|error| error.to_string())?;
+        write_and_flush(writer, &answer.encode()).await.map_err(|error| error.to_string())?;
         let mut proof = [0u8; MEMBER_CLIENT_PROOF_BYTES];
         reader.read_exact(&mut proof).await.map_err(|error| match error.kind() {
             io::ErrorKind::UnexpectedEof => {
@@ -400,11 +403,11 @@ impl Membership {
         let client_nonce = &challenge.client_nonce;
         if !key.verify(role, ProofSide::Connector, client_nonce, &server_nonce, &proof) {
             tokio::time::sleep(self.refused_proof_delay).await;
-            let _ = writer.write_all(&encode_member_verdict(Status::AuthenticationFailed)).await;
+            let _ =
+                write_and_flush(writer, &encode_member_verdict(Status::AuthenticationFailed)).await;
             return Err(format!("wrong proof of the {what}"));
         }
-        writer
-            .write_all(&encode_member_verdict(Status::Ok))
+        write_and_flush(writer, &encode_member_verdict(Status::Ok))
             .await
             .map_err(|error| error.to_string())?;
         Ok(role)
@@ -422,7 +425,7 @@ pub(crate) async fn refuse_without_secret(
     challenge[..4].copy_from_slice(&magic);
     if reader.read_exact(&mut challenge[4..]).await.is_ok() {
         let refusal = MemberAnswer::refusal(Status::AuthenticationFailed);
-        let _ = writer.write_all(&refusal.encode()).await;
+        let _ = write_and_flush(writer, &refusal.encode()).await;
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use stratus_env::{BoxFuture, BoxReader, BoxWriter, Connection, Listener};
+use stratus_env::{write_and_flush, BoxFuture, BoxReader, BoxWriter, Connection, Listener};
 use stratus_types::limits::{
     RPC_CONNECTIONS_PER_SERVER_MAX, RPC_OUTPUT_BYTES_PER_CONNECTION_MAX,
     RPC_OUTPUT_BYTES_PER_SERVER_MAX,
@@ -419,15 +419,14 @@ async fn handshake(
         .map_err(|error| HandshakeFailure::Refused(format!("bad handshake: {error}")))?;
     if hello.version != PROTOCOL_VERSION {
         let refusal = Hello { version: PROTOCOL_VERSION, status: Status::ProtocolVersionMismatch };
-        let _ = writer.write_all(&refusal.encode()).await;
+        let _ = write_and_flush(writer, &refusal.encode()).await;
         return Err(HandshakeFailure::Refused(format!(
             "client speaks protocol version {}",
             hello.version
         )));
     }
     let welcome = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
-    writer
-        .write_all(&welcome.encode())
+    write_and_flush(writer, &welcome.encode())
         .await
         .map_err(|error| HandshakeFailure::Refused(error.to_string()))?;
     Ok(access)
@@ -628,7 +627,7 @@ async fn write_loop(mut writer: BoxWriter, output: Arc<Output>) {
             std::mem::swap(&mut *buffer, &mut spare);
         }
         if !spare.is_empty() {
-            if writer.write_all(&spare).await.is_err() {
+            if write_and_flush(&mut writer, &spare).await.is_err() {
                 output.close();
                 break;
             }

@@ -141,6 +141,20 @@ pub const CLIENT_LEASE_TERM_MILLIS: u64 = 30_000;
 /// still leave it valid.
 pub const CLIENT_LEASE_RENEW_INTERVAL_MILLIS: u64 = CLIENT_LEASE_TERM_MILLIS / 3;
 
+/// TLS handshakes a listener runs at once. Each holds a connection, a task and rustls's
+/// buffers; past this the listener stops accepting until one finishes, so a flood of
+/// connections that never finish their handshake cannot grow memory without bound.
+pub const TLS_HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
+
+/// How long a TLS handshake may take before its connection is closed (milliseconds): a few
+/// round trips even on a slow network, and short enough that a peer that opens a connection
+/// and says nothing holds one of [`TLS_HANDSHAKES_IN_FLIGHT_MAX`] only briefly.
+pub const TLS_HANDSHAKE_TIMEOUT_MILLIS: u64 = 10_000;
+
+/// Largest certificate, key or CA file read (bytes): a chain of a few certificates is a few
+/// KiB; a path pointing at something else by mistake is refused rather than read whole.
+pub const TLS_PEM_FILE_BYTES_MAX: u64 = 1 << 20;
+
 /// Unacknowledged results a master keeps per client lease. A client acknowledges every result
 /// it has up to its oldest outstanding mutation, so it holds about as many as it has
 /// mutations in flight: this bounds a client whose oldest mutation is stuck while the others

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use stratus_client::{Client, ClientConfig, Error as ClientError, Expiry, RejectRules, TableId};
+use stratus_env::Network;
 
 /// Default coordinator address of a local cluster.
 pub const DEFAULT_COORDINATOR: &str = "127.0.0.1:7400";
@@ -27,6 +28,10 @@ pub struct Arguments {
     /// own clients for it with AUTH).
     #[arg(long, global = true, env = "STRATUS_PASSWORD_FILE")]
     pub password_file: Option<std::path::PathBuf>,
+    /// TLS: the CA to trust (clients), and the certificate and key (servers; clients that
+    /// servers ask for one).
+    #[command(flatten)]
+    pub tls: crate::roles::TlsArguments,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -363,13 +368,15 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
         return Err("--password-file is not supported by bench yet".to_string());
     }
     match arguments.command {
-        Command::Up(up) => crate::up::run(up, &arguments.coordinator),
-        Command::Coordinator(role) => crate::roles::run_coordinator(role),
-        Command::Server(role) => crate::roles::run_server(role, &arguments.coordinator),
+        Command::Up(up) => crate::up::run(up, &arguments.coordinator, &arguments.tls),
+        Command::Coordinator(role) => crate::roles::run_coordinator(role, &arguments.tls),
+        Command::Server(role) => {
+            crate::roles::run_server(role, &arguments.tls, &arguments.coordinator)
+        }
         Command::Bench(bench) => stratus_bench::run(bench, &arguments.coordinator),
         Command::Resp(resp) => {
             let password = read_password(arguments.password_file.as_deref())?;
-            run_resp(resp, &arguments.coordinator, arguments.timeout_ms, password)
+            run_resp(resp, &arguments.coordinator, arguments.timeout_ms, password, &arguments.tls)
         }
         command => {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -381,6 +388,7 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
             if let Some(password) = read_password(arguments.password_file.as_deref())? {
                 config = config.with_password(&password).map_err(|error| error.to_string())?;
             }
+            config.tls = arguments.tls.client()?;
             runtime.block_on(async move {
                 let client = Client::new(config);
                 run_client_command(&client, command).await.map_err(|error| error.to_string())
@@ -398,13 +406,16 @@ fn read_password(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, Stri
 }
 
 /// Runs the RESP gateway until SIGINT or SIGTERM; with `password`, it proves it to the cluster
-/// and asks its own clients for it (AUTH).
+/// and asks its own clients for it (AUTH); with a TLS certificate, its clients speak TLS to it,
+/// and with a TLS CA, it speaks TLS to the cluster.
 fn run_resp(
     resp: RespArguments,
     coordinator: &str,
     timeout_ms: u64,
     password: Option<Vec<u8>>,
+    tls: &crate::roles::TlsArguments,
 ) -> Result<(), String> {
+    let listener_tls = tls.listener()?;
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = resp.threads {
         runtime.worker_threads(threads.max(1));
@@ -415,6 +426,7 @@ fn run_resp(
     if let Some(password) = &password {
         config = config.with_password(password).map_err(|error| error.to_string())?;
     }
+    config.tls = tls.client()?;
     let gateway_config = stratus_resp::GatewayConfig {
         password: password.map(stratus_resp::RespPassword),
         table_prefix: resp.table_prefix,
@@ -428,12 +440,17 @@ fn run_resp(
     };
     runtime.block_on(async move {
         let environment = stratus_env::Environment::system();
-        let listener = environment
-            .network
+        if let Some(tls) = &listener_tls {
+            tokio::spawn(tls.clone().watch());
+        }
+        let listening =
+            stratus_tls::TlsNetwork::new(environment.network.clone(), listener_tls.clone(), None);
+        let listener = listening
             .bind(&resp.listen)
             .await
             .map_err(|error| format!("listen on {}: {error}", resp.listen))?;
-        println!("resp gateway listening on {}", listener.local_address());
+        let with_tls = if listener_tls.is_some() { " (TLS)" } else { "" };
+        println!("resp gateway listening on {}{with_tls}", listener.local_address());
         let client = Client::with_environment(config, environment);
         let gateway = std::sync::Arc::new(stratus_resp::Gateway::new(client, gateway_config));
         let mut terminate =

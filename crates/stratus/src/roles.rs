@@ -3,6 +3,10 @@
 mod identity;
 mod metrics;
 mod status_page;
+mod tls;
+
+pub(crate) use tls::ProcessTls;
+pub use tls::TlsArguments;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use stratus_rpc::{
     RpcConfig,
 };
 use stratus_store::StoreConfig;
+use stratus_tls::TlsNetwork;
 use stratus_types::limits::SEGMENT_BYTES_MAX;
 use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
 
@@ -101,22 +106,55 @@ pub struct MembershipArguments {
     pub client_password_file: Option<PathBuf>,
 }
 
-/// How a coordinator or server is secured: its environment (with a cluster secret, every
-/// connection it opens proves it), what its listener asks of connections, and the client
-/// password its RESP front end asks for.
+/// How a coordinator or server is secured: its environment (with TLS, every connection it
+/// opens or accepts speaks it; with a cluster secret, every connection it opens proves it),
+/// what its listener asks of connections, the client password its RESP front end asks for,
+/// and its TLS (for its metrics listener and the status page's client).
 struct Security {
     environment: Environment,
     admission: Admission,
     client_password: Option<Vec<u8>>,
+    tls: Option<ProcessTls>,
+}
+
+impl Security {
+    /// Starts watching the TLS files for a renewed certificate (on the running runtime).
+    fn watch_certificates(&self) {
+        if let Some(tls) = &self.tls {
+            tokio::spawn(tls.server.clone().watch());
+        }
+    }
 }
 
 /// The process's [`Security`] from its flags. Says in one line which mode it runs in.
 fn security_from_flags(
     arguments: &MembershipArguments,
+    tls_arguments: &TlsArguments,
     role: &str,
     listen: &str,
 ) -> Result<Security, String> {
     let mut environment = Environment::system();
+    let tls = tls_arguments.process(role)?;
+    match &tls {
+        Some(tls) => {
+            environment.network = Arc::new(TlsNetwork::new(
+                environment.network,
+                Some(tls.server.clone()),
+                Some(tls.client.clone()),
+            ));
+            tracing::info!(
+                certificate = %tls.server.files().certificate.display(),
+                "{role} speaks TLS on every listener and to its peers"
+            );
+        }
+        None if is_loopback(listen) => {
+            tracing::info!("{role} without TLS (no --tls-cert-file), on loopback")
+        }
+        None => tracing::warn!(
+            "{role} without TLS: no --tls-cert-file, so what it sends and receives on {listen} \
+             can be read and changed by anyone on the network path"
+        ),
+    }
     let Some(path) = &arguments.cluster_secret_file else {
         if arguments.client_password_file.is_some() {
             // Without the secret anyone could act as a server and bypass the password.
@@ -130,7 +168,12 @@ fn security_from_flags(
                  {listen} can act as a server of this cluster"
             );
         }
-        return Ok(Security { environment, admission: Admission::Open, client_password: None });
+        return Ok(Security {
+            environment,
+            admission: Admission::Open,
+            client_password: None,
+            tls,
+        });
     };
     let key =
         ClusterKey::read_file(path).map_err(|error| format!("--cluster-secret-file: {error}"))?;
@@ -164,7 +207,7 @@ fn security_from_flags(
              no password)"
         ),
     }
-    Ok(Security { environment, admission: Admission::Members(membership), client_password })
+    Ok(Security { environment, admission: Admission::Members(membership), client_password, tls })
 }
 
 /// True if `address` ("host:port") is on the loopback interface.
@@ -401,9 +444,9 @@ async fn termination(exit_with_parent: bool) {
 }
 
 /// Runs the coordinator until SIGINT/SIGTERM.
-pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
+pub fn run_coordinator(arguments: CoordinatorArguments, tls: &TlsArguments) -> Result<(), String> {
     if !arguments.etcd.is_empty() {
-        return run_coordinator_on_etcd(arguments);
+        return run_coordinator_on_etcd(arguments, tls);
     }
     let directory = arguments.dir.clone().ok_or("give --dir or --etcd")?;
     std::fs::create_dir_all(&directory)
@@ -416,7 +459,8 @@ pub fn run_coordinator(arguments: CoordinatorArguments) -> Result<(), String> {
             "discarded a torn, unacknowledged tail of the metadata log"
         );
     }
-    let security = security_from_flags(&arguments.membership, "coordinator", &arguments.listen)?;
+    let security =
+        security_from_flags(&arguments.membership, tls, "coordinator", &arguments.listen)?;
     let coordinator = Coordinator::open(Arc::new(store), security.environment.clone())
         .map_err(|error| error.to_string())?;
     serve_coordinator(arguments, coordinator, security, std::future::pending())
@@ -439,7 +483,10 @@ impl Authority for EtcdAuthority {
 /// standby answers RETRY to everything), stands by until it holds the leadership, then serves
 /// until it stops or loses it (then it exits: its successor may already have changed the
 /// metadata, so nothing it remembers can be trusted).
-fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String> {
+fn run_coordinator_on_etcd(
+    arguments: CoordinatorArguments,
+    tls: &TlsArguments,
+) -> Result<(), String> {
     let client = Arc::new(
         EtcdClient::new(&arguments.etcd, ETCD_REQUEST_TIMEOUT)
             .map_err(|error| format!("--etcd: {error}"))?,
@@ -461,9 +508,11 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
         takeover_delay,
         standby_poll_interval: STANDBY_POLL_INTERVAL,
     };
-    let Security { environment, admission, client_password } =
-        security_from_flags(&arguments.membership, "coordinator", &arguments.listen)?;
+    let security =
+        security_from_flags(&arguments.membership, tls, "coordinator", &arguments.listen)?;
     runtime(None)?.block_on(async move {
+        security.watch_certificates();
+        let Security { environment, admission, client_password, tls } = security;
         // Listening from the start, for the whole life of the process, is what lets a standby
         // read a refused connection on the active one's address as that process being gone.
         let listener = environment
@@ -473,7 +522,7 @@ fn run_coordinator_on_etcd(arguments: CoordinatorArguments) -> Result<(), String
             .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
         let gate = Arc::new(StandbyGate::new());
-        let access = metrics::MetricsAccess::new(admission.membership(), client_password);
+        let access = metrics::MetricsAccess::new(admission.membership(), client_password, tls);
         let serving = tokio::spawn(serve_admitting(listener, gate.clone(), admission));
         println!(
             "coordinator on {address} standing by for the leadership in etcd ({})",
@@ -614,8 +663,9 @@ fn serve_coordinator(
     security: Security,
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let Security { environment, admission, client_password } = security;
     runtime(None)?.block_on(async move {
+        security.watch_certificates();
+        let Security { environment, admission, client_password, tls } = security;
         let listener = environment
             .network
             .bind(&arguments.listen)
@@ -623,7 +673,7 @@ fn serve_coordinator(
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
         let coordinator_service = Arc::new(coordinator.clone());
-        let access = metrics::MetricsAccess::new(admission.membership(), client_password);
+        let access = metrics::MetricsAccess::new(admission.membership(), client_password, tls);
         let serving = tokio::spawn(serve_admitting(listener, coordinator_service, admission));
         let serving = (serving, access);
         serve_active_coordinator(&arguments, coordinator, &address, serving, stopped).await
@@ -676,7 +726,11 @@ async fn serve_active_coordinator(
 }
 
 /// Runs a storage server until SIGINT/SIGTERM.
-pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), String> {
+pub fn run_server(
+    arguments: ServerArguments,
+    tls: &TlsArguments,
+    coordinator: &str,
+) -> Result<(), String> {
     let mut store = StoreConfig::with_log_bytes(arguments.log_mib << 20);
     store.segment_bytes = arguments.segment_mib << 20;
     store.seglet_bytes = arguments.seglet_kib << 10;
@@ -704,10 +758,11 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
             SEGMENT_BYTES_MAX >> 20
         ));
     }
-    let Security { environment, admission, client_password } =
-        security_from_flags(&arguments.membership, "server", &arguments.listen)?;
+    let security = security_from_flags(&arguments.membership, tls, "server", &arguments.listen)?;
     let coordinator = coordinator.to_string();
     runtime(arguments.worker_threads)?.block_on(async move {
+        security.watch_certificates();
+        let Security { environment, admission, client_password, tls } = security;
         let listener = environment
             .network
             .bind(&arguments.listen)
@@ -839,8 +894,8 @@ pub fn run_server(arguments: ServerArguments, coordinator: &str) -> Result<(), S
                 master: master.clone(),
                 backup: backup.clone(),
             };
-            let access =
-                metrics::MetricsAccess::new(admission.membership(), None).with_token(metrics_token);
+            let access = metrics::MetricsAccess::new(admission.membership(), None, tls.clone())
+                .with_token(metrics_token);
             metrics::serve_server(listener, figures, access);
         }
         // One port serves both: the backup opcodes go to the backup, the rest to the master.

@@ -116,6 +116,13 @@ pub struct UpArguments {
     /// with --password-file (or STRATUS_PASSWORD_FILE), Redis clients with AUTH.
     #[arg(long, env = "STRATUS_CLIENT_PASSWORD_FILE", requires = "cluster_secret_file")]
     pub client_password_file: Option<PathBuf>,
+    /// Secure mode: TLS on every listener with certificates from a local CA written to
+    /// DIR/tls (kept across runs), a cluster secret and a client password (DIR/secrets unless
+    /// --cluster-secret-file and --client-password-file name others). Prints how to connect
+    /// with the CLI, redis-cli and redis-py. Given --tls-cert-file (with --tls-key-file and
+    /// --tls-ca-file), those certificates are used instead of the local CA's.
+    #[arg(long)]
+    pub secure: bool,
 }
 
 /// Writes 32 random bytes, hex-encoded, to a new file at `path`, readable by its owner only. The
@@ -166,8 +173,9 @@ fn ensure_secret_file(path: &Path, flag: &str) -> Result<(PathBuf, Vec<u8>), Str
     Ok((absolute, contents))
 }
 
-/// The line a role prints once its metrics endpoint serves (see `roles/metrics.rs`).
-const METRICS_LINE: &str = "metrics served at http://";
+/// The line a role prints once its metrics endpoint serves, before its URL (see
+/// `roles/metrics.rs`).
+const METRICS_LINE: &str = "metrics served at ";
 
 /// How long `up` looks in a child's log for its metrics address once the cluster is ready.
 const METRICS_ADDRESS_PATIENCE: Duration = Duration::from_secs(10);
@@ -185,16 +193,26 @@ fn metrics_address(arguments: &UpArguments, offset: u32) -> Option<String> {
     Some(format!("127.0.0.1:{port}"))
 }
 
-/// The metrics address a child printed to its log (`None` if it has not, yet).
+/// The base of the metrics URL a child printed to its log ("http://127.0.0.1:9000", or
+/// https with TLS; `None` if it has not printed it yet).
 fn printed_metrics_address(log: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     let line = text.lines().find(|line| line.starts_with(METRICS_LINE))?;
-    line[METRICS_LINE.len()..].split('/').next().map(str::to_string)
+    let url = &line[METRICS_LINE.len()..];
+    url.strip_suffix("/metrics").map(str::to_string)
 }
 
 /// The part of the line a server prints once its RESP front end listens, before the address
 /// (see `roles.rs`).
 const RESP_LINE: &str = "speaks RESP on ";
+
+/// The port of the RESP address a server printed to its log, if it has.
+fn printed_resp_port(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().find(|line| line.contains(RESP_LINE))?;
+    let address = line.split(RESP_LINE).nth(1)?.trim();
+    address.rsplit_once(':').map(|(_, port)| port.to_string())
+}
 
 /// Prints where every server speaks RESP, as the servers printed it (their ports may have
 /// been chosen by the system).
@@ -237,11 +255,11 @@ fn print_metrics_addresses(names: &[String], logs: &Path) {
     }
     for (name, address) in found {
         match address {
-            Some(address) if name == "coordinator" => {
-                println!("status page: http://{address}/");
-                println!("metrics: {name} http://{address}/metrics");
+            Some(base) if name == "coordinator" => {
+                println!("status page: {base}/");
+                println!("metrics: {name} {base}/metrics");
             }
-            Some(address) => println!("metrics: {name} http://{address}/metrics"),
+            Some(base) => println!("metrics: {name} {base}/metrics"),
             None => println!("metrics: {name}: address not found in {}", logs.display()),
         }
     }
@@ -515,7 +533,11 @@ fn send_signal(pid: i32, signal: i32) -> bool {
 }
 
 /// Runs the cluster until SIGINT/SIGTERM or until a child dies.
-pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
+pub fn run(
+    arguments: UpArguments,
+    coordinator: &str,
+    tls: &crate::roles::TlsArguments,
+) -> Result<(), String> {
     if arguments.servers == 0 {
         return Err("--servers must be at least 1".to_string());
     }
@@ -530,43 +552,18 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     }
     let logs = arguments.dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|error| format!("{}: {error}", logs.display()))?;
-    let mut client_password = None;
-    let membership = match &arguments.cluster_secret_file {
-        Some(path) => {
-            let (path, _) = ensure_secret_file(path, "--cluster-secret-file")?;
-            println!(
-                "secure membership: coordinators and servers prove the secret in {}",
-                path.display()
-            );
-            let mut flags = vec!["--cluster-secret-file".to_string(), path.display().to_string()];
-            if let Some(password_path) = &arguments.client_password_file {
-                let flag = "--client-password-file";
-                let (password_path, password) = ensure_secret_file(password_path, flag)?;
-                println!(
-                    "client password in {0}: stratus --password-file {0} ..., \
-                     redis-cli -a \"$(cat {0})\" ...",
-                    password_path.display()
-                );
-                flags.extend([flag.to_string(), password_path.display().to_string()]);
-                client_password = Some(password);
-            }
-            flags
-        }
-        None => {
-            println!(
-                "insecure mode: no --cluster-secret-file, so any process that reaches these \
-                 loopback ports can act as a server of this cluster"
-            );
-            Vec::new()
-        }
-    };
-    // `up`'s own client proves the client password too.
-    let client_key = match &client_password {
-        Some(password) => Some(
-            stratus_rpc::ClusterKey::from_client_password(password)
-                .map_err(|error| format!("--client-password-file: {error}"))?,
-        ),
-        None => None,
+    let security = cluster_security(&arguments, tls)?;
+    let membership = &security.flags;
+    // `up`'s own client proves the client password, and speaks TLS, too.
+    let credentials = UpClientCredentials {
+        client_key: match &security.client_password {
+            Some(password) => Some(
+                stratus_rpc::ClusterKey::from_client_password(password)
+                    .map_err(|error| format!("--client-password-file: {error}"))?,
+            ),
+            None => None,
+        },
+        tls: security.client_tls.clone(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -635,7 +632,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             }
             let (first_client, servers_before) = wait_for_coordinator(
                 &runtime,
-                (&coordinators[0], client_key.as_ref()),
+                (&coordinators[0], &credentials),
                 &mut children,
                 &mut etcd,
                 &log,
@@ -652,7 +649,7 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     let client = if on_etcd {
         let mut config = ClientConfig::new(coordinator_list.clone());
         config.operation_timeout = Duration::from_secs(2);
-        config.client_password_key = client_key.clone();
+        credentials.apply(&mut config);
         let _guard = runtime.enter();
         Client::new(config)
     } else {
@@ -769,6 +766,15 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
             etcd.process_id()
         );
     }
+    if let Some(how) = &security.how_to_connect {
+        print_how_to_connect(
+            how,
+            coordinator,
+            arguments.servers,
+            arguments.resp_port.is_some(),
+            &logs,
+        );
+    }
     println!("processes: {}", children.process_ids());
     let kind = if on_etcd { "coordinators" } else { "coordinator" };
     println!(
@@ -801,6 +807,153 @@ pub fn run(arguments: UpArguments, coordinator: &str) -> Result<(), String> {
     outcome
 }
 
+/// What `up`'s own client proves and speaks.
+struct UpClientCredentials {
+    client_key: Option<stratus_rpc::ClusterKey>,
+    tls: Option<stratus_tls::ClientTls>,
+}
+
+impl UpClientCredentials {
+    fn apply(&self, config: &mut ClientConfig) {
+        config.client_password_key = self.client_key.clone();
+        config.tls = self.tls.clone();
+    }
+}
+
+/// How the cluster is secured: the flags every coordinator and server is started with, the
+/// client password and TLS of `up`'s own client, and the files a secure cluster's clients need.
+struct UpSecurity {
+    flags: Vec<String>,
+    client_password: Option<Vec<u8>>,
+    client_tls: Option<stratus_tls::ClientTls>,
+    how_to_connect: Option<HowToConnect>,
+}
+
+/// The files a client of a secure cluster gives.
+struct HowToConnect {
+    ca: PathBuf,
+    password: PathBuf,
+}
+
+/// The cluster's security from `up`'s flags: `--secure` (a local CA, a secret and a password
+/// under DIR unless named), or any of --cluster-secret-file, --client-password-file and the
+/// TLS flags alone. Says in a line or two which mode the cluster runs in.
+fn cluster_security(
+    arguments: &UpArguments,
+    tls: &crate::roles::TlsArguments,
+) -> Result<UpSecurity, String> {
+    let secrets = arguments.dir.join("secrets");
+    let default_secret = || Some(secrets.join("cluster-secret"));
+    let secret_path = arguments.cluster_secret_file.clone().or_else(|| {
+        if arguments.secure {
+            default_secret()
+        } else {
+            None
+        }
+    });
+    let password_path = arguments.client_password_file.clone().or_else(|| {
+        if arguments.secure {
+            Some(secrets.join("client-password"))
+        } else {
+            None
+        }
+    });
+    if arguments.secure {
+        std::fs::create_dir_all(&secrets)
+            .map_err(|error| format!("{}: {error}", secrets.display()))?;
+    }
+    let mut flags = Vec::new();
+    let mut client_password = None;
+    match &secret_path {
+        Some(path) => {
+            let (path, _) = ensure_secret_file(path, "--cluster-secret-file")?;
+            println!(
+                "secure membership: coordinators and servers prove the secret in {}",
+                path.display()
+            );
+            flags.extend(["--cluster-secret-file".to_string(), path.display().to_string()]);
+            if let Some(password_path) = &password_path {
+                let flag = "--client-password-file";
+                let (password_path, password) = ensure_secret_file(password_path, flag)?;
+                println!(
+                    "client password in {0}: stratus --password-file {0} ..., \
+                     redis-cli -a \"$(cat {0})\" ...",
+                    password_path.display()
+                );
+                flags.extend([flag.to_string(), password_path.display().to_string()]);
+                client_password = Some(password);
+            }
+        }
+        None => println!(
+            "insecure mode: no --cluster-secret-file, so any process that reaches these \
+             loopback ports can act as a server of this cluster"
+        ),
+    }
+    // TLS: the local CA's certificates with --secure, unless certificates were given.
+    let mut tls = tls.clone();
+    if arguments.secure && tls.tls_cert_file.is_none() {
+        let directory = arguments.dir.join("tls");
+        let (files, created) = stratus_tls::local_authority::ensure(&directory, &[])
+            .map_err(|error| format!("local CA: {error}"))?;
+        let verb = if created { "wrote" } else { "using" };
+        println!(
+            "TLS on every port: {verb} a local CA and certificates in {}",
+            directory.display()
+        );
+        tls.tls_ca_file = Some(files.ca_certificate);
+        tls.tls_cert_file = Some(files.node_certificate);
+        tls.tls_key_file = Some(files.node_key);
+    }
+    // Checked here, so a wrong file stops `up` before any process starts.
+    tls.process("cluster")?;
+    let client_tls = tls.client()?;
+    if let (Some(ca), Some(certificate), Some(key)) =
+        (&tls.tls_ca_file, &tls.tls_cert_file, &tls.tls_key_file)
+    {
+        flags.extend([
+            "--tls-ca-file".to_string(),
+            ca.display().to_string(),
+            "--tls-cert-file".to_string(),
+            certificate.display().to_string(),
+            "--tls-key-file".to_string(),
+            key.display().to_string(),
+            "--tls-client-certificates".to_string(),
+            tls.tls_client_certificates.flag_value().to_string(),
+        ]);
+    }
+    let how_to_connect = match (&tls.tls_ca_file, &password_path, arguments.secure) {
+        (Some(ca), Some(password), true) => {
+            Some(HowToConnect { ca: ca.clone(), password: password.clone() })
+        }
+        _ => None,
+    };
+    Ok(UpSecurity { flags, client_password, client_tls, how_to_connect })
+}
+
+/// Prints, once the cluster is ready, how the CLI, redis-cli and redis-py connect to it.
+fn print_how_to_connect(
+    how: &HowToConnect,
+    coordinator: &str,
+    servers: u32,
+    resp: bool,
+    logs: &Path,
+) {
+    let (ca, password) = (how.ca.display(), how.password.display());
+    println!("connect with TLS and the client password:");
+    println!("  stratus --coordinator {coordinator} --tls-ca-file {ca} --password-file {password} status");
+    if !resp {
+        return;
+    }
+    let port = (0..servers)
+        .find_map(|index| printed_resp_port(&logs.join(format!("server-{index}.log"))))
+        .unwrap_or_else(|| "PORT".to_string());
+    println!("  redis-cli --tls --cacert {ca} -p {port} -a \"$(cat {password})\" PING");
+    println!(
+        "  python: redis.Redis(port={port}, ssl=True, ssl_ca_certs=\"{ca}\", \
+         password=open(\"{password}\").read().strip())"
+    );
+}
+
 /// The name (and log file stem) of coordinator `index`.
 fn coordinator_name(index: usize) -> String {
     if index == 0 {
@@ -820,14 +973,14 @@ fn etcd_exited(etcd: &mut Option<LocalEtcd>) -> Option<String> {
 /// servers it already knew (of an earlier run of the same directory).
 fn wait_for_coordinator(
     runtime: &tokio::runtime::Runtime,
-    (address, client_key): (&str, Option<&stratus_rpc::ClusterKey>),
+    (address, credentials): (&str, &UpClientCredentials),
     children: &mut Children,
     etcd: &mut Option<LocalEtcd>,
     log: &Path,
 ) -> Result<(Client, std::collections::BTreeSet<stratus_types::ServerId>), String> {
     let mut config = ClientConfig::new(address);
     config.operation_timeout = Duration::from_secs(2);
-    config.client_password_key = client_key.cloned();
+    credentials.apply(&mut config);
     let client = {
         let _guard = runtime.enter();
         Client::new(config)

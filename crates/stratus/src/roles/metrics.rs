@@ -16,10 +16,12 @@ use stratus_ops::exposition::CONTENT_TYPE;
 use stratus_ops::http::{HttpLimits, Reply, Routes};
 use stratus_ops::{Exposition, MetricType};
 use stratus_rpc::Membership;
+use stratus_tls::ServerTls;
 use stratus_types::ServerId;
 use tokio::net::TcpListener;
 
 use super::status_page::StatusPageData;
+use super::ProcessTls;
 
 /// Binds the metrics address, if one was given: before the role joins the cluster, so a port
 /// that is taken stops the process before it enlists.
@@ -46,8 +48,8 @@ pub(crate) struct ServerFigures {
     pub(crate) backup: Option<Arc<BackupService>>,
 }
 
-/// Who may read a role's endpoints, what its membership refused, and the client password the
-/// status page's own client proves.
+/// Who may read a role's endpoints, what its membership refused, the client password the
+/// status page's own client proves, and the process's TLS (the endpoints speak it too).
 pub(crate) struct MetricsAccess {
     /// With a cluster secret: what the process refused to non-members.
     pub(crate) membership: Option<Arc<Membership>>,
@@ -55,14 +57,30 @@ pub(crate) struct MetricsAccess {
     pub(crate) token: Option<String>,
     /// The cluster's client password, if it requires one.
     pub(crate) client_password: Option<Vec<u8>>,
+    /// The process's TLS, if it speaks it.
+    pub(crate) tls: Option<ProcessTls>,
 }
 
 impl MetricsAccess {
     pub(crate) fn new(
         membership: Option<Arc<Membership>>,
         client_password: Option<Vec<u8>>,
+        tls: Option<ProcessTls>,
     ) -> MetricsAccess {
-        MetricsAccess { membership, token: None, client_password }
+        MetricsAccess { membership, token: None, client_password, tls }
+    }
+
+    fn server_tls(&self) -> Option<Arc<ServerTls>> {
+        self.tls.as_ref().map(|tls| tls.server.clone())
+    }
+
+    /// "http" or "https", for the addresses printed at start.
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     pub(crate) fn with_token(mut self, token: Option<String>) -> MetricsAccess {
@@ -80,7 +98,7 @@ impl MetricsAccess {
 
 /// Serves a storage server's `GET /metrics` on `listener`.
 pub(crate) fn serve_server(listener: TcpListener, figures: ServerFigures, access: MetricsAccess) {
-    println!("metrics served at http://{}/metrics", bound_address(&listener));
+    println!("metrics served at {}://{}/metrics", access.scheme(), bound_address(&listener));
     let figures = Arc::new(figures);
     let membership = access.membership.clone();
     let routes = access.protect(Routes::new().get("/metrics", move || {
@@ -91,7 +109,8 @@ pub(crate) fn serve_server(listener: TcpListener, figures: ServerFigures, access
             Reply::ok(CONTENT_TYPE, text)
         }
     }));
-    tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default()));
+    let tls = access.server_tls();
+    tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default(), tls));
 }
 
 /// Serves the coordinator's `GET /metrics`, the status page (`GET /`) and its data
@@ -105,9 +124,12 @@ pub(crate) fn serve_coordinator(
 ) {
     let membership = access.membership.clone();
     let bound = bound_address(&listener);
-    println!("metrics served at http://{bound}/metrics");
-    println!("status page served at http://{bound}/");
-    let data = StatusPageData::start(coordinator_address, access.client_password.as_deref());
+    let scheme = access.scheme();
+    println!("metrics served at {scheme}://{bound}/metrics");
+    println!("status page served at {scheme}://{bound}/");
+    let client_tls = access.tls.as_ref().map(|tls| tls.client.clone());
+    let data =
+        StatusPageData::start(coordinator_address, access.client_password.as_deref(), client_tls);
     let routes = Routes::new()
         .get("/metrics", move || {
             let (coordinator, membership) = (coordinator.clone(), membership.clone());
@@ -131,7 +153,8 @@ pub(crate) fn serve_coordinator(
             async move { reply }
         });
     let routes = access.protect(routes);
-    tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default()));
+    let tls = access.server_tls();
+    tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default(), tls));
 }
 
 fn render_server(figures: &ServerFigures) -> String {

@@ -86,6 +86,7 @@ impl StatusPageData {
     pub(crate) fn start(
         coordinator_address: &str,
         client_password: Option<&[u8]>,
+        tls: Option<stratus_tls::ClientTls>,
     ) -> Arc<StatusPageData> {
         let data = Arc::new(StatusPageData {
             latest: Mutex::new(Err("no sample of the cluster yet".to_string())),
@@ -93,9 +94,10 @@ impl StatusPageData {
         let mut config = ClientConfig::new(coordinator_address);
         config.operation_timeout = Duration::from_secs(3);
         if let Some(password) = client_password {
-            // Checked at start (`member_environment`): a bad one never gets here.
+            // Checked at start (`security_from_flags`): a bad one never gets here.
             config = config.with_password(password).expect("a checked client password");
         }
+        config.tls = tls;
         let client = Client::new(config);
         tokio::spawn(sample_forever(client, coordinator_address.to_string(), data.clone()));
         data

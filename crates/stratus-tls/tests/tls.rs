@@ -1,0 +1,200 @@
+//! TLS over real loopback sockets: a round trip, a client that does not trust the server, a
+//! listener that requires client certificates, a certificate reloaded without a restart, and
+//! a plain-text client that fails its handshake without stopping the listener.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use stratus_env::{Connection, Network, TcpNetwork};
+use stratus_tls::local_authority::{ensure, LocalAuthorityFiles};
+use stratus_tls::{
+    ClientCertificates, ClientTls, ClientTlsFiles, ServerTls, ServerTlsFiles, TlsNetwork,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn server_files(authority: &LocalAuthorityFiles, clients: ClientCertificates) -> ServerTlsFiles {
+    ServerTlsFiles {
+        certificate: authority.node_certificate.clone(),
+        private_key: authority.node_key.clone(),
+        client_certificates: clients,
+    }
+}
+
+fn client(authority: &LocalAuthorityFiles, with_certificate: bool) -> ClientTls {
+    let certificate_and_key = with_certificate
+        .then(|| (authority.client_certificate.clone(), authority.client_key.clone()));
+    ClientTls::load(&ClientTlsFiles { ca: authority.ca_certificate.clone(), certificate_and_key })
+        .expect("client TLS")
+}
+
+/// Binds a TLS echo server: every connection gets back what it sends, line by line.
+async fn echo_server(tls: Arc<ServerTls>) -> String {
+    let network = TlsNetwork::new(Arc::new(TcpNetwork), Some(tls), None);
+    let mut listener = network.bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_address();
+    tokio::spawn(async move {
+        while let Ok(connection) = listener.accept().await {
+            tokio::spawn(async move {
+                let Connection { mut reader, mut writer, .. } = connection;
+                let mut buffer = [0u8; 1024];
+                while let Ok(read) = reader.read(&mut buffer).await {
+                    if read == 0 || writer.write_all(&buffer[..read]).await.is_err() {
+                        break;
+                    }
+                    let _ = writer.flush().await;
+                }
+            });
+        }
+    });
+    address
+}
+
+async fn round_trip(client: &ClientTls, address: &str) -> std::io::Result<Vec<u8>> {
+    let network = TlsNetwork::new(Arc::new(TcpNetwork), None, Some(client.clone()));
+    let mut connection = network.connect(address).await?;
+    connection.writer.write_all(b"hello over tls").await?;
+    connection.writer.flush().await?;
+    let mut answer = vec![0u8; 14];
+    connection.reader.read_exact(&mut answer).await?;
+    Ok(answer)
+}
+
+fn authority(directory: &Path) -> LocalAuthorityFiles {
+    ensure(directory, &[]).expect("local authority").0
+}
+
+#[tokio::test]
+async fn a_client_that_trusts_the_ca_talks_and_one_that_does_not_is_refused() {
+    let directory = tempfile::tempdir().unwrap();
+    let ours = authority(&directory.path().join("ours"));
+    let theirs = authority(&directory.path().join("theirs"));
+    let tls = ServerTls::load(server_files(&ours, ClientCertificates::NotAsked)).unwrap();
+    let address = echo_server(tls.clone()).await;
+
+    assert_eq!(round_trip(&client(&ours, false), &address).await.unwrap(), b"hello over tls");
+    let refused = round_trip(&client(&theirs, false), &address).await.unwrap_err();
+    assert!(refused.to_string().contains("TLS handshake"), "{refused}");
+    // The listener goes on serving after a failed handshake.
+    assert_eq!(round_trip(&client(&ours, false), &address).await.unwrap(), b"hello over tls");
+    assert!(tls.handshakes_failed() >= 1);
+}
+
+#[tokio::test]
+async fn required_client_certificates_refuse_a_client_without_one() {
+    let directory = tempfile::tempdir().unwrap();
+    let ours = authority(directory.path());
+    let required = ClientCertificates::Required(ours.ca_certificate.clone());
+    let tls = ServerTls::load(server_files(&ours, required)).unwrap();
+    let address = echo_server(tls.clone()).await;
+
+    assert_eq!(round_trip(&client(&ours, true), &address).await.unwrap(), b"hello over tls");
+    // TLS 1.3: the client finishes its side before the server checks its certificate, so the
+    // refusal shows when the client reads.
+    assert!(round_trip(&client(&ours, false), &address).await.is_err());
+    assert_eq!(tls.handshakes_failed(), 1);
+}
+
+#[tokio::test]
+async fn optional_client_certificates_admit_both() {
+    let directory = tempfile::tempdir().unwrap();
+    let ours = authority(directory.path());
+    let optional = ClientCertificates::Optional(ours.ca_certificate.clone());
+    let tls = ServerTls::load(server_files(&ours, optional)).unwrap();
+    let address = echo_server(tls).await;
+    assert!(round_trip(&client(&ours, true), &address).await.is_ok());
+    assert!(round_trip(&client(&ours, false), &address).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_replaced_certificate_is_used_without_a_restart() {
+    let directory = tempfile::tempdir().unwrap();
+    let old = authority(&directory.path().join("old"));
+    let new = authority(&directory.path().join("new"));
+    // The listener's own copy of the old authority's files.
+    let live = directory.path().join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    let certificate = live.join("server.pem");
+    let key = live.join("server-key.pem");
+    std::fs::copy(&old.node_certificate, &certificate).unwrap();
+    std::fs::copy(&old.node_key, &key).unwrap();
+    let files = ServerTlsFiles {
+        certificate: certificate.clone(),
+        private_key: key.clone(),
+        client_certificates: ClientCertificates::NotAsked,
+    };
+    let tls = ServerTls::load(files).unwrap();
+    let address = echo_server(tls.clone()).await;
+    assert!(round_trip(&client(&old, false), &address).await.is_ok());
+    assert!(!tls.reload_if_changed().unwrap(), "nothing changed yet");
+
+    // A half-done replacement (the new certificate beside the old key) does not load: the old
+    // certificate stays in use.
+    std::fs::copy(&new.node_certificate, &certificate).unwrap();
+    assert!(tls.reload_if_changed().is_err());
+    assert!(round_trip(&client(&old, false), &address).await.is_ok());
+
+    // Once the key follows, the next check loads both.
+    std::fs::copy(&new.node_key, &key).unwrap();
+    assert!(tls.reload_if_changed().unwrap());
+    assert_eq!(tls.reloads(), 1);
+    assert_eq!(tls.reloads_failed(), 1);
+    assert!(round_trip(&client(&new, false), &address).await.is_ok());
+    assert!(round_trip(&client(&old, false), &address).await.is_err());
+}
+
+#[tokio::test]
+async fn a_plain_text_client_fails_its_handshake_and_the_listener_goes_on() {
+    let directory = tempfile::tempdir().unwrap();
+    let ours = authority(directory.path());
+    let tls = ServerTls::load(server_files(&ours, ClientCertificates::NotAsked)).unwrap();
+    let address = echo_server(tls.clone()).await;
+    let mut plain = TcpNetwork.connect(&address).await.unwrap();
+    plain.writer.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    // The server answers with a TLS alert or closes: never with the bytes echoed.
+    let _ = plain.reader.read_to_end(&mut answer).await;
+    assert!(!answer.starts_with(b"*1"));
+    assert_eq!(round_trip(&client(&ours, false), &address).await.unwrap(), b"hello over tls");
+    assert_eq!(tls.handshakes_failed(), 1);
+}
+
+#[test]
+fn missing_and_wrong_files_are_named_in_the_error() {
+    let directory = tempfile::tempdir().unwrap();
+    let ours = authority(directory.path());
+    let missing = ServerTlsFiles {
+        certificate: directory.path().join("nope.pem"),
+        private_key: ours.node_key.clone(),
+        client_certificates: ClientCertificates::NotAsked,
+    };
+    let error = ServerTls::load(missing).unwrap_err().to_string();
+    assert!(error.contains("nope.pem"), "{error}");
+    // A key that is not the certificate's.
+    let mismatched = ServerTlsFiles {
+        certificate: ours.node_certificate.clone(),
+        private_key: ours.client_key.clone(),
+        client_certificates: ClientCertificates::NotAsked,
+    };
+    assert!(ServerTls::load(mismatched).is_err());
+    // A certificate file holding a key.
+    let error =
+        ClientTls::load(&ClientTlsFiles { ca: ours.ca_key.clone(), certificate_and_key: None })
+            .unwrap_err()
+            .to_string();
+    assert!(error.contains("ca-key.pem"), "{error}");
+}
+
+#[test]
+fn the_local_authority_is_written_once_and_its_keys_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let directory = tempfile::tempdir().unwrap();
+    let (files, created) = ensure(directory.path(), &["db.example".to_string()]).unwrap();
+    assert!(created);
+    let (again, created_again) = ensure(directory.path(), &[]).unwrap();
+    assert_eq!(files, again);
+    assert!(!created_again);
+    for key in [&files.ca_key, &files.node_key, &files.client_key] {
+        let mode = std::fs::metadata(key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", key.display());
+    }
+}

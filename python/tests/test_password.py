@@ -5,8 +5,10 @@ once with a typed error (not retried until its timeout)."""
 from __future__ import annotations
 
 import pytest
+import redis
 
 from conftest import SERVER_SIZE_FLAGS, ManagedProcess, free_loopback_port, log_tails, stratus_binary
+
 from stratus_client import AuthenticationFailed, Client, PermissionDenied
 
 
@@ -30,20 +32,24 @@ def secured(tmp_path_factory):
             str(directory / "cluster-secret"),
             "--client-password-file",
             str(password_file),
+            "--resp-port",
+            "0",
             *SERVER_SIZE_FLAGS,
         ],
         "stratus up (secured)",
     )
     try:
-        if up.wait_for_line("ready") is None:
+        resp_line = up.wait_for_line("redis: server-0 ")
+        if resp_line is None or up.wait_for_line("ready") is None:
             pytest.fail("\n".join(up.output) + "\n" + log_tails(directory), pytrace=False)
-        yield coordinator, password_file.read_text().strip()
+        resp_port = int(resp_line.rsplit(":", 1)[1])
+        yield coordinator, password_file.read_text().strip(), resp_port
     finally:
         up.stop()
 
 
 def test_the_password_admits_a_client_and_its_absence_is_refused_at_once(secured):
-    coordinator, password = secured
+    coordinator, password, _ = secured
     with Client(coordinator, timeout=30, password=password) as client:
         table = client.create_table("secured", span=2)
         client.write(table, b"k", b"v")
@@ -68,3 +74,21 @@ def test_the_password_admits_a_client_and_its_absence_is_refused_at_once(secured
 def test_a_short_password_is_refused_before_any_connection():
     with pytest.raises(ValueError):
         Client("127.0.0.1:1", password="short")
+
+
+def test_redis_py_authenticates_with_the_password_in_plain_text(secured):
+    _, password, port = secured
+    client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=20)
+    assert client.set("plain-key", "v")
+    assert client.get("plain-key") == b"v"
+    client.close()
+    anonymous = redis.Redis(host="127.0.0.1", port=port, socket_timeout=20)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.get("plain-key")
+    anonymous.close()
+    # AUTH with the default user's name, as redis-cli --user default sends it.
+    named = redis.Redis(
+        host="127.0.0.1", port=port, username="default", password=password, socket_timeout=20
+    )
+    assert named.get("plain-key") == b"v"
+    named.close()

@@ -20,6 +20,8 @@ then may be applied twice (an ``increment``'s delta added twice).
 from __future__ import annotations
 
 import bisect
+import os
+import ssl
 import threading
 import time
 from collections import defaultdict
@@ -177,6 +179,12 @@ class Client:
     ``--client-password-file``: every connection proves it before its first request (and checks
     that the server holds it too). It needs the ``argon2-cffi`` package
     (``pip install 'stratus-client[password]'``).
+
+    ``tls_ca_file`` is the CA that signed the servers' certificates, for a cluster whose servers
+    were started with ``--tls-cert-file`` (``stratus up --secure`` writes it to DIR/tls/ca.pem):
+    every connection then speaks TLS and trusts that CA alone. ``tls_cert_file`` and
+    ``tls_key_file`` are the client's own certificate and key, for servers that ask clients
+    for one (``--tls-client-certificates``).
     """
 
     def __init__(
@@ -188,6 +196,9 @@ class Client:
         connect_timeout: float = 2.0,
         exactly_once: bool = True,
         password: str | bytes | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         # Several addresses, comma-separated: the coordinators of a cluster with standbys (one is
         # active and listens). Malformed addresses are refused now, not at the first call.
@@ -214,6 +225,7 @@ class Client:
         # The client password's key, derived once (slow on purpose), for clusters that require
         # one (servers started with --client-password-file).
         self._password_key = None if password is None else credentials.client_key(password)
+        self._tls = _tls_context(tls_ca_file, tls_cert_file, tls_key_file)
         # The lease and rpc ids of exactly-once mutations (and of transactions' ops).
         self._lease_agent = LeaseAgent(self._client_lease_call)
         # Threads sending a transaction phase's requests to several masters at once; made by
@@ -559,7 +571,7 @@ class Client:
         if connection is not None and not connection.closed:
             return connection
         deadline = min(time.monotonic() + self.connect_timeout, attempts.deadline)
-        connection = Connection(address, deadline, self._password_key)
+        connection = Connection(address, deadline, self._password_key, self._tls)
         with self._lock:
             if self._closed:
                 connection.close()
@@ -993,3 +1005,23 @@ class Client:
                 if ticket is not None:
                     ticket.release()
         return outcomes
+
+
+def _tls_context(
+    ca_file: str | os.PathLike[str] | None,
+    cert_file: str | os.PathLike[str] | None,
+    key_file: str | os.PathLike[str] | None,
+) -> ssl.SSLContext | None:
+    """The TLS context of a client given a CA (``None`` without one), with its own certificate
+    if given; TLS 1.2 at least, as the servers speak."""
+    if ca_file is None:
+        if cert_file is not None or key_file is not None:
+            raise ValueError("tls_cert_file and tls_key_file need tls_ca_file")
+        return None
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("give tls_cert_file and tls_key_file together")
+    context = ssl.create_default_context(cafile=os.fspath(ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None and key_file is not None:
+        context.load_cert_chain(os.fspath(cert_file), os.fspath(key_file))
+    return context

@@ -10,6 +10,7 @@ late answer to the wrong request. The client then opens a new connection on its 
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 
@@ -62,9 +63,17 @@ class Connection:
     Thread-safe: callers take turns (each waits for its turn no longer than its own deadline).
     """
 
-    def __init__(self, address: str, deadline: float, password_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        deadline: float,
+        password_key: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         """Connects and performs the handshake, all before ``deadline`` (``time.monotonic``);
-        with ``password_key`` (``credentials.client_key``), proves the client password first.
+        with ``tls``, runs a TLS handshake first (the server's certificate must name its host);
+        with ``password_key`` (``credentials.client_key``), proves the client password (inside
+        TLS, if any).
 
         Raises ``CouldNotConnect`` or ``Timeout`` when the server cannot be reached in time,
         ``ProtocolVersionMismatch`` when it speaks another protocol version,
@@ -81,6 +90,9 @@ class Connection:
                 (host, port), timeout=_seconds_left(deadline, address, "connecting")
             )
             self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                self._socket.settimeout(_seconds_left(deadline, address, "the TLS handshake"))
+                self._socket = tls.wrap_socket(self._socket, server_hostname=host)
             if password_key is not None:
                 self._prove_password(password_key, deadline)
             self._send_all(codec.encode_hello(), deadline)
@@ -96,6 +108,12 @@ class Connection:
         except TimeoutError:
             self.close()
             raise Timeout(f"{address}: no answer to connect and handshake in time") from None
+        except ssl.SSLError as error:
+            self.close()
+            raise CouldNotConnect(
+                f"{address}: TLS handshake: {error} (does it speak TLS, with a certificate "
+                "the given CA signed?)"
+            ) from None
         except OSError as error:
             self.close()
             raise CouldNotConnect(f"{address}: {error}") from None

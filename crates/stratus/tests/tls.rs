@@ -195,6 +195,13 @@ fn a_secure_cluster_speaks_only_tls_and_says_so_to_plain_clients() {
     assert!(url.starts_with("https://"), "{status_page}");
     let metrics = https_get(&format!("{url}/metrics"), &ca).expect("metrics over TLS");
     assert!(metrics.contains("stratus_coordinator_servers"), "{metrics}");
+    // The plain and wrong-CA clients above failed their handshakes with the coordinator.
+    let failed: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("stratus_tls_handshakes_failed_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("the failed-handshake counter");
+    assert!(failed >= 2.0, "{failed}");
     assert!(https_get(&format!("{url}/metrics"), &other.ca_certificate).is_err());
 
     up.signal(libc::SIGTERM);

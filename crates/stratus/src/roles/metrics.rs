@@ -101,11 +101,12 @@ pub(crate) fn serve_server(listener: TcpListener, figures: ServerFigures, access
     println!("metrics served at {}://{}/metrics", access.scheme(), bound_address(&listener));
     let figures = Arc::new(figures);
     let membership = access.membership.clone();
+    let tls = access.server_tls();
     let routes = access.protect(Routes::new().get("/metrics", move || {
-        let (figures, membership) = (figures.clone(), membership.clone());
+        let (figures, membership, tls) = (figures.clone(), membership.clone(), tls.clone());
         async move {
             let mut text = render_server(&figures);
-            text.push_str(&render_membership(membership.as_deref()));
+            text.push_str(&render_security(membership.as_deref(), tls.as_deref()));
             Reply::ok(CONTENT_TYPE, text)
         }
     }));
@@ -123,6 +124,7 @@ pub(crate) fn serve_coordinator(
     access: MetricsAccess,
 ) {
     let membership = access.membership.clone();
+    let tls = access.server_tls();
     let bound = bound_address(&listener);
     let scheme = access.scheme();
     println!("metrics served at {scheme}://{bound}/metrics");
@@ -133,9 +135,10 @@ pub(crate) fn serve_coordinator(
     let routes = Routes::new()
         .get("/metrics", move || {
             let (coordinator, membership) = (coordinator.clone(), membership.clone());
+            let tls = tls.clone();
             async move {
                 let mut text = render_coordinator(&coordinator).await;
-                text.push_str(&render_membership(membership.as_deref()));
+                text.push_str(&render_security(membership.as_deref(), tls.as_deref()));
                 Reply::ok(CONTENT_TYPE, text)
             }
         })
@@ -182,8 +185,31 @@ fn render_server(figures: &ServerFigures) -> String {
 }
 
 /// The membership counters of a process that runs with a cluster secret (none without one).
-fn render_membership(membership: Option<&Membership>) -> String {
+fn render_security(membership: Option<&Membership>, tls: Option<&ServerTls>) -> String {
     let mut out = Exposition::new();
+    if let Some(tls) = tls {
+        out.family(
+            "stratus_tls_handshakes_failed_total",
+            "TLS handshakes that failed or took too long on this process's listeners (a client \
+             without TLS, one that does not trust the certificate, or one without an accepted \
+             certificate of its own).",
+            MetricType::Counter,
+        )
+        .sample(&[], tls.handshakes_failed());
+        out.family(
+            "stratus_tls_reloads_total",
+            "Times the certificate files changed and were loaded (new connections use them).",
+            MetricType::Counter,
+        )
+        .sample(&[], tls.reloads());
+        out.family(
+            "stratus_tls_reloads_failed_total",
+            "Times the certificate files changed and did not load (the previous certificate \
+             stays in use).",
+            MetricType::Counter,
+        )
+        .sample(&[], tls.reloads_failed());
+    }
     if let Some(membership) = membership {
         out.family(
             "stratus_membership_handshakes_refused_total",

@@ -32,9 +32,10 @@ use stratus_client::{BlockingClient, Client, ClientConfig, RejectRules, TableId,
 
 use crate::cluster::{start_local_cluster, UpCluster};
 use crate::cpu::{process_tree, CpuCost, PhaseCpu};
-use crate::peers::{start_redis, RedisDurability};
+use crate::peers::{start_redis_with, RedisDurability};
 use crate::report::{latency_histogram, print_json, Field, Percentiles};
 use crate::resp_client::RespConnection;
+use crate::tls::BenchTls;
 
 /// `stratus bench latency`.
 #[derive(Debug, Args)]
@@ -69,6 +70,12 @@ pub struct LatencyArguments {
     /// two clients' writes alternate in blocks and a ratio row compares them.
     #[arg(long, default_value = "on,off", value_delimiter = ',')]
     pub exactly_once: Vec<String>,
+    /// TLS: `off`, `on`, or `off,on` for both in one run. On: every Stratus process with
+    /// --tls-cert-file (its client trusting the CA), Redis with --tls-port only (and TLS to its
+    /// replicas); one local CA and ECDSA P-256 certificate for both. Rows with TLS have
+    /// `+tls` after their configuration's name, and a summary gives on/off ratios.
+    #[arg(long, default_value = "off", value_delimiter = ',')]
+    pub tls: Vec<String>,
 }
 
 /// Blocks each exactly-once mode's measured writes are cut into, alternating with the other
@@ -127,15 +134,43 @@ pub fn run(arguments: LatencyArguments) -> Result<(), String> {
     if exactly_once_modes.is_empty() {
         exactly_once_modes.push(true);
     }
+    let mut tls_modes = Vec::new();
+    for mode in &arguments.tls {
+        match mode.trim() {
+            "off" => tls_modes.push(false),
+            "on" => tls_modes.push(true),
+            other => return Err(format!("--tls takes off and on, not {other:?}")),
+        }
+    }
+    if tls_modes.is_empty() {
+        tls_modes.push(false);
+    }
+    let bench_tls = match tls_modes.contains(&true) {
+        true => Some(BenchTls::create()?),
+        false => None,
+    };
     print_header();
     let mut rows = Vec::new();
     for (replicas, durability) in &stratus_configs {
-        rows.extend(measure_stratus(&arguments, *replicas, durability, &exactly_once_modes)?);
+        for &with_tls in &tls_modes {
+            let tls = if with_tls { bench_tls.as_ref() } else { None };
+            rows.extend(measure_stratus(
+                &arguments,
+                *replicas,
+                durability,
+                &exactly_once_modes,
+                tls,
+            )?);
+        }
     }
     for durability in redis_configs {
-        rows.extend(measure_redis(&arguments, durability)?);
+        for &with_tls in &tls_modes {
+            let tls = if with_tls { bench_tls.as_ref() } else { None };
+            rows.extend(measure_redis(&arguments, durability, tls)?);
+        }
     }
     print_goal_ratios(&rows);
+    print_tls_ratios(&rows);
     Ok(())
 }
 
@@ -215,44 +250,68 @@ struct Row {
     exactly_once: Option<bool>,
 }
 
+/// The name of a configuration's rows: `name`, or `name+tls`.
+fn config_name(name: String, tls: Option<&BenchTls>) -> String {
+    match tls {
+        Some(_) => format!("{name}{TLS_SUFFIX}"),
+        None => name,
+    }
+}
+
+/// What a configuration's name ends with when it runs over TLS.
+const TLS_SUFFIX: &str = "+tls";
+
 fn measure_stratus(
     arguments: &LatencyArguments,
     replicas: u32,
     durability: &str,
     exactly_once_modes: &[bool],
+    tls: Option<&BenchTls>,
 ) -> Result<Vec<Row>, String> {
     let configuration = Configuration {
         system: "stratus",
-        config: format!("r{replicas}-{durability}"),
+        config: config_name(format!("r{replicas}-{durability}"), tls),
         replicas,
         durability: durability.to_string(),
     };
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
     let (replicas_text, log_mib) = (replicas.to_string(), arguments.log_mib.to_string());
-    let cluster = start_local_cluster(
-        directory.path(),
-        arguments.servers,
-        &["--log-mib", &log_mib, "--replicas", &replicas_text, "--durability", durability],
-        None,
-    )?;
+    let mut flags =
+        ["--log-mib", &log_mib, "--replicas", &replicas_text, "--durability", durability]
+            .map(str::to_string)
+            .to_vec();
+    flags.extend(tls.map(BenchTls::stratus_flags).unwrap_or_default());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let cluster = start_local_cluster(directory.path(), arguments.servers, &flags, None)?;
+    let client_tls = tls.map(|tls| tls.client().clone());
+    let config_of = |cluster: &UpCluster| {
+        let mut config = ClientConfig::new(cluster.coordinator.clone());
+        config.tls = client_tls.clone();
+        config
+    };
     let processes = process_tree(cluster.process.id())?;
     let admin = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|error| error.to_string())?;
-    let (table, master) = admin.block_on(create_table(&cluster))?;
+    let admin_client = {
+        let _entered = admin.enter();
+        Client::new(config_of(&cluster))
+    };
+    let (table, master) = admin.block_on(create_table(&admin_client))?;
     let value = vec![0x5a_u8; arguments.value_bytes];
-    let passes_before = admin.block_on(fill_until_cleaning(&cluster, table, &master, arguments))?;
+    let passes_before =
+        admin.block_on(fill_until_cleaning(&admin_client, table, &master, arguments))?;
     let mut stores = Vec::new();
     for &exactly_once in exactly_once_modes {
-        let mut config = ClientConfig::new(cluster.coordinator.clone());
+        let mut config = config_of(&cluster);
         config.exactly_once = exactly_once;
         let client = BlockingClient::new(config).map_err(|error| format!("client: {error}"))?;
         stores.push((exactly_once, StratusKeyValue { client, table }));
     }
     let mut writes =
         measure_writes_alternating(&mut stores, &configuration, &value, arguments, &processes)?;
-    let passes_after = admin.block_on(cleaner_passes(&cluster, &master))?;
+    let passes_after = admin.block_on(cleaner_passes(&admin_client, &master))?;
     for write in &mut writes {
         write.cleaner_passes = Some(passes_after - passes_before);
         report(write);
@@ -336,17 +395,18 @@ fn measure_writes_alternating(
 fn measure_redis(
     arguments: &LatencyArguments,
     durability: RedisDurability,
+    tls: Option<&BenchTls>,
 ) -> Result<Vec<Row>, String> {
     let configuration = Configuration {
         system: "redis",
-        config: durability.name(),
+        config: config_name(durability.name(), tls),
         replicas: durability.wait_replicas().unwrap_or(0),
         durability: durability.name(),
     };
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let deployment = start_redis(directory.path(), durability)?;
+    let deployment = start_redis_with(directory.path(), durability, tls)?;
     let mut store = RedisKeyValue {
-        connection: RespConnection::open(&deployment.address)?,
+        connection: deployment.connect()?,
         wait_replicas: durability.wait_replicas(),
     };
     let value = vec![0x5a_u8; arguments.value_bytes];
@@ -362,8 +422,7 @@ fn measure_redis(
 }
 
 /// Creates the table (one tablet) and returns it with its master's address.
-async fn create_table(cluster: &UpCluster) -> Result<(TableId, String), String> {
-    let client = Client::new(ClientConfig::new(cluster.coordinator.clone()));
+async fn create_table(client: &Client) -> Result<(TableId, String), String> {
     let table = client
         .create_table("bench-latency", 1)
         .await
@@ -374,8 +433,7 @@ async fn create_table(cluster: &UpCluster) -> Result<(TableId, String), String> 
 }
 
 /// Cleaning passes the master made so far: segments cleaned and compactions.
-async fn cleaner_passes(cluster: &UpCluster, master: &str) -> Result<u64, String> {
-    let client = Client::new(ClientConfig::new(cluster.coordinator.clone()));
+async fn cleaner_passes(client: &Client, master: &str) -> Result<u64, String> {
     let statistics = client
         .server_statistics(master)
         .await
@@ -386,13 +444,12 @@ async fn cleaner_passes(cluster: &UpCluster, master: &str) -> Result<u64, String
 /// Overwrites the key set with pipelined MULTI_WRITEs until the master has cleaned at least
 /// once (bounded: at most [`FILL_LOGS_MAX`] logs' worth); returns its cleaning passes then.
 async fn fill_until_cleaning(
-    cluster: &UpCluster,
+    client: &Client,
     table: TableId,
     master: &str,
     arguments: &LatencyArguments,
 ) -> Result<u64, String> {
-    let client = Client::new(ClientConfig::new(cluster.coordinator.clone()));
-    let passes_at_start = cleaner_passes(cluster, master).await?;
+    let passes_at_start = cleaner_passes(client, master).await?;
     let overwrite_bytes = arguments.value_bytes as u64 + OVERWRITE_OVERHEAD_BYTES;
     let objects_max = FILL_LOGS_MAX * (arguments.log_mib << 20) / overwrite_bytes;
     let value = Bytes::from(vec![0xa5_u8; arguments.value_bytes]);
@@ -420,7 +477,7 @@ async fn fill_until_cleaning(
                 outcome.map_err(|error| format!("filling the log: {error}"))?;
             }
         }
-        let passes = cleaner_passes(cluster, master).await?;
+        let passes = cleaner_passes(client, master).await?;
         if passes > passes_at_start {
             return Ok(passes);
         }
@@ -620,6 +677,43 @@ fn print_exactly_once_ratios(rows: &[Row]) {
             ("write_p99_added_fraction", Field::Number(p99_added)),
             ("write_throughput_lost_fraction", Field::Number(throughput_lost)),
             ("write_cpu_added_fraction", Field::Number(cpu_added)),
+        ]);
+    }
+}
+
+/// For each configuration measured with TLS and without, in this run: what TLS does to its
+/// read and write p50 and throughput (the issue's goal: Stratus's cost no larger than Redis's,
+/// and at most 10 % of throughput).
+fn print_tls_ratios(rows: &[Row]) {
+    let chosen = |row: &&Row| row.exactly_once != Some(false);
+    for with_tls in rows.iter().filter(chosen) {
+        let Some(base) = with_tls.configuration.config.strip_suffix(TLS_SUFFIX) else { continue };
+        let Some(without) = rows.iter().filter(chosen).find(|row| {
+            row.configuration.system == with_tls.configuration.system
+                && row.configuration.config == base
+                && row.operation == with_tls.operation
+        }) else {
+            continue;
+        };
+        let p50_ratio = with_tls.percentiles.p50_us / without.percentiles.p50_us;
+        let throughput_ratio = with_tls.ops_per_sec / without.ops_per_sec;
+        let cpu_ratio = with_tls.cpu.system_us_per_op(with_tls.operations)
+            / without.cpu.system_us_per_op(without.operations).max(1e-9);
+        println!(
+            "{} {base} {}: TLS on/off p50 {p50_ratio:.3}, throughput {throughput_ratio:.3}, \
+             CPU per op {cpu_ratio:.3} (goal: throughput >= 0.9, and Stratus's ratios no worse \
+             than Redis's)",
+            with_tls.configuration.system, with_tls.operation,
+        );
+        print_json(&[
+            ("bench", Field::Text("latency".into())),
+            ("system", Field::Text("tls-ratio".into())),
+            ("of", Field::Text(with_tls.configuration.system.into())),
+            ("config", Field::Text(base.into())),
+            ("op", Field::Text(with_tls.operation.into())),
+            ("p50_on_over_off", Field::Number(p50_ratio)),
+            ("throughput_on_over_off", Field::Number(throughput_ratio)),
+            ("cpu_on_over_off", Field::Number(cpu_ratio)),
         ]);
     }
 }

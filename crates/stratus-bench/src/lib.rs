@@ -22,6 +22,7 @@ mod resp;
 mod resp_client;
 mod rpc;
 mod server_logs;
+mod tls;
 mod tx;
 mod utilization;
 mod ycsb;

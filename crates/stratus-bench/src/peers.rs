@@ -102,9 +102,16 @@ pub struct RedisDeployment {
     pub durability: RedisDurability,
     /// The primary first, then the replicas.
     processes: Vec<ChildProcess>,
+    /// What a client trusts, if the deployment speaks TLS.
+    tls: Option<stratus_tls::ClientTls>,
 }
 
 impl RedisDeployment {
+    /// A connection to the primary (over TLS if the deployment speaks it).
+    pub fn connect(&self) -> Result<RespConnection, String> {
+        RespConnection::open_with(&self.address, self.tls.as_ref())
+    }
+
     /// The process ids of every server of the deployment.
     pub fn process_ids(&self) -> Vec<u32> {
         self.processes.iter().map(ChildProcess::id).collect()
@@ -120,16 +127,29 @@ pub fn start_redis(
     directory: &Path,
     durability: RedisDurability,
 ) -> Result<RedisDeployment, String> {
-    let (primary, address) = start_redis_server(&directory.join("primary"), durability, None)?;
-    let mut deployment = RedisDeployment { address, durability, processes: vec![primary] };
+    start_redis_with(directory, durability, None)
+}
+
+/// [`start_redis`], speaking only TLS (every server, and between primary and replicas) with
+/// `tls`'s certificate if given.
+pub fn start_redis_with(
+    directory: &Path,
+    durability: RedisDurability,
+    tls: Option<&crate::tls::BenchTls>,
+) -> Result<RedisDeployment, String> {
+    let (primary, address) = start_redis_server(&directory.join("primary"), durability, None, tls)?;
+    let client_tls = tls.map(|tls| tls.client().clone());
+    let mut deployment =
+        RedisDeployment { address, durability, processes: vec![primary], tls: client_tls };
     if let Some(replicas) = durability.wait_replicas() {
         let port = deployment.address.rsplit(':').next().unwrap_or_default().to_string();
         for index in 1..=replicas {
             let replica_directory = directory.join(format!("replica-{index}"));
-            let (replica, _) = start_redis_server(&replica_directory, durability, Some(&port))?;
+            let (replica, _) =
+                start_redis_server(&replica_directory, durability, Some(&port), tls)?;
             deployment.processes.push(replica);
         }
-        wait_until_replicas_in_sync(&deployment.address, replicas)?;
+        wait_until_replicas_in_sync(&deployment, replicas)?;
     }
     Ok(deployment)
 }
@@ -140,12 +160,17 @@ fn start_redis_server(
     directory: &Path,
     durability: RedisDurability,
     primary_port: Option<&str>,
+    tls: Option<&crate::tls::BenchTls>,
 ) -> Result<(ChildProcess, String), String> {
     std::fs::create_dir_all(directory)
         .map_err(|error| format!("{}: {error}", directory.display()))?;
     let (mut command, address, port) = peer_command("redis-server", directory)?;
+    match tls {
+        None => command.args(["--port", &port]),
+        Some(tls) => command.args(tls.redis_arguments(&port)),
+    };
     command
-        .args(["--port", &port, "--bind", "127.0.0.1", "--daemonize", "no", "--save", ""])
+        .args(["--bind", "127.0.0.1", "--daemonize", "no", "--save", ""])
         .args(durability.persistence_arguments())
         .arg("--dir")
         .arg(directory);
@@ -153,16 +178,39 @@ fn start_redis_server(
         command.args(["--replicaof", "127.0.0.1", primary_port]);
     }
     let server = ChildProcess::spawn(&mut command, "redis-server")?;
-    wait_until_answering(&address, b"*1\r\n$4\r\nPING\r\n", "+PONG")?;
+    match tls {
+        None => wait_until_answering(&address, b"*1\r\n$4\r\nPING\r\n", "+PONG")?,
+        Some(tls) => wait_until_pong_over_tls(&address, tls.client())?,
+    }
     Ok((server, address))
+}
+
+/// Polls until the TLS server at `address` answers PING with PONG (bounded by
+/// [`START_PATIENCE`]).
+fn wait_until_pong_over_tls(address: &str, tls: &stratus_tls::ClientTls) -> Result<(), String> {
+    let deadline = Instant::now() + START_PATIENCE;
+    let mut last = String::from("no connection");
+    while Instant::now() < deadline {
+        match RespConnection::open_with(address, Some(tls)).map(|mut c| c.call(&[b"PING"])) {
+            Ok(Ok(Value::SimpleString(pong))) if pong == "PONG" => return Ok(()),
+            Ok(Ok(other)) => last = format!("{other:?}"),
+            Ok(Err(error)) => last = error.to_string(),
+            Err(error) => last = error,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!(
+        "{address} did not answer PONG over TLS within {} s (last: {last})",
+        START_PATIENCE.as_secs()
+    ))
 }
 
 /// Polls the primary's `INFO replication` until `replicas` replicas are connected and online
 /// (their first sync done), then checks with a write that `WAIT replicas 0` returns; bounded by
 /// [`START_PATIENCE`].
-fn wait_until_replicas_in_sync(primary: &str, replicas: u32) -> Result<(), String> {
+fn wait_until_replicas_in_sync(primary: &RedisDeployment, replicas: u32) -> Result<(), String> {
     let deadline = Instant::now() + START_PATIENCE;
-    let mut connection = RespConnection::open(primary)?;
+    let mut connection = primary.connect()?;
     loop {
         let info = match connection.call(&[b"INFO", b"replication"])? {
             Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),

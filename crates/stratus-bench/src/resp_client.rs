@@ -4,7 +4,8 @@
 //! and bounds nesting), so a peer that misbehaves costs the driver an error, not its memory.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+
+use stratus_tls::{BlockingStream, ClientTls};
 
 use stratus_resp::{parse_value, Value};
 
@@ -61,7 +62,7 @@ impl From<RespError> for String {
 
 /// One connection to a Redis server.
 pub struct RespConnection {
-    stream: TcpStream,
+    stream: BlockingStream,
     /// Bytes received and not parsed yet.
     received: Vec<u8>,
     /// The request being written (kept to reuse its memory).
@@ -74,8 +75,15 @@ pub struct RespConnection {
 impl RespConnection {
     /// Connects to `address` (loopback, Nagle off, bounded waits).
     pub fn open(address: &str) -> Result<RespConnection, String> {
+        RespConnection::open_with(address, None)
+    }
+
+    /// [`RespConnection::open`], speaking TLS with `tls` if given.
+    pub fn open_with(address: &str, tls: Option<&ClientTls>) -> Result<RespConnection, String> {
+        let stream = BlockingStream::new(connect(address)?, tls, address)
+            .map_err(|error| format!("{address}: {error}"))?;
         Ok(RespConnection {
-            stream: connect(address)?,
+            stream,
             received: Vec::with_capacity(READ_CHUNK_BYTES),
             request: Vec::new(),
             chunk: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),

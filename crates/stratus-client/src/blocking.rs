@@ -241,9 +241,9 @@ impl BlockingClient {
         deadline: Instant,
     ) -> Option<Attempt> {
         let config = self.client.config();
-        if config.client_password_key.is_some() || config.tls.is_some() {
-            // The direct path's blocking socket speaks neither the credentials preamble nor
-            // TLS: with either, every attempt goes through the async client, which does.
+        if config.client_password_key.is_some() {
+            // The direct path's blocking socket does not speak the credentials preamble: with
+            // a client password every attempt goes through the async client, which does.
             return None;
         }
         let inner = &self.client.inner;
@@ -258,7 +258,7 @@ impl BlockingClient {
             // the request: close it and connect afresh, so nothing is sent that cannot arrive.
             closed => {
                 drop(closed);
-                BlockingChannel::connect_within(&address, rpc, left)
+                BlockingChannel::connect_with_tls(&address, rpc, left, config.tls.as_ref())
             }
         };
         let (sent, reusable) = match connected {

@@ -9,7 +9,8 @@
 //! validation as the async channel; no pipelining.
 //!
 //! It speaks to real sockets only (`std::net`), not through `stratus-env`'s network: the
-//! deterministic simulation drives the async client, never this one.
+//! deterministic simulation drives the async client, never this one. It speaks TLS when given
+//! a [`ClientTls`] (rustls over the same blocking socket), and no credentials preamble.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -22,6 +23,7 @@ use stratus_wire::{
 };
 
 use crate::client::{decode_response_frame, RpcConfig, RpcError};
+use stratus_tls::{BlockingStream, ClientTls};
 
 /// Bytes read from the socket at a time (and kept between responses): one read takes a whole
 /// response of a small object and the header of a large one.
@@ -52,7 +54,7 @@ pub fn deadline_after(timeout: Duration) -> Instant {
 #[derive(Debug)]
 pub struct BlockingChannel {
     address: String,
-    stream: TcpStream,
+    stream: BlockingStream,
     /// Received bytes: `input[..filled]` is data, the rest room for the next read.
     input: Vec<u8>,
     filled: usize,
@@ -78,6 +80,17 @@ impl BlockingChannel {
         config: &RpcConfig,
         timeout: Duration,
     ) -> Result<BlockingChannel, RpcError> {
+        BlockingChannel::connect_with_tls(address, config, timeout, None)
+    }
+
+    /// [`BlockingChannel::connect_within`], speaking TLS with `tls` if given (the server's
+    /// certificate must name the host of `address`).
+    pub fn connect_with_tls(
+        address: &str,
+        config: &RpcConfig,
+        timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<BlockingChannel, RpcError> {
         let connect_error =
             |error: std::io::Error| RpcError::Connect(format!("{address}: {error}"));
         let deadline = deadline_after(timeout.min(config.connect_timeout));
@@ -100,7 +113,7 @@ impl BlockingChannel {
                 Err(error) => last_error = Some(error),
             }
         }
-        let mut stream = match (connected, last_error) {
+        let stream = match (connected, last_error) {
             (Some(stream), _) => stream,
             (None, Some(error)) => return Err(connect_error(error)),
             (None, None) => {
@@ -113,6 +126,8 @@ impl BlockingChannel {
         };
         configure(&stream, left()?).map_err(connect_error)?;
         stream.set_nodelay(true).map_err(connect_error)?;
+        // With TLS, the handshake runs within the first write, under the socket's timeouts.
+        let mut stream = BlockingStream::new(stream, tls, address).map_err(connect_error)?;
         let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
         stream.write_all(&hello.encode()).map_err(connect_error)?;
         let mut reply = [0u8; HELLO_BYTES];
@@ -123,7 +138,7 @@ impl BlockingChannel {
         if reply.status != Status::Ok || reply.version != PROTOCOL_VERSION {
             return Err(RpcError::VersionMismatch { server_version: reply.version });
         }
-        configure(&stream, config.request_timeout).map_err(connect_error)?;
+        configure(stream.tcp(), config.request_timeout).map_err(connect_error)?;
         Ok(BlockingChannel {
             address: address.to_string(),
             stream,
@@ -147,14 +162,17 @@ impl BlockingChannel {
         if self.last_used.elapsed() < IDLE_CHECK_AFTER {
             return true;
         }
-        if self.stream.set_nonblocking(true).is_err() {
+        // With TLS too: the servers send no TLS 1.3 session tickets (stratus-tls), so any byte
+        // from an idle TLS server is an alert or the end: the connection is over either way.
+        let socket = self.stream.tcp();
+        if socket.set_nonblocking(true).is_err() {
             return false;
         }
         let idle = matches!(
-            self.stream.peek(&mut [0u8; 1]),
+            socket.peek(&mut [0u8; 1]),
             Err(error) if error.kind() == ErrorKind::WouldBlock
         );
-        self.stream.set_nonblocking(false).is_ok() && idle
+        socket.set_nonblocking(false).is_ok() && idle
     }
 
     /// The server's address.
@@ -228,7 +246,7 @@ impl BlockingChannel {
                 stream.set_read_timeout(Some(left))?;
                 stream.set_write_timeout(Some(left))
             };
-            set(&self.stream).map_err(|error| {
+            set(self.stream.tcp()).map_err(|error| {
                 RpcError::ConnectionLost(format!("setting a socket timeout: {error}"))
             })?;
             self.socket_timeout = left;

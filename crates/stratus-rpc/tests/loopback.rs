@@ -453,3 +453,61 @@ async fn a_coordinator_that_takes_a_call_s_whole_time_is_tried_last_next_time() 
     }
     drop(paused);
 }
+
+/// A TLS server (local CA certificates) and the client TLS that trusts it.
+async fn start_tls_server(
+    directory: &std::path::Path,
+) -> (String, stratus_tls::ClientTls, tokio::task::JoinHandle<std::io::Result<()>>) {
+    let (files, _) = stratus_tls::local_authority::ensure(directory, &[]).unwrap();
+    let server = stratus_tls::ServerTls::load(stratus_tls::ServerTlsFiles {
+        certificate: files.node_certificate.clone(),
+        private_key: files.node_key.clone(),
+        client_certificates: stratus_tls::ClientCertificates::NotAsked,
+    })
+    .unwrap();
+    let client = stratus_tls::ClientTls::load(&stratus_tls::ClientTlsFiles {
+        ca: files.ca_certificate.clone(),
+        certificate_and_key: None,
+    })
+    .unwrap();
+    let network = stratus_tls::TlsNetwork::new(Arc::new(TcpNetwork), Some(server), None);
+    let listener = network.bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_address();
+    let service = Arc::new(TestService { handled: AtomicU64::new(0) });
+    (address, client, tokio::spawn(serve(listener, service)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_and_blocking_channels_speak_tls_and_an_idle_tls_channel_stays_open() {
+    let directory = tempfile::tempdir().unwrap();
+    let (address, tls, _server) = start_tls_server(directory.path()).await;
+    let network = stratus_tls::TlsNetwork::new(Arc::new(TcpNetwork), None, Some(tls.clone()));
+    let channel = Channel::connect(&network, &address, &RpcConfig::default()).await.unwrap();
+    let (status, _) = channel.call(&read_of(3 << 20), Duration::from_secs(10)).await.unwrap();
+    assert_eq!(status, Status::Ok);
+    // Without TLS the client is told the server speaks it.
+    let plain = Channel::connect(&TcpNetwork, &address, &RpcConfig::default()).await.unwrap_err();
+    assert!(plain.to_string().contains("speaks TLS"), "{plain}");
+    blocking(move || {
+        let config = RpcConfig::default();
+        let timeout = Duration::from_secs(10);
+        let mut channel =
+            BlockingChannel::connect_with_tls(&address, &config, timeout, Some(&tls)).unwrap();
+        for bytes in [0, 100, 3 << 20, 10] {
+            let (status, body) = channel.call(&read_of(bytes), timeout).unwrap();
+            assert_eq!(status, Status::Ok);
+            match body {
+                ResponseBody::Operation(Response::Read { value, .. }) => {
+                    assert_eq!(value.len(), bytes)
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Idle past the idle check: nothing arrives unasked (no session tickets), so the
+        // channel is still open and answers.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(channel.is_open());
+        assert_eq!(channel.call(&Request::Ping, timeout).unwrap().0, Status::Ok);
+    })
+    .await;
+}

@@ -11,12 +11,14 @@
 //! rustls with the ring provider: no OpenSSL, and TLS 1.2 and 1.3 only, with rustls's safe
 //! defaults for cipher suites.
 
+mod blocking;
 mod client;
 mod files;
 pub mod local_authority;
 mod network;
 mod server;
 
+pub use blocking::BlockingStream;
 pub use client::{server_name_of, ClientTls, ClientTlsFiles};
 pub use files::TlsError;
 pub use network::TlsNetwork;

@@ -227,12 +227,16 @@ fn build(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> 
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let config = builder.with_single_cert(certificates, key).map_err(|error| {
+    let mut config = builder.with_single_cert(certificates, key).map_err(|error| {
         TlsError::Config(format!(
             "{} with {}: {error}",
             files.certificate.display(),
             files.private_key.display()
         ))
     })?;
+    // No TLS 1.3 session tickets: Stratus's connections live long and are pooled, so
+    // resumption saves little, and without tickets nothing arrives unasked on an idle
+    // connection (a blocking client reads any byte from an idle server as the end of it).
+    config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
 }

@@ -110,3 +110,56 @@ fn bench_latency_measures_writes_and_reads_for_each_replica_count() {
         assert!(ratios.is_empty(), "{stdout}");
     }
 }
+
+#[test]
+fn bench_latency_measures_each_configuration_with_and_without_tls() {
+    common::require_installed("redis-server");
+    let arguments = [
+        "bench",
+        "latency",
+        "--replicas",
+        "1",
+        "--durability",
+        "buffered",
+        "--servers",
+        "2",
+        "--operations",
+        "500",
+        "--exactly-once",
+        "on",
+        "--redis",
+        "wait-1",
+        "--tls",
+        "off,on",
+    ];
+    let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
+    let measured: Vec<(String, String, String)> = rows
+        .iter()
+        .filter(|row| row["system"] == "stratus" || row["system"] == "redis")
+        .map(|row| {
+            let text = |field: &str| row[field].as_str().unwrap_or_default().to_string();
+            (text("system"), text("config"), text("op"))
+        })
+        .collect();
+    let expected: Vec<(String, String, String)> = [
+        ("stratus", "r1-buffered", "write"),
+        ("stratus", "r1-buffered", "read"),
+        ("stratus", "r1-buffered+tls", "write"),
+        ("stratus", "r1-buffered+tls", "read"),
+        ("redis", "wait-1", "write"),
+        ("redis", "wait-1", "read"),
+        ("redis", "wait-1+tls", "write"),
+        ("redis", "wait-1+tls", "read"),
+    ]
+    .map(|(system, config, op)| (system.to_string(), config.to_string(), op.to_string()))
+    .to_vec();
+    assert_eq!(measured, expected, "{stdout}");
+    // One on/off ratio per system and operation, each a positive number.
+    let ratios: Vec<&BenchRow> = rows.iter().filter(|row| row["system"] == "tls-ratio").collect();
+    assert_eq!(ratios.len(), 4, "{stdout}");
+    for ratio in ratios {
+        for field in ["p50_on_over_off", "throughput_on_over_off", "cpu_on_over_off"] {
+            assert!(number(ratio, field) > 0.0, "{ratio:?}");
+        }
+    }
+}

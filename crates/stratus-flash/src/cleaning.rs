@@ -1,0 +1,111 @@
+//! Cleaning: read a closed segment, relocate its live entries through the normal append path,
+//! and retire it. The index belongs to the caller, so the cleaner asks it (through
+//! [`RelocationIndex`]) which objects are live and moves each with a compare on the old
+//! address: an object written or locked meanwhile is never overwritten by its old copy, and
+//! the copy is noted dead instead.
+//!
+//! Tombstones: a tombstone is kept while the segment of the object version it kills still holds
+//! entries (RAMCloud's rule): until then, a restart could find that version and needs the
+//! tombstone to know it is dead.
+
+use crate::address::{FlashAddress, SegmentNumber};
+use crate::aligned::AlignedBuffer;
+use crate::error::FlashError;
+use crate::format::{EntryKind, EntryRef};
+use crate::log::FlashLog;
+use crate::scan::{SegmentEntries, SegmentItem};
+use crate::segments::SegmentState;
+
+/// The caller's index, as the cleaner needs it.
+pub trait RelocationIndex {
+    /// Whether the index points at `address` for this object (it is the live version).
+    fn is_live(&mut self, entry: &EntryRef<'_>, address: FlashAddress) -> bool;
+
+    /// Points the index at `new` if it still points at `old` and the object is not locked;
+    /// `false` otherwise (the copy at `new` is then dead). One atomic step in the index.
+    fn relocate(&mut self, entry: &EntryRef<'_>, old: FlashAddress, new: FlashAddress) -> bool;
+}
+
+/// What cleaning one segment did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CleanOutcome {
+    /// Objects copied and moved in the index.
+    pub objects_relocated: u64,
+    /// Objects copied whose index entry had moved on (or was locked) by the compare.
+    pub objects_lost_race: u64,
+    /// Tombstones copied (still needed).
+    pub tombstones_kept: u64,
+    /// Entries dropped (dead objects, tombstones no longer needed).
+    pub entries_dropped: u64,
+    /// Bytes appended for the copies.
+    pub bytes_relocated: u64,
+    /// Bytes that were torn or corrupt and not read past (should be zero for a closed segment).
+    pub bytes_unreadable: u64,
+}
+
+impl FlashLog {
+    /// Cleans `segment` (which must be closed): relocates its live entries and marks it cleaned;
+    /// it is freed once the copies are durable (a later `flush_ready`) and every read that could
+    /// point into it has ended. On `BuffersBusy` the cleaner flushes and retries; any other
+    /// error leaves the segment closed (copies already made are dead or moved, and a later pass
+    /// finishes the work).
+    pub fn clean_segment(
+        &self,
+        segment: SegmentNumber,
+        index: &mut dyn RelocationIndex,
+    ) -> Result<CleanOutcome, FlashError> {
+        assert_eq!(
+            self.table().state(segment),
+            Some(SegmentState::Closed),
+            "cleaning a segment that is not closed"
+        );
+        let geometry = self.config().geometry;
+        let mut bytes = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
+        self.device().read_at(segment, 0, bytes.as_mut_slice())?;
+        let mut outcome = CleanOutcome::default();
+        // The log end the copies must be durable up to before the segment may go (0: no copy).
+        let mut durable_at = 0;
+        let mut entries = SegmentEntries::new(bytes.as_slice(), segment, geometry);
+        for item in entries.by_ref() {
+            let SegmentItem { address, entry, entry_bytes } = item;
+            let keep = match entry.kind {
+                EntryKind::Object => index.is_live(&entry, address),
+                EntryKind::Tombstone => {
+                    self.table().holds_entries(geometry.segment_of(entry.dead_address))
+                }
+            };
+            if !keep {
+                outcome.entries_dropped += 1;
+                continue;
+            }
+            let new_address = self.append_flushing(&entry)?;
+            durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+            outcome.bytes_relocated += entry_bytes as u64;
+            match entry.kind {
+                EntryKind::Tombstone => outcome.tombstones_kept += 1,
+                EntryKind::Object if index.relocate(&entry, address, new_address) => {
+                    outcome.objects_relocated += 1;
+                }
+                EntryKind::Object => {
+                    self.note_dead(new_address, entry_bytes);
+                    outcome.objects_lost_race += 1;
+                }
+            }
+        }
+        outcome.bytes_unreadable = entries.report().unreadable_bytes;
+        self.table().mark_cleaned(segment, durable_at);
+        Ok(outcome)
+    }
+
+    /// Appends, flushing when every buffer is busy (the cleaner is a flusher's caller too).
+    fn append_flushing(&self, entry: &EntryRef<'_>) -> Result<FlashAddress, FlashError> {
+        loop {
+            match self.append(entry) {
+                Err(FlashError::BuffersBusy) => {
+                    self.flush_ready()?;
+                }
+                other => return other,
+            }
+        }
+    }
+}

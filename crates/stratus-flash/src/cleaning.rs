@@ -21,9 +21,27 @@ pub trait RelocationIndex {
     /// Whether the index points at `address` for this object (it is the live version).
     fn is_live(&mut self, entry: &EntryRef<'_>, address: FlashAddress) -> bool;
 
-    /// Points the index at `new` if it still points at `old` and the object is not locked;
-    /// `false` otherwise (the copy at `new` is then dead). One atomic step in the index.
-    fn relocate(&mut self, entry: &EntryRef<'_>, old: FlashAddress, new: FlashAddress) -> bool;
+    /// Points the index at `new` if it still points at `old` and the object is not locked, as
+    /// one atomic step in the index (a compare-and-swap on the old address and the lock).
+    fn relocate(
+        &mut self,
+        entry: &EntryRef<'_>,
+        old: FlashAddress,
+        new: FlashAddress,
+    ) -> Relocation;
+}
+
+/// The index's answer to a relocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relocation {
+    /// The index now points at the copy.
+    Moved,
+    /// The index no longer points at the old address (a write or delete came first): the old
+    /// entry and the copy are both dead.
+    Superseded,
+    /// The index still points at the old address but the object is locked (a transaction holds
+    /// it): the copy is dead and the segment must stay, so this pass gives it up.
+    Locked,
 }
 
 /// What cleaning one segment did.
@@ -31,8 +49,10 @@ pub trait RelocationIndex {
 pub struct CleanOutcome {
     /// Objects copied and moved in the index.
     pub objects_relocated: u64,
-    /// Objects copied whose index entry had moved on (or was locked) by the compare.
-    pub objects_lost_race: u64,
+    /// Objects copied whose index entry had moved on by the compare.
+    pub objects_superseded: u64,
+    /// The pass stopped at a locked object: the segment stays closed, for a later pass.
+    pub gave_up_on_lock: bool,
     /// Tombstones copied (still needed).
     pub tombstones_kept: u64,
     /// Entries dropped (dead objects, tombstones no longer needed).
@@ -46,9 +66,9 @@ pub struct CleanOutcome {
 impl FlashLog {
     /// Cleans `segment` (which must be closed): relocates its live entries and marks it cleaned;
     /// it is freed once the copies are durable (a later `flush_ready`) and every read that could
-    /// point into it has ended. On `BuffersBusy` the cleaner flushes and retries; any other
-    /// error leaves the segment closed (copies already made are dead or moved, and a later pass
-    /// finishes the work).
+    /// point into it has ended. On `BuffersBusy` the cleaner flushes and retries. A locked
+    /// object (`Relocation::Locked`) or any error leaves the segment closed: copies already made
+    /// are moved in the index or noted dead, and a later pass finishes the work.
     pub fn clean_segment(
         &self,
         segment: SegmentNumber,
@@ -81,14 +101,24 @@ impl FlashLog {
             let new_address = self.append_flushing(&entry)?;
             durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
             outcome.bytes_relocated += entry_bytes as u64;
-            match entry.kind {
-                EntryKind::Tombstone => outcome.tombstones_kept += 1,
-                EntryKind::Object if index.relocate(&entry, address, new_address) => {
+            if entry.kind == EntryKind::Tombstone {
+                outcome.tombstones_kept += 1;
+                continue;
+            }
+            match index.relocate(&entry, address, new_address) {
+                Relocation::Moved => {
+                    // Counted so a pass that gives up later leaves the segment's count right.
+                    self.note_dead(address, entry_bytes);
                     outcome.objects_relocated += 1;
                 }
-                EntryKind::Object => {
+                Relocation::Superseded => {
                     self.note_dead(new_address, entry_bytes);
-                    outcome.objects_lost_race += 1;
+                    outcome.objects_superseded += 1;
+                }
+                Relocation::Locked => {
+                    self.note_dead(new_address, entry_bytes);
+                    outcome.gave_up_on_lock = true;
+                    return Ok(outcome);
                 }
             }
         }

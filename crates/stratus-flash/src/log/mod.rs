@@ -182,3 +182,6 @@ impl FlashLog {
         lock(&self.table)
     }
 }
+
+#[cfg(test)]
+mod tests;

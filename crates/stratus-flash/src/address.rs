@@ -44,11 +44,11 @@ impl Geometry {
     /// both are within the constants' bounds.
     pub fn new(segment_bytes: usize, buffer_bytes: usize) -> Result<Geometry, FlashError> {
         let valid = (FLUSH_BUFFER_BYTES_MIN..=FLUSH_BUFFER_BYTES_MAX).contains(&buffer_bytes)
-            && buffer_bytes % IO_ALIGNMENT_BYTES == 0
+            && buffer_bytes.is_multiple_of(IO_ALIGNMENT_BYTES)
             && buffer_bytes > SEGMENT_HEADER_BYTES * 2
             && segment_bytes <= SEGMENT_BYTES_MAX
             && segment_bytes >= buffer_bytes
-            && segment_bytes % buffer_bytes == 0;
+            && segment_bytes.is_multiple_of(buffer_bytes);
         if !valid {
             return Err(FlashError::InvalidGeometry { segment_bytes, buffer_bytes });
         }

@@ -163,7 +163,7 @@ impl FlushBuffer {
     }
 
     fn store_words(&self, offset: u64, bytes: &[u8]) {
-        assert!(offset % 8 == 0 && bytes.len() % 8 == 0);
+        assert!(offset.is_multiple_of(8) && bytes.len().is_multiple_of(8));
         let first = (offset / 8) as usize;
         for (word, chunk) in
             self.words[first..first + bytes.len() / 8].iter().zip(bytes.chunks_exact(8))
@@ -176,7 +176,7 @@ impl FlushBuffer {
 
     /// Copies the buffer's bytes at `offset` into `out` (offset and length multiples of 8).
     pub(crate) fn load_words(&self, offset: u64, out: &mut [u8]) {
-        assert!(offset % 8 == 0 && out.len() % 8 == 0);
+        assert!(offset.is_multiple_of(8) && out.len().is_multiple_of(8));
         let first = (offset / 8) as usize;
         for (word, chunk) in
             self.words[first..first + out.len() / 8].iter().zip(out.chunks_exact_mut(8))

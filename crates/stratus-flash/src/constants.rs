@@ -70,12 +70,12 @@ pub const READ_POOL_DEPTH_MAX: usize = 64;
 /// costs 19 bytes written per byte freed.
 pub const CLEANABLE_LIVE_PERCENT_MAX: u64 = 95;
 
-const _: () = assert!(SEGMENT_BYTES_DEFAULT % FLUSH_BUFFER_BYTES_DEFAULT == 0);
-const _: () = assert!(FLUSH_BUFFER_BYTES_DEFAULT % IO_ALIGNMENT_BYTES == 0);
+const _: () = assert!(SEGMENT_BYTES_DEFAULT.is_multiple_of(FLUSH_BUFFER_BYTES_DEFAULT));
+const _: () = assert!(FLUSH_BUFFER_BYTES_DEFAULT.is_multiple_of(IO_ALIGNMENT_BYTES));
 const _: () = assert!(FLUSH_BUFFERS_DEFAULT >= FLUSH_BUFFERS_MIN);
 const _: () = assert!(FLUSH_BUFFERS_DEFAULT <= FLUSH_BUFFERS_MAX);
-const _: () = assert!(SEGMENT_HEADER_BYTES % ENTRY_ALIGNMENT_BYTES == 0);
-const _: () = assert!(ENTRY_HEADER_BYTES % ENTRY_ALIGNMENT_BYTES == 0);
+const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(ENTRY_ALIGNMENT_BYTES));
+const _: () = assert!(ENTRY_HEADER_BYTES.is_multiple_of(ENTRY_ALIGNMENT_BYTES));
 // The largest key with its header fits in the default buffer after the segment header.
 const _: () =
     assert!(SEGMENT_HEADER_BYTES + ENTRY_HEADER_BYTES + KEY_BYTES_MAX < FLUSH_BUFFER_BYTES_DEFAULT);

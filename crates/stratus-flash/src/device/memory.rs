@@ -45,7 +45,7 @@ fn injected(operation: IoOperation, segment: SegmentNumber) -> FlashError {
 fn assert_aligned(offset: u64, bytes: &[u8]) {
     let alignment = IO_ALIGNMENT_BYTES as u64;
     assert!(
-        offset % alignment == 0 && bytes.len() as u64 % alignment == 0,
+        offset.is_multiple_of(alignment) && (bytes.len() as u64).is_multiple_of(alignment),
         "unaligned device I/O: offset {offset}, length {}",
         bytes.len()
     );
@@ -97,6 +97,11 @@ impl MemoryDevice {
     /// Writes done so far (failed ones included).
     pub fn writes(&self) -> u64 {
         self.lock().writes
+    }
+
+    /// The segments stored (for tests; the trait's `segments` says the same).
+    pub fn segments_present(&self) -> Vec<SegmentNumber> {
+        self.lock().segments.keys().copied().collect()
     }
 
     /// Overwrites stored bytes directly, as media corruption would (for tests).

@@ -60,7 +60,8 @@ impl FlashLog {
             if buffer.base() != slot {
                 continue;
             }
-            if address.0 % 8 != 0 || offset + ENTRY_HEADER_BYTES as u64 > buffer.fill().0 {
+            if !address.0.is_multiple_of(8) || offset + ENTRY_HEADER_BYTES as u64 > buffer.fill().0
+            {
                 return Err(FlashError::NotWritten { address });
             }
             let mut header = [0u8; ENTRY_HEADER_BYTES];

@@ -91,7 +91,9 @@ impl FlashLog {
             let keep = match entry.kind {
                 EntryKind::Object => index.is_live(&entry, address),
                 EntryKind::Tombstone => {
-                    self.table().holds_entries(geometry.segment_of(entry.dead_address))
+                    // Not needed when the version it kills goes with this segment.
+                    let dead_segment = geometry.segment_of(entry.dead_address);
+                    dead_segment != segment && self.table().holds_entries(dead_segment)
                 }
             };
             if !keep {

@@ -95,6 +95,9 @@ pub enum FlashError {
         /// The segment.
         segment: SegmentNumber,
     },
+    /// A new log was asked for on a device that already holds segments (restart with
+    /// `recover` instead).
+    DeviceNotEmpty,
     /// A segment on the device belongs to another log (or is named for another segment).
     ForeignSegment {
         /// The segment.

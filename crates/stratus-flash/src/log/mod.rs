@@ -172,10 +172,17 @@ impl FlashLog {
     /// call it also after reads end when space is needed.
     pub fn reclaim(&self) -> Result<usize, FlashError> {
         let reclaimable = lock(&self.table).take_reclaimable();
+        // Every segment is freed even when one fails, so one bad unlink strands only itself.
+        let mut first_error = None;
         for &segment in &reclaimable {
-            self.device.free(segment)?;
+            if let Err(error) = self.device.free(segment) {
+                first_error.get_or_insert(error);
+            }
         }
-        Ok(reclaimable.len())
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(reclaimable.len()),
+        }
     }
 
     pub(crate) fn table(&self) -> MutexGuard<'_, SegmentTable> {

@@ -380,3 +380,36 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod golden {
+    //! The worked example of docs/design/flash-format.md: these bytes are the format.
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn worked_example_bytes_are_stable() {
+        let header =
+            SegmentHeader { log_id: 1, segment: SegmentNumber(2), geometry: Geometry::DEFAULT };
+        assert_eq!(
+            hex(&header.encode()),
+            "53 46 4c 31 01 00 00 00 01 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00 \
+             00 00 80 00 00 00 10 00 00 00 00 00 24 60 2f d9"
+        );
+        assert_eq!(
+            hex(&EntryRef::object(7, b"key", b"value!", 42).encode()),
+            "01 00 03 00 06 00 00 00 07 00 00 00 00 00 00 00 2a 00 00 00 00 00 00 00 \
+             00 00 00 00 00 00 00 00 7c f2 b3 98 00 00 00 00 6b 65 79 76 61 6c 75 65 \
+             21 00 00 00 00 00 00 00"
+        );
+        let object_address = FlashAddress((2 << 23) + 40);
+        assert_eq!(
+            hex(&EntryRef::tombstone(7, b"key", 42, object_address).encode()),
+            "02 00 03 00 00 00 00 00 07 00 00 00 00 00 00 00 2a 00 00 00 00 00 00 00 \
+             28 00 00 01 00 00 00 00 7f d2 13 00 00 00 00 00 6b 65 79 00 00 00 00 00"
+        );
+    }
+}

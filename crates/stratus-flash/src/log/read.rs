@@ -33,6 +33,17 @@ impl FlashLog {
     /// caller's index moved on: look again), `NotWritten` when nothing was appended there,
     /// `Format` when the bytes do not verify, `Io` when the device fails.
     pub fn read(&self, address: FlashAddress) -> Result<OwnedEntry, FlashError> {
+        self.read_sized(address, READ_FIRST_BYTES)
+    }
+
+    /// [`FlashLog::read`] with the entry's size when the caller knows it (its index does): the
+    /// first device read then covers exactly the entry's blocks. A wrong hint costs a second
+    /// read, never a wrong answer.
+    pub fn read_sized(
+        &self,
+        address: FlashAddress,
+        entry_bytes_hint: usize,
+    ) -> Result<OwnedEntry, FlashError> {
         let segment = self.config.geometry.segment_of(address);
         let epoch = self.table().begin_read(segment).map_err(|refusal| match refusal {
             ReadRefusal::Freed => FlashError::SegmentFreed { address },
@@ -47,7 +58,7 @@ impl FlashLog {
                 return Err(FlashError::NotWritten { address });
             }
         }
-        self.read_device(address)
+        self.read_device(address, entry_bytes_hint)
     }
 
     /// The entry from the buffer holding its slot; `None` when no buffer holds it (any more).
@@ -84,9 +95,13 @@ impl FlashLog {
         Ok(None)
     }
 
-    /// The entry from the device: one aligned read of the first block(s), and a second if the
-    /// entry is longer.
-    fn read_device(&self, address: FlashAddress) -> Result<OwnedEntry, FlashError> {
+    /// The entry from the device: one aligned read of the blocks covering the hinted size, and a
+    /// second if the entry is longer.
+    fn read_device(
+        &self,
+        address: FlashAddress,
+        entry_bytes_hint: usize,
+    ) -> Result<OwnedEntry, FlashError> {
         let geometry = self.config.geometry;
         let segment = geometry.segment_of(address);
         let offset = geometry.offset_in_segment(address);
@@ -94,7 +109,7 @@ impl FlashLog {
             geometry.offset_in_segment(geometry.slot_of(address)) + geometry.buffer_bytes();
         let start = align_down(offset);
         let lead = (offset - start) as usize;
-        let first_bytes = align_up((lead + ENTRY_HEADER_BYTES).max(READ_FIRST_BYTES) as u64)
+        let first_bytes = align_up((lead + entry_bytes_hint.max(ENTRY_HEADER_BYTES)) as u64)
             .min(slot_end - start);
         let format_error = |error| FlashError::Format { address, error };
         let mut block = AlignedBuffer::zeroed(first_bytes as usize);

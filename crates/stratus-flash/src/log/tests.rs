@@ -129,3 +129,16 @@ fn an_append_batch_is_contiguous_and_the_tombstone_comes_first() {
     assert_eq!(log.read(addresses[0]).unwrap().as_entry_ref(), tombstone);
     assert_eq!(log.read(addresses[1]).unwrap().as_entry_ref(), object);
 }
+
+#[test]
+fn a_size_hint_too_small_or_too_large_still_reads_the_right_entry() {
+    let (log, _device) = small_log(1 << 20);
+    let value = vec![5u8; 9000];
+    let small = log.append(&EntryRef::object(1, b"s", b"tiny", 1)).unwrap();
+    let large = log.append(&EntryRef::object(1, b"l", &value, 2)).unwrap();
+    log.sync().unwrap();
+    for hint in [0, 40, 4096, 9048, 20_000] {
+        assert_eq!(log.read_sized(large, hint).unwrap().value, value, "hint {hint}");
+        assert_eq!(log.read_sized(small, hint).unwrap().value, b"tiny", "hint {hint}");
+    }
+}

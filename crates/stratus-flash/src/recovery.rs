@@ -4,16 +4,16 @@
 //! from the same walk, and the new head starts in a fresh segment after the highest found
 //! (appending never resumes inside an old segment, so its tail needs no repair).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::address::{FlashAddress, SegmentNumber};
+use crate::address::{FlashAddress, Geometry, SegmentNumber, SEGMENT_NUMBER_FIRST};
 use crate::aligned::AlignedBuffer;
 use crate::device::FlashDevice;
 use crate::error::{FlashError, FormatError};
 use crate::format::{EntryKind, SegmentHeader};
 use crate::log::{FlashConfig, FlashLog};
-use crate::scan::{SegmentEntries, Tear};
+use crate::scan::{SegmentEntries, SegmentItem, Tear};
 use crate::segments::SegmentTable;
 
 /// Where a recovered object is.
@@ -54,6 +54,133 @@ struct TombstoneSeen {
     dead_segment: SegmentNumber,
 }
 
+/// The index and the live-byte counts being rebuilt, one segment at a time.
+struct Rebuild {
+    geometry: Geometry,
+    recovery: Recovery,
+    /// Segments whose header verified, in order.
+    kept: Vec<SegmentNumber>,
+    appended: HashMap<SegmentNumber, u64>,
+    dead: HashMap<SegmentNumber, u64>,
+    /// The highest tombstone version per key.
+    tombstone_versions: HashMap<(u64, Vec<u8>), u64>,
+    tombstones: Vec<TombstoneSeen>,
+}
+
+impl Rebuild {
+    fn note_dead(&mut self, address: FlashAddress, entry_bytes: usize) {
+        *self.dead.entry(self.geometry.segment_of(address)).or_insert(0) += entry_bytes as u64;
+    }
+
+    /// Walks one segment's verified entries into the index.
+    fn add_segment(&mut self, segment: SegmentNumber, bytes: &[u8]) {
+        self.kept.push(segment);
+        self.recovery.segments += 1;
+        let mut walk = SegmentEntries::new(bytes, segment, self.geometry);
+        for item in walk.by_ref() {
+            *self.appended.entry(segment).or_insert(0) += item.entry_bytes as u64;
+            self.add_entry(item);
+        }
+        let report = walk.into_report();
+        self.recovery.entries += report.entries;
+        self.recovery.unreadable_bytes += report.unreadable_bytes;
+        self.recovery.tears.extend(report.tears);
+    }
+
+    fn add_entry(&mut self, item: SegmentItem<'_>) {
+        let entry = item.entry;
+        self.recovery.version_max = self.recovery.version_max.max(entry.version);
+        let key = (entry.table_id, entry.key.to_vec());
+        if entry.kind == EntryKind::Tombstone {
+            let version = self.tombstone_versions.entry(key).or_insert(0);
+            *version = (*version).max(entry.version);
+            self.tombstones.push(TombstoneSeen {
+                address: item.address,
+                entry_bytes: item.entry_bytes,
+                dead_segment: self.geometry.segment_of(entry.dead_address),
+            });
+            return;
+        }
+        let found = RecoveredObject {
+            address: item.address,
+            version: entry.version,
+            entry_bytes: item.entry_bytes,
+        };
+        let loser = match self.recovery.objects.get_mut(&key) {
+            None => {
+                self.recovery.objects.insert(key, found);
+                return;
+            }
+            Some(best) if best.version >= found.version => found,
+            Some(best) => std::mem::replace(best, found),
+        };
+        self.note_dead(loser.address, loser.entry_bytes);
+    }
+
+    /// Applies the tombstones, counts the dead ones, and builds the segment table.
+    fn finish(mut self) -> (SegmentTable, Recovery) {
+        let mut objects = std::mem::take(&mut self.recovery.objects);
+        let mut killed = Vec::new();
+        objects.retain(|key, object| {
+            let dead =
+                self.tombstone_versions.get(key).is_some_and(|&version| version >= object.version);
+            if dead {
+                killed.push(*object);
+            }
+            !dead
+        });
+        for object in killed {
+            self.note_dead(object.address, object.entry_bytes);
+        }
+        self.recovery.objects = objects;
+        let present: HashSet<SegmentNumber> = self.kept.iter().copied().collect();
+        // A tombstone whose killed version's segment is gone protects nothing.
+        for tombstone in std::mem::take(&mut self.tombstones) {
+            if !present.contains(&tombstone.dead_segment) {
+                self.note_dead(tombstone.address, tombstone.entry_bytes);
+            }
+        }
+        let mut table = SegmentTable::new(self.geometry.segment_bytes());
+        for &segment in &self.kept {
+            let appended_bytes = self.appended.get(&segment).copied().unwrap_or(0);
+            table.adopt(segment, appended_bytes, self.dead.get(&segment).copied().unwrap_or(0));
+        }
+        (table, self.recovery)
+    }
+}
+
+/// What a segment's header says about it.
+enum HeaderCheck {
+    /// This log's, with this geometry: walk it.
+    Valid,
+    /// Does not verify, in the highest segment: torn at the crash; discard it.
+    TornHead(FormatError),
+}
+
+/// Checks a segment's header against the log.
+fn check_header(
+    bytes: &[u8],
+    segment: SegmentNumber,
+    highest: bool,
+    config: &FlashConfig,
+) -> Result<HeaderCheck, FlashError> {
+    let header = match SegmentHeader::decode(bytes) {
+        Ok(header) => header,
+        Err(error) if highest => return Ok(HeaderCheck::TornHead(error)),
+        Err(error) => {
+            let address = config.geometry.segment_start(segment);
+            return Err(FlashError::Format { address, error });
+        }
+    };
+    if header.log_id != config.log_id || header.segment != segment {
+        return Err(FlashError::ForeignSegment { segment });
+    }
+    if header.geometry != config.geometry {
+        return Err(FlashError::GeometryMismatch { segment });
+    }
+    Ok(HeaderCheck::Valid)
+}
+
 /// Opens the log on `device` and rebuilds its index; see the module documentation. A segment
 /// header that does not verify anywhere but in the highest segment is refused
 /// (`FlashError::Format`): that is corruption, not a crash, and guessing would lose data.
@@ -63,100 +190,32 @@ pub fn recover(
 ) -> Result<(FlashLog, Recovery), FlashError> {
     let geometry = config.geometry;
     let segments = device.segments()?;
-    let mut recovery = Recovery::default();
-    let mut appended: BTreeMap<SegmentNumber, u64> = BTreeMap::new();
-    let mut dead: HashMap<SegmentNumber, u64> = HashMap::new();
-    let mut tombstone_versions: HashMap<(u64, Vec<u8>), u64> = HashMap::new();
-    let mut tombstones: Vec<TombstoneSeen> = Vec::new();
-    let mut bytes = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
     let highest = segments.last().copied();
-    let mut kept: Vec<SegmentNumber> = Vec::new();
+    let mut rebuild = Rebuild {
+        geometry,
+        recovery: Recovery::default(),
+        kept: Vec::new(),
+        appended: HashMap::new(),
+        dead: HashMap::new(),
+        tombstone_versions: HashMap::new(),
+        tombstones: Vec::new(),
+    };
+    let mut buffer = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
     for &segment in &segments {
-        let present = device.read_at(segment, 0, bytes.as_mut_slice())?;
-        let bytes = &bytes.as_slice()[..present];
-        let header = match SegmentHeader::decode(bytes) {
-            Ok(header) => header,
-            Err(error) if Some(segment) == highest => {
-                recovery.discarded_segment = Some((segment, error));
-                break;
-            }
-            Err(error) => {
-                return Err(FlashError::Format { address: geometry.segment_start(segment), error });
-            }
-        };
-        if header.log_id != config.log_id || header.segment != segment {
-            return Err(FlashError::ForeignSegment { segment });
-        }
-        if header.geometry != geometry {
-            return Err(FlashError::GeometryMismatch { segment });
-        }
-        kept.push(segment);
-        recovery.segments += 1;
-        let mut walk = SegmentEntries::new(bytes, segment, geometry);
-        for item in walk.by_ref() {
-            let entry = item.entry;
-            *appended.entry(segment).or_insert(0) += item.entry_bytes as u64;
-            recovery.version_max = recovery.version_max.max(entry.version);
-            let key = (entry.table_id, entry.key.to_vec());
-            match entry.kind {
-                EntryKind::Tombstone => {
-                    let version = tombstone_versions.entry(key).or_insert(0);
-                    *version = (*version).max(entry.version);
-                    tombstones.push(TombstoneSeen {
-                        address: item.address,
-                        entry_bytes: item.entry_bytes,
-                        dead_segment: geometry.segment_of(entry.dead_address),
-                    });
-                }
-                EntryKind::Object => {
-                    let found = RecoveredObject {
-                        address: item.address,
-                        version: entry.version,
-                        entry_bytes: item.entry_bytes,
-                    };
-                    let loser = match recovery.objects.get_mut(&key) {
-                        Some(best) if best.version >= found.version => found,
-                        Some(best) => std::mem::replace(best, found),
-                        None => {
-                            recovery.objects.insert(key, found);
-                            continue;
-                        }
-                    };
-                    *dead.entry(geometry.segment_of(loser.address)).or_insert(0) +=
-                        loser.entry_bytes as u64;
-                }
+        let present = device.read_at(segment, 0, buffer.as_mut_slice())?;
+        let bytes = &buffer.as_slice()[..present];
+        match check_header(bytes, segment, Some(segment) == highest, &config)? {
+            HeaderCheck::Valid => rebuild.add_segment(segment, bytes),
+            HeaderCheck::TornHead(error) => {
+                rebuild.recovery.discarded_segment = Some((segment, error));
             }
         }
-        let report = walk.into_report();
-        recovery.entries += report.entries;
-        recovery.unreadable_bytes += report.unreadable_bytes;
-        recovery.tears.extend(report.tears);
     }
-    // Numbers are never reused, not even a discarded segment's: addresses stay unique.
-    let next = SegmentNumber(highest.map_or(0, |segment| segment.0) + 1)
-        .max(crate::address::SEGMENT_NUMBER_FIRST);
-    if let Some((segment, _)) = recovery.discarded_segment {
+    if let Some((segment, _)) = rebuild.recovery.discarded_segment {
         device.free(segment)?;
     }
-    recovery.objects.retain(|key, object| {
-        let killed = tombstone_versions.get(key).is_some_and(|&version| version >= object.version);
-        if killed {
-            *dead.entry(geometry.segment_of(object.address)).or_insert(0) +=
-                object.entry_bytes as u64;
-        }
-        !killed
-    });
-    let present: HashSet<SegmentNumber> = kept.iter().copied().collect();
-    for tombstone in &tombstones {
-        if !present.contains(&tombstone.dead_segment) {
-            *dead.entry(geometry.segment_of(tombstone.address)).or_insert(0) +=
-                tombstone.entry_bytes as u64;
-        }
-    }
-    let mut table = SegmentTable::new(geometry.segment_bytes());
-    for &segment in &kept {
-        let appended_bytes = appended.get(&segment).copied().unwrap_or(0);
-        table.adopt(segment, appended_bytes, dead.get(&segment).copied().unwrap_or(0));
-    }
+    // Numbers are never reused, not even a discarded segment's: addresses stay unique.
+    let next = SegmentNumber(highest.map_or(0, |segment| segment.0) + 1).max(SEGMENT_NUMBER_FIRST);
+    let (table, recovery) = rebuild.finish();
     Ok((FlashLog::with_table(device, config, table, next), recovery))
 }

@@ -59,7 +59,7 @@ fn write(log: &FlashLog, index: &Mutex<HashMap<Vec<u8>, Located>>, key: &[u8], v
     let mut index = index.lock().unwrap();
     let old = index.get(key).copied();
     let value = value_of(version);
-    let delete = version % 5 == 0;
+    let delete = version.is_multiple_of(5);
     let object = EntryRef::object(TABLE, key, &value, version);
     let addresses = match (old, delete) {
         (None, true) => return,
@@ -126,7 +126,7 @@ fn readers_never_see_wrong_bytes_or_freed_segments_while_the_cleaner_runs() {
                     let key = key_of(number);
                     loop {
                         let Some(located) = index.lock().unwrap().get(&key).copied() else { break };
-                        if (reads + retries) % 8 == 0 {
+                        if (reads + retries).is_multiple_of(8) {
                             // Hold the address a while, as a slow reader would: by the time it
                             // reads, the cleaner may have moved and freed it.
                             (0..100).for_each(|_| std::thread::yield_now());

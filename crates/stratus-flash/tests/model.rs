@@ -179,10 +179,10 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_log_holds_exactly_what_the_model_holds(ops in proptest::collection::vec(op(), 1..80)) {
+    fn the_log_holds_exactly_what_the_model_holds(ops in proptest::collection::vec(op(), 1..120)) {
         let mut harness = Harness::new();
         for op in &ops {
             harness.apply(op);

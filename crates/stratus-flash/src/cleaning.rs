@@ -8,7 +8,7 @@
 //! entries (RAMCloud's rule): until then, a restart could find that version and needs the
 //! tombstone to know it is dead.
 
-use crate::address::{FlashAddress, SegmentNumber};
+use crate::address::{FlashAddress, Geometry, SegmentNumber};
 use crate::aligned::AlignedBuffer;
 use crate::error::FlashError;
 use crate::format::{EntryKind, EntryRef};
@@ -42,6 +42,23 @@ pub enum Relocation {
     /// The index still points at the old address but the object is locked (a transaction holds
     /// it): the copy is dead and the segment must stay, so this pass gives it up.
     Locked,
+}
+
+/// A segment's bytes read from the device.
+#[derive(Debug)]
+pub struct SegmentImage {
+    bytes: AlignedBuffer,
+    present: usize,
+    segment: SegmentNumber,
+    geometry: Geometry,
+}
+
+impl SegmentImage {
+    /// The segment's verified entries in log order (bytes that do not verify are skipped to the
+    /// next slot and reported by the walk).
+    pub fn entries(&self) -> SegmentEntries<'_> {
+        SegmentEntries::new(&self.bytes.as_slice()[..self.present], self.segment, self.geometry)
+    }
 }
 
 /// What cleaning one segment did.
@@ -80,12 +97,11 @@ impl FlashLog {
             "cleaning a segment that is not closed"
         );
         let geometry = self.config().geometry;
-        let mut bytes = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
-        self.device().read_at(segment, 0, bytes.as_mut_slice())?;
+        let image = self.read_segment(segment)?;
         let mut outcome = CleanOutcome::default();
         // The log end the copies must be durable up to before the segment may go (0: no copy).
         let mut durable_at = 0;
-        let mut entries = SegmentEntries::new(bytes.as_slice(), segment, geometry);
+        let mut entries = image.entries();
         for item in entries.by_ref() {
             let SegmentItem { address, entry, entry_bytes } = item;
             let keep = match entry.kind {
@@ -127,6 +143,16 @@ impl FlashLog {
         outcome.bytes_unreadable = entries.report().unreadable_bytes;
         self.table().mark_cleaned(segment, durable_at);
         Ok(outcome)
+    }
+
+    /// A segment's bytes as on the device, to walk its entries (`SegmentImage::entries`): what
+    /// the cleaner relocates from, for a caller that relocates by itself. Reads one segment
+    /// (8 MiB by default) in one I/O.
+    pub fn read_segment(&self, segment: SegmentNumber) -> Result<SegmentImage, FlashError> {
+        let geometry = self.config().geometry;
+        let mut bytes = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
+        let present = self.device().read_at(segment, 0, bytes.as_mut_slice())?;
+        Ok(SegmentImage { bytes, present, segment, geometry })
     }
 
     /// Appends, flushing when every buffer is busy (the cleaner is a flusher's caller too).

@@ -28,7 +28,7 @@ pub mod scan;
 mod segments;
 
 pub use address::{FlashAddress, Geometry, SegmentNumber};
-pub use cleaning::{CleanOutcome, Relocation, RelocationIndex};
+pub use cleaning::{CleanOutcome, Relocation, RelocationIndex, SegmentImage};
 pub use device::{FileDevice, FlashDevice, IoMode, MemoryDevice};
 pub use error::{FlashError, FormatError, IoOperation};
 pub use format::{EntryKind, EntryRef, OwnedEntry};

@@ -142,3 +142,33 @@ fn a_size_hint_too_small_or_too_large_still_reads_the_right_entry() {
         assert_eq!(log.read_sized(small, hint).unwrap().value, b"tiny", "hint {hint}");
     }
 }
+
+#[test]
+fn a_closed_segments_entries_are_walked_in_log_order() {
+    let (log, _device) = small_log(1 << 20);
+    let value = vec![1u8; 2000];
+    let mut addresses = Vec::new();
+    while log.segment_stats().len() < 2 {
+        let version = addresses.len() as u64;
+        let key = version.to_le_bytes();
+        let address = loop {
+            match log.append(&EntryRef::object(1, &key, &value, version)) {
+                Err(FlashError::BuffersBusy) => {
+                    log.flush_ready().unwrap();
+                }
+                other => break other.unwrap(),
+            }
+        };
+        addresses.push(address);
+    }
+    log.sync().unwrap();
+    let image = log.read_segment(SegmentNumber(1)).unwrap();
+    let mut walk = image.entries();
+    let walked: Vec<FlashAddress> = walk.by_ref().map(|item| item.address).collect();
+    assert!(walk.report().tears.is_empty());
+    let in_first: Vec<FlashAddress> = addresses
+        .into_iter()
+        .filter(|&address| small_config().geometry.segment_of(address) == SegmentNumber(1))
+        .collect();
+    assert_eq!(walked, in_first);
+}

@@ -115,3 +115,52 @@ impl Drop for ReadPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+    use crate::format::EntryRef;
+    use crate::log::FlashConfig;
+    use crate::{CostBenefit, Geometry};
+
+    fn log() -> Arc<FlashLog> {
+        let config = FlashConfig {
+            geometry: Geometry::new(64 << 10, 16 << 10).unwrap(),
+            flush_buffers: 2,
+            log_id: 1,
+            cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+        };
+        let device = MemoryDevice::new(64 << 10, 64 << 20);
+        Arc::new(FlashLog::create(Arc::new(device), config).unwrap())
+    }
+
+    #[test]
+    fn the_background_flusher_frees_buffers_for_appenders_and_the_pool_reads_every_entry() {
+        let log = log();
+        let flusher = BackgroundFlusher::spawn(Arc::clone(&log), Duration::from_micros(50));
+        let value = vec![7u8; 3000];
+        let addresses: Vec<FlashAddress> = (0..200u64)
+            .map(|version| loop {
+                match log.append(&EntryRef::object(1, &version.to_le_bytes(), &value, version)) {
+                    Err(FlashError::BuffersBusy) => std::thread::yield_now(),
+                    other => break other.unwrap(),
+                }
+            })
+            .collect();
+        assert_eq!(flusher.stop(), None);
+        log.sync().unwrap();
+
+        let pool = ReadPool::new(Arc::clone(&log), 4);
+        let (sender, results) = std::sync::mpsc::channel();
+        for &address in &addresses {
+            let sender = sender.clone();
+            pool.submit(address, Box::new(move |result| sender.send((address, result)).unwrap()));
+        }
+        drop(sender);
+        let mut versions: Vec<u64> =
+            results.iter().map(|(_, result)| result.unwrap().version).collect();
+        versions.sort();
+        assert_eq!(versions, (0..200).collect::<Vec<_>>());
+    }
+}

@@ -21,14 +21,21 @@ pub struct FlushProgress {
 
 impl FlashLog {
     /// Writes every sealed buffer, in log order, stopping at the first that is not sealed or
-    /// still has an appender copying. On a device error the buffer stays sealed (its entries
-    /// stay readable from DRAM and are not acknowledged) and the next call retries it.
+    /// still has an appender copying; then one fdatasync per segment written, and only then
+    /// are the buffers counted durable and recycled (several sealed buffers share one sync).
+    /// On a device error nothing of this call is counted durable: the buffers stay sealed
+    /// (their entries stay readable from DRAM and are not acknowledged) and the next call
+    /// writes them again.
     pub fn flush_ready(&self) -> Result<FlushProgress, FlashError> {
         let mut progress = FlushProgress::default();
         let mut flusher = lock(&self.flusher);
         let geometry = self.config.geometry;
-        loop {
-            let buffer = &self.buffers[flusher.next];
+        // (buffer index, slot, fill) of each buffer written by this call, in log order.
+        let mut written: Vec<(usize, u64, u64)> = Vec::new();
+        let mut index = flusher.next;
+        // Bounded by the ring: a buffer written here stays sealed until recycled below.
+        while written.len() < self.buffers.len() {
+            let buffer = &self.buffers[index];
             let slot = buffer.base();
             let (fill, sealed) = buffer.fill();
             if slot == NO_SLOT || !sealed {
@@ -43,27 +50,47 @@ impl FlashLog {
             buffer.load_words(0, &mut staging[..fill as usize]);
             staging[fill as usize..write_bytes].fill(0);
             let address = FlashAddress(slot);
-            let segment = geometry.segment_of(address);
-            let offset = geometry.offset_in_segment(address);
+            let (segment, offset) =
+                (geometry.segment_of(address), geometry.offset_in_segment(address));
             self.device.write_at(segment, offset, &flusher.staging.as_slice()[..write_bytes])?;
-            self.device.sync(segment)?;
-            {
-                let mut table = self.table();
-                table.add_appended(segment, fill - self.prefix_bytes(slot));
-                if offset + geometry.buffer_bytes() == geometry.segment_bytes() {
-                    table.close(segment);
-                }
+            written.push((index, slot, fill));
+            index = (index + 1) % self.buffers.len();
+        }
+        let mut synced = None;
+        for &(_, slot, _) in &written {
+            let segment = geometry.segment_of(FlashAddress(slot));
+            if synced != Some(segment) {
+                self.device.sync(segment)?;
+                synced = Some(segment);
             }
-            // Durable before recycled: a reader that finds the buffer gone reads the device.
-            self.durable_end.store(slot + geometry.buffer_bytes(), Ordering::SeqCst);
-            buffer.recycle();
-            flusher.next = (flusher.next + 1) % self.buffers.len();
+        }
+        for &(index, slot, fill) in &written {
+            self.count_durable(slot, fill);
+            self.buffers[index].recycle();
+            flusher.next = (index + 1) % self.buffers.len();
             progress.buffers_written += 1;
         }
         drop(flusher);
         self.table().retire_cleaned(self.durable_end.load(Ordering::SeqCst));
         self.reclaim()?;
         Ok(progress)
+    }
+
+    /// Accounts a synced slot: its entry bytes, its segment closed if it was the last slot,
+    /// and the durable end past it, before its buffer is recycled (a reader that finds the
+    /// buffer gone then reads the device).
+    fn count_durable(&self, slot: u64, fill: u64) {
+        let geometry = self.config.geometry;
+        let address = FlashAddress(slot);
+        let segment = geometry.segment_of(address);
+        let mut table = self.table();
+        table.add_appended(segment, fill - self.prefix_bytes(slot));
+        if geometry.offset_in_segment(address) + geometry.buffer_bytes() == geometry.segment_bytes()
+        {
+            table.close(segment);
+        }
+        drop(table);
+        self.durable_end.store(slot + geometry.buffer_bytes(), Ordering::SeqCst);
     }
 
     /// Seals the current buffer and flushes until every entry appended before the call is

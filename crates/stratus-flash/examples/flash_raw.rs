@@ -8,8 +8,9 @@
 //! - the flash log's appends of 1 KiB entries (one appender thread, a background flusher that
 //!   writes 1 MiB buffers with fdatasync), MB/s and entries/s, up to `sync`;
 //! - raw 4 KiB random preads: latency p50/p99 at depth 1, throughput at depth 32 (32 threads);
-//! - the flash log's random reads of those entries: the same two measures (depth 32 through a
-//!   `ReadPool` of 32 threads).
+//! - the flash log's random reads of those entries: latency at depth 1 with `read` (no size
+//!   known) and `read_sized` (the size an index knows), throughput at depth 32 with
+//!   `read_sized` through a `ReadPool` of 32 threads.
 //!
 //! The same I/O mode (O_DIRECT or buffered) is used for the raw and the log measures; it is
 //! printed. With buffered I/O the reads measure the page cache, not the disk.
@@ -167,17 +168,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         megabytes_per_second(reads * BLOCK_BYTES, elapsed)
     );
 
-    // The log's random reads.
-    let mut random = SplitMix(7);
-    let latencies: Vec<Duration> = (0..READS_DEPTH_1)
-        .map(|_| {
-            let address = addresses[(random.next() % addresses.len() as u64) as usize];
-            let start = Instant::now();
-            log.read(address).expect("log read");
-            start.elapsed()
-        })
-        .collect();
-    report_latency("flash log random read of 1 KiB entries, depth 1", latencies);
+    // The log's random reads: without a size (`read`, 4 KiB from the entry's start) and with
+    // the size an index knows (`read_sized`, exactly the entry's blocks).
+    for (name, hint) in [("read", None), ("read_sized", Some(1024))] {
+        let mut random = SplitMix(7);
+        let latencies: Vec<Duration> = (0..READS_DEPTH_1)
+            .map(|_| {
+                let address = addresses[(random.next() % addresses.len() as u64) as usize];
+                let start = Instant::now();
+                match hint {
+                    None => log.read(address).expect("log read"),
+                    Some(entry_bytes) => log.read_sized(address, entry_bytes).expect("log read"),
+                };
+                start.elapsed()
+            })
+            .collect();
+        report_latency(&format!("flash log random {name} of 1 KiB entries, depth 1"), latencies);
+    }
     let pool = ReadPool::new(Arc::clone(&log), DEPTH);
     let completed = Arc::new(AtomicU64::new(0));
     let (done_sender, done) = mpsc::channel::<()>();
@@ -187,8 +194,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..reads {
         let address: FlashAddress = addresses[(random.next() % addresses.len() as u64) as usize];
         let (completed, done_sender) = (Arc::clone(&completed), done_sender.clone());
-        pool.submit(
+        pool.submit_sized(
             address,
+            1024,
             Box::new(move |result| {
                 result.expect("log read");
                 if completed.fetch_add(1, Ordering::SeqCst) + 1 == reads as u64 {
@@ -200,7 +208,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     done.recv()?;
     let elapsed = start.elapsed();
     println!(
-        "flash log random read, depth {DEPTH} (ReadPool of {DEPTH}): {:.0} reads/s, {:.0} MB/s of entries",
+        "flash log random read_sized, depth {DEPTH} (ReadPool of {DEPTH}): {:.0} reads/s, {:.0} MB/s of entries",
         reads as f64 / elapsed.as_secs_f64(),
         megabytes_per_second(reads * 1024, elapsed)
     );

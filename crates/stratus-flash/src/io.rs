@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::address::FlashAddress;
-use crate::constants::READ_POOL_DEPTH_MAX;
+use crate::constants::{READ_FIRST_BYTES, READ_POOL_DEPTH_MAX};
 use crate::error::FlashError;
 use crate::format::OwnedEntry;
 use crate::log::FlashLog;
@@ -65,7 +65,7 @@ impl Drop for BackgroundFlusher {
 /// What a read's caller is told when the read completes.
 pub type ReadCompletion = Box<dyn FnOnce(Result<OwnedEntry, FlashError>) + Send>;
 
-type ReadJob = (FlashAddress, ReadCompletion);
+type ReadJob = (FlashAddress, usize, ReadCompletion);
 
 /// A bounded pool of reader threads: at most `depth` reads in flight, and at most `depth` more
 /// queued (`submit` blocks beyond that: back-pressure instead of an unbounded queue).
@@ -91,8 +91,8 @@ impl ReadPool {
                     .spawn(move || loop {
                         let job =
                             receiver.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).recv();
-                        let Ok((address, completion)) = job else { return };
-                        completion(log.read(address));
+                        let Ok((address, entry_bytes_hint, completion)) = job else { return };
+                        completion(log.read_sized(address, entry_bytes_hint));
                     })
                     .expect("spawning a reader thread")
             })
@@ -100,10 +100,23 @@ impl ReadPool {
         ReadPool { sender: Some(sender), threads }
     }
 
-    /// Queues a read; `completion` gets its result on a pool thread.
+    /// Queues a read (`FlashLog::read`); `completion` gets its result on a pool thread.
     pub fn submit(&self, address: FlashAddress, completion: ReadCompletion) {
+        self.submit_sized(address, READ_FIRST_BYTES, completion);
+    }
+
+    /// Queues a read with the entry's size as the caller's index knows it
+    /// (`FlashLog::read_sized`).
+    pub fn submit_sized(
+        &self,
+        address: FlashAddress,
+        entry_bytes_hint: usize,
+        completion: ReadCompletion,
+    ) {
         let sender = self.sender.as_ref().expect("the pool is open until dropped");
-        sender.send((address, completion)).expect("reader threads live as long as the pool");
+        sender
+            .send((address, entry_bytes_hint, completion))
+            .expect("reader threads live as long as the pool");
     }
 }
 

@@ -12,7 +12,7 @@ use crate::address::{FlashAddress, Geometry, SegmentNumber};
 use crate::aligned::AlignedBuffer;
 use crate::error::FlashError;
 use crate::format::{EntryKind, EntryRef};
-use crate::log::FlashLog;
+use crate::log::{Appender, FlashLog};
 use crate::scan::{SegmentEntries, SegmentItem};
 use crate::segments::SegmentState;
 
@@ -158,7 +158,7 @@ impl FlashLog {
     /// Appends, flushing when every buffer is busy (the cleaner is a flusher's caller too).
     fn append_flushing(&self, entry: &EntryRef<'_>) -> Result<FlashAddress, FlashError> {
         loop {
-            match self.append(entry) {
+            match self.append_all_as(std::slice::from_ref(entry), Appender::Cleaner).map(|a| a[0]) {
                 Err(FlashError::BuffersBusy) => {
                     self.flush_ready()?;
                 }

@@ -69,6 +69,12 @@ pub const READ_FIRST_BYTES: usize = IO_ALIGNMENT_BYTES;
 /// read throughput near depth 32-64; past that, more threads only add context switches.
 pub const READ_POOL_DEPTH_MAX: usize = 64;
 
+/// Default segments kept for the cleaner (2): relocating a segment's live entries needs at
+/// most one new segment when the victim is not full (`CLEANABLE_LIVE_PERCENT_MAX`), plus one
+/// because the head may be part-filled when the pass starts. Without a reserve, a full disk
+/// could never be cleaned: every relocation would be refused for want of the space it frees.
+pub const CLEANER_RESERVE_SEGMENTS_DEFAULT: u64 = 2;
+
 /// Percent of live bytes above which a segment is not worth cleaning: copying 95 % to free 5 %
 /// costs 19 bytes written per byte freed.
 pub const CLEANABLE_LIVE_PERCENT_MAX: u64 = 95;

@@ -143,6 +143,7 @@ mod tests {
             flush_buffers: 2,
             log_id: 1,
             cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+            cleaner_reserve_segments: 1,
         };
         let device = MemoryDevice::new(64 << 10, 64 << 20);
         Arc::new(FlashLog::create(Arc::new(device), config).unwrap())

@@ -281,6 +281,11 @@ impl SegmentTable {
         scored.into_iter().map(|(segment, _)| segment).collect()
     }
 
+    /// Segments holding device space (every state, `Freeing` included).
+    pub(crate) fn allocated(&self) -> u64 {
+        self.segments.len() as u64
+    }
+
     /// Every segment's accounting, in log order.
     pub(crate) fn stats(&self) -> Vec<SegmentStats> {
         self.segments

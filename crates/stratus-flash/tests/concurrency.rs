@@ -22,6 +22,7 @@ fn config() -> FlashConfig {
         flush_buffers: 4,
         log_id: 3,
         cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+        cleaner_reserve_segments: 1,
     }
 }
 

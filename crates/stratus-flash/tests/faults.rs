@@ -210,3 +210,47 @@ fn a_segment_of_another_log_or_geometry_is_refused_at_restart() {
         Some(FlashError::GeometryMismatch { segment: SegmentNumber(1) })
     );
 }
+
+#[test]
+fn a_full_disk_is_cleaned_through_the_cleaners_reserve_and_appends_resume() {
+    // Four segments; the config keeps one for the cleaner, so clients fill three.
+    let (log, device) = new_log(4);
+    let (mut index, mut model) = (HashMap::new(), HashMap::new());
+    let mut version = 1u64;
+    let error = loop {
+        let key = format!("k{}", version % 10).into_bytes();
+        let value = vec![version as u8; 1000];
+        match put(&log, &mut index, &key, &value, version) {
+            Ok(_) => {
+                model.insert(key, value);
+                version += 1;
+            }
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error, FlashError::Full { budget_bytes: 4 * (64 << 10) });
+    log.sync().unwrap();
+    assert_eq!(device.segments_present().len(), 3, "the fourth is the cleaner's");
+
+    let segment = log.segments_to_clean()[0];
+    let mut cleaner_index = common::RacingIndex {
+        log: &log,
+        index: &mut index,
+        racing: Default::default(),
+        locked: Default::default(),
+        next_version: &mut version,
+        raced: Vec::new(),
+    };
+    log.clean_segment(segment, &mut cleaner_index).unwrap();
+    log.sync().unwrap();
+    assert!(!device.segments_present().contains(&segment), "the cleaned segment is freed");
+
+    let key = b"after".to_vec();
+    put(&log, &mut index, &key, b"cleaning", version + 1).unwrap();
+    model.insert(key, b"cleaning".to_vec());
+    assert_matches_model(&log, &index, &model);
+    log.sync().unwrap();
+    drop(log);
+    let (log, recovery) = restart(&device, small_config());
+    assert_matches_model(&log, &common::index_from(&recovery), &model);
+}

@@ -11,6 +11,15 @@ use crate::constants::KEY_BYTES_MAX;
 use crate::error::FlashError;
 use crate::format::{EntryRef, SegmentHeader};
 
+/// Who appends: the cleaner may use the segments reserved for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Appender {
+    /// Everyone but the cleaner.
+    Client,
+    /// The cleaner's relocations.
+    Cleaner,
+}
+
 impl FlashLog {
     /// Appends one entry; returns its address. The entry is readable at once and durable once
     /// [`FlashLog::durable_end`] passes it.
@@ -22,6 +31,15 @@ impl FlashLog {
     /// an overwrite appends the tombstone of the old version *before* the new object, so no
     /// prefix of a torn write holds the new object without the tombstone.
     pub fn append_all(&self, entries: &[EntryRef<'_>]) -> Result<Vec<FlashAddress>, FlashError> {
+        self.append_all_as(entries, Appender::Client)
+    }
+
+    /// `append_all` for `appender`: only the cleaner may allocate the reserved segments.
+    pub(crate) fn append_all_as(
+        &self,
+        entries: &[EntryRef<'_>],
+        appender: Appender,
+    ) -> Result<Vec<FlashAddress>, FlashError> {
         let mut total_bytes = 0;
         for entry in entries {
             if entry.key.len() > KEY_BYTES_MAX {
@@ -53,15 +71,16 @@ impl FlashLog {
                     return Ok(offsets.iter().map(|offset| FlashAddress(start + offset)).collect());
                 }
             }
-            self.advance_head()?;
+            self.advance_head(appender)?;
         }
     }
 
     /// Makes a buffer current if none is (the current one is sealed, or none was assigned):
     /// the next buffer in the ring, if it is ready. Allocates the segment on the device when the
     /// new slot is a segment's first. `BuffersBusy` when the next buffer is still waiting to be
-    /// flushed; `Full` when the device has no room for the next segment.
-    fn advance_head(&self) -> Result<(), FlashError> {
+    /// flushed; `Full` when the device has no room for the next segment (or only the cleaner's
+    /// reserve, and `appender` is not the cleaner).
+    fn advance_head(&self, appender: Appender) -> Result<(), FlashError> {
         let mut head = lock(&self.head);
         let current = &self.buffers[head.current];
         if current.base() != NO_SLOT && !current.fill().1 {
@@ -77,6 +96,15 @@ impl FlashLog {
         let slot = FlashAddress(head.next_slot);
         let segment = geometry.segment_of(slot);
         if geometry.offset_in_segment(slot) == 0 {
+            let budget_bytes = self.device.budget_bytes();
+            let segments_max = budget_bytes / geometry.segment_bytes();
+            let reserve = match appender {
+                Appender::Client => self.config.cleaner_reserve_segments,
+                Appender::Cleaner => 0,
+            };
+            if self.table().allocated() + 1 + reserve > segments_max {
+                return Err(FlashError::Full { budget_bytes });
+            }
             self.device.allocate(segment)?;
             self.table().open(segment);
             let header = SegmentHeader { log_id: self.config.log_id, segment, geometry };

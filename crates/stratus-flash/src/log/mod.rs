@@ -18,11 +18,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::address::{FlashAddress, Geometry, SegmentNumber, SEGMENT_NUMBER_FIRST};
 use crate::aligned::AlignedBuffer;
 use crate::buffers::FlushBuffer;
-use crate::constants::{FLUSH_BUFFERS_DEFAULT, FLUSH_BUFFERS_MAX, FLUSH_BUFFERS_MIN};
+use crate::constants::{
+    CLEANER_RESERVE_SEGMENTS_DEFAULT, FLUSH_BUFFERS_DEFAULT, FLUSH_BUFFERS_MAX, FLUSH_BUFFERS_MIN,
+};
 use crate::device::FlashDevice;
 use crate::error::FlashError;
 use crate::segments::{CostBenefit, SegmentStats, SegmentTable};
 
+pub(crate) use append::Appender;
 pub use flush::FlushProgress;
 
 /// How a log is laid out and run.
@@ -36,6 +39,9 @@ pub struct FlashConfig {
     pub log_id: u64,
     /// How the cleaner ranks segments.
     pub cost_benefit: CostBenefit,
+    /// Segments of the device's budget that only the cleaner's relocations may allocate, so a
+    /// full disk can still be cleaned (`Full` for everyone else once only these are left).
+    pub cleaner_reserve_segments: u64,
 }
 
 impl FlashConfig {
@@ -46,6 +52,7 @@ impl FlashConfig {
             flush_buffers: FLUSH_BUFFERS_DEFAULT,
             log_id,
             cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+            cleaner_reserve_segments: CLEANER_RESERVE_SEGMENTS_DEFAULT,
         }
     }
 }

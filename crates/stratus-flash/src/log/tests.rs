@@ -11,6 +11,7 @@ fn small_config() -> FlashConfig {
         flush_buffers: 3,
         log_id: 7,
         cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+        cleaner_reserve_segments: 1,
     }
 }
 

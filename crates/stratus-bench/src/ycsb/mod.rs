@@ -36,9 +36,11 @@ pub struct YcsbArguments {
     /// Systems to measure, comma-separated: stratus, redis, memcached.
     #[arg(long, default_value = "stratus,redis,memcached", value_delimiter = ',')]
     pub systems: Vec<String>,
-    /// Only these configurations (comma-separated; default all): stratus r0, r3-buffered,
-    /// r3-buffered-eo-off (its clients without exactly-once), r3-fsync; redis everysec, always,
-    /// wait-3 (a primary and 3 replicas, every write followed by WAIT 3 0); memcached default.
+    /// Only these configurations (comma-separated; default all but the `+tls` ones): stratus
+    /// r0, r3-buffered, r3-buffered-eo-off (its clients without exactly-once), r3-fsync; redis
+    /// everysec, always, wait-3 (a primary and 3 replicas, every write followed by WAIT 3 0);
+    /// memcached default; and over TLS (one local CA for both systems): stratus r0+tls,
+    /// r3-buffered+tls, redis everysec+tls, wait-3+tls.
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Records loaded before the run (YCSB recordcount).
@@ -80,9 +82,8 @@ pub fn run(arguments: YcsbArguments) -> Result<(), String> {
     let mut selected = Vec::new();
     for system in &arguments.systems {
         for configuration in configurations(system.trim())? {
-            if arguments.configs.is_empty()
-                || arguments.configs.iter().any(|name| name == configuration.name)
-            {
+            let named = arguments.configs.iter().any(|name| name == configuration.name);
+            if named || (arguments.configs.is_empty() && !configuration.tls()) {
                 selected.push(configuration);
             }
         }
@@ -125,7 +126,8 @@ fn measure(
     workload: Workload,
 ) -> Result<(), String> {
     let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
-    let running = start(configuration, arguments, directory.path())?;
+    let tls = if configuration.tls() { Some(crate::tls::BenchTls::create()?) } else { None };
+    let running = start(configuration, arguments, directory.path(), tls.as_ref())?;
     let mut label = RunLabel {
         phase: "load",
         workload: workload.name,

@@ -24,9 +24,10 @@ pub struct RedisDatabase {
 const REDIS_INDEX_KEY: &[u8] = b"_indices";
 
 impl RedisDatabase {
-    /// Connects to the Redis server (the primary, with `wait_replicas`) at `address`.
-    pub fn open(address: &str, wait_replicas: Option<u32>) -> Result<RedisDatabase, String> {
-        Ok(RedisDatabase { connection: RespConnection::open(address)?, wait_replicas })
+    /// A database over `connection` (plain or TLS) to the Redis server (the primary, with
+    /// `wait_replicas`).
+    pub fn over(connection: RespConnection, wait_replicas: Option<u32>) -> RedisDatabase {
+        RedisDatabase { connection, wait_replicas }
     }
 
     /// A write command that ends an operation: acknowledged by the replicas when asked for.

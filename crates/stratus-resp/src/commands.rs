@@ -519,7 +519,7 @@ impl Gateway {
     }
 
     /// True if the connection must still give the password.
-    fn needs_password(&self, session: &Session) -> bool {
+    pub(crate) fn needs_password(&self, session: &Session) -> bool {
         self.config.password.is_some() && !session.authenticated
     }
 
@@ -547,6 +547,7 @@ impl Gateway {
             };
         };
         if !self.reserve_auth_attempt() {
+            self.authentications_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
             return Err(error("ERR too many failed AUTH attempts on this server; try again later"));
         }

@@ -117,6 +117,20 @@ impl ScanRegistry {
 }
 
 /// State shared by every connection of a gateway.
+/// A gateway's counters (see `Gateway::statistics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatewayStatistics {
+    /// Connections open now.
+    pub connected_clients: u64,
+    /// Connections accepted since the start.
+    pub connections_received: u64,
+    /// Commands executed since the start.
+    pub commands_processed: u64,
+    /// AUTH and HELLO … AUTH attempts refused (a wrong user or password, or past the rate
+    /// limit).
+    pub authentications_failed: u64,
+}
+
 #[derive(Debug)]
 pub struct Gateway {
     pub(crate) client: Client,
@@ -153,6 +167,16 @@ impl Gateway {
             auth_failure_window: Mutex::new((Instant::now(), 0)),
             started: Instant::now(),
             wall_clock: std::sync::Arc::new(stratus_env::SystemWallClock),
+        }
+    }
+
+    /// What the gateway has done so far (for metrics).
+    pub fn statistics(&self) -> GatewayStatistics {
+        GatewayStatistics {
+            connected_clients: self.connected_clients.load(Ordering::Relaxed),
+            connections_received: self.connections_received.load(Ordering::Relaxed),
+            commands_processed: self.commands_processed.load(Ordering::Relaxed),
+            authentications_failed: self.authentications_failed.load(Ordering::Relaxed),
         }
     }
 

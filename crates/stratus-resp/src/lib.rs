@@ -69,7 +69,7 @@ mod server;
 mod transaction;
 pub mod value;
 
-pub use gateway::{Gateway, GatewayConfig, RespPassword, Session};
+pub use gateway::{Gateway, GatewayConfig, GatewayStatistics, RespPassword, Session};
 pub use request::{Parsed, ProtocolError, RequestLimits, RequestParser};
 pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};
 pub use value::{parse_value, ParseError, Protocol, Value};

@@ -36,6 +36,23 @@ pub struct RequestLimits {
     pub refused_command_bytes_max: usize,
 }
 
+impl RequestLimits {
+    /// The limits of a connection that has not given the password yet, as Redis has them for
+    /// unauthenticated clients: at most 10 arguments of at most 16 KiB each (AUTH, HELLO with
+    /// AUTH and SETNAME, QUIT fit), and a longer command ends the connection instead of being
+    /// read and dropped. A client without the password can make the gateway hold at most a
+    /// few KiB, and read nothing it cannot answer.
+    pub fn before_authentication() -> RequestLimits {
+        RequestLimits {
+            argument_bytes_max: 16 << 10,
+            arguments_max: 10,
+            command_bytes_max: 64 << 10,
+            inline_bytes_max: 16 << 10,
+            refused_command_bytes_max: 0,
+        }
+    }
+}
+
 impl Default for RequestLimits {
     fn default() -> RequestLimits {
         RequestLimits {
@@ -161,6 +178,12 @@ impl RequestParser {
     /// A parser enforcing `limits`.
     pub fn new(limits: RequestLimits) -> RequestParser {
         RequestParser { limits, partial: None }
+    }
+
+    /// Enforces `limits` from the next command on (called between commands: a command half
+    /// received keeps the limits it started under until it completes).
+    pub fn set_limits(&mut self, limits: RequestLimits) {
+        self.limits = limits;
     }
 
     /// The next complete command from the front of `buffer` (consuming its bytes), `Ok(None)`

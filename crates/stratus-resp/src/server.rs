@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::commands::After;
 use crate::gateway::{Gateway, Session};
-use crate::request::{Parsed, RequestParser};
+use crate::request::{Parsed, RequestLimits, RequestParser};
 use crate::value::Value;
 
 /// Replies are flushed when this many bytes are waiting, even in the middle of a pipeline, so
@@ -65,7 +65,12 @@ pub async fn serve_connection(gateway: &Gateway, connection: Connection) -> io::
         return writer.flush().await;
     }
     let mut session = Session::new(gateway.new_client_id());
-    let mut parser = RequestParser::new(gateway.config.limits);
+    // Until the password is given, the small limits of `before_authentication`.
+    let mut limited = gateway.needs_password(&session);
+    let mut parser = RequestParser::new(match limited {
+        true => RequestLimits::before_authentication(),
+        false => gateway.config.limits,
+    });
     let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut output = BytesMut::with_capacity(READ_CHUNK_BYTES);
     loop {
@@ -77,6 +82,10 @@ pub async fn serve_connection(gateway: &Gateway, connection: Connection) -> io::
                 }
                 Ok(Some(Parsed::Command(arguments))) => {
                     let after = gateway.execute(&mut session, &arguments, &mut output).await;
+                    if limited && !gateway.needs_password(&session) {
+                        limited = false;
+                        parser.set_limits(gateway.config.limits);
+                    }
                     if after == After::Close {
                         writer.write_all(&output).await?;
                         return writer.flush().await;
@@ -105,5 +114,84 @@ pub async fn serve_connection(gateway: &Gateway, connection: Connection) -> io::
         if reader.read_buf(&mut input).await? == 0 {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::{GatewayConfig, RespPassword};
+    use crate::test_support::offline_gateway_with;
+
+    /// Serves one in-memory connection of a gateway with a password; returns the client's
+    /// halves.
+    fn connect(
+        gateway: Arc<Gateway>,
+    ) -> (tokio::io::ReadHalf<tokio::io::DuplexStream>, tokio::io::WriteHalf<tokio::io::DuplexStream>)
+    {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (reader, writer) = tokio::io::split(server);
+        let connection = Connection {
+            reader: Box::new(reader),
+            writer: Box::new(writer),
+            peer_address: "test".to_string(),
+        };
+        tokio::spawn(async move { serve_connection(&gateway, connection).await });
+        tokio::io::split(client)
+    }
+
+    fn command(arguments: &[&[u8]]) -> Vec<u8> {
+        let mut bytes = format!("*{}\r\n", arguments.len()).into_bytes();
+        for argument in arguments {
+            bytes.extend_from_slice(format!("${}\r\n", argument.len()).as_bytes());
+            bytes.extend_from_slice(argument);
+            bytes.extend_from_slice(b"\r\n");
+        }
+        bytes
+    }
+
+    async fn read_reply(reader: &mut tokio::io::ReadHalf<tokio::io::DuplexStream>) -> Vec<u8> {
+        let mut reply = vec![0u8; 4096];
+        let read = reader.read(&mut reply).await.unwrap();
+        reply.truncate(read);
+        reply
+    }
+
+    fn password_gateway() -> Arc<Gateway> {
+        Arc::new(offline_gateway_with(GatewayConfig {
+            password: Some(RespPassword(b"s3cret-password".to_vec())),
+            ..GatewayConfig::default()
+        }))
+    }
+
+    #[tokio::test]
+    async fn before_auth_a_large_argument_ends_the_connection_and_after_it_is_accepted() {
+        let big = vec![b'x'; 20 << 10];
+        // Not authenticated: a 20 KiB argument is a protocol error, and the connection ends.
+        let (mut reader, mut writer) = connect(password_gateway());
+        writer.write_all(&command(&[b"SET", b"k", &big])).await.unwrap();
+        let reply = read_reply(&mut reader).await;
+        assert!(reply.starts_with(b"-ERR Protocol error"), "{}", String::from_utf8_lossy(&reply));
+        assert_eq!(read_reply(&mut reader).await, b"", "closed");
+
+        // Eleven arguments before AUTH: the same.
+        let (mut reader, mut writer) = connect(password_gateway());
+        let many: Vec<&[u8]> = vec![b"x"; 11];
+        writer.write_all(&command(&many)).await.unwrap();
+        assert!(read_reply(&mut reader).await.starts_with(b"-ERR Protocol error"));
+
+        // After AUTH the connection has the gateway's own limits: the large argument is read
+        // and the command runs (here it fails in the offline cluster, not in the parser).
+        let (mut reader, mut writer) = connect(password_gateway());
+        writer.write_all(&command(&[b"AUTH", b"s3cret-password"])).await.unwrap();
+        assert_eq!(read_reply(&mut reader).await, b"+OK\r\n");
+        writer.write_all(&command(&[b"ECHO", &big])).await.unwrap();
+        let mut echoed = Vec::new();
+        while echoed.len() < big.len() + 10 {
+            let chunk = read_reply(&mut reader).await;
+            assert!(!chunk.is_empty(), "closed after {} bytes", echoed.len());
+            echoed.extend_from_slice(&chunk);
+        }
+        assert!(echoed.starts_with(b"$20480\r\n"), "{}", String::from_utf8_lossy(&echoed[..16]));
     }
 }

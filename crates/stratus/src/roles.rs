@@ -887,20 +887,11 @@ pub fn run_server(
         );
         println!("server {server_id} listening on {address}");
         let master = Arc::new(master);
-        if let Some(listener) = metrics_listener {
-            let figures = metrics::ServerFigures {
-                server_id,
-                address: address.clone(),
-                master: master.clone(),
-                backup: backup.clone(),
-            };
-            let access = metrics::MetricsAccess::new(admission.membership(), None, tls.clone())
-                .with_token(metrics_token);
-            metrics::serve_server(listener, figures, access);
-        }
+        let master_for_metrics = master.clone();
         // One port serves both: the backup opcodes go to the backup, the rest to the master.
         let master: Arc<dyn stratus_rpc::Service> = master;
         let backup_at_stop = backup.clone();
+        let backup_for_metrics = backup.clone();
         let service: Arc<dyn stratus_rpc::Service> = match backup {
             Some(backup) => {
                 let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
@@ -909,6 +900,7 @@ pub fn run_server(
             }
             None => master,
         };
+        let mut resp_gateway = None;
         if let Some(resp_listener) = resp_listener {
             println!("server {server_id} speaks RESP on {}", resp_listener.local_address());
             let mut client_config = ClientConfig::new(coordinator.clone());
@@ -932,7 +924,20 @@ pub fn run_server(
                 ..stratus_resp::GatewayConfig::default()
             };
             let gateway = Arc::new(stratus_resp::Gateway::new(client, gateway_config));
+            resp_gateway = Some(gateway.clone());
             tokio::spawn(stratus_resp::serve(gateway, resp_listener));
+        }
+        if let Some(listener) = metrics_listener {
+            let figures = metrics::ServerFigures {
+                server_id,
+                address: address.clone(),
+                master: master_for_metrics,
+                backup: backup_for_metrics,
+                resp: resp_gateway,
+            };
+            let access = metrics::MetricsAccess::new(admission.membership(), None, tls.clone())
+                .with_token(metrics_token);
+            metrics::serve_server(listener, figures, access);
         }
         tokio::select! {
             result = serve_admitting(listener, service, admission) => {

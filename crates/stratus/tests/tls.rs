@@ -98,6 +98,7 @@ fn a_secure_cluster_speaks_only_tls_and_says_so_to_plain_clients() {
         .map(str::to_string),
     );
     let status_page = up.wait_for_line("status page: ", PATIENCE);
+    let server_metrics = up.wait_for_line("metrics: server-0 ", PATIENCE);
     let resp_line = up.wait_for_line("redis: server-0 ", PATIENCE);
     up.wait_for_line("stratus cluster ready", PATIENCE);
     let ca = data.join("tls").join("ca.pem");

@@ -46,6 +46,8 @@ pub(crate) struct ServerFigures {
     pub(crate) address: String,
     pub(crate) master: Arc<Master>,
     pub(crate) backup: Option<Arc<BackupService>>,
+    /// The server's RESP front end, if it has one.
+    pub(crate) resp: Option<Arc<stratus_resp::Gateway>>,
 }
 
 /// Who may read a role's endpoints, what its membership refused, the client password the
@@ -160,8 +162,41 @@ pub(crate) fn serve_coordinator(
     tokio::spawn(stratus_ops::http::serve(listener, routes, HttpLimits::default(), tls));
 }
 
+/// The RESP front end's counters (docs/design/metrics.md, "RESP").
+fn render_resp(gateway: &stratus_resp::Gateway, out: &mut Exposition) {
+    let statistics = gateway.statistics();
+    out.family(
+        "stratus_resp_connected_clients",
+        "Connections open to the server's RESP front end.",
+        MetricType::Gauge,
+    )
+    .sample(&[], statistics.connected_clients);
+    out.family(
+        "stratus_resp_connections_received_total",
+        "Connections the RESP front end accepted.",
+        MetricType::Counter,
+    )
+    .sample(&[], statistics.connections_received);
+    out.family(
+        "stratus_resp_commands_processed_total",
+        "Commands the RESP front end executed.",
+        MetricType::Counter,
+    )
+    .sample(&[], statistics.commands_processed);
+    out.family(
+        "stratus_resp_authentications_failed_total",
+        "AUTH and HELLO ... AUTH attempts refused: a wrong user or password, or past the \
+         gateway's 100 attempts a second.",
+        MetricType::Counter,
+    )
+    .sample(&[], statistics.authentications_failed);
+}
+
 fn render_server(figures: &ServerFigures) -> String {
     let mut out = Exposition::new();
+    if let Some(gateway) = &figures.resp {
+        render_resp(gateway, &mut out);
+    }
     let server_id = figures.server_id.to_string();
     out.family(
         "stratus_server_info",

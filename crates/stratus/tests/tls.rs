@@ -190,6 +190,27 @@ fn a_secure_cluster_speaks_only_tls_and_says_so_to_plain_clients() {
     let (_, output) =
         redis_cli(&["-p", &port, "-a", &secret, "--no-auth-warning", "GET", "greeting"]);
     assert!(!output.contains("hello"), "plain text reached a TLS port: {output}");
+    // A wrong password is refused and counted in the server's metrics.
+    let wrong_cli = [
+        "--tls",
+        "--cacert",
+        &ca_text,
+        "-p",
+        &port,
+        "-a",
+        "not-the-password!",
+        "--no-auth-warning",
+    ];
+    let (_, output) = redis_cli(&[&wrong_cli[..], &["GET", "greeting"]].concat());
+    assert!(!output.contains("hello"), "{output}");
+    let server_url = server_metrics.split_whitespace().last().unwrap().to_string();
+    let scrape = https_get(&server_url, &ca).expect("server metrics over TLS");
+    let failed_auth: f64 = scrape
+        .lines()
+        .find_map(|line| line.strip_prefix("stratus_resp_authentications_failed_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("the failed-AUTH counter");
+    assert!(failed_auth >= 1.0, "{failed_auth}");
 
     // Metrics and the status page: HTTPS only.
     let url = status_page.split_whitespace().last().unwrap().trim_end_matches('/').to_string();

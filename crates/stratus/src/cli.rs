@@ -343,13 +343,19 @@ impl Arguments {
 /// Runs the parsed command and returns the process's exit status.
 pub fn main(arguments: Arguments) -> std::process::ExitCode {
     match arguments.command {
-        Command::Workload(_) if arguments.password_file.is_some() => {
-            // Its clients prove no password: say so rather than wait for its startup deadline.
-            eprintln!("stratus: --password-file is not supported by workload yet");
-            std::process::ExitCode::FAILURE
-        }
         // The workload's exit status is its verdict (pass, violation, inconclusive).
-        Command::Workload(workload) => crate::workload::run(workload, &arguments.coordinator),
+        Command::Workload(workload) => match client_config(
+            &arguments.coordinator,
+            arguments.timeout_ms,
+            arguments.password_file.as_deref(),
+            &arguments.tls,
+        ) {
+            Ok(base) => crate::workload::run(workload, base),
+            Err(message) => {
+                eprintln!("stratus: {message}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         command => match run(Arguments { command, ..arguments }) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(message) => {
@@ -383,18 +389,35 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
                 .enable_all()
                 .build()
                 .map_err(|error| error.to_string())?;
-            let mut config = ClientConfig::new(arguments.coordinator.clone());
-            config.operation_timeout = Duration::from_millis(arguments.timeout_ms);
-            if let Some(password) = read_password(arguments.password_file.as_deref())? {
-                config = config.with_password(&password).map_err(|error| error.to_string())?;
-            }
-            config.tls = arguments.tls.client()?;
+            let config = client_config(
+                &arguments.coordinator,
+                arguments.timeout_ms,
+                arguments.password_file.as_deref(),
+                &arguments.tls,
+            )?;
             runtime.block_on(async move {
                 let client = Client::new(config);
                 run_client_command(&client, command).await.map_err(|error| error.to_string())
             })
         }
     }
+}
+
+/// The settings of a client of the cluster the flags name: its coordinator, the command
+/// timeout, and the client password and TLS it needs, if any.
+fn client_config(
+    coordinator: &str,
+    timeout_ms: u64,
+    password_file: Option<&std::path::Path>,
+    tls: &crate::roles::TlsArguments,
+) -> Result<ClientConfig, String> {
+    let mut config = ClientConfig::new(coordinator.to_string());
+    config.operation_timeout = Duration::from_millis(timeout_ms);
+    if let Some(password) = read_password(password_file)? {
+        config = config.with_password(&password).map_err(|error| error.to_string())?;
+    }
+    config.tls = tls.client()?;
+    Ok(config)
 }
 
 /// The client password in `path`, if one was given (surrounding whitespace removed).

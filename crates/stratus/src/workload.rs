@@ -182,8 +182,8 @@ struct Timeouts {
 }
 
 /// A client whose mutations take effect exactly once (see the module documentation).
-fn exactly_once_client(coordinator: &str, timeouts: Timeouts) -> Client {
-    let mut config = ClientConfig::new(coordinator.to_string());
+fn exactly_once_client(base: &ClientConfig, timeouts: Timeouts) -> Client {
+    let mut config = base.clone();
     config.operation_timeout = timeouts.operation;
     assert!(config.exactly_once, "the workload checks exactly-once mutations");
     config.rpc.request_timeout = timeouts.attempt;
@@ -550,7 +550,10 @@ fn timeouts(arguments: &WorkloadArguments) -> Timeouts {
 }
 
 /// Runs the workload; the exit status is the verdict (see the module documentation).
-pub fn run(arguments: WorkloadArguments, coordinator: &str) -> ExitCode {
+/// Runs the workload against the cluster `base` reaches (its coordinator, and the client
+/// password and TLS it needs, if any).
+pub fn run(arguments: WorkloadArguments, base: ClientConfig) -> ExitCode {
+    let coordinator = base.coordinator_address.clone();
     let seed = arguments.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -582,7 +585,7 @@ pub fn run(arguments: WorkloadArguments, coordinator: &str) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-    let outcome = runtime.block_on(run_phases(&arguments, coordinator, seed, &table_name));
+    let outcome = runtime.block_on(run_phases(&arguments, &base, seed, &table_name));
     // Client tasks are done; do not wait for idle connections to close.
     runtime.shutdown_background();
     match outcome {
@@ -596,13 +599,13 @@ pub fn run(arguments: WorkloadArguments, coordinator: &str) -> ExitCode {
 
 async fn run_phases(
     arguments: &WorkloadArguments,
-    coordinator: &str,
+    base: &ClientConfig,
     seed: u64,
     table_name: &str,
 ) -> Result<u8, String> {
     let started = tokio::time::Instant::now();
     let timeouts = timeouts(arguments);
-    let mut admin_config = ClientConfig::new(coordinator.to_string());
+    let mut admin_config = base.clone();
     admin_config.operation_timeout = Duration::from_secs(10);
     let admin = Client::new(admin_config);
     let startup_deadline = deadline_in(Duration::from_secs(arguments.startup_seconds));
@@ -616,11 +619,8 @@ async fn run_phases(
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for client_id in 0..arguments.clients {
-        let client = RecordingClient::new(
-            exactly_once_client(coordinator, timeouts),
-            recorder.clone(),
-            client_id,
-        );
+        let client =
+            RecordingClient::new(exactly_once_client(base, timeouts), recorder.clone(), client_id);
         let choices =
             Choices::new(seed ^ u64::from(client_id + 1).wrapping_mul(0xA24B_AED4_963E_E407));
         tasks.spawn(run_client(
@@ -650,7 +650,7 @@ async fn run_phases(
     if let Some(bank_table) = bank_table {
         for bank_client in 0..arguments.bank_clients {
             bank_tasks.spawn(bank::run_bank_client(
-                exactly_once_client(coordinator, timeouts),
+                exactly_once_client(base, timeouts),
                 bank_table,
                 arguments.bank_accounts,
                 seed ^ u64::from(bank_client + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
@@ -674,7 +674,7 @@ async fn run_phases(
     if let Some(list_table) = list_table {
         for list_client in 0..arguments.list_append_clients {
             list_tasks.spawn(list_append::run_list_append_client(
-                exactly_once_client(coordinator, timeouts),
+                exactly_once_client(base, timeouts),
                 list_table,
                 arguments.list_append_keys,
                 list_client,
@@ -765,7 +765,7 @@ async fn run_phases(
 
     // The last word on every key.
     let reader = RecordingClient::new(
-        exactly_once_client(coordinator, timeouts),
+        exactly_once_client(base, timeouts),
         recorder.clone(),
         arguments.clients,
     );

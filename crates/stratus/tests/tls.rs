@@ -212,6 +212,30 @@ fn a_secure_cluster_speaks_only_tls_and_says_so_to_plain_clients() {
         .expect("the failed-AUTH counter");
     assert!(failed_auth >= 1.0, "{failed_auth}");
 
+    // The checked workload runs against a secure cluster with the same flags as the CLI.
+    let (passed, output) = stratus(
+        &[
+            &secure[..],
+            &[
+                "workload",
+                "--seconds",
+                "2",
+                "--servers",
+                "2",
+                "--clients",
+                "2",
+                "--rate",
+                "100",
+                "--settle-seconds",
+                "30",
+                "--startup-seconds",
+                "30",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(passed && output.contains("verdict=linearizable"), "{output}");
+
     // Metrics and the status page: HTTPS only.
     let url = status_page.split_whitespace().last().unwrap().trim_end_matches('/').to_string();
     assert!(url.starts_with("https://"), "{status_page}");

@@ -91,7 +91,10 @@ pub async fn serve_connection(gateway: &Gateway, connection: Connection) -> io::
                         return writer.flush().await;
                     }
                     if output.len() >= OUTPUT_FLUSH_BYTES {
-                        writer.write_all(&output).await?;
+                        // Flushed too: a TLS writer holds what it encrypted until then, and the
+                        // client may be waiting for these replies while the rest of the
+                        // pipeline runs.
+                        stratus_env::write_and_flush(&mut writer, &output).await?;
                         output.clear();
                     }
                 }

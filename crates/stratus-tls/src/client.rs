@@ -11,6 +11,7 @@ use stratus_types::limits::TLS_HANDSHAKE_TIMEOUT_MILLIS;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::files::{read_certificates, read_private_key, read_roots, TlsError};
+use crate::reload::Reloading;
 
 /// The files a client's TLS comes from.
 #[derive(Clone, Debug)]
@@ -21,44 +22,54 @@ pub struct ClientTlsFiles {
     pub certificate_and_key: Option<(PathBuf, PathBuf)>,
 }
 
-/// A client's TLS configuration. Cheap to clone.
+/// A client's TLS configuration, reloaded when its files change ([`ClientTls::watch`]): a
+/// rotated CA or a renewed client certificate is used by new connections without a restart.
+/// Cheap to clone (clones share the configuration).
 #[derive(Clone)]
 pub struct ClientTls {
-    config: Arc<rustls::ClientConfig>,
+    reloading: Arc<Reloading<rustls::ClientConfig>>,
 }
 
 impl fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientTls").finish_non_exhaustive()
+        f.debug_struct("ClientTls").field("files", &self.reloading).finish()
+    }
+}
+
+impl ClientTlsFiles {
+    fn paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.ca.clone()];
+        if let Some((certificate, key)) = &self.certificate_and_key {
+            paths.extend([certificate.clone(), key.clone()]);
+        }
+        paths
     }
 }
 
 impl ClientTls {
     /// The configuration in `files`; an error says which file is missing or wrong.
     pub fn load(files: &ClientTlsFiles) -> Result<ClientTls, TlsError> {
-        let roots = read_roots(&files.ca)?;
-        let builder = rustls::ClientConfig::builder_with_provider(crate::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|error| TlsError::Config(error.to_string()))?
-            .with_root_certificates(roots);
-        let config = match &files.certificate_and_key {
-            None => builder.with_no_client_auth(),
-            Some((certificate, key)) => builder
-                .with_client_auth_cert(read_certificates(certificate)?, read_private_key(key)?)
-                .map_err(|error| {
-                    TlsError::Config(format!(
-                        "{} with {}: {error}",
-                        certificate.display(),
-                        key.display()
-                    ))
-                })?,
-        };
-        Ok(ClientTls { config: Arc::new(config) })
+        let building = files.clone();
+        let reloading = Reloading::load(files.paths(), move || build(&building))?;
+        Ok(ClientTls { reloading: Arc::new(reloading) })
     }
 
-    /// The rustls configuration (for a blocking client's `rustls::StreamOwned`).
+    /// Loads the files again if their contents changed (see [`crate::ServerTls::reload_if_changed`]).
+    pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
+        self.reloading.reload_if_changed()
+    }
+
+    /// Checks the files every [`crate::RELOAD_CHECK_INTERVAL`] forever, logging each reload.
+    pub async fn watch(self) {
+        let interval = crate::RELOAD_CHECK_INTERVAL;
+        crate::reload::watch(&self.reloading, "TLS trust (CA) and client certificate", interval)
+            .await
+    }
+
+    /// The rustls configuration new connections use (for a blocking client's
+    /// `rustls::StreamOwned`).
     pub fn config(&self) -> Arc<rustls::ClientConfig> {
-        self.config.clone()
+        self.reloading.current()
     }
 
     /// Runs the client side of a handshake with the server at `address` ("host:port"; its
@@ -72,7 +83,7 @@ impl ClientTls {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let name = server_name_of(address)?;
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let connector = tokio_rustls::TlsConnector::from(self.config());
         let patience = Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MILLIS);
         match tokio::time::timeout(patience, connector.connect(name, stream)).await {
             Ok(Ok(stream)) => Ok(stream),
@@ -96,6 +107,27 @@ impl ClientTls {
             )),
         }
     }
+}
+
+fn build(files: &ClientTlsFiles) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let roots = read_roots(&files.ca)?;
+    let builder = rustls::ClientConfig::builder_with_provider(crate::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsError::Config(error.to_string()))?
+        .with_root_certificates(roots);
+    let config = match &files.certificate_and_key {
+        None => builder.with_no_client_auth(),
+        Some((certificate, key)) => builder
+            .with_client_auth_cert(read_certificates(certificate)?, read_private_key(key)?)
+            .map_err(|error| {
+                TlsError::Config(format!(
+                    "{} with {}: {error}",
+                    certificate.display(),
+                    key.display()
+                ))
+            })?,
+    };
+    Ok(Arc::new(config))
 }
 
 /// The name a server at `address` ("host:port", "[v6]:port") must have in its certificate:

@@ -16,6 +16,7 @@ mod client;
 mod files;
 pub mod local_authority;
 mod network;
+mod reload;
 mod server;
 
 pub use blocking::BlockingStream;

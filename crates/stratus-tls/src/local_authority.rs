@@ -147,19 +147,32 @@ fn name(common_name: &str) -> DistinguishedName {
 }
 
 /// Writes `bytes` to `path` through a synced temporary file renamed over it, so a crash leaves
-/// the old file or the whole new one; `secret` files are readable by their owner alone.
+/// the old file or the whole new one; `secret` files are readable by their owner alone. The
+/// temporary file is created anew (a stale one is removed first) and never through a symbolic
+/// link, so its mode is the one asked for and the key is written where intended.
 fn write_file(path: &Path, bytes: &[u8], secret: bool) -> Result<(), TlsError> {
     let file_error = |reason: String| TlsError::File { path: path.to_path_buf(), reason };
     let temporary = path.with_extension("pem.tmp");
+    match std::fs::remove_file(&temporary) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(file_error(format!("removing a stale temporary file: {error}"))),
+    }
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .mode(if secret { 0o600 } else { 0o644 })
         .open(&temporary)
         .map_err(|error| file_error(error.to_string()))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|error| file_error(error.to_string()))?;
-    std::fs::rename(&temporary, path).map_err(|error| file_error(error.to_string()))
+    std::fs::rename(&temporary, path).map_err(|error| file_error(error.to_string()))?;
+    // The rename is durable once the directory is synced.
+    if let Some(directory) = path.parent() {
+        let synced = std::fs::File::open(directory).and_then(|directory| directory.sync_all());
+        synced.map_err(|error| file_error(format!("syncing its directory: {error}")))?;
+    }
+    Ok(())
 }

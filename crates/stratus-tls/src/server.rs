@@ -4,18 +4,19 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::server::WebPkiClientVerifier;
 use stratus_types::limits::TLS_HANDSHAKE_TIMEOUT_MILLIS;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::files::{read_certificates, read_private_key, read_roots, TlsError};
+use crate::reload::Reloading;
 
-/// How often a listener looks at its certificate files for a change: a renewed certificate
-/// (certbot, cert-manager, an operator's copy) is in use within this long, and a look is three
-/// `stat` calls.
+/// How often a process looks at its certificate, key and CA files for a change: a renewed
+/// certificate (certbot, cert-manager, an operator's copy) is in use within this long, and a
+/// look reads and hashes a few KiB.
 pub const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Which clients must show a certificate.
@@ -53,56 +54,26 @@ impl ServerTlsFiles {
     }
 }
 
-/// What a file looked like when it was last loaded: a change to any of these means it was
-/// replaced or rewritten.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct FileStamp {
-    modified: Option<SystemTime>,
-    bytes: u64,
-    inode: u64,
-}
-
-fn stamp(path: &Path) -> Option<FileStamp> {
-    use std::os::unix::fs::MetadataExt;
-    // `metadata` follows symbolic links: a Kubernetes secret volume swaps a link to a new
-    // directory, and the stamp of the file it now points to differs.
-    let metadata = std::fs::metadata(path).ok()?;
-    Some(FileStamp {
-        modified: metadata.modified().ok(),
-        bytes: metadata.len(),
-        inode: metadata.ino(),
-    })
-}
-
 /// A listener's TLS configuration, current as of its files' last successful load.
 #[derive(Debug)]
 pub struct ServerTls {
     files: ServerTlsFiles,
-    current: RwLock<Arc<rustls::ServerConfig>>,
-    stamps: Mutex<Vec<Option<FileStamp>>>,
-    reloads: AtomicU64,
-    reloads_failed: AtomicU64,
+    reloading: Reloading<rustls::ServerConfig>,
     handshakes_failed: AtomicU64,
 }
 
 impl ServerTls {
     /// The configuration in `files`; an error says which file is missing or wrong.
     pub fn load(files: ServerTlsFiles) -> Result<Arc<ServerTls>, TlsError> {
-        let stamps = files.paths().into_iter().map(stamp).collect();
-        let config = build(&files)?;
-        Ok(Arc::new(ServerTls {
-            files,
-            current: RwLock::new(config),
-            stamps: Mutex::new(stamps),
-            reloads: AtomicU64::new(0),
-            reloads_failed: AtomicU64::new(0),
-            handshakes_failed: AtomicU64::new(0),
-        }))
+        let paths = files.paths().into_iter().map(Path::to_path_buf).collect();
+        let building = files.clone();
+        let reloading = Reloading::load(paths, move || build(&building))?;
+        Ok(Arc::new(ServerTls { files, reloading, handshakes_failed: AtomicU64::new(0) }))
     }
 
     /// The configuration new handshakes use.
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
-        self.current.read().expect("TLS configuration lock poisoned").clone()
+        self.reloading.current()
     }
 
     /// The files this configuration comes from.
@@ -110,65 +81,29 @@ impl ServerTls {
         &self.files
     }
 
-    /// Loads the files again if any of them changed since the last load. `Ok(true)`: the new
-    /// configuration is in use for every handshake from now on (connections already open keep
-    /// theirs). An error leaves the previous configuration in use; the next call tries again,
-    /// so a certificate and key replaced one after the other are picked up once both are.
+    /// Loads the files again if their contents changed since the last check. `Ok(true)`: the
+    /// new configuration is in use for every handshake from now on (connections already open
+    /// keep theirs). An error leaves the previous configuration in use; it is returned once per
+    /// distinct content, so a certificate and key replaced one after the other are picked up
+    /// once both are.
     pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
-        let now: Vec<Option<FileStamp>> = self.files.paths().into_iter().map(stamp).collect();
-        let mut stamps = self.stamps.lock().expect("TLS stamps lock poisoned");
-        if *stamps == now {
-            return Ok(false);
-        }
-        match build(&self.files) {
-            Ok(config) => {
-                *self.current.write().expect("TLS configuration lock poisoned") = config;
-                *stamps = now;
-                self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
-            }
-            Err(error) => {
-                self.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                Err(error)
-            }
-        }
+        self.reloading.reload_if_changed()
     }
 
     /// Checks the files every [`RELOAD_CHECK_INTERVAL`] forever, logging each reload and each
     /// failed one (a failed reload keeps the previous certificate in use).
     pub async fn watch(self: Arc<ServerTls>) {
-        let mut last_error = String::new();
-        loop {
-            tokio::time::sleep(RELOAD_CHECK_INTERVAL).await;
-            match self.reload_if_changed() {
-                Ok(true) => {
-                    last_error.clear();
-                    tracing::info!(
-                        certificate = %self.files.certificate.display(),
-                        "TLS certificate reloaded; new connections use it"
-                    );
-                }
-                Ok(false) => {}
-                Err(error) => {
-                    let error = error.to_string();
-                    // Once per distinct error, not every few seconds.
-                    if error != last_error {
-                        tracing::warn!(%error, "TLS files changed but do not load; the previous certificate stays in use");
-                        last_error = error;
-                    }
-                }
-            }
-        }
+        crate::reload::watch(&self.reloading, "TLS certificate", RELOAD_CHECK_INTERVAL).await
     }
 
     /// Successful reloads since the start.
     pub fn reloads(&self) -> u64 {
-        self.reloads.load(Ordering::Relaxed)
+        self.reloading.reloads()
     }
 
     /// Reloads that failed (the files changed, but did not load).
     pub fn reloads_failed(&self) -> u64 {
-        self.reloads_failed.load(Ordering::Relaxed)
+        self.reloading.reloads_failed()
     }
 
     /// Handshakes that failed or took too long (a client that does not speak TLS, does not

@@ -198,3 +198,106 @@ fn the_local_authority_is_written_once_and_its_keys_are_private() {
         assert_eq!(mode, 0o600, "{}", key.display());
     }
 }
+
+/// Rewrites `path` in place with `bytes`, keeping its modification time: what a copy that
+/// keeps times does, or two writes within one timestamp tick.
+fn rewrite_keeping_time(path: &Path, bytes: &[u8]) {
+    let before = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::write(path, bytes).unwrap();
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_modified(before).unwrap();
+}
+
+#[tokio::test]
+async fn a_same_size_rewrite_that_keeps_the_time_is_reloaded() {
+    let directory = tempfile::tempdir().unwrap();
+    let old = authority(&directory.path().join("old"));
+    let size = std::fs::read(&old.node_certificate).unwrap().len();
+    // A new authority whose certificate has the same size (P-256 keys always do).
+    let new = (0..64)
+        .map(|index| authority(&directory.path().join(format!("new-{index}"))))
+        .find(|new| std::fs::read(&new.node_certificate).unwrap().len() == size)
+        .expect("a certificate of the same size");
+    let live = directory.path().join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    let (certificate, key) = (live.join("server.pem"), live.join("server-key.pem"));
+    std::fs::copy(&old.node_certificate, &certificate).unwrap();
+    std::fs::copy(&old.node_key, &key).unwrap();
+    let files = ServerTlsFiles {
+        certificate: certificate.clone(),
+        private_key: key.clone(),
+        client_certificates: ClientCertificates::NotAsked,
+    };
+    let tls = ServerTls::load(files).unwrap();
+    rewrite_keeping_time(&certificate, &std::fs::read(&new.node_certificate).unwrap());
+    rewrite_keeping_time(&key, &std::fs::read(&new.node_key).unwrap());
+    assert!(tls.reload_if_changed().unwrap(), "same size, same time, other contents");
+    let address = echo_server(tls).await;
+    assert!(round_trip(&client(&new, false), &address).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_client_trusts_a_new_ca_once_its_file_is_reloaded() {
+    let directory = tempfile::tempdir().unwrap();
+    let old = authority(&directory.path().join("old"));
+    let new = authority(&directory.path().join("new"));
+    let ca = directory.path().join("ca.pem");
+    std::fs::copy(&old.ca_certificate, &ca).unwrap();
+    let trusting =
+        ClientTls::load(&ClientTlsFiles { ca: ca.clone(), certificate_and_key: None }).unwrap();
+    let tls = ServerTls::load(server_files(&new, ClientCertificates::NotAsked)).unwrap();
+    let address = echo_server(tls).await;
+    assert!(round_trip(&trusting, &address).await.is_err(), "the new CA is not trusted yet");
+    // The operator adds the new CA to the file: clones of the client see it after a reload.
+    let both =
+        [std::fs::read(&old.ca_certificate).unwrap(), std::fs::read(&new.ca_certificate).unwrap()]
+            .concat();
+    std::fs::write(&ca, both).unwrap();
+    let clone = trusting.clone();
+    assert!(trusting.reload_if_changed().unwrap());
+    assert_eq!(round_trip(&clone, &address).await.unwrap(), b"hello over tls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_futures_dropped_midway_lose_no_connection() {
+    let directory = tempfile::tempdir().unwrap();
+    let ours = authority(directory.path());
+    let tls = ServerTls::load(server_files(&ours, ClientCertificates::NotAsked)).unwrap();
+    let network = TlsNetwork::new(Arc::new(TcpNetwork), Some(tls), None);
+    let mut listener = network.bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_address();
+    let clients: Vec<_> = (0..40u8)
+        .map(|index| {
+            let (trusting, address) = (client(&ours, false), address.clone());
+            tokio::spawn(async move {
+                let network = TlsNetwork::new(Arc::new(TcpNetwork), None, Some(trusting));
+                let mut connection = network.connect(&address).await.unwrap();
+                connection.writer.write_all(&[index]).await.unwrap();
+                connection.writer.flush().await.unwrap();
+                let mut byte = [0u8; 1];
+                connection.reader.read_exact(&mut byte).await.unwrap();
+                assert_eq!(byte[0], index);
+            })
+        })
+        .collect();
+    // Every accept() future is dropped after 200 µs: no accepted socket and no finished
+    // handshake may be lost with it.
+    let mut served = 0;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while served < 40 && tokio::time::Instant::now() < deadline {
+        let patience = std::time::Duration::from_micros(200);
+        if let Ok(Ok(connection)) = tokio::time::timeout(patience, listener.accept()).await {
+            served += 1;
+            tokio::spawn(async move {
+                let Connection { mut reader, mut writer, .. } = connection;
+                let mut byte = [0u8; 1];
+                reader.read_exact(&mut byte).await.unwrap();
+                writer.write_all(&byte).await.unwrap();
+                writer.flush().await.unwrap();
+            });
+        }
+    }
+    assert_eq!(served, 40);
+    for client in clients {
+        client.await.unwrap();
+    }
+}

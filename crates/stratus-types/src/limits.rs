@@ -142,14 +142,18 @@ pub const CLIENT_LEASE_TERM_MILLIS: u64 = 30_000;
 pub const CLIENT_LEASE_RENEW_INTERVAL_MILLIS: u64 = CLIENT_LEASE_TERM_MILLIS / 3;
 
 /// TLS handshakes a listener runs at once. Each holds a connection, a task and rustls's
-/// buffers; past this the listener stops accepting until one finishes, so a flood of
-/// connections that never finish their handshake cannot grow memory without bound.
-pub const TLS_HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
+/// buffers (tens of KiB: 1 024 of them, a few tens of MiB); past this the listener stops
+/// accepting until one finishes, so a flood of connections that never finish their handshake
+/// cannot grow memory without bound. With [`TLS_HANDSHAKE_TIMEOUT_MILLIS`], a peer must open
+/// over 300 silent connections a second to keep a listener from accepting (and is then one
+/// source among few, for a firewall to see).
+pub const TLS_HANDSHAKES_IN_FLIGHT_MAX: usize = 1_024;
 
-/// How long a TLS handshake may take before its connection is closed (milliseconds): a few
-/// round trips even on a slow network, and short enough that a peer that opens a connection
-/// and says nothing holds one of [`TLS_HANDSHAKES_IN_FLIGHT_MAX`] only briefly.
-pub const TLS_HANDSHAKE_TIMEOUT_MILLIS: u64 = 10_000;
+/// How long a TLS handshake may take before its connection is closed (milliseconds): a
+/// handshake is two round trips and a few signatures, so this is generous even on a loaded
+/// network, and short enough that a peer that opens a connection and says nothing holds one
+/// of [`TLS_HANDSHAKES_IN_FLIGHT_MAX`] only briefly.
+pub const TLS_HANDSHAKE_TIMEOUT_MILLIS: u64 = 3_000;
 
 /// Largest certificate, key or CA file read (bytes): a chain of a few certificates is a few
 /// KiB; a path pointing at something else by mistake is refused rather than read whole.

@@ -466,6 +466,9 @@ fn run_resp(
         if let Some(tls) = &listener_tls {
             tokio::spawn(tls.clone().watch());
         }
+        if let Some(tls) = &config.tls {
+            tokio::spawn(tls.clone().watch());
+        }
         let listening =
             stratus_tls::TlsNetwork::new(environment.network.clone(), listener_tls.clone(), None);
         let listener = listening

@@ -118,10 +118,12 @@ struct Security {
 }
 
 impl Security {
-    /// Starts watching the TLS files for a renewed certificate (on the running runtime).
+    /// Starts watching the TLS files (on the running runtime): a renewed certificate, or a
+    /// CA file that now trusts a new CA, is used by new connections, accepted and opened.
     fn watch_certificates(&self) {
         if let Some(tls) = &self.tls {
             tokio::spawn(tls.server.clone().watch());
+            tokio::spawn(tls.client.clone().watch());
         }
     }
 }

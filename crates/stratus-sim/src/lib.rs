@@ -55,7 +55,8 @@ pub use crate::bank::BankOptions;
 use crate::disk::SimulatedDisk;
 pub use crate::list_append::{ListAppendOptions, ListAppendSummary};
 use crate::nodes::{server_host, ServerSetup, ServingObservations, COORDINATOR_ADDRESS};
-use crate::schedule::{Choices, Fault, ScheduledFault};
+use crate::schedule::Choices;
+pub use crate::schedule::{Fault, ScheduledFault};
 
 /// What one simulation runs.
 #[derive(Clone, Debug)]
@@ -74,8 +75,11 @@ pub struct SimulationOptions {
     /// A client waits up to this long between two operations, so the workload spans the
     /// faults.
     pub think_time_max: Duration,
-    /// Whether to inject faults.
+    /// Whether to inject faults (drawn from the seed; see `scripted_faults`).
     pub faults: bool,
+    /// A scenario's own faults, injected instead of the seed's (whatever `faults` says): one
+    /// server crash, 1 % of the servers at once, a rolling restart.
+    pub scripted_faults: Option<Vec<ScheduledFault>>,
     /// Faults begin within this much simulated time from the start.
     pub fault_window: Duration,
     /// Simulated time the whole run may take: liveness is violated past it.
@@ -143,6 +147,7 @@ impl Default for SimulationOptions {
             keys: 6,
             think_time_max: Duration::from_millis(120),
             faults: true,
+            scripted_faults: None,
             fault_window: Duration::from_secs(12),
             time_limit: Duration::from_secs(150),
             tablet_moves: false,
@@ -752,7 +757,9 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         Durability::Fsync
     };
     report.durability = durability.to_string();
-    if options.faults {
+    if let Some(script) = &options.scripted_faults {
+        report.faults = script.clone();
+    } else if options.faults {
         report.faults = schedule::generate(
             &mut schedule_choices,
             options.servers,

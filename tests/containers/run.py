@@ -34,8 +34,9 @@ OTHERS_STALL_BOUND_MS while the episode lasted (from its first fault until the c
 healthy again). An episode over the bound fails the run. How long the faulted servers' keys
 waited is reported per episode.
 
-The coordinator and the servers run in secure mode (one cluster secret, copied into each
-container); the workload is a client and holds no secret.
+The coordinator and the servers run in secure mode: one cluster secret, and TLS on every port
+with certificates from a local CA (`stratus tls local-ca`, run in a container of the image),
+both copied into each container; the workload is a client: it holds the CA, no secret.
 
 Every wait is bounded (the whole run by --deadline, default 360 s, after the image build);
 containers, the network and volumes are removed in a finally block, on failure and on Ctrl-C
@@ -72,6 +73,8 @@ LABEL = "org.stratus.container-test"
 
 # Where the coordinator's and the servers' containers find the cluster secret.
 SECRET_PATH = "/cluster-secret"
+# Where every container finds the local CA's files (`stratus tls local-ca`).
+TLS_DIRECTORY = "/tls"
 
 # How long one docker command may take before the run fails (the engine is local).
 DOCKER_TIMEOUT = 60
@@ -161,6 +164,21 @@ class Cluster:
 
     # -- bring-up
 
+    def write_tls_files(self) -> Path:
+        """The local CA and one certificate naming every member's host name, written by the
+        image's own `stratus tls local-ca` in a throwaway container and copied out."""
+        directory = Path(self.secret_directory) / "tls"
+        if directory.exists():
+            return directory
+        name = self.container("tls")
+        hosts = [argument for role in ["coordinator", *self.servers] for argument in ("--host", role)]
+        docker("create", "--name", name, *self.labels(), self.image,
+               "tls", "local-ca", "--dir", "/tmp/tls", *hosts)
+        self.containers.append(name)
+        docker("start", "--attach", name)
+        docker("cp", f"{name}:/tmp/tls", str(directory))
+        return directory
+
     def create(self) -> None:
         docker("network", "create", "--internal", *self.labels(), self.network)
         self.network_created = True
@@ -183,29 +201,40 @@ class Cluster:
 
     def run_container(self, role: str, command: list[str], volume: str | None = None) -> None:
         """Starts `role`'s container. The coordinator and the servers run in secure mode: each
-        gets the run's cluster secret, copied in with `docker cp` before it starts (works with a
-        remote engine too), so they admit only each other to server-to-server operations; the
-        workload is a client and gets none."""
+        gets the run's cluster secret and the local CA's certificate and key, copied in with
+        `docker cp` before it starts (works with a remote engine too), so they speak only TLS
+        and admit only each other to server-to-server operations; the workload is a client and
+        gets the CA alone."""
         name = self.container(role)
         member = role != "client"
+        tls = f"{TLS_DIRECTORY}/"
         arguments = ["--name", name, "--hostname", role,
                      "--network", self.network, "--network-alias", role,
-                     "--env", "NO_COLOR=1", *self.labels()]
+                     "--env", "NO_COLOR=1", *self.labels(),
+                     "--env", f"STRATUS_TLS_CA_FILE={tls}ca.pem"]
         if member:
-            arguments += ["--env", f"STRATUS_CLUSTER_SECRET_FILE={SECRET_PATH}"]
+            arguments += ["--env", f"STRATUS_CLUSTER_SECRET_FILE={SECRET_PATH}",
+                          "--env", f"STRATUS_TLS_CERT_FILE={tls}node.pem",
+                          "--env", f"STRATUS_TLS_KEY_FILE={tls}node-key.pem"]
         if volume:
             arguments += ["--volume", f"{volume}:/data"]
-        if not member:
-            docker("run", "--detach", *arguments, self.image, *command)
-            self.containers.append(name)
-            return
+        tls_files = self.write_tls_files()
         docker("create", *arguments, self.image, *command)
         self.containers.append(name)
-        secret_file = Path(self.secret_directory) / "cluster-secret"
-        if not secret_file.exists():
-            secret_file.write_text(secrets.token_hex(32) + "\n")
-        docker("cp", str(secret_file), f"{name}:{SECRET_PATH}")
+        docker("cp", str(tls_files), f"{name}:{TLS_DIRECTORY}")
+        if member:
+            secret_file = Path(self.secret_directory) / "cluster-secret"
+            if not secret_file.exists():
+                secret_file.write_text(secrets.token_hex(32) + "\n")
+            docker("cp", str(secret_file), f"{name}:{SECRET_PATH}")
         docker("start", name)
+
+    def check_tls(self) -> None:
+        """Every member said it speaks TLS (its certificate came through), or the run fails."""
+        for role in ["coordinator", *self.servers]:
+            logs = docker("logs", self.container(role), check=False, merge=True).stdout or ""
+            if "speaks TLS on every listener" not in logs:
+                raise RunFailed(f"{role} does not say it speaks TLS:\n{logs[-2000:]}")
 
     def start_workload(self, seed: int) -> None:
         a = self.arguments
@@ -599,6 +628,7 @@ def main() -> int:
         cluster.create()
         log(f"cluster starting: coordinator and {arguments.servers} servers on {cluster.network}")
         took = cluster.wait_healthy(60.0, deadline, history)
+        cluster.check_tls()
         log(f"cluster healthy after {took:.1f}s; starting the workload")
         cluster.start_workload(seed)
         mixed_end = time.monotonic() + arguments.seconds

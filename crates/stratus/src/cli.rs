@@ -82,6 +82,26 @@ pub enum Command {
     /// key read back and the history checked for linearizability and lost writes. Exit status
     /// 0 pass, 2 violation, 3 inconclusive.
     Workload(crate::workload::WorkloadArguments),
+    /// TLS files for a test bed.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+}
+
+/// `stratus tls ...`
+#[derive(Debug, Subcommand)]
+pub enum TlsCommand {
+    /// Write a local CA, one certificate for every coordinator and server (naming loopback
+    /// and each --host) and one client certificate into --dir, as `stratus up --secure` does
+    /// for its own cluster: for a cluster of containers or a few machines on a private network.
+    /// Keeps the files already there. Production clusters use their own CA.
+    LocalCa {
+        /// Directory for ca.pem, ca-key.pem, node.pem, node-key.pem, client.pem, client-key.pem.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// A host name or IP address the node certificate must name (repeat for each).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+    },
 }
 
 /// `stratus resp`: database n is the table `<table-prefix>n`.
@@ -380,6 +400,19 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
             crate::roles::run_server(role, &arguments.tls, &arguments.coordinator)
         }
         Command::Bench(bench) => stratus_bench::run(bench, &arguments.coordinator),
+        Command::Tls(TlsCommand::LocalCa { dir, hosts }) => {
+            let (files, created) = stratus_tls::local_authority::ensure(&dir, &hosts)
+                .map_err(|error| format!("local CA: {error}"))?;
+            let verb = if created { "wrote" } else { "kept" };
+            println!(
+                "{verb} a local CA in {}: clients trust {}, every process shows {} (key {})",
+                dir.display(),
+                files.ca_certificate.display(),
+                files.node_certificate.display(),
+                files.node_key.display()
+            );
+            Ok(())
+        }
         Command::Resp(resp) => {
             let password = read_password(arguments.password_file.as_deref())?;
             run_resp(resp, &arguments.coordinator, arguments.timeout_ms, password, &arguments.tls)
@@ -663,6 +696,7 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
         | Command::Server(_)
         | Command::Resp(_)
         | Command::Bench(_)
+        | Command::Tls(_)
         | Command::Workload(_) => {
             unreachable!("roles are dispatched before the client starts")
         }

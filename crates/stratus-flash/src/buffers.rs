@@ -13,7 +13,9 @@
 //! 3. An appender counts itself in `writers` *before* it checks `base` and reserves, and out
 //!    after its copy (all SeqCst). Sealing is a SeqCst `fetch_or` on `fill`. So once the flusher
 //!    has seen the seal and then `writers == 0`, every reservation made is fully copied and no
-//!    new one can be made: the flusher reads exactly `fill & !SEALED` complete bytes.
+//!    new one can be made: the flusher reads exactly `fill & !SEALED` complete bytes. Appenders
+//!    that only look (and find the buffer sealed or not at their slot) may still count in and
+//!    out after that; `recycle` waits them out before it unseals (see there).
 //! 4. A slot address is assigned to a buffer at most once in the life of the log (slots only
 //!    grow), so `base` doubles as the buffer's generation: a reader copies, then checks `base`
 //!    again after an acquire fence (a seqlock); writers of the next incarnation issue a release
@@ -120,6 +122,13 @@ impl FlushBuffer {
     /// Reserves `length` bytes (a multiple of 8) if this buffer is current at `slot`.
     pub(crate) fn reserve(&self, slot: u64, length: u64) -> Reservation<'_> {
         assert_eq!(length % 8, 0);
+        // Fast refusal without counting in: appenders retrying after `BuffersBusy` poll the
+        // sealed current buffer, and counting them would make the flusher wait for them.
+        // Refusing early is always safe (the caller only retries); the checks that decide a
+        // reservation are the ones below, made after counting in (invariant 3).
+        if self.base.load(Ordering::SeqCst) != slot || self.fill().1 {
+            return Reservation::NotCurrent;
+        }
         self.writers.fetch_add(1, Ordering::SeqCst);
         let guard_if = |offset| WriteGuard { buffer: self, offset, length };
         if self.base.load(Ordering::SeqCst) != slot {
@@ -155,10 +164,29 @@ impl FlushBuffer {
     }
 
     /// Processing → ready, after the buffer's bytes are durable on the device (invariant 4).
+    ///
+    /// Appenders may still be counted in `writers` here: ones polling the sealed buffer after
+    /// `BuffersBusy` count in before they look at `base` and `fill` (invariant 3). So `base`
+    /// goes first: an appender counting in after it sees `NO_SLOT` and leaves. One that counted
+    /// in before it may still be about to read `fill`, so `fill` stays sealed until every such
+    /// appender has left; only then is it reset. Resetting it earlier would let that appender
+    /// reserve in a ready buffer at an address of the old slot.
     pub(crate) fn recycle(&self) {
         assert!(self.fill().1, "recycling a buffer that was never sealed");
-        assert_eq!(self.writers(), 0, "recycling a buffer with appenders copying");
         self.base.store(NO_SLOT, Ordering::SeqCst);
+        // Every appender still counted in sees the seal and leaves at once (a load and a
+        // decrement: no copy can be in progress in a sealed buffer the flusher has written,
+        // since it wrote only once `writers` was 0 after the seal), so this wait is short.
+        let mut spins = 0u32;
+        while self.writers() != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The appender was preempted between its two steps: let it run.
+                std::thread::yield_now();
+            }
+        }
         self.fill.store(0, Ordering::SeqCst);
     }
 

@@ -46,10 +46,21 @@ impl BackgroundFlusher {
         BackgroundFlusher { stop, thread: Some(thread) }
     }
 
-    /// Stops the thread; the last device error it met, if any.
+    /// Whether the thread has ended: only after `stop`, or when it panicked (appenders then
+    /// wait on `BuffersBusy` for ever, so a caller waiting for buffers can check this).
+    pub fn has_ended(&self) -> bool {
+        self.thread.as_ref().is_none_or(|thread| thread.is_finished())
+    }
+
+    /// Stops the thread; the last device error it met, if any. A panic of the thread (a bug,
+    /// not a device error) is raised again here, on the caller's thread, rather than hidden.
     pub fn stop(mut self) -> Option<FlashError> {
         self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().and_then(|thread| thread.join().unwrap_or(None))
+        let thread = self.thread.take()?;
+        match thread.join() {
+            Ok(last_error) => last_error,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 
@@ -57,7 +68,12 @@ impl Drop for BackgroundFlusher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // As in `stop`, unless this thread is already unwinding (a second panic aborts).
+            if let Err(panic) = thread.join() {
+                if !std::thread::panicking() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Cleaning: read a closed segment, relocate its live entries through the normal append path,
 //! and retire it. The index belongs to the caller, so the cleaner asks it (through
 //! [`RelocationIndex`]) which objects are live and moves each with a compare on the old
-//! address: an object written or locked meanwhile is never overwritten by its old copy, and
-//! the copy is noted dead instead.
+//! address, made under the index's lock before any copy exists: an object written or locked
+//! meanwhile is never copied, so every copy in the log is one the index points at.
 //!
 //! Tombstones: a tombstone is kept while the segment of the object version it kills still holds
 //! entries (RAMCloud's rule): until then, a restart could find that version and needs the
@@ -17,18 +17,33 @@ use crate::scan::{SegmentEntries, SegmentItem};
 use crate::segments::SegmentState;
 
 /// The caller's index, as the cleaner needs it.
+///
+/// Contract: a copy of an object exists in the log only if the index points at it. A copy that
+/// the index refused (the object was overwritten, deleted or locked meanwhile) would be a
+/// duplicate no tombstone names: a later delete names the original's address, its tombstone is
+/// dropped once the original's segment is freed, and a restart would bring the copy back. So
+/// the index decides *before* the copy is made, and makes it inside its own atomic step.
 pub trait RelocationIndex {
-    /// Whether the index points at `address` for this object (it is the live version).
+    /// Whether the index points at `address` for this object (it is the live version). A hint
+    /// that saves copying dead objects; `relocate` decides.
     fn is_live(&mut self, entry: &EntryRef<'_>, address: FlashAddress) -> bool;
 
-    /// Points the index at `new` if it still points at `old` and the object is not locked, as
-    /// one atomic step in the index (a compare-and-swap on the old address and the lock).
+    /// Moves the object from `old` as one atomic step in the index, with the object's entry
+    /// held stable (under its lock in the index) throughout:
+    ///
+    /// - the index no longer points at `old`: return `Superseded` without calling `copy`;
+    /// - the object is locked (a transaction holds it): return `Locked` without calling `copy`;
+    /// - otherwise call `copy` exactly once; on `Ok(new)` point the index at `new` and return
+    ///   `Moved`; on `Err` leave the index as it is and return the error.
+    ///
+    /// `copy` appends the object (it may flush, so it may do device I/O). The cleaner asserts
+    /// this contract: a copy made for any answer but `Moved` panics.
     fn relocate(
         &mut self,
         entry: &EntryRef<'_>,
         old: FlashAddress,
-        new: FlashAddress,
-    ) -> Relocation;
+        copy: &mut dyn FnMut() -> Result<FlashAddress, FlashError>,
+    ) -> Result<Relocation, FlashError>;
 }
 
 /// The index's answer to a relocation.
@@ -37,10 +52,10 @@ pub enum Relocation {
     /// The index now points at the copy.
     Moved,
     /// The index no longer points at the old address (a write or delete came first): the old
-    /// entry and the copy are both dead.
+    /// entry is dead and no copy was made.
     Superseded,
     /// The index still points at the old address but the object is locked (a transaction holds
-    /// it): the copy is dead and the segment must stay, so this pass gives it up.
+    /// it): no copy was made, and the segment must stay, so this pass gives it up.
     Locked,
 }
 
@@ -76,8 +91,6 @@ pub struct CleanOutcome {
     pub entries_dropped: u64,
     /// Bytes appended for the copies.
     pub bytes_relocated: u64,
-    /// Bytes that were torn or corrupt and not read past (should be zero for a closed segment).
-    pub bytes_unreadable: u64,
 }
 
 impl FlashLog {
@@ -85,19 +98,29 @@ impl FlashLog {
     /// it is freed once the copies are durable (a later `flush_ready`) and every read that could
     /// point into it has ended. On `BuffersBusy` the cleaner flushes and retries. A locked
     /// object (`Relocation::Locked`) or any error leaves the segment closed: copies already made
-    /// are moved in the index or noted dead, and a later pass finishes the work.
+    /// are moved in the index, and a later pass finishes the work. A segment that is not closed
+    /// is `SegmentNotClosed`. A segment with bytes that do not verify is `Format` (its first
+    /// tear), before anything is copied, and stays closed: cleaning it would free the live
+    /// objects its walk cannot see past the tear.
     pub fn clean_segment(
         &self,
         segment: SegmentNumber,
         index: &mut dyn RelocationIndex,
     ) -> Result<CleanOutcome, FlashError> {
-        assert_eq!(
-            self.table().state(segment),
-            Some(SegmentState::Closed),
-            "cleaning a segment that is not closed"
-        );
+        let state = self.table().state(segment);
+        if state != Some(SegmentState::Closed) {
+            return Err(FlashError::SegmentNotClosed { segment, state });
+        }
         let geometry = self.config().geometry;
         let image = self.read_segment(segment)?;
+        // A tear hides every entry after it in its slot: cleaning would free live objects it
+        // never saw. So a segment with any bytes that do not verify is refused before any copy
+        // is made, and stays closed (its readable entries stay readable) for the operator.
+        let mut check = image.entries();
+        check.by_ref().for_each(drop);
+        if let Some(tear) = check.report().tears.first() {
+            return Err(FlashError::Format { address: tear.address, error: tear.error });
+        }
         let mut outcome = CleanOutcome::default();
         // The log end the copies must be durable up to before the segment may go (0: no copy).
         let mut durable_at = 0;
@@ -116,31 +139,45 @@ impl FlashLog {
                 outcome.entries_dropped += 1;
                 continue;
             }
-            let new_address = self.append_flushing(&entry)?;
-            durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
-            outcome.bytes_relocated += entry_bytes as u64;
             if entry.kind == EntryKind::Tombstone {
+                let new_address = self.append_flushing(&entry)?;
+                durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+                outcome.bytes_relocated += entry_bytes as u64;
                 outcome.tombstones_kept += 1;
                 continue;
             }
-            match index.relocate(&entry, address, new_address) {
-                Relocation::Moved => {
+            let mut copied = None;
+            let mut copy = || {
+                assert!(copied.is_none(), "RelocationIndex::relocate copied an object twice");
+                let new_address = self.append_flushing(&entry)?;
+                copied = Some(new_address);
+                Ok(new_address)
+            };
+            let relocation = index.relocate(&entry, address, &mut copy);
+            match (relocation, copied) {
+                (Ok(Relocation::Moved), Some(new_address)) => {
+                    durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+                    outcome.bytes_relocated += entry_bytes as u64;
                     // Counted so a pass that gives up later leaves the segment's count right.
                     self.note_dead(address, entry_bytes);
                     outcome.objects_relocated += 1;
                 }
-                Relocation::Superseded => {
-                    self.note_dead(new_address, entry_bytes);
-                    outcome.objects_superseded += 1;
+                (Ok(Relocation::Moved), None) => {
+                    panic!("RelocationIndex::relocate answered Moved without copying")
                 }
-                Relocation::Locked => {
-                    self.note_dead(new_address, entry_bytes);
+                (Ok(Relocation::Superseded), None) => outcome.objects_superseded += 1,
+                (Ok(Relocation::Locked), None) => {
                     outcome.gave_up_on_lock = true;
                     return Ok(outcome);
                 }
+                (Err(error), None) => return Err(error),
+                (answer, Some(copy)) => panic!(
+                    "RelocationIndex::relocate copied the object to {copy:?} but answered \
+                     {answer:?}: the copy would be a duplicate no tombstone names"
+                ),
             }
         }
-        outcome.bytes_unreadable = entries.report().unreadable_bytes;
+        assert!(entries.report().tears.is_empty(), "the segment verified before the pass");
         self.table().mark_cleaned(segment, durable_at);
         Ok(outcome)
     }

@@ -83,6 +83,29 @@ pub enum FlashError {
         /// The key's length.
         key_bytes: usize,
     },
+    /// The entry breaks a rule of the format that the decoder checks (a tombstone without a
+    /// dead address or with a value, an object with a dead address): appending it would make
+    /// the restart scan skip the rest of its slot.
+    InvalidEntry {
+        /// The rule it breaks, as the decoder would report it.
+        error: FormatError,
+    },
+    /// The number of flush buffers is out of bounds or exceeds the slots of a segment (then
+    /// several segments could be allocated ahead of the flusher, and a crash would leave
+    /// header-less segments that are not the highest).
+    FlushBuffersInvalid {
+        /// The number asked for.
+        flush_buffers: usize,
+        /// Buffer slots per segment in the geometry.
+        slots_per_segment: u64,
+    },
+    /// `clean_segment` was given a segment that is not closed.
+    SegmentNotClosed {
+        /// The segment.
+        segment: SegmentNumber,
+        /// Its state (`None`: not in the table).
+        state: Option<crate::segments::SegmentState>,
+    },
     /// The segment and buffer sizes do not make a valid layout.
     InvalidGeometry {
         /// The segment size asked for.

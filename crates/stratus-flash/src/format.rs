@@ -95,6 +95,18 @@ impl<'a> EntryRef<'a> {
         }
     }
 
+    /// Checks the rules of the format that the decoder checks on fields an `EntryRef` can get
+    /// wrong: exactly tombstones carry a dead address, and tombstones carry no value.
+    pub fn check(&self) -> Result<(), FormatError> {
+        if self.kind == EntryKind::Tombstone && !self.value.is_empty() {
+            return Err(FormatError::Malformed("tombstone with a value"));
+        }
+        if (self.kind == EntryKind::Object) != (self.dead_address.0 == 0) {
+            return Err(FormatError::Malformed("dead address"));
+        }
+        Ok(())
+    }
+
     /// Encodes the entry into `out`, which must be exactly `encoded_bytes()` long.
     pub fn encode_into(&self, out: &mut [u8]) {
         assert_eq!(out.len(), self.encoded_bytes(), "entry buffer of the wrong size");

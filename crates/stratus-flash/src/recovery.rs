@@ -153,7 +153,8 @@ impl Rebuild {
 enum HeaderCheck {
     /// This log's, with this geometry: walk it.
     Valid,
-    /// Does not verify, in the highest segment: torn at the crash; discard it.
+    /// Does not verify, in the highest segment, and no entry past it does: torn at the crash;
+    /// discard it.
     TornHead(FormatError),
 }
 
@@ -166,7 +167,14 @@ fn check_header(
 ) -> Result<HeaderCheck, FlashError> {
     let header = match SegmentHeader::decode(bytes) {
         Ok(header) => header,
-        Err(error) if highest => return Ok(HeaderCheck::TornHead(error)),
+        // A torn first write leaves no entry that verifies past the header (the header and the
+        // slot's entries are one write). If any does, the header rotted on a segment that may
+        // hold acknowledged entries: refuse rather than delete them.
+        Err(error)
+            if highest && SegmentEntries::new(bytes, segment, config.geometry).next().is_none() =>
+        {
+            return Ok(HeaderCheck::TornHead(error));
+        }
         Err(error) => {
             let address = config.geometry.segment_start(segment);
             return Err(FlashError::Format { address, error });
@@ -182,12 +190,15 @@ fn check_header(
 }
 
 /// Opens the log on `device` and rebuilds its index; see the module documentation. A segment
-/// header that does not verify anywhere but in the highest segment is refused
-/// (`FlashError::Format`): that is corruption, not a crash, and guessing would lose data.
+/// header that does not verify is refused (`FlashError::Format`): that is corruption, not a
+/// crash, and guessing would lose data. The one exception is the highest segment when nothing
+/// past its header verifies either: a crash during its first write, which held nothing
+/// acknowledged; it is discarded and reported.
 pub fn recover(
     device: Arc<dyn FlashDevice>,
     config: FlashConfig,
 ) -> Result<(FlashLog, Recovery), FlashError> {
+    config.check()?;
     let geometry = config.geometry;
     let segments = device.segments()?;
     let highest = segments.last().copied();

@@ -41,14 +41,14 @@ impl RelocationIndex for SharedRelocation<'_> {
         &mut self,
         entry: &EntryRef<'_>,
         old: FlashAddress,
-        new: FlashAddress,
-    ) -> Relocation {
+        copy: &mut dyn FnMut() -> Result<FlashAddress, FlashError>,
+    ) -> Result<Relocation, FlashError> {
         match self.0.lock().unwrap().get_mut(entry.key) {
             Some(located) if located.address == old => {
-                located.address = new;
-                Relocation::Moved
+                located.address = copy()?;
+                Ok(Relocation::Moved)
             }
-            _ => Relocation::Superseded,
+            _ => Ok(Relocation::Superseded),
         }
     }
 }

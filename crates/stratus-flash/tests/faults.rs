@@ -205,6 +205,8 @@ fn a_segment_of_another_log_or_geometry_is_refused_at_restart() {
     );
     let mut other_geometry = small_config();
     other_geometry.geometry = stratus_flash::Geometry::new(64 << 10, 32 << 10).unwrap();
+    // Two slots a segment take at most two buffers (`FlashConfig::check`).
+    other_geometry.flush_buffers = 2;
     assert_eq!(
         recover(Arc::new(device), other_geometry).err(),
         Some(FlashError::GeometryMismatch { segment: SegmentNumber(1) })

@@ -45,6 +45,9 @@ impl FlashLog {
             if entry.key.len() > KEY_BYTES_MAX {
                 return Err(FlashError::KeyTooLarge { key_bytes: entry.key.len() });
             }
+            // What the decoder would reject must not reach the log: the restart scan would
+            // skip the rest of the slot, entries appended after this one included.
+            entry.check().map_err(|error| FlashError::InvalidEntry { error })?;
             total_bytes += entry.encoded_bytes();
         }
         let entry_bytes_max = self.config.geometry.entry_bytes_max();

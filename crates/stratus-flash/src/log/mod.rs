@@ -58,6 +58,26 @@ impl FlashConfig {
     }
 }
 
+impl FlashConfig {
+    /// Checks what the geometry alone cannot: the number of flush buffers is within bounds and
+    /// at most the slots of a segment. Buffers in flight (sealed or current) then span at most
+    /// two segments, so after a crash only the highest segment can lack its header (the
+    /// restart scan discards it); with more buffers than slots, several segments could be
+    /// allocated ahead of the flusher and a crash would leave header-less ones below the
+    /// highest, which recovery must refuse.
+    pub fn check(&self) -> Result<(), FlashError> {
+        let slots_per_segment = self.geometry.segment_bytes() / self.geometry.buffer_bytes();
+        let in_bounds = (FLUSH_BUFFERS_MIN..=FLUSH_BUFFERS_MAX).contains(&self.flush_buffers);
+        if !in_bounds || self.flush_buffers as u64 > slots_per_segment {
+            return Err(FlashError::FlushBuffersInvalid {
+                flush_buffers: self.flush_buffers,
+                slots_per_segment,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The head: which buffer is current and which slot comes next. Changed only under its lock.
 #[derive(Debug)]
 struct Head {
@@ -105,7 +125,10 @@ impl FlashLog {
         device: Arc<dyn FlashDevice>,
         config: FlashConfig,
     ) -> Result<FlashLog, FlashError> {
-        assert!(device.segments()?.is_empty(), "creating a log on a device that holds segments");
+        config.check()?;
+        if !device.segments()?.is_empty() {
+            return Err(FlashError::DeviceNotEmpty);
+        }
         Ok(FlashLog::with_table(
             device,
             config,
@@ -120,10 +143,7 @@ impl FlashLog {
         table: SegmentTable,
         first_segment: SegmentNumber,
     ) -> FlashLog {
-        assert!(
-            (FLUSH_BUFFERS_MIN..=FLUSH_BUFFERS_MAX).contains(&config.flush_buffers),
-            "flush buffer count out of bounds"
-        );
+        assert_eq!(config.check(), Ok(()), "a log opened with a config not checked");
         let geometry = config.geometry;
         let buffers =
             (0..config.flush_buffers).map(|_| FlushBuffer::new(geometry.buffer_bytes())).collect();

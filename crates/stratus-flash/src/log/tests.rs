@@ -186,10 +186,10 @@ impl crate::RelocationIndex for MoveAll {
         &mut self,
         _entry: &EntryRef<'_>,
         old: FlashAddress,
-        new: FlashAddress,
-    ) -> crate::Relocation {
-        self.0.insert(old, new);
-        crate::Relocation::Moved
+        copy: &mut dyn FnMut() -> Result<FlashAddress, FlashError>,
+    ) -> Result<crate::Relocation, FlashError> {
+        self.0.insert(old, copy()?);
+        Ok(crate::Relocation::Moved)
     }
 }
 

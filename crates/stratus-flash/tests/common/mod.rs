@@ -158,16 +158,18 @@ impl RelocationIndex for RacingIndex<'_> {
         &mut self,
         entry: &EntryRef<'_>,
         old: FlashAddress,
-        new: FlashAddress,
-    ) -> Relocation {
-        let Some(located) = self.index.get_mut(entry.key) else { return Relocation::Superseded };
+        copy: &mut dyn FnMut() -> Result<FlashAddress, FlashError>,
+    ) -> Result<Relocation, FlashError> {
+        let Some(located) = self.index.get_mut(entry.key) else {
+            return Ok(Relocation::Superseded);
+        };
         if located.address != old {
-            return Relocation::Superseded;
+            return Ok(Relocation::Superseded);
         }
         if self.locked.contains(entry.key) {
-            return Relocation::Locked;
+            return Ok(Relocation::Locked);
         }
-        located.address = new;
-        Relocation::Moved
+        located.address = copy()?;
+        Ok(Relocation::Moved)
     }
 }

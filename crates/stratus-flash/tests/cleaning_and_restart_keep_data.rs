@@ -1,0 +1,196 @@
+//! Regression tests: cleaning, appending and restarting never lose an acknowledged object and
+//! never bring back a deleted one, whatever the index answers, the media rots or the
+//! configuration asks for.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use common::{delete, put, restart, small_config, Located, RacingIndex, TABLE};
+use stratus_flash::{
+    recover, CleanOutcome, CostBenefit, EntryRef, FlashAddress, FlashConfig, FlashError, FlashLog,
+    FormatError, Geometry, MemoryDevice, SegmentNumber, SegmentState,
+};
+
+fn segment_of(log: &FlashLog, address: FlashAddress) -> SegmentNumber {
+    log.config().geometry.segment_of(address)
+}
+
+fn head_segment(log: &FlashLog) -> SegmentNumber {
+    log.segment_stats().last().unwrap().segment
+}
+
+/// Writes 1 000-byte fillers until `until` holds.
+fn fill_until(
+    log: &FlashLog,
+    index: &mut HashMap<Vec<u8>, Located>,
+    next: &mut u64,
+    mut until: impl FnMut(&FlashLog) -> bool,
+) {
+    while !until(log) {
+        let key = format!("filler-{next}").into_bytes();
+        put(log, index, &key, &[1u8; 1000], *next).unwrap();
+        *next += 1;
+    }
+}
+
+fn state(log: &FlashLog, segment: SegmentNumber) -> Option<SegmentState> {
+    log.segment_stats().into_iter().find(|stats| stats.segment == segment).map(|stats| stats.state)
+}
+
+fn clean(
+    log: &FlashLog,
+    index: &mut HashMap<Vec<u8>, Located>,
+    segment: SegmentNumber,
+    locked: &[&[u8]],
+    next: &mut u64,
+) -> Result<CleanOutcome, FlashError> {
+    let mut racing = RacingIndex {
+        log,
+        index,
+        racing: HashSet::new(),
+        locked: locked.iter().map(|key| key.to_vec()).collect(),
+        next_version: next,
+        raced: Vec::new(),
+    };
+    log.clean_segment(segment, &mut racing)
+}
+
+/// A pass that meets a locked object makes no copy of it: a copy no tombstone names would come
+/// back at restart once the object is deleted and the original's segment freed.
+#[test]
+fn a_deleted_object_stays_deleted_after_a_locked_pass_cleaning_and_restart() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    put(&log, &mut index, b"K", &[7u8; 1000], 1).unwrap();
+    let first = segment_of(&log, index[b"K".as_slice()].address);
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > first);
+    log.sync().unwrap();
+    assert_eq!(state(&log, first), Some(SegmentState::Closed));
+
+    // Pass 1: K is locked by a transaction; the pass gives the segment up.
+    let outcome = clean(&log, &mut index, first, &[b"K"], &mut next).unwrap();
+    assert!(outcome.gave_up_on_lock);
+    let copy_segment = head_segment(&log);
+    // Other writes move the head on, then K is deleted: the tombstone names `first`.
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > copy_segment);
+    delete(&log, &mut index, b"K").unwrap();
+    let tombstone_segment = head_segment(&log);
+    assert_ne!(tombstone_segment, copy_segment);
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > tombstone_segment);
+    log.sync().unwrap();
+
+    // Pass 2 over `first`: K is dead now; the segment goes.
+    clean(&log, &mut index, first, &[], &mut next).unwrap();
+    log.sync().unwrap();
+    log.flush_ready().unwrap();
+    assert_eq!(state(&log, first), None, "first segment freed");
+    // The tombstone's segment is cleaned: its dead segment is gone, so it is dropped.
+    clean(&log, &mut index, tombstone_segment, &[], &mut next).unwrap();
+    log.sync().unwrap();
+    log.flush_ready().unwrap();
+    assert_eq!(state(&log, tombstone_segment), None, "tombstone segment freed");
+
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(
+        !recovery.objects.contains_key(&(TABLE, b"K".to_vec())),
+        "deleted key K came back: {:?}",
+        recovery.objects.get(&(TABLE, b"K".to_vec()))
+    );
+}
+
+/// With fewer slots per segment than flush buffers, several segments could be allocated ahead
+/// of the flusher and a crash would leave header-less segments that are not the highest: such
+/// a configuration is refused up front.
+#[test]
+fn a_config_with_fewer_slots_per_segment_than_flush_buffers_is_refused() {
+    let config = FlashConfig {
+        geometry: Geometry::new(16 << 10, 16 << 10).unwrap(),
+        flush_buffers: 3,
+        log_id: 1,
+        cost_benefit: CostBenefit::AgeOverOnePlusUtilization,
+        cleaner_reserve_segments: 0,
+    };
+    let refusal = FlashError::FlushBuffersInvalid { flush_buffers: 3, slots_per_segment: 1 };
+    let device = MemoryDevice::new(16 << 10, 64 << 20);
+    assert_eq!(FlashLog::create(Arc::new(device.clone()), config).err(), Some(refusal.clone()));
+    assert_eq!(recover(Arc::new(device), config).err(), Some(refusal));
+}
+
+/// The appender refuses what the decoder would reject: such an entry would make the restart
+/// scan skip the rest of its slot, acknowledged entries included.
+#[test]
+fn entries_the_decoder_would_reject_are_refused_by_append() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    put(&log, &mut index, b"before", b"1", 1).unwrap();
+    let no_dead_address = EntryRef::tombstone(TABLE, b"never-on-flash", 2, FlashAddress(0));
+    let mut object_with_dead_address = EntryRef::object(TABLE, b"o", b"v", 2);
+    object_with_dead_address.dead_address = FlashAddress(1 << 20);
+    let mut tombstone_with_value = EntryRef::tombstone(TABLE, b"t", 2, FlashAddress(1 << 20));
+    tombstone_with_value.value = b"value";
+    for bad in [no_dead_address, object_with_dead_address, tombstone_with_value] {
+        assert!(
+            matches!(log.append(&bad), Err(FlashError::InvalidEntry { .. })),
+            "accepted {bad:?}"
+        );
+    }
+    put(&log, &mut index, b"after", b"3", 3).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(recovery.tears.is_empty(), "{:?}", recovery.tears);
+    assert!(recovery.objects.contains_key(&(TABLE, b"after".to_vec())));
+}
+
+/// A segment whose walk meets bytes that do not verify is not cleaned: live objects after the
+/// bad entry in its slot would be freed without being relocated.
+#[test]
+fn cleaning_a_segment_with_a_corrupt_entry_refuses_and_keeps_the_live_objects_after_it() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    put(&log, &mut index, b"A", &[1u8; 100], 1).unwrap();
+    put(&log, &mut index, b"B", &[2u8; 100], 2).unwrap();
+    let first = segment_of(&log, index[b"A".as_slice()].address);
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > first);
+    log.sync().unwrap();
+    // One byte of A's value rots on the media.
+    let a = log.config().geometry.offset_in_segment(index[b"A".as_slice()].address) as usize;
+    device.corrupt(first, a + 45, &[0xff]);
+    let refused = clean(&log, &mut index, first, &[], &mut next);
+    assert!(
+        matches!(refused, Err(FlashError::Format { error: FormatError::ChecksumMismatch, .. })),
+        "{refused:?}"
+    );
+    log.sync().unwrap();
+    log.flush_ready().unwrap();
+    assert_eq!(state(&log, first), Some(SegmentState::Closed), "left for the operator");
+    let b = index[b"B".as_slice()];
+    assert_eq!(log.read(b.address).unwrap().value, vec![2u8; 100]);
+}
+
+/// A bad header on the highest segment is taken for a torn first write only when nothing past
+/// it verifies; a segment holding verified (possibly acknowledged) entries is never deleted.
+#[test]
+fn a_corrupt_header_on_a_synced_highest_segment_is_refused_not_deleted() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    put(&log, &mut index, b"durable", b"1", 1).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    device.corrupt(SegmentNumber(1), 20, &[0xee]);
+    let refused = recover(Arc::new(device.clone()), small_config()).err();
+    assert!(
+        matches!(refused, Some(FlashError::Format { address, .. }) if address.0 == 64 << 10),
+        "{refused:?}"
+    );
+    assert_eq!(device.segments_present(), vec![SegmentNumber(1)], "nothing deleted");
+}

@@ -217,11 +217,12 @@ impl SegmentTable {
         }
     }
 
-    /// Removes and returns the freeing segments no read can still point into.
-    pub(crate) fn take_reclaimable(&mut self) -> Vec<SegmentNumber> {
+    /// The freeing segments no read can still point into. They stay in the table (and count
+    /// against the budget) until `forget` after their device free succeeded, so a failed free
+    /// is retried by the next `reclaim`.
+    pub(crate) fn reclaimable(&self) -> Vec<SegmentNumber> {
         let oldest_reader = self.readers.keys().next().copied();
-        let reclaimable: Vec<SegmentNumber> = self
-            .segments
+        self.segments
             .iter()
             .filter_map(|(&segment, info)| match info.state {
                 SegmentState::Freeing { epoch }
@@ -231,11 +232,16 @@ impl SegmentTable {
                 }
                 _ => None,
             })
-            .collect();
-        for segment in &reclaimable {
-            self.segments.remove(segment);
-        }
-        reclaimable
+            .collect()
+    }
+
+    /// Removes a freeing segment whose device space has been freed.
+    pub(crate) fn forget(&mut self, segment: SegmentNumber) {
+        let info = self.segments.remove(&segment).expect("forgetting a segment in the table");
+        assert!(
+            matches!(info.state, SegmentState::Freeing { .. }),
+            "forgetting segment {segment:?} that is not being freed"
+        );
     }
 
     /// Registers a read of `segment`: its epoch, or why it may not proceed.
@@ -342,9 +348,10 @@ mod tests {
             "late reads refused"
         );
         let late_read_elsewhere = table.begin_read(SegmentNumber(2)).unwrap();
-        assert!(table.take_reclaimable().is_empty(), "the early read is still in progress");
+        assert!(table.reclaimable().is_empty(), "the early read is still in progress");
         table.end_read(early_read);
-        assert_eq!(table.take_reclaimable(), vec![SegmentNumber(1)], "later reads do not hold it");
+        assert_eq!(table.reclaimable(), vec![SegmentNumber(1)], "later reads do not hold it");
+        table.forget(SegmentNumber(1));
         table.end_read(late_read_elsewhere);
         assert_eq!(table.begin_read(SegmentNumber(1)), Err(ReadRefusal::Freed));
         assert_eq!(table.begin_read(SegmentNumber(9)), Err(ReadRefusal::NotWritten));

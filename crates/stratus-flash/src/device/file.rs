@@ -103,6 +103,11 @@ impl FileDevice {
         self.directory.join(format!("{:016x}{SEGMENT_SUFFIX}", segment.0))
     }
 
+    /// fsync of the directory, so the creation or removal of a segment file is durable.
+    fn sync_directory(&self) -> std::io::Result<()> {
+        File::open(&self.directory)?.sync_all()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SegmentNumber, Arc<File>>> {
         self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -171,6 +176,13 @@ impl FlashDevice for FileDevice {
             segment,
             self.budget_bytes,
         ))?;
+        // fdatasync of the file makes its data durable, not its name: without this, a crash
+        // could lose the whole file, synced slots and all.
+        self.sync_directory().map_err(io_error(
+            IoOperation::Allocate,
+            segment,
+            self.budget_bytes,
+        ))?;
         files.insert(segment, Arc::new(file));
         Ok(())
     }
@@ -221,12 +233,18 @@ impl FlashDevice for FileDevice {
     fn free(&self, segment: SegmentNumber) -> Result<(), FlashError> {
         // Readers holding the file keep it readable until they drop it (unlink semantics), but
         // the log frees a segment only after its read epoch has drained anyway.
-        self.lock().remove(&segment);
-        std::fs::remove_file(self.path_of(segment)).map_err(io_error(
-            IoOperation::Free,
-            segment,
-            self.budget_bytes,
-        ))
+        let mut files = self.lock();
+        let error = io_error(IoOperation::Free, segment, self.budget_bytes);
+        match std::fs::remove_file(self.path_of(segment)) {
+            // Already gone: an earlier free unlinked it and failed after (at the directory sync).
+            Err(unlink) if unlink.kind() == std::io::ErrorKind::NotFound => {}
+            // Kept in the map: the segment still holds its space and the free can be retried.
+            Err(unlink) => return Err(error(unlink)),
+            Ok(()) => {}
+        }
+        files.remove(&segment);
+        // Without it, a crash could bring the unlinked file back (with segments after it gone).
+        self.sync_directory().map_err(error)
     }
 
     fn segments(&self) -> Result<Vec<SegmentNumber>, FlashError> {

@@ -27,6 +27,8 @@ struct Faults {
     read_errors: u32,
     /// How many of the next syncs fail.
     sync_errors: u32,
+    /// How many of the next frees fail, keeping the segment.
+    free_errors: u32,
 }
 
 #[derive(Debug)]
@@ -87,6 +89,11 @@ impl MemoryDevice {
     /// The next `count` syncs fail.
     pub fn fail_next_syncs(&self, count: u32) {
         self.lock().faults.sync_errors = count;
+    }
+
+    /// The next `count` frees fail; the segments stay.
+    pub fn fail_next_frees(&self, count: u32) {
+        self.lock().faults.free_errors = count;
     }
 
     /// Changes the space budget (a smaller one than is in use makes the next allocation fail).
@@ -192,7 +199,12 @@ impl FlashDevice for MemoryDevice {
     }
 
     fn free(&self, segment: SegmentNumber) -> Result<(), FlashError> {
-        let removed = self.lock().segments.remove(&segment);
+        let mut state = self.lock();
+        if state.faults.free_errors > 0 {
+            state.faults.free_errors -= 1;
+            return Err(injected(IoOperation::Free, segment));
+        }
+        let removed = state.segments.remove(&segment);
         assert!(removed.is_some(), "freeing segment {segment:?}, which does not exist");
         Ok(())
     }

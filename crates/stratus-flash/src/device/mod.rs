@@ -38,7 +38,9 @@ pub trait FlashDevice: Send + Sync + std::fmt::Debug {
     /// Makes every completed write to `segment` durable (fdatasync).
     fn sync(&self, segment: SegmentNumber) -> Result<(), FlashError>;
 
-    /// Removes a segment and returns its space to the budget.
+    /// Removes a segment and returns its space to the budget, durably (a crash after it
+    /// returns does not bring the segment back). On an error the segment stays present and
+    /// counted, and the free may be retried.
     fn free(&self, segment: SegmentNumber) -> Result<(), FlashError>;
 
     /// Every segment present, in increasing order (what a restart finds).

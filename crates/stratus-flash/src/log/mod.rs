@@ -110,6 +110,8 @@ pub struct FlashLog {
     /// Every address below this is on the device and synced.
     durable_end: AtomicU64,
     table: Mutex<SegmentTable>,
+    /// Serialises `reclaim`.
+    reclaiming: Mutex<()>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -160,6 +162,7 @@ impl FlashLog {
             }),
             durable_end: AtomicU64::new(first_slot),
             table: Mutex::new(table),
+            reclaiming: Mutex::new(()),
         }
     }
 
@@ -198,18 +201,30 @@ impl FlashLog {
 
     /// Frees every retired segment no read can still point into. Called by `flush_ready`;
     /// call it also after reads end when space is needed.
+    /// A segment whose free fails stays `Freeing` (holding its budget) and is retried by the
+    /// next call.
     pub fn reclaim(&self) -> Result<usize, FlashError> {
-        let reclaimable = lock(&self.table).take_reclaimable();
+        // One reclaim at a time: a segment stays in the table until its free succeeded, so two
+        // calls could otherwise free it twice.
+        let _reclaiming = lock(&self.reclaiming);
+        let reclaimable = lock(&self.table).reclaimable();
         // Every segment is freed even when one fails, so one bad unlink strands only itself.
         let mut first_error = None;
+        let mut freed = 0;
         for &segment in &reclaimable {
-            if let Err(error) = self.device.free(segment) {
-                first_error.get_or_insert(error);
+            match self.device.free(segment) {
+                Ok(()) => {
+                    lock(&self.table).forget(segment);
+                    freed += 1;
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
         }
         match first_error {
             Some(error) => Err(error),
-            None => Ok(reclaimable.len()),
+            None => Ok(freed),
         }
     }
 

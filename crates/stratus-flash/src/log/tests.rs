@@ -226,3 +226,49 @@ fn a_cleaned_segment_is_freed_only_once_its_relocated_copies_are_durable() {
     assert_eq!(log.read(live), Err(FlashError::SegmentFreed { address: live }));
     assert_eq!(log.read(copy).unwrap().value, b"kept");
 }
+
+#[test]
+fn a_segment_whose_free_fails_stays_counted_and_is_freed_by_a_later_reclaim() {
+    let (log, device) = small_log(1 << 20);
+    let value = vec![4u8; 3000];
+    while log.segment_stats().len() < 2 {
+        match log.append(&EntryRef::object(1, b"dead", &value, 2)) {
+            Err(FlashError::BuffersBusy) => {
+                log.flush_ready().unwrap();
+            }
+            other => {
+                let address = other.unwrap();
+                log.note_dead(address, EntryRef::object(1, b"dead", &value, 2).encoded_bytes());
+            }
+        }
+    }
+    log.flush_ready().unwrap();
+    log.clean_segment(SegmentNumber(1), &mut MoveAll(Default::default())).unwrap();
+    device.fail_next_frees(1);
+    assert!(matches!(log.sync(), Err(FlashError::Io { operation: crate::IoOperation::Free, .. })));
+    assert!(device.segments_present().contains(&SegmentNumber(1)));
+    assert!(
+        matches!(log.segment_stats()[0].state, SegmentState::Freeing { .. }),
+        "still counted against the budget"
+    );
+    assert_eq!(log.reclaim(), Ok(1), "retried");
+    assert!(!device.segments_present().contains(&SegmentNumber(1)));
+    assert_eq!(log.segment_stats()[0].segment, SegmentNumber(2));
+}
+
+#[test]
+fn cleaning_a_segment_that_is_not_closed_is_a_typed_error() {
+    let (log, _device) = small_log(1 << 20);
+    log.append(&EntryRef::object(1, b"k", b"v", 1)).unwrap();
+    assert_eq!(
+        log.clean_segment(SegmentNumber(1), &mut MoveAll(Default::default())).err(),
+        Some(FlashError::SegmentNotClosed {
+            segment: SegmentNumber(1),
+            state: Some(SegmentState::Open)
+        })
+    );
+    assert_eq!(
+        log.clean_segment(SegmentNumber(9), &mut MoveAll(Default::default())).err(),
+        Some(FlashError::SegmentNotClosed { segment: SegmentNumber(9), state: None })
+    );
+}

@@ -184,9 +184,12 @@ impl FlashLog {
 
     /// A segment's bytes as on the device, to walk its entries (`SegmentImage::entries`): what
     /// the cleaner relocates from, for a caller that relocates by itself. Reads one segment
-    /// (8 MiB by default) in one I/O.
+    /// (8 MiB by default) in one I/O. The read holds a read epoch like `read`, so the segment
+    /// is not freed under it; a segment freed or being freed is `SegmentFreed`, one never
+    /// allocated `NotWritten`.
     pub fn read_segment(&self, segment: SegmentNumber) -> Result<SegmentImage, FlashError> {
         let geometry = self.config().geometry;
+        let _reading = self.begin_read(geometry.segment_start(segment))?;
         let mut bytes = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
         let present = self.device().read_at(segment, 0, bytes.as_mut_slice())?;
         Ok(SegmentImage { bytes, present, segment, geometry })

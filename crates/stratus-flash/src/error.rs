@@ -121,7 +121,8 @@ pub enum FlashError {
     /// A new log was asked for on a device that already holds segments (restart with
     /// `recover` instead).
     DeviceNotEmpty,
-    /// A segment on the device belongs to another log (or is named for another segment).
+    /// A segment on the device belongs to another log, is named for another segment, or is
+    /// numbered past what 64-bit addresses of this geometry can reach.
     ForeignSegment {
         /// The segment.
         segment: SegmentNumber,

@@ -211,6 +211,14 @@ pub fn recover(
         tombstone_versions: HashMap::new(),
         tombstones: Vec::new(),
     };
+    // Every address of a segment and of the one after it (the next head) must fit 64 bits: a
+    // number past that is no segment this log could have written.
+    let addressable = |segment: SegmentNumber| {
+        segment.0.checked_add(2).and_then(|end| end.checked_mul(geometry.segment_bytes())).is_some()
+    };
+    if let Some(&segment) = segments.iter().find(|&&segment| !addressable(segment)) {
+        return Err(FlashError::ForeignSegment { segment });
+    }
     let mut buffer = AlignedBuffer::zeroed(geometry.segment_bytes() as usize);
     for &segment in &segments {
         let present = device.read_at(segment, 0, buffer.as_mut_slice())?;

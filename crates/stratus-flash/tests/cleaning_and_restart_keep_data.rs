@@ -194,3 +194,15 @@ fn a_corrupt_header_on_a_synced_highest_segment_is_refused_not_deleted() {
     );
     assert_eq!(device.segments_present(), vec![SegmentNumber(1)], "nothing deleted");
 }
+
+/// A segment number whose addresses would not fit 64 bits is refused, not an overflow.
+#[test]
+fn a_segment_numbered_past_the_address_space_is_refused_at_restart() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let huge = SegmentNumber(u64::MAX / (64 << 10));
+    stratus_flash::FlashDevice::allocate(&device, huge).unwrap();
+    assert_eq!(
+        recover(Arc::new(device), small_config()).err(),
+        Some(FlashError::ForeignSegment { segment: huge })
+    );
+}

@@ -183,7 +183,11 @@ impl FlashLog {
     }
 
     /// Records `bytes` at `address` as dead (its object was overwritten or deleted, or its
-    /// tombstone is no longer needed), for the cleaner's live-byte counts.
+    /// tombstone is no longer needed), for the cleaner's live-byte counts. Contract: each entry
+    /// is noted dead at most once, with its `entry_bytes`. Noting more than a segment holds is
+    /// a caller's bug: a debug assertion in tests, clamped in release builds (the counts only
+    /// steer which segment is cleaned first; cleaning relocates whatever the index says is
+    /// live).
     pub fn note_dead(&self, address: FlashAddress, bytes: usize) {
         let segment = self.config.geometry.segment_of(address);
         lock(&self.table).note_dead(segment, bytes as u64);

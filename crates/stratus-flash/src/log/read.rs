@@ -18,7 +18,7 @@ use crate::format::{decode_entry, entry_bytes_from_header, Decoded, OwnedEntry};
 use crate::segments::ReadRefusal;
 
 /// A registered read: ends its epoch when dropped, so a freed segment's space waits for it.
-struct ReadGuard<'a> {
+pub(crate) struct ReadGuard<'a> {
     log: &'a FlashLog,
     epoch: u64,
 }
@@ -45,12 +45,7 @@ impl FlashLog {
         address: FlashAddress,
         entry_bytes_hint: usize,
     ) -> Result<OwnedEntry, FlashError> {
-        let segment = self.config.geometry.segment_of(address);
-        let epoch = self.table().begin_read(segment).map_err(|refusal| match refusal {
-            ReadRefusal::Freed => FlashError::SegmentFreed { address },
-            ReadRefusal::NotWritten => FlashError::NotWritten { address },
-        })?;
-        let _guard = ReadGuard { log: self, epoch };
+        let _guard = self.begin_read(address)?;
         if address.0 >= self.durable_end.load(Ordering::SeqCst) {
             if let Some(entry) = self.read_buffered(address)? {
                 return Ok(entry);
@@ -60,6 +55,17 @@ impl FlashLog {
             }
         }
         self.read_device(address, entry_bytes_hint)
+    }
+
+    /// Registers a read of `address`'s segment for as long as the guard lives: the segment's
+    /// space is not freed meanwhile. `SegmentFreed` or `NotWritten` when it may not be read.
+    pub(crate) fn begin_read(&self, address: FlashAddress) -> Result<ReadGuard<'_>, FlashError> {
+        let segment = self.config.geometry.segment_of(address);
+        let epoch = self.table().begin_read(segment).map_err(|refusal| match refusal {
+            ReadRefusal::Freed => FlashError::SegmentFreed { address },
+            ReadRefusal::NotWritten => FlashError::NotWritten { address },
+        })?;
+        Ok(ReadGuard { log: self, epoch })
     }
 
     /// The entry from the buffer holding its slot; `None` when no buffer holds it (any more).

@@ -254,6 +254,11 @@ fn a_segment_whose_free_fails_stays_counted_and_is_freed_by_a_later_reclaim() {
     assert_eq!(log.reclaim(), Ok(1), "retried");
     assert!(!device.segments_present().contains(&SegmentNumber(1)));
     assert_eq!(log.segment_stats()[0].segment, SegmentNumber(2));
+    assert_eq!(
+        log.read_segment(SegmentNumber(1)).err(),
+        Some(FlashError::SegmentFreed { address: FlashAddress(64 << 10) }),
+        "read_segment registers its read like read does"
+    );
 }
 
 #[test]

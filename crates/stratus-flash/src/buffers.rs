@@ -250,6 +250,31 @@ mod tests {
         assert_eq!(buffer.base(), NO_SLOT);
     }
 
+    /// The interleaving behind the flusher's panic and the misplaced reservation, made
+    /// deterministic: an appender polling the sealed buffer has counted itself in and has not
+    /// yet read `base` or `fill` when the flusher recycles.
+    #[test]
+    fn recycle_waits_for_counted_in_appenders_and_keeps_the_seal_until_they_leave() {
+        let buffer = FlushBuffer::new(64);
+        buffer.assign(4096, &[]);
+        buffer.seal();
+        buffer.writers.fetch_add(1, Ordering::SeqCst);
+        std::thread::scope(|scope| {
+            let recycling = scope.spawn(|| buffer.recycle());
+            while buffer.base() != NO_SLOT && !recycling.is_finished() {
+                std::thread::yield_now();
+            }
+            assert_eq!(buffer.base(), NO_SLOT, "the slot is cleared first");
+            // The polling appender now reads `fill`: sealed, so it reserves nothing.
+            assert!(buffer.fill().1, "unsealed while an appender could still read fill");
+            assert!(!recycling.is_finished(), "recycled with an appender counted in");
+            buffer.writers.fetch_sub(1, Ordering::SeqCst);
+            recycling.join().expect("recycle panicked");
+        });
+        assert_eq!(buffer.fill(), (0, false));
+        assert!(matches!(buffer.reserve(4096, 8), Reservation::NotCurrent), "old slot refused");
+    }
+
     #[test]
     fn a_writer_still_copying_is_counted_until_its_guard_drops() {
         let buffer = FlushBuffer::new(64);

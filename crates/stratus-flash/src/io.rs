@@ -165,6 +165,53 @@ mod tests {
         Arc::new(FlashLog::create(Arc::new(device), config).unwrap())
     }
 
+    /// A device whose writes panic, as a bug in the flush path would.
+    #[derive(Debug)]
+    struct PanickingWrites(MemoryDevice);
+
+    impl crate::FlashDevice for PanickingWrites {
+        fn allocate(&self, segment: crate::SegmentNumber) -> Result<(), FlashError> {
+            self.0.allocate(segment)
+        }
+        fn write_at(&self, _: crate::SegmentNumber, _: u64, _: &[u8]) -> Result<(), FlashError> {
+            panic!("a bug in the flush path")
+        }
+        fn read_at(
+            &self,
+            segment: crate::SegmentNumber,
+            offset: u64,
+            out: &mut [u8],
+        ) -> Result<usize, FlashError> {
+            self.0.read_at(segment, offset, out)
+        }
+        fn sync(&self, segment: crate::SegmentNumber) -> Result<(), FlashError> {
+            self.0.sync(segment)
+        }
+        fn free(&self, segment: crate::SegmentNumber) -> Result<(), FlashError> {
+            self.0.free(segment)
+        }
+        fn segments(&self) -> Result<Vec<crate::SegmentNumber>, FlashError> {
+            self.0.segments()
+        }
+        fn budget_bytes(&self) -> u64 {
+            self.0.budget_bytes()
+        }
+    }
+
+    #[test]
+    fn stop_raises_a_panic_of_the_flusher_thread_instead_of_hiding_it() {
+        let device = PanickingWrites(MemoryDevice::new(64 << 10, 64 << 20));
+        let log = Arc::new(FlashLog::create(Arc::new(device), log().config().to_owned()).unwrap());
+        log.append(&EntryRef::object(1, b"k", b"v", 1)).unwrap();
+        log.seal_current();
+        let flusher = BackgroundFlusher::spawn(Arc::clone(&log), Duration::from_micros(50));
+        while !flusher.has_ended() {
+            std::thread::yield_now();
+        }
+        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| flusher.stop()));
+        assert!(stopped.is_err(), "the flusher's panic was hidden: {stopped:?}");
+    }
+
     #[test]
     fn the_background_flusher_frees_buffers_for_appenders_and_the_pool_reads_every_entry() {
         let log = log();

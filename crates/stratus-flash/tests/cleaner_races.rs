@@ -94,6 +94,7 @@ fn readers_never_see_wrong_bytes_or_freed_segments_while_the_cleaner_runs() {
     let index: SharedIndex = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let segments_cleaned = Arc::new(AtomicU64::new(0));
+    let reads_done = Arc::new(AtomicU64::new(0));
 
     let cleaner = {
         let (log, index, done, cleaned) = (
@@ -118,6 +119,7 @@ fn readers_never_see_wrong_bytes_or_freed_segments_while_the_cleaner_runs() {
     let readers: Vec<_> = (0..2)
         .map(|reader| {
             let (log, index, done) = (Arc::clone(&log), Arc::clone(&index), Arc::clone(&done));
+            let reads_done = Arc::clone(&reads_done);
             std::thread::spawn(move || {
                 let (mut reads, mut retries) = (0u64, 0u64);
                 let mut number = reader;
@@ -137,6 +139,7 @@ fn readers_never_see_wrong_bytes_or_freed_segments_while_the_cleaner_runs() {
                                 assert_eq!(entry.version, located.version);
                                 assert_eq!(entry.value, value_of(located.version));
                                 reads += 1;
+                                reads_done.fetch_add(1, Ordering::SeqCst);
                                 break;
                             }
                             Err(FlashError::SegmentFreed { .. }) => retries += 1,
@@ -161,6 +164,14 @@ fn readers_never_see_wrong_bytes_or_freed_segments_while_the_cleaner_runs() {
         .collect();
     for writer in writers {
         writer.join().unwrap();
+    }
+    // On a loaded machine the writers may finish before the cleaner or a reader got a turn:
+    // the race is only tested once both have worked, so wait for that (bounded).
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while (segments_cleaned.load(Ordering::SeqCst) == 0 || reads_done.load(Ordering::SeqCst) == 0)
+        && std::time::Instant::now() < patience
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     done.store(true, Ordering::SeqCst);
     cleaner.join().unwrap();

@@ -697,11 +697,17 @@ fn print_tls_ratios(rows: &[Row]) {
         };
         let p50_ratio = with_tls.percentiles.p50_us / without.percentiles.p50_us;
         let throughput_ratio = with_tls.ops_per_sec / without.ops_per_sec;
-        let cpu_ratio = with_tls.cpu.system_us_per_op(with_tls.operations)
-            / without.cpu.system_us_per_op(without.operations).max(1e-9);
+        // CPU is counted in clock ticks (10 ms): a short phase may count none, and then there is
+        // no ratio to give.
+        let (cpu_with, cpu_without) = (
+            with_tls.cpu.system_us_per_op(with_tls.operations),
+            without.cpu.system_us_per_op(without.operations),
+        );
+        let cpu_ratio = (cpu_with > 0.0 && cpu_without > 0.0).then(|| cpu_with / cpu_without);
+        let cpu_text = cpu_ratio.map_or("-".to_string(), |ratio| format!("{ratio:.3}"));
         println!(
             "{} {base} {}: TLS on/off p50 {p50_ratio:.3}, throughput {throughput_ratio:.3}, \
-             CPU per op {cpu_ratio:.3} (goal: throughput >= 0.9, and Stratus's ratios no worse \
+             CPU per op {cpu_text} (goal: throughput >= 0.9, and Stratus's ratios no worse \
              than Redis's)",
             with_tls.configuration.system, with_tls.operation,
         );
@@ -713,7 +719,7 @@ fn print_tls_ratios(rows: &[Row]) {
             ("op", Field::Text(with_tls.operation.into())),
             ("p50_on_over_off", Field::Number(p50_ratio)),
             ("throughput_on_over_off", Field::Number(throughput_ratio)),
-            ("cpu_on_over_off", Field::Number(cpu_ratio)),
+            ("cpu_on_over_off", Field::optional_number(cpu_ratio)),
         ]);
     }
 }

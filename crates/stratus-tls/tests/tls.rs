@@ -59,6 +59,16 @@ async fn round_trip(client: &ClientTls, address: &str) -> std::io::Result<Vec<u8
     Ok(answer)
 }
 
+/// Waits (at most 10 s) until `tls` counted `failed` failed handshakes: the server side counts
+/// a failure after its alert is sent, so the client may see the refusal first.
+async fn wait_for_failed_handshakes(tls: &ServerTls, failed: u64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tls.handshakes_failed() < failed && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(tls.handshakes_failed(), failed);
+}
+
 fn authority(directory: &Path) -> LocalAuthorityFiles {
     ensure(directory, &[]).expect("local authority").0
 }
@@ -76,7 +86,7 @@ async fn a_client_that_trusts_the_ca_talks_and_one_that_does_not_is_refused() {
     assert!(refused.to_string().contains("TLS handshake"), "{refused}");
     // The listener goes on serving after a failed handshake.
     assert_eq!(round_trip(&client(&ours, false), &address).await.unwrap(), b"hello over tls");
-    assert!(tls.handshakes_failed() >= 1);
+    wait_for_failed_handshakes(&tls, 1).await;
 }
 
 #[tokio::test]
@@ -91,7 +101,7 @@ async fn required_client_certificates_refuse_a_client_without_one() {
     // TLS 1.3: the client finishes its side before the server checks its certificate, so the
     // refusal shows when the client reads.
     assert!(round_trip(&client(&ours, false), &address).await.is_err());
-    assert_eq!(tls.handshakes_failed(), 1);
+    wait_for_failed_handshakes(&tls, 1).await;
 }
 
 #[tokio::test]
@@ -155,7 +165,7 @@ async fn a_plain_text_client_fails_its_handshake_and_the_listener_goes_on() {
     let _ = plain.reader.read_to_end(&mut answer).await;
     assert!(!answer.starts_with(b"*1"));
     assert_eq!(round_trip(&client(&ours, false), &address).await.unwrap(), b"hello over tls");
-    assert_eq!(tls.handshakes_failed(), 1);
+    wait_for_failed_handshakes(&tls, 1).await;
 }
 
 #[test]

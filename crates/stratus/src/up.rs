@@ -842,22 +842,13 @@ fn cluster_security(
     arguments: &UpArguments,
     tls: &crate::roles::TlsArguments,
 ) -> Result<UpSecurity, String> {
+    // With --secure, a file not named by its flag lives in DIR/secrets.
     let secrets = arguments.dir.join("secrets");
-    let default_secret = || Some(secrets.join("cluster-secret"));
-    let secret_path = arguments.cluster_secret_file.clone().or_else(|| {
-        if arguments.secure {
-            default_secret()
-        } else {
-            None
-        }
-    });
-    let password_path = arguments.client_password_file.clone().or_else(|| {
-        if arguments.secure {
-            Some(secrets.join("client-password"))
-        } else {
-            None
-        }
-    });
+    let in_secrets = |name: &str| arguments.secure.then(|| secrets.join(name));
+    let secret_path =
+        arguments.cluster_secret_file.clone().or_else(|| in_secrets("cluster-secret"));
+    let password_path =
+        arguments.client_password_file.clone().or_else(|| in_secrets("client-password"));
     if arguments.secure {
         std::fs::create_dir_all(&secrets)
             .map_err(|error| format!("{}: {error}", secrets.display()))?;

@@ -143,13 +143,12 @@ mod tests {
         tokio::io::split(client)
     }
 
-    fn command(arguments: &[&[u8]]) -> Vec<u8> {
-        let mut bytes = format!("*{}\r\n", arguments.len()).into_bytes();
-        for argument in arguments {
-            bytes.extend_from_slice(format!("${}\r\n", argument.len()).as_bytes());
-            bytes.extend_from_slice(argument);
-            bytes.extend_from_slice(b"\r\n");
-        }
+    /// A command as a client sends it: an array of bulk strings (the gateway's own encoder).
+    fn command(arguments: &[&[u8]]) -> BytesMut {
+        let arguments =
+            arguments.iter().map(|argument| Value::BulkString(argument.to_vec().into()));
+        let mut bytes = BytesMut::new();
+        Value::Array(arguments.collect()).encode(crate::value::Protocol::Resp2, &mut bytes);
         bytes
     }
 

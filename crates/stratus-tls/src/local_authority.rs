@@ -64,6 +64,15 @@ impl LocalAuthorityFiles {
 /// written anew: a CA half written by a crash is not trusted). `Ok((files, true))` when they
 /// were just written. The node certificate names loopback and `hosts`.
 pub fn ensure(directory: &Path, hosts: &[String]) -> Result<(LocalAuthorityFiles, bool), TlsError> {
+    for host in hosts {
+        // The check a client applies to the host it dials: a name it could not match is
+        // refused here rather than written into a certificate no client accepts.
+        if rustls_pki_types::ServerName::try_from(host.as_str()).is_err() {
+            return Err(TlsError::Generate(format!(
+                "{host:?} is neither a DNS name nor an IP address"
+            )));
+        }
+    }
     let files = LocalAuthorityFiles::in_directory(directory);
     if files.all().iter().all(|path| path.is_file()) {
         return Ok((files, false));

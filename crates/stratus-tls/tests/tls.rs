@@ -69,6 +69,25 @@ async fn wait_for_failed_handshakes(tls: &ServerTls, failed: u64) {
     assert_eq!(tls.handshakes_failed(), failed);
 }
 
+/// A listener's TLS loaded from its own copy (in `directory`/live) of `authority`'s node
+/// certificate and key, and the copies' paths, for a test to replace them.
+fn listener_on_a_copy_of(
+    directory: &Path,
+    authority: &LocalAuthorityFiles,
+) -> (Arc<ServerTls>, std::path::PathBuf, std::path::PathBuf) {
+    let live = directory.join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    let (certificate, key) = (live.join("server.pem"), live.join("server-key.pem"));
+    std::fs::copy(&authority.node_certificate, &certificate).unwrap();
+    std::fs::copy(&authority.node_key, &key).unwrap();
+    let files = ServerTlsFiles {
+        certificate: certificate.clone(),
+        private_key: key.clone(),
+        client_certificates: ClientCertificates::NotAsked,
+    };
+    (ServerTls::load(files).unwrap(), certificate, key)
+}
+
 fn authority(directory: &Path) -> LocalAuthorityFiles {
     ensure(directory, &[]).expect("local authority").0
 }
@@ -120,19 +139,7 @@ async fn a_replaced_certificate_is_used_without_a_restart() {
     let directory = tempfile::tempdir().unwrap();
     let old = authority(&directory.path().join("old"));
     let new = authority(&directory.path().join("new"));
-    // The listener's own copy of the old authority's files.
-    let live = directory.path().join("live");
-    std::fs::create_dir_all(&live).unwrap();
-    let certificate = live.join("server.pem");
-    let key = live.join("server-key.pem");
-    std::fs::copy(&old.node_certificate, &certificate).unwrap();
-    std::fs::copy(&old.node_key, &key).unwrap();
-    let files = ServerTlsFiles {
-        certificate: certificate.clone(),
-        private_key: key.clone(),
-        client_certificates: ClientCertificates::NotAsked,
-    };
-    let tls = ServerTls::load(files).unwrap();
+    let (tls, certificate, key) = listener_on_a_copy_of(directory.path(), &old);
     let address = echo_server(tls.clone()).await;
     assert!(round_trip(&client(&old, false), &address).await.is_ok());
     assert!(!tls.reload_if_changed().unwrap(), "nothing changed yet");
@@ -201,6 +208,10 @@ fn the_local_authority_is_written_once_and_its_keys_are_private() {
     let (files, created) = ensure(directory.path(), &["db.example".to_string()]).unwrap();
     assert!(created);
     let (again, created_again) = ensure(directory.path(), &[]).unwrap();
+    // A host no certificate could name is refused, not written.
+    let error = ensure(&directory.path().join("other"), &["bad name".to_string()]).unwrap_err();
+    assert!(error.to_string().contains("bad name"), "{error}");
+    assert!(!directory.path().join("other").exists());
     assert_eq!(files, again);
     assert!(!created_again);
     for key in [&files.ca_key, &files.node_key, &files.client_key] {
@@ -227,17 +238,7 @@ async fn a_same_size_rewrite_that_keeps_the_time_is_reloaded() {
         .map(|index| authority(&directory.path().join(format!("new-{index}"))))
         .find(|new| std::fs::read(&new.node_certificate).unwrap().len() == size)
         .expect("a certificate of the same size");
-    let live = directory.path().join("live");
-    std::fs::create_dir_all(&live).unwrap();
-    let (certificate, key) = (live.join("server.pem"), live.join("server-key.pem"));
-    std::fs::copy(&old.node_certificate, &certificate).unwrap();
-    std::fs::copy(&old.node_key, &key).unwrap();
-    let files = ServerTlsFiles {
-        certificate: certificate.clone(),
-        private_key: key.clone(),
-        client_certificates: ClientCertificates::NotAsked,
-    };
-    let tls = ServerTls::load(files).unwrap();
+    let (tls, certificate, key) = listener_on_a_copy_of(directory.path(), &old);
     rewrite_keeping_time(&certificate, &std::fs::read(&new.node_certificate).unwrap());
     rewrite_keeping_time(&key, &std::fs::read(&new.node_key).unwrap());
     assert!(tls.reload_if_changed().unwrap(), "same size, same time, other contents");

@@ -137,26 +137,7 @@ fn security_from_flags(
 ) -> Result<Security, String> {
     let mut environment = Environment::system();
     let tls = tls_arguments.process(role)?;
-    match &tls {
-        Some(tls) => {
-            environment.network = Arc::new(TlsNetwork::new(
-                environment.network,
-                Some(tls.server.clone()),
-                Some(tls.client.clone()),
-            ));
-            tracing::info!(
-                certificate = %tls.server.files().certificate.display(),
-                "{role} speaks TLS on every listener and to its peers"
-            );
-        }
-        None if is_loopback(listen) => {
-            tracing::info!("{role} without TLS (no --tls-cert-file), on loopback")
-        }
-        None => tracing::warn!(
-            "{role} without TLS: no --tls-cert-file, so what it sends and receives on {listen} \
-             can be read and changed by anyone on the network path"
-        ),
-    }
+    environment.network = with_tls(environment.network, tls.as_ref(), role, listen);
     let Some(path) = &arguments.cluster_secret_file else {
         if arguments.client_password_file.is_some() {
             // Without the secret anyone could act as a server and bypass the password.
@@ -210,6 +191,32 @@ fn security_from_flags(
         ),
     }
     Ok(Security { environment, admission: Admission::Members(membership), client_password, tls })
+}
+
+/// `network` speaking TLS on every listener and to every peer with `tls`, if the process has a
+/// certificate; says in one line whether it does.
+fn with_tls(
+    network: Arc<dyn stratus_env::Network>,
+    tls: Option<&ProcessTls>,
+    role: &str,
+    listen: &str,
+) -> Arc<dyn stratus_env::Network> {
+    let Some(tls) = tls else {
+        if is_loopback(listen) {
+            tracing::info!("{role} without TLS (no --tls-cert-file), on loopback");
+        } else {
+            tracing::warn!(
+                "{role} without TLS: no --tls-cert-file, so what it sends and receives on \
+                 {listen} can be read and changed by anyone on the network path"
+            );
+        }
+        return network;
+    };
+    tracing::info!(
+        certificate = %tls.server.files().certificate.display(),
+        "{role} speaks TLS on every listener and to its peers"
+    );
+    Arc::new(TlsNetwork::new(network, Some(tls.server.clone()), Some(tls.client.clone())))
 }
 
 /// True if `address` ("host:port") is on the loopback interface.

@@ -880,7 +880,26 @@ fn cluster_security(
              loopback ports can act as a server of this cluster"
         ),
     }
-    // TLS: the local CA's certificates with --secure, unless certificates were given.
+    let tls = cluster_tls(arguments, tls)?;
+    // Checked here, so a wrong file stops `up` before any process starts.
+    tls.process("cluster")?;
+    let client_tls = tls.client()?;
+    flags.extend(tls.flags_for_children());
+    let how_to_connect = match (&tls.tls_ca_file, &password_path, arguments.secure) {
+        (Some(ca), Some(password), true) => {
+            Some(HowToConnect { ca: ca.clone(), password: password.clone() })
+        }
+        _ => None,
+    };
+    Ok(UpSecurity { flags, client_password, client_tls, how_to_connect })
+}
+
+/// The TLS files of the cluster: with --secure and no certificate given, the local CA's in
+/// DIR/tls (written the first time); otherwise what the flags name.
+fn cluster_tls(
+    arguments: &UpArguments,
+    tls: &crate::roles::TlsArguments,
+) -> Result<crate::roles::TlsArguments, String> {
     let mut tls = tls.clone();
     if arguments.secure && tls.tls_cert_file.is_none() {
         let directory = arguments.dir.join("tls");
@@ -895,30 +914,7 @@ fn cluster_security(
         tls.tls_cert_file = Some(files.node_certificate);
         tls.tls_key_file = Some(files.node_key);
     }
-    // Checked here, so a wrong file stops `up` before any process starts.
-    tls.process("cluster")?;
-    let client_tls = tls.client()?;
-    if let (Some(ca), Some(certificate), Some(key)) =
-        (&tls.tls_ca_file, &tls.tls_cert_file, &tls.tls_key_file)
-    {
-        flags.extend([
-            "--tls-ca-file".to_string(),
-            ca.display().to_string(),
-            "--tls-cert-file".to_string(),
-            certificate.display().to_string(),
-            "--tls-key-file".to_string(),
-            key.display().to_string(),
-            "--tls-client-certificates".to_string(),
-            tls.tls_client_certificates.flag_value().to_string(),
-        ]);
-    }
-    let how_to_connect = match (&tls.tls_ca_file, &password_path, arguments.secure) {
-        (Some(ca), Some(password), true) => {
-            Some(HowToConnect { ca: ca.clone(), password: password.clone() })
-        }
-        _ => None,
-    };
-    Ok(UpSecurity { flags, client_password, client_tls, how_to_connect })
+    Ok(tls)
 }
 
 /// Prints, once the cluster is ready, how the CLI, redis-cli and redis-py connect to it.

@@ -72,6 +72,26 @@ impl TlsArguments {
         ClientTls::load(&files).map(Some).map_err(|error| format!("TLS: {error}"))
     }
 
+    /// The flags that give a coordinator or server started by `stratus up` these files (none
+    /// without a certificate: the cluster runs without TLS).
+    pub(crate) fn flags_for_children(&self) -> Vec<String> {
+        let (Some(ca), Some(certificate), Some(key)) =
+            (&self.tls_ca_file, &self.tls_cert_file, &self.tls_key_file)
+        else {
+            return Vec::new();
+        };
+        vec![
+            "--tls-ca-file".to_string(),
+            ca.display().to_string(),
+            "--tls-cert-file".to_string(),
+            certificate.display().to_string(),
+            "--tls-key-file".to_string(),
+            key.display().to_string(),
+            "--tls-client-certificates".to_string(),
+            self.tls_client_certificates.flag_value().to_string(),
+        ]
+    }
+
     /// A listener's TLS (`stratus resp`'s, which needs no CA when it reaches the cluster
     /// without TLS): `None` without --tls-cert-file.
     pub(crate) fn listener(&self) -> Result<Option<Arc<ServerTls>>, String> {

@@ -241,7 +241,7 @@ impl BlockingClient {
         deadline: Instant,
     ) -> Option<Attempt> {
         let config = self.client.config();
-        if config.client_password_key.is_some() {
+        if config.proves_credentials() {
             // The direct path's blocking socket does not speak the credentials preamble: with
             // a client password every attempt goes through the async client, which does.
             return None;

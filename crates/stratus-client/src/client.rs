@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use stratus_env::Environment;
 use stratus_rpc::{
-    Backoff, ChannelPool, ClientNetwork, ClusterKey, RpcConfig, RpcError, SecretError,
+    Backoff, ChannelPool, ClientNetwork, ClusterKey, RpcConfig, RpcError, SecretError, UserPassword,
 };
 use stratus_tls::{ClientTls, TlsNetwork};
 use stratus_types::limits::KEY_BYTES_MAX;
@@ -51,6 +51,10 @@ pub struct ClientConfig {
     /// servers): the password's key ([`ClientConfig::with_password`]). Every connection then
     /// proves it before its first request, and checks that the server knows it too.
     pub client_password_key: Option<ClusterKey>,
+    /// For a cluster with named users: the user this client acts as, and its password
+    /// ([`ClientConfig::with_user`]). Every connection proves it (instead of the client
+    /// password, if both are set), and the cluster allows what the user's grants allow.
+    pub user: Option<Arc<UserPassword>>,
     /// For a cluster whose servers speak TLS (`--tls-cert-file` on its servers): the CA the
     /// client trusts, and its own certificate if the servers ask for one. Every connection
     /// then runs a TLS handshake first (and proves the password, if any, inside it).
@@ -67,8 +71,25 @@ impl ClientConfig {
             exactly_once: true,
             retry_ambiguous_mutations: true,
             client_password_key: None,
+            user: None,
             tls: None,
         }
+    }
+
+    /// These settings, acting as the named user `name` with `password` (see
+    /// [`ClientConfig::user`]); fails for an invalid name or a password under 8 bytes.
+    pub fn with_user(
+        mut self,
+        name: &str,
+        password: &[u8],
+    ) -> std::result::Result<ClientConfig, String> {
+        self.user = Some(Arc::new(UserPassword::new(name, password)?));
+        Ok(self)
+    }
+
+    /// True if every connection proves credentials (a password or a user) in a preamble.
+    pub fn proves_credentials(&self) -> bool {
+        self.client_password_key.is_some() || self.user.is_some()
     }
 
     /// These settings, proving `password` on every connection (see
@@ -269,7 +290,7 @@ impl ObjectCall {
     }
 }
 
-fn unexpected(response: &ResponseBody) -> Error {
+pub(crate) fn unexpected(response: &ResponseBody) -> Error {
     Error::new(Status::InternalError, format!("unexpected response {response:?}"))
 }
 
@@ -402,8 +423,11 @@ impl Client {
             let network = TlsNetwork::new(environment.network, None, Some(tls.clone()));
             environment.network = Arc::new(network);
         }
-        if let Some(key) = &config.client_password_key {
-            let nonces = environment.secure_entropy.clone();
+        let nonces = environment.secure_entropy.clone();
+        if let Some(user) = &config.user {
+            let network = ClientNetwork::for_user(environment.network, user.clone(), nonces);
+            environment.network = Arc::new(network);
+        } else if let Some(key) = &config.client_password_key {
             let network = ClientNetwork::new(environment.network, key.clone(), nonces);
             environment.network = Arc::new(network);
         }

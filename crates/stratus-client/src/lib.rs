@@ -39,6 +39,7 @@ mod exactly_once;
 mod multi;
 mod overview;
 mod transaction;
+mod users;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, ClientConfig, ObjectRead};
@@ -51,4 +52,6 @@ pub use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, ServerEntry, ServerStatistics, ServerStatus, Status,
     TableEntry, TabletEntry, TxDecisionOp, WriteItem,
 };
+pub use stratus_wire::{Identity, TableAccess, TableGrant, UserSummary};
 pub use transaction::{AbortReason, BlockingTransaction, Transaction, TransactionError, TxOutcome};
+pub use users::UserSettings;

@@ -17,9 +17,11 @@ mod records;
 mod recovery;
 mod service;
 mod standby;
+mod users;
 
 pub use metrics::CoordinatorMetrics;
 pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord, TabletSplit};
 pub use recovery::FailureDetectorConfig;
 pub use service::{Authority, Coordinator};
 pub use standby::{StandbyGate, STANDBY_ANSWER};
+pub use users::USER_DIRECTORY_POLL;

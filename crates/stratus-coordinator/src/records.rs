@@ -6,12 +6,13 @@
 //! - `server/<id, 20 decimal digits>`: a [`ServerEntry`].
 //! - `table/<name>`: a [`TableRecord`] with its tablets.
 //! - `loghead/<id, 20 decimal digits>`: a master's [`LogHead`].
+//! - `user/<name>`: a named user ([`UserRecord`]: stored keys, never a password).
 
 use std::collections::BTreeMap;
 
 use stratus_meta::{MetaError, MetaOperation, MetaStore};
 use stratus_types::{HashRange, SegmentId, ServerId, TableId};
-use stratus_wire::{ServerEntry, ServerStatus, ServiceMask};
+use stratus_wire::{ServerEntry, ServerStatus, ServiceMask, UserRecord};
 
 /// Key of the next server id counter.
 pub const NEXT_SERVER_ID_KEY: &str = "counter/next-server-id";
@@ -25,6 +26,9 @@ pub const ASSIGNMENT_EPOCH_KEY: &str = "counter/assignment-epoch";
 const SERVER_PREFIX: &str = "server/";
 const TABLE_PREFIX: &str = "table/";
 const LOG_HEAD_PREFIX: &str = "loghead/";
+const USER_PREFIX: &str = "user/";
+/// The format byte that opens a user record; the rest is the wire protocol's user record.
+const USER_RECORD_FORMAT_VERSION: u8 = 1;
 const RECORD_FORMAT_VERSION: u8 = 1;
 /// Table records since tablet migration: each tablet carries its creation segment. Version 1
 /// table records are still read (creation segment 0).
@@ -131,6 +135,8 @@ pub struct CoordinatorState {
     /// Masters' newest reported log heads (none: the master never replicated a write). The
     /// coordinator moves them under a lock of their own when it opens.
     pub log_heads: BTreeMap<ServerId, LogHead>,
+    /// Named users by name.
+    pub users: BTreeMap<String, UserRecord>,
 }
 
 impl CoordinatorState {
@@ -206,6 +212,32 @@ fn decode_log_head(key: &str, bytes: &[u8]) -> Result<(ServerId, LogHead), MetaE
 /// The MetaStore key of a server.
 pub fn server_key(server_id: ServerId) -> String {
     format!("{SERVER_PREFIX}{:020}", server_id.0)
+}
+
+/// The MetaStore key of user `name`.
+pub fn user_key(name: &str) -> String {
+    format!("{USER_PREFIX}{name}")
+}
+
+/// The operation that stores `user` (its stored keys, never a password).
+pub fn put_user(user: &UserRecord) -> MetaOperation {
+    let mut value = vec![USER_RECORD_FORMAT_VERSION];
+    value.extend_from_slice(&stratus_wire::encode_user_record(user));
+    MetaOperation::Put { key: user_key(&user.name), value }
+}
+
+fn decode_user(key: &str, bytes: &[u8]) -> Result<UserRecord, MetaError> {
+    match bytes.split_first() {
+        Some((&USER_RECORD_FORMAT_VERSION, rest)) => {
+            let user = stratus_wire::decode_user_record(bytes::Bytes::copy_from_slice(rest))
+                .map_err(|error| corrupt(key, &format!("user record: {error:?}")))?;
+            if key.strip_prefix(USER_PREFIX) != Some(user.name.as_str()) {
+                return Err(corrupt(key, "user record names another user"));
+            }
+            Ok(user)
+        }
+        _ => Err(corrupt(key, "unknown user record format")),
+    }
 }
 
 /// The MetaStore key of a table.
@@ -382,6 +414,10 @@ impl CoordinatorState {
             }
             let name = key.strip_prefix(TABLE_PREFIX).unwrap_or_default().to_string();
             state.tables.insert(name, table);
+        }
+        for (key, bytes) in store.scan_prefix(USER_PREFIX)? {
+            let user = decode_user(&key, &bytes)?;
+            state.users.insert(user.name.clone(), user);
         }
         for (key, bytes) in store.scan_prefix(LOG_HEAD_PREFIX)? {
             let (server_id, head) = decode_log_head(&key, &bytes)?;

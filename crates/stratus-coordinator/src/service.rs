@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use stratus_env::Environment;
 use stratus_meta::{MetaError, MetaOperation, MetaStore};
-use stratus_rpc::{Backoff, ChannelPool, Handled, RpcConfig, Service};
+use stratus_rpc::{Backoff, ChannelPool, Handled, RpcConfig, Service, UserDirectory};
 use stratus_types::limits::{
     SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX,
@@ -118,6 +118,9 @@ pub(crate) struct Inner {
     transfer_pool: ChannelPool,
     /// Clients' leases (exactly-once). Its own short lock, never held across I/O.
     pub(crate) client_leases: std::sync::Mutex<ClientLeases>,
+    /// The named users as this coordinator's own RPC layer checks them and its servers'
+    /// long polls receive them; replaced after every change of users or tables.
+    pub(crate) users: Arc<UserDirectory>,
 }
 
 /// Whether a coordinator is the cluster's active coordinator right now.
@@ -203,7 +206,9 @@ impl Coordinator {
             migration: Mutex::new(()),
             transfer_pool,
             client_leases: std::sync::Mutex::new(client_leases),
+            users: Arc::new(UserDirectory::new()),
         };
+        inner.publish_users(&inner.state.try_lock().expect("nobody else holds it yet"));
         Ok(Coordinator { inner: Arc::new(inner) })
     }
 
@@ -307,6 +312,12 @@ impl Coordinator {
         self.inner.declare_crashed(server_id, "requested", false).await;
     }
 
+    /// The named users, as the coordinator's RPC layer must check them
+    /// (`Membership::serve_users`).
+    pub fn user_directory(&self) -> Arc<UserDirectory> {
+        self.inner.users.clone()
+    }
+
     /// A snapshot of the state (for tests and status).
     pub async fn state(&self) -> CoordinatorState {
         self.inner.state.lock().await.clone()
@@ -399,6 +410,10 @@ impl Inner {
             Request::RecoveryAcceptLoss { server_id } => self.accept_loss(server_id).await,
             Request::ClientLease { lease } => self.client_lease(lease).await,
             Request::CheckClientLeases { leases } => Ok(self.check_client_leases(&leases)),
+            Request::SetUser { user } => self.set_user(user).await,
+            Request::DeleteUser { name } => self.delete_user(name).await,
+            Request::ListUsers => self.list_users().await,
+            Request::GetUserDirectory { known_version } => self.user_directory(known_version).await,
             other => Err((
                 Status::UnimplementedRequest,
                 format!("{:?} is served by masters, not the coordinator", other.opcode()),
@@ -604,6 +619,7 @@ impl Inner {
             .await?;
             state.next_table_id = table_id.0 + 1;
             state.tables.insert(name.clone(), record.clone());
+            self.publish_users(&state);
             (table_id, record, epoch)
         };
         tracing::info!(%table_id, %name, server_span, "table created");
@@ -621,6 +637,7 @@ impl Inner {
             self.persist(vec![MetaOperation::Delete { key: table_key(&name) }, persist_epoch])
                 .await?;
             state.tables.remove(&name);
+            self.publish_users(&state);
             (record, epoch)
         };
         tracing::info!(table_id = %record.table_id, %name, "table dropped");

@@ -10,6 +10,8 @@
 //!   for callers without an async runtime.
 //! - [`membership`]: the cluster secret; members prove it to each other before the hello, and
 //!   a server with a secret serves server-to-server opcodes to proven members only.
+//! - [`users`]: named users: the preamble in which a client proves a user's password, and
+//!   the directory against which a server checks each of a user's requests.
 //! - [`backoff`]: bounded exponential backoff with jitter, used by every retry loop.
 //!
 //! Every queue here is bounded: requests in flight per connection, bytes buffered for a peer
@@ -20,12 +22,15 @@ pub mod backoff;
 pub mod blocking;
 pub mod client;
 pub mod membership;
+mod preamble;
 pub mod server;
+pub mod users;
 
 pub use backoff::{deadline_in, Backoff};
 pub use blocking::{deadline_after, BlockingChannel};
 pub use client::{Channel, ChannelPool, RpcConfig, RpcError};
 pub use membership::{
-    Admission, ClientNetwork, ClusterKey, MemberNetwork, Membership, SecretError,
+    Admission, ClientNetwork, ClusterKey, MemberNetwork, Membership, Proven, SecretError,
 };
 pub use server::{serve, serve_admitting, serve_within, Handled, ServerLimits, Service};
+pub use users::{new_user_credentials, password_matches, UserDirectory, UserPassword};

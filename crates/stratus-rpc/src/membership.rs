@@ -17,7 +17,7 @@ use std::fmt;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -30,11 +30,13 @@ use stratus_wire::membership::PeerRole;
 use stratus_wire::membership::{
     decode_member_verdict, encode_member_verdict, proof_transcript, MemberAnswer, MemberChallenge,
     MemberNonce, MemberProof, ProofSide, MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES,
-    MEMBER_CLIENT_PROOF_BYTES, MEMBER_MAGIC, MEMBER_NONCE_BYTES, MEMBER_PREAMBLE_VERSION,
-    MEMBER_VERDICT_BYTES,
+    MEMBER_CLIENT_PROOF_BYTES, MEMBER_MAGIC, MEMBER_PREAMBLE_VERSION, MEMBER_VERDICT_BYTES,
 };
-use stratus_wire::{Access, Opcode, Status};
+use stratus_wire::{Access, Identity, Opcode, Status};
 use tokio::io::AsyncReadExt;
+
+use crate::preamble::{denied, draw_nonce, invalid_data};
+use crate::users::{admit_user, prove_user, UserDirectory, UserPassword};
 
 /// The shortest secret accepted, in bytes: 128 bits if it is random, which is what `stratus up
 /// --cluster-secret-file` writes (32 random bytes, hex-encoded).
@@ -213,15 +215,6 @@ pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretError> {
     Ok(bytes.trim_ascii().to_vec())
 }
 
-/// 32 bytes from `nonces`.
-fn draw_nonce(nonces: &dyn Entropy) -> MemberNonce {
-    let mut nonce = [0u8; MEMBER_NONCE_BYTES];
-    for chunk in nonce.chunks_exact_mut(8) {
-        chunk.copy_from_slice(&nonces.next_u64().to_le_bytes());
-    }
-    nonce
-}
-
 /// The connector's side of the preamble, in `role` with `key`: proves it to the acceptor of
 /// `connection` and checks that the acceptor holds the key too (it never sends its own proof to
 /// one that does not). On success the caller goes on with the hello.
@@ -235,6 +228,7 @@ async fn prove_to_acceptor(
     let what = match role {
         PeerRole::Member => "cluster secret",
         PeerRole::Client => "client password",
+        PeerRole::User => unreachable!("a named user proves itself in users::prove_user"),
     };
     let client_nonce = draw_nonce(nonces);
     let challenge = MemberChallenge { version: MEMBER_PREAMBLE_VERSION, role, client_nonce };
@@ -283,6 +277,22 @@ pub struct Membership {
     nonces: Arc<dyn Entropy>,
     handshakes_refused: AtomicU64,
     requests_refused: AtomicU64,
+    /// The named users this process checks, once it serves them.
+    users: OnceLock<Arc<UserDirectory>>,
+    /// Makes the salt answered for a user this process does not know: derived from the
+    /// cluster key, so every member answers the same salt for the same unknown name.
+    pepper: [u8; 32],
+}
+
+/// What a connector proved in its preamble.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proven {
+    /// The cluster secret.
+    Member,
+    /// The client password (the default user).
+    Client,
+    /// The password of the named user.
+    User(String),
 }
 
 impl Membership {
@@ -301,13 +311,26 @@ impl Membership {
         refused_proof_delay: Duration,
     ) -> Arc<Membership> {
         Arc::new(Membership {
-            key,
             client_key,
             refused_proof_delay,
             nonces,
             handshakes_refused: AtomicU64::new(0),
             requests_refused: AtomicU64::new(0),
+            users: OnceLock::new(),
+            pepper: key.prove(PeerRole::User, ProofSide::Acceptor, &[0; 32], &[0; 32]),
+            key,
         })
+    }
+
+    /// Makes this process authenticate named users against `directory` and check their
+    /// requests against their grants. Once per process; a second call is ignored.
+    pub fn serve_users(&self, directory: Arc<UserDirectory>) {
+        let _ = self.users.set(directory);
+    }
+
+    /// The named users this process serves, if it serves them.
+    pub fn users(&self) -> Option<&Arc<UserDirectory>> {
+        self.users.get()
     }
 
     /// True if a client must prove the client password before any operation but PING.
@@ -347,7 +370,7 @@ impl Membership {
         reader: &mut BoxReader,
         writer: &mut BoxWriter,
         peer: &str,
-    ) -> Result<PeerRole, String> {
+    ) -> Result<Proven, String> {
         let result = self.admit_unchecked(magic, reader, writer).await;
         if let Err(reason) = &result {
             let refused = self.handshakes_refused.fetch_add(1, Ordering::Relaxed) + 1;
@@ -365,7 +388,7 @@ impl Membership {
         magic: [u8; 4],
         reader: &mut BoxReader,
         writer: &mut BoxWriter,
-    ) -> Result<PeerRole, String> {
+    ) -> Result<Proven, String> {
         debug_assert_eq!(magic, MEMBER_MAGIC);
         let mut challenge = [0u8; MEMBER_CHALLENGE_BYTES];
         challenge[..4].copy_from_slice(&magic);
@@ -378,6 +401,26 @@ impl Membership {
         }
         let role = challenge.role;
         let (key, what) = match role {
+            PeerRole::User => {
+                let Some(users) = self.users.get() else {
+                    let refusal = MemberAnswer::refusal(Status::AuthenticationFailed);
+                    let _ = write_and_flush(writer, &refusal.encode()).await;
+                    return Err("a client offered a user name, and this process serves no users"
+                        .to_string());
+                };
+                let delay = self.refused_proof_delay;
+                let name = admit_user(
+                    users,
+                    &self.pepper,
+                    &*self.nonces,
+                    &challenge,
+                    reader,
+                    writer,
+                    delay,
+                )
+                .await?;
+                return Ok(Proven::User(name));
+            }
             PeerRole::Member => (&self.key, "cluster secret"),
             PeerRole::Client => match &self.client_key {
                 Some(key) => (key, "client password"),
@@ -410,7 +453,10 @@ impl Membership {
         write_and_flush(writer, &encode_member_verdict(Status::Ok))
             .await
             .map_err(|error| error.to_string())?;
-        Ok(role)
+        Ok(match role {
+            PeerRole::Member => Proven::Member,
+            _ => Proven::Client,
+        })
     }
 }
 
@@ -427,14 +473,6 @@ pub(crate) async fn refuse_without_secret(
         let refusal = MemberAnswer::refusal(Status::AuthenticationFailed);
         let _ = write_and_flush(writer, &refusal.encode()).await;
     }
-}
-
-fn invalid_data(error: impl fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("membership preamble: {error}"))
-}
-
-fn denied(reason: String) -> io::Error {
-    io::Error::new(io::ErrorKind::PermissionDenied, format!("authentication: {reason}"))
 }
 
 /// A network whose every outgoing connection proves the cluster secret before anything else:
@@ -466,13 +504,22 @@ impl Network for MemberNetwork {
     }
 }
 
-/// A network whose every outgoing connection proves the client password before anything else:
-/// the network of a client of a cluster that requires one.
+/// A network whose every outgoing connection proves the client password, or a named user's,
+/// before anything else: the network of a client of a cluster that requires one.
 #[derive(Debug)]
 pub struct ClientNetwork {
     inner: Arc<dyn Network>,
-    key: ClusterKey,
+    credential: ClientCredential,
     nonces: Arc<dyn Entropy>,
+}
+
+/// What a client proves.
+#[derive(Debug)]
+enum ClientCredential {
+    /// The client password (the default user).
+    Password(ClusterKey),
+    /// A named user's password.
+    User(Arc<UserPassword>),
 }
 
 impl ClientNetwork {
@@ -482,7 +529,16 @@ impl ClientNetwork {
         key: ClusterKey,
         nonces: Arc<dyn Entropy>,
     ) -> ClientNetwork {
-        ClientNetwork { inner, key, nonces }
+        ClientNetwork { inner, credential: ClientCredential::Password(key), nonces }
+    }
+
+    /// `inner`, with every connection it opens proving `user`'s password.
+    pub fn for_user(
+        inner: Arc<dyn Network>,
+        user: Arc<UserPassword>,
+        nonces: Arc<dyn Entropy>,
+    ) -> ClientNetwork {
+        ClientNetwork { inner, credential: ClientCredential::User(user), nonces }
     }
 }
 
@@ -490,7 +546,14 @@ impl Network for ClientNetwork {
     fn connect<'a>(&'a self, address: &'a str) -> BoxFuture<'a, io::Result<Connection>> {
         Box::pin(async move {
             let mut connection = self.inner.connect(address).await?;
-            prove_to_acceptor(&mut connection, PeerRole::Client, &self.key, &*self.nonces).await?;
+            match &self.credential {
+                ClientCredential::Password(key) => {
+                    prove_to_acceptor(&mut connection, PeerRole::Client, key, &*self.nonces).await?
+                }
+                ClientCredential::User(user) => {
+                    prove_user(&mut connection, user, &*self.nonces).await?
+                }
+            }
             Ok(connection)
         })
     }
@@ -533,16 +596,33 @@ pub(crate) enum ConnectionAccess {
     ClientOnly(Arc<Membership>),
     /// PING only: the server requires the client password and the connection did not prove it.
     PingOnly(Arc<Membership>),
+    /// Client opcodes, each checked against the named user's grants in `users`.
+    User {
+        /// The user's name.
+        name: Arc<str>,
+        /// Where member-only opcodes are counted.
+        membership: Arc<Membership>,
+        /// The directory the user's grants are read from, request by request.
+        users: Arc<UserDirectory>,
+    },
 }
 
 impl ConnectionAccess {
-    /// What an accepted connection that proved `role` (or nothing) may send under `admission`.
-    pub(crate) fn after(admission: &Admission, role: Option<PeerRole>) -> ConnectionAccess {
-        match (admission, role) {
+    /// What an accepted connection that proved `proven` (or nothing) may send under
+    /// `admission`.
+    pub(crate) fn after(admission: &Admission, proven: Option<Proven>) -> ConnectionAccess {
+        match (admission, proven) {
             (Admission::Open, _) => ConnectionAccess::Everything,
-            (Admission::Members(_), Some(PeerRole::Member)) => ConnectionAccess::Member,
-            (Admission::Members(membership), Some(PeerRole::Client)) => {
+            (Admission::Members(_), Some(Proven::Member)) => ConnectionAccess::Member,
+            (Admission::Members(membership), Some(Proven::Client)) => {
                 ConnectionAccess::ClientOnly(membership.clone())
+            }
+            (Admission::Members(membership), Some(Proven::User(name))) => {
+                let users = membership
+                    .users()
+                    .expect("a user is admitted only by a process that serves users")
+                    .clone();
+                ConnectionAccess::User { name: name.into(), membership: membership.clone(), users }
             }
             (Admission::Members(membership), None) if membership.requires_client_password() => {
                 ConnectionAccess::PingOnly(membership.clone())
@@ -559,7 +639,8 @@ impl ConnectionAccess {
     pub(crate) fn refusal(&self, code: u16) -> Option<(&Arc<Membership>, &'static str)> {
         let access = Opcode::access_of_code(code)?;
         match (self, access) {
-            (ConnectionAccess::ClientOnly(membership), Access::Member) => {
+            (ConnectionAccess::ClientOnly(membership), Access::Member)
+            | (ConnectionAccess::User { membership, .. }, Access::Member) => {
                 Some((membership, "is for cluster members only: this connection did not prove the cluster secret"))
             }
             (ConnectionAccess::PingOnly(membership), _) if code != Opcode::Ping.code() => {
@@ -572,6 +653,26 @@ impl ConnectionAccess {
     /// True if no opcode is refused (the per-request check can be skipped).
     pub(crate) fn allows_everything(&self) -> bool {
         matches!(self, ConnectionAccess::Everything | ConnectionAccess::Member)
+    }
+
+    /// Who the connection is, as WHO_AM_I answers.
+    pub(crate) fn identity(&self) -> Identity {
+        match self {
+            ConnectionAccess::Everything => Identity::Open,
+            ConnectionAccess::Member => Identity::Member,
+            ConnectionAccess::ClientOnly(membership) if membership.requires_client_password() => {
+                Identity::Default
+            }
+            ConnectionAccess::ClientOnly(_) | ConnectionAccess::PingOnly(_) => Identity::Anonymous,
+            ConnectionAccess::User { name, users, .. } => Identity::User {
+                name: name.to_string(),
+                grants: users
+                    .snapshot()
+                    .user(name)
+                    .map(|user| user.grants.clone())
+                    .unwrap_or_default(),
+            },
+        }
     }
 }
 

@@ -25,11 +25,13 @@ use stratus_types::limits::{
 };
 use stratus_wire::membership::MEMBER_MAGIC;
 use stratus_wire::{
-    body_offset, decode_frame_header, encode_error_response, frame_length, peek_request_identity,
-    FrameError, FrameHeader, FrameKind, Hello, Opcode, Status, HELLO_BYTES, PROTOCOL_VERSION,
+    body_offset, decode_frame_header, encode_error_response, encode_response, frame_length,
+    peek_request_identity, FrameError, FrameHeader, FrameKind, Hello, Opcode, Status, HELLO_BYTES,
+    PROTOCOL_VERSION,
 };
 
-use crate::membership::{refuse_without_secret, Admission, ConnectionAccess, Membership};
+use crate::membership::{refuse_without_secret, Admission, ConnectionAccess};
+use crate::users::user_request_refusal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
 
@@ -521,11 +523,23 @@ async fn dispatch(
     }
     if !connection.access.allows_everything() {
         if let Some((membership, lack)) = connection.access.refusal(header.opcode_code) {
-            refuse_request(&header, membership, lack, connection, output);
+            let refused = membership.count_refused_request();
+            refuse_request(&header, refused, lack, connection, output);
             return Ok(());
         }
     }
     let body = frame.slice(body_offset(FrameKind::Request)..);
+    if header.opcode_code == Opcode::WhoAmI.code() {
+        answer_who_am_i(&header, connection, output);
+        return Ok(());
+    }
+    if let ConnectionAccess::User { name, users, .. } = &connection.access {
+        if let Some(reason) = user_request_refusal(users, name, header.opcode_code, &body).await {
+            let refused = users.count_denied_request();
+            refuse_request(&header, refused, &reason, connection, output);
+            return Ok(());
+        }
+    }
     let handled = {
         let mut buffer = output.buffer.lock().unwrap_or_else(|poison| poison.into_inner());
         let before = buffer.len();
@@ -553,7 +567,7 @@ async fn dispatch(
 /// with PERMISSION_DENIED, saying what it lacks; nothing reaches the service.
 fn refuse_request(
     header: &FrameHeader,
-    membership: &Membership,
+    refused: u64,
     lack: &str,
     connection: &ConnectionContext,
     output: &Output,
@@ -561,7 +575,6 @@ fn refuse_request(
     let opcode = Opcode::from_code(header.opcode_code);
     let name =
         opcode.map_or_else(|| header.opcode_code.to_string(), |opcode| format!("{opcode:?}"));
-    let refused = membership.count_refused_request();
     // The first refusal of a process is logged, then one in 1 024, so a peer that repeats
     // cannot flood the log; the counter has them all.
     if refused == 1 || refused.is_multiple_of(1_024) {
@@ -581,6 +594,19 @@ fn refuse_request(
         header.opcode_code,
         Status::PermissionDenied,
         &message,
+    );
+    output.push(&frame);
+}
+
+/// Answers WHO_AM_I from what the connection proved (only this layer knows it).
+fn answer_who_am_i(header: &FrameHeader, connection: &ConnectionContext, output: &Output) {
+    let identity = connection.access.identity();
+    let mut frame = BytesMut::new();
+    encode_response(
+        &mut frame,
+        header.request_id,
+        Status::Ok,
+        &stratus_wire::Response::WhoAmI { identity },
     );
     output.push(&frame);
 }

@@ -111,6 +111,40 @@ pub const TABLES_MAX: usize = 65_536;
 /// Largest number of servers in a cluster (bounds the server list and its RPC).
 pub const SERVERS_MAX: usize = 16_384;
 
+/// Longest user name, in bytes (ASCII letters, digits and `_ . @ -`): a login, not a document;
+/// it travels in every user's membership preamble.
+pub const USER_NAME_BYTES_MAX: usize = 64;
+
+/// Most named users in a cluster. Every server holds the whole user directory (a few hundred
+/// bytes a user), so it is bounded like the server list.
+pub const USERS_MAX: usize = 1_024;
+
+/// Most grants (table pattern and access) of one user: each request checks a user's grants in
+/// turn, so the list stays short; a pattern covers any number of tables.
+pub const GRANTS_PER_USER_MAX: usize = 32;
+
+/// Longest table pattern of a grant: a table name with wildcards.
+pub const TABLE_PATTERN_BYTES_MAX: usize = TABLE_NAME_BYTES_MAX;
+
+/// Shortest password a named user may have, in bytes. Each guess costs an Argon2id (19 MiB),
+/// online or offline, so eight characters are a floor, not a recommendation.
+pub const USER_PASSWORD_BYTES_MIN: usize = 8;
+
+/// Longest password a named user may have, in bytes (Redis's clients send any length; a
+/// password is a line, not a document).
+pub const USER_PASSWORD_BYTES_MAX: usize = 4_096;
+
+/// Largest encoded user directory (bytes) the coordinator hands its servers: at every maximum
+/// above the users alone take about 9 MiB; past this a change that would grow it is refused,
+/// so the directory always fits one frame.
+pub const USER_DIRECTORY_BYTES_MAX: usize = 12 << 20;
+
+/// Failed user authentications a process accepts per user name and second on the native
+/// protocol before it refuses that name's preambles unchecked for the rest of the second (the
+/// RESP front end has its own bound on AUTH).
+pub const USER_AUTHENTICATION_FAILURES_PER_SECOND_MAX: u32 = 20;
+
+const _: () = assert!(USER_DIRECTORY_BYTES_MAX + (1 << 20) < FRAME_BYTES_MAX);
 const _: () = assert!(VALUE_BYTES_MAX_DEFAULT <= SEGMENT_BYTES_DEFAULT / 8);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT.is_multiple_of(SEGLET_BYTES_DEFAULT));
 const _: () = assert!(FRAME_BYTES_MAX > VALUE_BYTES_MAX_DEFAULT + KEY_BYTES_MAX + 4_096);

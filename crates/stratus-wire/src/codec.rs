@@ -18,6 +18,9 @@ use stratus_types::limits::{
     MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX, TRANSACTION_OBJECTS_MAX,
 };
+use stratus_types::limits::{
+    GRANTS_PER_USER_MAX, TABLE_PATTERN_BYTES_MAX, USERS_MAX, USER_NAME_BYTES_MAX,
+};
 use stratus_types::Version;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
 use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, TxDecision, TxOpKind, TxVote};
@@ -32,6 +35,10 @@ use crate::message::{
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
+use crate::users::{
+    Identity, TableAccess, TableGrant, UserCredentials, UserDirectorySnapshot, UserRecord,
+    UserSummary,
+};
 
 /// Longest error message an error body carries, in bytes; longer messages are cut at a
 /// character boundary by the encoder and refused by the decoder.
@@ -259,6 +266,8 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         Request::Ping
         | Request::GetServerList
         | Request::ListTables
+        | Request::ListUsers
+        | Request::WhoAmI
         | Request::GetServerStatistics
         | Request::BackupGetStatistics => {}
         Request::EnlistServer { address, services, previous_server_id } => {
@@ -418,6 +427,9 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_tx_decision_ops(out, ops);
         }
         Request::ClientLease { lease } => put_u64(out, lease.0),
+        Request::SetUser { user } => put_user_record(out, user),
+        Request::DeleteUser { name } => put_string(out, name),
+        Request::GetUserDirectory { known_version } => put_u64(out, *known_version),
         Request::CheckClientLeases { leases } => {
             put_count(out, leases.len());
             for lease in leases {
@@ -543,6 +555,32 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
         Response::ClientLease { lease, term_ms } => {
             put_u64(out, lease.0);
             put_u32(out, *term_ms);
+        }
+        Response::SetUser { created } => put_u8(out, u8::from(*created)),
+        Response::DeleteUser { existed } => put_u8(out, u8::from(*existed)),
+        Response::ListUsers { users } => {
+            put_count(out, users.len());
+            for user in users {
+                put_string(out, &user.name);
+                put_u8(out, u8::from(user.enabled) | (u8::from(user.has_password) << 1));
+                put_grants(out, &user.grants);
+            }
+        }
+        Response::WhoAmI { identity } => put_identity(out, identity),
+        Response::GetUserDirectory { directory: None } => put_u8(out, 0),
+        Response::GetUserDirectory { directory: Some(directory) } => {
+            put_u8(out, 1);
+            put_u64(out, directory.version);
+            put_u64(out, directory.next_table_id.0);
+            put_count(out, directory.users.len());
+            for user in &directory.users {
+                put_user_record(out, user);
+            }
+            put_count(out, directory.tables.len());
+            for (table_id, name) in &directory.tables {
+                put_u64(out, table_id.0);
+                put_string(out, name);
+            }
         }
         Response::CheckClientLeases { remaining_ms } => {
             put_count(out, remaining_ms.len());
@@ -886,6 +924,57 @@ fn put_value(out: &mut BytesMut, value: &[u8]) {
 }
 
 /// u32 item count (saturating; such a list is far over the frame limit).
+/// A user record's bytes as SET_USER carries it (wire-protocol.md, "Users"), for stores
+/// that keep users in the same layout (the coordinator's records).
+pub fn encode_user_record(user: &UserRecord) -> BytesMut {
+    let mut out = BytesMut::new();
+    put_user_record(&mut out, user);
+    out
+}
+
+/// Parses [`encode_user_record`]'s bytes, validated as a received one is.
+pub fn decode_user_record(bytes: Bytes) -> Result<UserRecord, DecodeError> {
+    let mut reader = Reader::new(bytes);
+    let user = reader.user_record()?;
+    reader.finish()?;
+    Ok(user)
+}
+
+/// A user record (SET_USER, GET_USER_DIRECTORY): name, flags (bit 0 enabled, bit 1
+/// credentials follow), the credentials, the grants.
+fn put_user_record(out: &mut BytesMut, user: &UserRecord) {
+    put_string(out, &user.name);
+    put_u8(out, u8::from(user.enabled) | (u8::from(user.credentials.is_some()) << 1));
+    if let Some(credentials) = &user.credentials {
+        out.extend_from_slice(&credentials.salt);
+        out.extend_from_slice(&credentials.stored_key);
+        out.extend_from_slice(&credentials.server_key);
+    }
+    put_grants(out, &user.grants);
+}
+
+fn put_grants(out: &mut BytesMut, grants: &[TableGrant]) {
+    put_count(out, grants.len());
+    for grant in grants {
+        put_string(out, &grant.pattern);
+        put_u8(out, grant.access.bits());
+    }
+}
+
+fn put_identity(out: &mut BytesMut, identity: &Identity) {
+    match identity {
+        Identity::Open => put_u8(out, IDENTITY_OPEN),
+        Identity::Member => put_u8(out, IDENTITY_MEMBER),
+        Identity::Default => put_u8(out, IDENTITY_DEFAULT),
+        Identity::Anonymous => put_u8(out, IDENTITY_ANONYMOUS),
+        Identity::User { name, grants } => {
+            put_u8(out, IDENTITY_USER);
+            put_string(out, name);
+            put_grants(out, grants);
+        }
+    }
+}
+
 fn put_count(out: &mut BytesMut, count: usize) {
     put_u32(out, u32::try_from(count).unwrap_or(u32::MAX));
 }
@@ -1319,6 +1408,73 @@ impl Reader {
         Ok(items)
     }
 
+    /// A u8 that must be 0 (false) or 1 (true).
+    fn bool(&mut self, field: &'static str) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::InvalidField(field)),
+        }
+    }
+
+    fn grants(&mut self) -> Result<Vec<TableGrant>, DecodeError> {
+        self.list(GRANTS_PER_USER_MAX, GRANT_BYTES_MIN, |reader| {
+            let pattern = reader.string(TABLE_PATTERN_BYTES_MAX, "table pattern")?;
+            let access = TableAccess::from_bits(reader.u8()?)
+                .ok_or(DecodeError::InvalidField("table access"))?;
+            let grant = TableGrant { pattern, access };
+            grant.validate().map_err(|_| DecodeError::InvalidField("grant"))?;
+            Ok(grant)
+        })
+    }
+
+    fn user_record(&mut self) -> Result<UserRecord, DecodeError> {
+        let name = self.string(USER_NAME_BYTES_MAX, "user name")?;
+        let flags = self.u8()?;
+        if flags & !0b11 != 0 {
+            return Err(DecodeError::InvalidField("user flags"));
+        }
+        let credentials = if flags & 2 != 0 {
+            Some(UserCredentials {
+                salt: self.array()?,
+                stored_key: self.array()?,
+                server_key: self.array()?,
+            })
+        } else {
+            None
+        };
+        let user =
+            UserRecord { name, enabled: flags & 1 != 0, credentials, grants: self.grants()? };
+        user.validate().map_err(|_| DecodeError::InvalidField("user"))?;
+        Ok(user)
+    }
+
+    fn identity(&mut self) -> Result<Identity, DecodeError> {
+        Ok(match self.u8()? {
+            IDENTITY_OPEN => Identity::Open,
+            IDENTITY_MEMBER => Identity::Member,
+            IDENTITY_DEFAULT => Identity::Default,
+            IDENTITY_ANONYMOUS => Identity::Anonymous,
+            IDENTITY_USER => Identity::User {
+                name: self.string(USER_NAME_BYTES_MAX, "user name")?,
+                grants: self.grants()?,
+            },
+            _ => return Err(DecodeError::InvalidField("identity")),
+        })
+    }
+
+    fn user_directory(&mut self) -> Result<UserDirectorySnapshot, DecodeError> {
+        let version = self.u64()?;
+        let next_table_id = self.table_id()?;
+        let users = self.list(USERS_MAX, USER_RECORD_BYTES_MIN, Reader::user_record)?;
+        let tables = self.list(TABLES_MAX, 8 + 2, |reader| {
+            Ok((reader.table_id()?, reader.string(TABLE_NAME_BYTES_MAX, "table name")?))
+        })?;
+        let directory = UserDirectorySnapshot { version, next_table_id, users, tables };
+        directory.validate().map_err(|_| DecodeError::InvalidField("user directory"))?;
+        Ok(directory)
+    }
+
     fn finish(self) -> Result<(), DecodeError> {
         if self.remaining() == 0 {
             Ok(())
@@ -1345,6 +1501,15 @@ const TX_OP_BYTES_MIN: usize = 8 + 2 + 8 + 1 + 8 + 4;
 const TX_DECISION_OP_BYTES: usize = 8 + 8 + 8;
 const TX_VOTE_BYTES: usize = 2 + 1 + 8;
 const STATUS_BYTES: usize = 2;
+const GRANT_BYTES_MIN: usize = 2 + 1 + 1;
+const USER_RECORD_BYTES_MIN: usize = 2 + 1 + 1 + 4;
+const USER_SUMMARY_BYTES_MIN: usize = USER_RECORD_BYTES_MIN;
+/// The kinds of a WHO_AM_I identity.
+const IDENTITY_OPEN: u8 = 0;
+const IDENTITY_MEMBER: u8 = 1;
+const IDENTITY_DEFAULT: u8 = 2;
+const IDENTITY_ANONYMOUS: u8 = 3;
+const IDENTITY_USER: u8 = 4;
 /// An expiry on the wire: kind byte and u64.
 const EXPIRY_BYTES: usize = 1 + 8;
 const EXPIRY_NEVER: u8 = 0;
@@ -1575,6 +1740,13 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::BackupFenceMaster => Request::BackupFenceMaster { master_id: reader.server_id()? },
         Opcode::RenewLease => Request::RenewLease { server_id: reader.server_id()? },
         Opcode::ClientLease => Request::ClientLease { lease: LeaseId(reader.u64()?) },
+        Opcode::SetUser => Request::SetUser { user: reader.user_record()? },
+        Opcode::DeleteUser => {
+            Request::DeleteUser { name: reader.string(USER_NAME_BYTES_MAX, "user name")? }
+        }
+        Opcode::ListUsers => Request::ListUsers,
+        Opcode::WhoAmI => Request::WhoAmI,
+        Opcode::GetUserDirectory => Request::GetUserDirectory { known_version: reader.u64()? },
         Opcode::CheckClientLeases => Request::CheckClientLeases {
             leases: reader
                 .list(CLIENT_LEASES_PER_CHECK_MAX, 8, |reader| reader.u64().map(LeaseId))?,
@@ -1756,6 +1928,32 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
         Opcode::ClientLease => {
             Response::ClientLease { lease: LeaseId(reader.u64()?), term_ms: reader.u32()? }
         }
+        Opcode::SetUser => Response::SetUser { created: reader.bool("created")? },
+        Opcode::DeleteUser => Response::DeleteUser { existed: reader.bool("existed")? },
+        Opcode::ListUsers => Response::ListUsers {
+            users: reader.list(USERS_MAX, USER_SUMMARY_BYTES_MIN, |reader| {
+                let name = reader.string(USER_NAME_BYTES_MAX, "user name")?;
+                let flags = reader.u8()?;
+                if flags & !0b11 != 0 {
+                    return Err(DecodeError::InvalidField("user flags"));
+                }
+                let grants = reader.grants()?;
+                Ok(UserSummary {
+                    name,
+                    enabled: flags & 1 != 0,
+                    has_password: flags & 2 != 0,
+                    grants,
+                })
+            })?,
+        },
+        Opcode::WhoAmI => Response::WhoAmI { identity: reader.identity()? },
+        Opcode::GetUserDirectory => Response::GetUserDirectory {
+            directory: if reader.bool("directory changed")? {
+                Some(reader.user_directory()?)
+            } else {
+                None
+            },
+        },
         Opcode::CheckClientLeases => Response::CheckClientLeases {
             remaining_ms: reader.list(CLIENT_LEASES_PER_CHECK_MAX, 4, |reader| reader.u32())?,
         },

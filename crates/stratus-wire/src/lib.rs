@@ -13,6 +13,7 @@
 //! - [`membership`]: the preamble in which cluster members prove the cluster secret to each
 //!   other before the hello.
 //! - [`put`]: appenders for building a body in place (the master's zero-copy read path).
+//! - [`users`]: named users, their grants, and what every request needs of its sender.
 //! - [`message`] and [`status`]: the Rust types of every body and the closed set of statuses.
 //!
 //! Decoders never panic and never trust a length or count from the network; every malformed
@@ -24,11 +25,13 @@ pub mod membership;
 pub mod message;
 pub mod put;
 pub mod status;
+pub mod users;
 
 pub use codec::{
-    decode_request, decode_response, encode_error_response, encode_request, encode_response,
-    DecodeError, ResponseBody, BACKUP_REPLICAS_MAX, ERROR_MESSAGE_BYTES_MAX,
-    RECOVERY_PARTITIONS_MAX, RECOVERY_SEGMENTS_MAX, RECOVERY_TABLETS_MAX, REPLICA_BYTES_MAX,
+    decode_request, decode_response, decode_user_record, encode_error_response, encode_request,
+    encode_response, encode_user_record, DecodeError, ResponseBody, BACKUP_REPLICAS_MAX,
+    ERROR_MESSAGE_BYTES_MAX, RECOVERY_PARTITIONS_MAX, RECOVERY_SEGMENTS_MAX, RECOVERY_TABLETS_MAX,
+    REPLICA_BYTES_MAX,
 };
 pub use frame::{
     begin_request, begin_response, body_offset, decode_frame_header, finish_frame, frame_length,
@@ -43,3 +46,7 @@ pub use message::{
     TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
 };
 pub use status::Status;
+pub use users::{
+    AccessNeeded, Identity, TableAccess, TableGrant, UserCredentials, UserDirectorySnapshot,
+    UserRecord, UserSummary,
+};

@@ -53,6 +53,12 @@ const MEMBER_CONNECTOR_LABEL: &[u8; 16] = b"stratus member c";
 const MEMBER_ACCEPTOR_LABEL: &[u8; 16] = b"stratus member a";
 const CLIENT_CONNECTOR_LABEL: &[u8; 16] = b"stratus client c";
 const CLIENT_ACCEPTOR_LABEL: &[u8; 16] = b"stratus client a";
+const USER_CONNECTOR_LABEL: &[u8; 16] = b"stratus user   c";
+const USER_ACCEPTOR_LABEL: &[u8; 16] = b"stratus user   a";
+
+/// Bytes a named user's answer carries after the common answer: the user's salt, which the
+/// connector needs to derive its keys from the password.
+pub const MEMBER_USER_SALT_BYTES: usize = crate::users::USER_SALT_BYTES;
 
 /// What the connector claims to be. On the wire: a u16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +67,9 @@ pub enum PeerRole {
     Member = 0,
     /// A client, proving the client password.
     Client = 1,
+    /// A client, proving a named user's password (SCRAM-style: the challenge names the user,
+    /// the answer carries the user's salt).
+    User = 2,
 }
 
 impl PeerRole {
@@ -74,6 +83,7 @@ impl PeerRole {
         match code {
             0 => Some(PeerRole::Member),
             1 => Some(PeerRole::Client),
+            2 => Some(PeerRole::User),
             _ => None,
         }
     }
@@ -109,12 +119,47 @@ pub fn proof_transcript(
         (PeerRole::Member, ProofSide::Acceptor) => MEMBER_ACCEPTOR_LABEL,
         (PeerRole::Client, ProofSide::Connector) => CLIENT_CONNECTOR_LABEL,
         (PeerRole::Client, ProofSide::Acceptor) => CLIENT_ACCEPTOR_LABEL,
+        (PeerRole::User, ProofSide::Connector) => USER_CONNECTOR_LABEL,
+        (PeerRole::User, ProofSide::Acceptor) => USER_ACCEPTOR_LABEL,
     };
     let mut transcript = [0u8; MEMBER_TRANSCRIPT_BYTES];
     transcript[..16].copy_from_slice(label);
     transcript[16..16 + MEMBER_NONCE_BYTES].copy_from_slice(client_nonce);
     transcript[16 + MEMBER_NONCE_BYTES..].copy_from_slice(server_nonce);
     transcript
+}
+
+/// The transcript of a named user's proofs: the common transcript, then the user name's
+/// length (one byte) and the name, so a proof for one user is no proof for another.
+pub fn user_proof_transcript(
+    side: ProofSide,
+    client_nonce: &MemberNonce,
+    server_nonce: &MemberNonce,
+    user: &str,
+) -> Vec<u8> {
+    let mut transcript =
+        proof_transcript(PeerRole::User, side, client_nonce, server_nonce).to_vec();
+    transcript.extend_from_slice(&encode_user_name(user));
+    transcript
+}
+
+/// What follows a named user's challenge: the name's length in one byte, then the name.
+/// The caller validated the name (at most `USER_NAME_BYTES_MAX` bytes).
+pub fn encode_user_name(user: &str) -> Vec<u8> {
+    debug_assert!(user.len() <= stratus_types::limits::USER_NAME_BYTES_MAX);
+    let mut bytes = Vec::with_capacity(1 + user.len());
+    bytes.push(u8::try_from(user.len()).unwrap_or(u8::MAX));
+    bytes.extend_from_slice(user.as_bytes());
+    bytes
+}
+
+/// Checks the name a challenge carries (its bytes, without the length byte).
+pub fn decode_user_name(bytes: &[u8]) -> Result<String, FrameError> {
+    let name = std::str::from_utf8(bytes)
+        .map_err(|_| FrameError::BadPreamble("user name is not UTF-8"))?;
+    crate::users::validate_user_name(name)
+        .map_err(|_| FrameError::BadPreamble("invalid user name"))?;
+    Ok(name.to_string())
 }
 
 /// Step 1: the connector's challenge.
@@ -244,7 +289,7 @@ mod tests {
         wrong[0] = b'X';
         assert!(matches!(MemberChallenge::decode(&wrong), Err(FrameError::BadPreamble(_))));
         let mut unknown_role = bytes;
-        unknown_role[6] = 2;
+        unknown_role[6] = 3;
         assert!(MemberChallenge::decode(&unknown_role).is_err());
 
         let answer =
@@ -286,5 +331,13 @@ mod tests {
         assert_eq!(&connector[..16], b"stratus member c");
         assert_eq!(&connector[16..48], &[1; 32]);
         assert_eq!(&connector[48..], &[2; 32]);
+        let alice = user_proof_transcript(ProofSide::Connector, &[1; 32], &[2; 32], "alice");
+        let bob = user_proof_transcript(ProofSide::Connector, &[1; 32], &[2; 32], "bob");
+        assert_eq!(&alice[..16], b"stratus user   c");
+        assert_eq!(&alice[80..], b"\x05alice");
+        assert_ne!(alice, bob);
+        assert_eq!(decode_user_name(b"alice"), Ok("alice".to_string()));
+        assert!(decode_user_name(b"al ice").is_err());
+        assert!(decode_user_name(&[0xff]).is_err());
     }
 }

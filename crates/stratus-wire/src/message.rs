@@ -10,6 +10,7 @@ use stratus_types::{LeaseId, RpcId, RpcIdentity};
 use stratus_types::{TabletState, TxDecision, TxOpKind, TxVote, Version};
 
 use crate::status::Status;
+use crate::users::{Identity, UserDirectorySnapshot, UserRecord, UserSummary};
 
 /// Operation codes. On the wire: a little-endian u16. Never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,6 +53,16 @@ pub enum Opcode {
     ClientLease = 24,
     /// Coordinator (from a master): how long each of some client leases remains valid.
     CheckClientLeases = 25,
+    /// Coordinator (from a cluster administrator): create a user or replace one's password,
+    /// enabled flag and grants.
+    SetUser = 26,
+    /// Coordinator (from a cluster administrator): delete a user.
+    DeleteUser = 27,
+    /// Coordinator (from a cluster administrator): every user, without keys.
+    ListUsers = 28,
+    /// Any server: who this connection authenticated as. Answered by the RPC layer, which
+    /// alone knows.
+    WhoAmI = 29,
     /// Master: read one object.
     Read = 30,
     /// Master: write one object.
@@ -91,6 +102,9 @@ pub enum Opcode {
     /// Master (from the coordinator): a transfer into this master failed; drop what it copied
     /// here, unless a recovery or an assignment of the range overtook it.
     AbandonMigration = 47,
+    /// Coordinator (from a server): the user directory, if it differs from the version the
+    /// server has; held by the coordinator up to a few seconds until it does (a long poll).
+    GetUserDirectory = 48,
     /// Master (from a client committing a transaction): vote on the transaction's operations
     /// on this master's objects, locking each one voted PREPARED (or, validate-only, check
     /// that read objects are unchanged and unlocked).
@@ -124,7 +138,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 46] = [
+    pub const ALL: [Opcode; 51] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -142,6 +156,10 @@ impl Opcode {
         Opcode::ServerStopping,
         Opcode::ClientLease,
         Opcode::CheckClientLeases,
+        Opcode::SetUser,
+        Opcode::DeleteUser,
+        Opcode::ListUsers,
+        Opcode::WhoAmI,
         Opcode::Read,
         Opcode::Write,
         Opcode::Remove,
@@ -160,6 +178,7 @@ impl Opcode {
         Opcode::ReceiveMigrationData,
         Opcode::ReplicasNeeded,
         Opcode::AbandonMigration,
+        Opcode::GetUserDirectory,
         Opcode::TxPrepare,
         Opcode::TxDecision,
         Opcode::TxRequestAbort,
@@ -222,7 +241,13 @@ impl Opcode {
             // A client whose PREPARE answers were lost asks the participants for final votes;
             // it can already abort its own transaction with TX_DECISION, so this grants nothing.
             | Opcode::TxRequestAbort
-            | Opcode::BackupGetStatistics => Access::Client,
+            | Opcode::BackupGetStatistics
+            // The user opcodes: the RPC layer checks that the user administers the cluster
+            // (`Request::access_needed`); WHO_AM_I is anyone's.
+            | Opcode::SetUser
+            | Opcode::DeleteUser
+            | Opcode::ListUsers
+            | Opcode::WhoAmI => Access::Client,
             // What only the coordinator and the servers send each other: each one can change
             // who owns data, forge or fence a log, or read a master's replicas.
             Opcode::EnlistServer
@@ -238,6 +263,8 @@ impl Opcode {
             | Opcode::ReceiveMigrationData
             | Opcode::ReplicasNeeded
             | Opcode::AbandonMigration
+            // The directory carries every user's stored keys.
+            | Opcode::GetUserDirectory
             | Opcode::BackupWrite
             | Opcode::BackupFree
             | Opcode::BackupListReplicas
@@ -820,6 +847,27 @@ pub enum Request {
         /// `BACKUP_REPLICAS_MAX`).
         segment_ids: Vec<SegmentId>,
     },
+    /// SET_USER: create the user, or replace its enabled flag and grants (and its password,
+    /// unless `user.credentials` is `None`).
+    SetUser {
+        /// The user.
+        user: UserRecord,
+    },
+    /// DELETE_USER.
+    DeleteUser {
+        /// The user's name.
+        name: String,
+    },
+    /// LIST_USERS.
+    ListUsers,
+    /// WHO_AM_I.
+    WhoAmI,
+    /// GET_USER_DIRECTORY: the directory, unless the coordinator's is still at
+    /// `known_version` when the poll's time is up.
+    GetUserDirectory {
+        /// The version the server has (0: none).
+        known_version: u64,
+    },
     /// READ.
     Read {
         /// Table.
@@ -1147,6 +1195,31 @@ pub struct RecoveryTablet {
 /// [`Status::carries_operation_body`]); one variant per opcode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
+    /// SET_USER.
+    SetUser {
+        /// True if the user did not exist before.
+        created: bool,
+    },
+    /// DELETE_USER.
+    DeleteUser {
+        /// True if the user existed.
+        existed: bool,
+    },
+    /// LIST_USERS.
+    ListUsers {
+        /// Every user, ascending by name.
+        users: Vec<UserSummary>,
+    },
+    /// WHO_AM_I.
+    WhoAmI {
+        /// Who the connection is.
+        identity: Identity,
+    },
+    /// GET_USER_DIRECTORY: `None` if the directory is still at the version the server has.
+    GetUserDirectory {
+        /// The new directory.
+        directory: Option<UserDirectorySnapshot>,
+    },
     /// PING.
     Ping,
     /// ENLIST_SERVER.
@@ -1422,6 +1495,11 @@ impl Request {
             Request::ServerStopping { .. } => Opcode::ServerStopping,
             Request::ClientLease { .. } => Opcode::ClientLease,
             Request::CheckClientLeases { .. } => Opcode::CheckClientLeases,
+            Request::SetUser { .. } => Opcode::SetUser,
+            Request::DeleteUser { .. } => Opcode::DeleteUser,
+            Request::ListUsers => Opcode::ListUsers,
+            Request::WhoAmI => Opcode::WhoAmI,
+            Request::GetUserDirectory { .. } => Opcode::GetUserDirectory,
             Request::RecoveryAcceptLoss { .. } => Opcode::RecoveryAcceptLoss,
             Request::SplitTablet { .. } => Opcode::SplitTablet,
             Request::MigrateTablet { .. } => Opcode::MigrateTablet,
@@ -1475,6 +1553,11 @@ impl Response {
             Response::ServerStopping => Opcode::ServerStopping,
             Response::ClientLease { .. } => Opcode::ClientLease,
             Response::CheckClientLeases { .. } => Opcode::CheckClientLeases,
+            Response::SetUser { .. } => Opcode::SetUser,
+            Response::DeleteUser { .. } => Opcode::DeleteUser,
+            Response::ListUsers { .. } => Opcode::ListUsers,
+            Response::WhoAmI { .. } => Opcode::WhoAmI,
+            Response::GetUserDirectory { .. } => Opcode::GetUserDirectory,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::SplitTablet => Opcode::SplitTablet,
             Response::MigrateTablet => Opcode::MigrateTablet,

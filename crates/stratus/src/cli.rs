@@ -28,6 +28,10 @@ pub struct Arguments {
     /// own clients for it with AUTH).
     #[arg(long, global = true, env = "STRATUS_PASSWORD_FILE")]
     pub password_file: Option<std::path::PathBuf>,
+    /// Act as this named user (its password in --password-file), instead of the default user
+    /// whose password is the client password.
+    #[arg(long, global = true, env = "STRATUS_USER", requires = "password_file")]
+    pub user: Option<String>,
     /// TLS: the CA to trust (clients), and the certificate and key (servers; clients that
     /// servers ask for one).
     #[command(flatten)]
@@ -85,6 +89,11 @@ pub enum Command {
     /// TLS files for a test bed.
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// Manage named users and their grants (a cluster administrator's commands).
+    #[command(subcommand)]
+    User(crate::users::UserCommand),
+    /// Print who the cluster takes this client for, and what it may do.
+    Whoami,
 }
 
 /// `stratus tls ...`
@@ -364,12 +373,13 @@ impl Arguments {
 pub fn main(arguments: Arguments) -> std::process::ExitCode {
     match arguments.command {
         // The workload's exit status is its verdict (pass, violation, inconclusive).
-        Command::Workload(workload) => match client_config(
-            &arguments.coordinator,
-            arguments.timeout_ms,
-            arguments.password_file.as_deref(),
-            &arguments.tls,
-        ) {
+        Command::Workload(workload) => match client_config(&ClientFlags {
+            coordinator: &arguments.coordinator,
+            timeout_ms: arguments.timeout_ms,
+            password_file: arguments.password_file.as_deref(),
+            user: arguments.user.as_deref(),
+            tls: &arguments.tls,
+        }) {
             Ok(base) => crate::workload::run(workload, base),
             Err(message) => {
                 eprintln!("stratus: {message}");
@@ -418,16 +428,18 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
             run_resp(resp, &arguments.coordinator, arguments.timeout_ms, password, &arguments.tls)
         }
         command => {
+            let flags = ClientFlags {
+                coordinator: &arguments.coordinator,
+                timeout_ms: arguments.timeout_ms,
+                password_file: arguments.password_file.as_deref(),
+                user: arguments.user.as_deref(),
+                tls: &arguments.tls,
+            };
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|error| error.to_string())?;
-            let config = client_config(
-                &arguments.coordinator,
-                arguments.timeout_ms,
-                arguments.password_file.as_deref(),
-                &arguments.tls,
-            )?;
+            let config = client_config(&flags)?;
             runtime.block_on(async move {
                 let client = Client::new(config);
                 run_client_command(&client, command).await.map_err(|error| error.to_string())
@@ -436,20 +448,30 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
     }
 }
 
-/// The settings of a client of the cluster the flags name: its coordinator, the command
-/// timeout, and the client password and TLS it needs, if any.
-fn client_config(
-    coordinator: &str,
+/// The global flags a client command reads.
+struct ClientFlags<'a> {
+    coordinator: &'a str,
     timeout_ms: u64,
-    password_file: Option<&std::path::Path>,
-    tls: &crate::roles::TlsArguments,
-) -> Result<ClientConfig, String> {
-    let mut config = ClientConfig::new(coordinator.to_string());
-    config.operation_timeout = Duration::from_millis(timeout_ms);
-    if let Some(password) = read_password(password_file)? {
-        config = config.with_password(&password).map_err(|error| error.to_string())?;
+    password_file: Option<&'a std::path::Path>,
+    user: Option<&'a str>,
+    tls: &'a crate::roles::TlsArguments,
+}
+
+/// The settings of a client of the cluster the flags name: its coordinator, the command
+/// timeout, and the credentials (the client password, or a named user's) and TLS it needs, if
+/// any.
+fn client_config(arguments: &ClientFlags<'_>) -> Result<ClientConfig, String> {
+    let mut config = ClientConfig::new(arguments.coordinator.to_string());
+    config.operation_timeout = Duration::from_millis(arguments.timeout_ms);
+    if let Some(password) = read_password(arguments.password_file)? {
+        config = match arguments.user {
+            Some(user) => {
+                config.with_user(user, &password).map_err(|error| format!("--user: {error}"))?
+            }
+            None => config.with_password(&password).map_err(|error| error.to_string())?,
+        };
     }
-    config.tls = tls.client()?;
+    config.tls = arguments.tls.client()?;
     Ok(config)
 }
 
@@ -568,6 +590,10 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
             client.drop_table(&name).await?;
             let _ = writeln!(stdout, "dropped {name}");
         }
+        Command::User(command) => {
+            crate::users::run(client, command).await.map_err(CommandError::Value)?
+        }
+        Command::Whoami => crate::users::who_am_i(client).await.map_err(CommandError::Value)?,
         Command::Recovery(RecoveryCommand::AcceptLoss { server }) => {
             let awaits_recovery =
                 |server: &stratus_client::ServerEntry| server.status.awaits_recovery();

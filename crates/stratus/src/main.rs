@@ -15,6 +15,7 @@ mod roles;
 mod status;
 mod tx;
 mod up;
+mod users;
 mod workload;
 
 use std::process::ExitCode;

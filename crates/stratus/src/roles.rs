@@ -28,7 +28,7 @@ use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig}
 use stratus_rpc::membership::{read_secret_file, REFUSED_PROOF_DELAY};
 use stratus_rpc::{
     serve_admitting, Admission, Backoff, ChannelPool, ClusterKey, MemberNetwork, Membership,
-    RpcConfig,
+    RpcConfig, UserDirectory,
 };
 use stratus_store::StoreConfig;
 use stratus_tls::TlsNetwork;
@@ -217,6 +217,20 @@ fn with_tls(
         "{role} speaks TLS on every listener and to its peers"
     );
     Arc::new(TlsNetwork::new(network, Some(tls.server.clone()), Some(tls.client.clone())))
+}
+
+/// Makes a process that requires the client password authenticate named users too, against
+/// `directory`, and check each of their requests against their grants (docs/design/security.md,
+/// "Users"). Named users exist only where clients must authenticate: with anonymous clients
+/// admitted to everything, a user's grants would restrict nobody. True if it does.
+fn serve_named_users(admission: &Admission, directory: Arc<UserDirectory>) -> bool {
+    match admission.membership() {
+        Some(membership) if membership.requires_client_password() => {
+            membership.serve_users(directory);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// True if `address` ("host:port") is on the loopback interface.
@@ -532,6 +546,7 @@ fn run_coordinator_on_etcd(
         let address = listener.local_address();
         let gate = Arc::new(StandbyGate::new());
         let access = metrics::MetricsAccess::new(admission.membership(), client_password, tls);
+        let membership = admission.membership();
         let serving = tokio::spawn(serve_admitting(listener, gate.clone(), admission));
         println!(
             "coordinator on {address} standing by for the leadership in etcd ({})",
@@ -559,6 +574,9 @@ fn run_coordinator_on_etcd(
             // rejects), it could grant master leases until its own leadership lease would
             // have ended.
             coordinator.predecessor_may_grant_until(grace);
+        }
+        if let Some(membership) = membership.filter(|m| m.requires_client_password()) {
+            membership.serve_users(coordinator.user_directory());
         }
         gate.activate(coordinator.clone());
         let lost = exit_once_leadership_lost(leadership.clone(), store);
@@ -682,6 +700,7 @@ fn serve_coordinator(
             .map_err(|error| format!("listen on {}: {error}", arguments.listen))?;
         let address = listener.local_address();
         let coordinator_service = Arc::new(coordinator.clone());
+        serve_named_users(&admission, coordinator.user_directory());
         let access = metrics::MetricsAccess::new(admission.membership(), client_password, tls);
         let serving = tokio::spawn(serve_admitting(listener, coordinator_service, admission));
         let serving = (serving, access);
@@ -817,6 +836,15 @@ pub fn run_server(
         let previous = identity::previous_server_id(data_directory)?;
         let enlistment = Enlistment { address: &address, services, previous };
         let server_id = enlist(&environment, &coordinator, enlistment, deadline).await?;
+        let users = Arc::new(UserDirectory::new());
+        if serve_named_users(&admission, users.clone()) {
+            let follow = users.follow_coordinator(
+                environment.network.clone(),
+                environment.entropy.clone(),
+                coordinator.clone(),
+            );
+            tokio::spawn(follow);
+        }
         if let Some(directory) = data_directory {
             identity::remember_server_id(directory, server_id)?;
         }

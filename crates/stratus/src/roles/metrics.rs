@@ -260,6 +260,28 @@ fn render_security(membership: Option<&Membership>, tls: Option<&ServerTls>) -> 
             MetricType::Counter,
         )
         .sample(&[], membership.requests_refused());
+        if let Some(users) = membership.users() {
+            out.family(
+                "stratus_users_authentications_failed_total",
+                "Named users' preambles refused by this process: a wrong password, an unknown \
+                 or disabled user, or a name refused unchecked after too many failures in a \
+                 second.",
+                MetricType::Counter,
+            )
+            .sample(&[], users.authentications_failed());
+            out.family(
+                "stratus_users_requests_denied_total",
+                "Requests of named users refused (PERMISSION_DENIED) for want of a grant.",
+                MetricType::Counter,
+            )
+            .sample(&[], users.requests_denied());
+            out.family(
+                "stratus_users",
+                "Named users in the user directory this process checks against.",
+                MetricType::Gauge,
+            )
+            .sample(&[], users.snapshot().users.len() as u64);
+        }
     }
     out.into_text()
 }

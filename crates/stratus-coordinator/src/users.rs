@@ -1,0 +1,176 @@
+//! Named users: the coordinator keeps them in its MetaStore (`user/<name>`, stored keys only),
+//! answers SET_USER, DELETE_USER and LIST_USERS, and hands the user directory to its servers
+//! through a long poll (GET_USER_DIRECTORY), so a change reaches every server within a round
+//! trip (docs/design/security.md, "Users").
+//!
+//! Who may send the user opcodes is the RPC layer's check (`Request::access_needed`: a cluster
+//! administrator); here the coordinator validates and applies them.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sha2::{Digest, Sha256};
+use stratus_meta::MetaOperation;
+use stratus_types::limits::{USERS_MAX, USER_DIRECTORY_BYTES_MAX};
+use stratus_types::TableId;
+use stratus_wire::users::{pattern_matches, UserDirectorySnapshot};
+use stratus_wire::{encode_response, Response, Status, UserRecord, UserSummary};
+
+use crate::records::{put_user, user_key, CoordinatorState};
+use crate::service::Inner;
+
+/// How long the coordinator holds a GET_USER_DIRECTORY whose version is current before it
+/// answers "unchanged": short enough that a server notices a dead coordinator and polls its
+/// successor, long enough that an idle cluster costs one request per server per few seconds.
+pub const USER_DIRECTORY_POLL: Duration = Duration::from_secs(5);
+
+type Failure = (Status, String);
+
+/// The directory of `state`: every user, and the names of the tables that some grant other
+/// than `*` matches. Its version is a digest of the rest, so two coordinators (an active one
+/// and its successor) give the same version for the same content, and a server never
+/// mistakes a changed directory for the one it has.
+pub(crate) fn build_directory(state: &CoordinatorState) -> Result<UserDirectorySnapshot, String> {
+    let users: Vec<UserRecord> = state.users.values().cloned().collect();
+    let patterns: Vec<&str> = users
+        .iter()
+        .flat_map(|user| user.grants.iter())
+        .map(|grant| grant.pattern.as_str())
+        .filter(|pattern| UserDirectorySnapshot::pattern_needs_name(pattern))
+        .collect();
+    let mut tables: Vec<(TableId, String)> = state
+        .tables
+        .iter()
+        .filter(|(name, _)| patterns.iter().any(|pattern| pattern_matches(pattern, name)))
+        .map(|(name, table)| (table.table_id, name.clone()))
+        .collect();
+    tables.sort();
+    let mut directory = UserDirectorySnapshot {
+        version: 0,
+        next_table_id: TableId(state.next_table_id),
+        users,
+        tables,
+    };
+    let mut encoded = BytesMut::new();
+    let response = Response::GetUserDirectory { directory: Some(directory.clone()) };
+    encode_response(&mut encoded, 0, Status::Ok, &response);
+    if encoded.len() > USER_DIRECTORY_BYTES_MAX {
+        return Err(format!(
+            "the user directory would take {} bytes, over its limit of {USER_DIRECTORY_BYTES_MAX}",
+            encoded.len()
+        ));
+    }
+    let digest = Sha256::digest(&encoded);
+    let version = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    // 0 means "none" to a server asking; a digest of 0 is as good as any other.
+    directory.version = version.max(1);
+    Ok(directory)
+}
+
+impl Inner {
+    /// Hands `state`'s directory to the servers' long polls (and to this coordinator's own
+    /// checks). Called, under the state lock, after every change to users or tables. A
+    /// directory over its limit is not published (servers keep the previous one) and logged.
+    pub(crate) fn publish_users(&self, state: &CoordinatorState) {
+        match build_directory(state) {
+            Ok(directory) => self.users.install(directory),
+            Err(reason) => tracing::error!(%reason, "user directory not published"),
+        }
+    }
+
+    /// SET_USER: creates `user` or replaces it (keeping its password if `user.credentials` is
+    /// `None`).
+    pub(crate) async fn set_user(&self, mut user: UserRecord) -> Result<Response, Failure> {
+        user.validate().map_err(|reason| (Status::InvalidParameter, reason))?;
+        let mut state = self.state.lock().await;
+        let existing = state.users.get(&user.name);
+        let created = existing.is_none();
+        if created && state.users.len() >= USERS_MAX {
+            return Err((
+                Status::InvalidParameter,
+                format!("the cluster is at its limit of {USERS_MAX} users"),
+            ));
+        }
+        if user.credentials.is_none() {
+            user.credentials = existing.and_then(|existing| existing.credentials.clone());
+        }
+        let mut next = state.clone();
+        next.users.insert(user.name.clone(), user.clone());
+        build_directory(&next).map_err(|reason| (Status::InvalidParameter, reason))?;
+        self.persist(vec![put_user(&user)]).await?;
+        tracing::info!(user = %user.name, created, enabled = user.enabled, "user set");
+        state.users.insert(user.name.clone(), user);
+        self.publish_users(&state);
+        Ok(Response::SetUser { created })
+    }
+
+    /// DELETE_USER. The user's open connections are refused from their next request on.
+    pub(crate) async fn delete_user(&self, name: String) -> Result<Response, Failure> {
+        let mut state = self.state.lock().await;
+        if !state.users.contains_key(&name) {
+            return Ok(Response::DeleteUser { existed: false });
+        }
+        self.persist(vec![MetaOperation::Delete { key: user_key(&name) }]).await?;
+        tracing::info!(user = %name, "user deleted");
+        state.users.remove(&name);
+        self.publish_users(&state);
+        Ok(Response::DeleteUser { existed: true })
+    }
+
+    /// LIST_USERS: every user, without keys.
+    pub(crate) async fn list_users(&self) -> Result<Response, Failure> {
+        let state = self.state.lock().await;
+        Ok(Response::ListUsers { users: state.users.values().map(UserSummary::of).collect() })
+    }
+
+    /// GET_USER_DIRECTORY: the directory as soon as it differs from `known_version`, or
+    /// "unchanged" after [`USER_DIRECTORY_POLL`].
+    pub(crate) async fn user_directory(&self, known_version: u64) -> Result<Response, Failure> {
+        let directory = self.users.changed_from(known_version, USER_DIRECTORY_POLL).await;
+        let changed = directory.version != known_version;
+        Ok(Response::GetUserDirectory { directory: changed.then(|| (*directory).clone()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::TableRecord;
+    use stratus_wire::{TableAccess, TableGrant};
+
+    fn user(name: &str, pattern: &str) -> UserRecord {
+        UserRecord {
+            name: name.into(),
+            enabled: true,
+            credentials: None,
+            grants: vec![TableGrant { pattern: pattern.into(), access: TableAccess::READ }],
+        }
+    }
+
+    #[test]
+    fn the_directory_names_only_tables_a_specific_pattern_matches_and_its_version_follows_content()
+    {
+        let mut state = CoordinatorState { next_table_id: 4, ..Default::default() };
+        for (id, name) in [(1, "orders"), (2, "orders-archive"), (3, "users")] {
+            state
+                .tables
+                .insert(name.into(), TableRecord { table_id: TableId(id), tablets: vec![] });
+        }
+        state.users.insert("alice".into(), user("alice", "orders*"));
+        state.users.insert("root".into(), user("root", "*"));
+        let directory = build_directory(&state).expect("small");
+        assert_eq!(
+            directory.tables,
+            vec![(TableId(1), "orders".to_string()), (TableId(2), "orders-archive".to_string())]
+        );
+        assert_eq!(directory.next_table_id, TableId(4));
+        assert_ne!(directory.version, 0);
+        assert_eq!(build_directory(&state).expect("small").version, directory.version);
+        state.users.insert("bob".into(), user("bob", "users"));
+        let changed = build_directory(&state).expect("small");
+        assert_ne!(changed.version, directory.version);
+        assert!(changed.tables.contains(&(TableId(3), "users".to_string())));
+        assert_eq!(changed.users.len(), 3);
+        changed.validate().expect("valid");
+    }
+}

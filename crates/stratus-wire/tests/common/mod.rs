@@ -17,6 +17,73 @@ use stratus_wire::{
     VersionItemResult, WriteItem,
 };
 
+/// Valid user names.
+pub fn user_name() -> impl Strategy<Value = String> {
+    "[a-zA-Z0-9_.@-]{1,64}".prop_filter("not default", |name| name != "default")
+}
+
+/// Valid grant lists.
+pub fn grants() -> impl Strategy<Value = Vec<stratus_wire::TableGrant>> {
+    vec(
+        ("[a-z*?-]{1,20}", 1u8..8).prop_map(|(pattern, bits)| stratus_wire::TableGrant {
+            pattern,
+            access: stratus_wire::TableAccess::from_bits(bits).expect("defined bits"),
+        }),
+        0..4,
+    )
+}
+
+/// Valid user records, with or without credentials.
+pub fn user_record() -> impl Strategy<Value = stratus_wire::UserRecord> {
+    (
+        user_name(),
+        any::<bool>(),
+        option::of((any::<[u8; 16]>(), any::<[u8; 32]>(), any::<[u8; 32]>())),
+        grants(),
+    )
+        .prop_map(|(name, enabled, credentials, grants)| stratus_wire::UserRecord {
+            name,
+            enabled,
+            credentials: credentials.map(|(salt, stored_key, server_key)| {
+                stratus_wire::UserCredentials { salt, stored_key, server_key }
+            }),
+            grants,
+        })
+}
+
+/// Every kind of identity.
+pub fn identity() -> impl Strategy<Value = stratus_wire::Identity> {
+    prop_oneof![
+        Just(stratus_wire::Identity::Open),
+        Just(stratus_wire::Identity::Member),
+        Just(stratus_wire::Identity::Default),
+        Just(stratus_wire::Identity::Anonymous),
+        (user_name(), grants())
+            .prop_map(|(name, grants)| stratus_wire::Identity::User { name, grants }),
+    ]
+}
+
+/// Valid directories: users ascending by distinct name, tables ascending by distinct id.
+pub fn user_directory() -> impl Strategy<Value = stratus_wire::UserDirectorySnapshot> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        vec(user_record(), 0..3),
+        proptest::collection::btree_map(any::<u64>(), "[a-z]{1,8}", 0..3),
+    )
+        .prop_map(|(version, next, users, tables)| {
+            let mut users: Vec<_> = users;
+            users.sort_by(|a, b| a.name.cmp(&b.name));
+            users.dedup_by(|a, b| a.name == b.name);
+            stratus_wire::UserDirectorySnapshot {
+                version,
+                next_table_id: TableId(next),
+                users,
+                tables: tables.into_iter().map(|(id, name)| (TableId(id), name)).collect(),
+            }
+        })
+}
+
 /// Keys, including the empty key (decodable; the master refuses it).
 pub fn key() -> impl Strategy<Value = Bytes> {
     vec(any::<u8>(), 0..24).prop_map(Bytes::from)
@@ -460,6 +527,11 @@ pub fn request() -> impl Strategy<Value = Request> {
             .prop_map(|lease| Request::ClientLease { lease: stratus_types::LeaseId(lease) }),
         vec(any::<u64>().prop_map(stratus_types::LeaseId), 0..4)
             .prop_map(|leases| Request::CheckClientLeases { leases }),
+        user_record().prop_map(|user| Request::SetUser { user }),
+        user_name().prop_map(|name| Request::DeleteUser { name }),
+        Just(Request::ListUsers),
+        Just(Request::WhoAmI),
+        any::<u64>().prop_map(|known_version| Request::GetUserDirectory { known_version }),
         server_id().prop_map(|server_id| Request::HintServerCrashed { server_id }),
         server_id().prop_map(|server_id| Request::ServerStopping { server_id }),
         server_id().prop_map(|server_id| Request::RecoveryAcceptLoss { server_id }),
@@ -679,6 +751,22 @@ pub fn response() -> impl Strategy<Value = Response> {
         segment_id()
             .prop_map(|creation_segment| Response::ReceiveMigrationData { creation_segment }),
         any::<u32>().prop_map(|lease_ms| Response::RenewLease { lease_ms }),
+        any::<bool>().prop_map(|created| Response::SetUser { created }),
+        any::<bool>().prop_map(|existed| Response::DeleteUser { existed }),
+        vec(
+            (user_name(), any::<bool>(), any::<bool>(), grants()).prop_map(
+                |(name, enabled, has_password, grants)| stratus_wire::UserSummary {
+                    name,
+                    enabled,
+                    has_password,
+                    grants
+                }
+            ),
+            0..3
+        )
+        .prop_map(|users| Response::ListUsers { users }),
+        identity().prop_map(|identity| Response::WhoAmI { identity }),
+        option::of(user_directory()).prop_map(|directory| Response::GetUserDirectory { directory }),
         (any::<u64>(), any::<u32>()).prop_map(|(lease, term_ms)| Response::ClientLease {
             lease: stratus_types::LeaseId(lease),
             term_ms

@@ -6,6 +6,8 @@
 //! The first input byte steers the stream: with its low bit set and a whole challenge after
 //! it, the target splices in the right proof for that challenge (the server's nonce is
 //! deterministic here: seeded entropy), so the fuzzer also reaches the frames a member sends.
+//! For a named user's challenge (role 2) the proof goes after the name, and is right for the
+//! user `fuzz`, whom every third server knows.
 
 #![no_main]
 
@@ -19,16 +21,28 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use stratus_env::{Entropy, SeededEntropy};
-use stratus_rpc::{Admission, ClusterKey, Handled, Membership, Service};
+use stratus_rpc::{
+    user_client_proof, user_credentials, Admission, ClusterKey, Handled, Membership, Service,
+    UserDirectory,
+};
 use stratus_wire::membership::{
     decode_member_verdict, encode_member_verdict, MemberAnswer, MemberChallenge, PeerRole,
     ProofSide, MEMBER_ANSWER_BYTES, MEMBER_CHALLENGE_BYTES, MEMBER_MAGIC, MEMBER_VERDICT_BYTES,
 };
-use stratus_wire::{encode_error_response, FrameHeader, Status};
+use stratus_wire::membership::MEMBER_USER_SALT_BYTES;
+use stratus_wire::{
+    encode_error_response, FrameHeader, Status, TableAccess, TableGrant, UserDirectorySnapshot,
+    UserRecord,
+};
 
 const SECRET: &[u8] = b"the fuzzed cluster's secret";
 const PASSWORD: &[u8] = b"the fuzzed cluster's client password";
 const NONCE_SEED: u64 = 7;
+const USER: &str = "fuzz";
+const USER_PASSWORD: &[u8] = b"the fuzzed user's password";
+const USER_SALT: [u8; MEMBER_USER_SALT_BYTES] = [9; MEMBER_USER_SALT_BYTES];
+/// The role code of a named user's challenge.
+const USER_ROLE: u8 = 2;
 
 struct AnswerEverything;
 
@@ -49,9 +63,10 @@ fuzz_target!(|data: &[u8]| {
     check_decoders(data);
     let input = steer(data);
     let admission = admission(&input);
+    let role = input.get(6).copied();
     let exchange = server_stream::exchange(input, Arc::new(AnswerEverything), admission);
     let output = RUNTIME.with(|runtime| runtime.borrow().block_on(exchange));
-    check_output(&output);
+    check_output(&output, role);
 });
 
 fn check_decoders(data: &[u8]) {
@@ -102,6 +117,22 @@ fn steer(data: &[u8]) -> Vec<u8> {
             for chunk in server_nonce.chunks_exact_mut(8) {
                 chunk.copy_from_slice(&entropy.next_u64().to_le_bytes());
             }
+            let after = &rest[MEMBER_CHALLENGE_BYTES..];
+            if challenge[6] == USER_ROLE {
+                // The name (its length byte, then its bytes), then the proof for user `fuzz`.
+                let Some((&length, names)) = after.split_first() else { return rest.to_vec() };
+                let Some(name) = names.get(..usize::from(length)) else { return rest.to_vec() };
+                let name = String::from_utf8_lossy(name).into_owned();
+                let Ok(proof) =
+                    user_client_proof(USER_PASSWORD, &USER_SALT, &client_nonce, &server_nonce, &name)
+                else {
+                    return rest.to_vec();
+                };
+                let mut stream = rest[..MEMBER_CHALLENGE_BYTES + 1 + usize::from(length)].to_vec();
+                stream.extend_from_slice(&proof);
+                stream.extend_from_slice(&names[usize::from(length)..]);
+                return stream;
+            }
             // The role the challenge claims (an unknown one is refused before any proof).
             let role = match challenge[6] {
                 1 => PeerRole::Client,
@@ -111,27 +142,59 @@ fn steer(data: &[u8]) -> Vec<u8> {
             let proof = key.prove(role, ProofSide::Connector, &client_nonce, &server_nonce);
             let mut stream = challenge.to_vec();
             stream.extend_from_slice(&proof);
-            stream.extend_from_slice(&rest[MEMBER_CHALLENGE_BYTES..]);
+            stream.extend_from_slice(after);
             stream
         }
         _ => rest.to_vec(),
     }
 }
 
-/// A server with a cluster secret (and, for every other input, a client password).
-fn admission(input: &[u8]) -> Admission {
-    let client_key = (input.len() % 2 == 0).then(client_key);
-    let nonces = Arc::new(SeededEntropy::new(NONCE_SEED));
-    Admission::Members(Membership::with_options(key(), client_key, nonces, Duration::ZERO))
+/// The user directory every third server serves: the user `fuzz`, reading every table.
+fn users() -> UserDirectorySnapshot {
+    static USERS: std::sync::OnceLock<UserDirectorySnapshot> = std::sync::OnceLock::new();
+    USERS
+        .get_or_init(|| UserDirectorySnapshot {
+            version: 1,
+            next_table_id: stratus_types::TableId(2),
+            users: vec![UserRecord {
+                name: USER.to_string(),
+                enabled: true,
+                credentials: Some(user_credentials(USER_PASSWORD, USER_SALT).expect("valid")),
+                grants: vec![TableGrant { pattern: "*".to_string(), access: TableAccess::READ }],
+            }],
+            tables: Vec::new(),
+        })
+        .clone()
 }
 
-fn check_output(output: &[u8]) {
+/// A server with a cluster secret (and, for every other input, a client password; with one,
+/// every third also serves named users).
+fn admission(input: &[u8]) -> Admission {
+    let client_key = (input.len() % 2 == 0).then(client_key);
+    let serves_users = client_key.is_some() && input.len() % 3 == 0;
+    let nonces = Arc::new(SeededEntropy::new(NONCE_SEED));
+    let membership = Membership::with_options(key(), client_key, nonces, Duration::ZERO);
+    if serves_users {
+        let directory = Arc::new(UserDirectory::new());
+        directory.install(users());
+        membership.serve_users(directory);
+    }
+    Admission::Members(membership)
+}
+
+/// Checks what the server wrote, given the role byte the input's challenge claimed.
+fn check_output(output: &[u8], role: Option<u8>) {
     let mut rest = output;
     if rest.starts_with(&MEMBER_MAGIC) {
         let answer: &[u8; MEMBER_ANSWER_BYTES] =
             rest.get(..MEMBER_ANSWER_BYTES).and_then(|b| b.try_into().ok()).expect("whole answer");
         let answer = MemberAnswer::decode(answer).expect("the server's answer decodes");
         rest = &rest[MEMBER_ANSWER_BYTES..];
+        if answer.status == Status::Ok && role == Some(USER_ROLE) {
+            // A named user's answer carries the user's salt.
+            assert!(rest.len() >= MEMBER_USER_SALT_BYTES, "an answer without its salt");
+            rest = &rest[MEMBER_USER_SALT_BYTES..];
+        }
         if answer.status != Status::Ok || rest.is_empty() {
             assert!(rest.is_empty(), "bytes after a refusal or before a proof");
             return;

@@ -33,4 +33,7 @@ pub use membership::{
     Admission, ClientNetwork, ClusterKey, MemberNetwork, Membership, Proven, SecretError,
 };
 pub use server::{serve, serve_admitting, serve_within, Handled, ServerLimits, Service};
-pub use users::{new_user_credentials, password_matches, UserDirectory, UserPassword};
+pub use users::{
+    new_user_credentials, password_matches, user_client_proof, user_credentials, UserDirectory,
+    UserPassword,
+};

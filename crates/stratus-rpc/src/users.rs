@@ -106,13 +106,43 @@ fn derive_user_keys(password: &[u8], salt: &[u8; USER_SALT_BYTES]) -> UserKeys {
 /// The credentials the cluster keeps for `password` with a fresh random salt (what SET_USER
 /// carries: the password itself never leaves the process that sets it).
 pub fn new_user_credentials(password: &[u8]) -> Result<UserCredentials, String> {
-    let password = check_user_password(password)?;
     let mut salt = [0u8; USER_SALT_BYTES];
     for chunk in salt.chunks_exact_mut(8) {
         chunk.copy_from_slice(&OsEntropy.next_u64().to_le_bytes());
     }
+    user_credentials(password, salt)
+}
+
+/// The credentials for `password` with `salt` (tests and fuzzing need a fixed salt; real
+/// passwords get [`new_user_credentials`]'s random one).
+pub fn user_credentials(
+    password: &[u8],
+    salt: [u8; USER_SALT_BYTES],
+) -> Result<UserCredentials, String> {
+    let password = check_user_password(password)?;
     let keys = derive_user_keys(password, &salt);
     Ok(UserCredentials { salt, stored_key: keys.stored_key, server_key: keys.server_key })
+}
+
+/// The client proof (step 3 of a named user's preamble) that `password` gives for `user` in
+/// the exchange of these nonces, with the user's `salt`: what [`prove_user`] sends, for tests
+/// and fuzzing that build preambles by hand.
+pub fn user_client_proof(
+    password: &[u8],
+    salt: &[u8; USER_SALT_BYTES],
+    client_nonce: &[u8; 32],
+    server_nonce: &[u8; 32],
+    user: &str,
+) -> Result<[u8; 32], String> {
+    stratus_wire::users::validate_user_name(user)?;
+    let keys = derive_user_keys(check_user_password(password)?, salt);
+    let transcript = user_proof_transcript(ProofSide::Connector, client_nonce, server_nonce, user);
+    let signature = hmac(&keys.stored_key, &transcript);
+    let mut proof = [0u8; 32];
+    for (byte, (key, sign)) in proof.iter_mut().zip(keys.client_key.iter().zip(&signature)) {
+        *byte = key ^ sign;
+    }
+    Ok(proof)
 }
 
 /// True if `password` is the one `credentials` were made from (one Argon2id): how the RESP

@@ -219,6 +219,9 @@ fn with_tls(
     Arc::new(TlsNetwork::new(network, Some(tls.server.clone()), Some(tls.client.clone())))
 }
 
+/// How long a starting server waits for its first user directory before it serves anyway.
+const USER_DIRECTORY_FIRST_WAIT: Duration = Duration::from_secs(5);
+
 /// Makes a process that requires the client password authenticate named users too, against
 /// `directory`, and check each of their requests against their grants (docs/design/security.md,
 /// "Users"). Named users exist only where clients must authenticate: with anonymous clients
@@ -838,12 +841,19 @@ pub fn run_server(
         let server_id = enlist(&environment, &coordinator, enlistment, deadline).await?;
         let users = Arc::new(UserDirectory::new());
         if serve_named_users(&admission, users.clone()) {
-            let follow = users.follow_coordinator(
+            let follow = users.clone().follow_coordinator(
                 environment.network.clone(),
                 environment.entropy.clone(),
                 coordinator.clone(),
             );
             tokio::spawn(follow);
+            // Start with the directory: the coordinator answers the first poll at once (its
+            // version is never 0), and a user sent here by a fresh tablet map must not be
+            // refused for a directory still on its way.
+            let directory = users.changed_from(0, USER_DIRECTORY_FIRST_WAIT).await;
+            if directory.version == 0 {
+                tracing::warn!("no user directory from the coordinator yet; users wait for it");
+            }
         }
         if let Some(directory) = data_directory {
             identity::remember_server_id(directory, server_id)?;

@@ -928,6 +928,10 @@ fn print_how_to_connect(
     let (ca, password) = (how.ca.display(), how.password.display());
     println!("connect with TLS and the client password:");
     println!("  stratus --coordinator {coordinator} --tls-ca-file {ca} --password-file {password} status");
+    println!(
+        "  users: stratus --coordinator {coordinator} --tls-ca-file {ca} --password-file {password} \
+         user set NAME --generate-password --grant 'TABLE-PATTERN=rw'"
+    );
     if !resp {
         return;
     }

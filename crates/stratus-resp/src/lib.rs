@@ -59,6 +59,7 @@
 //! connection is closed, as Redis does. Every request is bounded ([`RequestLimits`]).
 //! `HELLO 3` switches a connection's replies to RESP3 (maps, `_` nulls).
 
+mod acl;
 pub mod commands;
 mod expiry;
 mod gateway;
@@ -69,7 +70,10 @@ mod server;
 mod transaction;
 pub mod value;
 
-pub use gateway::{Gateway, GatewayConfig, GatewayStatistics, RespPassword, Session};
+pub use gateway::{
+    Gateway, GatewayConfig, GatewayStatistics, RespPassword, Session, UserClients,
+    USER_CLIENTS_CACHED_MAX,
+};
 pub use request::{Parsed, ProtocolError, RequestLimits, RequestParser};
 pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};
 pub use value::{parse_value, ParseError, Protocol, Value};

@@ -505,8 +505,17 @@ fn run_resp(
         config = config.with_password(password).map_err(|error| error.to_string())?;
     }
     config.tls = tls.client()?;
+    // Named users (AUTH user password) exist on clusters that require the client password;
+    // their sessions go out as them (the same coordinator, timeout and TLS).
+    let user_clients = password.as_ref().map(|_| {
+        let mut user_config = ClientConfig::new(coordinator.to_string());
+        user_config.operation_timeout = config.operation_timeout;
+        user_config.tls = config.tls.clone();
+        crate::roles::user_clients(user_config)
+    });
     let gateway_config = stratus_resp::GatewayConfig {
         password: password.map(stratus_resp::RespPassword),
+        user_clients,
         table_prefix: resp.table_prefix,
         table_span: resp.table_span,
         databases: resp.databases,

@@ -629,6 +629,8 @@ impl Gateway {
                 (user, client.clone(), client)
             }
         };
+        // Closed never: the semaphore lives as long as the gateway.
+        let Ok(_turn) = self.user_checks.acquire().await else { return UserCheck::Refused };
         match checker.who_am_i().await {
             Ok(Identity::User { name: who, .. }) if who == name => {
                 self.lock_user_clients().insert(name, digest, user, client.clone());

@@ -58,6 +58,13 @@ impl std::fmt::Debug for UserClients {
 /// password (one Argon2id per salt, not per connection).
 pub const USER_CLIENTS_CACHED_MAX: usize = 64;
 
+/// Named users' passwords a gateway checks at once; more AUTH wait their turn. A check whose
+/// salt is new costs an Argon2id (19 MiB, tens of milliseconds of CPU), computed by the client
+/// library inside the connection's preamble, on a runtime thread that a server's front end
+/// shares with its master: a guesser (whose failures the per-second limit bounds) must not be
+/// able to take every thread at once.
+pub const USER_CHECKS_AT_ONCE_MAX: usize = 2;
+
 /// A cached named user's client, under the user's name and the SHA-256 of the password it
 /// was made with.
 struct CachedUser {
@@ -248,6 +255,8 @@ pub struct Gateway {
     pub(crate) scans: Mutex<ScanRegistry>,
     /// Named users' clients (AUTH user password).
     pub(crate) user_clients: Mutex<UserClientCache>,
+    /// Turns to check a named user's password (`USER_CHECKS_AT_ONCE_MAX`).
+    pub(crate) user_checks: tokio::sync::Semaphore,
     next_client_id: AtomicU64,
     pub(crate) connected_clients: AtomicU64,
     pub(crate) connections_received: AtomicU64,
@@ -271,6 +280,7 @@ impl Gateway {
             tables: Mutex::new(HashMap::new()),
             scans: Mutex::new(ScanRegistry::default()),
             user_clients: Mutex::new(UserClientCache::default()),
+            user_checks: tokio::sync::Semaphore::new(USER_CHECKS_AT_ONCE_MAX),
             next_client_id: AtomicU64::new(1),
             connected_clients: AtomicU64::new(0),
             connections_received: AtomicU64::new(0),

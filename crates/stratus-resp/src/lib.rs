@@ -72,7 +72,7 @@ pub mod value;
 
 pub use gateway::{
     Gateway, GatewayConfig, GatewayStatistics, RespPassword, Session, UserClients,
-    USER_CLIENTS_CACHED_MAX,
+    USER_CHECKS_AT_ONCE_MAX, USER_CLIENTS_CACHED_MAX,
 };
 pub use request::{Parsed, ProtocolError, RequestLimits, RequestParser};
 pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};

@@ -643,7 +643,8 @@ impl Gateway {
                     Status::AuthenticationFailed | Status::PermissionDenied
                 ) =>
             {
-                self.lock_user_clients().forget(name);
+                // A guess with another password leaves the user's cached clients alone.
+                self.lock_user_clients().forget_password(name, &digest);
                 UserCheck::Refused
             }
             Err(failure) => UserCheck::Unanswered(Failure::Client(failure)),

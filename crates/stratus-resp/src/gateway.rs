@@ -120,6 +120,12 @@ impl UserClientCache {
         });
     }
 
+    /// Forgets the client made for `name` with the password of this digest (it no longer
+    /// authenticates).
+    pub(crate) fn forget_password(&mut self, name: &str, digest: &[u8; 32]) {
+        self.entries.retain(|entry| !(entry.name == name && &entry.password_digest == digest));
+    }
+
     /// Forgets every client of `name` (the user was changed or deleted).
     pub(crate) fn forget(&mut self, name: &str) {
         self.entries.retain(|entry| entry.name != name);
@@ -433,6 +439,10 @@ mod tests {
         assert!(cache.find("user1", &[1; 32]).is_some());
         cache.forget("user1");
         assert!(cache.find("user1", &[1; 32]).is_none());
+        cache.insert("user2", [7; 32], user.clone(), client.clone());
+        cache.forget_password("user2", &[7; 32]);
+        assert!(cache.find("user2", &[7; 32]).is_none());
+        assert!(cache.find("user2", &[2; 32]).is_some(), "its other password's client stays");
     }
 
     #[test]

@@ -58,6 +58,14 @@
 //! (pipelining) are answered in order. Malformed input gets `-ERR Protocol error: ...` and the
 //! connection is closed, as Redis does. Every request is bounded ([`RequestLimits`]).
 //! `HELLO 3` switches a connection's replies to RESP3 (maps, `_` nulls).
+//!
+//! # Users
+//!
+//! With the client password (`GatewayConfig::password`), a connection must AUTH first: as the
+//! default user (the client password), or as one of the cluster's named users, whose commands
+//! then go out with a client acting as that user, so that the cluster applies the user's table
+//! grants (a refusal is `-NOPERM`). `ACL` manages users in the subset that maps onto table
+//! grants (docs/design/resp-acl.md).
 
 mod acl;
 pub mod commands;

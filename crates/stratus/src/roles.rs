@@ -377,7 +377,9 @@ pub struct ServerArguments {
     pub probe_timeout_ms: u64,
     /// Also speak RESP (the Redis protocol) to Redis clients on this address. Keys whose
     /// tablets this server owns are served in this process; other keys are forwarded to their
-    /// masters (the `stratus resp` gateway's rules: SELECT n is table `redis-db-n`).
+    /// masters (the `stratus resp` gateway's rules: SELECT n is table `redis-db-n`). With
+    /// --client-password-file, clients AUTH with it or as a named user (ACL commands manage
+    /// users; docs/design/resp-acl.md).
     #[arg(long)]
     pub resp_listen: Option<String>,
     /// Server span of the tables the RESP front end creates on first use.

@@ -255,9 +255,18 @@ class LeaseGranter:
 class FakeServer:
     """A loopback server that answers each request frame with ``respond(request)``."""
 
-    def __init__(self, respond: Respond, hello: bytes = HELLO_OK) -> None:
+    def __init__(
+        self,
+        respond: Respond,
+        hello: bytes = HELLO_OK,
+        preamble: Callable[[Callable[[int], bytes | None], Callable[[bytes], None]], bool]
+        | None = None,
+    ) -> None:
         self._respond = respond
         self._hello = hello
+        # Run before the handshake with (receive exactly n bytes, send bytes): the server side
+        # of a credentials preamble; False closes the connection.
+        self._preamble = preamble
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -332,6 +341,10 @@ class FakeServer:
         try:
             # (Inside: ``close`` may have closed the socket already.)
             connection.settimeout(0.05)
+            if self._preamble is not None and not self._preamble(
+                lambda count: self._receive_exactly(connection, count), connection.sendall
+            ):
+                return
             if self._receive_exactly(connection, 8) is None:
                 return
             connection.sendall(self._hello)

@@ -6,14 +6,16 @@
 //! then changed nothing, and the second recreates the table.
 
 use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+
 use stratus_client::{
-    Error, Expiry, KeyItem, RejectRules, ServerOverview, ServerStatus, Status, TableId, Version,
-    WriteItem,
+    Client, Error, Expiry, Identity, KeyItem, RejectRules, ServerOverview, ServerStatus, Status,
+    TableId, UserPassword, Version, WriteItem,
 };
 use stratus_types::limits::KEY_BYTES_MAX;
 
 use crate::expiry::{parse_expiry, time_option, TimeGiven};
-use crate::gateway::{Gateway, OpenScan, Session};
+use crate::gateway::{Gateway, OpenScan, Session, UserSession};
 use crate::glob;
 use crate::hash::{is_hash, Hash, HASH_MARKER};
 use crate::transaction;
@@ -108,7 +110,13 @@ const INFO_SERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs
 
 /// A client error as a reply: `ERR stratus: <status>: <details>`, the words every Stratus
 /// tool uses for it (the error's `Display`).
+/// A PERMISSION_DENIED (a named user without the grant the command needs) is Redis's
+/// `NOPERM` with the cluster's words (`Write needs -w- on table "logs", and user "alice" has
+/// r--`).
 pub(crate) fn client_error_reply(error: &Error) -> Value {
+    if error.status == Status::PermissionDenied {
+        return Value::Error(format!("NOPERM {}", error.message));
+    }
     Value::Error(format!("ERR stratus: {error}"))
 }
 
@@ -136,6 +144,7 @@ const WRITE_FAST: &[&str] = &["write", "fast"];
 const CONNECTION: &[&str] = &["fast", "stale", "loading"];
 const SLOW_READ: &[&str] = &["readonly"];
 const ADMIN: &[&str] = &["admin", "noscript"];
+const ACL: &[&str] = &["noscript", "loading", "stale"];
 const TRANSACTION: &[&str] = &["noscript", "loading", "stale", "fast"];
 const TRANSACTION_SLOW: &[&str] = &["noscript", "loading", "stale"];
 
@@ -151,6 +160,7 @@ const COMMANDS: &[CommandSpecification] = &[
     command("command", -1, CONNECTION, (0, 0, 0)),
     command("info", -1, SLOW_READ, (0, 0, 0)),
     command("config", -2, ADMIN, (0, 0, 0)),
+    command("acl", -2, ACL, (0, 0, 0)),
     command("get", 2, READ, (1, 1, 1)),
     command("set", -3, WRITE, (1, 1, 1)),
     command("setnx", 3, WRITE, (1, 1, 1)),
@@ -308,6 +318,21 @@ const WRONG_PASSWORD_DELAY: std::time::Duration = std::time::Duration::from_mill
 /// mistyping and far fewer than a guesser needs.
 const AUTH_FAILURES_PER_SECOND_MAX: u32 = 100;
 
+/// Redis's answer to a wrong user or password.
+fn wrong_password() -> Failure {
+    error("WRONGPASS invalid username-password pair or user is disabled.")
+}
+
+/// What the cluster said of a named user's password.
+enum UserCheck {
+    /// Right (a named user's session, or None for the default user).
+    Accepted(Option<UserSession>),
+    /// Wrong, or no such user (or a disabled one).
+    Refused,
+    /// The cluster could not be asked.
+    Unanswered(Failure),
+}
+
 /// What a command asks of the connection besides its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum After {
@@ -407,7 +432,8 @@ impl Gateway {
                 "set" => Err(error("ERR CONFIG SET is not supported by the Stratus gateway")),
                 _ => Err(unknown_subcommand(&arguments[0], "config")),
             },
-            "info" => self.info(arguments).await,
+            "info" => self.info(session, arguments).await,
+            "acl" => self.acl(session, arguments).await,
             "get" => self.get(session, &arguments[0]).await,
             "set" => self.set(session, arguments).await,
             "setnx" => {
@@ -485,7 +511,7 @@ impl Gateway {
             "scan" => self.scan(session, arguments).await,
             "flushdb" => {
                 check_flush_options(arguments)?;
-                self.flush(session.database).await
+                self.flush(session, session.database).await
             }
             "multi" => match session.queue {
                 Some(_) => Err(error("ERR MULTI calls can not be nested")),
@@ -510,7 +536,7 @@ impl Gateway {
             "flushall" => {
                 check_flush_options(arguments)?;
                 for database in 0..self.config.databases {
-                    self.flush(database).await?;
+                    self.flush(session, database).await?;
                 }
                 Ok(Value::ok())
             }
@@ -523,27 +549,28 @@ impl Gateway {
         self.config.password.is_some() && !session.authenticated
     }
 
-    /// AUTH [user] password, and HELLO's AUTH option: only the user `default` exists. A wrong
-    /// password is answered after [`WRONG_PASSWORD_DELAY`] and counted.
+    /// AUTH [user] password, and HELLO's AUTH option: the user `default` (the client
+    /// password), or a named user of the cluster, whose password the cluster checks (and
+    /// whose grants it then applies to every command of the session). A wrong password is
+    /// answered after [`WRONG_PASSWORD_DELAY`] and counted; a failed AUTH leaves the session
+    /// as it was.
     async fn authenticate(
         &self,
         session: &mut Session,
         user: Option<&Bytes>,
         password: &[u8],
     ) -> Outcome {
-        let user_known = user.is_none_or(|user| user.as_ref() == b"default");
+        let named = user.filter(|user| user.as_ref() != b"default");
         let Some(expected) = &self.config.password else {
             // As Redis whose default user has no password: it accepts any password given
             // with its name, and only it exists.
-            return match user {
-                None => Err(error(
+            return match (user, named) {
+                (None, _) => Err(error(
                     "ERR AUTH <password> called without any password configured for the \
                      default user. Are you sure your configuration is correct?",
                 )),
-                Some(_) if user_known => Ok(Value::ok()),
-                Some(_) => {
-                    Err(error("WRONGPASS invalid username-password pair or user is disabled."))
-                }
+                (Some(_), None) => Ok(Value::ok()),
+                (Some(_), Some(_)) => Err(wrong_password()),
             };
         };
         if !self.reserve_auth_attempt() {
@@ -551,17 +578,83 @@ impl Gateway {
             tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
             return Err(error("ERR too many failed AUTH attempts on this server; try again later"));
         }
-        if user_known && expected.matches(password) {
-            // A success does not count against the window.
-            let mut window = self.lock_auth_failure_window();
-            window.1 = window.1.saturating_sub(1);
-            drop(window);
-            session.authenticated = true;
-            return Ok(Value::ok());
+        let checked = match named {
+            None if expected.matches(password) => UserCheck::Accepted(None),
+            None => UserCheck::Refused,
+            Some(name) => self.check_user(name, password).await,
+        };
+        match checked {
+            UserCheck::Accepted(user) => {
+                // A success does not count against the window.
+                self.release_auth_attempt();
+                session.authenticated = true;
+                session.user = user;
+                Ok(Value::ok())
+            }
+            UserCheck::Unanswered(failure) => {
+                self.release_auth_attempt();
+                Err(failure)
+            }
+            UserCheck::Refused => {
+                self.authentications_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
+                Err(wrong_password())
+            }
         }
-        self.authentications_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tokio::time::sleep(WRONG_PASSWORD_DELAY).await;
-        Err(error("WRONGPASS invalid username-password pair or user is disabled."))
+    }
+
+    /// Checks a named user's password with the cluster: WHO_AM_I on a connection opened for
+    /// it, which proves the password in its preamble. A client cached for the same name and
+    /// password is reused for the session, but the check always opens a fresh connection
+    /// (sharing the cached derived keys, so no new Argon2id while the salt is the same): the
+    /// cached client's open connections proved the password when they were opened, and the
+    /// password may have changed, or the user been disabled, since.
+    async fn check_user(&self, name: &[u8], password: &[u8]) -> UserCheck {
+        use sha2::Digest;
+        let Some(factory) = &self.config.user_clients else { return UserCheck::Refused };
+        let Ok(name) = std::str::from_utf8(name) else { return UserCheck::Refused };
+        let digest: [u8; 32] = sha2::Sha256::digest(password).into();
+        let cached = self.lock_user_clients().find(name, &digest);
+        let (user, client, checker) = match cached {
+            Some((user, client)) => {
+                let checker = (factory.0)(user.clone());
+                (user, client, checker)
+            }
+            None => {
+                let Ok(user) = UserPassword::new(name, password) else {
+                    return UserCheck::Refused;
+                };
+                let user = Arc::new(user);
+                let client = (factory.0)(user.clone());
+                (user, client.clone(), client)
+            }
+        };
+        // Closed never: the semaphore lives as long as the gateway.
+        let Ok(_turn) = self.user_checks.acquire().await else { return UserCheck::Refused };
+        match checker.who_am_i().await {
+            Ok(Identity::User { name: who, .. }) if who == name => {
+                self.lock_user_clients().insert(name, digest, user, client.clone());
+                UserCheck::Accepted(Some(UserSession { name: name.to_string(), client }))
+            }
+            Ok(_) => UserCheck::Refused,
+            Err(failure)
+                if matches!(
+                    failure.status,
+                    Status::AuthenticationFailed | Status::PermissionDenied
+                ) =>
+            {
+                // A guess with another password leaves the user's cached clients alone.
+                self.lock_user_clients().forget_password(name, &digest);
+                UserCheck::Refused
+            }
+            Err(failure) => UserCheck::Unanswered(Failure::Client(failure)),
+        }
+    }
+
+    /// Gives back an attempt taken from the current window (it did not fail).
+    fn release_auth_attempt(&self) {
+        let mut window = self.lock_auth_failure_window();
+        window.1 = window.1.saturating_sub(1);
     }
 
     /// Takes one attempt from the current one-second window, unless
@@ -661,7 +754,7 @@ impl Gateway {
         }
     }
 
-    async fn info(&self, arguments: &[Bytes]) -> Outcome {
+    async fn info(&self, session: &Session, arguments: &[Bytes]) -> Outcome {
         use std::fmt::Write;
         use std::sync::atomic::Ordering::Relaxed;
         let wanted: Vec<String> = arguments.iter().map(|section| lowercase(section)).collect();
@@ -697,7 +790,7 @@ impl Gateway {
         if include("stratus") {
             // The cluster's own figures: every live master's statistics, summed. Servers
             // that crashed or were removed are counted apart, not as unreachable masters.
-            let overview = self.client.cluster_overview(INFO_SERVER_PATIENCE).await?;
+            let overview = self.client_of(session).cluster_overview(INFO_SERVER_PATIENCE).await?;
             let up = |server: &&ServerOverview| server.entry.status == ServerStatus::Up;
             let servers_up = overview.servers.iter().filter(up).count();
             let servers_down = overview
@@ -757,8 +850,8 @@ impl Gateway {
     /// The stored value of `key`, string or hash (None: no such key).
     async fn read_raw(&self, session: &Session, key: &Bytes) -> Result<Option<Bytes>, Failure> {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        match self.client.read(table, key).await {
+        let table = self.table(session, session.database).await?;
+        match self.client_of(session).read(table, key).await {
             Ok((value, _)) => Ok(Some(value)),
             Err(failure) if failure.status == Status::ObjectDoesntExist => Ok(None),
             Err(failure) => Err(failure.into()),
@@ -778,8 +871,8 @@ impl Gateway {
             return Err(Failure::Reply(wrong_arity(name)));
         }
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        self.update(table, key, |current| {
+        let table = self.table(session, session.database).await?;
+        self.update(self.client_of(session), table, key, |current| {
             let mut hash = as_hash(current)?.unwrap_or_default();
             if name == "hsetnx" && hash.get(&pairs[0]).is_some() {
                 return Ok((Change::Keep, Value::Integer(0)));
@@ -797,8 +890,8 @@ impl Gateway {
     /// HDEL: removes the fields; a hash left empty is removed, as Redis does.
     async fn hash_delete(&self, session: &Session, key: &Bytes, fields: &[Bytes]) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        self.update(table, key, |current| {
+        let table = self.table(session, session.database).await?;
+        self.update(self.client_of(session), table, key, |current| {
             let Some(mut hash) = as_hash(current)? else {
                 return Ok((Change::Keep, Value::Integer(0)));
             };
@@ -822,8 +915,8 @@ impl Gateway {
         delta: i64,
     ) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        self.update(table, key, |current| {
+        let table = self.table(session, session.database).await?;
+        self.update(self.client_of(session), table, key, |current| {
             let mut hash = as_hash(current)?.unwrap_or_default();
             let old = match hash.get(field) {
                 None => 0,
@@ -874,10 +967,10 @@ impl Gateway {
         let expiry = expiry.unwrap_or(Expiry::Never);
         check_key(key)?;
         check_string(value)?;
-        let table = self.table(session.database).await?;
+        let table = self.table(session, session.database).await?;
         if return_old {
             return self
-                .update(table, key, |current| {
+                .update(self.client_of(session), table, key, |current| {
                     let current = current.map(as_string).transpose()?;
                     let old = current.clone().map_or(Value::Null, Value::BulkString);
                     let write = match condition {
@@ -896,7 +989,8 @@ impl Gateway {
             Condition::IfAbsent => RejectRules { exists: true, ..RejectRules::NONE },
             Condition::IfPresent => RejectRules { doesnt_exist: true, ..RejectRules::NONE },
         };
-        match self.client.write_expiring(table, key, value.clone(), rules, expiry).await {
+        match self.client_of(session).write_expiring(table, key, value.clone(), rules, expiry).await
+        {
             Ok(_) => Ok(Value::ok()),
             Err(failure)
                 if matches!(failure.status, Status::ObjectExists | Status::ObjectDoesntExist) =>
@@ -911,12 +1005,18 @@ impl Gateway {
     /// (version 0: still missing); retried a bounded number of times when another writer got
     /// in between. `change` gets the current value (None when missing) and returns what to do
     /// and the reply.
-    async fn update<F>(&self, table: TableId, key: &Bytes, mut change: F) -> Outcome
+    async fn update<F>(
+        &self,
+        client: &Client,
+        table: TableId,
+        key: &Bytes,
+        mut change: F,
+    ) -> Outcome
     where
         F: FnMut(Option<Bytes>) -> Result<(Change, Value), Failure>,
     {
         for _ in 0..CONDITIONAL_UPDATE_ATTEMPTS_MAX {
-            let (current, version) = match self.client.read(table, key).await {
+            let (current, version) = match client.read(table, key).await {
                 Ok((value, version)) => (Some(value), version),
                 Err(failure) if failure.status == Status::ObjectDoesntExist => {
                     (None, Version::NONEXISTENT)
@@ -927,12 +1027,10 @@ impl Gateway {
             let rules = RejectRules::version_equals(version);
             let outcome = match change {
                 Change::Keep => return Ok(reply),
-                Change::Write(new_value, expiry) => self
-                    .client
-                    .write_expiring(table, key, new_value, rules, expiry)
-                    .await
-                    .map(|_| ()),
-                Change::Remove => self.client.remove_with(table, key, rules).await.map(|_| ()),
+                Change::Write(new_value, expiry) => {
+                    client.write_expiring(table, key, new_value, rules, expiry).await.map(|_| ())
+                }
+                Change::Remove => client.remove_with(table, key, rules).await.map(|_| ()),
             };
             match outcome {
                 Ok(()) => return Ok(reply),
@@ -949,8 +1047,8 @@ impl Gateway {
     /// integers): read, add with overflow check, conditional write.
     async fn increment(&self, session: &Session, key: &Bytes, delta: i64) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        self.update(table, key, |current| {
+        let table = self.table(session, session.database).await?;
+        self.update(self.client_of(session), table, key, |current| {
             let old = match current.map(as_string).transpose()? {
                 None => 0,
                 Some(value) => parse_integer(&value).ok_or_else(not_an_integer)?,
@@ -965,8 +1063,8 @@ impl Gateway {
 
     async fn append(&self, session: &Session, key: &Bytes, suffix: &Bytes) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        self.update(table, key, |current| {
+        let table = self.table(session, session.database).await?;
+        self.update(self.client_of(session), table, key, |current| {
             let mut value =
                 current.map(as_string).transpose()?.map(|value| value.to_vec()).unwrap_or_default();
             value.extend_from_slice(suffix);
@@ -979,7 +1077,7 @@ impl Gateway {
 
     async fn key_items(&self, session: &Session, keys: &[Bytes]) -> Result<Vec<KeyItem>, Failure> {
         keys.iter().try_for_each(|key| check_key(key))?;
-        let table_id = self.table(session.database).await?;
+        let table_id = self.table(session, session.database).await?;
         Ok(keys
             .iter()
             .map(|key| KeyItem { table_id, key: key.clone(), rules: RejectRules::NONE })
@@ -990,7 +1088,7 @@ impl Gateway {
     async fn delete(&self, session: &Session, keys: &[Bytes]) -> Outcome {
         let items = self.key_items(session, keys).await?;
         let mut removed = 0;
-        for outcome in self.client.multi_remove(&items).await {
+        for outcome in self.client_of(session).multi_remove(&items).await {
             if outcome? != Version::NONEXISTENT {
                 removed += 1;
             }
@@ -1002,7 +1100,7 @@ impl Gateway {
     async fn exists(&self, session: &Session, keys: &[Bytes]) -> Outcome {
         let items = self.key_items(session, keys).await?;
         let mut found = 0;
-        for outcome in self.client.multi_read(&items).await {
+        for outcome in self.client_of(session).multi_read(&items).await {
             match outcome {
                 Ok(_) => found += 1,
                 Err(failure) if failure.status == Status::ObjectDoesntExist => {}
@@ -1015,7 +1113,7 @@ impl Gateway {
     async fn multi_get(&self, session: &Session, keys: &[Bytes]) -> Outcome {
         let items = self.key_items(session, keys).await?;
         let mut values = Vec::with_capacity(items.len());
-        for outcome in self.client.multi_read(&items).await {
+        for outcome in self.client_of(session).multi_read(&items).await {
             match outcome {
                 // As Redis: MGET answers nil for a key that holds another type.
                 Ok((value, _)) if is_hash(&value) => values.push(Value::Null),
@@ -1040,7 +1138,7 @@ impl Gateway {
             check_key(&pair[0])?;
             check_string(&pair[1])
         })?;
-        let table_id = self.table(session.database).await?;
+        let table_id = self.table(session, session.database).await?;
         let items: Vec<WriteItem> = pairs
             .chunks(2)
             .map(|pair| WriteItem {
@@ -1052,7 +1150,7 @@ impl Gateway {
                 rpc: None,
             })
             .collect();
-        for outcome in self.client.multi_write(&items).await {
+        for outcome in self.client_of(session).multi_write(&items).await {
             outcome?;
         }
         Ok(Value::ok())
@@ -1061,8 +1159,8 @@ impl Gateway {
     /// DBSIZE: enumerates the table and counts (Stratus keeps no per-table count), so it costs
     /// a full scan like KEYS.
     async fn database_size(&self, session: &Session) -> Outcome {
-        let table = self.table(session.database).await?;
-        let mut enumeration = self.client.enumerate(table);
+        let table = self.table(session, session.database).await?;
+        let mut enumeration = self.client_of(session).enumerate(table);
         let mut count = 0;
         while let Some(batch) = enumeration.next_batch().await? {
             count += batch.len() as i64;
@@ -1073,8 +1171,8 @@ impl Gateway {
     /// KEYS: a full enumeration filtered by the pattern; refused once the reply would exceed
     /// `keys_reply_bytes_max` (use SCAN for big tables).
     async fn keys(&self, session: &Session, pattern: &Bytes) -> Outcome {
-        let table = self.table(session.database).await?;
-        let mut enumeration = self.client.enumerate(table);
+        let table = self.table(session, session.database).await?;
+        let mut enumeration = self.client_of(session).enumerate(table);
         let (mut keys, mut bytes) = (Vec::new(), 0);
         while let Some(batch) = enumeration.next_batch().await? {
             for object in batch {
@@ -1118,15 +1216,20 @@ impl Gateway {
             }
         }
         let mut scan = if cursor == 0 {
-            let table = self.table(session.database).await?;
+            let table = self.table(session, session.database).await?;
             OpenScan {
                 database: session.database,
-                enumeration: self.client.enumerate(table).with_batch_bytes(SCAN_BATCH_BYTES),
+                user: session.user.as_ref().map(|user| user.name.clone()),
+                enumeration: self
+                    .client_of(session)
+                    .enumerate(table)
+                    .with_batch_bytes(SCAN_BATCH_BYTES),
             }
         } else {
-            match self.lock_scans().take(cursor) {
-                Some(scan) if scan.database == session.database => scan,
-                _ => return Err(error("ERR invalid cursor")),
+            let user = session.user.as_ref().map(|user| user.name.as_str());
+            match self.lock_scans().take_matching(cursor, session.database, user) {
+                Some(scan) => scan,
+                None => return Err(error("ERR invalid cursor")),
             }
         };
         let mut keys = Vec::new();
@@ -1161,9 +1264,9 @@ impl Gateway {
     }
 
     /// Drops the database's table (its objects go with it); the next command recreates it.
-    async fn flush(&self, database: u32) -> Outcome {
+    async fn flush(&self, session: &Session, database: u32) -> Outcome {
         self.forget_table(database);
-        match self.client.drop_table(&self.table_name(database)).await {
+        match self.client_of(session).drop_table(&self.table_name(database)).await {
             Ok(()) => Ok(Value::ok()),
             Err(failure) if failure.status == Status::TableDoesntExist => Ok(Value::ok()),
             Err(failure) => Err(Failure::Client(failure)),

@@ -11,7 +11,7 @@
 //! (INCR, APPEND, HSET: Redis does the same); SET without KEEPTTL, GETSET and MSET clear it.
 
 use bytes::Bytes;
-use stratus_client::{Expiry, ObjectRead, RejectRules, Status, TableId};
+use stratus_client::{Client, Expiry, ObjectRead, RejectRules, Status, TableId};
 
 use crate::commands::{
     check_key, error, lowercase, not_an_integer, parse_integer, syntax_error, Failure, Outcome,
@@ -154,10 +154,11 @@ impl Gateway {
     /// The object under `key` with its time to live (None: no such key, or expired).
     async fn read_object(
         &self,
+        client: &Client,
         table: TableId,
         key: &Bytes,
     ) -> Result<Option<ObjectRead>, Failure> {
-        match self.client.read_object(table, key, RejectRules::NONE).await {
+        match client.read_object(table, key, RejectRules::NONE).await {
             Ok(object) => Ok(Some(object)),
             Err(failure) if failure.status == Status::ObjectDoesntExist => Ok(None),
             Err(failure) => Err(failure.into()),
@@ -177,14 +178,15 @@ impl Gateway {
         check_key(key)?;
         let expiry = parse_expiry(&arguments[1], given, false, name)?;
         let condition = ExpireCondition::parse(&arguments[2..])?;
-        let table = self.table(session.database).await?;
+        let table = self.table(session, session.database).await?;
         if condition.is_always() {
             return Ok(Value::Integer(
-                self.set_expiry(table, key, expiry, RejectRules::NONE).await?,
+                self.set_expiry(self.client_of(session), table, key, expiry, RejectRules::NONE)
+                    .await?,
             ));
         }
         let new_in = self.millis_from_now(expiry);
-        self.update_expiry(table, key, |object| {
+        self.update_expiry(self.client_of(session), table, key, |object| {
             let current = object.expires_in.map(|left| left.as_millis() as u64);
             condition.allows(current, new_in).then_some((expiry, Value::Integer(1)))
         })
@@ -198,15 +200,16 @@ impl Gateway {
     /// expired meanwhile) or `decide` declined; the caller answers then.
     async fn update_expiry(
         &self,
+        client: &Client,
         table: TableId,
         key: &Bytes,
         mut decide: impl FnMut(&ObjectRead) -> Option<(Expiry, Value)>,
     ) -> Result<Option<Value>, Failure> {
         for _ in 0..CONDITIONAL_UPDATE_ATTEMPTS_MAX {
-            let Some(object) = self.read_object(table, key).await? else { return Ok(None) };
+            let Some(object) = self.read_object(client, table, key).await? else { return Ok(None) };
             let Some((expiry, reply)) = decide(&object) else { return Ok(None) };
             let rules = RejectRules::version_equals(object.version);
-            match self.client.set_expiry(table, key, expiry, rules).await {
+            match client.set_expiry(table, key, expiry, rules).await {
                 Ok(_) => return Ok(Some(reply)),
                 Err(failure) if failure.status == Status::WrongVersion => continue,
                 Err(failure) if failure.status == Status::ObjectDoesntExist => return Ok(None),
@@ -219,12 +222,13 @@ impl Gateway {
     /// SET_EXPIRY as the EXPIRE family answers it: 1 when set, 0 for a missing key.
     async fn set_expiry(
         &self,
+        client: &Client,
         table: TableId,
         key: &Bytes,
         expiry: Expiry,
         rules: RejectRules,
     ) -> Result<i64, Failure> {
-        match self.client.set_expiry(table, key, expiry, rules).await {
+        match client.set_expiry(table, key, expiry, rules).await {
             Ok(_) => Ok(1),
             Err(failure) if failure.status == Status::ObjectDoesntExist => Ok(0),
             Err(failure) => Err(failure.into()),
@@ -240,8 +244,8 @@ impl Gateway {
         in_millis: bool,
     ) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        let reply = match self.read_object(table, key).await? {
+        let table = self.table(session, session.database).await?;
+        let reply = match self.read_object(self.client_of(session), table, key).await? {
             None => -2,
             Some(ObjectRead { expires_in: None, .. }) => -1,
             Some(ObjectRead { expires_in: Some(left), .. }) => {
@@ -265,8 +269,8 @@ impl Gateway {
         in_millis: bool,
     ) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
-        let reply = match self.read_object(table, key).await? {
+        let table = self.table(session, session.database).await?;
+        let reply = match self.read_object(self.client_of(session), table, key).await? {
             None => -2,
             Some(ObjectRead { expires_in: None, .. }) => -1,
             Some(ObjectRead { expires_in: Some(left), .. }) => {
@@ -285,9 +289,9 @@ impl Gateway {
     /// PERSIST: 1 if the key had an expiry and now has none, 0 otherwise.
     pub(crate) async fn persist(&self, session: &Session, key: &Bytes) -> Outcome {
         check_key(key)?;
-        let table = self.table(session.database).await?;
+        let table = self.table(session, session.database).await?;
         let reply = self
-            .update_expiry(table, key, |object| {
+            .update_expiry(self.client_of(session), table, key, |object| {
                 object.expires_in.map(|_| (Expiry::Never, Value::Integer(1)))
             })
             .await?;
@@ -308,16 +312,16 @@ impl Gateway {
             _ => return Err(syntax_error()),
         };
         check_key(key)?;
-        let table = self.table(session.database).await?;
+        let table = self.table(session, session.database).await?;
         let Some(expiry) = change else {
-            return match self.read_object(table, key).await? {
+            return match self.read_object(self.client_of(session), table, key).await? {
                 Some(object) => Ok(Value::BulkString(crate::commands::as_string(object.value)?)),
                 None => Ok(Value::Null),
             };
         };
         let mut not_a_string = None;
         let reply = self
-            .update_expiry(table, key, |object| {
+            .update_expiry(self.client_of(session), table, key, |object| {
                 match crate::commands::as_string(object.value.clone()) {
                     Ok(value) => Some((expiry, Value::BulkString(value))),
                     Err(failure) => {

@@ -2,9 +2,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use stratus_client::{Client, Enumeration, TableId};
+use stratus_client::{Client, Enumeration, Status, TableId, UserPassword};
 use tokio::time::Instant;
 
 use crate::request::RequestLimits;
@@ -35,6 +35,106 @@ pub struct GatewayConfig {
     /// The password of the default user (Redis's `requirepass`): with one, a connection must
     /// AUTH (or HELLO … AUTH) before any command but those two, QUIT and PING's refusal.
     pub password: Option<RespPassword>,
+    /// Makes the client a session authenticated as a named user (AUTH user password) sends
+    /// its requests with, so that the cluster applies that user's grants. The process builds
+    /// it on a network without the cluster secret (and with its TLS client settings); without
+    /// it (or without `password`) only the default user exists.
+    pub user_clients: Option<UserClients>,
+}
+
+/// Makes a client acting as a named user ([`stratus_client::ClientConfig::user`]); the
+/// gateway keeps the clients it made in a bounded cache ([`USER_CLIENTS_CACHED_MAX`]).
+#[derive(Clone)]
+pub struct UserClients(pub Arc<dyn Fn(Arc<UserPassword>) -> Client + Send + Sync>);
+
+impl std::fmt::Debug for UserClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserClients(..)")
+    }
+}
+
+/// Named users' clients a gateway keeps (the oldest is forgotten beyond it): a second
+/// connection of a user reuses the client, its connections and the keys derived from the
+/// password (one Argon2id per salt, not per connection).
+pub const USER_CLIENTS_CACHED_MAX: usize = 64;
+
+/// Named users' passwords a gateway checks at once; more AUTH wait their turn. A check whose
+/// salt is new costs an Argon2id (19 MiB, tens of milliseconds of CPU), computed by the client
+/// library inside the connection's preamble, on a runtime thread that a server's front end
+/// shares with its master: a guesser (whose failures the per-second limit bounds) must not be
+/// able to take every thread at once.
+pub const USER_CHECKS_AT_ONCE_MAX: usize = 2;
+
+/// A cached named user's client, under the user's name and the SHA-256 of the password it
+/// was made with.
+struct CachedUser {
+    name: String,
+    password_digest: [u8; 32],
+    user: Arc<UserPassword>,
+    client: Client,
+}
+
+/// The bounded cache of named users' clients, oldest first.
+#[derive(Default)]
+pub(crate) struct UserClientCache {
+    entries: VecDeque<CachedUser>,
+}
+
+impl std::fmt::Debug for UserClientCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UserClientCache({} clients)", self.entries.len())
+    }
+}
+
+impl UserClientCache {
+    /// The user and client made for `name` with the password of this digest.
+    pub(crate) fn find(
+        &self,
+        name: &str,
+        digest: &[u8; 32],
+    ) -> Option<(Arc<UserPassword>, Client)> {
+        self.entries
+            .iter()
+            .find(|entry| entry.name == name && &entry.password_digest == digest)
+            .map(|entry| (entry.user.clone(), entry.client.clone()))
+    }
+
+    /// Keeps `client` (replacing one for the same name and password), forgetting the oldest
+    /// beyond `USER_CLIENTS_CACHED_MAX`.
+    pub(crate) fn insert(
+        &mut self,
+        name: &str,
+        digest: [u8; 32],
+        user: Arc<UserPassword>,
+        client: Client,
+    ) {
+        self.entries.retain(|entry| !(entry.name == name && entry.password_digest == digest));
+        while self.entries.len() >= USER_CLIENTS_CACHED_MAX {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(CachedUser {
+            name: name.to_string(),
+            password_digest: digest,
+            user,
+            client,
+        });
+    }
+
+    /// Forgets the client made for `name` with the password of this digest (it no longer
+    /// authenticates).
+    pub(crate) fn forget_password(&mut self, name: &str, digest: &[u8; 32]) {
+        self.entries.retain(|entry| !(entry.name == name && &entry.password_digest == digest));
+    }
+
+    /// Forgets every client of `name` (the user was changed or deleted).
+    pub(crate) fn forget(&mut self, name: &str) {
+        self.entries.retain(|entry| entry.name != name);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
 }
 
 /// The default user's password; its Debug output is redacted.
@@ -68,6 +168,7 @@ impl Default for GatewayConfig {
             scans_open_max: 1_024,
             local_master: None,
             password: None,
+            user_clients: None,
         }
     }
 }
@@ -76,6 +177,10 @@ impl Default for GatewayConfig {
 #[derive(Debug)]
 pub(crate) struct OpenScan {
     pub(crate) database: u32,
+    /// The named user whose session opened it (None: the default user): its enumeration
+    /// reads with that session's client, so only that user's sessions may continue it (cursor
+    /// numbers are small and guessable).
+    pub(crate) user: Option<String>,
     pub(crate) enumeration: Enumeration,
 }
 
@@ -90,8 +195,25 @@ pub(crate) struct ScanRegistry {
 }
 
 impl ScanRegistry {
+    #[cfg(test)]
     pub(crate) fn take(&mut self, cursor: u64) -> Option<OpenScan> {
         self.open.remove(&cursor)
+    }
+
+    /// The scan under `cursor` if it reads `database` for `user` (None: the default user); a
+    /// scan of another user or database stays (a session cannot consume another's cursors).
+    pub(crate) fn take_matching(
+        &mut self,
+        cursor: u64,
+        database: u32,
+        user: Option<&str>,
+    ) -> Option<OpenScan> {
+        match self.open.get(&cursor) {
+            Some(scan) if scan.database == database && scan.user.as_deref() == user => {
+                self.open.remove(&cursor)
+            }
+            _ => None,
+        }
     }
 
     /// Keeps `scan` under a fresh cursor (never 0, which means "start" and "done").
@@ -137,6 +259,10 @@ pub struct Gateway {
     pub(crate) config: GatewayConfig,
     tables: Mutex<HashMap<u32, TableId>>,
     pub(crate) scans: Mutex<ScanRegistry>,
+    /// Named users' clients (AUTH user password).
+    pub(crate) user_clients: Mutex<UserClientCache>,
+    /// Turns to check a named user's password (`USER_CHECKS_AT_ONCE_MAX`).
+    pub(crate) user_checks: tokio::sync::Semaphore,
     next_client_id: AtomicU64,
     pub(crate) connected_clients: AtomicU64,
     pub(crate) connections_received: AtomicU64,
@@ -159,6 +285,8 @@ impl Gateway {
             config,
             tables: Mutex::new(HashMap::new()),
             scans: Mutex::new(ScanRegistry::default()),
+            user_clients: Mutex::new(UserClientCache::default()),
+            user_checks: tokio::sync::Semaphore::new(USER_CHECKS_AT_ONCE_MAX),
             next_client_id: AtomicU64::new(1),
             connected_clients: AtomicU64::new(0),
             connections_received: AtomicU64::new(0),
@@ -186,15 +314,41 @@ impl Gateway {
     }
 
     /// The table of `database`, created on first use (create_table returns the existing id
-    /// when the name is taken, so gateways racing to create it agree).
-    pub(crate) async fn table(&self, database: u32) -> stratus_client::Result<TableId> {
+    /// when the name is taken, so gateways racing to create it agree). A named user's session
+    /// looks it up first and creates it only if it does not exist: creating needs ADMIN on
+    /// it, reading and writing an existing one does not.
+    pub(crate) async fn table(
+        &self,
+        session: &Session,
+        database: u32,
+    ) -> stratus_client::Result<TableId> {
         if let Some(&table) = self.lock_tables().get(&database) {
             return Ok(table);
         }
-        let table =
-            self.client.create_table(&self.table_name(database), self.config.table_span).await?;
+        let client = self.client_of(session);
+        let name = self.table_name(database);
+        let table = match &session.user {
+            None => client.create_table(&name, self.config.table_span).await?,
+            Some(_) => match client.get_table_id(&name).await {
+                Ok(table) => table,
+                Err(failure) if failure.status == Status::TableDoesntExist => {
+                    client.create_table(&name, self.config.table_span).await?
+                }
+                Err(failure) => return Err(failure),
+            },
+        };
         self.lock_tables().insert(database, table);
         Ok(table)
+    }
+
+    /// The client `session`'s commands use: its named user's, or the gateway's own (a
+    /// cluster member's, or the default user's).
+    pub(crate) fn client_of<'a>(&'a self, session: &'a Session) -> &'a Client {
+        session.user.as_ref().map_or(&self.client, |user| &user.client)
+    }
+
+    pub(crate) fn lock_user_clients(&self) -> std::sync::MutexGuard<'_, UserClientCache> {
+        self.user_clients.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Forgets the cached id of `database` (its table was dropped, here or elsewhere).
@@ -232,6 +386,15 @@ pub struct Session {
     pub(crate) watches: Watches,
     /// Whether the connection gave the password (or none is needed).
     pub(crate) authenticated: bool,
+    /// The named user the connection authenticated as (None: the default user).
+    pub(crate) user: Option<UserSession>,
+}
+
+/// A session authenticated as a named user: its name and the client acting as it.
+#[derive(Debug)]
+pub(crate) struct UserSession {
+    pub(crate) name: String,
+    pub(crate) client: Client,
 }
 
 impl Session {
@@ -245,6 +408,7 @@ impl Session {
             queue: None,
             watches: Watches::default(),
             authenticated: false,
+            user: None,
         }
     }
 }
@@ -253,13 +417,40 @@ impl Session {
 mod tests {
     use stratus_client::{Client, ClientConfig, TableId};
 
-    use super::{OpenScan, ScanRegistry};
+    use super::{OpenScan, ScanRegistry, UserClientCache, USER_CLIENTS_CACHED_MAX};
+
+    #[test]
+    fn user_client_cache_is_bounded_and_keyed_by_name_and_password() {
+        use std::sync::Arc;
+        let user = Arc::new(stratus_client::UserPassword::new("alice", b"password-1").unwrap());
+        let client = Client::new(ClientConfig::new("127.0.0.1:1"));
+        let mut cache = UserClientCache::default();
+        cache.insert("alice", [1; 32], user.clone(), client.clone());
+        assert!(cache.find("alice", &[1; 32]).is_some());
+        assert!(cache.find("alice", &[2; 32]).is_none(), "another password");
+        assert!(cache.find("bob", &[1; 32]).is_none());
+        cache.insert("alice", [1; 32], user.clone(), client.clone());
+        assert_eq!(cache.len(), 1, "the same name and password replace");
+        for index in 0..USER_CLIENTS_CACHED_MAX as u8 {
+            cache.insert(&format!("user{index}"), [index; 32], user.clone(), client.clone());
+        }
+        assert_eq!(cache.len(), USER_CLIENTS_CACHED_MAX);
+        assert!(cache.find("alice", &[1; 32]).is_none(), "the oldest is forgotten");
+        assert!(cache.find("user1", &[1; 32]).is_some());
+        cache.forget("user1");
+        assert!(cache.find("user1", &[1; 32]).is_none());
+        cache.insert("user2", [7; 32], user.clone(), client.clone());
+        cache.forget_password("user2", &[7; 32]);
+        assert!(cache.find("user2", &[7; 32]).is_none());
+        assert!(cache.find("user2", &[2; 32]).is_some(), "its other password's client stays");
+    }
 
     #[test]
     fn scan_registry_is_bounded_and_cursors_work_once() {
         // No connection is made: an enumeration talks to the cluster only when stepped.
         let client = Client::new(ClientConfig::new("127.0.0.1:1"));
-        let scan = || OpenScan { database: 0, enumeration: client.enumerate(TableId(1)) };
+        let scan =
+            || OpenScan { database: 0, user: None, enumeration: client.enumerate(TableId(1)) };
         let mut registry = ScanRegistry::default();
         let first = registry.insert(scan(), 2);
         let second = registry.insert(scan(), 2);
@@ -274,5 +465,14 @@ mod tests {
         }
         assert!(registry.order.len() <= 8 + 1, "consumed cursors are pruned");
         assert!(registry.take(third).is_some());
+        let alices = OpenScan {
+            database: 0,
+            user: Some("alice".to_string()),
+            enumeration: client.enumerate(TableId(1)),
+        };
+        let cursor = registry.insert(alices, 2);
+        assert!(registry.take_matching(cursor, 0, None).is_none(), "another user's");
+        assert!(registry.take_matching(cursor, 1, Some("alice")).is_none(), "another database");
+        assert!(registry.take_matching(cursor, 0, Some("alice")).is_some());
     }
 }

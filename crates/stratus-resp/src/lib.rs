@@ -58,7 +58,16 @@
 //! (pipelining) are answered in order. Malformed input gets `-ERR Protocol error: ...` and the
 //! connection is closed, as Redis does. Every request is bounded ([`RequestLimits`]).
 //! `HELLO 3` switches a connection's replies to RESP3 (maps, `_` nulls).
+//!
+//! # Users
+//!
+//! With the client password (`GatewayConfig::password`), a connection must AUTH first: as the
+//! default user (the client password), or as one of the cluster's named users, whose commands
+//! then go out with a client acting as that user, so that the cluster applies the user's table
+//! grants (a refusal is `-NOPERM`). `ACL` manages users in the subset that maps onto table
+//! grants (docs/design/resp-acl.md).
 
+mod acl;
 pub mod commands;
 mod expiry;
 mod gateway;
@@ -69,7 +78,10 @@ mod server;
 mod transaction;
 pub mod value;
 
-pub use gateway::{Gateway, GatewayConfig, GatewayStatistics, RespPassword, Session};
+pub use gateway::{
+    Gateway, GatewayConfig, GatewayStatistics, RespPassword, Session, UserClients,
+    USER_CHECKS_AT_ONCE_MAX, USER_CLIENTS_CACHED_MAX,
+};
 pub use request::{Parsed, ProtocolError, RequestLimits, RequestParser};
 pub use server::{serve, serve_connection, OUTPUT_FLUSH_BYTES};
 pub use value::{parse_value, ParseError, Protocol, Value};

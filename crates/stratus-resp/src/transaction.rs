@@ -170,7 +170,7 @@ impl Gateway {
             return Err(error("ERR WATCH inside MULTI is not allowed"));
         }
         keys.iter().try_for_each(|key| check_key(key))?;
-        let table_id = self.table(session.database).await?;
+        let table_id = self.table(session, session.database).await?;
         let mut new: Vec<&Bytes> = keys
             .iter()
             .filter(|key| !session.watches.keys.contains_key(&(table_id, (*key).clone())))
@@ -188,7 +188,7 @@ impl Gateway {
             .map(|key| KeyItem { table_id, key: (*key).clone(), rules: RejectRules::NONE })
             .collect();
         let mut versions = Vec::with_capacity(items.len());
-        for outcome in self.client.multi_read(&items).await {
+        for outcome in self.client_of(session).multi_read(&items).await {
             versions.push(match outcome {
                 Ok((_, version)) => version,
                 Err(failure) if failure.status == Status::ObjectDoesntExist => Version::NONEXISTENT,
@@ -211,13 +211,13 @@ impl Gateway {
         if queue.refused {
             return Err(error(EXEC_ABORT));
         }
-        let mut outcome = self.run_queue(session.database, &queue.commands, &watches).await;
+        let mut outcome = self.run_queue(session, &queue.commands, &watches).await;
         if is_table_dropped(&outcome) {
             // FLUSHDB or FLUSHALL dropped a table under the transaction: nothing was applied.
             // The queue's own table is recreated once; a watched key's table that is gone
             // was flushed since WATCH, which Redis counts as a change of the key.
             self.forget_table(session.database);
-            outcome = self.run_queue(session.database, &queue.commands, &watches).await;
+            outcome = self.run_queue(session, &queue.commands, &watches).await;
             if is_table_dropped(&outcome) && !watches.keys.is_empty() {
                 return Ok(Value::NullArray);
             }
@@ -240,11 +240,11 @@ impl Gateway {
     /// the conflicts on keys not watched.
     async fn run_queue(
         &self,
-        database: u32,
+        session: &Session,
         commands: &[Vec<Bytes>],
         watches: &Watches,
     ) -> Result<Vec<Value>, TransactionError> {
-        let table = self.table(database).await?;
+        let table = self.table(session, session.database).await?;
         let body = |transaction: Transaction| async move {
             for ((watched_table, key), version) in &watches.keys {
                 transaction.expect_version(*watched_table, key, *version)?;
@@ -258,7 +258,9 @@ impl Gateway {
             }
             Ok(replies)
         };
-        self.client.run_transaction_retrying_if(body, |reason| !watches.covers(reason)).await
+        self.client_of(session)
+            .run_transaction_retrying_if(body, |reason| !watches.covers(reason))
+            .await
     }
 
     /// One queued command, on the transaction; its reply (an error reply if it fails the way

@@ -25,7 +25,8 @@ pub struct Arguments {
     pub timeout_ms: u64,
     /// File holding the cluster's client password, for a cluster whose servers were started
     /// with --client-password-file (client commands, and `stratus resp`, which also asks its
-    /// own clients for it with AUTH).
+    /// own clients for it with AUTH, and then serves the cluster's named users too: AUTH user
+    /// password).
     #[arg(long, global = true, env = "STRATUS_PASSWORD_FILE")]
     pub password_file: Option<std::path::PathBuf>,
     /// Act as this named user (its password in --password-file), instead of the default user
@@ -484,7 +485,8 @@ fn read_password(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, Stri
 }
 
 /// Runs the RESP gateway until SIGINT or SIGTERM; with `password`, it proves it to the cluster
-/// and asks its own clients for it (AUTH); with a TLS certificate, its clients speak TLS to it,
+/// and asks its own clients for it (AUTH), and serves named users (AUTH user password, each
+/// session's requests sent as its user; docs/design/resp-acl.md); with a TLS certificate, its clients speak TLS to it,
 /// and with a TLS CA, it speaks TLS to the cluster.
 fn run_resp(
     resp: RespArguments,
@@ -505,8 +507,17 @@ fn run_resp(
         config = config.with_password(password).map_err(|error| error.to_string())?;
     }
     config.tls = tls.client()?;
+    // Named users (AUTH user password) exist on clusters that require the client password;
+    // their sessions go out as them (the same coordinator, timeout and TLS).
+    let user_clients = password.as_ref().map(|_| {
+        let mut user_config = ClientConfig::new(coordinator.to_string());
+        user_config.operation_timeout = config.operation_timeout;
+        user_config.tls = config.tls.clone();
+        crate::roles::user_clients(user_config)
+    });
     let gateway_config = stratus_resp::GatewayConfig {
         password: password.map(stratus_resp::RespPassword),
+        user_clients,
         table_prefix: resp.table_prefix,
         table_span: resp.table_span,
         databases: resp.databases,

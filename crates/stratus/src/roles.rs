@@ -193,6 +193,17 @@ fn security_from_flags(
     Ok(Security { environment, admission: Admission::Members(membership), client_password, tls })
 }
 
+/// What a RESP front end makes a named user's client with: `config` (the coordinator, the
+/// timeouts, the TLS client settings) acting as the user, on the plain system network (never
+/// the process's, which proves the cluster secret).
+pub(crate) fn user_clients(config: ClientConfig) -> stratus_resp::UserClients {
+    stratus_resp::UserClients(Arc::new(move |user| {
+        let mut config = config.clone();
+        config.user = Some(user);
+        Client::with_environment(config, Environment::system())
+    }))
+}
+
 /// `network` speaking TLS on every listener and to every peer with `tls`, if the process has a
 /// certificate; says in one line whether it does.
 fn with_tls(
@@ -369,7 +380,9 @@ pub struct ServerArguments {
     pub probe_timeout_ms: u64,
     /// Also speak RESP (the Redis protocol) to Redis clients on this address. Keys whose
     /// tablets this server owns are served in this process; other keys are forwarded to their
-    /// masters (the `stratus resp` gateway's rules: SELECT n is table `redis-db-n`).
+    /// masters (the `stratus resp` gateway's rules: SELECT n is table `redis-db-n`). With
+    /// --client-password-file, clients AUTH with it or as a named user (ACL commands manage
+    /// users; docs/design/resp-acl.md).
     #[arg(long)]
     pub resp_listen: Option<String>,
     /// Server span of the tables the RESP front end creates on first use.
@@ -968,6 +981,14 @@ pub fn run_server(
                 // Its own requests go out as a member's (this process's network); its RESP
                 // clients give the client password with AUTH.
                 password: client_password.clone().map(stratus_resp::RespPassword),
+                // A named user's session goes out as that user, on a network without the
+                // cluster secret, so the cluster applies the user's grants.
+                user_clients: client_password.as_ref().map(|_| {
+                    let mut user_config = ClientConfig::new(coordinator.clone());
+                    user_config.operation_timeout = RESP_OPERATION_TIMEOUT;
+                    user_config.tls = tls.as_ref().map(|tls| tls.client.clone());
+                    user_clients(user_config)
+                }),
                 ..stratus_resp::GatewayConfig::default()
             };
             let gateway = Arc::new(stratus_resp::Gateway::new(client, gateway_config));

@@ -51,7 +51,14 @@ from .errors import (
 )
 from .key_hash import key_hash
 from .model import (
+    ACCESS_ADMIN,
+    ACCESS_READ,
+    ACCESS_WRITE,
     AbortKind,
+    Identity,
+    IdentityKind,
+    TableGrant,
+    UserSummary,
     AbortReason,
     EnumeratedObject,
     Expiry,
@@ -74,6 +81,13 @@ from .transaction import Transaction
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACCESS_ADMIN",
+    "ACCESS_READ",
+    "ACCESS_WRITE",
+    "Identity",
+    "IdentityKind",
+    "TableGrant",
+    "UserSummary",
     "AuthenticationFailed",
     "AbortKind",
     "AbortReason",

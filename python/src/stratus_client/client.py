@@ -53,6 +53,9 @@ from .key_hash import key_hash
 from .model import (
     HASH_MAX,
     Expiry,
+    Identity,
+    TableGrant,
+    UserSummary,
     IncrementItem,
     KeyItem,
     ObjectRead,
@@ -180,6 +183,12 @@ class Client:
     that the server holds it too). It needs the ``argon2-cffi`` package
     (``pip install 'stratus-client[password]'``).
 
+    ``user`` names a named user of the cluster (created by a cluster administrator with
+    ``stratus user set`` or ``set_user``); ``password`` is then that user's password, proved
+    on every connection instead of the client password (the keys derived from it are kept per
+    salt, so the Argon2id is paid once, not per connection), and the cluster allows what the
+    user's grants allow: anything else raises ``PermissionDenied`` at once.
+
     ``tls_ca_file`` is the CA that signed the servers' certificates, for a cluster whose servers
     were started with ``--tls-cert-file`` (``stratus up --secure`` writes it to DIR/tls/ca.pem):
     every connection then speaks TLS and trusts that CA alone. ``tls_cert_file`` and
@@ -196,6 +205,7 @@ class Client:
         connect_timeout: float = 2.0,
         exactly_once: bool = True,
         password: str | bytes | None = None,
+        user: str | None = None,
         tls_ca_file: str | os.PathLike[str] | None = None,
         tls_cert_file: str | os.PathLike[str] | None = None,
         tls_key_file: str | os.PathLike[str] | None = None,
@@ -224,7 +234,14 @@ class Client:
         self.exactly_once = bool(exactly_once)
         # The client password's key, derived once (slow on purpose), for clusters that require
         # one (servers started with --client-password-file).
-        self._password_key = None if password is None else credentials.client_key(password)
+        self._password_key: bytes | None = None
+        self._user: credentials.UserPassword | None = None
+        if user is not None:
+            if password is None:
+                raise ValueError("a user needs its password: pass password= with user=")
+            self._user = credentials.UserPassword(user, password)
+        elif password is not None:
+            self._password_key = credentials.client_key(password)
         self._tls = _tls_context(tls_ca_file, tls_cert_file, tls_key_file)
         # The lease and rpc ids of exactly-once mutations (and of transactions' ops).
         self._lease_agent = LeaseAgent(self._client_lease_call)
@@ -304,6 +321,49 @@ class Client:
     def list_tables(self) -> list[TableEntry]:
         """Every table: name, id and number of tablets."""
         return self._coordinator_operation("list_tables()", Opcode.LIST_TABLES, b"")
+
+    # -----------------------------------------------------------------------------------------
+    # Named users (coordinator).
+
+    def who_am_i(self) -> Identity:
+        """Who the cluster takes this client for: a named user (with its grants), the default
+        user (the client password), a member, an anonymous client or an open cluster's."""
+        return self._coordinator_operation("who_am_i()", Opcode.WHO_AM_I, b"")
+
+    def set_user(
+        self,
+        name: str,
+        *,
+        password: str | bytes | None = None,
+        enabled: bool = True,
+        grants: Iterable[TableGrant | str] = (),
+    ) -> bool:
+        """Creates the user, or replaces its enabled flag, its grants and (if ``password`` is
+        given) its password; True if it did not exist. The password is turned into stored keys
+        here (one Argon2id with a fresh salt), so it never leaves this process. A grant is a
+        ``TableGrant`` or its text form ``"PATTERN=rw"``. Needs a cluster administrator (or
+        the client password): ``PermissionDenied`` otherwise."""
+        name = credentials.check_user_name(name)
+        parsed = tuple(
+            grant if isinstance(grant, TableGrant) else TableGrant.parse(grant) for grant in grants
+        )
+        if len(parsed) > codec.GRANTS_PER_USER_MAX:
+            raise InvalidParameter(
+                f"a user has at most {codec.GRANTS_PER_USER_MAX} grants, not {len(parsed)}"
+            )
+        keys = None if password is None else credentials.new_user_credentials(password)
+        body = codec.set_user_body(name, bool(enabled), keys, parsed)
+        return self._coordinator_operation(f"set_user({name!r})", Opcode.SET_USER, body)
+
+    def delete_user(self, name: str) -> bool:
+        """Deletes the user; True if it existed. Its open connections are refused from their
+        next request on. Needs a cluster administrator."""
+        body = codec.user_name_body(credentials.check_user_name(name))
+        return self._coordinator_operation(f"delete_user({name!r})", Opcode.DELETE_USER, body)
+
+    def list_users(self) -> list[UserSummary]:
+        """Every named user, without keys. Needs a cluster administrator."""
+        return self._coordinator_operation("list_users()", Opcode.LIST_USERS, b"")
 
     def server_list(self) -> list[ServerEntry]:
         """Every server the coordinator knows: id, address, services and status."""
@@ -571,7 +631,7 @@ class Client:
         if connection is not None and not connection.closed:
             return connection
         deadline = min(time.monotonic() + self.connect_timeout, attempts.deadline)
-        connection = Connection(address, deadline, self._password_key, self._tls)
+        connection = Connection(address, deadline, self._password_key, self._tls, self._user)
         with self._lock:
             if self._closed:
                 connection.close()

@@ -20,7 +20,14 @@ from typing import NamedTuple, TypeVar
 
 from .errors import InvalidKey, ProtocolError, RequestTooLarge
 from .model import (
+    ACCESS_ADMIN,
+    ACCESS_READ,
+    ACCESS_WRITE,
     REJECT_FLAGS_KNOWN,
+    Identity,
+    IdentityKind,
+    TableGrant,
+    UserSummary,
     SERVICES_KNOWN,
     EnumeratedObject,
     EnumerationCursor,
@@ -50,6 +57,12 @@ FRAME_KIND_RESPONSE = 2
 
 KEY_BYTES_MAX = 65_535
 TABLE_NAME_BYTES_MAX = 256
+# Named users (limits.rs).
+USERS_MAX = 1_024
+GRANTS_PER_USER_MAX = 32
+TABLE_PATTERN_BYTES_MAX = TABLE_NAME_BYTES_MAX
+USER_NAME_BYTES_MAX = 64
+_ACCESS_ALL = ACCESS_READ | ACCESS_WRITE | ACCESS_ADMIN
 SERVER_ADDRESS_BYTES_MAX = 256
 ERROR_MESSAGE_BYTES_MAX = 1_024
 MULTI_OP_ITEMS_MAX = 4_096
@@ -101,6 +114,10 @@ class Opcode(enum.IntEnum):
     SERVER_STOPPING = 23
     CLIENT_LEASE = 24
     CHECK_CLIENT_LEASES = 25
+    SET_USER = 26
+    DELETE_USER = 27
+    LIST_USERS = 28
+    WHO_AM_I = 29
     READ = 30
     WRITE = 31
     REMOVE = 32
@@ -405,6 +422,76 @@ def create_table_body(name: str, server_span: int) -> bytes:
 def table_name_body(name: str) -> bytes:
     """The body of DROP_TABLE and GET_TABLE_ID: the table's name."""
     return BodyWriter().string(name, TABLE_NAME_BYTES_MAX).to_bytes()
+
+
+def _put_grants(writer: BodyWriter, grants: tuple[TableGrant, ...] | list[TableGrant]) -> None:
+    writer.u32(len(grants))
+    for grant in grants:
+        writer.string(grant.pattern, TABLE_PATTERN_BYTES_MAX).u8(grant.access)
+
+
+def set_user_body(
+    name: str,
+    enabled: bool,
+    credentials: tuple[bytes, bytes, bytes] | None,
+    grants: tuple[TableGrant, ...] | list[TableGrant],
+) -> bytes:
+    """The body of SET_USER: a user record (u16 name length + name; u8 flags, bit 0 enabled,
+    bit 1 credentials follow; the 16-byte salt, 32-byte stored key and 32-byte server key;
+    u32 grant count, each grant u16 pattern length + pattern + u8 access bits)."""
+    writer = BodyWriter().string(name, USER_NAME_BYTES_MAX)
+    writer.u8((1 if enabled else 0) | (2 if credentials is not None else 0))
+    if credentials is not None:
+        salt, stored_key, server_key = credentials
+        if (len(salt), len(stored_key), len(server_key)) != (16, 32, 32):
+            raise ValueError("credentials are a 16-byte salt and two 32-byte keys")
+        writer._parts.extend([salt, stored_key, server_key])
+    _put_grants(writer, grants)
+    return writer.to_bytes()
+
+
+def user_name_body(name: str) -> bytes:
+    """The body of DELETE_USER: the user's name."""
+    return BodyWriter().string(name, USER_NAME_BYTES_MAX).to_bytes()
+
+
+def _grant(reader: BodyReader) -> TableGrant:
+    pattern = reader.string(TABLE_PATTERN_BYTES_MAX, "table pattern")
+    access = reader.u8()
+    if access & ~_ACCESS_ALL or access == 0:
+        raise reader.fail(f"grant access bits {access:#04x}")
+    return TableGrant(pattern, access)
+
+
+def _grants(reader: BodyReader) -> tuple[TableGrant, ...]:
+    return tuple(reader.list(GRANTS_PER_USER_MAX, 2 + 1, _grant))
+
+
+def _user_summary(reader: BodyReader) -> UserSummary:
+    name = reader.string(USER_NAME_BYTES_MAX, "user name")
+    flags = reader.u8()
+    if flags & ~0b11:
+        raise reader.fail(f"user flags {flags:#04x}")
+    return UserSummary(name, bool(flags & 1), bool(flags & 2), _grants(reader))
+
+
+def _identity(reader: BodyReader) -> Identity:
+    code = reader.u8()
+    try:
+        kind = IdentityKind(code)
+    except ValueError:
+        raise reader.fail(f"identity kind {code}") from None
+    if kind is not IdentityKind.USER:
+        return Identity(kind)
+    name = reader.string(USER_NAME_BYTES_MAX, "user name")
+    return Identity(kind, name, _grants(reader))
+
+
+def _flag(reader: BodyReader) -> bool:
+    value = reader.u8()
+    if value > 1:
+        raise reader.fail(f"boolean {value}")
+    return value == 1
 
 
 def table_id_body(table_id: int) -> bytes:
@@ -862,6 +949,11 @@ _OPERATION_BODY_DECODERS: dict[Opcode, Callable[[BodyReader], object]] = {
     Opcode.CHECK_CLIENT_LEASES: lambda reader: reader.list(
         CLIENT_LEASES_PER_CHECK_MAX, 4, BodyReader.u32
     ),
+    # True if the user was created (SET_USER), existed (DELETE_USER).
+    Opcode.SET_USER: _flag,
+    Opcode.DELETE_USER: _flag,
+    Opcode.LIST_USERS: lambda reader: reader.list(USERS_MAX, 2 + 1 + 4, _user_summary),
+    Opcode.WHO_AM_I: _identity,
 }
 
 

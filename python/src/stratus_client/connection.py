@@ -69,11 +69,13 @@ class Connection:
         deadline: float,
         password_key: bytes | None = None,
         tls: ssl.SSLContext | None = None,
+        user: credentials.UserPassword | None = None,
     ) -> None:
         """Connects and performs the handshake, all before ``deadline`` (``time.monotonic``);
         with ``tls``, runs a TLS handshake first (the server's certificate must name its host);
         with ``password_key`` (``credentials.client_key``), proves the client password (inside
-        TLS, if any).
+        TLS, if any); with ``user`` (``credentials.UserPassword``), proves that named user's
+        password instead.
 
         Raises ``CouldNotConnect`` or ``Timeout`` when the server cannot be reached in time,
         ``ProtocolVersionMismatch`` when it speaks another protocol version,
@@ -93,7 +95,9 @@ class Connection:
             if tls is not None:
                 self._socket.settimeout(_seconds_left(deadline, address, "the TLS handshake"))
                 self._socket = tls.wrap_socket(self._socket, server_hostname=host)
-            if password_key is not None:
+            if user is not None:
+                self._prove_user(user, deadline)
+            elif password_key is not None:
                 self._prove_password(password_key, deadline)
             self._send_all(codec.encode_hello(), deadline)
             server_version, status = codec.decode_hello(
@@ -135,6 +139,18 @@ class Connection:
         self._send_all(challenge, deadline)
         answer = self._receive_exactly(credentials.ANSWER_BYTES, deadline)
         self._send_all(credentials.answer_proof(key, client_nonce, answer), deadline)
+        credentials.check_verdict(self._receive_exactly(credentials.VERDICT_BYTES, deadline))
+
+    def _prove_user(self, user: credentials.UserPassword, deadline: float) -> None:
+        """The client side of a named user's preamble (role 2): the challenge carries the name,
+        the answer the user's salt; the server proves it knows the user's server key before
+        this client proves the password."""
+        client_nonce, challenge = user.challenge()
+        self._send_all(challenge, deadline)
+        answer = self._receive_exactly(credentials.ANSWER_BYTES, deadline)
+        credentials.check_answer_status(answer, f"user {user.name!r}")
+        salt = self._receive_exactly(credentials.USER_SALT_BYTES, deadline)
+        self._send_all(user.answer_proof(client_nonce, answer, salt), deadline)
         credentials.check_verdict(self._receive_exactly(credentials.VERDICT_BYTES, deadline))
 
     @property

@@ -212,14 +212,18 @@ class ExpiredLease(StratusError):
 
 class AuthenticationFailed(StratusError):
     """A server refused this client's password, or does not hold it itself (a wrong
-    ``password``, or a server of another cluster). Not retried."""
+    ``password``, an unknown or disabled ``user``, or a server of another cluster). Not
+    retried."""
 
     status = Status.AUTHENTICATION_FAILED
 
 
 class PermissionDenied(StratusError):
     """The server requires the cluster's client password and this client gave none (pass
-    ``password=``), or the request is one only cluster members may send. Nothing was done."""
+    ``password=``), the client's named user lacks the grant the request needs (the message says
+    which: ``Write needs -w- on table "logs", and user "alice" has r--``), the user was
+    deleted or disabled, or the request is one only cluster members may send. Nothing was
+    done; not retried."""
 
     status = Status.PERMISSION_DENIED
 

@@ -13,6 +13,13 @@ from typing import ClassVar, NamedTuple
 from .status import Status
 
 __all__ = [
+    "ACCESS_ADMIN",
+    "ACCESS_READ",
+    "ACCESS_WRITE",
+    "Identity",
+    "IdentityKind",
+    "TableGrant",
+    "UserSummary",
     "AbortKind",
     "AbortReason",
     "EnumeratedObject",
@@ -395,3 +402,74 @@ class TxOutcome:
 
 
 TxOutcome.COMMITTED = TxOutcome(True)
+
+
+# Access bits of a grant, as on the wire (one byte).
+ACCESS_READ = 1
+ACCESS_WRITE = 2
+ACCESS_ADMIN = 4
+_ACCESS_LETTERS = {"r": ACCESS_READ, "w": ACCESS_WRITE, "a": ACCESS_ADMIN}
+
+
+@dataclass(frozen=True)
+class TableGrant:
+    """What a named user may do on the tables whose names match ``pattern`` (``*`` any run of
+    characters, ``?`` one character): ``access`` is a set of bits (``ACCESS_READ``,
+    ``ACCESS_WRITE``, ``ACCESS_ADMIN``), or give letters with ``TableGrant.parse("logs*=rw")``."""
+
+    pattern: str
+    access: int
+
+    @classmethod
+    def parse(cls, text: str) -> TableGrant:
+        """``PATTERN=LETTERS`` (letters r, w, a in any order), the CLI's form."""
+        pattern, separator, letters = text.rpartition("=")
+        access = 0
+        for letter in letters.lower():
+            if letter not in _ACCESS_LETTERS:
+                raise ValueError(f"grant {text!r}: access letters are r, w and a")
+            access |= _ACCESS_LETTERS[letter]
+        if not separator or not pattern or access == 0:
+            raise ValueError(f"grant {text!r} is not PATTERN=rwa")
+        return cls(pattern, access)
+
+    def __str__(self) -> str:
+        letters = "".join(
+            letter for letter, bit in _ACCESS_LETTERS.items() if self.access & bit
+        )
+        return f"{self.pattern}={letters}"
+
+
+@dataclass(frozen=True)
+class UserSummary:
+    """A named user as ``Client.list_users`` shows it (no keys)."""
+
+    name: str
+    enabled: bool
+    has_password: bool
+    grants: tuple[TableGrant, ...]
+
+
+class IdentityKind(enum.IntEnum):
+    """Who a connection is (WHO_AM_I's first byte)."""
+
+    OPEN = 0  # the cluster has no cluster secret: everyone may do everything
+    MEMBER = 1  # a cluster member (proved the cluster secret)
+    DEFAULT = 2  # the default user (proved the client password)
+    ANONYMOUS = 3  # proved nothing, on a cluster that requires no client password
+    USER = 4  # a named user
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the cluster takes a client for (``Client.who_am_i``); ``name`` and ``grants`` only
+    for a named user."""
+
+    kind: IdentityKind
+    name: str | None = None
+    grants: tuple[TableGrant, ...] = ()
+
+    @property
+    def user_name(self) -> str:
+        """The user's name, or ``default`` (as Redis's ACL WHOAMI)."""
+        return self.name if self.kind is IdentityKind.USER and self.name else "default"

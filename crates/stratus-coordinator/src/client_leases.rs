@@ -31,6 +31,59 @@ pub(crate) enum LeaseRefusal {
     TooMany,
 }
 
+/// A keyed permutation of the 64-bit ids: a four-round Feistel network over two 32-bit halves
+/// whose round function is HMAC-SHA-256 under a key derived from the cluster secret (a
+/// pseudo-random permutation, Luby–Rackoff), so every coordinator of the cluster maps a
+/// sequence number to the same id, and nobody without the secret can tell which ids were
+/// granted.
+#[derive(Clone)]
+pub struct LeaseIdPermutation {
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for LeaseIdPermutation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseIdPermutation(<redacted>)")
+    }
+}
+
+const FEISTEL_ROUNDS: u8 = 4;
+
+impl LeaseIdPermutation {
+    /// The permutation under `key` (derived from the cluster secret for this purpose alone).
+    pub fn new(key: [u8; 32]) -> LeaseIdPermutation {
+        LeaseIdPermutation { key }
+    }
+
+    fn round(&self, round: u8, half: u32) -> u32 {
+        use hmac::{Hmac, Mac};
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&self.key)
+            .expect("HMAC takes a key of any length");
+        mac.update(&[round]);
+        mac.update(&half.to_le_bytes());
+        let tag = mac.finalize().into_bytes();
+        u32::from_le_bytes([tag[0], tag[1], tag[2], tag[3]])
+    }
+
+    /// The id clients see for sequence number `sequence`.
+    pub fn hide(&self, sequence: u64) -> u64 {
+        let (mut left, mut right) = ((sequence >> 32) as u32, sequence as u32);
+        for round in 0..FEISTEL_ROUNDS {
+            (left, right) = (right, left ^ self.round(round, right));
+        }
+        (u64::from(left) << 32) | u64::from(right)
+    }
+
+    /// The sequence number of the id `id` ([`LeaseIdPermutation::hide`]'s inverse).
+    pub fn reveal(&self, id: u64) -> u64 {
+        let (mut left, mut right) = ((id >> 32) as u32, id as u32);
+        for round in (0..FEISTEL_ROUNDS).rev() {
+            (left, right) = (right ^ self.round(round, left), left);
+        }
+        (u64::from(left) << 32) | u64::from(right)
+    }
+}
+
 /// The client leases of the active coordinator.
 #[derive(Debug)]
 pub(crate) struct ClientLeases {
@@ -44,6 +97,8 @@ pub(crate) struct ClientLeases {
     /// `grace_until` unless known otherwise.
     inherited_below: u64,
     grace_until: Instant,
+    /// Hides the sequence numbers (with a cluster secret); `None`: ids are the numbers.
+    permutation: Option<LeaseIdPermutation>,
 }
 
 impl ClientLeases {
@@ -57,7 +112,23 @@ impl ClientLeases {
             reserved_below,
             inherited_below: reserved_below,
             grace_until: now + CLIENT_LEASE_TERM,
+            permutation: None,
         }
+    }
+
+    /// Hands out ids through `permutation` from now on. Set once at start, before any lease
+    /// is granted: every coordinator of a cluster must use the same one.
+    pub(crate) fn hide_ids(&mut self, permutation: LeaseIdPermutation) {
+        debug_assert!(self.expiries.is_empty(), "ids hidden after leases were granted");
+        self.permutation = Some(permutation);
+    }
+
+    fn id_of(&self, sequence: u64) -> u64 {
+        self.permutation.as_ref().map_or(sequence, |permutation| permutation.hide(sequence))
+    }
+
+    fn sequence_of(&self, lease: LeaseId) -> u64 {
+        self.permutation.as_ref().map_or(lease.0, |permutation| permutation.reveal(lease.0))
     }
 
     /// The mark was durably raised to `reserved_below`.
@@ -73,15 +144,21 @@ impl ClientLeases {
                 return Err(LeaseRefusal::TooMany);
             }
         }
-        if self.next_id >= self.reserved_below {
-            return Err(LeaseRefusal::NeedsReservation(
-                self.next_id.saturating_add(CLIENT_LEASE_IDS_PER_RESERVATION),
-            ));
+        loop {
+            if self.next_id >= self.reserved_below {
+                return Err(LeaseRefusal::NeedsReservation(
+                    self.next_id.saturating_add(CLIENT_LEASE_IDS_PER_RESERVATION),
+                ));
+            }
+            let lease = LeaseId(self.id_of(self.next_id));
+            self.next_id += 1;
+            // Id 0 asks CLIENT_LEASE for a new lease: the one sequence number the permutation
+            // maps to it is skipped.
+            if lease.0 != 0 {
+                self.expiries.insert(lease, now + CLIENT_LEASE_TERM);
+                return Ok(lease);
+            }
         }
-        let lease = LeaseId(self.next_id);
-        self.next_id += 1;
-        self.expiries.insert(lease, now + CLIENT_LEASE_TERM);
-        Ok(lease)
     }
 
     /// Renews `lease` for a term from `now`, if it is still valid.
@@ -98,7 +175,7 @@ impl ClientLeases {
     pub(crate) fn remaining(&self, lease: LeaseId, now: Instant) -> Duration {
         match self.expiries.get(&lease) {
             Some(expires) => expires.saturating_duration_since(now),
-            None if lease.0 != 0 && lease.0 < self.inherited_below => {
+            None if lease.0 != 0 && self.sequence_of(lease) < self.inherited_below => {
                 self.grace_until.saturating_duration_since(now)
             }
             None => Duration::ZERO,
@@ -150,6 +227,42 @@ mod tests {
         assert_eq!(leases.renew(lease, later), Err(LeaseRefusal::Expired), "gone for good");
         assert_eq!(leases.remaining(LeaseId(99), start), Duration::ZERO, "never granted");
         assert_eq!(leases.remaining(LeaseId(0), start), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_permutation_is_a_bijection_that_hides_the_sequence() {
+        let permutation = LeaseIdPermutation::new([7; 32]);
+        let other = LeaseIdPermutation::new([8; 32]);
+        let mut seen = std::collections::HashSet::new();
+        for sequence in (1..2_000u64).chain([u64::MAX, 1 << 40]) {
+            let id = permutation.hide(sequence);
+            assert_eq!(permutation.reveal(id), sequence);
+            assert!(seen.insert(id), "two numbers map to {id}");
+            assert_ne!(id, other.hide(sequence));
+        }
+        // Consecutive numbers give ids that share nothing visible.
+        let (a, b) = (permutation.hide(5), permutation.hide(6));
+        assert!((a ^ b).count_ones() > 8, "{a:#x} {b:#x}");
+        assert!(format!("{permutation:?}").contains("redacted"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hidden_ids_are_granted_renewed_and_inherited_like_plain_ones() {
+        let start = Instant::now();
+        let permutation = LeaseIdPermutation::new([3; 32]);
+        let mut leases = ClientLeases::starting(1, start);
+        leases.hide_ids(permutation.clone());
+        leases.reserved(100);
+        let lease = leases.open(start).unwrap();
+        assert_ne!(lease.0, 1, "the id is not the sequence number");
+        assert_eq!(permutation.reveal(lease.0), 1);
+        leases.renew(lease, start).unwrap();
+        // A successor with the same key honours it during its grace term; a guessed id is
+        // not honoured.
+        let mut successor = ClientLeases::starting(100, start);
+        successor.hide_ids(permutation);
+        assert_eq!(successor.remaining(lease, start), CLIENT_LEASE_TERM);
+        assert_eq!(successor.remaining(LeaseId(2), start), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

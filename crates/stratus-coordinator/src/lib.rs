@@ -19,6 +19,7 @@ mod service;
 mod standby;
 mod users;
 
+pub use client_leases::LeaseIdPermutation;
 pub use metrics::CoordinatorMetrics;
 pub use records::{CoordinatorState, LogHead, TableRecord, TabletRecord, TabletSplit};
 pub use recovery::FailureDetectorConfig;

@@ -20,7 +20,7 @@ use stratus_wire::{
 };
 use tokio::sync::Mutex;
 
-use crate::client_leases::{ClientLeases, LeaseRefusal, CLIENT_LEASE_TERM};
+use crate::client_leases::{ClientLeases, LeaseIdPermutation, LeaseRefusal, CLIENT_LEASE_TERM};
 use crate::metrics::CoordinatorCounters;
 use crate::records::{
     put_counter, put_log_head, put_server, put_table, table_key, CoordinatorState, LogHead,
@@ -310,6 +310,12 @@ impl Coordinator {
     /// Declares `server_id` crashed now and starts recovering its tablets (tests and tools).
     pub async fn declare_crashed(&self, server_id: ServerId) {
         self.inner.declare_crashed(server_id, "requested", false).await;
+    }
+
+    /// Hands out client lease ids through `permutation` (a process with a cluster secret does,
+    /// before it serves): unguessable ids keep a client from naming another's lease.
+    pub fn hide_lease_ids(&self, permutation: LeaseIdPermutation) {
+        self.inner.client_leases().hide_ids(permutation);
     }
 
     /// The named users, as the coordinator's RPC layer must check them
@@ -610,6 +616,7 @@ impl Inner {
                 })
                 .collect();
             let record = TableRecord { table_id, tablets };
+            self.check_directory_with_table(&state, &name, &record)?;
             let (epoch, persist_epoch) = state.next_assignment_epoch();
             self.persist(vec![
                 put_counter(NEXT_TABLE_ID_KEY, table_id.0 + 1),

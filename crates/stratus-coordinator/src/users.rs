@@ -16,7 +16,7 @@ use stratus_types::TableId;
 use stratus_wire::users::{pattern_matches, UserDirectorySnapshot};
 use stratus_wire::{encode_response, Response, Status, UserRecord, UserSummary};
 
-use crate::records::{put_user, user_key, CoordinatorState};
+use crate::records::{put_user, user_key, CoordinatorState, TableRecord};
 use crate::service::Inner;
 
 /// How long the coordinator holds a GET_USER_DIRECTORY whose version is current before it
@@ -78,6 +78,26 @@ impl Inner {
         }
     }
 
+    /// Refuses a table whose name would grow the user directory past its limit (a grant's
+    /// pattern names it): published or not, a directory that cannot be handed out would leave
+    /// every server with an old one, where a deleted user still works.
+    pub(crate) fn check_directory_with_table(
+        &self,
+        state: &CoordinatorState,
+        name: &str,
+        record: &TableRecord,
+    ) -> Result<(), Failure> {
+        if state.users.is_empty() {
+            return Ok(());
+        }
+        let mut next = state.clone();
+        next.tables.insert(name.to_string(), record.clone());
+        next.next_table_id = record.table_id.0 + 1;
+        build_directory(&next).map(|_| ()).map_err(|reason| {
+            (Status::InvalidParameter, format!("table {name:?} is refused: {reason}"))
+        })
+    }
+
     /// SET_USER: creates `user` or replaces it (keeping its password if `user.credentials` is
     /// `None`).
     pub(crate) async fn set_user(&self, mut user: UserRecord) -> Result<Response, Failure> {
@@ -135,7 +155,6 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::TableRecord;
     use stratus_wire::{TableAccess, TableGrant};
 
     fn user(name: &str, pattern: &str) -> UserRecord {

@@ -34,6 +34,6 @@ pub use membership::{
 };
 pub use server::{serve, serve_admitting, serve_within, Handled, ServerLimits, Service};
 pub use users::{
-    new_user_credentials, password_matches, user_client_proof, user_credentials, UserDirectory,
-    UserPassword,
+    new_user_credentials, password_matches, user_client_proof, user_credentials, AdmittedUser,
+    UserDirectory, UserPassword,
 };

@@ -36,7 +36,7 @@ use stratus_wire::{Access, Identity, Opcode, Status};
 use tokio::io::AsyncReadExt;
 
 use crate::preamble::{denied, draw_nonce, invalid_data};
-use crate::users::{admit_user, prove_user, UserDirectory, UserPassword};
+use crate::users::{admit_user, prove_user, AdmittedUser, UserDirectory, UserPassword};
 
 /// The shortest secret accepted, in bytes: 128 bits if it is random, which is what `stratus up
 /// --cluster-secret-file` writes (32 random bytes, hex-encoded).
@@ -159,6 +159,14 @@ impl ClusterKey {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         mac.update(&proof_transcript(role, side, client, server));
         mac
+    }
+
+    /// A key for another purpose, derived from this one with `label` (HMAC-SHA-256): every
+    /// member derives the same, nobody without the secret can.
+    pub fn subkey(&self, label: &[u8]) -> [u8; 32] {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        mac.update(label);
+        mac.finalize().into_bytes().into()
     }
 
     /// The proof that `side` holds this key in `role`, for one exchange's nonces.
@@ -292,7 +300,7 @@ pub enum Proven {
     /// The client password (the default user).
     Client,
     /// The password of the named user.
-    User(String),
+    User(AdmittedUser),
 }
 
 impl Membership {
@@ -326,6 +334,12 @@ impl Membership {
     /// requests against their grants. Once per process; a second call is ignored.
     pub fn serve_users(&self, directory: Arc<UserDirectory>) {
         let _ = self.users.set(directory);
+    }
+
+    /// A key derived from the cluster key for another purpose, named by `label`
+    /// ([`ClusterKey::subkey`]).
+    pub fn subkey(&self, label: &[u8]) -> [u8; 32] {
+        self.key.subkey(label)
     }
 
     /// The named users this process serves, if it serves them.
@@ -409,7 +423,7 @@ impl Membership {
                         .to_string());
                 };
                 let delay = self.refused_proof_delay;
-                let name = admit_user(
+                let admitted = admit_user(
                     users,
                     &self.pepper,
                     &*self.nonces,
@@ -419,7 +433,7 @@ impl Membership {
                     delay,
                 )
                 .await?;
-                return Ok(Proven::User(name));
+                return Ok(Proven::User(admitted));
             }
             PeerRole::Member => (&self.key, "cluster secret"),
             PeerRole::Client => match &self.client_key {
@@ -598,8 +612,8 @@ pub(crate) enum ConnectionAccess {
     PingOnly(Arc<Membership>),
     /// Client opcodes, each checked against the named user's grants in `users`.
     User {
-        /// The user's name.
-        name: Arc<str>,
+        /// The user, as the connection proved it.
+        user: Arc<AdmittedUser>,
         /// Where member-only opcodes are counted.
         membership: Arc<Membership>,
         /// The directory the user's grants are read from, request by request.
@@ -617,12 +631,13 @@ impl ConnectionAccess {
             (Admission::Members(membership), Some(Proven::Client)) => {
                 ConnectionAccess::ClientOnly(membership.clone())
             }
-            (Admission::Members(membership), Some(Proven::User(name))) => {
+            (Admission::Members(membership), Some(Proven::User(admitted))) => {
                 let users = membership
                     .users()
                     .expect("a user is admitted only by a process that serves users")
                     .clone();
-                ConnectionAccess::User { name: name.into(), membership: membership.clone(), users }
+                let user = Arc::new(admitted);
+                ConnectionAccess::User { user, membership: membership.clone(), users }
             }
             (Admission::Members(membership), None) if membership.requires_client_password() => {
                 ConnectionAccess::PingOnly(membership.clone())
@@ -664,11 +679,11 @@ impl ConnectionAccess {
                 Identity::Default
             }
             ConnectionAccess::ClientOnly(_) | ConnectionAccess::PingOnly(_) => Identity::Anonymous,
-            ConnectionAccess::User { name, users, .. } => Identity::User {
-                name: name.to_string(),
+            ConnectionAccess::User { user, users, .. } => Identity::User {
+                name: user.name.clone(),
                 grants: users
                     .snapshot()
-                    .user(name)
+                    .user(&user.name)
                     .map(|user| user.grants.clone())
                     .unwrap_or_default(),
             },

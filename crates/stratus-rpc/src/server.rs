@@ -533,8 +533,8 @@ async fn dispatch(
         answer_who_am_i(&header, connection, output);
         return Ok(());
     }
-    if let ConnectionAccess::User { name, users, .. } = &connection.access {
-        if let Some(reason) = user_request_refusal(users, name, header.opcode_code, &body).await {
+    if let ConnectionAccess::User { user, users, .. } = &connection.access {
+        if let Some(reason) = user_request_refusal(users, user, header.opcode_code, &body).await {
             let refused = users.count_denied_request();
             refuse_request(&header, refused, &reason, connection, output);
             return Ok(());

@@ -200,16 +200,25 @@ impl UserPassword {
         &self.password
     }
 
-    fn keys_for(&self, salt: &[u8; USER_SALT_BYTES]) -> UserKeys {
-        let mut cached = self.keys.lock().unwrap_or_else(|poison| poison.into_inner());
-        if let Some((cached_salt, keys)) = cached.as_ref() {
+    /// The keys for `salt`: the cached ones, or derived (one Argon2id, about 50 ms and 19 MiB)
+    /// on a blocking thread, so a runtime thread that also serves others (a server's RESP
+    /// front end shares its master's) is not held; the lock is not held while deriving.
+    async fn keys_for(&self, salt: &[u8; USER_SALT_BYTES]) -> io::Result<UserKeys> {
+        if let Some((cached_salt, keys)) = self.lock_keys().as_ref() {
             if cached_salt == salt {
-                return keys.clone();
+                return Ok(keys.clone());
             }
         }
-        let keys = derive_user_keys(&self.password, salt);
-        *cached = Some((*salt, keys.clone()));
-        keys
+        let (password, salt_copy) = (self.password.clone(), *salt);
+        let keys = stratus_env::run_blocking(move || derive_user_keys(&password, &salt_copy))
+            .await
+            .map_err(|error| io::Error::other(format!("deriving the user's keys: {error}")))?;
+        *self.lock_keys() = Some((*salt, keys.clone()));
+        Ok(keys)
+    }
+
+    fn lock_keys(&self) -> std::sync::MutexGuard<'_, Option<([u8; USER_SALT_BYTES], UserKeys)>> {
+        self.keys.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 }
 
@@ -240,7 +249,7 @@ pub(crate) async fn prove_user(
     }
     let mut salt = [0u8; MEMBER_USER_SALT_BYTES];
     connection.reader.read_exact(&mut salt).await?;
-    let keys = user.keys_for(&salt);
+    let keys = user.keys_for(&salt).await?;
     let server_nonce = answer.server_nonce;
     let acceptor_transcript =
         user_proof_transcript(ProofSide::Acceptor, &client_nonce, &server_nonce, &user.name);
@@ -275,10 +284,13 @@ pub(crate) async fn prove_user(
 struct FailureWindow {
     second: u64,
     by_name: HashMap<String, u32>,
+    /// A failure of a name not remembered happened this second (the map was full).
+    overflowed: bool,
 }
 
 /// Names remembered per window at most: a guesser cycling through names gets no more than
-/// this many entries, and past it every name shares the limit of the first.
+/// this many entries; past it, every name not remembered is refused unchecked for the rest of
+/// the second (honest users included: the price of bounding the memory a guesser takes).
 const FAILURE_WINDOW_NAMES_MAX: usize = 4_096;
 
 /// The users a server knows and checks: the coordinator's directory, replaced whole when a
@@ -369,9 +381,13 @@ impl UserDirectory {
     fn over_failure_limit(&self, name: &str) -> bool {
         let second = self.current_second();
         let failures = self.failures.lock().unwrap_or_else(|poison| poison.into_inner());
-        failures.second == second
-            && failures.by_name.get(name).copied().unwrap_or(0)
-                >= USER_AUTHENTICATION_FAILURES_PER_SECOND_MAX
+        if failures.second != second {
+            return false;
+        }
+        match failures.by_name.get(name) {
+            Some(&count) => count >= USER_AUTHENTICATION_FAILURES_PER_SECOND_MAX,
+            None => failures.overflowed,
+        }
     }
 
     fn record_failure(&self, name: &str) {
@@ -381,12 +397,25 @@ impl UserDirectory {
         if failures.second != second {
             failures.second = second;
             failures.by_name.clear();
+            failures.overflowed = false;
         }
         if failures.by_name.len() < FAILURE_WINDOW_NAMES_MAX || failures.by_name.contains_key(name)
         {
             *failures.by_name.entry(name.to_string()).or_default() += 1;
+        } else {
+            failures.overflowed = true;
         }
     }
+}
+
+/// A named user as a connection proved it: its name, and the stored key of the password it
+/// proved (a request is refused once the user's password is another).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdmittedUser {
+    /// The user's name.
+    pub name: String,
+    /// The stored key the connection's proof matched.
+    pub stored_key: [u8; USER_KEY_BYTES],
 }
 
 /// The acceptor's side of a named user's preamble, after the common 40-byte challenge:
@@ -401,7 +430,7 @@ pub(crate) async fn admit_user(
     reader: &mut BoxReader,
     writer: &mut BoxWriter,
     refused_proof_delay: Duration,
-) -> Result<String, String> {
+) -> Result<AdmittedUser, String> {
     let length = reader.read_u8().await.map_err(|error| error.to_string())?;
     let mut name = vec![0u8; usize::from(length)];
     reader.read_exact(&mut name).await.map_err(|error| error.to_string())?;
@@ -465,7 +494,8 @@ pub(crate) async fn admit_user(
     write_and_flush(writer, &encode_member_verdict(Status::Ok))
         .await
         .map_err(|error| error.to_string())?;
-    Ok(name)
+    let stored_key = credentials.expect("proven only with credentials").stored_key;
+    Ok(AdmittedUser { name, stored_key })
 }
 
 /// How long one GET_USER_DIRECTORY may take: the coordinator holds it up to its poll time
@@ -559,7 +589,7 @@ fn judge(
             for (table_id, access) in tables {
                 match snapshot.access_by_id(&user.grants, *table_id) {
                     None => return Verdict::TableTooNew(*table_id),
-                    Some(has) if has.covers(*access) => {}
+                    Some(has) if access.met_by(has) => {}
                     Some(has) => {
                         let table = snapshot.table_name(*table_id).map_or_else(
                             || format!("id {}", table_id.0),
@@ -581,18 +611,27 @@ fn judge(
 /// may. A request that does not decode passes: the service answers it with its decode error.
 pub(crate) async fn user_request_refusal(
     users: &UserDirectory,
-    name: &str,
+    admitted: &AdmittedUser,
     opcode_code: u16,
     body: &Bytes,
 ) -> Option<String> {
     let request = decode_request(opcode_code, body.clone()).ok()?;
     let needed = request.access_needed();
+    let name = admitted.name.as_str();
     let mut snapshot = users.snapshot();
     let mut waited = false;
     loop {
         let Some(user) = snapshot.user(name).filter(|user| user.enabled) else {
             return Some(format!("user {name:?} no longer exists or is disabled"));
         };
+        // A changed password (or a user deleted and created again under the name) ends the
+        // sessions of the old one: they proved a password that no longer opens this user.
+        let stored_key = user.credentials.as_ref().map(|credentials| credentials.stored_key);
+        if stored_key != Some(admitted.stored_key) {
+            return Some(format!(
+                "user {name:?} has another password since this connection authenticated"
+            ));
+        }
         match judge(&snapshot, user, &needed) {
             Verdict::Allowed => return None,
             Verdict::Denied(reason) => return Some(reason),

@@ -112,6 +112,10 @@ enum Need {
     Member,
     ClusterAdmin,
     On(TableId, &'static str),
+    /// Read or write on the table (a transaction's operation named without its kind).
+    ReadOrWriteOn(TableId),
+    /// TX_PREPARE: write on `orders` (its op), and read or write on `logs` (a participant).
+    Prepare,
     Named(&'static str, &'static str),
 }
 
@@ -139,7 +143,10 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
         transaction: RpcId(12),
         validate_only: false,
         ops: vec![tx_op(kind, value)],
-        participants: vec![decision_op],
+        participants: vec![
+            decision_op,
+            TxDecisionOp { table_id: LOGS, key_hash: 6, rpc: RpcId(13) },
+        ],
     };
     let mut list: Vec<(Opcode, Option<Request>, Need)> = vec![
         (Opcode::Ping, Some(Request::Ping), Nothing),
@@ -275,7 +282,7 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
             On(ORDERS, "w"),
         ),
         (Opcode::GetServerStatistics, Some(Request::GetServerStatistics), Nothing),
-        (Opcode::TxPrepare, Some(prepare(TxOpKind::Write, b"v")), On(ORDERS, "w")),
+        (Opcode::TxPrepare, Some(prepare(TxOpKind::Write, b"v")), Prepare),
         (
             Opcode::TxDecision,
             Some(Request::TxDecision {
@@ -285,7 +292,7 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
                 decision: TxDecision::Abort,
                 ops: vec![decision_op],
             }),
-            On(ORDERS, "w"),
+            ReadOrWriteOn(ORDERS),
         ),
         (
             Opcode::TxRequestAbort,
@@ -294,7 +301,7 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
                 transaction: RpcId(12),
                 ops: vec![decision_op],
             }),
-            On(ORDERS, "w"),
+            ReadOrWriteOn(ORDERS),
         ),
         (Opcode::BackupGetStatistics, Some(Request::BackupGetStatistics), Nothing),
     ];
@@ -333,6 +340,10 @@ fn allowed(grants: &[TableGrant], opcode: Opcode, need: Need) -> bool {
             has(grants, table, letters) && has(grants, ORDERS, letters)
         }
         Need::On(table, letters) => has(grants, table, letters),
+        Need::ReadOrWriteOn(table) => has(grants, table, "r") || has(grants, table, "w"),
+        Need::Prepare => {
+            has(grants, ORDERS, "w") && (has(grants, LOGS, "r") || has(grants, LOGS, "w"))
+        }
         Need::Named(name, letters) => has_named(grants, name, letters),
     }
 }
@@ -358,6 +369,7 @@ async fn every_opcode_is_served_or_refused_as_each_users_grants_say() {
     let users = vec![
         ("reader", vec![grant("orders", "r")]),
         ("writer", vec![grant("orders", "rw"), grant("logs", "r")]),
+        ("orders-writer", vec![grant("orders", "w")]),
         ("orders-admin", vec![grant("orders", "rwa")]),
         ("root", vec![grant("*", "rwa")]),
         ("everything-but-admin", vec![grant("*", "rw")]),
@@ -470,7 +482,19 @@ async fn a_changed_directory_applies_to_open_connections() {
         status_of(&channel, Opcode::Read, &Some(read.clone())).await,
         Status::PermissionDenied
     );
-    server.users.install(directory(3, 3, vec![]));
+    // Grants back, same password: served again.
+    server.users.install(directory(5, 3, vec![alice.clone()]));
+    assert_eq!(
+        status_of(&channel, Opcode::Read, &Some(read.clone())).await,
+        Status::InvalidParameter
+    );
+    // A new password for alice ends the sessions that proved the old one.
+    let new_password = user("alice", true, vec![grant("orders", "rw")]);
+    server.users.install(directory(3, 3, vec![new_password]));
+    let (status, body) = channel.call(&read, TIMEOUT).await.expect("answer");
+    assert_eq!(status, Status::PermissionDenied);
+    assert!(format!("{body:?}").contains("another password"), "{body:?}");
+    server.users.install(directory(4, 3, vec![]));
     let (status, body) = channel.call(&read, TIMEOUT).await.expect("answer");
     assert_eq!(status, Status::PermissionDenied);
     assert!(format!("{body:?}").contains("no longer exists"), "{body:?}");

@@ -298,3 +298,31 @@ fn an_expired_lease_s_results_are_forgotten() {
     assert_eq!(store.completion_statistics().records, 0);
     assert!(store.client_leases().is_empty());
 }
+
+#[test]
+fn an_rpc_id_reused_on_another_object_gets_no_answer_of_the_first_and_applies_nothing() {
+    let store = store();
+    for _ in 0..42 {
+        increment(&store, b"secret", None).unwrap();
+    }
+    let first = increment(&store, b"secret", rpc(9, 1, 0)).unwrap();
+    assert_eq!(first.integer, Some(43));
+    // The same lease and id on another object (a client reusing an id, or one that guessed
+    // another client's lease): refused, without the first object's value.
+    let reused = increment(&store, b"other", rpc(9, 1, 0));
+    assert!(matches!(reused, Err(ObjectError::InvalidRpcIdentity)), "{reused:?}");
+    let other_table = TableId(5);
+    let key = b"secret";
+    let elsewhere = store.mutate(
+        (other_table, key, key_hash(other_table, key)),
+        &RejectRules::NONE,
+        Mutation::Increment { delta: 1 },
+        rpc(9, 1, 0),
+        NOW,
+    );
+    assert!(matches!(elsewhere, Err(ObjectError::InvalidRpcIdentity)), "{elsewhere:?}");
+    assert_eq!(counter(&store, b"other"), 0);
+    // The real retry still gets its answer.
+    let retry = increment(&store, b"secret", rpc(9, 1, 0)).unwrap();
+    assert_eq!((retry.integer, retry.repeated), (Some(43), true));
+}

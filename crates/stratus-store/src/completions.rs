@@ -69,6 +69,10 @@ pub(crate) enum CheckError {
     Stale,
     /// The lease holds [`COMPLETIONS_PER_LEASE_MAX`] unacknowledged results.
     TooManyUnacknowledged,
+    /// The lease's result of this RPC is of another object: a retry names the object of its
+    /// first attempt, so this is a client reusing an id, or one using another client's lease
+    /// (which must neither read that result nor make the real RPC look done).
+    OtherObject,
 }
 
 /// What happened to a COMPLETION entry the cleaner met.
@@ -161,11 +165,12 @@ impl CompletionTable {
         count
     }
 
-    /// Takes `rpc.acknowledged` into the lease's mark, then says whether `rpc` is new or was
-    /// applied (its result), or may not run.
+    /// Takes `rpc.acknowledged` into the lease's mark, then says whether `rpc`, a mutation of
+    /// the object `(table, key_hash)`, is new or was applied (its result), or may not run.
     pub(crate) fn check(
         &self,
         rpc: &RpcIdentity,
+        (table, key_hash): (TableId, u64),
         free: &mut FreeEntry<'_>,
     ) -> Result<Check, CheckError> {
         let mut shard = self.shard(rpc.lease);
@@ -176,6 +181,9 @@ impl CompletionTable {
             return Err(CheckError::Stale);
         }
         if let Some(recorded) = completions.results.get(&rpc.rpc) {
+            if (recorded.table, recorded.key_hash) != (table, key_hash) {
+                return Err(CheckError::OtherObject);
+            }
             self.retries_answered.fetch_add(1, Ordering::Relaxed);
             return Ok(Check::Completed(recorded.result));
         }

@@ -531,7 +531,7 @@ impl ObjectStore {
         let mut guard = self.index.lock(hash.0);
         let mut free = |reference| self.log.free(&epoch, reference);
         if let Some(rpc) = &rpc {
-            match self.completions.check(rpc, &mut free) {
+            match self.completions.check(rpc, (table, hash.0), &mut free) {
                 Ok(completions::Check::New) => {}
                 Ok(completions::Check::Completed(result)) => {
                     let CompletionResult { version, integer } = result;
@@ -540,6 +540,9 @@ impl ObjectStore {
                 Err(completions::CheckError::Stale) => return Err(ObjectError::StaleRpc),
                 Err(completions::CheckError::TooManyUnacknowledged) => {
                     return Err(ObjectError::TooManyUnacknowledged)
+                }
+                Err(completions::CheckError::OtherObject) => {
+                    return Err(ObjectError::InvalidRpcIdentity)
                 }
             }
         }

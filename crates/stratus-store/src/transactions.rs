@@ -119,7 +119,7 @@ impl ObjectStore {
             return Ok(TxVoted { vote: TxVote::Prepared, version, repeated: true });
         }
         let mut free = |reference| self.log.free(&epoch, reference);
-        match self.completions.check(&rpc, &mut free) {
+        match self.completions.check(&rpc, (op.table, op.hash.0), &mut free) {
             Ok(completions::Check::New) => {}
             Ok(completions::Check::Completed(result)) => {
                 let vote = recorded_vote(result);
@@ -128,6 +128,9 @@ impl ObjectStore {
             Err(completions::CheckError::Stale) => return Err(ObjectError::StaleRpc),
             Err(completions::CheckError::TooManyUnacknowledged) => {
                 return Err(ObjectError::TooManyUnacknowledged)
+            }
+            Err(completions::CheckError::OtherObject) => {
+                return Err(ObjectError::InvalidRpcIdentity)
             }
         }
         let current = self.lookup(&epoch, &guard, op.table, op.key);
@@ -242,13 +245,14 @@ impl ObjectStore {
         let mut free = |reference| self.log.free(&epoch, reference);
         let draft = CompletionDraft { rpc, key_hash: hash.0 };
         let Some(prepared) = self.prepared.get((rpc.lease, rpc.rpc)) else {
-            return match self.completions.check(&rpc, &mut free) {
+            return match self.completions.check(&rpc, (table, hash.0), &mut free) {
                 Ok(completions::Check::Completed(_)) | Err(completions::CheckError::Stale) => {
                     Ok(TxDecided::AlreadyDecided)
                 }
                 Err(completions::CheckError::TooManyUnacknowledged) => {
                     Err(ObjectError::TooManyUnacknowledged)
                 }
+                Err(completions::CheckError::OtherObject) => Err(ObjectError::InvalidRpcIdentity),
                 Ok(completions::Check::New) if decision == TxDecision::Commit => {
                     // Every operation of a committed transaction voted PREPARED, durably, so
                     // one that is neither prepared nor recorded here was decided and
@@ -408,7 +412,7 @@ impl ObjectStore {
         let mut free = |reference| self.log.free(&epoch, reference);
         let aborted =
             TxVoted { vote: TxVote::Abort, version: Version::NONEXISTENT, repeated: true };
-        match self.completions.check(&rpc, &mut free) {
+        match self.completions.check(&rpc, (table, hash.0), &mut free) {
             Ok(completions::Check::Completed(result)) => {
                 Ok(TxVoted { vote: recorded_vote(result), version: result.version, repeated: true })
             }
@@ -416,6 +420,7 @@ impl ObjectStore {
             Err(completions::CheckError::TooManyUnacknowledged) => {
                 Err(ObjectError::TooManyUnacknowledged)
             }
+            Err(completions::CheckError::OtherObject) => Err(ObjectError::InvalidRpcIdentity),
             Ok(completions::Check::New) => {
                 self.record_abort_vote((table, hash), rpc, &mut free)?;
                 Ok(TxVoted { repeated: false, ..aborted })
@@ -467,8 +472,12 @@ impl ObjectStore {
             return Ok(false);
         }
         let mut free = |reference| self.log.free(&epoch, reference);
-        match self.completions.check(&rpc, &mut free) {
-            Ok(completions::Check::New) | Err(completions::CheckError::TooManyUnacknowledged) => {}
+        match self.completions.check(&rpc, (view.table, view.key_hash), &mut free) {
+            // A result of another object under this id cannot have been recorded before the
+            // operation was prepared (its PREPARE would have been refused): the lock is kept.
+            Ok(completions::Check::New)
+            | Err(completions::CheckError::TooManyUnacknowledged)
+            | Err(completions::CheckError::OtherObject) => {}
             // Decided here already, or acknowledged by its client: the decision was applied.
             Ok(completions::Check::Completed(_)) | Err(completions::CheckError::Stale) => {
                 return Ok(false)

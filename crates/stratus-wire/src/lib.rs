@@ -47,6 +47,6 @@ pub use message::{
 };
 pub use status::Status;
 pub use users::{
-    AccessNeeded, Identity, TableAccess, TableGrant, UserCredentials, UserDirectorySnapshot,
-    UserRecord, UserSummary,
+    AccessNeeded, Identity, TableAccess, TableGrant, TableNeed, UserCredentials,
+    UserDirectorySnapshot, UserRecord, UserSummary,
 };

@@ -410,14 +410,45 @@ pub enum AccessNeeded<'a> {
     ClusterAdmin,
     /// `access` on the table named `name` (the coordinator's table operations).
     TableNamed(&'a str, TableAccess),
-    /// `access` on each listed table (data operations); a table may appear more than once.
-    Tables(Vec<(TableId, TableAccess)>),
+    /// What each listed table needs (data operations); a table may appear more than once.
+    Tables(Vec<(TableId, TableNeed)>),
 }
 
-fn tx_op_access(kind: TxOpKind) -> TableAccess {
+/// What one table of a data operation needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableNeed {
+    /// Every access named.
+    All(TableAccess),
+    /// Read or write: an operation of a transaction named without its kind (a participant,
+    /// a decision), which is a read or a write.
+    ReadOrWrite,
+}
+
+impl TableNeed {
+    /// True if `has` satisfies this need.
+    pub fn met_by(self, has: TableAccess) -> bool {
+        match self {
+            TableNeed::All(needed) => has.covers(needed),
+            TableNeed::ReadOrWrite => {
+                has.covers(TableAccess::READ) || has.covers(TableAccess::WRITE)
+            }
+        }
+    }
+}
+
+impl fmt::Display for TableNeed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableNeed::All(access) => write!(f, "{access}"),
+            TableNeed::ReadOrWrite => f.write_str("r-- or -w-"),
+        }
+    }
+}
+
+fn tx_op_need(kind: TxOpKind) -> TableNeed {
     match kind {
-        TxOpKind::Read => TableAccess::READ,
-        TxOpKind::Write | TxOpKind::Remove => TableAccess::WRITE,
+        TxOpKind::Read => TableNeed::All(TableAccess::READ),
+        TxOpKind::Write | TxOpKind::Remove => TableNeed::All(TableAccess::WRITE),
     }
 }
 
@@ -426,8 +457,12 @@ impl Request {
     /// cannot be added without deciding.
     pub fn access_needed(&self) -> AccessNeeded<'_> {
         use AccessNeeded::{ClusterAdmin, Nothing, TableNamed, Tables};
-        let one = |table_id: TableId, access: TableAccess| Tables(vec![(table_id, access)]);
+        let all = TableNeed::All;
+        let one = |table_id: TableId, access: TableAccess| Tables(vec![(table_id, all(access))]);
         let read_write = TableAccess::READ.union(TableAccess::WRITE);
+        let each = |tables: &mut dyn Iterator<Item = TableId>, need: TableNeed| {
+            Tables(tables.map(|table_id| (table_id, need)).collect())
+        };
         match self {
             Request::Ping
             | Request::GetServerList
@@ -455,23 +490,29 @@ impl Request {
             // The answer carries the new value: an increment reads as well as writes.
             Request::Increment { table_id, .. } => one(*table_id, read_write),
             Request::MultiRead { items } => {
-                Tables(items.iter().map(|item| (item.table_id, TableAccess::READ)).collect())
+                each(&mut items.iter().map(|item| item.table_id), all(TableAccess::READ))
             }
             Request::MultiWrite { items } => {
-                Tables(items.iter().map(|item| (item.table_id, TableAccess::WRITE)).collect())
+                each(&mut items.iter().map(|item| item.table_id), all(TableAccess::WRITE))
             }
             Request::MultiRemove { items } => {
-                Tables(items.iter().map(|item| (item.table_id, TableAccess::WRITE)).collect())
+                each(&mut items.iter().map(|item| item.table_id), all(TableAccess::WRITE))
             }
             Request::MultiIncrement { items } => {
-                Tables(items.iter().map(|item| (item.table_id, read_write)).collect())
+                each(&mut items.iter().map(|item| item.table_id), all(read_write))
             }
-            Request::TxPrepare { ops, .. } => {
-                Tables(ops.iter().map(|op| (op.table_id, tx_op_access(op.kind))).collect())
-            }
-            // Deciding a transaction's operations (commit or abort) changes their objects.
+            // The participants too: a participant finishing the transaction for a silent
+            // client decides every one of them, as a member, on any master.
+            Request::TxPrepare { ops, participants, .. } => Tables(
+                ops.iter()
+                    .map(|op| (op.table_id, tx_op_need(op.kind)))
+                    .chain(participants.iter().map(|op| (op.table_id, TableNeed::ReadOrWrite)))
+                    .collect(),
+            ),
+            // A decision names each operation of the transaction, reads included, without its
+            // kind: it needs what a read or a write of the table needs.
             Request::TxDecision { ops, .. } | Request::TxRequestAbort { ops, .. } => {
-                Tables(ops.iter().map(|op| (op.table_id, TableAccess::WRITE)).collect())
+                each(&mut ops.iter().map(|op| op.table_id), TableNeed::ReadOrWrite)
             }
             Request::EnlistServer { .. }
             | Request::RenewLease { .. }

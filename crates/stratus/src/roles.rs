@@ -230,6 +230,16 @@ fn with_tls(
     Arc::new(TlsNetwork::new(network, Some(tls.server.clone()), Some(tls.client.clone())))
 }
 
+/// With a cluster secret, makes `coordinator` hand out client lease ids that nobody without
+/// the secret can guess (every coordinator of the cluster derives the same permutation), so a
+/// client cannot name another client's lease (docs/design/security.md, "Users").
+fn hide_lease_ids(coordinator: &Coordinator, membership: Option<&Membership>) {
+    if let Some(membership) = membership {
+        let key = membership.subkey(b"stratus client lease ids v1");
+        coordinator.hide_lease_ids(stratus_coordinator::LeaseIdPermutation::new(key));
+    }
+}
+
 /// How long a starting server waits for its first user directory before it serves anyway.
 const USER_DIRECTORY_FIRST_WAIT: Duration = Duration::from_secs(5);
 
@@ -502,6 +512,7 @@ pub fn run_coordinator(arguments: CoordinatorArguments, tls: &TlsArguments) -> R
         security_from_flags(&arguments.membership, tls, "coordinator", &arguments.listen)?;
     let coordinator = Coordinator::open(Arc::new(store), security.environment.clone())
         .map_err(|error| error.to_string())?;
+    hide_lease_ids(&coordinator, security.admission.membership().as_deref());
     serve_coordinator(arguments, coordinator, security, std::future::pending())
 }
 
@@ -591,6 +602,7 @@ fn run_coordinator_on_etcd(
             // have ended.
             coordinator.predecessor_may_grant_until(grace);
         }
+        hide_lease_ids(&coordinator, membership.as_deref());
         if let Some(membership) = membership.filter(|m| m.requires_client_password()) {
             membership.serve_users(coordinator.user_directory());
         }

@@ -6,7 +6,12 @@
 //!
 //! Tombstones: a tombstone is kept while the segment of the object version it kills still holds
 //! entries (RAMCloud's rule): until then, a restart could find that version and needs the
-//! tombstone to know it is dead.
+//! tombstone to know it is dead. Relocation makes a second copy of an object version, and the
+//! original stays on the device until its segment is freed, which a pass that gives up (a locked
+//! object, an error) or a crash may put off indefinitely; so a tombstone is also kept while any
+//! other segment may hold a stale copy of its key (`SegmentTable::may_hold_stale`): the cleaner
+//! records the key in the victim's table entry before each copy, and a restart records every
+//! object it finds dead that no tombstone names by its segment.
 
 use crate::address::{FlashAddress, Geometry, SegmentNumber};
 use crate::aligned::AlignedBuffer;
@@ -14,7 +19,7 @@ use crate::error::FlashError;
 use crate::format::{EntryKind, EntryRef};
 use crate::log::{Appender, FlashLog};
 use crate::scan::{SegmentEntries, SegmentItem};
-use crate::segments::SegmentState;
+use crate::segments::{key_hash, SegmentState};
 
 /// The caller's index, as the cleaner needs it.
 ///
@@ -98,10 +103,11 @@ impl FlashLog {
     /// it is freed once the copies are durable (a later `flush_ready`) and every read that could
     /// point into it has ended. On `BuffersBusy` the cleaner flushes and retries. A locked
     /// object (`Relocation::Locked`) or any error leaves the segment closed: copies already made
-    /// are moved in the index, and a later pass finishes the work. A segment that is not closed
-    /// is `SegmentNotClosed`. A segment with bytes that do not verify is `Format` (its first
-    /// tear), before anything is copied, and stays closed: cleaning it would free the live
-    /// objects its walk cannot see past the tear.
+    /// are moved in the index, and a later pass finishes the work (the originals left behind
+    /// are stale copies, which keep the tombstones of their keys alive; see below). A segment
+    /// that is not closed is `SegmentNotClosed`. A segment with bytes that do not verify is
+    /// `Format` (its first tear), before anything is copied, and stays closed: cleaning it would
+    /// free the live objects its walk cannot see past the tear.
     pub fn clean_segment(
         &self,
         segment: SegmentNumber,
@@ -127,12 +133,18 @@ impl FlashLog {
         let mut entries = image.entries();
         for item in entries.by_ref() {
             let SegmentItem { address, entry, entry_bytes } = item;
+            let key_hash = key_hash(entry.table_id, entry.key);
             let keep = match entry.kind {
                 EntryKind::Object => index.is_live(&entry, address),
                 EntryKind::Tombstone => {
-                    // Not needed when the version it kills goes with this segment.
+                    // Needed while a restart could still find a version it kills: in the
+                    // segment its dead address names (unless that is this one, going now), or
+                    // as a stale copy in any other segment (an original the cleaner copied
+                    // out of a segment not yet freed, or one a restart found twice).
                     let dead_segment = geometry.segment_of(entry.dead_address);
-                    dead_segment != segment && self.table().holds_entries(dead_segment)
+                    let table = self.table();
+                    (dead_segment != segment && table.holds_entries(dead_segment))
+                        || table.may_hold_stale(key_hash, segment)
                 }
             };
             if !keep {
@@ -149,6 +161,10 @@ impl FlashLog {
             let mut copied = None;
             let mut copy = || {
                 assert!(copied.is_none(), "RelocationIndex::relocate copied an object twice");
+                // Before the copy exists: from the moment the index points at it, a delete's
+                // tombstone names the copy, and must outlive the original left here until this
+                // segment is freed (which a pass that gives up, or a crash, may delay forever).
+                self.table().note_stale(segment, key_hash);
                 let new_address = self.append_flushing(&entry)?;
                 copied = Some(new_address);
                 Ok(new_address)

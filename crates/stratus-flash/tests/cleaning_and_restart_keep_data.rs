@@ -206,3 +206,143 @@ fn a_segment_numbered_past_the_address_space_is_refused_at_restart() {
         Some(FlashError::ForeignSegment { segment: huge })
     );
 }
+
+/// Puts `keys` (1 000 bytes each) in one segment and fills until it is closed; returns it.
+fn closed_segment_holding(
+    log: &FlashLog,
+    index: &mut HashMap<Vec<u8>, Located>,
+    keys: &[&[u8]],
+    next: &mut u64,
+) -> SegmentNumber {
+    for key in keys {
+        put(log, index, key, &[3u8; 1000], *next).unwrap();
+        *next += 1;
+    }
+    let segment = segment_of(log, index[keys[0]].address);
+    assert!(keys.iter().all(|key| segment_of(log, index[*key].address) == segment));
+    fill_until(log, index, next, |log| head_segment(log) > segment);
+    log.sync().unwrap();
+    assert_eq!(state(log, segment), Some(SegmentState::Closed));
+    segment
+}
+
+/// Cleans every closed segment that holds entries other than `except`, until none is left
+/// (whatever the cost-benefit ranking says), so every dropped tombstone is dropped.
+fn clean_everything(
+    log: &FlashLog,
+    index: &mut HashMap<Vec<u8>, Located>,
+    next: &mut u64,
+    except: &[SegmentNumber],
+) {
+    for _round in 0..4 {
+        let closed: Vec<SegmentNumber> = log
+            .segment_stats()
+            .into_iter()
+            .filter(|stats| stats.state == SegmentState::Closed && !except.contains(&stats.segment))
+            .map(|stats| stats.segment)
+            .collect();
+        for segment in closed {
+            let outcome = clean(log, index, segment, &[], next).unwrap();
+            assert!(!outcome.gave_up_on_lock);
+        }
+        // Close the head so what the passes appended is cleanable too.
+        let head = head_segment(log);
+        fill_until(log, index, next, |log| head_segment(log) > head);
+        log.sync().unwrap();
+    }
+}
+
+/// A crash after a cleaning pass moved an object and its copy became durable, but before the
+/// victim segment was freed: the restart finds the same version twice. It takes the later
+/// copy (the one the index pointed at), and records the victim as holding a stale copy of the
+/// key, so the tombstone of a later delete (which names the copy) is kept while the victim
+/// exists, even after the copy's segment is cleaned.
+#[test]
+fn a_crash_before_a_cleaned_segment_is_freed_cannot_bring_a_deleted_key_back() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    let victim = closed_segment_holding(&log, &mut index, &[b"K", b"L"], &mut next);
+    // L is locked: the pass moves K, then gives up; the victim stays closed with K's original.
+    let outcome = clean(&log, &mut index, victim, &[b"L"], &mut next).unwrap();
+    assert!(outcome.gave_up_on_lock && outcome.objects_relocated >= 1);
+    let copy = index[b"K".as_slice()];
+    assert_ne!(segment_of(&log, copy.address), victim);
+    log.sync().unwrap();
+    // Crash (nothing unsynced matters here): the restart sees K twice and takes the copy.
+    drop(log);
+    let (log, recovery) = restart(&device, small_config());
+    assert_eq!(recovery.objects[&(TABLE, b"K".to_vec())].address, copy.address);
+    let mut index = common::index_from(&recovery);
+    delete(&log, &mut index, b"K").unwrap();
+    log.sync().unwrap();
+    // Clean everything but the victim: the copy goes, and the tombstone must survive.
+    clean_everything(&log, &mut index, &mut next, &[victim]);
+    assert_eq!(state(&log, victim), Some(SegmentState::Closed));
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(
+        !recovery.objects.contains_key(&(TABLE, b"K".to_vec())),
+        "deleted key K came back from the victim's stale copy"
+    );
+}
+
+/// The same with a complete pass whose victim's free fails (so it is still on the device at
+/// the crash), and the restart's own bookkeeping only: nothing of the first run's memory helps.
+#[test]
+fn a_crash_while_a_cleaned_segment_waits_for_its_free_cannot_bring_a_deleted_key_back() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    let victim = closed_segment_holding(&log, &mut index, &[b"K"], &mut next);
+    clean(&log, &mut index, victim, &[], &mut next).unwrap();
+    device.fail_next_frees(1);
+    assert!(log.sync().is_err(), "the victim's free fails");
+    assert!(matches!(state(&log, victim), Some(SegmentState::Freeing { .. })));
+    drop(log);
+    let (log, recovery) = restart(&device, small_config());
+    let mut index = common::index_from(&recovery);
+    assert_ne!(segment_of(&log, index[b"K".as_slice()].address), victim, "the copy wins");
+    delete(&log, &mut index, b"K").unwrap();
+    log.sync().unwrap();
+    clean_everything(&log, &mut index, &mut next, &[victim]);
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "deleted key K came back");
+}
+
+/// Once the segment holding stale copies is freed, the tombstones it kept alive are dropped by
+/// the next pass over their segment: stale copies cost space only while they exist.
+#[test]
+fn tombstones_kept_for_stale_copies_are_dropped_once_the_stale_segment_is_freed() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    let victim = closed_segment_holding(&log, &mut index, &[b"K", b"L"], &mut next);
+    assert!(clean(&log, &mut index, victim, &[b"L"], &mut next).unwrap().gave_up_on_lock);
+    delete(&log, &mut index, b"K").unwrap();
+    let tombstone_segment = head_segment(&log);
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > tombstone_segment);
+    log.sync().unwrap();
+    let kept = clean(&log, &mut index, tombstone_segment, &[], &mut next).unwrap();
+    assert_eq!(kept.tombstones_kept, 1, "the victim still holds K's stale original");
+    // The victim goes (L is no longer locked); then the tombstone's copy is not needed.
+    assert!(!clean(&log, &mut index, victim, &[], &mut next).unwrap().gave_up_on_lock);
+    log.sync().unwrap();
+    assert_eq!(state(&log, victim), None);
+    clean_everything(&log, &mut index, &mut next, &[]);
+    let tombstones_left: u64 = (1..=head_segment(&log).0)
+        .filter_map(|segment| log.read_segment(SegmentNumber(segment)).ok())
+        .map(|image| {
+            image
+                .entries()
+                .filter(|item| item.entry.kind == stratus_flash::EntryKind::Tombstone)
+                .filter(|item| item.entry.key == b"K")
+                .count() as u64
+        })
+        .sum();
+    assert_eq!(tombstones_left, 0, "K's tombstone outlived every copy it protects against");
+}

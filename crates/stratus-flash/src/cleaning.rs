@@ -105,8 +105,12 @@ impl FlashLog {
     /// object (`Relocation::Locked`) or any error leaves the segment closed: copies already made
     /// are moved in the index, and a later pass finishes the work (the originals left behind
     /// are stale copies, which keep the tombstones of their keys alive; see below). A segment
-    /// that is not closed is `SegmentNotClosed`. A segment with bytes that do not verify is
-    /// `Format` (its first tear), before anything is copied, and stays closed: cleaning it would
+    /// that is not closed is `SegmentNotClosed`.
+    ///
+    /// Bytes that do not verify: a segment the restart scan found torn (a write cut by the
+    /// crash) is cleaned when its walk stops at exactly the places the restart scan stopped,
+    /// since nothing past them was ever indexed. Any other tear (bytes that rotted since) is
+    /// `Format`, before anything is copied, and the segment stays closed: cleaning it would
     /// free the live objects its walk cannot see past the tear.
     pub fn clean_segment(
         &self,
@@ -119,13 +123,15 @@ impl FlashLog {
         }
         let geometry = self.config().geometry;
         let image = self.read_segment(segment)?;
-        // A tear hides every entry after it in its slot: cleaning would free live objects it
-        // never saw. So a segment with any bytes that do not verify is refused before any copy
-        // is made, and stays closed (its readable entries stay readable) for the operator.
         let mut check = image.entries();
         check.by_ref().for_each(drop);
-        if let Some(tear) = check.report().tears.first() {
-            return Err(FlashError::Format { address: tear.address, error: tear.error });
+        let tears = check.into_report().tears;
+        {
+            let table = self.table();
+            let known = table.recovered_tears(segment);
+            if let Some(tear) = tears.iter().find(|tear| !known.contains(&tear.address)) {
+                return Err(FlashError::Format { address: tear.address, error: tear.error });
+            }
         }
         let mut outcome = CleanOutcome::default();
         // The log end the copies must be durable up to before the segment may go (0: no copy).
@@ -193,7 +199,7 @@ impl FlashLog {
                 ),
             }
         }
-        assert!(entries.report().tears.is_empty(), "the segment verified before the pass");
+        assert_eq!(entries.into_report().tears, tears, "the segment's bytes are read once");
         self.table().mark_cleaned(segment, durable_at);
         Ok(outcome)
     }

@@ -80,6 +80,8 @@ struct Rebuild {
     /// Tombstones and dead object versions per key.
     history: HashMap<(u64, Vec<u8>), KeyHistory>,
     tombstones: Vec<TombstoneSeen>,
+    /// Where each segment's walk met bytes that do not verify.
+    tears: HashMap<SegmentNumber, Vec<FlashAddress>>,
 }
 
 impl Rebuild {
@@ -99,6 +101,9 @@ impl Rebuild {
         let report = walk.into_report();
         self.recovery.entries += report.entries;
         self.recovery.unreadable_bytes += report.unreadable_bytes;
+        if !report.tears.is_empty() {
+            self.tears.insert(segment, report.tears.iter().map(|tear| tear.address).collect());
+        }
         self.recovery.tears.extend(report.tears);
     }
 
@@ -196,7 +201,8 @@ impl Rebuild {
             let appended_bytes = self.appended.get(&segment).copied().unwrap_or(0);
             let dead_bytes = self.dead.get(&segment).copied().unwrap_or(0);
             let stale_keys = stale.remove(&segment).unwrap_or_default();
-            table.adopt(segment, appended_bytes, dead_bytes, stale_keys);
+            let tears = self.tears.remove(&segment).unwrap_or_default();
+            table.adopt(segment, appended_bytes, dead_bytes, stale_keys, tears);
         }
         (table, self.recovery)
     }
@@ -263,6 +269,7 @@ pub fn recover(
         dead: HashMap::new(),
         history: HashMap::new(),
         tombstones: Vec::new(),
+        tears: HashMap::new(),
     };
     // Every address of a segment and of the one after it (the next head) must fit 64 bits: a
     // number past that is no segment this log could have written.

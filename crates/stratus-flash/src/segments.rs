@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{Hash, Hasher};
 
-use crate::address::SegmentNumber;
+use crate::address::{FlashAddress, SegmentNumber};
 use crate::constants::CLEANABLE_LIVE_PERCENT_MAX;
 
 /// Where a segment is in its life (see the module's transition table).
@@ -93,6 +93,10 @@ struct SegmentInfo {
     /// twice) or that no tombstone names by its segment. A tombstone of such a key is kept
     /// while the segment holds entries; see `may_hold_stale`.
     stale_keys: HashSet<u64>,
+    /// Where the restart scan found bytes that do not verify in this segment (a write torn by
+    /// the crash, or corruption already there): nothing past them was indexed, so a cleaning
+    /// walk that stops at exactly these places frees nothing the index knows.
+    recovered_tears: Vec<FlashAddress>,
 }
 
 /// Why a read may not proceed.
@@ -152,18 +156,20 @@ impl SegmentTable {
             dead_bytes: 0,
             closed_at: 0,
             stale_keys: HashSet::new(),
+            recovered_tears: Vec::new(),
         };
         self.segments.insert(segment, info);
     }
 
-    /// A closed segment found on the device at restart, with its bytes and dead bytes, and the
-    /// keys it may hold stale copies of.
+    /// A closed segment found on the device at restart, with its bytes and dead bytes, the keys
+    /// it may hold stale copies of, and where its walk met bytes that do not verify.
     pub(crate) fn adopt(
         &mut self,
         segment: SegmentNumber,
         appended_bytes: u64,
         dead_bytes: u64,
         stale_keys: HashSet<u64>,
+        recovered_tears: Vec<FlashAddress>,
     ) {
         assert!(segment > self.highest, "segment {segment:?} adopted out of order");
         assert!(dead_bytes <= appended_bytes);
@@ -178,6 +184,7 @@ impl SegmentTable {
             dead_bytes,
             closed_at: self.closed_count,
             stale_keys,
+            recovered_tears,
         };
         self.segments.insert(segment, info);
     }
@@ -204,6 +211,11 @@ impl SegmentTable {
                         && info.stale_keys.contains(&key_hash)
                 })
         })
+    }
+
+    /// Where the restart scan found bytes in `segment` that do not verify.
+    pub(crate) fn recovered_tears(&self, segment: SegmentNumber) -> &[FlashAddress] {
+        self.segments.get(&segment).map_or(&[], |info| &info.recovered_tears)
     }
 
     /// Bytes of entries flushed into an open segment.

@@ -134,8 +134,6 @@ impl FlashLog {
             }
         }
         let mut outcome = CleanOutcome::default();
-        // The log end the copies must be durable up to before the segment may go (0: no copy).
-        let mut durable_at = 0;
         let mut entries = image.entries();
         for item in entries.by_ref() {
             let SegmentItem { address, entry, entry_bytes } = item;
@@ -158,8 +156,7 @@ impl FlashLog {
                 continue;
             }
             if entry.kind == EntryKind::Tombstone {
-                let new_address = self.append_flushing(&entry)?;
-                durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+                self.append_flushing(&entry)?;
                 outcome.bytes_relocated += entry_bytes as u64;
                 outcome.tombstones_kept += 1;
                 continue;
@@ -177,8 +174,7 @@ impl FlashLog {
             };
             let relocation = index.relocate(&entry, address, &mut copy);
             match (relocation, copied) {
-                (Ok(Relocation::Moved), Some(new_address)) => {
-                    durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+                (Ok(Relocation::Moved), Some(_)) => {
                     outcome.bytes_relocated += entry_bytes as u64;
                     // Counted so a pass that gives up later leaves the segment's count right.
                     self.note_dead(address, entry_bytes);
@@ -200,6 +196,11 @@ impl FlashLog {
             }
         }
         assert_eq!(entries.into_report().tears, tears, "the segment's bytes are read once");
+        // The segment may go once everything appended so far is durable: its copies, and also
+        // the tombstones and newer versions that made its other objects dead. Were it freed
+        // while a delete's tombstone was still in a buffer, a crash would lose both the delete
+        // (unacknowledged: allowed) and the object it killed (acknowledged: not allowed).
+        let durable_at = self.appended_end();
         self.table().mark_cleaned(segment, durable_at);
         Ok(outcome)
     }

@@ -8,7 +8,7 @@
 //! | (none)    | Open      | the head reaches the segment's first slot (device allocate)    |
 //! | Open      | Closed    | the segment's last slot is flushed                             |
 //! | Closed    | Cleaned   | the cleaner relocated its live entries (copies may be buffered)|
-//! | Cleaned   | Freeing   | the log is durable past the last relocated copy                |
+//! | Cleaned   | Freeing   | the log is durable past everything appended before the pass end|
 //! | Freeing   | (none)    | every read that began before `Freeing` has ended (device free) |
 //!
 //! Read epochs: a read registers the current epoch and checks the segment's state under the
@@ -30,9 +30,11 @@ pub enum SegmentState {
     Open,
     /// Every slot is on the device; a cleaning candidate.
     Closed,
-    /// Its live entries were relocated; it is freed once the log is durable past `durable_at`.
+    /// Its live entries were relocated; it is freed once the log is durable past `durable_at`:
+    /// the head's position when the pass ended, so past the copies and past every tombstone or
+    /// newer version that made its other entries dead.
     Cleaned {
-        /// The log end after the last relocated copy.
+        /// The end of the slot the head was in when the pass ended.
         durable_at: u64,
     },
     /// Waiting for the reads that may point into it to end.
@@ -280,7 +282,7 @@ impl SegmentTable {
         info.state = SegmentState::Cleaned { durable_at };
     }
 
-    /// Cleaned → Freeing for every cleaned segment whose copies are durable below `durable_end`.
+    /// Cleaned → Freeing for every cleaned segment with `durable_at` at or below `durable_end`.
     /// From here on the segment counts as gone for the tombstones that protect against its
     /// entries (`holds_entries`, `may_hold_stale`), so its stale keys are forgotten.
     pub(crate) fn retire_cleaned(&mut self, durable_end: u64) {

@@ -346,3 +346,34 @@ fn tombstones_kept_for_stale_copies_are_dropped_once_the_stale_segment_is_freed(
         .sum();
     assert_eq!(tombstones_left, 0, "K's tombstone outlived every copy it protects against");
 }
+
+/// Found by the model: a segment whose objects were all dead was freed at the next flush, its
+/// pass having copied nothing, while the tombstone that killed one of them was still in a
+/// buffer. A crash then lost the delete (unacknowledged: allowed) and the object it killed
+/// (acknowledged: not allowed). A cleaned segment now waits until everything appended before
+/// its pass ended is durable.
+#[test]
+fn a_cleaned_segment_is_not_freed_before_the_deletes_that_emptied_it_are_durable() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    put(&log, &mut index, b"K", &[7u8; 1000], 1).unwrap();
+    let first = segment_of(&log, index[b"K".as_slice()].address);
+    // Overwrites of one filler key: everything in `first` but K is dead once the head leaves.
+    while head_segment(&log) == first {
+        put(&log, &mut index, b"F", &[1u8; 1000], next).unwrap();
+        next += 1;
+    }
+    log.sync().unwrap();
+    // The delete stays in the current buffer: not durable, not acknowledged.
+    delete(&log, &mut index, b"K").unwrap();
+    let outcome = clean(&log, &mut index, first, &[], &mut next).unwrap();
+    assert_eq!(outcome.objects_relocated, 0, "nothing in the segment is live");
+    log.flush_ready().unwrap();
+    assert!(device.segments_present().contains(&first), "kept until the delete is durable");
+    // Crash: the delete is lost, so K's acknowledged value must still be there.
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "acknowledged K was lost");
+}

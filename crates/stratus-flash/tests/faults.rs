@@ -349,3 +349,51 @@ fn a_torn_segment_with_a_new_tear_since_restart_is_refused() {
     let index = index.into_iter().filter(|(key, _)| untouched.contains_key(key)).collect();
     assert_matches_model(&log, &index, &untouched);
 }
+
+/// Found by the model: an overwrite appended the old version's tombstone before the new
+/// object, so a crash that tore the write between them killed the acknowledged old value and
+/// left nothing. The object now comes first: a write torn after it is a whole overwrite (the
+/// new version wins by version), and the old version, which no tombstone names, is recorded
+/// by the restart as a stale copy, so a later delete's tombstone outlives it.
+#[test]
+fn an_overwrite_torn_between_its_object_and_its_tombstone_is_whole_and_stays_deletable() {
+    let (log, device) = new_log(16);
+    let (mut index, mut model) = (HashMap::new(), HashMap::new());
+    put_keys(&log, &mut index, &mut model, 0, 3);
+    log.sync().unwrap();
+    let slot_start = log.durable_end().0;
+    let new_end = put(&log, &mut index, b"k1", b"new", 50).unwrap();
+    device.tear_next_write((new_end.0 - slot_start) as usize);
+    log.sync().unwrap_err();
+    drop(log);
+    let (log, recovery) = restart(&device, small_config());
+    let mut index = common::index_from(&recovery);
+    assert_eq!(log.read(index[b"k1".as_slice()].address).unwrap().value, b"new");
+    // Delete k1 and clean every segment but the old version's: its tombstone must survive.
+    let old_segment = log.config().geometry.segment_of(FlashAddress(slot_start - 1));
+    common::delete(&log, &mut index, b"k1").unwrap();
+    log.sync().unwrap();
+    let mut next_version = 100;
+    for _ in 0..3 {
+        while log.segment_stats().last().unwrap().state == stratus_flash::SegmentState::Open {
+            let key = format!("f{next_version}").into_bytes();
+            put(&log, &mut index, &key, &[1u8; 1000], next_version).unwrap();
+            next_version += 1;
+            log.sync().unwrap();
+        }
+        let closed: Vec<SegmentNumber> = log
+            .segment_stats()
+            .into_iter()
+            .filter(|stats| stats.state == stratus_flash::SegmentState::Closed)
+            .map(|stats| stats.segment)
+            .filter(|&segment| segment != old_segment)
+            .collect();
+        for segment in closed {
+            clean_with(&log, &mut index, segment).unwrap();
+        }
+        log.sync().unwrap();
+    }
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(!recovery.objects.contains_key(&(common::TABLE, b"k1".to_vec())), "k1 came back");
+}

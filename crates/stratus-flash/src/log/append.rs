@@ -28,8 +28,11 @@ impl FlashLog {
     }
 
     /// Appends entries contiguously in one reservation, so they reach the device in one write:
-    /// an overwrite appends the tombstone of the old version *before* the new object, so no
-    /// prefix of a torn write holds the new object without the tombstone.
+    /// an overwrite appends the new object *then* the tombstone of the old version, so a prefix
+    /// of a torn write that holds the tombstone holds the new object too (a tombstone without
+    /// it would kill the acknowledged old version and leave nothing). A prefix with the object
+    /// but not the tombstone is safe: the new version wins by version, and the restart scan
+    /// records the old version's segment as holding a stale copy (no tombstone names it).
     pub fn append_all(&self, entries: &[EntryRef<'_>]) -> Result<Vec<FlashAddress>, FlashError> {
         self.append_all_as(entries, Appender::Client)
     }

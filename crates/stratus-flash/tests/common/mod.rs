@@ -1,6 +1,6 @@
 //! A minimal owner of a flash log for tests: an index from key to address, as a server's hash
-//! table would hold it, with overwrites and deletes done the way the log expects (a tombstone
-//! for the replaced version, appended with the new object in one batch; `note_dead` for what
+//! table would hold it, with overwrites and deletes done the way the log expects (the new
+//! object, then a tombstone for the replaced version, in one batch; `note_dead` for what
 //! died), and a relocation index for the cleaner that can simulate racing writers and locks.
 
 #![allow(dead_code)]
@@ -60,8 +60,10 @@ pub fn put(
     let old = index.get(key).copied();
     let addresses = match old {
         Some(old) => {
+            // The object first: a write torn between the two leaves the new version (which
+            // wins by version), never the old one's tombstone without it.
             let tombstone = EntryRef::tombstone(TABLE, key, old.version, old.address);
-            append_all_flushing(log, &[tombstone, object])?[1]
+            append_all_flushing(log, &[object, tombstone])?[0]
         }
         None => append_all_flushing(log, &[object])?[0],
     };

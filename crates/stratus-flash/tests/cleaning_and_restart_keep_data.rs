@@ -51,6 +51,7 @@ fn clean(
         index,
         racing: HashSet::new(),
         locked: locked.iter().map(|key| key.to_vec()).collect(),
+        failing: Default::default(),
         next_version: next,
         raced: Vec::new(),
     };

@@ -240,6 +240,7 @@ fn a_full_disk_is_cleaned_through_the_cleaners_reserve_and_appends_resume() {
         index: &mut index,
         racing: Default::default(),
         locked: Default::default(),
+        failing: Default::default(),
         next_version: &mut version,
         raced: Vec::new(),
     };
@@ -297,6 +298,7 @@ fn clean_with(
         index,
         racing: Default::default(),
         locked: Default::default(),
+        failing: Default::default(),
         next_version: &mut next_version,
         raced: Vec::new(),
     };

@@ -1,7 +1,7 @@
 //! Model test: random puts, overwrites, deletes, flushes, cleaning passes (with writers racing
 //! the cleaner, locked objects, relocations that fail, and passes left unsynced), clean
-//! restarts, crashes (some tearing the write in progress) and failed segment frees, against a
-//! HashMap. Nothing acknowledged is lost, nothing deleted comes back, nothing is duplicated, and
+//! restarts, crashes (some tearing the write in progress), failed segment frees and a disk
+//! small enough to fill, against a HashMap. Nothing acknowledged is lost, nothing deleted comes back, nothing is duplicated, and
 //! a write the crash tore takes effect whole or not at all.
 
 mod common;
@@ -9,10 +9,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use common::{
-    assert_matches_model, delete, index_from, put, small_config, Located, RacingIndex,
-    INJECTED_RELOCATION_ERROR,
-};
+use common::{assert_matches_model, delete, index_from, put, small_config, Located, RacingIndex};
 use proptest::prelude::*;
 use stratus_flash::{FlashAddress, FlashError, FlashLog, IoOperation, MemoryDevice, SegmentState};
 
@@ -79,6 +76,12 @@ struct Acknowledged {
     end: FlashAddress,
 }
 
+/// A device the model's writes never fill.
+const ROOMY: u64 = 64;
+/// A device so small that writes often find it full (`Full`: nothing written) and the cleaner
+/// works from its reserve.
+const CRAMPED: u64 = 5;
+
 struct Harness {
     device: MemoryDevice,
     log: FlashLog,
@@ -95,8 +98,9 @@ struct Harness {
 }
 
 impl Harness {
-    fn new() -> Harness {
-        let device = MemoryDevice::new(64 << 10, 64 * (64 << 10));
+    /// A harness on a device of `budget_segments` segments (the cleaner reserves one of them).
+    fn new(budget_segments: u64) -> Harness {
+        let device = MemoryDevice::new(64 << 10, budget_segments * (64 << 10));
         let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
         Harness {
             device,
@@ -115,27 +119,35 @@ impl Harness {
     fn tolerating_frees<T>(
         &mut self,
         operation: impl FnMut(&mut Harness) -> Result<T, FlashError>,
-    ) -> T {
+    ) -> Result<T, FlashError> {
         let mut operation = operation;
         loop {
             match operation(self) {
                 Err(FlashError::Io { operation: IoOperation::Free, .. }) => {
                     self.free_failure_armed = false;
                 }
-                other => return other.unwrap(),
+                other => return other,
             }
         }
     }
 
-    fn put(&mut self, key: u8, value_bytes: usize) {
+    /// Puts `key`; `false` when the disk is full (nothing was written).
+    fn put(&mut self, key: u8, value_bytes: usize) -> bool {
         let key = key_of(key);
         let value: Vec<u8> =
             (0..value_bytes).map(|byte| (byte as u64 ^ self.next_version) as u8).collect();
-        let end = self.tolerating_frees(|harness| {
+        let written = self.tolerating_frees(|harness| {
             put(&harness.log, &mut harness.index, &key, &value, harness.next_version)
         });
         self.next_version += 1;
-        self.record(key, Some(value), end);
+        match written {
+            Ok(end) => {
+                self.record(key, Some(value), end);
+                true
+            }
+            Err(FlashError::Full { .. }) => false,
+            Err(error) => panic!("put: {error:?}"),
+        }
     }
 
     /// Restarts after a crash in which the device kept every write ending at or below `cut`.
@@ -176,33 +188,42 @@ impl Harness {
 
     fn apply(&mut self, op: &Op) {
         match op {
-            Op::Put { key, value_bytes } => self.put(*key, *value_bytes),
+            Op::Put { key, value_bytes } => {
+                self.put(*key, *value_bytes);
+            }
             Op::Delete { key } => {
                 let key = key_of(*key);
                 let deleted =
                     self.tolerating_frees(|harness| delete(&harness.log, &mut harness.index, &key));
-                if let Some(end) = deleted {
-                    self.record(key, None, end);
+                match deleted {
+                    Ok(Some(end)) => self.record(key, None, end),
+                    Ok(None) | Err(FlashError::Full { .. }) => {}
+                    Err(error) => panic!("delete: {error:?}"),
                 }
             }
             Op::Flush => {
-                self.tolerating_frees(|harness| harness.log.flush_ready());
+                self.tolerating_frees(|harness| harness.log.flush_ready()).unwrap();
             }
             Op::Sync => {
-                self.tolerating_frees(|harness| harness.log.sync());
+                self.tolerating_frees(|harness| harness.log.sync()).unwrap();
             }
             Op::Clean { racing, locked, failing, sync } => {
                 self.clean(racing, locked, failing, *sync)
             }
             Op::Restart => {
-                self.tolerating_frees(|harness| harness.log.sync());
+                self.tolerating_frees(|harness| harness.log.sync()).unwrap();
                 self.settle();
                 assert!(self.pending.is_empty(), "sync makes every write durable");
                 self.restart();
             }
             Op::Crash => self.crash(self.log.durable_end()),
             Op::TornCrash { key, value_bytes, keep } => {
-                self.put(*key, *value_bytes);
+                if !self.put(*key, *value_bytes) {
+                    // Full: maybe nothing to write, so no write to tear.
+                    self.crash(self.log.durable_end());
+                    self.settle();
+                    return;
+                }
                 // The oldest unsynced slot starts at the durable end; it is written first, and
                 // the write that tears stops the flush, so nothing after it reaches the device.
                 let cut = FlashAddress(self.log.durable_end().0 + *keep as u64);
@@ -248,7 +269,8 @@ impl Harness {
         let completed = match result {
             Ok(outcome) if outcome.gave_up_on_lock => false,
             Ok(_) => true,
-            Err(error) if error == INJECTED_RELOCATION_ERROR => false,
+            // A failing relocation, or the cleaner's reserve exhausted.
+            Err(FlashError::Full { .. }) => false,
             Err(FlashError::Io { operation: IoOperation::Free, .. }) => {
                 // A flush inside the pass could not free another segment; the pass stopped.
                 self.free_failure_armed = false;
@@ -266,7 +288,7 @@ impl Harness {
         }
         // Freed once the copies are durable and no read is in flight (none here).
         let free_may_fail = self.free_failure_armed;
-        self.tolerating_frees(|harness| harness.log.sync());
+        self.tolerating_frees(|harness| harness.log.sync()).unwrap();
         let state = self.log.segment_stats().into_iter().find(|stats| stats.segment == segment);
         if completed && !free_may_fail {
             assert_eq!(state, None, "a cleaned segment is freed after its copies are durable");
@@ -276,9 +298,11 @@ impl Harness {
     fn restart(&mut self) {
         // Recovery frees a head segment torn before its header reached the device; an injected
         // free failure makes it fail, and it is run again.
-        let (log, recovery) = self.tolerating_frees(|harness| {
-            stratus_flash::recover(Arc::new(harness.device.clone()), small_config())
-        });
+        let (log, recovery) = self
+            .tolerating_frees(|harness| {
+                stratus_flash::recover(Arc::new(harness.device.clone()), small_config())
+            })
+            .unwrap();
         if !self.torn {
             assert!(
                 recovery.tears.is_empty(),
@@ -306,8 +330,11 @@ proptest! {
     })]
 
     #[test]
-    fn the_log_holds_exactly_what_the_model_holds(ops in proptest::collection::vec(op(), 1..120)) {
-        let mut harness = Harness::new();
+    fn the_log_holds_exactly_what_the_model_holds(
+        ops in proptest::collection::vec(op(), 1..120),
+        budget_segments in prop_oneof![Just(ROOMY), Just(CRAMPED)],
+    ) {
+        let mut harness = Harness::new(budget_segments);
         for op in &ops {
             harness.apply(op);
             assert_matches_model(&harness.log, &harness.index, &harness.model);
@@ -340,7 +367,7 @@ fn a_deleted_key_stays_deleted_after_an_abandoned_cleaning_pass_left_stale_copie
     ops.extend([Op::Delete { key: 15 }, Op::Sync, Op::Restart]);
     ops.push(Op::Clean { racing: vec![], locked: vec![], failing: vec![], sync: true });
     ops.extend([put(0, 1), Op::Restart]);
-    let mut harness = Harness::new();
+    let mut harness = Harness::new(ROOMY);
     for op in &ops {
         harness.apply(op);
         assert_matches_model(&harness.log, &harness.index, &harness.model);
@@ -358,7 +385,7 @@ fn a_torn_overwrite_keeps_the_old_value_or_the_new_one_never_neither() {
     let mut ops = vec![put(0, 2340), put(5, 4172), put(3, 4300), put(0, 1820), put(3, 3364)];
     ops.extend([put(0, 660), put(5, 4988), Op::Flush]);
     ops.push(Op::TornCrash { key: 0, value_bytes: 0, keep: 48 });
-    let mut harness = Harness::new();
+    let mut harness = Harness::new(ROOMY);
     for op in &ops {
         harness.apply(op);
         assert_matches_model(&harness.log, &harness.index, &harness.model);
@@ -374,7 +401,7 @@ fn a_crash_after_an_unsynced_pass_keeps_an_object_whose_delete_was_not_durable()
     let clean = Op::Clean { racing: vec![], locked: vec![], failing: vec![], sync: false };
     let ops = [Op::Put { key: 10, value_bytes: 0 }, Op::Restart, Op::Delete { key: 10 }];
     let ops = ops.into_iter().chain([clean, Op::Flush, Op::Crash]);
-    let mut harness = Harness::new();
+    let mut harness = Harness::new(ROOMY);
     for op in ops {
         harness.apply(&op);
         assert_matches_model(&harness.log, &harness.index, &harness.model);

@@ -378,3 +378,40 @@ fn a_cleaned_segment_is_not_freed_before_the_deletes_that_emptied_it_are_durable
     let (_log, recovery) = restart(&device, small_config());
     assert!(recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "acknowledged K was lost");
 }
+
+/// After a crash the kernel may have persisted a later unsynced slot and not an earlier one:
+/// here a delete's tombstone (which names the relocated copy) reached the device and the copy
+/// did not, so the restart finds only the original, killed by a tombstone that names another
+/// segment. The restart records the original's segment as holding a stale copy of the key, so
+/// the tombstone is kept while that segment exists, even once the segment it names is gone.
+#[test]
+fn a_tombstone_that_outlived_the_copy_it_names_still_protects_against_the_original() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    let victim = closed_segment_holding(&log, &mut index, &[b"K", b"L"], &mut next);
+    assert!(clean(&log, &mut index, victim, &[b"L"], &mut next).unwrap().gave_up_on_lock);
+    let copy = index[b"K".as_slice()].address;
+    let geometry = log.config().geometry;
+    let copy_slot_end = geometry.slot_of(copy).0 + geometry.buffer_bytes();
+    // The tombstone goes in a later slot than the copy.
+    fill_until(&log, &mut index, &mut next, |log| log.durable_end().0 >= copy_slot_end);
+    delete(&log, &mut index, b"K").unwrap();
+    log.sync().unwrap();
+    drop(log);
+    // The copy's slot never reached the device (from the copy on; never its segment header).
+    let copy_segment = geometry.segment_of(copy);
+    let from = geometry.offset_in_segment(copy) as usize;
+    let to =
+        (geometry.offset_in_segment(geometry.slot_of(copy)) + geometry.buffer_bytes()) as usize;
+    device.corrupt(copy_segment, from, &vec![0u8; to - from]);
+    let (log, recovery) = restart(&device, small_config());
+    assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "the tombstone kills it");
+    let mut index = common::index_from(&recovery);
+    clean_everything(&log, &mut index, &mut next, &[victim]);
+    assert!(!device.segments_present().contains(&copy_segment), "the named segment is gone");
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "deleted key K came back");
+}

@@ -206,7 +206,9 @@ impl FlashLog {
     }
 
     /// A segment's bytes as on the device, to walk its entries (`SegmentImage::entries`): what
-    /// the cleaner relocates from, for a caller that relocates by itself. Reads one segment
+    /// the cleaner relocates from, for inspection. Relocate only through `clean_segment`: a
+    /// copy appended by the caller leaves an original the segment table does not know is a
+    /// stale copy, and a later delete's tombstone could be dropped before it. Reads one segment
     /// (8 MiB by default) in one I/O. The read holds a read epoch like `read`, so the segment
     /// is not freed under it; a segment freed or being freed is `SegmentFreed`, one never
     /// allocated `NotWritten`.

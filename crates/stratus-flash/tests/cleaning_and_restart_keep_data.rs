@@ -415,3 +415,28 @@ fn a_tombstone_that_outlived_the_copy_it_names_still_protects_against_the_origin
     let (_log, recovery) = restart(&device, small_config());
     assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "deleted key K came back");
 }
+
+/// The known bug without a restart in between (so only the cleaner's own bookkeeping can
+/// help): a pass moves K and gives up on locked L; K is deleted (the tombstone names K's copy);
+/// every segment but the victim is cleaned, the copy's first. The tombstone must be kept while
+/// the victim holds K's stale original, or the next restart brings K back.
+#[test]
+fn a_pass_that_gives_up_keeps_the_tombstones_of_what_it_moved_without_a_restart() {
+    let device = MemoryDevice::new(64 << 10, 64 << 20);
+    let log = FlashLog::create(Arc::new(device.clone()), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    let victim = closed_segment_holding(&log, &mut index, &[b"K", b"L"], &mut next);
+    assert!(clean(&log, &mut index, victim, &[b"L"], &mut next).unwrap().gave_up_on_lock);
+    let copy_segment = segment_of(&log, index[b"K".as_slice()].address);
+    delete(&log, &mut index, b"K").unwrap();
+    let head = head_segment(&log);
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > head);
+    log.sync().unwrap();
+    clean_everything(&log, &mut index, &mut next, &[victim]);
+    assert!(!device.segments_present().contains(&copy_segment), "the copy's segment is gone");
+    assert_eq!(state(&log, victim), Some(SegmentState::Closed));
+    drop(log);
+    let (_log, recovery) = restart(&device, small_config());
+    assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "deleted key K came back");
+}

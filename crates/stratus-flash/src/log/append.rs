@@ -138,6 +138,25 @@ impl FlashLog {
         }
     }
 
+    /// A durable end at or past this covers every entry appended so far: the end of the slot
+    /// the head is in when that slot holds entries, else its start (a slot boundary, as the
+    /// durable end always is).
+    pub(crate) fn appended_end(&self) -> u64 {
+        let head = lock(&self.head);
+        let buffer = &self.buffers[head.current];
+        let slot = buffer.base();
+        if slot == NO_SLOT {
+            // Recycled (so written and durable) or never assigned: nothing past `next_slot`.
+            return head.next_slot;
+        }
+        // A recycle racing this read only makes the answer smaller than the durable end.
+        if buffer.fill().0 > self.prefix_bytes(slot) {
+            slot + self.config.geometry.buffer_bytes()
+        } else {
+            slot
+        }
+    }
+
     /// Bytes at the start of the slot at `slot` that are not entries (the segment header).
     pub(crate) fn prefix_bytes(&self, slot: u64) -> u64 {
         if self.config.geometry.offset_in_segment(FlashAddress(slot)) == 0 {

@@ -225,12 +225,6 @@ impl FlashLog {
         Ok(freed)
     }
 
-    /// Every entry appended so far lies below this address (the end of the slot the head is
-    /// in): once the durable end reaches it, they are all on the device.
-    pub(crate) fn appended_end(&self) -> u64 {
-        lock(&self.head).next_slot
-    }
-
     pub(crate) fn table(&self) -> MutexGuard<'_, SegmentTable> {
         lock(&self.table)
     }

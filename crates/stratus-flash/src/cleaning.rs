@@ -15,7 +15,7 @@
 
 use crate::address::{FlashAddress, Geometry, SegmentNumber};
 use crate::aligned::AlignedBuffer;
-use crate::error::FlashError;
+use crate::error::{FlashError, IoOperation};
 use crate::format::{EntryKind, EntryRef};
 use crate::log::{Appender, FlashLog};
 use crate::scan::{SegmentEntries, SegmentItem};
@@ -224,9 +224,14 @@ impl FlashLog {
     fn append_flushing(&self, entry: &EntryRef<'_>) -> Result<FlashAddress, FlashError> {
         loop {
             match self.append_all_as(std::slice::from_ref(entry), Appender::Cleaner).map(|a| a[0]) {
-                Err(FlashError::BuffersBusy) => {
-                    self.flush_ready()?;
-                }
+                Err(FlashError::BuffersBusy) => match self.flush_ready() {
+                    Ok(_) => {}
+                    // The flush itself was done; only freeing a retired segment failed, and it
+                    // stays `Freeing` for the next reclaim. A stuck unlink must not stop every
+                    // pass (and with it the return of space).
+                    Err(FlashError::Io { operation: IoOperation::Free, .. }) => {}
+                    Err(error) => return Err(error),
+                },
                 other => return other,
             }
         }

@@ -440,3 +440,83 @@ fn a_pass_that_gives_up_keeps_the_tombstones_of_what_it_moved_without_a_restart(
     let (_log, recovery) = restart(&device, small_config());
     assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "deleted key K came back");
 }
+
+/// A device whose frees of one chosen segment fail (a stuck unlink), all else as `MemoryDevice`.
+#[derive(Debug)]
+struct StuckFree {
+    device: MemoryDevice,
+    stuck: std::sync::Mutex<Option<SegmentNumber>>,
+}
+
+impl stratus_flash::FlashDevice for StuckFree {
+    fn allocate(&self, segment: SegmentNumber) -> Result<(), FlashError> {
+        self.device.allocate(segment)
+    }
+    fn write_at(
+        &self,
+        segment: SegmentNumber,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), FlashError> {
+        self.device.write_at(segment, offset, bytes)
+    }
+    fn read_at(
+        &self,
+        segment: SegmentNumber,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<usize, FlashError> {
+        self.device.read_at(segment, offset, out)
+    }
+    fn sync(&self, segment: SegmentNumber) -> Result<(), FlashError> {
+        self.device.sync(segment)
+    }
+    fn free(&self, segment: SegmentNumber) -> Result<(), FlashError> {
+        if *self.stuck.lock().unwrap() == Some(segment) {
+            return Err(FlashError::Io {
+                operation: stratus_flash::IoOperation::Free,
+                segment,
+                kind: std::io::ErrorKind::Other,
+                os_code: None,
+            });
+        }
+        self.device.free(segment)
+    }
+    fn segments(&self) -> Result<Vec<SegmentNumber>, FlashError> {
+        self.device.segments()
+    }
+    fn budget_bytes(&self) -> u64 {
+        self.device.budget_bytes()
+    }
+}
+
+/// The cleaner drops a tombstone once the segment it names is being freed; so that segment
+/// must leave the device before the tombstone's own segment does. While its free fails, the
+/// segments retired after it wait: were the tombstone's segment freed first, a crash would
+/// leave the killed object on the device with nothing to kill it.
+#[test]
+fn a_segment_retired_later_is_not_freed_while_an_earlier_ones_free_fails() {
+    let memory = MemoryDevice::new(64 << 10, 64 << 20);
+    let device = Arc::new(StuckFree { device: memory.clone(), stuck: Default::default() });
+    let log = FlashLog::create(device.clone(), small_config()).unwrap();
+    let mut index = HashMap::new();
+    let mut next = 10;
+    let killed = closed_segment_holding(&log, &mut index, &[b"K"], &mut next);
+    delete(&log, &mut index, b"K").unwrap();
+    let tombstone = head_segment(&log);
+    fill_until(&log, &mut index, &mut next, |log| head_segment(log) > tombstone);
+    log.sync().unwrap();
+    clean(&log, &mut index, killed, &[], &mut next).unwrap();
+    *device.stuck.lock().unwrap() = Some(killed);
+    assert!(log.sync().is_err(), "the killed object's segment fails to go");
+    assert!(matches!(state(&log, killed), Some(SegmentState::Freeing { .. })));
+    // Its segment is going, so the tombstone is dropped.
+    assert_eq!(clean(&log, &mut index, tombstone, &[], &mut next).unwrap().tombstones_kept, 0);
+    assert!(log.sync().is_err(), "the earlier segment is still stuck");
+    assert!(matches!(state(&log, tombstone), Some(SegmentState::Freeing { .. })));
+    assert!(memory.segments_present().contains(&tombstone), "waits for the earlier one");
+    // Crash now: the tombstone is still on the device with the object it kills.
+    drop(log);
+    let (_log, recovery) = restart(&memory, small_config());
+    assert!(!recovery.objects.contains_key(&(TABLE, b"K".to_vec())), "deleted key K came back");
+}

@@ -172,12 +172,18 @@ impl Rebuild {
         // recorded as a stale key of its segment, which keeps every tombstone of that key.
         let mut stale: HashMap<SegmentNumber, HashSet<u64>> = HashMap::new();
         for ((table_id, key), history) in &self.history {
+            if history.dead_objects.is_empty() {
+                continue;
+            }
+            // The highest version a tombstone of this key kills, per segment it names: linear in
+            // the key's entries, however often it was overwritten.
+            let mut named: HashMap<SegmentNumber, u64> = HashMap::new();
+            for &(killed, dead_segment) in &history.tombstones {
+                let version = named.entry(dead_segment).or_insert(killed);
+                *version = (*version).max(killed);
+            }
             for &(version, segment) in &history.dead_objects {
-                let named = history
-                    .tombstones
-                    .iter()
-                    .any(|&(killed, dead_segment)| killed >= version && dead_segment == segment);
-                if !named {
+                if named.get(&segment).is_none_or(|&killed| killed < version) {
                     stale.entry(segment).or_default().insert(key_hash(*table_id, key));
                 }
             }

@@ -95,7 +95,9 @@ impl FlashLog {
             return Ok(());
         }
         let next = (head.current + 1) % self.buffers.len();
-        if self.buffers[next].base() != NO_SLOT {
+        // Not `base` alone: a buffer whose recycle still waits for appenders to leave has no
+        // slot but is not ready (buffers.rs, invariant 1).
+        if !self.buffers[next].is_ready() {
             return Err(FlashError::BuffersBusy);
         }
         let geometry = self.config.geometry;

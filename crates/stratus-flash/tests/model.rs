@@ -389,8 +389,8 @@ impl Harness {
 }
 
 proptest! {
-    // A fixed seed: the same 128 cases every run (tests here are deterministic). A failure a
-    // random seed once found is kept as its own test below.
+    // A fixed seed: the same 128 cases every run (tests here are deterministic). Failures that
+    // other seeds found are kept as their own tests below.
     #![proptest_config(ProptestConfig {
         cases: 128,
         rng_seed: proptest::test_runner::RngSeed::Fixed(0x5EED_F1A5),

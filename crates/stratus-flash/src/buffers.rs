@@ -2,10 +2,15 @@
 //! written to the device.
 //!
 //! Invariants:
-//! 1. A buffer is *ready* (`base == NO_SLOT`), *current* (a slot assigned, `fill` not sealed), or
-//!    *processing* (`fill` sealed: it accepts nothing and waits to be written). At most one
-//!    buffer of a log is current; the log's head lock assigns slots (ready → current) and the
-//!    flusher recycles them (processing → ready), so those two transitions never race.
+//! 1. A buffer is *ready* (`base == NO_SLOT` and `fill` not sealed), *current* (a slot assigned,
+//!    `fill` not sealed), or *processing* (`fill` sealed: it accepts nothing and waits to be
+//!    written, or is being recycled). At most one buffer of a log is current; the log's head
+//!    lock assigns slots (ready → current) and the flusher recycles them (processing → ready).
+//!    A buffer being recycled has `base == NO_SLOT` while `fill` is still sealed (see
+//!    `recycle`), so readiness is both conditions (`is_ready`): were `base` alone taken for it,
+//!    the head could assign the buffer a new slot in that window, and the end of the recycle
+//!    would then reset the new slot's `fill` under its appenders (later reservations would
+//!    overwrite the segment header and entries already acknowledged at their addresses).
 //! 2. Appenders reserve with a compare-and-swap on `fill` and copy concurrently into disjoint
 //!    ranges. Reservations are multiples of 8 bytes at multiples of 8 bytes, so no two appenders
 //!    ever write the same 64-bit word: the buffer is an array of atomic words, and a copy is a
@@ -108,10 +113,16 @@ impl FlushBuffer {
         self.writers.load(Ordering::SeqCst)
     }
 
+    /// Whether the buffer may be assigned a slot: no slot, and not sealed (a recycle that has
+    /// cleared `base` but still waits for appenders to leave has not unsealed yet).
+    pub(crate) fn is_ready(&self) -> bool {
+        self.base() == NO_SLOT && !self.fill().1
+    }
+
     /// Ready → current: gives the buffer `slot`, with `prefix` (the segment header, or nothing)
     /// already in place. Called only under the head lock, on a ready buffer (invariant 1).
     pub(crate) fn assign(&self, slot: u64, prefix: &[u8]) {
-        assert_eq!(self.base(), NO_SLOT, "assigning a buffer that is not ready");
+        assert!(self.is_ready(), "assigning a buffer that is not ready");
         assert_eq!(prefix.len() % 8, 0);
         fence(Ordering::Release);
         self.store_words(0, prefix);
@@ -273,6 +284,28 @@ mod tests {
         });
         assert_eq!(buffer.fill(), (0, false));
         assert!(matches!(buffer.reserve(4096, 8), Reservation::NotCurrent), "old slot refused");
+    }
+
+    #[test]
+    fn a_buffer_is_not_ready_for_a_new_slot_until_its_recycle_is_over() {
+        let buffer = FlushBuffer::new(64);
+        buffer.assign(4096, &[]);
+        buffer.seal();
+        buffer.writers.fetch_add(1, Ordering::SeqCst);
+        std::thread::scope(|scope| {
+            let recycling = scope.spawn(|| buffer.recycle());
+            while buffer.base() != NO_SLOT && !recycling.is_finished() {
+                std::thread::yield_now();
+            }
+            // The head, looking for the next buffer now, must not take this one: the recycle's
+            // reset of `fill` is still to come and would land on the new slot.
+            assert!(!buffer.is_ready(), "ready while the recycle still waits for an appender");
+            buffer.writers.fetch_sub(1, Ordering::SeqCst);
+            recycling.join().expect("recycle panicked");
+        });
+        assert!(buffer.is_ready());
+        buffer.assign(8192, &[5u8; 16]);
+        assert_eq!(buffer.fill(), (16, false));
     }
 
     #[test]

@@ -6,15 +6,20 @@
 //!
 //! Tombstones: a tombstone is kept while the segment of the object version it kills still holds
 //! entries (RAMCloud's rule): until then, a restart could find that version and needs the
-//! tombstone to know it is dead.
+//! tombstone to know it is dead. Relocation makes a second copy of an object version, and the
+//! original stays on the device until its segment is freed, which a pass that gives up (a locked
+//! object, an error) or a crash may put off indefinitely; so a tombstone is also kept while any
+//! other segment may hold a stale copy of its key (`SegmentTable::may_hold_stale`): the cleaner
+//! records the key in the victim's table entry before each copy, and a restart records every
+//! object it finds dead that no tombstone names by its segment.
 
 use crate::address::{FlashAddress, Geometry, SegmentNumber};
 use crate::aligned::AlignedBuffer;
-use crate::error::FlashError;
+use crate::error::{FlashError, IoOperation};
 use crate::format::{EntryKind, EntryRef};
 use crate::log::{Appender, FlashLog};
 use crate::scan::{SegmentEntries, SegmentItem};
-use crate::segments::SegmentState;
+use crate::segments::{key_hash, SegmentState};
 
 /// The caller's index, as the cleaner needs it.
 ///
@@ -98,10 +103,15 @@ impl FlashLog {
     /// it is freed once the copies are durable (a later `flush_ready`) and every read that could
     /// point into it has ended. On `BuffersBusy` the cleaner flushes and retries. A locked
     /// object (`Relocation::Locked`) or any error leaves the segment closed: copies already made
-    /// are moved in the index, and a later pass finishes the work. A segment that is not closed
-    /// is `SegmentNotClosed`. A segment with bytes that do not verify is `Format` (its first
-    /// tear), before anything is copied, and stays closed: cleaning it would free the live
-    /// objects its walk cannot see past the tear.
+    /// are moved in the index, and a later pass finishes the work (the originals left behind
+    /// are stale copies, which keep the tombstones of their keys alive; see below). A segment
+    /// that is not closed is `SegmentNotClosed`.
+    ///
+    /// Bytes that do not verify: a segment the restart scan found torn (a write cut by the
+    /// crash) is cleaned when its walk stops at exactly the places the restart scan stopped,
+    /// since nothing past them was ever indexed. Any other tear (bytes that rotted since) is
+    /// `Format`, before anything is copied, and the segment stays closed: cleaning it would
+    /// free the live objects its walk cannot see past the tear.
     pub fn clean_segment(
         &self,
         segment: SegmentNumber,
@@ -113,26 +123,32 @@ impl FlashLog {
         }
         let geometry = self.config().geometry;
         let image = self.read_segment(segment)?;
-        // A tear hides every entry after it in its slot: cleaning would free live objects it
-        // never saw. So a segment with any bytes that do not verify is refused before any copy
-        // is made, and stays closed (its readable entries stay readable) for the operator.
         let mut check = image.entries();
         check.by_ref().for_each(drop);
-        if let Some(tear) = check.report().tears.first() {
-            return Err(FlashError::Format { address: tear.address, error: tear.error });
+        let tears = check.into_report().tears;
+        {
+            let table = self.table();
+            let known = table.recovered_tears(segment);
+            if let Some(tear) = tears.iter().find(|tear| !known.contains(&tear.address)) {
+                return Err(FlashError::Format { address: tear.address, error: tear.error });
+            }
         }
         let mut outcome = CleanOutcome::default();
-        // The log end the copies must be durable up to before the segment may go (0: no copy).
-        let mut durable_at = 0;
         let mut entries = image.entries();
         for item in entries.by_ref() {
             let SegmentItem { address, entry, entry_bytes } = item;
+            let key_hash = key_hash(entry.table_id, entry.key);
             let keep = match entry.kind {
                 EntryKind::Object => index.is_live(&entry, address),
                 EntryKind::Tombstone => {
-                    // Not needed when the version it kills goes with this segment.
+                    // Needed while a restart could still find a version it kills: in the
+                    // segment its dead address names (unless that is this one, going now), or
+                    // as a stale copy in any other segment (an original the cleaner copied
+                    // out of a segment not yet freed, or one a restart found twice).
                     let dead_segment = geometry.segment_of(entry.dead_address);
-                    dead_segment != segment && self.table().holds_entries(dead_segment)
+                    let table = self.table();
+                    (dead_segment != segment && table.holds_entries(dead_segment))
+                        || table.may_hold_stale(key_hash, segment)
                 }
             };
             if !keep {
@@ -140,8 +156,7 @@ impl FlashLog {
                 continue;
             }
             if entry.kind == EntryKind::Tombstone {
-                let new_address = self.append_flushing(&entry)?;
-                durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+                self.append_flushing(&entry)?;
                 outcome.bytes_relocated += entry_bytes as u64;
                 outcome.tombstones_kept += 1;
                 continue;
@@ -149,14 +164,17 @@ impl FlashLog {
             let mut copied = None;
             let mut copy = || {
                 assert!(copied.is_none(), "RelocationIndex::relocate copied an object twice");
+                // Before the copy exists: from the moment the index points at it, a delete's
+                // tombstone names the copy, and must outlive the original left here until this
+                // segment is freed (which a pass that gives up, or a crash, may delay forever).
+                self.table().note_stale(segment, key_hash);
                 let new_address = self.append_flushing(&entry)?;
                 copied = Some(new_address);
                 Ok(new_address)
             };
             let relocation = index.relocate(&entry, address, &mut copy);
             match (relocation, copied) {
-                (Ok(Relocation::Moved), Some(new_address)) => {
-                    durable_at = geometry.slot_of(new_address).0 + geometry.buffer_bytes();
+                (Ok(Relocation::Moved), Some(_)) => {
                     outcome.bytes_relocated += entry_bytes as u64;
                     // Counted so a pass that gives up later leaves the segment's count right.
                     self.note_dead(address, entry_bytes);
@@ -177,13 +195,20 @@ impl FlashLog {
                 ),
             }
         }
-        assert!(entries.report().tears.is_empty(), "the segment verified before the pass");
+        assert_eq!(entries.into_report().tears, tears, "the segment's bytes are read once");
+        // The segment may go once everything appended so far is durable: its copies, and also
+        // the tombstones and newer versions that made its other objects dead. Were it freed
+        // while a delete's tombstone was still in a buffer, a crash would lose both the delete
+        // (unacknowledged: allowed) and the object it killed (acknowledged: not allowed).
+        let durable_at = self.appended_end();
         self.table().mark_cleaned(segment, durable_at);
         Ok(outcome)
     }
 
     /// A segment's bytes as on the device, to walk its entries (`SegmentImage::entries`): what
-    /// the cleaner relocates from, for a caller that relocates by itself. Reads one segment
+    /// the cleaner relocates from, for inspection. Relocate only through `clean_segment`: a
+    /// copy appended by the caller leaves an original the segment table does not know is a
+    /// stale copy, and a later delete's tombstone could be dropped before it. Reads one segment
     /// (8 MiB by default) in one I/O. The read holds a read epoch like `read`, so the segment
     /// is not freed under it; a segment freed or being freed is `SegmentFreed`, one never
     /// allocated `NotWritten`.
@@ -199,9 +224,14 @@ impl FlashLog {
     fn append_flushing(&self, entry: &EntryRef<'_>) -> Result<FlashAddress, FlashError> {
         loop {
             match self.append_all_as(std::slice::from_ref(entry), Appender::Cleaner).map(|a| a[0]) {
-                Err(FlashError::BuffersBusy) => {
-                    self.flush_ready()?;
-                }
+                Err(FlashError::BuffersBusy) => match self.flush_ready() {
+                    Ok(_) => {}
+                    // The flush itself was done; only freeing a retired segment failed, and it
+                    // stays `Freeing` for the next reclaim. A stuck unlink must not stop every
+                    // pass (and with it the return of space).
+                    Err(FlashError::Io { operation: IoOperation::Free, .. }) => {}
+                    Err(error) => return Err(error),
+                },
                 other => return other,
             }
         }

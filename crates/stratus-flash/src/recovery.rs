@@ -14,7 +14,7 @@ use crate::error::{FlashError, FormatError};
 use crate::format::{EntryKind, SegmentHeader};
 use crate::log::{FlashConfig, FlashLog};
 use crate::scan::{SegmentEntries, SegmentItem, Tear};
-use crate::segments::SegmentTable;
+use crate::segments::{key_hash, SegmentTable};
 
 /// Where a recovered object is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +52,21 @@ struct TombstoneSeen {
     address: FlashAddress,
     entry_bytes: usize,
     dead_segment: SegmentNumber,
+    key_hash: u64,
+}
+
+/// What the walk found of one key besides its best object: every tombstone (version, segment
+/// of its dead address) and every object version found dead (version, segment).
+#[derive(Default)]
+struct KeyHistory {
+    tombstones: Vec<(u64, SegmentNumber)>,
+    dead_objects: Vec<(u64, SegmentNumber)>,
+}
+
+impl KeyHistory {
+    fn tombstone_version(&self) -> Option<u64> {
+        self.tombstones.iter().map(|&(version, _)| version).max()
+    }
 }
 
 /// The index and the live-byte counts being rebuilt, one segment at a time.
@@ -62,9 +77,11 @@ struct Rebuild {
     kept: Vec<SegmentNumber>,
     appended: HashMap<SegmentNumber, u64>,
     dead: HashMap<SegmentNumber, u64>,
-    /// The highest tombstone version per key.
-    tombstone_versions: HashMap<(u64, Vec<u8>), u64>,
+    /// Tombstones and dead object versions per key.
+    history: HashMap<(u64, Vec<u8>), KeyHistory>,
     tombstones: Vec<TombstoneSeen>,
+    /// Where each segment's walk met bytes that do not verify.
+    tears: HashMap<SegmentNumber, Vec<FlashAddress>>,
 }
 
 impl Rebuild {
@@ -84,6 +101,9 @@ impl Rebuild {
         let report = walk.into_report();
         self.recovery.entries += report.entries;
         self.recovery.unreadable_bytes += report.unreadable_bytes;
+        if !report.tears.is_empty() {
+            self.tears.insert(segment, report.tears.iter().map(|tear| tear.address).collect());
+        }
         self.recovery.tears.extend(report.tears);
     }
 
@@ -92,12 +112,13 @@ impl Rebuild {
         self.recovery.version_max = self.recovery.version_max.max(entry.version);
         let key = (entry.table_id, entry.key.to_vec());
         if entry.kind == EntryKind::Tombstone {
-            let version = self.tombstone_versions.entry(key).or_insert(0);
-            *version = (*version).max(entry.version);
+            let dead_segment = self.geometry.segment_of(entry.dead_address);
+            self.history.entry(key).or_default().tombstones.push((entry.version, dead_segment));
             self.tombstones.push(TombstoneSeen {
                 address: item.address,
                 entry_bytes: item.entry_bytes,
-                dead_segment: self.geometry.segment_of(entry.dead_address),
+                dead_segment,
+                key_hash: key_hash(entry.table_id, entry.key),
             });
             return;
         }
@@ -106,44 +127,88 @@ impl Rebuild {
             version: entry.version,
             entry_bytes: item.entry_bytes,
         };
+        // Of two copies of one version (the cleaner copied it and the original's segment was
+        // not freed yet), the later one wins: it is the one the index pointed at (a copy is
+        // always appended after its original), so the one a delete's tombstone may name.
         let loser = match self.recovery.objects.get_mut(&key) {
             None => {
                 self.recovery.objects.insert(key, found);
                 return;
             }
-            Some(best) if best.version >= found.version => found,
+            Some(best) if best.version > found.version => found,
             Some(best) => std::mem::replace(best, found),
         };
-        self.note_dead(loser.address, loser.entry_bytes);
+        self.add_dead_object(key, loser);
     }
 
-    /// Applies the tombstones, counts the dead ones, and builds the segment table.
+    fn add_dead_object(&mut self, key: (u64, Vec<u8>), object: RecoveredObject) {
+        self.note_dead(object.address, object.entry_bytes);
+        let segment = self.geometry.segment_of(object.address);
+        self.history.entry(key).or_default().dead_objects.push((object.version, segment));
+    }
+
+    /// Applies the tombstones, finds the stale copies, counts the dead entries, and builds the
+    /// segment table.
     fn finish(mut self) -> (SegmentTable, Recovery) {
-        let mut objects = std::mem::take(&mut self.recovery.objects);
-        let mut killed = Vec::new();
-        objects.retain(|key, object| {
-            let dead =
-                self.tombstone_versions.get(key).is_some_and(|&version| version >= object.version);
-            if dead {
-                killed.push(*object);
+        let objects = std::mem::take(&mut self.recovery.objects);
+        let mut live = HashMap::with_capacity(objects.len());
+        for (key, object) in objects {
+            let killed = self
+                .history
+                .get(&key)
+                .and_then(KeyHistory::tombstone_version)
+                .is_some_and(|version| version >= object.version);
+            if killed {
+                self.add_dead_object(key, object);
+            } else {
+                live.insert(key, object);
             }
-            !dead
-        });
-        for object in killed {
-            self.note_dead(object.address, object.entry_bytes);
         }
-        self.recovery.objects = objects;
+        self.recovery.objects = live;
+        // A dead object version stays dead across later restarts only while a tombstone that
+        // kills it is on the device. The cleaner keeps a tombstone while the segment its dead
+        // address names holds entries; a dead version in any other segment (a stale copy left
+        // by cleaning, or one whose tombstone names a copy that never reached the disk) is
+        // recorded as a stale key of its segment, which keeps every tombstone of that key.
+        let mut stale: HashMap<SegmentNumber, HashSet<u64>> = HashMap::new();
+        for ((table_id, key), history) in &self.history {
+            if history.dead_objects.is_empty() {
+                continue;
+            }
+            // The highest version a tombstone of this key kills, per segment it names: linear in
+            // the key's entries, however often it was overwritten.
+            let mut named: HashMap<SegmentNumber, u64> = HashMap::new();
+            for &(killed, dead_segment) in &history.tombstones {
+                let version = named.entry(dead_segment).or_insert(killed);
+                *version = (*version).max(killed);
+            }
+            for &(version, segment) in &history.dead_objects {
+                if named.get(&segment).is_none_or(|&killed| killed < version) {
+                    stale.entry(segment).or_default().insert(key_hash(*table_id, key));
+                }
+            }
+        }
         let present: HashSet<SegmentNumber> = self.kept.iter().copied().collect();
-        // A tombstone whose killed version's segment is gone protects nothing.
+        let stale_segments_of = |key_hash: u64, except: SegmentNumber| {
+            stale.iter().any(|(&segment, keys)| segment != except && keys.contains(&key_hash))
+        };
+        // A tombstone that protects nothing (its killed version's segment is gone, and no stale
+        // copy of its key remains elsewhere) is dead.
         for tombstone in std::mem::take(&mut self.tombstones) {
-            if !present.contains(&tombstone.dead_segment) {
+            let own_segment = self.geometry.segment_of(tombstone.address);
+            if !present.contains(&tombstone.dead_segment)
+                && !stale_segments_of(tombstone.key_hash, own_segment)
+            {
                 self.note_dead(tombstone.address, tombstone.entry_bytes);
             }
         }
         let mut table = SegmentTable::new(self.geometry.segment_bytes());
         for &segment in &self.kept {
             let appended_bytes = self.appended.get(&segment).copied().unwrap_or(0);
-            table.adopt(segment, appended_bytes, self.dead.get(&segment).copied().unwrap_or(0));
+            let dead_bytes = self.dead.get(&segment).copied().unwrap_or(0);
+            let stale_keys = stale.remove(&segment).unwrap_or_default();
+            let tears = self.tears.remove(&segment).unwrap_or_default();
+            table.adopt(segment, appended_bytes, dead_bytes, stale_keys, tears);
         }
         (table, self.recovery)
     }
@@ -208,8 +273,9 @@ pub fn recover(
         kept: Vec::new(),
         appended: HashMap::new(),
         dead: HashMap::new(),
-        tombstone_versions: HashMap::new(),
+        history: HashMap::new(),
         tombstones: Vec::new(),
+        tears: HashMap::new(),
     };
     // Every address of a segment and of the one after it (the next head) must fit 64 bits: a
     // number past that is no segment this log could have written.

@@ -8,7 +8,7 @@
 //! | (none)    | Open      | the head reaches the segment's first slot (device allocate)    |
 //! | Open      | Closed    | the segment's last slot is flushed                             |
 //! | Closed    | Cleaned   | the cleaner relocated its live entries (copies may be buffered)|
-//! | Cleaned   | Freeing   | the log is durable past the last relocated copy                |
+//! | Cleaned   | Freeing   | the log is durable past everything appended before the pass end|
 //! | Freeing   | (none)    | every read that began before `Freeing` has ended (device free) |
 //!
 //! Read epochs: a read registers the current epoch and checks the segment's state under the
@@ -17,9 +17,10 @@
 //! sees `Freeing` and gets `SegmentFreed`. The device frees the segment only when no read with an
 //! epoch at or below it remains.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::hash::{Hash, Hasher};
 
-use crate::address::SegmentNumber;
+use crate::address::{FlashAddress, SegmentNumber};
 use crate::constants::CLEANABLE_LIVE_PERCENT_MAX;
 
 /// Where a segment is in its life (see the module's transition table).
@@ -29,9 +30,11 @@ pub enum SegmentState {
     Open,
     /// Every slot is on the device; a cleaning candidate.
     Closed,
-    /// Its live entries were relocated; it is freed once the log is durable past `durable_at`.
+    /// Its live entries were relocated; it is freed once the log is durable past `durable_at`:
+    /// the head's position when the pass ended, so past the copies and past every tombstone or
+    /// newer version that made its other entries dead.
     Cleaned {
-        /// The log end after the last relocated copy.
+        /// The end of the slot the head was in when the pass ended.
         durable_at: u64,
     },
     /// Waiting for the reads that may point into it to end.
@@ -87,6 +90,15 @@ struct SegmentInfo {
     dead_bytes: u64,
     /// The value of `closed_count` when the segment closed (its logical birth time).
     closed_at: u64,
+    /// Hashes (`key_hash`) of the keys this segment may hold a *stale copy* of: an object
+    /// version that also exists elsewhere (the cleaner copied it out, or a restart found it
+    /// twice) or that no tombstone names by its segment. A tombstone of such a key is kept
+    /// while the segment holds entries; see `may_hold_stale`.
+    stale_keys: HashSet<u64>,
+    /// Where the restart scan found bytes that do not verify in this segment (a write torn by
+    /// the crash, or corruption already there): nothing past them was indexed, so a cleaning
+    /// walk that stops at exactly these places frees nothing the index knows.
+    recovered_tears: Vec<FlashAddress>,
 }
 
 /// Why a read may not proceed.
@@ -109,6 +121,18 @@ pub(crate) struct SegmentTable {
     epoch: u64,
     /// Reads in progress, by the epoch they registered in.
     readers: BTreeMap<u64, usize>,
+    /// Segments with a non-empty `stale_keys`, so `may_hold_stale` looks at few segments.
+    with_stale_keys: BTreeSet<SegmentNumber>,
+}
+
+/// The hash under which a segment records a key it may hold a stale copy of. Only ever
+/// compared in memory (never written), so any fixed hasher will do; a collision only keeps a
+/// tombstone longer than needed, never drops one that is needed.
+pub(crate) fn key_hash(table_id: u64, key: &[u8]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    table_id.hash(&mut hasher);
+    key.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl SegmentTable {
@@ -120,6 +144,7 @@ impl SegmentTable {
             segment_bytes,
             epoch: 0,
             readers: BTreeMap::new(),
+            with_stale_keys: BTreeSet::new(),
         }
     }
 
@@ -132,23 +157,67 @@ impl SegmentTable {
             appended_bytes: 0,
             dead_bytes: 0,
             closed_at: 0,
+            stale_keys: HashSet::new(),
+            recovered_tears: Vec::new(),
         };
         self.segments.insert(segment, info);
     }
 
-    /// A closed segment found on the device at restart, with its bytes and dead bytes.
-    pub(crate) fn adopt(&mut self, segment: SegmentNumber, appended_bytes: u64, dead_bytes: u64) {
+    /// A closed segment found on the device at restart, with its bytes and dead bytes, the keys
+    /// it may hold stale copies of, and where its walk met bytes that do not verify.
+    pub(crate) fn adopt(
+        &mut self,
+        segment: SegmentNumber,
+        appended_bytes: u64,
+        dead_bytes: u64,
+        stale_keys: HashSet<u64>,
+        recovered_tears: Vec<FlashAddress>,
+    ) {
         assert!(segment > self.highest, "segment {segment:?} adopted out of order");
         assert!(dead_bytes <= appended_bytes);
         self.highest = segment;
         self.closed_count += 1;
+        if !stale_keys.is_empty() {
+            self.with_stale_keys.insert(segment);
+        }
         let info = SegmentInfo {
             state: SegmentState::Closed,
             appended_bytes,
             dead_bytes,
             closed_at: self.closed_count,
+            stale_keys,
+            recovered_tears,
         };
         self.segments.insert(segment, info);
+    }
+
+    /// Records that `segment` may hold a stale copy of the key `key_hash`: the cleaner is about
+    /// to copy one of its objects elsewhere. Moot once the segment is being freed.
+    pub(crate) fn note_stale(&mut self, segment: SegmentNumber, key_hash: u64) {
+        let Some(info) = self.segments.get_mut(&segment) else { return };
+        if matches!(info.state, SegmentState::Freeing { .. }) {
+            return;
+        }
+        info.stale_keys.insert(key_hash);
+        self.with_stale_keys.insert(segment);
+    }
+
+    /// Whether a segment other than `except`, still holding entries, may hold a stale copy of
+    /// the key `key_hash`: a tombstone of that key must then be kept, whatever segment its dead
+    /// address names, or a restart would find the stale copy with nothing to kill it.
+    pub(crate) fn may_hold_stale(&self, key_hash: u64, except: SegmentNumber) -> bool {
+        self.with_stale_keys.iter().any(|&segment| {
+            segment != except
+                && self.segments.get(&segment).is_some_and(|info| {
+                    !matches!(info.state, SegmentState::Freeing { .. })
+                        && info.stale_keys.contains(&key_hash)
+                })
+        })
+    }
+
+    /// Where the restart scan found bytes in `segment` that do not verify.
+    pub(crate) fn recovered_tears(&self, segment: SegmentNumber) -> &[FlashAddress] {
+        self.segments.get(&segment).map_or(&[], |info| &info.recovered_tears)
     }
 
     /// Bytes of entries flushed into an open segment.
@@ -213,34 +282,46 @@ impl SegmentTable {
         info.state = SegmentState::Cleaned { durable_at };
     }
 
-    /// Cleaned → Freeing for every cleaned segment whose copies are durable below `durable_end`.
+    /// Cleaned → Freeing for every cleaned segment with `durable_at` at or below `durable_end`.
+    /// From here on the segment counts as gone for the tombstones that protect against its
+    /// entries (`holds_entries`, `may_hold_stale`), so its stale keys are forgotten.
     pub(crate) fn retire_cleaned(&mut self, durable_end: u64) {
-        for info in self.segments.values_mut() {
+        for (segment, info) in self.segments.iter_mut() {
             if let SegmentState::Cleaned { durable_at } = info.state {
                 if durable_at <= durable_end {
                     info.state = SegmentState::Freeing { epoch: self.epoch };
                     self.epoch += 1;
+                    info.stale_keys = HashSet::new();
+                    self.with_stale_keys.remove(segment);
                 }
             }
         }
     }
 
-    /// The freeing segments no read can still point into. They stay in the table (and count
-    /// against the budget) until `forget` after their device free succeeded, so a failed free
-    /// is retried by the next `reclaim`.
+    /// The freeing segments no read can still point into, in the order they entered `Freeing`.
+    /// They stay in the table (and count against the budget) until `forget` after their device
+    /// free succeeded, so a failed free is retried by the next `reclaim`.
+    ///
+    /// The order matters for restart: a tombstone is dropped by the cleaner only once what it
+    /// protects against is in segments already `Freeing`; the tombstone's own segment enters
+    /// `Freeing` later (a later epoch), so freeing in epoch order, and stopping at a failure,
+    /// never leaves a killed object on the device after its tombstone is gone.
     pub(crate) fn reclaimable(&self) -> Vec<SegmentNumber> {
         let oldest_reader = self.readers.keys().next().copied();
-        self.segments
+        let mut freeing: Vec<(u64, SegmentNumber)> = self
+            .segments
             .iter()
             .filter_map(|(&segment, info)| match info.state {
                 SegmentState::Freeing { epoch }
                     if oldest_reader.is_none_or(|oldest| oldest > epoch) =>
                 {
-                    Some(segment)
+                    Some((epoch, segment))
                 }
                 _ => None,
             })
-            .collect()
+            .collect();
+        freeing.sort_unstable();
+        freeing.into_iter().map(|(_, segment)| segment).collect()
     }
 
     /// Removes a freeing segment whose device space has been freed.
@@ -363,6 +444,30 @@ mod tests {
         table.end_read(late_read_elsewhere);
         assert_eq!(table.begin_read(SegmentNumber(1)), Err(ReadRefusal::Freed));
         assert_eq!(table.begin_read(SegmentNumber(9)), Err(ReadRefusal::NotWritten));
+    }
+
+    #[test]
+    fn segments_are_reclaimed_in_the_order_they_were_retired_not_by_number() {
+        let mut table = closed_table(&[0, 0, 0]);
+        table.mark_cleaned(SegmentNumber(3), 10);
+        table.retire_cleaned(10);
+        table.mark_cleaned(SegmentNumber(1), 20);
+        table.retire_cleaned(20);
+        assert_eq!(table.reclaimable(), vec![SegmentNumber(3), SegmentNumber(1)]);
+    }
+
+    #[test]
+    fn a_stale_key_keeps_tombstones_until_its_segment_is_retired() {
+        let mut table = closed_table(&[0, 0]);
+        let key = key_hash(1, b"k");
+        table.note_stale(SegmentNumber(1), key);
+        assert!(table.may_hold_stale(key, SegmentNumber(2)));
+        assert!(!table.may_hold_stale(key, SegmentNumber(1)), "not the segment being cleaned");
+        assert!(!table.may_hold_stale(key_hash(1, b"other"), SegmentNumber(2)));
+        table.mark_cleaned(SegmentNumber(1), 0);
+        assert!(table.may_hold_stale(key, SegmentNumber(2)), "cleaned but still on the device");
+        table.retire_cleaned(0);
+        assert!(!table.may_hold_stale(key, SegmentNumber(2)));
     }
 
     #[test]

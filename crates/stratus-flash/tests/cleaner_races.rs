@@ -69,7 +69,7 @@ fn write(log: &FlashLog, index: &Mutex<HashMap<Vec<u8>, Located>>, key: &[u8], v
         }
         (Some(old), false) => {
             let tombstone = EntryRef::tombstone(TABLE, key, old.version, old.address);
-            append_all_flushing(log, &[tombstone, object]).unwrap()
+            append_all_flushing(log, &[object, tombstone]).unwrap()
         }
         (None, false) => append_all_flushing(log, &[object]).unwrap(),
     };
@@ -79,7 +79,7 @@ fn write(log: &FlashLog, index: &Mutex<HashMap<Vec<u8>, Located>>, key: &[u8], v
     if delete {
         index.remove(key);
     } else {
-        let address = *addresses.last().unwrap();
+        let address = addresses[0];
         index.insert(
             key.to_vec(),
             Located { address, version, entry_bytes: object.encoded_bytes() },

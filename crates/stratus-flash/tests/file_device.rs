@@ -45,6 +45,7 @@ fn a_log_on_files_survives_a_restart_and_cleaning_frees_segment_files() {
         index: &mut index,
         racing: Default::default(),
         locked: Default::default(),
+        failing: Default::default(),
         next_version: &mut next_version,
         raced: Vec::new(),
     };

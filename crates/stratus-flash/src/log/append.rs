@@ -28,8 +28,11 @@ impl FlashLog {
     }
 
     /// Appends entries contiguously in one reservation, so they reach the device in one write:
-    /// an overwrite appends the tombstone of the old version *before* the new object, so no
-    /// prefix of a torn write holds the new object without the tombstone.
+    /// an overwrite appends the new object *then* the tombstone of the old version, so a prefix
+    /// of a torn write that holds the tombstone holds the new object too (a tombstone without
+    /// it would kill the acknowledged old version and leave nothing). A prefix with the object
+    /// but not the tombstone is safe: the new version wins by version, and the restart scan
+    /// records the old version's segment as holding a stale copy (no tombstone names it).
     pub fn append_all(&self, entries: &[EntryRef<'_>]) -> Result<Vec<FlashAddress>, FlashError> {
         self.append_all_as(entries, Appender::Client)
     }
@@ -92,7 +95,9 @@ impl FlashLog {
             return Ok(());
         }
         let next = (head.current + 1) % self.buffers.len();
-        if self.buffers[next].base() != NO_SLOT {
+        // Not `base` alone: a buffer whose recycle still waits for appenders to leave has no
+        // slot but is not ready (buffers.rs, invariant 1).
+        if !self.buffers[next].is_ready() {
             return Err(FlashError::BuffersBusy);
         }
         let geometry = self.config.geometry;
@@ -132,6 +137,25 @@ impl FlashLog {
         let (fill, sealed) = buffer.fill();
         if !sealed && fill > self.prefix_bytes(slot) {
             buffer.seal();
+        }
+    }
+
+    /// A durable end at or past this covers every entry appended so far: the end of the slot
+    /// the head is in when that slot holds entries, else its start (a slot boundary, as the
+    /// durable end always is).
+    pub(crate) fn appended_end(&self) -> u64 {
+        let head = lock(&self.head);
+        let buffer = &self.buffers[head.current];
+        let slot = buffer.base();
+        if slot == NO_SLOT {
+            // Recycled (so written and durable) or never assigned: nothing past `next_slot`.
+            return head.next_slot;
+        }
+        // A recycle racing this read only makes the answer smaller than the durable end.
+        if buffer.fill().0 > self.prefix_bytes(slot) {
+            slot + self.config.geometry.buffer_bytes()
+        } else {
+            slot
         }
     }
 

@@ -203,33 +203,26 @@ impl FlashLog {
         lock(&self.table).candidates(self.config.cost_benefit)
     }
 
-    /// Frees every retired segment no read can still point into. Called by `flush_ready`;
-    /// call it also after reads end when space is needed.
+    /// Frees every retired segment no read can still point into, in the order they were
+    /// retired. Called by `flush_ready`; call it also after reads end when space is needed.
     /// A segment whose free fails stays `Freeing` (holding its budget) and is retried by the
-    /// next call.
+    /// next call; the segments retired after it wait for it (see below).
     pub fn reclaim(&self) -> Result<usize, FlashError> {
         // One reclaim at a time: a segment stays in the table until its free succeeded, so two
         // calls could otherwise free it twice.
         let _reclaiming = lock(&self.reclaiming);
         let reclaimable = lock(&self.table).reclaimable();
-        // Every segment is freed even when one fails, so one bad unlink strands only itself.
-        let mut first_error = None;
         let mut freed = 0;
         for &segment in &reclaimable {
-            match self.device.free(segment) {
-                Ok(()) => {
-                    lock(&self.table).forget(segment);
-                    freed += 1;
-                }
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
+            // In retirement order, stopping at the first failure: a segment retired later may
+            // hold the last copy of a tombstone that protects against an entry of this one (the
+            // cleaner dropped the tombstone because this segment was already going), so freeing
+            // it first would let a crash bring that entry back.
+            self.device.free(segment)?;
+            lock(&self.table).forget(segment);
+            freed += 1;
         }
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(freed),
-        }
+        Ok(freed)
     }
 
     pub(crate) fn table(&self) -> MutexGuard<'_, SegmentTable> {

@@ -80,6 +80,13 @@ impl FlashLog {
             }
             if !address.0.is_multiple_of(8) || offset + ENTRY_HEADER_BYTES as u64 > buffer.fill().0
             {
+                // The buffer may have been recycled between the two loads (its `fill` reset, or
+                // set for its next slot): then the entry is on the device, not unwritten.
+                // `recycle` clears `base` before it resets `fill`, so checking `base` again
+                // after the `fill` load tells the two apart.
+                if buffer.base() != slot {
+                    return Ok(None);
+                }
                 return Err(FlashError::NotWritten { address });
             }
             let mut header = [0u8; ENTRY_HEADER_BYTES];

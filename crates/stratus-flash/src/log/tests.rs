@@ -120,15 +120,15 @@ fn reads_of_addresses_never_written_are_refused() {
 }
 
 #[test]
-fn an_append_batch_is_contiguous_and_the_tombstone_comes_first() {
+fn an_append_batch_is_contiguous_and_in_the_callers_order() {
     let (log, _device) = small_log(1 << 20);
     let old = log.append(&EntryRef::object(1, b"k", b"one", 1)).unwrap();
-    let tombstone = EntryRef::tombstone(1, b"k", 1, old);
     let object = EntryRef::object(1, b"k", b"two", 2);
-    let addresses = log.append_all(&[tombstone, object]).unwrap();
-    assert_eq!(addresses[1].0, addresses[0].0 + tombstone.encoded_bytes() as u64);
-    assert_eq!(log.read(addresses[0]).unwrap().as_entry_ref(), tombstone);
-    assert_eq!(log.read(addresses[1]).unwrap().as_entry_ref(), object);
+    let tombstone = EntryRef::tombstone(1, b"k", 1, old);
+    let addresses = log.append_all(&[object, tombstone]).unwrap();
+    assert_eq!(addresses[1].0, addresses[0].0 + object.encoded_bytes() as u64);
+    assert_eq!(log.read(addresses[0]).unwrap().as_entry_ref(), object);
+    assert_eq!(log.read(addresses[1]).unwrap().as_entry_ref(), tombstone);
 }
 
 #[test]

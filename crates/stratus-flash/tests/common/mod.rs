@@ -1,6 +1,6 @@
 //! A minimal owner of a flash log for tests: an index from key to address, as a server's hash
-//! table would hold it, with overwrites and deletes done the way the log expects (a tombstone
-//! for the replaced version, appended with the new object in one batch; `note_dead` for what
+//! table would hold it, with overwrites and deletes done the way the log expects (the new
+//! object, then a tombstone for the replaced version, in one batch; `note_dead` for what
 //! died), and a relocation index for the cleaner that can simulate racing writers and locks.
 
 #![allow(dead_code)]
@@ -60,8 +60,10 @@ pub fn put(
     let old = index.get(key).copied();
     let addresses = match old {
         Some(old) => {
+            // The object first: a write torn between the two leaves the new version (which
+            // wins by version), never the old one's tombstone without it.
             let tombstone = EntryRef::tombstone(TABLE, key, old.version, old.address);
-            append_all_flushing(log, &[tombstone, object])?[1]
+            append_all_flushing(log, &[object, tombstone])?[0]
         }
         None => append_all_flushing(log, &[object])?[0],
     };
@@ -131,12 +133,16 @@ pub fn assert_matches_model(
 
 /// The cleaner's view of the index, with a racing writer: the first time the cleaner looks at
 /// a key of `racing`, a write of that key lands between its look and its compare; keys of
-/// `locked` are held by a transaction.
+/// `locked` are held by a transaction; relocating a key of `failing` fails (as a full disk
+/// would) with [`INJECTED_RELOCATION_ERROR`], without a copy.
+pub const INJECTED_RELOCATION_ERROR: FlashError = FlashError::Full { budget_bytes: u64::MAX };
+
 pub struct RacingIndex<'a> {
     pub log: &'a FlashLog,
     pub index: &'a mut HashMap<Vec<u8>, Located>,
     pub racing: HashSet<Vec<u8>>,
     pub locked: HashSet<Vec<u8>>,
+    pub failing: HashSet<Vec<u8>>,
     pub next_version: &'a mut u64,
     /// (key, value) of every racing write done.
     pub raced: Vec<(Vec<u8>, Vec<u8>)>,
@@ -147,9 +153,15 @@ impl RelocationIndex for RacingIndex<'_> {
         let live = self.index.get(entry.key).is_some_and(|located| located.address == address);
         if live && self.racing.remove(entry.key) {
             let value = format!("raced-{}", *self.next_version).into_bytes();
-            put(self.log, self.index, entry.key, &value, *self.next_version).expect("racing write");
+            let written =
+                retrying_frees(|| put(self.log, self.index, entry.key, &value, *self.next_version));
             *self.next_version += 1;
-            self.raced.push((entry.key.to_vec(), value));
+            match written {
+                Ok(_) => self.raced.push((entry.key.to_vec(), value)),
+                // A full disk refuses the racing write: nothing was written.
+                Err(FlashError::Full { .. }) => {}
+                Err(error) => panic!("racing write: {error:?}"),
+            }
         }
         live
     }
@@ -169,7 +181,24 @@ impl RelocationIndex for RacingIndex<'_> {
         if self.locked.contains(entry.key) {
             return Ok(Relocation::Locked);
         }
+        if self.failing.contains(entry.key) {
+            return Err(INJECTED_RELOCATION_ERROR);
+        }
         located.address = copy()?;
         Ok(Relocation::Moved)
+    }
+}
+
+/// Runs `operation` again while it fails only because freeing a retired segment failed (an
+/// injected fault): the flush that reported it had made its writes durable, and an append
+/// that got it had not appended yet.
+pub fn retrying_frees<T>(
+    mut operation: impl FnMut() -> Result<T, FlashError>,
+) -> Result<T, FlashError> {
+    loop {
+        match operation() {
+            Err(FlashError::Io { operation: stratus_flash::IoOperation::Free, .. }) => {}
+            other => return other,
+        }
     }
 }

@@ -9,7 +9,8 @@ use stratus_client::{Client, Identity, TableAccess, TableGrant, UserSettings};
 /// `stratus user ...` (a cluster administrator's commands, or the client password's).
 #[derive(Debug, Subcommand)]
 pub enum UserCommand {
-    /// Create a user, or replace its grants and enabled flag (and password, if given).
+    /// Create a user, or change what is given of its password, grants and enabled flag (the
+    /// rest is kept).
     Set(SetUserArguments),
     /// Delete a user; its open connections are refused from their next request on.
     Delete {
@@ -34,12 +35,20 @@ pub struct SetUserArguments {
     pub generate_password: bool,
     /// What the user may do: TABLE-PATTERN=ACCESS, ACCESS letters from r (read), w (write),
     /// a (admin); `*` in a pattern matches any run of characters, `?` one. Repeat for each
-    /// grant; they replace the user's grants. `*=rwa` makes a cluster administrator.
-    #[arg(long = "grant", value_parser = parse_grant)]
+    /// grant; given, they replace the user's grants (without, an existing user keeps its
+    /// own). `*=rwa` makes a cluster administrator.
+    #[arg(long = "grant", value_parser = parse_grant, conflicts_with = "no_grants")]
     pub grants: Vec<TableGrant>,
-    /// Create or keep the user disabled: it cannot authenticate.
+    /// Take every grant away.
     #[arg(long)]
+    pub no_grants: bool,
+    /// Disable the user: it cannot authenticate, and its open connections are refused.
+    #[arg(long, conflicts_with = "enabled")]
     pub disabled: bool,
+    /// Enable the user again (a new user is enabled unless --disabled; an existing one keeps
+    /// its state unless one of the two is given).
+    #[arg(long)]
+    pub enabled: bool,
 }
 
 /// Parses `PATTERN=rwa`.
@@ -83,12 +92,22 @@ pub async fn run(client: &Client, command: UserCommand) -> Result<(), String> {
                 (None, Some(password)) => Some(password.as_bytes().to_vec()),
                 (None, None) => None,
             };
-            let settings = UserSettings {
-                name: arguments.name.clone(),
-                password,
-                enabled: !arguments.disabled,
-                grants: arguments.grants,
+            // What is not given is kept: a password reset must not re-enable a disabled user
+            // or take its grants away.
+            let users = client.list_users().await.map_err(|error| error.to_string())?;
+            let existing = users.into_iter().find(|user| user.name == arguments.name);
+            let grants = match (&existing, arguments.grants.is_empty(), arguments.no_grants) {
+                (_, _, true) => Vec::new(),
+                (Some(existing), true, false) => existing.grants.clone(),
+                _ => arguments.grants,
             };
+            let enabled = match (&existing, arguments.enabled, arguments.disabled) {
+                (_, true, _) => true,
+                (_, _, true) => false,
+                (Some(existing), false, false) => existing.enabled,
+                (None, false, false) => true,
+            };
+            let settings = UserSettings { name: arguments.name.clone(), password, enabled, grants };
             let created = client.set_user(settings).await.map_err(|error| error.to_string())?;
             let verb = if created { "created" } else { "updated" };
             println!("{verb} user {}", arguments.name);

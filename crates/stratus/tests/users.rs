@@ -194,4 +194,19 @@ fn users_read_and_write_only_what_their_grants_allow_and_survive_a_coordinator_c
     let wrong = wrong.display().to_string();
     let (ok, output) = cli(&cluster, &["--user", "bob", "--password-file", &wrong, "whoami"]);
     assert!(!ok && output.contains("does not accept user \"bob\""), "{output}");
+
+    // `user set` changes only what it is given: a password reset of a disabled user keeps it
+    // disabled and keeps its grants.
+    let admin_cli = ["--password-file", password_path.as_str(), "user", "set", "bob"];
+    let (ok, output) = cli(&cluster, &[&admin_cli[..], &["--disabled"]].concat());
+    assert!(ok, "{output}");
+    let (ok, output) = cli(&cluster, &[&admin_cli[..], &["--new-password-file", &wrong]].concat());
+    assert!(ok, "{output}");
+    let bob =
+        runtime.block_on(admin.list_users()).expect("list").into_iter().find(|u| u.name == "bob");
+    let bob = bob.expect("bob exists");
+    assert!(!bob.enabled, "a password reset re-enabled bob");
+    assert_eq!(bob.grants, vec![grant("bob-*", "rwa")]);
+    let (ok, output) = cli(&cluster, &["--user", "bob", "--password-file", &wrong, "whoami"]);
+    assert!(!ok, "a disabled user authenticated: {output}");
 }

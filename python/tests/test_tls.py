@@ -92,3 +92,47 @@ def test_redis_py_over_tls_with_the_password(secure):
     with pytest.raises(redis.ConnectionError):
         plain.get("greeting")
     plain.close()
+
+
+def test_named_users_over_tls_native_redis_py_and_redis_cli(secure):
+    """A named user over TLS: the native client, redis-py with a user name, and redis-cli
+    --tls --user, each allowed on its table and refused (NOPERM) on another."""
+    import shutil
+    import subprocess
+
+    from stratus_client import PermissionDenied
+
+    coordinator, port, ca, password = secure
+    user_password = "carol-password-over-tls"
+    with Client(coordinator, timeout=30, password=password, tls_ca_file=ca) as admin:
+        admin.create_table("redis-db-0")
+        secret = admin.create_table("tls-secret")
+        admin.write(secret, b"k", b"hidden")
+        admin.set_user("tls-carol", password=user_password, grants=["redis-db-0=rw", "tls-users=rw"])
+        users = admin.create_table("tls-users")
+    with Client(coordinator, timeout=30, user="tls-carol", password=user_password, tls_ca_file=ca) as carol:
+        carol.write(users, b"k", b"v")
+        assert carol.read(users, b"k")[0] == b"v"
+        with pytest.raises(PermissionDenied):
+            carol.read(secret, b"k")
+
+    over_tls = redis.Redis(
+        host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(ca), username="tls-carol",
+        password=user_password, socket_timeout=20,
+    )
+    assert over_tls.acl_whoami() == "tls-carol"
+    assert over_tls.set("carols-key", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        over_tls.acl_list()
+    over_tls.close()
+
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed (scripts/test installs it)")
+    command = [
+        "redis-cli", "--tls", "--cacert", str(ca), "-p", str(port),
+        "--user", "tls-carol", "--pass", user_password, "--no-auth-warning",
+    ]
+    allowed = subprocess.run([*command, "GET", "carols-key"], capture_output=True, text=True, timeout=30)
+    assert allowed.stdout.strip() == "1", allowed.stdout + allowed.stderr
+    refused = subprocess.run([*command, "ACL", "LIST"], capture_output=True, text=True, timeout=30)
+    assert "NOPERM" in refused.stdout + refused.stderr, refused.stdout + refused.stderr

@@ -1585,7 +1585,7 @@ mod tests {
     async fn enlist(coordinator: &Coordinator, address: &str, services: u32) -> ServerId {
         match coordinator
             .inner
-            .enlist(address.to_string(), ServiceMask(services), ServerId(0))
+            .enlist(address.to_string(), ServiceMask(services), ServerId(0), String::new())
             .await
         {
             Ok(Response::EnlistServer { server_id }) => server_id,

@@ -1551,6 +1551,7 @@ mod tests {
             address: format!("127.0.0.1:{}", 7_000 + id),
             services: ServiceMask(ServiceMask::BACKUP),
             status: ServerStatus::Up,
+            failure_domain: String::new(),
         }
     }
 

@@ -357,6 +357,7 @@ async fn enlist(
         address: address.to_string(),
         services,
         previous_server_id: ServerId(0),
+        failure_domain: String::new(),
     };
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {

@@ -1649,6 +1649,30 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failure_domains_are_checked_and_kept() {
+        let meta = Arc::new(MemoryMetaStore::new());
+        let coordinator =
+            Coordinator::open(meta.clone(), Environment::system()).expect("open a coordinator");
+        let services = ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP);
+        for bad in ["rack 1", "r\u{e4}ck", &"r".repeat(65)] {
+            let refused =
+                coordinator.inner.enlist("a:1".to_string(), services, ServerId(0), bad.to_string());
+            assert!(
+                matches!(refused.await, Err((Status::InvalidParameter, _))),
+                "{bad:?} was accepted"
+            );
+        }
+        let answer = coordinator
+            .inner
+            .enlist("a:1".to_string(), services, ServerId(0), "rack-7".to_string())
+            .await;
+        let Ok(Response::EnlistServer { server_id }) = answer else { panic!("{answer:?}") };
+        // Kept in the server record, as a coordinator opened on the same store reads it.
+        let loaded = CoordinatorState::load(&*meta).expect("load");
+        assert_eq!(loaded.servers[&server_id].failure_domain, "rack-7");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_predecessor_that_may_still_grant_leases_defers_crash_declarations() {
         let coordinator = coordinator();
         coordinator.inner.detector.set(FailureDetectorConfig::default()).unwrap();

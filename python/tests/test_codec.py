@@ -71,7 +71,7 @@ def test_copied_vectors_equal_the_specification():
 
 def test_client_handshake_vector():
     assert codec.encode_hello() == vector_bytes("hello")
-    assert codec.PROTOCOL_VERSION == 3
+    assert codec.PROTOCOL_VERSION == 4
     assert codec.decode_hello(vector_bytes("hello")) == (3, Status.OK)
 
 
@@ -447,9 +447,9 @@ def test_other_response_bodies():
     assert decode(Opcode.REMOVE, Status.OK, struct.pack("<Q", 0)) == 0
     tables = struct.pack("<I", 1) + b"\x01\x00t" + struct.pack("<QI", 3, 2)
     assert decode(Opcode.LIST_TABLES, Status.OK, tables) == [TableEntry("t", 3, 2)]
-    servers = struct.pack("<IQH", 1, 2, 3) + b"a:1" + struct.pack("<IB", 0b11, 1)
+    servers = struct.pack("<IQH", 1, 2, 3) + b"a:1" + struct.pack("<IB", 0b11, 1) + b"\x02\x00r7"
     assert decode(Opcode.GET_SERVER_LIST, Status.OK, servers) == [
-        ServerEntry(2, "a:1", 0b11, ServerStatus.CRASHED)
+        ServerEntry(2, "a:1", 0b11, ServerStatus.CRASHED, "r7")
     ]
     multi_read = (
         struct.pack("<I", 2) + struct.pack("<HQI", 0, 7, 2) + b"ok" + struct.pack("<HQI", 3, 0, 0)

@@ -30,6 +30,9 @@ const USER_PREFIX: &str = "user/";
 /// The format byte that opens a user record; the rest is the wire protocol's user record.
 const USER_RECORD_FORMAT_VERSION: u8 = 1;
 const RECORD_FORMAT_VERSION: u8 = 1;
+/// Server records since failure domains: the domain follows the address. Version 1 server
+/// records are still read (no domain).
+const SERVER_RECORD_FORMAT_VERSION: u8 = 2;
 /// Table records since tablet migration: each tablet carries its creation segment. Version 1
 /// table records are still read (creation segment 0).
 const TABLE_RECORD_FORMAT_VERSION: u8 = 2;
@@ -252,7 +255,7 @@ pub fn put_counter(key: &str, value: u64) -> MetaOperation {
 
 /// The operation that stores `server`.
 pub fn put_server(server: &ServerEntry) -> MetaOperation {
-    let mut value = vec![RECORD_FORMAT_VERSION];
+    let mut value = vec![SERVER_RECORD_FORMAT_VERSION];
     value.extend_from_slice(&server.server_id.0.to_le_bytes());
     value.extend_from_slice(&server.services.0.to_le_bytes());
     value.push(server.status as u8);
@@ -260,6 +263,11 @@ pub fn put_server(server: &ServerEntry) -> MetaOperation {
     let address_length = u16::try_from(address.len()).expect("addresses are checked at enlistment");
     value.extend_from_slice(&address_length.to_le_bytes());
     value.extend_from_slice(address);
+    let domain = server.failure_domain.as_bytes();
+    let domain_length =
+        u8::try_from(domain.len()).expect("failure domains are checked at enlistment");
+    value.push(domain_length);
+    value.extend_from_slice(domain);
     MetaOperation::Put { key: server_key(server.server_id), value }
 }
 
@@ -331,7 +339,8 @@ fn corrupt(key: &str, reason: &str) -> MetaError {
 
 fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
     let mut reader = RecordReader { bytes, key };
-    if reader.u8()? != RECORD_FORMAT_VERSION {
+    let format_version = reader.u8()?;
+    if format_version != 1 && format_version != SERVER_RECORD_FORMAT_VERSION {
         return Err(corrupt(key, "unknown record version"));
     }
     let server_id = ServerId(reader.u64()?);
@@ -346,8 +355,15 @@ fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
     let address_length = usize::from(reader.u16()?);
     let address = String::from_utf8(reader.take(address_length)?.to_vec())
         .map_err(|_| corrupt(key, "address is not UTF-8"))?;
+    let failure_domain = if format_version == 1 {
+        String::new()
+    } else {
+        let length = usize::from(reader.u8()?);
+        String::from_utf8(reader.take(length)?.to_vec())
+            .map_err(|_| corrupt(key, "failure domain is not UTF-8"))?
+    };
     reader.finish()?;
-    Ok(ServerEntry { server_id, address, services, status })
+    Ok(ServerEntry { server_id, address, services, status, failure_domain })
 }
 
 fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
@@ -440,6 +456,7 @@ mod tests {
             address: "127.0.0.1:7401".to_string(),
             services: ServiceMask(ServiceMask::MASTER),
             status: ServerStatus::Up,
+            failure_domain: "rack-2".to_string(),
         };
         let table = TableRecord {
             table_id: TableId(9),
@@ -554,6 +571,44 @@ mod tests {
         let MetaOperation::Put { value, .. } = put_table("old", &expected) else { unreachable!() };
         assert_eq!(value[0], TABLE_RECORD_FORMAT_VERSION);
         assert_eq!(value.len(), 1 + 8 + 4 + 32);
+    }
+
+    #[test]
+    fn version_1_server_records_load_without_a_failure_domain() {
+        let store = MemoryMetaStore::new();
+        let mut value = vec![1u8];
+        value.extend_from_slice(&7u64.to_le_bytes());
+        value.extend_from_slice(&ServiceMask::BACKUP.to_le_bytes());
+        value.push(0);
+        value.extend_from_slice(&3u16.to_le_bytes());
+        value.extend_from_slice(b"a:1");
+        store
+            .apply(&[
+                put_counter(NEXT_SERVER_ID_KEY, 8),
+                MetaOperation::Put { key: server_key(ServerId(7)), value },
+            ])
+            .unwrap();
+        let state = CoordinatorState::load(&store).unwrap();
+        let expected = ServerEntry {
+            server_id: ServerId(7),
+            address: "a:1".to_string(),
+            services: ServiceMask(ServiceMask::BACKUP),
+            status: ServerStatus::Up,
+            failure_domain: String::new(),
+        };
+        assert_eq!(state.servers.get(&ServerId(7)), Some(&expected));
+        // Written back, it is a version 2 record: the domain's length byte follows the address.
+        let MetaOperation::Put { value, .. } = put_server(&expected) else { unreachable!() };
+        assert_eq!(value[0], SERVER_RECORD_FORMAT_VERSION);
+        assert_eq!(value.len(), 1 + 8 + 4 + 1 + 2 + 3 + 1);
+        // A version 2 record cut inside its domain is refused.
+        let with_domain = ServerEntry { failure_domain: "r1".to_string(), ..expected };
+        let MetaOperation::Put { key, mut value } = put_server(&with_domain) else {
+            unreachable!()
+        };
+        value.pop();
+        store.apply(&[MetaOperation::Put { key, value }]).unwrap();
+        assert!(CoordinatorState::load(&store).is_err());
     }
 
     #[test]

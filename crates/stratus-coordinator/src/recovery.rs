@@ -1585,7 +1585,7 @@ mod tests {
     async fn enlist(coordinator: &Coordinator, address: &str, services: u32) -> ServerId {
         match coordinator
             .inner
-            .enlist(address.to_string(), ServiceMask(services), ServerId(0))
+            .enlist(address.to_string(), ServiceMask(services), ServerId(0), String::new())
             .await
         {
             Ok(Response::EnlistServer { server_id }) => server_id,
@@ -1646,6 +1646,30 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(coordinator.inner.lease_expired(server_id), "declared while a lease could run");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failure_domains_are_checked_and_kept() {
+        let meta = Arc::new(MemoryMetaStore::new());
+        let coordinator =
+            Coordinator::open(meta.clone(), Environment::system()).expect("open a coordinator");
+        let services = ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP);
+        for bad in ["rack 1", "r\u{e4}ck", &"r".repeat(65)] {
+            let refused =
+                coordinator.inner.enlist("a:1".to_string(), services, ServerId(0), bad.to_string());
+            assert!(
+                matches!(refused.await, Err((Status::InvalidParameter, _))),
+                "{bad:?} was accepted"
+            );
+        }
+        let answer = coordinator
+            .inner
+            .enlist("a:1".to_string(), services, ServerId(0), "rack-7".to_string())
+            .await;
+        let Ok(Response::EnlistServer { server_id }) = answer else { panic!("{answer:?}") };
+        // Kept in the server record, as a coordinator opened on the same store reads it.
+        let loaded = CoordinatorState::load(&*meta).expect("load");
+        assert_eq!(loaded.servers[&server_id].failure_domain, "rack-7");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

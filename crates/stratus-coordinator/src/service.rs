@@ -371,8 +371,8 @@ impl Inner {
         }
         match request {
             Request::Ping => Ok(Response::Ping),
-            Request::EnlistServer { address, services, previous_server_id } => {
-                self.enlist(address, services, previous_server_id).await
+            Request::EnlistServer { address, services, previous_server_id, failure_domain } => {
+                self.enlist(address, services, previous_server_id, failure_domain).await
             }
             Request::ServerStopping { server_id } => self.server_stopping(server_id).await,
             Request::GetServerList => {
@@ -477,12 +477,16 @@ impl Inner {
         address: String,
         services: ServiceMask,
         previous_server_id: ServerId,
+        failure_domain: String,
     ) -> Result<Response, Failure> {
         if address.is_empty() || address.len() > SERVER_ADDRESS_BYTES_MAX {
             return Err((
                 Status::InvalidParameter,
                 "server address must be 1..=256 bytes".to_string(),
             ));
+        }
+        if let Some(problem) = stratus_types::limits::failure_domain_problem(&failure_domain) {
+            return Err((Status::InvalidParameter, problem));
         }
         let mut state = self.state.lock().await;
         if state.servers.len() >= SERVERS_MAX {
@@ -492,8 +496,13 @@ impl Inner {
             ));
         }
         let (server_id, restarted) = state.id_for_enlistment(previous_server_id);
-        let entry =
-            ServerEntry { server_id, address: address.clone(), services, status: ServerStatus::Up };
+        let entry = ServerEntry {
+            server_id,
+            address: address.clone(),
+            services,
+            status: ServerStatus::Up,
+            failure_domain: failure_domain.clone(),
+        };
         let mut batch = vec![put_server(&entry)];
         if !restarted {
             let next_index = u64::from(server_id.index()) + 1;
@@ -536,7 +545,7 @@ impl Inner {
             if previous_server_id.is_valid() {
                 tracing::warn!(%server_id, %address, previous = %previous_server_id, "a server enlisted with an id this cluster never issued (another cluster's data directory?); it gets a new index");
             }
-            tracing::info!(%server_id, %address, "server enlisted");
+            tracing::info!(%server_id, %address, %failure_domain, "server enlisted");
         }
         for old in replaced {
             self.start_recovery(old.server_id).await;

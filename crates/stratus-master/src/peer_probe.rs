@@ -191,6 +191,7 @@ mod tests {
             address: format!("server-{id}:1"),
             services: ServiceMask(ServiceMask::MASTER),
             status,
+            failure_domain: String::new(),
         }
     }
 

@@ -548,6 +548,11 @@ struct Pump {
     recorded_head: Option<(u64, u64)>,
     /// The log's count of forgotten dropped segments when this pump last looked.
     dropped_forgotten_seen: u64,
+    /// Every listed server's failure domain (`domain_key`), this master's own included.
+    domains: BTreeMap<ServerId, String>,
+    /// Whether this master has logged that it had to place replicas in a shared failure
+    /// domain (said once: it persists as long as the cluster is short of domains).
+    shared_domain_logged: bool,
 }
 
 /// Where the bytes of a segment being replicated come from.
@@ -650,6 +655,8 @@ impl Pump {
             pending_survivor: None,
             recorded_head: None,
             dropped_forgotten_seen: 0,
+            domains: BTreeMap::new(),
+            shared_domain_logged: false,
         }
     }
 
@@ -1261,6 +1268,38 @@ impl Pump {
                     self.backups.iter().filter(|entry| entry.server_id != self.server_id).count()
                 ));
             }
+            // Failure domains: a backup outside this master's domain and every holder's, if
+            // there is one; else outside the holders' domains; else any (said once).
+            let own_domain = domain_of(&self.domains, self.server_id);
+            let taken: BTreeSet<String> = segment
+                .holders
+                .iter()
+                .map(|holder| domain_of(&self.domains, holder.server_id))
+                .collect();
+            let (candidates, shared) = domain_tier(candidates, |entry| {
+                let domain = domain_key(entry);
+                (domain != own_domain, !taken.contains(&domain))
+            });
+            if let Some(shared) = shared.filter(|_| !self.shared_domain_logged) {
+                self.shared_domain_logged = true;
+                let domains: BTreeSet<&String> = self.domains.values().collect();
+                tracing::warn!(
+                    segment = segment_id,
+                    replicas,
+                    domains = domains.len(),
+                    "not enough live backups in distinct failure domains: a replica shares {shared} \
+                     (said once)"
+                );
+            }
+            if candidates.is_empty() {
+                segment.excluded.clear();
+                let have = segment.holders.len();
+                return Err(format!(
+                    "only {have} of {replicas} backups available for segment {segment_id} \
+                     ({} backups in the cluster besides this server)",
+                    self.backups.iter().filter(|entry| entry.server_id != self.server_id).count()
+                ));
+            }
             // Power of two choices on the replicas this master placed: spreads the log
             // evenly without a global view.
             let entropy = &*self.environment.entropy;
@@ -1290,6 +1329,7 @@ impl Pump {
     fn fill_from_copyset(&mut self, segment_id: u64) -> Result<(), String> {
         let replicas = self.shared.config.replicas;
         let groups = copyset_groups(&self.backups, replicas);
+        let own_domain = domain_of(&self.domains, self.server_id);
         let segment = self.segments.get_mut(&segment_id).expect("inserted by the caller");
         let usable: Vec<&Vec<ServerEntry>> = groups
             .iter()
@@ -1309,6 +1349,20 @@ impl Pump {
                  segment {segment_id} ({} groups in the cluster)",
                 groups.len()
             ));
+        }
+        // A group outside this master's failure domain if there is one (its members are in
+        // distinct domains already, when the cluster has enough).
+        let (usable, shared) = domain_tier(usable, |group| {
+            (group.iter().all(|entry| domain_key(entry) != own_domain), true)
+        });
+        if shared.is_some() && !self.shared_domain_logged {
+            self.shared_domain_logged = true;
+            tracing::warn!(
+                segment = segment_id,
+                replicas,
+                "no live copyset outside this master's failure domain: a replica shares it \
+                 (said once)"
+            );
         }
         let entropy = &*self.environment.entropy;
         let group_load = |group: &Vec<ServerEntry>| -> usize {
@@ -1378,6 +1432,7 @@ impl Pump {
     /// Takes the backups from the server list (fetched from the coordinator when it is old).
     async fn refresh_backups(&mut self) -> Result<(), String> {
         let servers = self.shared.server_list.servers().await?;
+        self.domains = servers.iter().map(|entry| (entry.server_id, domain_key(entry))).collect();
         self.backups = servers
             .into_iter()
             .filter(|entry| {
@@ -1523,20 +1578,127 @@ impl BackupCall {
     }
 }
 
+/// A server's failure domain as placement compares it: its `--failure-domain`, or, for a
+/// server without one, a name of its own (a space cannot occur in a given domain), so it
+/// shares a domain with no other server.
+fn domain_key(entry: &ServerEntry) -> String {
+    if entry.failure_domain.is_empty() {
+        format!(" server {}", entry.server_id.0)
+    } else {
+        entry.failure_domain.clone()
+    }
+}
+
+/// The failure domain of `server_id` from the server list (a server no longer listed is a
+/// domain of its own).
+fn domain_of(domains: &BTreeMap<ServerId, String>, server_id: ServerId) -> String {
+    domains.get(&server_id).cloned().unwrap_or_else(|| format!(" server {}", server_id.0))
+}
+
+/// The best tier of `candidates` by failure domain: `apart` says of each whether it is outside
+/// the master's domain and whether it is outside the segment's holders' domains. Candidates
+/// outside both come first; then those outside the holders' domains (the replicas still
+/// survive the loss of any one domain but the master's); then all. The second value says
+/// what a lower tier shares, for the log.
+fn domain_tier<T: Copy>(
+    candidates: Vec<T>,
+    apart: impl Fn(T) -> (bool, bool),
+) -> (Vec<T>, Option<&'static str>) {
+    let best: Vec<T> = candidates
+        .iter()
+        .copied()
+        .filter(|&candidate| {
+            let (from_master, from_holders) = apart(candidate);
+            from_master && from_holders
+        })
+        .collect();
+    if !best.is_empty() || candidates.is_empty() {
+        return (best, None);
+    }
+    let next: Vec<T> = candidates.iter().copied().filter(|&candidate| apart(candidate).1).collect();
+    if !next.is_empty() {
+        return (next, Some("this master's failure domain"));
+    }
+    (candidates, Some("another replica's failure domain"))
+}
+
 /// The copysets of a cluster: up backups sorted by server id, cut into consecutive groups of
 /// `replicas`; a remainder too small for a group joins the last ids of the list (so every
 /// backup is in some group and the groups are the same on every master that sees the same
 /// list).
+///
+/// With failure domains (any backup has one), each group is formed across domains instead:
+/// one backup (the lowest id left) from each of the `replicas` domains with the most backups
+/// left, ties by domain name, as long as `replicas` domains have backups left (taking from
+/// the largest domains first leaves the fewest over). Each backup left over then forms a
+/// group with the lowest ids of other domains (of any domain where there are too few), so
+/// every backup is in some group. Backups without a domain are each a domain of their own.
+/// With fewer domains than `replicas`, the groups are cut by id as without domains.
 fn copyset_groups(backups: &[ServerEntry], replicas: usize) -> Vec<Vec<ServerEntry>> {
     let mut sorted: Vec<ServerEntry> = backups.to_vec();
     sorted.sort_by_key(|entry| entry.server_id);
     if replicas == 0 || sorted.len() < replicas {
         return Vec::new();
     }
+    let domains: BTreeSet<String> = sorted.iter().map(domain_key).collect();
+    if sorted.iter().any(|entry| !entry.failure_domain.is_empty()) && domains.len() >= replicas {
+        return copyset_groups_across_domains(&sorted, replicas);
+    }
     let mut groups: Vec<Vec<ServerEntry>> =
         sorted.chunks_exact(replicas).map(|chunk| chunk.to_vec()).collect();
     if !sorted.len().is_multiple_of(replicas) {
         groups.push(sorted[sorted.len() - replicas..].to_vec());
+    }
+    groups
+}
+
+/// `copyset_groups` for backups (sorted by id, at least `replicas` of them) with failure
+/// domains.
+fn copyset_groups_across_domains(sorted: &[ServerEntry], replicas: usize) -> Vec<Vec<ServerEntry>> {
+    let mut domains: BTreeMap<String, std::collections::VecDeque<&ServerEntry>> = BTreeMap::new();
+    for entry in sorted {
+        domains.entry(domain_key(entry)).or_default().push_back(entry);
+    }
+    let mut groups: Vec<Vec<ServerEntry>> = Vec::new();
+    loop {
+        let mut order: Vec<(usize, String)> = domains
+            .iter()
+            .filter(|(_, left)| !left.is_empty())
+            .map(|(domain, left)| (left.len(), domain.clone()))
+            .collect();
+        if order.len() < replicas {
+            break;
+        }
+        order.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let group = order[..replicas]
+            .iter()
+            .map(|(_, domain)| {
+                let left = domains.get_mut(domain).expect("listed above");
+                left.pop_front().expect("not empty").clone()
+            })
+            .collect();
+        groups.push(group);
+    }
+    for entry in domains.into_values().flatten() {
+        let mut group = vec![entry.clone()];
+        let mut used: BTreeSet<String> = BTreeSet::from([domain_key(entry)]);
+        for other in sorted {
+            if group.len() == replicas {
+                break;
+            }
+            if used.insert(domain_key(other)) {
+                group.push(other.clone());
+            }
+        }
+        for other in sorted {
+            if group.len() == replicas {
+                break;
+            }
+            if group.iter().all(|member| member.server_id != other.server_id) {
+                group.push(other.clone());
+            }
+        }
+        groups.push(group);
     }
     groups
 }
@@ -1551,6 +1713,7 @@ mod tests {
             address: format!("127.0.0.1:{}", 7_000 + id),
             services: ServiceMask(ServiceMask::BACKUP),
             status: ServerStatus::Up,
+            failure_domain: String::new(),
         }
     }
 
@@ -1764,6 +1927,118 @@ mod tests {
             assert!(synced.is_ok(), "{synced:?}");
             assert_eq!(manager.backups_available(), 2);
         });
+    }
+
+    fn in_domain(id: u64, domain: &str) -> ServerEntry {
+        ServerEntry { failure_domain: domain.to_string(), ..backup(id) }
+    }
+
+    fn domains_of(group: &[ServerEntry]) -> BTreeSet<String> {
+        group.iter().map(domain_key).collect()
+    }
+
+    #[test]
+    fn copysets_are_formed_across_failure_domains() {
+        // Four racks of four: every group of three is in three racks, and every backup is in
+        // exactly one group but the one left over, which joins a group of other racks.
+        let backups: Vec<ServerEntry> =
+            (1..=16).map(|id| in_domain(id, &format!("rack-{}", id % 4))).collect();
+        let groups = copyset_groups(&backups, 3);
+        assert_eq!(groups.len(), 6, "{:?}", ids(&groups));
+        for group in &groups {
+            assert_eq!(domains_of(group).len(), 3, "{:?}", ids(&groups));
+        }
+        let mut seen: Vec<u64> = ids(&groups).into_iter().flatten().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, (1..=16).collect::<Vec<u64>>());
+        // The same list in another order gives the same groups (every master agrees).
+        let mut reversed = backups.clone();
+        reversed.reverse();
+        assert_eq!(ids(&copyset_groups(&reversed, 3)), ids(&groups));
+        // Unequal racks: the largest are drawn from first, so only one backup is left over.
+        let uneven: Vec<ServerEntry> = (1..=9)
+            .map(|id| in_domain(id, if id <= 5 { "big" } else { ["a", "b"][id as usize % 2] }))
+            .collect();
+        let groups = copyset_groups(&uneven, 2);
+        for group in &groups {
+            assert_eq!(domains_of(group).len(), 2, "{:?}", ids(&groups));
+        }
+        // Fewer racks than replicas: groups of consecutive ids, as without racks.
+        let two_racks: Vec<ServerEntry> =
+            (1..=6).map(|id| in_domain(id, ["x", "y"][id as usize % 2])).collect();
+        assert_eq!(ids(&copyset_groups(&two_racks, 3)), vec![vec![1, 2, 3], vec![4, 5, 6]]);
+        for group in copyset_groups(&two_racks, 3) {
+            let mut members: Vec<u64> = group.iter().map(|entry| entry.server_id.0).collect();
+            members.dedup();
+            assert_eq!(members.len(), 3);
+            assert_eq!(domains_of(&group).len(), 2);
+        }
+    }
+
+    #[test]
+    fn domain_tiers_prefer_apart_then_apart_from_holders_then_any() {
+        let apart = |candidate: u8| (candidate.is_multiple_of(2), candidate < 4);
+        assert_eq!(domain_tier(vec![1, 2, 3, 4], apart), (vec![2], None));
+        assert_eq!(
+            domain_tier(vec![1, 3, 4], apart),
+            (vec![1, 3], Some("this master's failure domain"))
+        );
+        assert_eq!(
+            domain_tier(vec![5, 6], apart),
+            (vec![5, 6], Some("another replica's failure domain"))
+        );
+        assert_eq!(domain_tier(Vec::<u8>::new(), apart), (Vec::new(), None));
+    }
+
+    /// Places one segment of a master (id 1, in `master_domain`) with `replicas` replicas on
+    /// backups 2, 3, … in `domains`, and returns the domains of the backups that received it.
+    fn placed_domains(master_domain: &str, domains: &[&str], replicas: usize) -> Vec<String> {
+        runtime().block_on(async {
+            let mut cluster = ScriptedCluster::start(domains.len() as u64, replicas, |_| {}).await;
+            {
+                let mut servers = cluster.servers.lock().unwrap();
+                for (entry, domain) in servers.iter_mut().zip(domains) {
+                    entry.failure_domain = domain.to_string();
+                }
+                let master = ServerEntry {
+                    services: ServiceMask(ServiceMask::MASTER),
+                    failure_domain: master_domain.to_string(),
+                    ..backup(1)
+                };
+                servers.push(master);
+            }
+            let synced = cluster.write_and_sync().await;
+            assert!(synced.is_ok(), "{synced:?}");
+            let holders: Vec<ServerId> = cluster.writes().into_keys().collect();
+            assert_eq!(holders.len(), replicas, "{holders:?}");
+            holders.iter().map(|id| domains[(id.0 - 2) as usize].to_string()).collect()
+        })
+    }
+
+    #[test]
+    fn replicas_never_share_a_failure_domain_when_they_need_not() {
+        // Three racks of two backups, the master in rack a: two replicas go to racks b and c,
+        // whatever the random choices.
+        for _ in 0..8 {
+            let mut placed = placed_domains("a", &["a", "a", "b", "b", "c", "c"], 2);
+            placed.sort();
+            assert_eq!(placed, ["b", "c"]);
+        }
+    }
+
+    #[test]
+    fn too_few_failure_domains_fall_back_to_distinct_servers() {
+        // Racks a (the master's too) and b for two replicas: one in each.
+        for _ in 0..4 {
+            let mut placed = placed_domains("a", &["a", "b", "b"], 2);
+            placed.sort();
+            assert_eq!(placed, ["a", "b"]);
+        }
+        // One rack for three replicas: three distinct servers of it.
+        assert_eq!(placed_domains("a", &["b", "b", "b"], 3), ["b", "b", "b"]);
+        // No domains at all: as before, any three distinct backups.
+        assert_eq!(placed_domains("", &["", "", ""], 3).len(), 3);
     }
 
     /// A scripted node: the coordinator (server list and log heads) or one backup. A backup

@@ -39,6 +39,7 @@ pub mod schedule;
 mod zombie;
 
 use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
@@ -48,6 +49,7 @@ use stratus_backup::Durability;
 use stratus_client::{Client, ClientConfig, TableId, Version};
 use stratus_history::workload::{counter_key, counter_step, mixed_step, unique_value};
 use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
+pub use stratus_master::Placement;
 use stratus_meta::MemoryMetaStore;
 use stratus_wire::ServerStatus;
 
@@ -106,6 +108,16 @@ pub struct SimulationOptions {
     /// checked for the anomalies of strict serializability. `None` (the default, and
     /// `for_seed`'s): none.
     pub list_append: Option<ListAppendOptions>,
+    /// Failure domains the servers announce (`stratus server --failure-domain`): server `i`
+    /// is in rack `rack-{i % failure_domains}`. 0 (the default): none, every server a domain
+    /// of its own.
+    pub failure_domains: usize,
+    /// How the masters place replicas (the default: `Placement::Random`, as `stratus server`).
+    pub placement: Placement,
+    /// Whether to follow every server's record at the coordinator (every 10 ms of simulated
+    /// time) and report when it was declared crashed and when its recovery ended
+    /// ([`SimulationReport::recoveries`]).
+    pub observe_recoveries: bool,
 }
 
 impl SimulationOptions {
@@ -156,8 +168,38 @@ impl Default for SimulationOptions {
             zombie_client: false,
             bank: None,
             list_append: None,
+            failure_domains: 0,
+            placement: Placement::Random,
+            observe_recoveries: false,
         }
     }
+}
+
+/// The failure domain `stratus server --failure-domain` would be given for server `index`
+/// when the servers are spread over `domains` racks (`SimulationOptions::failure_domains`).
+pub fn failure_domain_of(index: usize, domains: usize) -> String {
+    if domains == 0 {
+        String::new()
+    } else {
+        format!("rack-{}", index % domains)
+    }
+}
+
+/// One server (one incarnation: a restarted server enlists again under a new id) as the
+/// coordinator's records showed it over the run (`SimulationOptions::observe_recoveries`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerRecovery {
+    /// Its host (`server-<index>`).
+    pub host: String,
+    /// Its id.
+    pub server_id: u64,
+    /// When it was first seen enlisted.
+    pub enlisted_at: Duration,
+    /// When the coordinator first listed it as crashed (or stopped): failure detection.
+    pub declared_at: Option<Duration>,
+    /// When it was first listed as removed: every tablet it served was recovered and is
+    /// served by another master.
+    pub recovered_at: Option<Duration>,
 }
 
 /// What a run did.
@@ -205,6 +247,27 @@ pub struct SimulationReport {
     pub fingerprint: u64,
     /// The history, one operation per line (to show where two runs of a seed diverge).
     pub history: Vec<String>,
+    /// Every server incarnation's detection and recovery, by server id
+    /// (`SimulationOptions::observe_recoveries`; empty otherwise).
+    pub recoveries: Vec<ServerRecovery>,
+    /// For each instant servers crashed: where the copies of the crashed masters' segments
+    /// were (`SimulationOptions::observe_recoveries`; empty otherwise).
+    pub exposures: Vec<CrashExposure>,
+}
+
+/// Where the copies of the crashed masters' segments were at the instant they crashed, as
+/// their backups listed them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CrashExposure {
+    /// When.
+    pub at: Duration,
+    /// Servers that crashed at that instant.
+    pub crashed: usize,
+    /// Segments of theirs that some backup held a copy of (any epoch).
+    pub segments: usize,
+    /// Of those, segments every copy of which was on a server that crashed at that instant:
+    /// lost, had those servers' disks not come back (their recovery waits for them).
+    pub segments_without_a_copy_elsewhere: usize,
 }
 
 impl fmt::Display for SimulationReport {
@@ -329,6 +392,62 @@ fn record_panics() {
             previous(info);
         }));
     });
+}
+
+/// Notes, at `now`, every server's status in the coordinator's records (read as a restarted
+/// coordinator would: from the metadata store).
+fn observe_recoveries(
+    meta: &MemoryMetaStore,
+    now: Duration,
+    recoveries: &mut BTreeMap<u64, ServerRecovery>,
+) {
+    let Ok(state) = stratus_coordinator::CoordinatorState::load(meta) else { return };
+    for entry in state.servers.values() {
+        let record = recoveries.entry(entry.server_id.0).or_insert_with(|| ServerRecovery {
+            host: entry.address.split(':').next().unwrap_or_default().to_string(),
+            server_id: entry.server_id.0,
+            enlisted_at: now,
+            declared_at: None,
+            recovered_at: None,
+        });
+        if entry.status != ServerStatus::Up && record.declared_at.is_none() {
+            record.declared_at = Some(now);
+        }
+        if entry.status == ServerStatus::Removed && record.recovered_at.is_none() {
+            record.recovered_at = Some(now);
+        }
+    }
+}
+
+/// Where the copies of the segments of the servers `crashing` (by index) are, as every running
+/// backup lists them.
+fn exposure(
+    now: Duration,
+    crashing: &BTreeSet<usize>,
+    observations: &Mutex<ServingObservations>,
+) -> CrashExposure {
+    let observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+    let masters: Vec<stratus_types::ServerId> = crashing
+        .iter()
+        .filter_map(|index| observations.backups.get(index).map(|(server_id, _)| *server_id))
+        .collect();
+    let mut holders: BTreeMap<(u64, u64), BTreeSet<usize>> = BTreeMap::new();
+    for (index, (_, backup)) in &observations.backups {
+        for master in &masters {
+            for replica in backup.list(*master) {
+                holders.entry((master.0, replica.segment_id.0)).or_default().insert(*index);
+            }
+        }
+    }
+    CrashExposure {
+        at: now,
+        crashed: crashing.len(),
+        segments: holders.len(),
+        segments_without_a_copy_elsewhere: holders
+            .values()
+            .filter(|holders| holders.is_subset(crashing))
+            .count(),
+    }
 }
 
 /// One step of the fault timeline.
@@ -796,6 +915,8 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             disk: disk.clone(),
             observations: observations.clone(),
             incarnations: Arc::new(AtomicU64::new(0)),
+            failure_domain: failure_domain_of(index, options.failure_domains),
+            placement: options.placement,
         };
         simulation.host(server_host(index), nodes::server(setup));
     }
@@ -880,12 +1001,31 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         }
     };
     let crash = |simulation: &mut turmoil::Sim<'_>, host: &str| simulation.crash(host);
+    let mut recoveries: BTreeMap<u64, ServerRecovery> = std::collections::BTreeMap::new();
     let bounce = |simulation: &mut turmoil::Sim<'_>, host: &str| simulation.bounce(host);
     loop {
         let now = simulation.elapsed();
+        if options.observe_recoveries {
+            let crashing: BTreeSet<usize> = actions
+                .clone()
+                .take_while(|(at, _)| *at <= now)
+                .filter_map(|(_, action)| match action {
+                    Action::CrashServer { server, .. } => Some(server),
+                    _ => None,
+                })
+                .collect();
+            if !crashing.is_empty() {
+                report.exposures.push(exposure(now, &crashing, &observations));
+            }
+        }
         while let Some((_, action)) = actions.next_if(|(at, _)| *at <= now) {
             match action {
                 Action::CrashServer { server, flip_bit } => {
+                    observations
+                        .lock()
+                        .unwrap_or_else(|poison| poison.into_inner())
+                        .backups
+                        .remove(&server);
                     quietly(&mut simulation, server_host(server), &crash);
                     disks[server].crash(&mut disk_choices);
                     if flip_bit {
@@ -954,6 +1094,9 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         let stepped = simulation.step();
         report.steps += 1;
         report.simulated = simulation.elapsed();
+        if options.observe_recoveries && report.steps.is_multiple_of(10) {
+            observe_recoveries(&meta, report.simulated, &mut recoveries);
+        }
         if let Some(panic) = PANICS.with(|panics| panics.borrow().first().cloned()) {
             return Err(fail(format!("a node panicked: {panic}"), &report));
         }
@@ -974,6 +1117,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             Err(error) => return Err(fail(format!("{error}"), &report)),
         }
     }
+    report.recoveries = recoveries.into_values().collect();
     report.disk_faults = disks
         .iter()
         .enumerate()

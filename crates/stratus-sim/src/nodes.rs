@@ -9,8 +9,8 @@ use stratus_backup::{collect_garbage, BackupConfig, BackupRouter, BackupService,
 use stratus_coordinator::{Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
-    keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, RecoveryReader,
-    ReplicaManager, ReplicationConfig,
+    keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
+    RecoveryReader, ReplicaManager, ReplicationConfig,
 };
 use stratus_meta::MemoryMetaStore;
 use stratus_rpc::{serve_admitting, Backoff, ChannelPool, RpcConfig, Service};
@@ -95,6 +95,9 @@ pub struct ServingObservations {
     /// Per server incarnation: when it last sampled, and how many transaction operations it
     /// then held prepared (each locking an object).
     pub prepared_ops: std::collections::BTreeMap<ServerId, (Duration, u64)>,
+    /// Per server index: the running incarnation's id and backup, so the harness can see
+    /// where every segment's copies are when servers crash (removed when it crashes).
+    pub backups: std::collections::BTreeMap<usize, (ServerId, Arc<BackupService>)>,
 }
 
 fn overlaps(first: &HashRange, second: &HashRange) -> bool {
@@ -182,6 +185,10 @@ pub struct ServerSetup {
     pub observations: Arc<Mutex<ServingObservations>>,
     /// Incarnations so far.
     pub incarnations: Arc<AtomicU64>,
+    /// Its failure domain (`stratus server --failure-domain`; empty: none).
+    pub failure_domain: String,
+    /// How its master places replicas.
+    pub placement: Placement,
 }
 
 /// A storage server's software: backup on the node's disk, master, replica manager, lease,
@@ -210,12 +217,20 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         BackupService::open(backup_config(setup.durability), setup.disk.clone())?;
     let backup = Arc::new(backup);
     let services = ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP);
-    let Some(server_id) = enlist(&environment, &address, services).await else {
+    let Some(server_id) = enlist(&environment, &address, services, &setup.failure_domain).await
+    else {
         return Ok(());
     };
+    setup
+        .observations
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
+        .backups
+        .insert(setup.index, (server_id, backup.clone()));
     let mut master =
         Master::new(server_id, MasterConfig { store }, environment.wall_clock.clone())?;
-    let config = ReplicationConfig::new(setup.replicas, COORDINATOR_ADDRESS.to_string());
+    let mut config = ReplicationConfig::new(setup.replicas, COORDINATOR_ADDRESS.to_string());
+    config.placement = setup.placement;
     let replication =
         ReplicaManager::start(server_id, config, master.store_handle(), environment.clone());
     master.set_replication(replication.clone());
@@ -351,12 +366,14 @@ async fn enlist(
     environment: &Environment,
     address: &str,
     services: ServiceMask,
+    failure_domain: &str,
 ) -> Option<ServerId> {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     let request = Request::EnlistServer {
         address: address.to_string(),
         services,
         previous_server_id: ServerId(0),
+        failure_domain: failure_domain.to_string(),
     };
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     loop {

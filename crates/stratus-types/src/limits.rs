@@ -31,6 +31,28 @@ pub const TABLE_NAME_BYTES_MAX: usize = 256;
 /// Largest server address string ("host:port"), in bytes.
 pub const SERVER_ADDRESS_BYTES_MAX: usize = 256;
 
+/// Largest failure domain name (`stratus server --failure-domain`, e.g. a rack), in bytes of
+/// printable ASCII (0x21..=0x7E; empty: no domain). A domain is only compared for equality by
+/// replica placement and shown to operators: a short label is all it needs, and the bound keeps
+/// every server list entry (sent to every master, stored in every server record) small.
+pub const FAILURE_DOMAIN_BYTES_MAX: usize = 64;
+
+/// Why `name` is not a valid failure domain (`None`: it is; the empty name means "no domain").
+pub fn failure_domain_problem(name: &str) -> Option<String> {
+    if name.len() > FAILURE_DOMAIN_BYTES_MAX {
+        return Some(format!(
+            "a failure domain has at most {FAILURE_DOMAIN_BYTES_MAX} bytes ({} given)",
+            name.len()
+        ));
+    }
+    if let Some(byte) = name.bytes().find(|byte| !(0x21..=0x7E).contains(byte)) {
+        return Some(format!(
+            "a failure domain is printable ASCII without spaces (byte 0x{byte:02x} is not)"
+        ));
+    }
+    None
+}
+
 /// Largest number of items in one multi-operation request. Bounds the work one request can ask
 /// of a master; the client splits larger batches.
 pub const MULTI_OP_ITEMS_MAX: usize = 4_096;
@@ -159,6 +181,11 @@ const _: () = assert!(RPC_OUTPUT_BYTES_PER_CONNECTION_MAX <= RPC_OUTPUT_BYTES_PE
 const _: () = assert!(
     MIGRATION_BATCH_BYTES_MAX + SEGMENT_BYTES_MAX / 8 + KEY_BYTES_MAX + 4_096 < FRAME_BYTES_MAX
 );
+// A server list entry (id, address, services, status, failure domain) fits many times in a frame.
+const _: () = assert!(
+    SERVERS_MAX * (8 + 2 + SERVER_ADDRESS_BYTES_MAX + 4 + 1 + 2 + FAILURE_DOMAIN_BYTES_MAX)
+        < FRAME_BYTES_MAX
+);
 // A tablet map entry: table id, range, owner id, address string, state.
 const _: () = assert!(
     TABLETS_PER_TABLE_MAX * (8 + 16 + 8 + 2 + SERVER_ADDRESS_BYTES_MAX + 1) + 4_096
@@ -277,3 +304,19 @@ pub const TX_BACKGROUND_DECISIONS_MAX: usize = 1_024;
 /// Transactions one master finishes at once, at most: bounds the requests a master sends for
 /// recoveries when many clients died together.
 pub const TX_RECOVERIES_IN_FLIGHT_MAX: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_domains_are_short_printable_ascii() {
+        assert_eq!(failure_domain_problem(""), None);
+        assert_eq!(failure_domain_problem("rack-12/row_b"), None);
+        assert_eq!(failure_domain_problem(&"r".repeat(FAILURE_DOMAIN_BYTES_MAX)), None);
+        assert!(failure_domain_problem(&"r".repeat(FAILURE_DOMAIN_BYTES_MAX + 1)).is_some());
+        assert!(failure_domain_problem("rack 1").is_some());
+        assert!(failure_domain_problem("rack\n").is_some());
+        assert!(failure_domain_problem("räck").is_some());
+    }
+}

@@ -14,9 +14,9 @@ use std::fmt;
 
 use bytes::{Bytes, BytesMut};
 use stratus_types::limits::{
-    CLIENT_LEASES_PER_CHECK_MAX, FRAME_BYTES_MAX, MIGRATION_COMPLETIONS_PER_BATCH_MAX,
-    MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
-    TABLE_NAME_BYTES_MAX, TRANSACTION_OBJECTS_MAX,
+    CLIENT_LEASES_PER_CHECK_MAX, FAILURE_DOMAIN_BYTES_MAX, FRAME_BYTES_MAX,
+    MIGRATION_COMPLETIONS_PER_BATCH_MAX, MULTI_OP_ITEMS_MAX, SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX,
+    TABLES_MAX, TABLETS_PER_TABLE_MAX, TABLE_NAME_BYTES_MAX, TRANSACTION_OBJECTS_MAX,
 };
 use stratus_types::limits::{
     GRANTS_PER_USER_MAX, TABLE_PATTERN_BYTES_MAX, USERS_MAX, USER_NAME_BYTES_MAX,
@@ -270,10 +270,11 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         | Request::WhoAmI
         | Request::GetServerStatistics
         | Request::BackupGetStatistics => {}
-        Request::EnlistServer { address, services, previous_server_id } => {
+        Request::EnlistServer { address, services, previous_server_id, failure_domain } => {
             put_string(out, address);
             put_u32(out, services.0);
             put_u64(out, previous_server_id.0);
+            put_string(out, failure_domain);
         }
         Request::CreateTable { name, server_span } => {
             put_string(out, name);
@@ -661,6 +662,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_string(out, &server.address);
                 put_u32(out, server.services.0);
                 put_u8(out, server_status_code(server.status));
+                put_string(out, &server.failure_domain);
             }
         }
         Response::CreateTable { table_id } | Response::GetTableId { table_id } => {
@@ -1490,7 +1492,7 @@ const REMOVE_ITEM_BYTES_MIN: usize = KEY_ITEM_BYTES_MIN + 1;
 const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9 + EXPIRY_BYTES + 1;
 const INCREMENT_ITEM_BYTES_MIN: usize = 8 + 2 + 8 + 9 + 1;
 const MIGRATED_COMPLETION_BYTES_MIN: usize = 5 * 8 + 1;
-const SERVER_ENTRY_BYTES_MIN: usize = 8 + 2 + 4 + 1;
+const SERVER_ENTRY_BYTES_MIN: usize = 8 + 2 + 4 + 1 + 2;
 const TABLE_ENTRY_BYTES_MIN: usize = 2 + 8 + 4;
 const TABLET_ENTRY_BYTES_MIN: usize = 8 + 16 + 8 + 2 + 1;
 const READ_RESULT_BYTES_MIN: usize = 2 + 8 + 4;
@@ -1536,6 +1538,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
             services: reader.services()?,
             previous_server_id: reader.server_id()?,
+            failure_domain: reader.string(FAILURE_DOMAIN_BYTES_MAX, "failure domain")?,
         },
         Opcode::GetServerList => Request::GetServerList,
         Opcode::CreateTable => Request::CreateTable {
@@ -1817,6 +1820,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                     address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
                     services: reader.services()?,
                     status: reader.server_status()?,
+                    failure_domain: reader.string(FAILURE_DOMAIN_BYTES_MAX, "failure domain")?,
                 })
             })?,
         },

@@ -365,6 +365,9 @@ pub struct ServerEntry {
     pub services: ServiceMask,
     /// Its state.
     pub status: ServerStatus,
+    /// Its failure domain (`stratus server --failure-domain`, e.g. a rack): replica placement
+    /// puts a segment's copies in distinct domains. Empty: none given.
+    pub failure_domain: String,
 }
 
 /// One table, as listed by the coordinator.
@@ -750,6 +753,9 @@ pub enum Request {
         /// The id the server had before it restarted (kept in its data directory), whose
         /// index it takes again; `ServerId(0)` for a server new to the cluster.
         previous_server_id: ServerId,
+        /// The server's failure domain (e.g. its rack; at most `FAILURE_DOMAIN_BYTES_MAX`
+        /// bytes of printable ASCII): empty for none.
+        failure_domain: String,
     },
     /// GET_SERVER_LIST.
     GetServerList,

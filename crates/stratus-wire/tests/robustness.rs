@@ -213,6 +213,17 @@ fn field_domains_are_checked() {
         decode_request(Opcode::EnlistServer.code(), Bytes::from(body)),
         Err(DecodeError::InvalidField("service mask"))
     );
+    // A failure domain over FAILURE_DOMAIN_BYTES_MAX (64) is refused; one at it is not.
+    let enlistment = |domain_bytes: usize| {
+        let mut body = vec![3, 0, b'a', b':', b'1'];
+        body.extend_from_slice(&stratus_wire::ServiceMask::BACKUP.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&(domain_bytes as u16).to_le_bytes());
+        body.extend_from_slice(&vec![b'r'; domain_bytes]);
+        decode_request(Opcode::EnlistServer.code(), Bytes::from(body))
+    };
+    assert_eq!(enlistment(65), Err(DecodeError::InvalidField("failure domain")));
+    assert!(enlistment(64).is_ok());
     // A crash hint or an accepted loss without its whole server id, or with bytes after it.
     for opcode in [Opcode::HintServerCrashed, Opcode::RecoveryAcceptLoss] {
         assert_eq!(

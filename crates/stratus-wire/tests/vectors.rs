@@ -38,9 +38,9 @@ fn expected(name: &str) -> Expected {
         body: ResponseBody::Operation(response),
     };
     match name {
-        "hello" => Expected::Hello(Hello { version: 3, status: Status::Ok }),
+        "hello" => Expected::Hello(Hello { version: 4, status: Status::Ok }),
         "hello-version-mismatch" => {
-            Expected::Hello(Hello { version: 3, status: Status::ProtocolVersionMismatch })
+            Expected::Hello(Hello { version: 4, status: Status::ProtocolVersionMismatch })
         }
         "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
         "ping-response" => ok(1, Response::Ping),

@@ -323,6 +323,12 @@ pub struct ServerArguments {
     /// (fixed groups, far fewer losses under correlated failures).
     #[arg(long, default_value = "random", value_parser = ["random", "copyset"])]
     pub placement: String,
+    /// This server's failure domain, e.g. its rack (at most 64 bytes of printable ASCII, no
+    /// spaces): masters put a segment's replicas in distinct failure domains, none their own,
+    /// when the cluster has enough of them, so a whole rack can fail without losing data.
+    /// Empty: none (every server counts as its own domain).
+    #[arg(long, env = "STRATUS_FAILURE_DOMAIN", default_value = "")]
+    pub failure_domain: String,
     /// Milliseconds a backup may take to acknowledge a replica write (plus 1 ms per 64 KiB it
     /// carries) before it counts as lost: its replicas go to other backups, so a paused or
     /// dead backup holds up this server's writes about this long.
@@ -787,6 +793,10 @@ pub fn run_server(
     tls: &TlsArguments,
     coordinator: &str,
 ) -> Result<(), String> {
+    if let Some(problem) = stratus_types::limits::failure_domain_problem(&arguments.failure_domain)
+    {
+        return Err(format!("--failure-domain {:?}: {problem}", arguments.failure_domain));
+    }
     let mut store = StoreConfig::with_log_bytes(arguments.log_mib << 20);
     store.segment_bytes = arguments.segment_mib << 20;
     store.seglet_bytes = arguments.seglet_kib << 10;
@@ -862,7 +872,12 @@ pub fn run_server(
         // A server restarted on its directory asks for its index again.
         let data_directory = arguments.backup_dir.as_deref();
         let previous = identity::previous_server_id(data_directory)?;
-        let enlistment = Enlistment { address: &address, services, previous };
+        let enlistment = Enlistment {
+            address: &address,
+            services,
+            previous,
+            failure_domain: &arguments.failure_domain,
+        };
         let server_id = enlist(&environment, &coordinator, enlistment, deadline).await?;
         let users = Arc::new(UserDirectory::new());
         if serve_named_users(&admission, users.clone()) {
@@ -1052,6 +1067,8 @@ struct Enlistment<'a> {
     services: ServiceMask,
     /// The id it had before a restart (0: none).
     previous: stratus_types::ServerId,
+    /// Its failure domain (`--failure-domain`; empty: none).
+    failure_domain: &'a str,
 }
 
 /// Joins the cluster, retrying while the coordinator is not reachable yet.
@@ -1066,6 +1083,7 @@ async fn enlist(
         address: enlistment.address.to_string(),
         services: enlistment.services,
         previous_server_id: enlistment.previous,
+        failure_domain: enlistment.failure_domain.to_string(),
     };
     let deadline = stratus_rpc::deadline_in(patience);
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));

@@ -244,6 +244,7 @@ impl ClusterStatus {
             "server_id": server.entry.server_id.0,
             "address": server.entry.address,
             "status": status_name(server),
+            "failure_domain": server.entry.failure_domain,
             "runs_master": server.entry.services.has_master(),
             "runs_backup": server.entry.services.has_backup(),
             "recovery_impossible": self.recovery_impossible(server),

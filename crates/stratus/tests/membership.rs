@@ -177,6 +177,7 @@ fn only_processes_holding_the_cluster_secret_join_replicate_fence_or_recover() {
             address: "127.0.0.1:1".to_string(),
             services: ServiceMask(ServiceMask::MASTER | ServiceMask::BACKUP),
             previous_server_id: ServerId(0),
+            failure_domain: String::new(),
         };
         let (status, _) =
             pool.call(&cluster.coordinator_address, &enlist).await.expect("an answer");

@@ -46,7 +46,7 @@ from .model import (
 from .status import Status
 
 MAGIC = b"STRA"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 HELLO_BYTES = 8
 LENGTH_FIELD_BYTES = 4
 REQUEST_HEADER_BYTES = 16
@@ -64,6 +64,7 @@ TABLE_PATTERN_BYTES_MAX = TABLE_NAME_BYTES_MAX
 USER_NAME_BYTES_MAX = 64
 _ACCESS_ALL = ACCESS_READ | ACCESS_WRITE | ACCESS_ADMIN
 SERVER_ADDRESS_BYTES_MAX = 256
+FAILURE_DOMAIN_BYTES_MAX = 64
 ERROR_MESSAGE_BYTES_MAX = 1_024
 MULTI_OP_ITEMS_MAX = 4_096
 CLIENT_LEASES_PER_CHECK_MAX = 1_024
@@ -857,6 +858,7 @@ def _server_entry(reader: BodyReader) -> ServerEntry:
         address=reader.string(SERVER_ADDRESS_BYTES_MAX, "server address"),
         services=reader.services(),
         status=reader.server_status(),
+        failure_domain=reader.string(FAILURE_DOMAIN_BYTES_MAX, "failure domain"),
     )
 
 
@@ -916,7 +918,7 @@ def _decode_enumerate(reader: BodyReader) -> EnumerateResponse:
 # Per opcode: how to read its operation body. Empty bodies read nothing.
 _OPERATION_BODY_DECODERS: dict[Opcode, Callable[[BodyReader], object]] = {
     Opcode.PING: lambda reader: None,
-    Opcode.GET_SERVER_LIST: lambda reader: reader.list(SERVERS_MAX, 8 + 2 + 4 + 1, _server_entry),
+    Opcode.GET_SERVER_LIST: lambda reader: reader.list(SERVERS_MAX, 8 + 2 + 4 + 1 + 2, _server_entry),
     Opcode.CREATE_TABLE: lambda reader: reader.u64(),
     Opcode.DROP_TABLE: lambda reader: None,
     Opcode.GET_TABLE_ID: lambda reader: reader.u64(),

@@ -229,6 +229,8 @@ class ServerEntry:
     services: int
     """Bit 0: runs a master; bit 1: runs a backup; bit 2: its master keeps no replicas."""
     status: ServerStatus
+    failure_domain: str = ""
+    """The server's failure domain (e.g. its rack), empty for none."""
 
     @property
     def is_master(self) -> bool:

@@ -328,9 +328,14 @@ fn key_item() -> impl Strategy<Value = KeyItem> {
 pub fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         Just(Request::Ping),
-        (name(), services(), server_id()).prop_map(|(address, services, previous_server_id)| {
-            Request::EnlistServer { address, services, previous_server_id }
-        }),
+        (name(), services(), server_id(), failure_domain()).prop_map(
+            |(address, services, previous_server_id, failure_domain)| Request::EnlistServer {
+                address,
+                services,
+                previous_server_id,
+                failure_domain
+            }
+        ),
         Just(Request::GetServerList),
         (name(), any::<u32>())
             .prop_map(|(name, server_span)| Request::CreateTable { name, server_span }),
@@ -587,16 +592,23 @@ fn replica_entry() -> impl Strategy<Value = ReplicaEntry> {
     )
 }
 
+/// A failure domain: empty or up to the limit of printable ASCII.
+fn failure_domain() -> impl Strategy<Value = String> {
+    "[!-~]{0,64}"
+}
+
 fn server_entry() -> impl Strategy<Value = ServerEntry> {
-    (server_id(), name(), services(), 0u8..4).prop_map(|(server_id, address, services, status)| {
-        let status = match status {
-            0 => ServerStatus::Up,
-            1 => ServerStatus::Crashed,
-            2 => ServerStatus::Removed,
-            _ => ServerStatus::Stopped,
-        };
-        ServerEntry { server_id, address, services, status }
-    })
+    (server_id(), name(), services(), 0u8..4, failure_domain()).prop_map(
+        |(server_id, address, services, status, failure_domain)| {
+            let status = match status {
+                0 => ServerStatus::Up,
+                1 => ServerStatus::Crashed,
+                2 => ServerStatus::Removed,
+                _ => ServerStatus::Stopped,
+            };
+            ServerEntry { server_id, address, services, status, failure_domain }
+        },
+    )
 }
 
 fn tablet_entry() -> impl Strategy<Value = TabletEntry> {

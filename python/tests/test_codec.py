@@ -72,12 +72,12 @@ def test_copied_vectors_equal_the_specification():
 def test_client_handshake_vector():
     assert codec.encode_hello() == vector_bytes("hello")
     assert codec.PROTOCOL_VERSION == 4
-    assert codec.decode_hello(vector_bytes("hello")) == (3, Status.OK)
+    assert codec.decode_hello(vector_bytes("hello")) == (4, Status.OK)
 
 
 def test_version_mismatch_handshake_vector():
     assert codec.decode_hello(vector_bytes("hello-version-mismatch")) == (
-        3,
+        4,
         Status.PROTOCOL_VERSION_MISMATCH,
     )
 
@@ -545,13 +545,13 @@ def test_malformed_response_headers_are_refused(frame, problem):
         (
             Opcode.GET_SERVER_LIST,
             Status.OK,
-            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IB", 0b1000, 0),
+            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IBH", 0b1000, 0, 0),
             "service mask",
         ),
         (
             Opcode.GET_SERVER_LIST,
             Status.OK,
-            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IB", 1, 4),
+            struct.pack("<IQH", 1, 2, 0) + struct.pack("<IBH", 1, 4, 0),
             "unknown server status 4",
         ),
         (Opcode.ENUMERATE, Status.OK, struct.pack("<IB", 0, 2), "next-cursor option tag 2"),

@@ -8,12 +8,12 @@ repository is present, so a change to the protocol cannot leave this client behi
 VECTORS = {
     "hello": """
 53 54 52 41   # magic "STRA"
-03 00         # version 3
+04 00         # version 4
 00 00         # status OK
 """,
     "hello-version-mismatch": """
 53 54 52 41   # magic "STRA"
-03 00         # the server's version, 3
+04 00         # the server's version, 4
 10 00         # status 16 PROTOCOL_VERSION_MISMATCH
 """,
     "ping-request": """

@@ -619,7 +619,9 @@ pub(crate) async fn user_request_refusal(
     let needed = request.access_needed();
     let name = admitted.name.as_str();
     let mut snapshot = users.snapshot();
-    let mut waited = false;
+    // A request naming a table newer than the directory waits, in all, this long for one
+    // that names it: directories made before the table may arrive first.
+    let wait_until = tokio::time::Instant::now() + NEWER_TABLE_WAIT;
     loop {
         let Some(user) = snapshot.user(name).filter(|user| user.enabled) else {
             return Some(format!("user {name:?} no longer exists or is disabled"));
@@ -635,9 +637,9 @@ pub(crate) async fn user_request_refusal(
         match judge(&snapshot, user, &needed) {
             Verdict::Allowed => return None,
             Verdict::Denied(reason) => return Some(reason),
-            Verdict::TableTooNew(_) if !waited => {
-                waited = true;
-                snapshot = users.changed_from(snapshot.version, NEWER_TABLE_WAIT).await;
+            Verdict::TableTooNew(_) if tokio::time::Instant::now() < wait_until => {
+                let left = wait_until.saturating_duration_since(tokio::time::Instant::now());
+                snapshot = users.changed_from(snapshot.version, left).await;
             }
             Verdict::TableTooNew(table_id) => {
                 return Some(format!(

@@ -511,10 +511,14 @@ async fn a_table_newer_than_the_directory_waits_for_the_next_one() {
     let (status, body) = channel.call(&read_new, TIMEOUT).await.expect("answer");
     assert_eq!(status, Status::PermissionDenied);
     assert!(format!("{body:?}").contains("does not know yet"), "{body:?}");
-    // A directory naming the table arrives during the wait: served.
+    // A directory made before the table arrives first, then one naming it, during the wait:
+    // served.
     let users = server.users.clone();
-    let newer = directory(2, 6, vec![prefix]);
+    let older = directory(2, 4, vec![prefix.clone()]);
+    let newer = directory(3, 6, vec![prefix]);
     tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        users.install(older);
         tokio::time::sleep(Duration::from_millis(200)).await;
         users.install(newer);
     });

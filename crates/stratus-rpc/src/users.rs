@@ -47,8 +47,8 @@ use stratus_wire::membership::{
 };
 use stratus_wire::users::{USER_KEY_BYTES, USER_SALT_BYTES};
 use stratus_wire::{
-    decode_request, AccessNeeded, Request, Response, ResponseBody, Status, UserCredentials,
-    UserDirectorySnapshot, UserRecord,
+    decode_request, AccessNeeded, Request, Response, ResponseBody, Status, TableAccess,
+    UserCredentials, UserDirectorySnapshot, UserRecord,
 };
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
@@ -586,8 +586,17 @@ fn judge(
             }
         }
         AccessNeeded::Tables(tables) => {
+            // A multi-op names a few tables many times (up to MULTI_OP_ITEMS_MAX items): each
+            // table's access is matched against the grants once.
+            let mut resolved: Vec<(TableId, Option<TableAccess>)> = Vec::new();
             for (table_id, access) in tables {
-                match snapshot.access_by_id(&user.grants, *table_id) {
+                let known = resolved.iter().find(|(id, _)| id == table_id).map(|(_, has)| *has);
+                let has = known.unwrap_or_else(|| {
+                    let has = snapshot.access_by_id(&user.grants, *table_id);
+                    resolved.push((*table_id, has));
+                    has
+                });
+                match has {
                     None => return Verdict::TableTooNew(*table_id),
                     Some(has) if access.met_by(has) => {}
                     Some(has) => {

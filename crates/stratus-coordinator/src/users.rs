@@ -167,6 +167,51 @@ mod tests {
     }
 
     #[test]
+    fn a_table_that_would_outgrow_the_directory_is_refused() {
+        // One user whose pattern names every table, and enough tables with long names to
+        // bring the directory to its limit.
+        let mut state = CoordinatorState::default();
+        state.users.insert("alice".into(), user("alice", "t*"));
+        let name_bytes = 250;
+        let entry_bytes = 8 + 2 + name_bytes;
+        let tables = USER_DIRECTORY_BYTES_MAX / entry_bytes + 2;
+        for id in 1..=tables as u64 {
+            let name = format!("t{id:0>width$}", width = name_bytes - 1);
+            state.tables.insert(name, TableRecord { table_id: TableId(id), tablets: vec![] });
+        }
+        state.next_table_id = tables as u64 + 1;
+        assert!(build_directory(&state).is_err(), "the state is past the limit");
+        let removed: Vec<String> = state.tables.keys().take(4).cloned().collect();
+        for name in removed {
+            state.tables.remove(&name);
+        }
+        build_directory(&state).expect("under the limit again");
+        // Adding tables the pattern names fails once it would pass the limit again.
+        let mut refused = false;
+        for id in 0..128u64 {
+            let table_id = TableId(state.next_table_id);
+            let name = format!("t-new-{id:0>width$}", width = name_bytes - 6);
+            let record = TableRecord { table_id, tablets: vec![] };
+            let mut next = state.clone();
+            next.tables.insert(name.clone(), record.clone());
+            next.next_table_id += 1;
+            if build_directory(&next).is_err() {
+                refused = true;
+                break;
+            }
+            state = next;
+        }
+        assert!(refused, "no table was refused");
+        // A table no pattern names other than `*` costs the directory nothing.
+        let mut next = state.clone();
+        next.tables.insert(
+            "other".into(),
+            TableRecord { table_id: TableId(u64::MAX - 1), tablets: vec![] },
+        );
+        build_directory(&next).expect("unnamed tables do not count");
+    }
+
+    #[test]
     fn the_directory_names_only_tables_a_specific_pattern_matches_and_its_version_follows_content()
     {
         let mut state = CoordinatorState { next_table_id: 4, ..Default::default() };

@@ -664,6 +664,26 @@ pub(crate) async fn user_request_refusal(
 mod tests {
     use super::*;
 
+    #[tokio::test(start_paused = true)]
+    async fn past_its_tracked_names_the_failure_window_refuses_every_other_name() {
+        let directory = UserDirectory::new();
+        for _ in 0..USER_AUTHENTICATION_FAILURES_PER_SECOND_MAX {
+            directory.record_failure("alice");
+        }
+        assert!(directory.over_failure_limit("alice"));
+        assert!(!directory.over_failure_limit("bob"), "another name is not limited yet");
+        for index in 0..FAILURE_WINDOW_NAMES_MAX {
+            directory.record_failure(&format!("guess-{index}"));
+        }
+        // The table is full: a name it could not track is refused, not waved through.
+        directory.record_failure("one-more-guess");
+        assert!(directory.over_failure_limit("bob"));
+        // The next second starts afresh.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!directory.over_failure_limit("bob"));
+        assert!(!directory.over_failure_limit("alice"));
+    }
+
     #[test]
     fn credentials_check_the_password_they_were_made_from() {
         let credentials = new_user_credentials(b"correct horse\n").expect("long enough");

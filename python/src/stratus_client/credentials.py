@@ -89,18 +89,11 @@ def answer_proof(key: bytes, client_nonce: bytes, answer: bytes) -> bytes:
     """Checks the server's answer (its status, and that it holds the key); returns this
     client's proof to send. Raises ``ProtocolError`` for a malformed answer and
     ``AuthenticationFailed`` when the server refuses or does not hold the key."""
-    if len(answer) != ANSWER_BYTES or answer[:4] != MEMBER_MAGIC or answer[6:8] != b"\0\0":
-        raise ProtocolError("malformed answer to the password challenge")
-    (code,) = struct.unpack_from("<H", answer, 4)
-    try:
-        status = Status(code)
-    except ValueError:
-        raise ProtocolError(f"unknown status {code} in the answer to the password challenge") from None
-    if status is not Status.OK:
-        raise AuthenticationFailed(
-            f"the server refused to authenticate ({status.description}): it has no client "
-            "password configured, or speaks another preamble version"
-        )
+    check_answer_status(
+        answer,
+        "this client",
+        "it has no client password configured, or speaks another preamble version",
+    )
     server_nonce = answer[8 : 8 + NONCE_BYTES]
     server_proof = answer[8 + NONCE_BYTES :]
     expected = _proof(key, _ACCEPTOR_LABEL, client_nonce, server_nonce)
@@ -267,8 +260,14 @@ class UserPassword:
         return bytes(key ^ sign for key, sign in zip(client_key, signature))
 
 
-def check_answer_status(answer: bytes, who: str) -> None:
-    """Raises unless ``answer`` (``ANSWER_BYTES``) is well formed with status OK."""
+def check_answer_status(
+    answer: bytes,
+    who: str,
+    why: str = "it has no users configured, refuses that name for a moment after many "
+    "failures, or speaks another preamble version",
+) -> None:
+    """Raises unless ``answer`` (``ANSWER_BYTES``) is well formed with status OK; a refusal
+    names ``who`` was refused and ``why`` that may be."""
     if len(answer) != ANSWER_BYTES or answer[:4] != MEMBER_MAGIC or answer[6:8] != b"\0\0":
         raise ProtocolError("malformed answer to the credentials challenge")
     (code,) = struct.unpack_from("<H", answer, 4)
@@ -278,7 +277,5 @@ def check_answer_status(answer: bytes, who: str) -> None:
         raise ProtocolError(f"unknown status {code} in the answer to the challenge") from None
     if status is not Status.OK:
         raise AuthenticationFailed(
-            f"the server refused to authenticate {who} ({status.description}): it has no users "
-            "configured, refuses that name for a moment after many failures, or speaks another "
-            "preamble version"
+            f"the server refused to authenticate {who} ({status.description}): {why}"
         )

@@ -12,6 +12,7 @@ pub mod limits;
 pub mod reject;
 pub mod rifl;
 pub mod tablet;
+pub mod tier;
 pub mod tx;
 
 pub use expiry::{ExpiresAt, Expiry};
@@ -20,4 +21,5 @@ pub use ids::{KeyHash, SegmentId, ServerId, TableId, Version};
 pub use reject::{RejectReason, RejectRules};
 pub use rifl::{LeaseId, RpcId, RpcIdentity, RpcIdentityError};
 pub use tablet::{HashRange, TabletState};
+pub use tier::Tier;
 pub use tx::{TxDecision, TxOpKind, TxVote};

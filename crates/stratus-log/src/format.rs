@@ -32,14 +32,20 @@ pub enum EntryType {
     /// Every operation of a transaction with operations prepared in this log, so this master
     /// can finish the transaction if its client dies.
     TxParticipants = 10,
+    /// An object of a flash-tier table whose value lives in its segment's image on the
+    /// master's flash (docs/design/flash-tier.md): the OBJECT's prefix and key, then where the
+    /// whole OBJECT entry sits in the image. Only ever in a master's memory: compaction writes
+    /// it in place of the object, and it is never replicated, never on a backup, never in
+    /// recovery data (decoders of replicas refuse it).
+    FlashObject = 11,
 }
 
 /// Number of slots in per-type arrays (index = the type's code; slot 0 is the invalid type).
-pub const ENTRY_TYPE_SLOTS: usize = 11;
+pub const ENTRY_TYPE_SLOTS: usize = 12;
 
 impl EntryType {
     /// Every valid type, in code order.
-    pub const ALL: [EntryType; 10] = [
+    pub const ALL: [EntryType; 11] = [
         EntryType::SegmentHeader,
         EntryType::Object,
         EntryType::Tombstone,
@@ -50,6 +56,7 @@ impl EntryType {
         EntryType::Prepared,
         EntryType::PreparedTombstone,
         EntryType::TxParticipants,
+        EntryType::FlashObject,
     ];
 
     /// The 6-bit code.
@@ -57,7 +64,7 @@ impl EntryType {
         self as u8
     }
 
-    /// The type with this code; `None` for 0 (invalid) and the reserved codes 11..63.
+    /// The type with this code; `None` for 0 (invalid) and the reserved codes 12..63.
     pub fn from_code(code: u8) -> Option<EntryType> {
         EntryType::ALL.into_iter().find(|entry_type| entry_type.code() == code)
     }
@@ -1119,7 +1126,56 @@ pub fn decode_entry(entry_type: EntryType, content: &[u8]) -> Result<Entry<'_>, 
             Entry::PreparedTombstone(decode_prepared_tombstone(content)?)
         }
         EntryType::TxParticipants => Entry::TxParticipants(decode_tx_participants(content)?),
+        // Decoded entries come from replicas and recovery data, where a master's in-memory
+        // reference to its flash has no meaning: refused, never trusted.
+        EntryType::FlashObject => {
+            return Err(FormatError::Malformed("flash object outside a master's memory"))
+        }
     })
+}
+
+/// Bytes of a [`FlashLocator`] at the end of a FLASH_OBJECT's content.
+pub const FLASH_LOCATOR_BYTES: usize = 8;
+
+/// Where an object's whole OBJECT entry (header and content, as first appended) sits in its
+/// segment's image on the master's flash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashLocator {
+    /// Byte offset of the entry's header in the image (the segment's bytes as written).
+    pub entry_offset: u32,
+    /// Bytes of the entry, header included.
+    pub entry_bytes: u32,
+}
+
+/// The content of the FLASH_OBJECT that stands in memory for the OBJECT whose content is
+/// `object_content` and whose entry is at `locator` in the image: the object's prefix (its
+/// checksum, which still covers the object's bytes on flash) and key, then the locator in place
+/// of the value. `decode_object_unverified` reads its table, version, expiry and key as an
+/// object's.
+pub fn encode_flash_object(
+    object_content: &[u8],
+    locator: FlashLocator,
+) -> Result<Vec<u8>, FormatError> {
+    let view = decode_object_unverified(object_content)?;
+    let value_start = object_content.len() - view.value.len();
+    let mut content = Vec::with_capacity(value_start + FLASH_LOCATOR_BYTES);
+    content.extend_from_slice(&object_content[..value_start]);
+    content.extend_from_slice(&locator.entry_offset.to_le_bytes());
+    content.extend_from_slice(&locator.entry_bytes.to_le_bytes());
+    Ok(content)
+}
+
+/// A FLASH_OBJECT's fields (its "value" is the locator) and its locator.
+pub fn decode_flash_object(content: &[u8]) -> Result<(ObjectView<'_>, FlashLocator), FormatError> {
+    let view = decode_object_unverified(content)?;
+    let locator: [u8; FLASH_LOCATOR_BYTES] =
+        view.value.try_into().map_err(|_| FormatError::Malformed("flash locator length"))?;
+    let entry_offset = u32::from_le_bytes(locator[..4].try_into().expect("four bytes"));
+    let entry_bytes = u32::from_le_bytes(locator[4..].try_into().expect("four bytes"));
+    if entry_bytes == 0 {
+        return Err(FormatError::Malformed("empty flash entry"));
+    }
+    Ok((ObjectView { value: &[], ..view }, FlashLocator { entry_offset, entry_bytes }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1181,6 +1237,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_flash_object_keeps_the_objects_fields_and_checksum_and_replicas_refuse_it() {
+        let object = encode_object(
+            TableId(7),
+            Version(300),
+            1_700,
+            Some(ExpiresAt(9_000)),
+            b"user:42",
+            &[0xAB; 1000],
+        );
+        let locator = FlashLocator { entry_offset: 4_096, entry_bytes: 1_030 };
+        let stub = encode_flash_object(&object, locator).unwrap();
+        assert_eq!(stub.len(), object.len() - 1000 + FLASH_LOCATOR_BYTES);
+        assert_eq!(stub[..4], object[..4], "the object's checksum travels with it");
+        let (view, decoded) = decode_flash_object(&stub).unwrap();
+        assert_eq!(decoded, locator);
+        let original = decode_object(&object).unwrap();
+        assert_eq!(
+            (view.table, view.version, view.key),
+            (original.table, original.version, original.key)
+        );
+        assert_eq!((view.timestamp, view.expires_at), (original.timestamp, original.expires_at));
+        assert!(view.value.is_empty());
+        assert_eq!(object_expiry(&stub), Some(ExpiresAt(9_000)));
+        assert!(matches!(
+            decode_entry(EntryType::FlashObject, &stub),
+            Err(FormatError::Malformed(_))
+        ));
+        assert_eq!(
+            decode_flash_object(&object[..object.len() - 1]).err(),
+            Some(FormatError::Malformed("flash locator length"))
+        );
+        let empty =
+            encode_flash_object(&object, FlashLocator { entry_offset: 0, entry_bytes: 0 }).unwrap();
+        assert!(decode_flash_object(&empty).is_err());
+    }
+
+    #[test]
     fn entry_header_widths_are_minimal() {
         for (length, header_bytes) in
             [(0u32, 2usize), (255, 2), (256, 3), (65_535, 3), (65_536, 4), (1 << 24, 5)]
@@ -1193,7 +1286,7 @@ mod tests {
             assert_eq!(decoded.header_bytes, header_bytes);
         }
         assert_eq!(decode_entry_header(&[0x02 | 0x40, 5, 0]), Err(FormatError::NonMinimalLength));
-        assert_eq!(decode_entry_header(&[0x0B, 5]), Err(FormatError::InvalidEntryType(11)));
+        assert_eq!(decode_entry_header(&[0x0C, 5]), Err(FormatError::InvalidEntryType(12)));
         assert_eq!(decode_entry_header(&[0x00, 5]), Err(FormatError::InvalidEntryType(0)));
         assert_eq!(decode_entry_header(&[0x02 | 0x80, 5]), Err(FormatError::Truncated));
         assert_eq!(decode_entry_header(&[]), Err(FormatError::Truncated));

@@ -22,11 +22,12 @@ use std::sync::{Mutex, MutexGuard};
 use stratus_types::{SegmentId, ServerId, Version};
 
 use crate::format::{
-    decode_entry_header, decode_tombstone, encode_log_digest, encode_safe_version,
-    encode_table_stats, entry_header_bytes_from_first_byte, log_digest_content_bytes,
-    object_expiry, segment_named_by, table_stats_content_bytes, Certificate, CertificateBuilder,
-    EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX, ENTRY_TYPE_SLOTS,
-    SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES, TABLE_STATS_TABLES_MAX,
+    decode_entry_header, decode_flash_object, decode_tombstone, encode_log_digest,
+    encode_safe_version, encode_table_stats, entry_header_bytes_from_first_byte,
+    log_digest_content_bytes, object_expiry, segment_named_by, table_stats_content_bytes,
+    Certificate, CertificateBuilder, EntryHeader, EntryType, SegmentHeader, ENTRY_HEADER_BYTES_MAX,
+    ENTRY_TYPE_SLOTS, SAFE_VERSION_CONTENT_BYTES, SEGMENT_HEADER_CONTENT_BYTES,
+    TABLE_STATS_TABLES_MAX,
 };
 use crate::free_seglets::{FreeSeglets, SegletSource};
 use crate::seglet_memory::{EpochGuard, SegletMemory};
@@ -73,6 +74,10 @@ pub struct LogConfig {
     pub seglet_bytes: u32,
     /// Touch every page of the region when the log is created, so appends never fault.
     pub prefault_memory: bool,
+    /// Bytes of segment images the master may keep on its flash (0: no flash tier). Segments
+    /// whose objects moved to flash stay in the log with little memory, so the segment limit
+    /// counts this space too.
+    pub flash_image_bytes: u64,
 }
 
 impl LogConfig {
@@ -112,9 +117,10 @@ impl LogConfig {
     }
 
     /// Most segments the log may hold: [`DISK_EXPANSION_FACTOR`] times the segments that fit in
-    /// memory, plus the head being opened and one spare. New heads are refused beyond it.
+    /// memory and in the flash images, plus the head being opened and one spare. New heads are refused beyond it.
     pub fn segment_count_max(&self) -> usize {
-        (DISK_EXPANSION_FACTOR * (self.log_bytes / u64::from(self.segment_bytes))) as usize + 2
+        let bytes = self.log_bytes + self.flash_image_bytes;
+        (DISK_EXPANSION_FACTOR * (bytes / u64::from(self.segment_bytes))) as usize + 2
     }
 
     /// Tables a new head's TABLE_STATS entry lists one by one: [`TABLE_STATS_TABLES_MAX`], or
@@ -247,6 +253,11 @@ pub struct SegmentStatistics {
     pub expiring_object_bytes: u64,
     /// Of those, bytes freed.
     pub expiring_dead_bytes: u64,
+    /// Bytes of the OBJECT entries that this segment's FLASH_OBJECT entries stand for (what
+    /// combined cleaning writes back into memory for them).
+    pub flash_backed_bytes: u64,
+    /// Of those, bytes freed.
+    pub flash_backed_dead_bytes: u64,
     /// The latest expiry time of an object appended here (0: none had one): once the clock
     /// passes it, every object here that has an expiry is expired, and the cleaner may count
     /// it as free space before it meets it.
@@ -275,6 +286,15 @@ impl SegmentStatistics {
             + self.live_bytes_of(EntryType::Prepared)
             + self.live_bytes_of(EntryType::PreparedTombstone)
             + self.live_bytes_of(EntryType::TxParticipants)
+            + self.live_bytes_of(EntryType::FlashObject)
+    }
+
+    /// Bytes combined cleaning would write into survivor segments at most: the movable bytes,
+    /// with each live FLASH_OBJECT counted as the OBJECT it stands for (survivors hold whole
+    /// objects, since survivors are replicated).
+    pub fn survivor_bytes(&self) -> u64 {
+        self.movable_bytes() - self.live_bytes_of(EntryType::FlashObject)
+            + (self.flash_backed_bytes - self.flash_backed_dead_bytes)
     }
 
     /// Bytes of live objects that are expired at `now_millis`, as far as these counters can
@@ -334,8 +354,11 @@ pub struct CleaningCandidate {
     pub creation_seconds: u32,
     /// Seglets it holds.
     pub seglets: u32,
-    /// Bytes of objects not freed and tombstones (what cleaning it would move at most).
+    /// Bytes of objects not freed and tombstones (what compacting it would move at most).
     pub movable_bytes: u64,
+    /// What combined cleaning would write at most: `movable_bytes` with flash objects counted
+    /// at their full size ([`SegmentStatistics::survivor_bytes`]).
+    pub survivor_bytes: u64,
     /// Bytes of tombstones in it not known to be dead.
     pub tombstone_bytes: u64,
     /// When its tombstones were last scanned for dead ones (its creation time if never).
@@ -902,6 +925,14 @@ impl Log {
         segment.statistics.entry_count[type_index] += 1;
         segment.statistics.largest_entry_bytes =
             segment.statistics.largest_entry_bytes.max(entry_bytes as u64);
+        if entry.entry_type == EntryType::FlashObject {
+            let content: Vec<u8> = entry.pieces.concat();
+            let (_, locator) = decode_flash_object(&content).expect("malformed flash object");
+            let statistics = &mut segment.statistics;
+            statistics.flash_backed_bytes += u64::from(locator.entry_bytes);
+            statistics.largest_entry_bytes =
+                statistics.largest_entry_bytes.max(u64::from(locator.entry_bytes));
+        }
         if entry.entry_type == EntryType::Object {
             if let Some(expires_at) = object_expiry(entry.pieces[0]) {
                 let statistics = &mut segment.statistics;
@@ -970,6 +1001,8 @@ impl Log {
                 creation_seconds: segment.creation_seconds,
                 seglets: segment.seglets.len() as u32,
                 movable_bytes: segment.statistics.movable_bytes()
+                    - segment.statistics.expired_bytes(now_millis),
+                survivor_bytes: segment.statistics.survivor_bytes()
                     - segment.statistics.expired_bytes(now_millis),
                 tombstone_bytes: segment.statistics.live_bytes_of(EntryType::Tombstone),
                 tombstone_scan_seconds: segment.tombstone_scan_seconds,
@@ -1360,7 +1393,8 @@ impl Log {
 
     /// Records the entry at `reference` as dead in its segment's statistics (its memory is
     /// reclaimed when the cleaner moves the segment's live entries away). Returns the entry's
-    /// bytes, header included.
+    /// bytes, header included; for a FLASH_OBJECT, the bytes of the OBJECT entry it stands for
+    /// (the object's size as every tally counts it).
     pub fn free(&self, guard: &EpochGuard<'_>, reference: Reference) -> u64 {
         let segment_id = self.segment_of(reference);
         let (entry_type, content) = self.entry(guard, reference);
@@ -1385,6 +1419,16 @@ impl Log {
             statistics.dead_bytes[type_index] <= statistics.entry_bytes[type_index],
             "more bytes freed than appended"
         );
+        if entry_type == EntryType::FlashObject {
+            let (_, locator) = decode_flash_object(&content).expect("malformed flash object");
+            statistics.flash_backed_dead_bytes += u64::from(locator.entry_bytes);
+            assert!(
+                statistics.flash_backed_dead_bytes <= statistics.flash_backed_bytes,
+                "more flash-backed bytes freed than appended"
+            );
+            // The object's size, as its birth was counted (per-table tallies).
+            return u64::from(locator.entry_bytes);
+        }
         if entry_type == EntryType::Object && object_expiry(&content).is_some() {
             statistics.expiring_dead_bytes += entry_bytes as u64;
             assert!(
@@ -1473,7 +1517,8 @@ impl Log {
 
     /// A copy of a segment's bytes with the certificate that commits exactly them (what a
     /// backup receives, and what tests feed to the segment iterator). Survivors not yet fused
-    /// are included (replication makes them durable before they join the log).
+    /// are included (replication makes them durable before they join the log). `None` for a
+    /// segment whose memory holds FLASH_OBJECT entries (its replicas come from its image).
     pub fn segment_contents(&self, segment_id: SegmentId) -> Option<(Vec<u8>, Certificate)> {
         self.segment_tail(segment_id, 0)
     }
@@ -1510,7 +1555,11 @@ impl Log {
         let (seglets, length, certificate) = {
             let state = self.lock();
             let segment = state.segments.get(&segment_id)?;
-            if from > segment.length {
+            // A segment whose memory holds FLASH_OBJECT entries is no replica: its copies come
+            // from its image on flash (the store's `replication_image`), never from here.
+            let flash_objects =
+                segment.statistics.entry_count[EntryType::FlashObject.code() as usize];
+            if from > segment.length || flash_objects > 0 {
                 return None;
             }
             let certificate = segment.certificate.certificate(segment.length);
@@ -1680,6 +1729,7 @@ mod tests {
             segment_bytes: 8 << 10,
             seglet_bytes: 1 << 10,
             prefault_memory: false,
+            flash_image_bytes: 0,
         }
     }
 
@@ -2122,6 +2172,7 @@ mod tests {
                 segment_bytes: 64 << 10,
                 seglet_bytes: 1 << 10,
                 prefault_memory: false,
+                flash_image_bytes: 0,
             },
             ServerId(1),
         );

@@ -12,6 +12,7 @@
 //! intermediate buffer.
 
 mod client_leases;
+mod flash_images;
 mod lease;
 mod metrics;
 mod migration;
@@ -23,6 +24,7 @@ mod service;
 mod transaction_recovery;
 
 pub use client_leases::{ClientLeaseChecks, LeaseStanding, CLIENT_LEASE_SWEEP_INTERVAL};
+pub use flash_images::DeviceImages;
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
 pub use migration::INCOMING_TRANSFERS_REMEMBERED_MAX;

@@ -413,6 +413,11 @@ impl Transfer {
                     })
                 },
             );
+            // A value on this master's flash that cannot be read ends the migration (the
+            // tablet stays here, whole; the durable copies on backups are not affected).
+            let next = next.map_err(|error| {
+                (crate::service::status_of(error).0, format!("reading the tablet: {error:?}"))
+            })?;
             // A stretch of empty buckets: go on (each call scans a bounded number), but always
             // send a first batch, which starts the tablet on the target.
             if !objects.is_empty() || creation_segment.is_none() {

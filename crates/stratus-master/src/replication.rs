@@ -562,6 +562,8 @@ enum Source<'a> {
     /// A survivor segment handed over by the cleaner, with its certificate. Every backup's
     /// write is a slice of these bytes (no copy per replica).
     Given(&'a Bytes, stratus_log::Certificate),
+    /// The image on flash of a segment whose objects moved there, with its certificate.
+    Image(&'a Bytes, stratus_log::Certificate),
 }
 
 /// A survivor segment to replicate before the cleaner fuses it into the log.
@@ -782,7 +784,12 @@ impl Pump {
         }
         let mut complete = true;
         for segment_id in lost_copies {
-            match self.replicate_segment(segment_id, Source::Log, true).await {
+            let replicated = if self.shared.store.has_image(SegmentId(segment_id)) {
+                self.replicate_from_image(segment_id).await
+            } else {
+                self.replicate_segment(segment_id, Source::Log, true).await
+            };
+            match replicated {
                 Ok(()) => self.segment_completed(segment_id),
                 Err(problem) => {
                     self.note_problem(problem);
@@ -860,11 +867,31 @@ impl Pump {
                     self.shared.store.log().segment_tail(SegmentId(segment_id), from)?;
                 Some((Bytes::from(bytes), certificate))
             }
-            Source::Given(bytes, certificate) => {
+            Source::Given(bytes, certificate) | Source::Image(bytes, certificate) => {
                 let range = from as usize..certificate.segment_length as usize;
                 bytes.get(range.clone())?;
                 Some((bytes.slice(range), *certificate))
             }
+        }
+    }
+
+    /// Brings a segment whose objects are on flash back to R copies: its memory holds
+    /// FLASH_OBJECT entries, which must never reach a backup, so new copies get its image
+    /// (read on a blocking thread: up to a segment from the device).
+    async fn replicate_from_image(&mut self, segment_id: u64) -> Result<(), String> {
+        let store = self.shared.store.clone();
+        let read =
+            tokio::task::spawn_blocking(move || store.replication_image(SegmentId(segment_id)))
+                .await
+                .map_err(|error| format!("reading segment {segment_id}'s image: {error}"))?;
+        match read {
+            // Cleaned meanwhile: it left the log, nothing to replicate.
+            None => Ok(()),
+            Some(Ok((bytes, certificate))) => {
+                let bytes = Bytes::from(bytes);
+                self.replicate_segment(segment_id, Source::Image(&bytes, certificate), true).await
+            }
+            Some(Err(error)) => Err(format!("reading segment {segment_id}'s image: {error}")),
         }
     }
 
@@ -877,7 +904,9 @@ impl Pump {
                 .log()
                 .certificate(SegmentId(segment_id))
                 .map(|certificate| certificate.segment_length),
-            Source::Given(_, certificate) => Some(certificate.segment_length),
+            Source::Given(_, certificate) | Source::Image(_, certificate) => {
+                Some(certificate.segment_length)
+            }
         }
     }
 
@@ -1729,6 +1758,7 @@ mod tests {
             segment_bytes: 8 << 10,
             seglet_bytes: 1 << 10,
             prefault_memory: false,
+            flash_image_bytes: 0,
         };
         let log = Log::new(config, ServerId(1));
         let entry = [AppendEntry::new(EntryType::Object, &[1; 100])];

@@ -24,13 +24,23 @@ mod objects;
 mod recovery_rpc;
 mod transactions;
 
-use objects::status_of;
+pub(crate) use objects::status_of;
 
 /// Settings of a master.
 #[derive(Clone, Debug)]
 pub struct MasterConfig {
     /// The object store's memory layout.
     pub store: StoreConfig,
+    /// Where segment images of the flash tier go (`None`: no flash tier; flash tables' objects
+    /// then stay in memory). `store.flash_image_bytes` is its budget.
+    pub flash_images: Option<Arc<dyn stratus_store::FlashImages>>,
+}
+
+impl MasterConfig {
+    /// A master with `store`'s layout and no flash tier.
+    pub fn memory_only(store: StoreConfig) -> MasterConfig {
+        MasterConfig { store, flash_images: None }
+    }
 }
 
 /// The master service of one storage server.
@@ -98,8 +108,11 @@ impl Master {
         wall_clock: Arc<dyn WallClock>,
         memory: stratus_log::seglet_memory::SegletMemory,
     ) -> Result<Master, String> {
-        let store = ObjectStore::with_memory(config.store, server_id, memory)
+        let mut store = ObjectStore::with_memory(config.store, server_id, memory)
             .map_err(|error| format!("invalid store configuration: {error:?}"))?;
+        if let Some(images) = config.flash_images {
+            store.attach_flash(images);
+        }
         let store = Arc::new(store);
         Ok(Master {
             server_id,

@@ -228,7 +228,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         .backups
         .insert(setup.index, (server_id, backup.clone()));
     let mut master =
-        Master::new(server_id, MasterConfig { store }, environment.wall_clock.clone())?;
+        Master::new(server_id, MasterConfig::memory_only(store), environment.wall_clock.clone())?;
     let mut config = ReplicationConfig::new(setup.replicas, COORDINATOR_ADDRESS.to_string());
     config.placement = setup.placement;
     let replication =

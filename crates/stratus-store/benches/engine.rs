@@ -131,6 +131,7 @@ fn new_store(replicas: u32) -> ObjectStore {
         value_bytes_max: SEGMENT_BYTES / 8,
         cleaner: CleanerConfig { replicas, ..CleanerConfig::default() },
         prefault_memory: true,
+        flash_image_bytes: 0,
         ..StoreConfig::with_log_bytes(LOG_BYTES)
     };
     ObjectStore::new(config, ServerId(1)).expect("benchmark store configuration")

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use stratus_index::ResizeProgress;
 use stratus_log::format::{
     decode_completion_unverified, decode_object_unverified, decode_prepared_unverified,
-    decode_tombstone, decode_tx_participants_unverified, segment_named_by, ENTRY_HEADER_BYTES_MAX,
-    SEGMENT_HEADER_CONTENT_BYTES,
+    decode_tombstone, decode_tx_participants_unverified, encode_flash_object, segment_named_by,
+    FlashLocator, ENTRY_HEADER_BYTES_MAX, SEGMENT_HEADER_CONTENT_BYTES,
 };
 use stratus_log::{
     AppendEntry, AppendPriority, Certificate, CleaningCandidate, EntryType, LogConfig, Reference,
@@ -270,6 +270,9 @@ pub struct CleanerStatistics {
     pub survivors_not_durable: u64,
     /// Free seglets whose pages were given back to the operating system (memory target).
     pub seglets_released: u64,
+    /// Combined passes cut short because an object could not be read back from flash (the
+    /// segment stays in the log, whole; the error is the flash tier's, not the data's).
+    pub flash_read_failures: u64,
 }
 
 /// A hook replication provides: the cleaner blocks on it for every survivor segment before the
@@ -523,6 +526,22 @@ impl ObjectStore {
         }
     }
 
+    /// [`ObjectStore::clean_combined_now`] for the segment limit: segments are ranked by what
+    /// their survivors would take against a whole segment (those whose objects are on flash
+    /// included), as when the log nears its segment limit.
+    #[cfg(test)]
+    pub(crate) fn clean_for_segments_now(&self, now: WallTime) -> CleanOutcome {
+        self.log.observe_time(now.seconds());
+        self.log.reclaim();
+        let lock = self.cleaner.combined.lock().expect("combined cleaner lock poisoned");
+        let step = self.clean_combined(now, Goal::Segments);
+        drop(lock);
+        match step {
+            CleanStep::Finished(outcome) => outcome,
+            CleanStep::Replicate(pass) => self.replicate_then_finish(pass),
+        }
+    }
+
     /// One combined pass now, whatever the balancer says, for a caller that must not block (a
     /// recovery master making room for a replay): `None` while another combined pass runs or
     /// waits for its survivors' replication (look again once it is done); otherwise as
@@ -695,8 +714,15 @@ impl ObjectStore {
             .cleaning_candidates(now.millis())
             .into_iter()
             .filter(|candidate| {
+                // What cleaning writes (flash objects whole) against what it frees: a segment
+                // whose objects are on flash frees little memory and writes them all back, so
+                // only the segment limit (which counts images too) makes it worth cleaning.
                 let allocated = u64::from(candidate.seglets) * seglet_bytes;
-                candidate.movable_bytes * 100 <= allocated * CLEANABLE_UTILIZATION_MAX_PERCENT
+                let frees = match goal {
+                    Goal::Memory => allocated,
+                    Goal::Segments => allocated.max(segment_bytes),
+                };
+                candidate.survivor_bytes * 100 <= frees * CLEANABLE_UTILIZATION_MAX_PERCENT
             })
             .map(|candidate| {
                 let capacity = match goal {
@@ -710,7 +736,7 @@ impl ObjectStore {
                     }
                     Goal::Segments => segment_bytes,
                 };
-                let live_fraction = candidate.movable_bytes as f64 / capacity as f64;
+                let live_fraction = candidate.survivor_bytes as f64 / capacity as f64;
                 let age = u64::from(now.seconds().saturating_sub(candidate.creation_seconds));
                 (candidate, self.config.cleaner.cost_benefit.score(live_fraction, age))
             })
@@ -798,7 +824,7 @@ impl ObjectStore {
         let mut largest_entry_bytes = 0u64;
         let mut tombstones_killed_bytes = 0u64;
         for (candidate, _) in self.ranked_candidates(now, goal) {
-            let movable = movable_total + candidate.movable_bytes;
+            let movable = movable_total + candidate.survivor_bytes;
             let largest = largest_entry_bytes.max(candidate.largest_entry_bytes);
             if survivor_seglets_max(&log_config, movable, largest).1 > budget_seglets {
                 continue;
@@ -862,7 +888,7 @@ impl ObjectStore {
             for (reference, entry_type) in entries {
                 let (_, content) = self.log.entry(&epoch, reference);
                 let (timestamp, key_hash) = match entry_type {
-                    EntryType::Object => {
+                    EntryType::Object | EntryType::FlashObject => {
                         let object =
                             decode_object_unverified(&content).expect("corrupt object in the log");
                         (object.timestamp, key_hash(object.table, object.key).0)
@@ -930,19 +956,58 @@ impl ObjectStore {
         survivors.sort_by_key(|survivor| survivor.timestamp);
 
         let mut side_log = SideLog::new(AppendPriority::Cleaner);
+        let mut flash_failed = false;
         let mut object_bytes = 0u64;
         let mut tombstone_bytes = 0u64;
         let mut completion_bytes = 0u64;
         let mut out_of_memory = false;
         for (position, survivor) in survivors.iter().enumerate() {
             if let Some(ahead) = survivors.get(position + PREFETCH_DISTANCE_ENTRIES) {
-                if ahead.entry_type == EntryType::Object {
+                if matches!(ahead.entry_type, EntryType::Object | EntryType::FlashObject) {
                     self.index.prefetch(ahead.key_hash);
                 }
             }
             let (_, content) = self.log.entry(&epoch, survivor.reference);
             let entry = AppendEntry::new(survivor.entry_type, &content);
             let relocated = match survivor.entry_type {
+                EntryType::FlashObject => {
+                    // Survivors are replicated, so they hold the whole object: read back from
+                    // the segment's image under the bucket lock (nothing moves it meanwhile).
+                    let mut bucket = self.index.lock(survivor.key_hash);
+                    let found = bucket.find(|found| found == survivor.reference.0);
+                    match found {
+                        None => Ok(0),
+                        Some((slot, _))
+                            if self.drop_if_expired(
+                                &epoch,
+                                &mut bucket,
+                                (slot, survivor.reference),
+                                &content,
+                                now,
+                            ) =>
+                        {
+                            Ok(0)
+                        }
+                        Some((slot, _)) => {
+                            match self.flash_object_content(survivor.reference, &content) {
+                                Err(_) => {
+                                    // The pass keeps the segment (and its image) whole.
+                                    flash_failed = true;
+                                    break;
+                                }
+                                Ok(object) => {
+                                    let whole = AppendEntry::new(EntryType::Object, &object);
+                                    side_log.append(&self.log, &whole).map(|(moved, _)| {
+                                        bucket.replace(slot, moved.0);
+                                        self.log.free(&epoch, survivor.reference);
+                                        object_bytes += whole.entry_bytes() as u64;
+                                        whole.entry_bytes()
+                                    })
+                                }
+                            }
+                        }
+                    }
+                }
                 EntryType::Object => {
                     let mut bucket = self.index.lock(survivor.key_hash);
                     match bucket.find(|found| found == survivor.reference.0) {
@@ -1039,6 +1104,11 @@ impl ObjectStore {
             }
         }
         drop(epoch);
+        if flash_failed {
+            // Like running out of memory: what is not fully moved stays in the log.
+            out_of_memory = true;
+            self.count(|statistics| statistics.flash_read_failures += 1);
+        }
         PendingCombinedPass {
             chosen,
             chosen_seglets,
@@ -1082,6 +1152,8 @@ impl ObjectStore {
         debug_assert!(!out_of_memory || !kept.is_empty());
         self.log.commit_cleaning(&survivor_segments, &cleaned);
         self.log.end_cleaning(&kept);
+        // Their objects live in the survivors now (read back whole): the images can go.
+        self.forget_images(&cleaned);
         // Fuse now: the new head's digest lists the survivors and omits the cleaned segments.
         if self.log.roll_head(AppendPriority::CleanerCommit).is_err() {
             self.cleaner.deferred_fusions.fetch_add(1, Ordering::Relaxed);
@@ -1138,54 +1210,30 @@ impl ObjectStore {
         true
     }
 
-    /// One in-memory compaction: the segment whose compaction frees the most memory per live
-    /// byte is rewritten in place (same id and creation time) in fewer seglets, tombstones
-    /// first, then objects; the old seglets are reused after the epoch. No survivor segment,
-    /// no new digest, no replication work.
-    fn compact_one(&self, now: WallTime) -> CleanOutcome {
-        let seglet_bytes = u64::from(self.log.config().seglet_bytes);
-        let header_bytes = 2 + stratus_log::format::SEGMENT_HEADER_CONTENT_BYTES as u64;
-        let best = self
-            .log
-            .cleaning_candidates(now.millis())
-            .into_iter()
-            .filter_map(|candidate| {
-                let live = candidate.movable_bytes + header_bytes;
-                // RAMCloud's rule: the compacted segment is at most 98 % utilized.
-                let needed = live.div_ceil(seglet_bytes).max(
-                    100 * (live + seglet_bytes) / seglet_bytes / COMPACTED_UTILIZATION_MAX_PERCENT,
-                );
-                let seglets = u64::from(candidate.seglets);
-                (needed < seglets).then(|| {
-                    let score = (seglets - needed) as f64 * seglet_bytes as f64 / live as f64;
-                    (candidate.segment_id, needed, score)
-                })
-            })
-            .max_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)));
-        let Some((segment_id, needed, _)) = best else {
-            self.cleaner.compaction_failed.store(true, Ordering::Relaxed);
-            self.count(|statistics| statistics.compactions_failed += 1);
-            return CleanOutcome::NothingToClean;
-        };
-        if !self.log.begin_compaction(segment_id, needed as u32) {
-            return CleanOutcome::NothingToClean;
-        }
-        let epoch = self.log.pin();
-        let entries =
-            self.log.segment_entries(&epoch, segment_id).expect("segment being compacted");
+    /// Moves the live entries of `segment_id` (whose compaction has begun) into its compacted
+    /// copy. With `image` (the offset and size of each of `entries` in the segment's image on
+    /// flash), live objects of flash tables become FLASH_OBJECT entries naming their place in it.
+    pub(crate) fn compact_entries(
+        &self,
+        epoch: &stratus_log::EpochGuard<'_>,
+        segment_id: SegmentId,
+        entries: &[(Reference, EntryType)],
+        image: Option<&[(u32, u32)]>,
+        now: WallTime,
+    ) -> CompactedEntries {
         let mut bytes_moved = 0u64;
+        let mut demoted = 0u64;
         let mut tombstones_dropped = 0u64;
         // The objects' key hashes, in segment order, so their buckets can be prefetched ahead.
         let object_hashes: Vec<u64> = entries
             .iter()
-            .filter(|(_, kind)| *kind == EntryType::Object)
+            .filter(|(_, kind)| matches!(kind, EntryType::Object | EntryType::FlashObject))
             .map(|&(reference, _)| {
-                let (_, content) = self.log.entry(&epoch, reference);
+                let (_, content) = self.log.entry(epoch, reference);
                 let object = decode_object_unverified(&content).expect("corrupt object");
                 key_hash(object.table, object.key).0
             })
             .collect();
-        let mut object_index = 0;
         // The segment header first (the segment keeps its identity), then tombstones (so
         // tombstone scans can stop early), then completion records, then objects.
         let passes = [
@@ -1195,31 +1243,67 @@ impl ObjectStore {
             EntryType::Completion,
             EntryType::Prepared,
             EntryType::TxParticipants,
+            EntryType::FlashObject,
             EntryType::Object,
         ];
+        // Each entry's place in `object_hashes` (objects and flash objects, in segment order).
+        let mut hash_index_of = vec![usize::MAX; entries.len()];
+        let object_positions = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, kind))| matches!(kind, EntryType::Object | EntryType::FlashObject));
+        for (index, (position, _)) in object_positions.enumerate() {
+            hash_index_of[position] = index;
+        }
         for pass in passes {
-            for &(reference, entry_type) in entries.iter().filter(|(_, kind)| *kind == pass) {
-                let (_, content) = self.log.entry(&epoch, reference);
+            for (position, &(reference, entry_type)) in
+                entries.iter().enumerate().filter(|(_, (_, kind))| *kind == pass)
+            {
+                let (_, content) = self.log.entry(epoch, reference);
                 let entry = AppendEntry::new(entry_type, &content);
                 match entry_type {
-                    EntryType::Object => {
+                    EntryType::Object | EntryType::FlashObject => {
+                        let object_index = hash_index_of[position];
                         if let Some(&ahead) =
                             object_hashes.get(object_index + PREFETCH_DISTANCE_ENTRIES)
                         {
                             self.index.prefetch(ahead);
                         }
                         let hash = object_hashes[object_index];
-                        object_index += 1;
                         let mut bucket = self.index.lock(hash);
                         if let Some((slot, _)) = bucket.find(|found| found == reference.0) {
                             let found = (slot, reference);
-                            if self.drop_if_expired(&epoch, &mut bucket, found, &content, now) {
+                            if self.drop_if_expired(epoch, &mut bucket, found, &content, now) {
                                 continue;
                             }
-                            let moved = self.log.append_to_compacted(segment_id, &entry);
+                            // An object of a flash table in a segment with an image: in memory
+                            // only its FLASH_OBJECT, naming its entry in the image.
+                            let stub = image.filter(|_| entry_type == EntryType::Object).and_then(
+                                |offsets| {
+                                    let object =
+                                        decode_object_unverified(&content).expect("corrupt object");
+                                    self.is_flash_table(object.table).then(|| {
+                                        let (entry_offset, entry_bytes) = offsets[position];
+                                        let locator = FlashLocator { entry_offset, entry_bytes };
+                                        encode_flash_object(&content, locator)
+                                            .expect("an object decodes")
+                                    })
+                                },
+                            );
+                            let moved = match &stub {
+                                Some(stub) => {
+                                    demoted += 1;
+                                    let stub_entry = AppendEntry::new(EntryType::FlashObject, stub);
+                                    bytes_moved += stub_entry.entry_bytes() as u64;
+                                    self.log.append_to_compacted(segment_id, &stub_entry)
+                                }
+                                None => {
+                                    bytes_moved += entry.entry_bytes() as u64;
+                                    self.log.append_to_compacted(segment_id, &entry)
+                                }
+                            };
                             bucket.replace(slot, moved.0);
-                            self.log.free(&epoch, reference);
-                            bytes_moved += entry.entry_bytes() as u64;
+                            self.log.free(epoch, reference);
                         }
                     }
                     EntryType::Tombstone | EntryType::PreparedTombstone => {
@@ -1239,7 +1323,7 @@ impl ObjectStore {
                             Some(self.log.append_to_compacted(segment_id, &entry))
                         });
                         if relocation == Relocation::Moved {
-                            self.log.free(&epoch, reference);
+                            self.log.free(epoch, reference);
                             bytes_moved += entry.entry_bytes() as u64;
                         }
                     }
@@ -1251,7 +1335,7 @@ impl ObjectStore {
                             Some(self.log.append_to_compacted(segment_id, &entry))
                         });
                         if relocation == Relocation::Moved {
-                            self.log.free(&epoch, reference);
+                            self.log.free(epoch, reference);
                             bytes_moved += entry.entry_bytes() as u64;
                         }
                     }
@@ -1263,7 +1347,7 @@ impl ObjectStore {
                             Some(self.log.append_to_compacted(segment_id, &entry))
                         });
                         if relocation == Relocation::Moved {
-                            self.log.free(&epoch, reference);
+                            self.log.free(epoch, reference);
                             bytes_moved += entry.entry_bytes() as u64;
                         }
                     }
@@ -1273,6 +1357,44 @@ impl ObjectStore {
                 }
             }
         }
+        CompactedEntries { bytes_moved, tombstones_dropped, demoted }
+    }
+
+    /// One in-memory compaction: the segment whose compaction frees the most memory per live
+    /// byte is rewritten in place (same id and creation time) in fewer seglets, tombstones
+    /// first, then objects; the old seglets are reused after the epoch. No survivor segment,
+    /// no new digest, no replication work.
+    fn compact_one(&self, now: WallTime) -> CleanOutcome {
+        let seglet_bytes = u64::from(self.log.config().seglet_bytes);
+        let header_bytes = 2 + stratus_log::format::SEGMENT_HEADER_CONTENT_BYTES as u64;
+        let best = self
+            .log
+            .cleaning_candidates(now.millis())
+            .into_iter()
+            .filter_map(|candidate| {
+                let live = candidate.movable_bytes + header_bytes;
+                let needed =
+                    u64::from(compacted_seglets_needed(self.log.config(), candidate.movable_bytes));
+                let seglets = u64::from(candidate.seglets);
+                (needed < seglets).then(|| {
+                    let score = (seglets - needed) as f64 * seglet_bytes as f64 / live as f64;
+                    (candidate.segment_id, needed, score)
+                })
+            })
+            .max_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)));
+        let Some((segment_id, needed, _)) = best else {
+            self.cleaner.compaction_failed.store(true, Ordering::Relaxed);
+            self.count(|statistics| statistics.compactions_failed += 1);
+            return CleanOutcome::NothingToClean;
+        };
+        if !self.log.begin_compaction(segment_id, needed as u32) {
+            return CleanOutcome::NothingToClean;
+        }
+        let epoch = self.log.pin();
+        let entries =
+            self.log.segment_entries(&epoch, segment_id).expect("segment being compacted");
+        let CompactedEntries { bytes_moved, tombstones_dropped, .. } =
+            self.compact_entries(&epoch, segment_id, &entries, None, now);
         drop(epoch);
         let seglets_freed = u64::from(self.log.finish_compaction(segment_id));
         self.cleaner.segments_since_tombstone_scan.fetch_add(1, Ordering::Relaxed);
@@ -1291,6 +1413,28 @@ impl ObjectStore {
         });
         CleanOutcome::Compacted { segment_id, seglets_freed }
     }
+}
+
+/// Seglets the compacted copy of a segment with `movable_bytes` needs: its live bytes and
+/// header at most [`COMPACTED_UTILIZATION_MAX_PERCENT`] utilized (RAMCloud's rule).
+pub(crate) fn compacted_seglets_needed(config: &LogConfig, movable_bytes: u64) -> u32 {
+    let seglet_bytes = u64::from(config.seglet_bytes);
+    let header_bytes = 2 + stratus_log::format::SEGMENT_HEADER_CONTENT_BYTES as u64;
+    let live = movable_bytes + header_bytes;
+    let needed = live
+        .div_ceil(seglet_bytes)
+        .max(100 * (live + seglet_bytes) / seglet_bytes / COMPACTED_UTILIZATION_MAX_PERCENT);
+    needed as u32
+}
+
+/// What moving a segment's entries into its compacted copy did.
+pub(crate) struct CompactedEntries {
+    /// Bytes appended to the copy.
+    pub(crate) bytes_moved: u64,
+    /// Tombstones no longer needed, left out.
+    pub(crate) tombstones_dropped: u64,
+    /// Objects of flash tables now in memory as FLASH_OBJECT entries only.
+    pub(crate) demoted: u64,
 }
 
 /// Copies `entry` into `side_log` for a table's `relocate`, which calls the copy only while it

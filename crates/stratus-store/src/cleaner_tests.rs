@@ -21,7 +21,7 @@ const NOW: u32 = 1_700_000_000;
 
 /// A small log: 4 MiB of 1 KiB seglets in 160 KiB segments (the smallest that hold the
 /// largest key twice, as an overwrite's object and tombstone), values up to 4 KiB.
-fn small_config() -> StoreConfig {
+pub(crate) fn small_config() -> StoreConfig {
     StoreConfig {
         log_bytes: 4 << 20,
         segment_bytes: 160 << 10,
@@ -30,6 +30,7 @@ fn small_config() -> StoreConfig {
         value_bytes_max: 4 << 10,
         cleaner: CleanerConfig::default(),
         prefault_memory: false,
+        flash_image_bytes: 0,
     }
 }
 
@@ -736,6 +737,7 @@ fn run_at_high_utilization(
         value_bytes_max: 8 << 10,
         cleaner: CleanerConfig { cost_benefit, replicas, ..CleanerConfig::default() },
         prefault_memory: false,
+        flash_image_bytes: 0,
     };
     let store = store_with(config);
     let target_live_bytes = (config.log_bytes as f64 * 0.90) as u64;
@@ -994,6 +996,7 @@ fn two_level_cleaning_at_ninety_percent_merges_segments_of_tombstones() {
         value_bytes_max: 8 << 10,
         cleaner: CleanerConfig { replicas: 3, ..CleanerConfig::default() },
         prefault_memory: false,
+        flash_image_bytes: 0,
     };
     overwrite_at_ninety_percent_with_two_levels(config, 1, 2);
 }
@@ -1079,14 +1082,16 @@ fn a_memory_target_sizes_the_hash_table_for_the_objects() {
     // One call of the enumeration, a few objects at a time; false once it is done.
     let mut enumerate_step = |enumerated: &mut Vec<Vec<u8>>| {
         let Some((reversed, after)) = cursor.take() else { return false };
-        cursor = store.enumerate(
-            TABLE,
-            stratus_types::HashRange::FULL,
-            (reversed, after.as_deref()),
-            200,
-            now,
-            &mut |key, _, _, _| enumerated.push(key.to_vec()),
-        );
+        cursor = store
+            .enumerate(
+                TABLE,
+                stratus_types::HashRange::FULL,
+                (reversed, after.as_deref()),
+                200,
+                now,
+                &mut |key, _, _, _| enumerated.push(key.to_vec()),
+            )
+            .unwrap();
         cursor.is_some()
     };
     let mut enumeration_done = false;

@@ -39,6 +39,9 @@ pub struct StoreConfig {
     pub cleaner: CleanerConfig,
     /// Touch every page of the log region at start (see `LogConfig::prefault_memory`).
     pub prefault_memory: bool,
+    /// Bytes of segment images the master may keep on its flash tier (0: no flash tier; see
+    /// `LogConfig::flash_image_bytes`).
+    pub flash_image_bytes: u64,
 }
 
 /// A configuration rule that does not hold.
@@ -72,6 +75,7 @@ impl StoreConfig {
             value_bytes_max: VALUE_BYTES_MAX_DEFAULT as u32,
             cleaner: CleanerConfig::default(),
             prefault_memory: false,
+            flash_image_bytes: 0,
         }
     }
 
@@ -86,6 +90,7 @@ impl StoreConfig {
             value_bytes_max: 128 << 10,
             cleaner: CleanerConfig::default(),
             prefault_memory: false,
+            flash_image_bytes: 0,
         }
     }
 
@@ -96,6 +101,7 @@ impl StoreConfig {
             segment_bytes: self.segment_bytes,
             seglet_bytes: self.seglet_bytes,
             prefault_memory: self.prefault_memory,
+            flash_image_bytes: self.flash_image_bytes,
         }
     }
 

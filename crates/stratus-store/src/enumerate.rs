@@ -11,7 +11,7 @@ use stratus_log::format::decode_object_unverified;
 use stratus_log::Reference;
 use stratus_types::{key_hash, ExpiresAt, HashRange, TableId, Version};
 
-use crate::{ObjectStore, WallTime};
+use crate::{ObjectError, ObjectStore, WallTime};
 
 /// Buckets one call scans at most before returning a cursor, so a call on a sparse table takes
 /// bounded time (RAMCloud answers with a partial result the same way).
@@ -36,7 +36,8 @@ impl ObjectStore {
     /// Some(k)` so are those with reversed hash equal to it and key <= k. Stops once the emitted key + value bytes would pass `bytes_max` (at
     /// least one object is emitted if any remains) or after scanning
     /// [`ENUMERATE_BUCKETS_PER_CALL_MAX`] buckets. Objects expired at `now` are skipped.
-    /// Returns the cursor to continue from, or `None` when the range is exhausted.
+    /// Returns the cursor to continue from, or `None` when the range is exhausted; an error
+    /// when a value on flash could not be read (nothing of that call is emitted).
     // The signature is the one the master calls; an alias for `emit` would only hide it.
     #[allow(clippy::type_complexity)]
     pub fn enumerate(
@@ -47,7 +48,7 @@ impl ObjectStore {
         bytes_max: usize,
         now: WallTime,
         emit: &mut dyn FnMut(&[u8], &[u8], Version, Option<ExpiresAt>),
-    ) -> Option<EnumerationCursor> {
+    ) -> Result<Option<EnumerationCursor>, ObjectError> {
         let bucket_count = self.index.bucket_count();
         let bucket_bits = bucket_count.trailing_zeros();
         // Position i covers reversed hashes whose top `bucket_bits` bits equal i.
@@ -69,10 +70,10 @@ impl ObjectStore {
         let mut scanned = 0u64;
         while position < bucket_count {
             if scanned == ENUMERATE_BUCKETS_PER_CALL_MAX {
-                return Some(match last_emitted {
+                return Ok(Some(match last_emitted {
                     Some((reversed, key)) => (reversed, Some(key)),
                     None => (first_reversed_of(position), None),
-                });
+                }));
             }
             scanned += 1;
             let bucket_index = bucket_of(position);
@@ -83,11 +84,12 @@ impl ObjectStore {
             let class_mask = if bucket_bits == 0 { 0 } else { u64::MAX >> (64 - bucket_bits) };
             let in_class = |hash: u64| hash & class_mask == bucket_index;
             let mut found = Vec::new();
+            let mut flash_failure = None;
             let epoch = self.log.pin();
             // Every bucket that may hold hashes whose low `bucket_bits` bits are
             // `bucket_index`, whatever the table's size is now (it may resize meanwhile).
             self.index.for_each_in_hash_class(bucket_index, bucket_bits, |reference| {
-                let (_, content) = self.log.entry(&epoch, Reference(reference));
+                let (entry_type, content) = self.log.entry(&epoch, Reference(reference));
                 let object = decode_object_unverified(&content).expect("corrupt object in the log");
                 if object.table != table || now.has_passed(object.expires_at) {
                     return;
@@ -101,22 +103,34 @@ impl ObjectStore {
                     || (reversed_hash == cursor_reversed_hash
                         && cursor_after_key.is_none_or(|after| object.key > after));
                 if after_cursor {
+                    // The visit holds the bucket's lock, as a value on flash must be read.
+                    let value = match self.object_value(Reference(reference), entry_type, &content)
+                    {
+                        Ok(value) => value.into_owned(),
+                        Err(error) => {
+                            flash_failure = Some(error);
+                            return;
+                        }
+                    };
                     found.push(Found {
                         reversed_hash,
                         key: object.key.to_vec(),
-                        value: object.value.to_vec(),
+                        value,
                         version: object.version,
                         expires_at: object.expires_at,
                     });
                 }
             });
             drop(epoch);
+            if let Some(error) = flash_failure {
+                return Err(error);
+            }
             found.sort_by(|a, b| (a.reversed_hash, &a.key).cmp(&(b.reversed_hash, &b.key)));
             for object in found {
                 let object_bytes = object.key.len() + object.value.len();
                 if let Some((reversed, key)) = &last_emitted {
                     if emitted_bytes + object_bytes > bytes_max {
-                        return Some((*reversed, Some(key.clone())));
+                        return Ok(Some((*reversed, Some(key.clone()))));
                     }
                 }
                 emit(&object.key, &object.value, object.version, object.expires_at);
@@ -125,6 +139,6 @@ impl ObjectStore {
             }
             position += 1;
         }
-        None
+        Ok(None)
     }
 }

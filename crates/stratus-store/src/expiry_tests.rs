@@ -141,7 +141,7 @@ fn enumeration_skips_expired_objects() {
         let mut count = 0;
         let mut emit = |_: &[u8], _: &[u8], _: Version, _| count += 1;
         let next = store.enumerate(TABLE, HashRange::FULL, (0, None), usize::MAX, now, &mut emit);
-        assert!(next.is_none());
+        assert!(next.unwrap().is_none());
         count
     };
     assert_eq!(count_at(at(99)), 50);

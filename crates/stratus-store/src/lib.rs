@@ -34,6 +34,7 @@ mod cleaner;
 mod completions;
 mod config;
 mod enumerate;
+mod flash;
 mod prepared;
 mod replay;
 mod transactions;
@@ -48,6 +49,7 @@ pub use cleaner::{
 pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
+pub use flash::{Demoted, FlashImageError, FlashImages, FlashStatistics, MemoryImages};
 pub use prepared::{PreparedStatistics, TransactionToFinish};
 pub use replay::{
     ReplayCollector, ReplayError, ReplayInto, ReplayRoom, ReplayStatistics, RoomShortage,
@@ -67,7 +69,7 @@ use stratus_log::{
 };
 use stratus_types::limits::KEY_BYTES_MAX;
 use stratus_types::{HashRange, KeyHash, RejectReason, RejectRules, RpcIdentity};
-use stratus_types::{SegmentId, ServerId, TableId, Version};
+use stratus_types::{SegmentId, ServerId, TableId, Tier, Version};
 
 /// A reading of the master's wall clock, taken by the caller of every operation that needs
 /// the time (the engine reads no clock): object timestamps (the cleaner's ages) use its
@@ -169,6 +171,11 @@ pub enum ObjectError {
     /// A transaction's operation that its own participant list does not name (the list is
     /// what finishes the transaction if its client dies, so it must be whole).
     NotAParticipant,
+    /// The object's value is on flash and could not be read (the device failed).
+    FlashRead(FlashImageError),
+    /// The object's value on flash does not verify (its checksum, or it is another object):
+    /// the master's flash is corrupt; the durable copies on backups are not affected.
+    FlashCorrupt,
 }
 
 /// A change to one object, as [`ObjectStore::mutate`] applies it.
@@ -276,6 +283,10 @@ pub struct ObjectStore {
     cleaner: cleaner::CleanerState,
     completions: completions::CompletionTable,
     prepared: prepared::PreparedTable,
+    /// The tier of every table whose objects do not live in memory (absent: memory).
+    table_tiers: std::sync::RwLock<std::collections::HashMap<TableId, Tier>>,
+    /// Segment images on flash, when the server gave the store a flash tier.
+    flash: flash::FlashTier,
 }
 
 /// The current object of a key, found under its bucket lock: live, or expired and not yet
@@ -328,7 +339,31 @@ impl ObjectStore {
             cleaner: cleaner::CleanerState::default(),
             completions: completions::CompletionTable::default(),
             prepared: prepared::PreparedTable::default(),
+            table_tiers: Default::default(),
+            flash: Default::default(),
         })
+    }
+
+    /// Records the tier of `table`, as its master learns it with a tablet (idempotent; a
+    /// table's tier never changes after creation, so a later call with another tier is a bug
+    /// of the caller and stops the server rather than mixing tiers).
+    pub fn set_table_tier(&self, table: TableId, tier: Tier) {
+        let mut tiers = self.table_tiers.write().expect("table tiers poisoned");
+        let previous = if tier == Tier::Memory {
+            tiers.get(&table).copied()
+        } else {
+            tiers.insert(table, tier)
+        };
+        assert!(
+            previous.is_none_or(|previous| previous == tier),
+            "table {table:?} changed tier from {previous:?} to {tier:?}"
+        );
+    }
+
+    /// The tier of `table` (memory unless `set_table_tier` said otherwise).
+    pub fn table_tier(&self, table: TableId) -> Tier {
+        let tiers = self.table_tiers.read().expect("table tiers poisoned");
+        tiers.get(&table).copied().unwrap_or_default()
     }
 
     /// The configuration.
@@ -360,7 +395,10 @@ impl ObjectStore {
         let mut expires_at = None;
         let (slot, reference) = guard.find(|reference| {
             let (entry_type, content) = self.log.entry(epoch, Reference(reference));
-            assert_eq!(entry_type, EntryType::Object, "hash table points at a non-object");
+            assert!(
+                matches!(entry_type, EntryType::Object | EntryType::FlashObject),
+                "hash table points at a non-object"
+            );
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
             let found = object.table == table && object.key == key;
             if found {
@@ -413,9 +451,8 @@ impl ObjectStore {
             });
         };
         check_rules(rules, current.version)?;
-        let (_, content) = self.log.entry(&epoch, current.reference);
-        let object = decode_object_unverified(&content).expect("corrupt object in the log");
-        value_out.put_slice(object.value);
+        let (entry_type, content) = self.log.entry(&epoch, current.reference);
+        value_out.put_slice(&self.object_value(current.reference, entry_type, &content)?);
         Ok(FoundObject {
             version: current.version,
             segment_id: self.log.segment_of(current.reference),
@@ -569,9 +606,8 @@ impl ObjectStore {
                 };
                 check_rules(rules, live_object.version)?;
                 let expires_at = expiry.resolve(now.millis(), live_object.expires_at);
-                let (_, content) = self.log.entry(&epoch, live_object.reference);
-                let object = decode_object_unverified(&content).expect("corrupt object in the log");
-                let value = object.value;
+                let (entry_type, content) = self.log.entry(&epoch, live_object.reference);
+                let value = &*self.object_value(live_object.reference, entry_type, &content)?;
                 let new = NewObject { table, key, value, expires_at, timestamp: now.seconds() };
                 let stored = self.store_object(&epoch, &mut guard, current, new, draft, None)?;
                 (CompletionResult { version: stored.0, integer: None }, stored.1)
@@ -600,11 +636,10 @@ impl ObjectStore {
                 let old_value = match live_object {
                     None => 0,
                     Some(current) => {
-                        let (_, content) = self.log.entry(&epoch, current.reference);
-                        let object =
-                            decode_object_unverified(&content).expect("corrupt object in the log");
-                        let bytes: [u8; 8] = object
-                            .value
+                        let (entry_type, content) = self.log.entry(&epoch, current.reference);
+                        let value = self.object_value(current.reference, entry_type, &content)?;
+                        let bytes: [u8; 8] = value
+                            .as_ref()
                             .try_into()
                             .map_err(|_| ObjectError::NotAnInteger { current: current_version })?;
                         i64::from_le_bytes(bytes)
@@ -908,6 +943,8 @@ mod cleaner_tests;
 mod completion_tests;
 #[cfg(test)]
 mod expiry_tests;
+#[cfg(test)]
+mod flash_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -289,14 +289,16 @@ fn enumerate_all(
     let mut cursor = (0u64, None::<Vec<u8>>);
     for call in 0.. {
         let mut batch = Vec::new();
-        let next = store.enumerate(
-            TABLE,
-            range,
-            (cursor.0, cursor.1.as_deref()),
-            bytes_max,
-            WallTime::from_seconds(0),
-            &mut |k, v, version, _| batch.push((k.to_vec(), v.to_vec(), version)),
-        );
+        let next = store
+            .enumerate(
+                TABLE,
+                range,
+                (cursor.0, cursor.1.as_deref()),
+                bytes_max,
+                WallTime::from_seconds(0),
+                &mut |k, v, version, _| batch.push((k.to_vec(), v.to_vec(), version)),
+            )
+            .unwrap();
         let batch_bytes: usize = batch.iter().map(|(k, v, _)| k.len() + v.len()).sum();
         assert!(batch.len() <= 1 || batch_bytes <= bytes_max);
         all.extend(batch);
@@ -580,7 +582,11 @@ pub(crate) fn replay(store: &ObjectStore) -> BTreeMap<Vec<u8>, (Vec<u8>, Version
     let mut safe_version_max = Version(0);
     let log = store.log();
     for segment_id in log.segment_ids() {
-        let (bytes, certificate) = log.segment_contents(segment_id).unwrap();
+        // What a backup holds: a segment with objects on flash is replicated from its image.
+        let (bytes, certificate) = match store.replication_image(segment_id) {
+            Some(image) => image.unwrap(),
+            None => log.segment_contents(segment_id).unwrap(),
+        };
         for entry in SegmentIterator::new(&bytes, &certificate).unwrap() {
             match entry.unwrap().entry {
                 Entry::Object(object) => {

@@ -900,7 +900,7 @@ pub fn run_server(
         }
         let wall_clock = environment.wall_clock.clone();
         let mut master =
-            Master::with_memory(server_id, MasterConfig { store }, wall_clock, memory)?;
+            Master::with_memory(server_id, MasterConfig::memory_only(store), wall_clock, memory)?;
         if arguments.replicas > 0 {
             let mut config = ReplicationConfig::new(arguments.replicas, coordinator.clone());
             if arguments.placement == "copyset" {

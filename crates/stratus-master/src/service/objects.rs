@@ -257,6 +257,20 @@ impl Master {
                 })
             },
         );
+        let next = match next {
+            Ok(next) => next,
+            Err(error) => {
+                let opcode = Opcode::Enumerate.code();
+                let message = format!("enumeration failed: {error:?}");
+                return encode_error_response(
+                    out,
+                    request_id,
+                    opcode,
+                    status_of(error).0,
+                    &message,
+                );
+            }
+        };
         let next = next.map(|(reversed_hash, after_key)| EnumerationCursor {
             reversed_hash,
             after_key: after_key.map(Bytes::from),
@@ -337,7 +351,7 @@ pub(super) fn respond_version(
 }
 
 /// The status and version a store error is reported with.
-pub(super) fn status_of(error: ObjectError) -> (Status, Version) {
+pub(crate) fn status_of(error: ObjectError) -> (Status, Version) {
     match error {
         ObjectError::Rejected { reason, current } => {
             let status = match reason {
@@ -360,5 +374,11 @@ pub(super) fn status_of(error: ObjectError) -> (Status, Version) {
         // or two, the client's retry finds it free.
         ObjectError::Locked => (Status::Retry, Version(0)),
         ObjectError::NotAParticipant => (Status::RequestFormatError, Version(0)),
+        // This master's own flash failed or is corrupt: its problem, not the request's (the
+        // durable copies on backups are intact; docs/design/flash-tier.md says what an
+        // operator does).
+        ObjectError::FlashRead(_) | ObjectError::FlashCorrupt => {
+            (Status::InternalError, Version(0))
+        }
     }
 }

@@ -1,0 +1,410 @@
+//! The flash tier of a master (issue 25, docs/design/flash-tier.md): objects of flash tables
+//! leave memory through compaction and are read back from their segment's image on flash.
+//!
+//! Design in one paragraph. A flash table's writes go through the memory log as any table's
+//! (appended, replicated to R backups, acknowledged under the same rule), so exactly-once
+//! operations, transactions, recovery and migration see ordinary objects. When the cleaner
+//! demotes a closed, fully replicated segment, the store first writes the segment's bytes as they
+//! are in memory — a valid segment, the very bytes a backup could hold — to the master's flash
+//! as the segment's **image**, then compacts the segment in place, writing for each live object
+//! of a flash table a FLASH_OBJECT entry (the object's prefix and key, and where its entry sits
+//! in the image) instead of the object. Lookups, versions, reject rules, locks and expiry need
+//! only the FLASH_OBJECT; a read of the value reads the entry from the image and verifies its
+//! checksum. Combined cleaning reads survivors back from the image and writes them whole into
+//! survivor segments (replicated, then demoted again later), so the memory log's disk-level
+//! cleaner is also the flash tier's garbage collector: an image is deleted when its segment
+//! leaves the log. A backup lost meanwhile is re-replicated from the image, never from the
+//! compacted memory (which lacks the values).
+//!
+//! The store reaches flash only through [`FlashImages`], which the server implements with files
+//! (and tests with memory): writes from the cleaner's thread, reads under the object's bucket
+//! lock (so the cleaner cannot move the object and delete its image meanwhile).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use stratus_log::format::{
+    decode_entry_header, decode_flash_object, decode_object, decode_object_unverified, Certificate,
+    FlashLocator,
+};
+use stratus_log::{EntryType, Reference};
+use stratus_types::{SegmentId, TableId, Tier};
+
+use crate::{ObjectError, ObjectStore, WallTime};
+
+/// Why flash could not do what the store asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashImageError {
+    /// The flash budget has no room for another image: demotion waits for cleaning to delete
+    /// some (objects stay in memory meanwhile).
+    Full,
+    /// The image does not exist (its segment left the log).
+    Missing(SegmentId),
+    /// The device failed.
+    Io(std::io::ErrorKind),
+    /// The image is shorter than the bytes asked for.
+    ShortRead,
+}
+
+impl std::fmt::Display for FlashImageError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FlashImageError::Full => write!(formatter, "the flash budget is full"),
+            FlashImageError::Missing(segment) => write!(formatter, "no image of segment {segment}"),
+            FlashImageError::Io(kind) => write!(formatter, "flash I/O failed: {kind}"),
+            FlashImageError::ShortRead => write!(formatter, "the image is shorter than asked"),
+        }
+    }
+}
+
+impl std::error::Error for FlashImageError {}
+
+/// Where segment images live: the master's flash directory, or memory in tests.
+pub trait FlashImages: Send + Sync + std::fmt::Debug {
+    /// Stores the image of `segment` (replacing none: a segment is imaged once).
+    fn write_image(&self, segment: SegmentId, bytes: &[u8]) -> Result<(), FlashImageError>;
+    /// Reads `length` bytes at `offset` of the image of `segment`.
+    fn read(
+        &self,
+        segment: SegmentId,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, FlashImageError>;
+    /// Deletes the image of `segment` (its segment left the log). Reads already running may
+    /// finish; later ones get `Missing`.
+    fn delete_image(&self, segment: SegmentId);
+}
+
+/// What the store knows of its flash tier.
+#[derive(Debug, Default)]
+pub(crate) struct FlashTier {
+    images: Option<Arc<dyn FlashImages>>,
+    state: Mutex<FlashState>,
+}
+
+#[derive(Debug, Default)]
+struct FlashState {
+    /// Segments with an image, and the certificate of the image's bytes.
+    imaged: BTreeMap<SegmentId, Certificate>,
+    /// Closed segments found to hold no live flash-table object (never looked at again: a
+    /// closed segment gains no objects).
+    nothing_to_demote: BTreeSet<SegmentId>,
+}
+
+/// Counters of the flash tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlashStatistics {
+    /// Segments with an image on flash now.
+    pub images: u64,
+    /// Bytes of those images.
+    pub image_bytes: u64,
+}
+
+/// What one demotion did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Demoted {
+    /// The segment imaged and compacted.
+    pub segment_id: SegmentId,
+    /// Objects now on flash.
+    pub objects: u64,
+    /// Seglets of memory the compaction freed.
+    pub seglets_freed: u32,
+}
+
+impl FlashTier {
+    fn state(&self) -> MutexGuard<'_, FlashState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl ObjectStore {
+    /// Gives the store a flash tier: from now on `demote_once` moves flash tables' objects to
+    /// images in `images`. Called once, before the master serves.
+    pub fn attach_flash(&mut self, images: Arc<dyn FlashImages>) {
+        assert!(self.flash.images.is_none(), "a flash tier is attached once");
+        self.flash.images = Some(images);
+    }
+
+    /// Whether a flash tier is attached.
+    pub fn has_flash(&self) -> bool {
+        self.flash.images.is_some()
+    }
+
+    /// Counters of the flash tier.
+    pub fn flash_statistics(&self) -> FlashStatistics {
+        let state = self.flash.state();
+        FlashStatistics {
+            images: state.imaged.len() as u64,
+            image_bytes: state.imaged.values().map(|c| u64::from(c.segment_length)).sum(),
+        }
+    }
+
+    /// Whether `segment_id` has an image (new replicas of it come from
+    /// [`ObjectStore::replication_image`]).
+    pub fn has_image(&self, segment_id: SegmentId) -> bool {
+        self.flash.state().imaged.contains_key(&segment_id)
+    }
+
+    /// The bytes and certificate a new replica of `segment_id` must receive when the segment
+    /// has an image (its memory holds FLASH_OBJECT entries, which never leave the master):
+    /// the image, read back. `None` when the segment has no image (replicate from memory).
+    pub fn replication_image(
+        &self,
+        segment_id: SegmentId,
+    ) -> Option<Result<(Vec<u8>, Certificate), FlashImageError>> {
+        let certificate = *self.flash.state().imaged.get(&segment_id)?;
+        let images = self.flash.images.as_ref().expect("an image without a flash tier");
+        Some(
+            images
+                .read(segment_id, 0, certificate.segment_length)
+                .map(|bytes| (bytes, certificate)),
+        )
+    }
+
+    /// Moves the objects of flash tables out of one closed, replicated segment: writes its
+    /// image, then compacts it with a FLASH_OBJECT in place of each such live object. `None`
+    /// when no segment has any to move (or no flash tier is attached, or no table is on flash).
+    /// An image that cannot be written leaves the segment as it was and is the error.
+    pub fn demote_once(&self, now: WallTime) -> Result<Option<Demoted>, FlashImageError> {
+        let Some(images) = self.flash.images.clone() else { return Ok(None) };
+        if !self.has_flash_tables() {
+            return Ok(None);
+        }
+        let candidates: Vec<SegmentId> = {
+            let state = self.flash.state();
+            self.log
+                .cleaning_candidates(now.millis())
+                .into_iter()
+                .map(|candidate| candidate.segment_id)
+                .filter(|id| {
+                    !state.imaged.contains_key(id) && !state.nothing_to_demote.contains(id)
+                })
+                .collect()
+        };
+        for segment_id in candidates {
+            let flash_objects = self.live_flash_table_objects(segment_id);
+            if flash_objects == 0 {
+                self.flash.state().nothing_to_demote.insert(segment_id);
+                continue;
+            }
+            let Some(seglets) = self.demotion_seglets(segment_id, now) else { continue };
+            if !self.log.begin_compaction(segment_id, seglets) {
+                continue;
+            }
+            // The segment's bytes stay as they are until the compaction finishes.
+            let (bytes, certificate) =
+                self.log.segment_contents(segment_id).expect("a segment being compacted");
+            let written = images.write_image(segment_id, &bytes);
+            if written.is_ok() {
+                self.flash.state().imaged.insert(segment_id, certificate);
+            }
+            let offsets = written.as_ref().ok().map(|_| entry_offsets(&bytes));
+            let epoch = self.log.pin();
+            let entries =
+                self.log.segment_entries(&epoch, segment_id).expect("a segment being compacted");
+            if let Some(offsets) = &offsets {
+                assert_eq!(offsets.len(), entries.len(), "the image and the segment disagree");
+            }
+            // Without an image (flash full or failing) the segment is compacted as usual: the
+            // seglets are set aside already, and the compaction frees its dead entries anyway.
+            let compacted =
+                self.compact_entries(&epoch, segment_id, &entries, offsets.as_deref(), now);
+            drop(epoch);
+            let seglets_freed = self.log.finish_compaction(segment_id);
+            written?;
+            return Ok(Some(Demoted { segment_id, objects: compacted.demoted, seglets_freed }));
+        }
+        Ok(None)
+    }
+
+    /// Whether any table this store knows is on flash.
+    fn has_flash_tables(&self) -> bool {
+        let tiers = self.table_tiers.read().expect("table tiers poisoned");
+        tiers.values().any(|tier| *tier == Tier::Flash)
+    }
+
+    /// Objects of flash tables that the index still points at in `segment_id`.
+    fn live_flash_table_objects(&self, segment_id: SegmentId) -> u64 {
+        let epoch = self.log.pin();
+        let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
+        let mut count = 0;
+        for (reference, entry_type) in entries {
+            if entry_type != EntryType::Object {
+                continue;
+            }
+            let (_, content) = self.log.entry(&epoch, reference);
+            let object = decode_object_unverified(&content).expect("corrupt object in the log");
+            if self.table_tier(object.table) != Tier::Flash {
+                continue;
+            }
+            let hash = stratus_types::key_hash(object.table, object.key).0;
+            if self.index.lock(hash).find(|found| found == reference.0).is_some() {
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// Seglets a compacted copy of `segment_id` needs at most: its movable bytes and header,
+    /// at the compactor's utilization bound (FLASH_OBJECT entries only make it smaller).
+    fn demotion_seglets(&self, segment_id: SegmentId, now: WallTime) -> Option<u32> {
+        let candidate = self
+            .log
+            .cleaning_candidates(now.millis())
+            .into_iter()
+            .find(|candidate| candidate.segment_id == segment_id)?;
+        Some(crate::cleaner::compacted_seglets_needed(self.log.config(), candidate.movable_bytes))
+    }
+
+    /// The value of the object whose entry (of type `entry_type`, content `content`) is at
+    /// `reference`: borrowed from memory, or read from its segment's image and verified. The
+    /// caller holds the object's bucket lock (so the cleaner cannot move it and delete the
+    /// image meanwhile).
+    pub(crate) fn object_value<'c>(
+        &self,
+        reference: Reference,
+        entry_type: EntryType,
+        content: &'c [u8],
+    ) -> Result<Cow<'c, [u8]>, ObjectError> {
+        if entry_type == EntryType::Object {
+            let object = decode_object_unverified(content).expect("corrupt object in the log");
+            return Ok(Cow::Borrowed(object.value));
+        }
+        assert_eq!(entry_type, EntryType::FlashObject, "hash table points at a non-object");
+        let (stub, locator) = decode_flash_object(content).expect("corrupt flash object");
+        let segment_id = self.log.segment_of(reference);
+        let bytes = self.read_image_entry(segment_id, locator)?;
+        let header = decode_entry_header(&bytes).map_err(|_| ObjectError::FlashCorrupt)?;
+        let object = (header.entry_type == EntryType::Object)
+            .then(|| decode_object(&bytes[header.header_bytes..]).ok())
+            .flatten()
+            .filter(|object| {
+                (object.table, object.key, object.version) == (stub.table, stub.key, stub.version)
+            })
+            .ok_or(ObjectError::FlashCorrupt)?;
+        Ok(Cow::Owned(object.value.to_vec()))
+    }
+
+    /// The whole OBJECT entry (header and content) a FLASH_OBJECT stands for.
+    fn read_image_entry(
+        &self,
+        segment_id: SegmentId,
+        locator: FlashLocator,
+    ) -> Result<Vec<u8>, ObjectError> {
+        let images = self.flash.images.as_ref().expect("a flash object without a flash tier");
+        let bytes = images
+            .read(segment_id, locator.entry_offset, locator.entry_bytes)
+            .map_err(ObjectError::FlashRead)?;
+        if bytes.len() != locator.entry_bytes as usize {
+            return Err(ObjectError::FlashCorrupt);
+        }
+        Ok(bytes)
+    }
+
+    /// The OBJECT content a FLASH_OBJECT at `reference` stands for, verified (for combined
+    /// cleaning, which writes it whole into a survivor).
+    pub(crate) fn flash_object_content(
+        &self,
+        reference: Reference,
+        content: &[u8],
+    ) -> Result<Vec<u8>, ObjectError> {
+        let (stub, locator) = decode_flash_object(content).expect("corrupt flash object");
+        let bytes = self.read_image_entry(self.log.segment_of(reference), locator)?;
+        let header = decode_entry_header(&bytes).map_err(|_| ObjectError::FlashCorrupt)?;
+        let object_content = &bytes[header.header_bytes..];
+        let verified = header.entry_type == EntryType::Object
+            && decode_object(object_content).is_ok_and(|object| {
+                (object.table, object.key, object.version) == (stub.table, stub.key, stub.version)
+            });
+        if !verified {
+            return Err(ObjectError::FlashCorrupt);
+        }
+        Ok(object_content.to_vec())
+    }
+
+    /// Deletes the images of segments that left the log.
+    pub(crate) fn forget_images(&self, segments: &[SegmentId]) {
+        let Some(images) = &self.flash.images else { return };
+        let mut state = self.flash.state();
+        for segment in segments {
+            state.nothing_to_demote.remove(segment);
+            if state.imaged.remove(segment).is_some() {
+                images.delete_image(*segment);
+            }
+        }
+    }
+
+    /// The table's tier as the cleaner sees it (tests set tiers directly).
+    pub(crate) fn is_flash_table(&self, table: TableId) -> bool {
+        self.table_tier(table) == Tier::Flash
+    }
+}
+
+/// The offset and size of every entry of a segment's bytes, in order.
+fn entry_offsets(segment: &[u8]) -> Vec<(u32, u32)> {
+    let mut offsets = Vec::new();
+    let mut position = 0usize;
+    while position < segment.len() {
+        let header =
+            decode_entry_header(&segment[position..]).expect("a segment's own bytes parse");
+        let bytes = header.header_bytes + header.content_bytes as usize;
+        offsets.push((position as u32, bytes as u32));
+        position += bytes;
+    }
+    offsets
+}
+
+/// Segment images in memory, for tests (and a model of what the server's files must do).
+#[derive(Debug, Default)]
+pub struct MemoryImages {
+    images: Mutex<BTreeMap<SegmentId, Vec<u8>>>,
+    /// Images beyond this many are refused (`Full`).
+    images_max: Option<usize>,
+}
+
+impl MemoryImages {
+    /// An empty store of images that refuses any beyond `images_max` (`Full`).
+    pub fn with_images_max(images_max: usize) -> MemoryImages {
+        MemoryImages { images_max: Some(images_max), ..MemoryImages::default() }
+    }
+
+    /// Images held now.
+    pub fn image_count(&self) -> usize {
+        self.images.lock().expect("images poisoned").len()
+    }
+
+    /// Flips one byte of an image (tests of corruption).
+    pub fn corrupt(&self, segment: SegmentId, offset: usize) {
+        let mut images = self.images.lock().expect("images poisoned");
+        let image = images.get_mut(&segment).expect("no such image");
+        image[offset] ^= 0xFF;
+    }
+}
+
+impl FlashImages for MemoryImages {
+    fn write_image(&self, segment: SegmentId, bytes: &[u8]) -> Result<(), FlashImageError> {
+        let mut images = self.images.lock().expect("images poisoned");
+        if self.images_max.is_some_and(|max| images.len() >= max) {
+            return Err(FlashImageError::Full);
+        }
+        images.insert(segment, bytes.to_vec());
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        segment: SegmentId,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, FlashImageError> {
+        let images = self.images.lock().expect("images poisoned");
+        let image = images.get(&segment).ok_or(FlashImageError::Missing(segment))?;
+        let range = offset as usize..offset as usize + length as usize;
+        image.get(range).map(<[u8]>::to_vec).ok_or(FlashImageError::ShortRead)
+    }
+
+    fn delete_image(&self, segment: SegmentId) {
+        self.images.lock().expect("images poisoned").remove(&segment);
+    }
+}

@@ -1,0 +1,309 @@
+//! Flash tier tests: demotion moves flash tables' objects out of memory and leaves everything an
+//! operation needs; values read back verified; combined cleaning reads them back whole and
+//! deletes images; what a backup would hold never contains a FLASH_OBJECT; failures of flash
+//! are errors, never wrong answers.
+
+use std::sync::Arc;
+
+use stratus_log::{EntryType, SegmentIterator};
+use stratus_types::{key_hash, RejectReason, RejectRules, ServerId, TableId, Tier};
+use stratus_types::{HashRange, Version};
+
+use crate::cleaner_tests::small_config;
+use crate::tests::replay;
+use crate::{CleanOutcome, Expiry, FlashImages, MemoryImages, ObjectError, ObjectStore};
+use crate::{Mutation, StoreConfig, WallTime};
+
+/// The table the shared test helpers (`replay`) expect; on flash here.
+const FLASH_TABLE: TableId = TableId(7);
+const MEMORY_TABLE: TableId = TableId(8);
+const NOW: u32 = 1_700_000_000;
+
+fn flash_store(config: StoreConfig) -> (ObjectStore, Arc<MemoryImages>) {
+    let mut store = ObjectStore::new(config, ServerId(1)).unwrap();
+    let images = Arc::new(MemoryImages::default());
+    store.attach_flash(images.clone());
+    store.set_table_tier(FLASH_TABLE, Tier::Flash);
+    (store, images)
+}
+
+fn value_for(key: u32, generation: u32, length: usize) -> Vec<u8> {
+    let seed = key.wrapping_mul(31).wrapping_add(generation.wrapping_mul(17));
+    (0..length).map(|index| (seed as usize + index) as u8).collect()
+}
+
+fn key_of(key: u32) -> Vec<u8> {
+    format!("key-{key}").into_bytes()
+}
+
+fn write(store: &ObjectStore, table: TableId, key: u32, value: &[u8]) -> Version {
+    let key = key_of(key);
+    let hash = key_hash(table, &key);
+    let now = WallTime::from_seconds(NOW);
+    store.write(table, &key, hash, value, &RejectRules::NONE, Expiry::Never, now).unwrap()
+}
+
+fn read(store: &ObjectStore, table: TableId, key: u32) -> Result<(Vec<u8>, Version), ObjectError> {
+    let key = key_of(key);
+    let mut value = Vec::new();
+    let now = WallTime::from_seconds(NOW);
+    let rules = RejectRules::NONE;
+    let version = store.read(table, &key, key_hash(table, &key), &rules, now, &mut value)?;
+    Ok((value, version))
+}
+
+/// Demotes until no segment has flash objects left in memory; returns the objects moved.
+fn demote_all(store: &ObjectStore) -> u64 {
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let mut objects = 0;
+    for _ in 0..1_000 {
+        match store.demote_once(WallTime::from_seconds(NOW)).unwrap() {
+            Some(demoted) => objects += demoted.objects,
+            None => return objects,
+        }
+    }
+    panic!("demotion never finishes");
+}
+
+fn flash_object_entries(store: &ObjectStore) -> usize {
+    let log = store.log();
+    let epoch = log.pin();
+    log.segment_ids()
+        .into_iter()
+        .filter_map(|segment| log.segment_entries(&epoch, segment))
+        .flatten()
+        .filter(|(_, entry_type)| *entry_type == EntryType::FlashObject)
+        .count()
+}
+
+#[test]
+fn demotion_moves_flash_objects_out_of_memory_and_every_value_reads_back() {
+    let (store, images) = flash_store(small_config());
+    let mut versions = Vec::new();
+    for key in 0..300u32 {
+        versions.push(write(&store, FLASH_TABLE, key, &value_for(key, 0, 900)));
+        write(&store, MEMORY_TABLE, key, &value_for(key, 1, 900));
+    }
+    let tallies_before = store.log().table_tallies().of(FLASH_TABLE);
+    let before = store.statistics();
+    let demoted = demote_all(&store);
+    assert_eq!(demoted, 300, "every flash object left memory once");
+    assert_eq!(flash_object_entries(&store), 300);
+    assert!(images.image_count() > 0);
+    let after = store.statistics();
+    assert!(
+        after.log_bytes_allocated + 200 * 900 < before.log_bytes_allocated,
+        "memory kept the values: {} → {}",
+        before.log_bytes_allocated,
+        after.log_bytes_allocated
+    );
+    // The per-table tallies still count each object at its size.
+    assert_eq!(store.log().table_tallies().of(FLASH_TABLE), tallies_before);
+    for key in 0..300u32 {
+        assert_eq!(
+            read(&store, FLASH_TABLE, key).unwrap(),
+            (value_for(key, 0, 900), versions[key as usize])
+        );
+        assert_eq!(read(&store, MEMORY_TABLE, key).unwrap().0, value_for(key, 1, 900));
+    }
+    // A second round finds nothing left to move.
+    assert_eq!(demote_all(&store), 0);
+    let statistics = store.flash_statistics();
+    assert_eq!(statistics.images as usize, images.image_count());
+}
+
+#[test]
+fn versions_rules_and_expiry_of_flash_objects_need_no_flash_read() {
+    let (store, images) = flash_store(small_config());
+    let version = write(&store, FLASH_TABLE, 1, &value_for(1, 0, 500));
+    demote_all(&store);
+    // Break every image: only an operation that needs the value may notice.
+    for segment in store.log().segment_ids() {
+        if store.replication_image(segment).is_some() {
+            images.delete_image(segment);
+        }
+    }
+    let key = key_of(1);
+    let hash = key_hash(FLASH_TABLE, &key);
+    let now = WallTime::from_seconds(NOW);
+    let stale = RejectRules {
+        version_ne_given: true,
+        given_version: Version(version.0 + 5),
+        ..RejectRules::NONE
+    };
+    let refused = store.write(FLASH_TABLE, &key, hash, b"new", &stale, Expiry::Never, now);
+    assert_eq!(
+        refused,
+        Err(ObjectError::Rejected { reason: RejectReason::WrongVersion, current: version })
+    );
+    assert!(matches!(read(&store, FLASH_TABLE, 1), Err(ObjectError::FlashRead(_))));
+    // Overwriting and removing need only the index entry.
+    let exact = RejectRules { version_ne_given: true, given_version: version, ..RejectRules::NONE };
+    let newer = store.write(FLASH_TABLE, &key, hash, b"new", &exact, Expiry::Never, now).unwrap();
+    assert!(newer > version);
+    assert_eq!(read(&store, FLASH_TABLE, 1).unwrap(), (b"new".to_vec(), newer));
+}
+
+#[test]
+fn a_corrupt_image_is_an_error_never_a_wrong_value() {
+    let (store, images) = flash_store(small_config());
+    write(&store, FLASH_TABLE, 1, &value_for(1, 0, 500));
+    demote_all(&store);
+    let segment = store
+        .log()
+        .segment_ids()
+        .into_iter()
+        .find(|segment| store.replication_image(*segment).is_some())
+        .unwrap();
+    let (bytes, _) = store.replication_image(segment).unwrap().unwrap();
+    // Flip a byte of the object's value (its last bytes are in the image).
+    let object_end = bytes.len() - 1;
+    images.corrupt(segment, object_end);
+    let corrupt_reads = (0..1).map(|_| read(&store, FLASH_TABLE, 1)).collect::<Vec<_>>();
+    assert!(
+        corrupt_reads.iter().all(|result| *result == Err(ObjectError::FlashCorrupt)),
+        "{corrupt_reads:?}"
+    );
+}
+
+#[test]
+fn increments_enumeration_and_transactions_reads_see_values_on_flash() {
+    let (store, _images) = flash_store(small_config());
+    write(&store, FLASH_TABLE, 1, &40i64.to_le_bytes());
+    for key in 2..50u32 {
+        write(&store, FLASH_TABLE, key, &value_for(key, 0, 300));
+    }
+    demote_all(&store);
+    let key = key_of(1);
+    let hash = key_hash(FLASH_TABLE, &key);
+    let now = WallTime::from_seconds(NOW);
+    let incremented = store
+        .mutate(
+            (FLASH_TABLE, &key, hash),
+            &RejectRules::NONE,
+            Mutation::Increment { delta: 2 },
+            None,
+            now,
+        )
+        .unwrap();
+    assert_eq!(incremented.integer, Some(42));
+    let mut seen = std::collections::BTreeMap::new();
+    let mut cursor = (0u64, None::<Vec<u8>>);
+    loop {
+        let next = store
+            .enumerate(
+                FLASH_TABLE,
+                HashRange::FULL,
+                (cursor.0, cursor.1.as_deref()),
+                1 << 20,
+                now,
+                &mut |key, value, _, _| {
+                    seen.insert(key.to_vec(), value.to_vec());
+                },
+            )
+            .unwrap();
+        match next {
+            Some((reversed, key)) => cursor = (reversed, key),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 49);
+    assert_eq!(seen[&key_of(1)], 42i64.to_le_bytes().to_vec());
+    for key in 2..50u32 {
+        assert_eq!(seen[&key_of(key)], value_for(key, 0, 300));
+    }
+}
+
+#[test]
+fn backups_get_images_whole_and_never_a_flash_object() {
+    let (store, _images) = flash_store(small_config());
+    for key in 0..200u32 {
+        write(&store, FLASH_TABLE, key, &value_for(key, 0, 700));
+    }
+    demote_all(&store);
+    let mut imaged = 0;
+    for segment in store.log().segment_ids() {
+        let Some(image) = store.replication_image(segment) else { continue };
+        imaged += 1;
+        let (bytes, certificate) = image.unwrap();
+        for entry in SegmentIterator::new(&bytes, &certificate).unwrap() {
+            assert_ne!(entry.unwrap().entry_type, EntryType::FlashObject);
+        }
+        // The compacted memory holds FLASH_OBJECT entries: the log never hands it out as a
+        // replica's bytes.
+        assert!(store.log().segment_contents(segment).is_none());
+    }
+    assert!(imaged > 0);
+    // Replaying what backups hold gives every object back.
+    let replayed = replay(&store);
+    assert_eq!(replayed.len(), 200);
+    for key in 0..200u32 {
+        assert_eq!(replayed[&key_of(key)].0, value_for(key, 0, 700));
+    }
+}
+
+#[test]
+fn combined_cleaning_reads_survivors_back_and_deletes_the_images_of_cleaned_segments() {
+    let config = StoreConfig { flash_image_bytes: 4 << 20, ..small_config() };
+    let (store, images) = flash_store(config);
+    for generation in 0..4u32 {
+        for key in 0..150u32 {
+            write(&store, FLASH_TABLE, key, &value_for(key, generation, 800));
+        }
+        demote_all(&store);
+    }
+    let images_before = images.image_count();
+    assert!(images_before >= 3, "{images_before} images");
+    let mut passes = 0;
+    while let CleanOutcome::Combined { .. } =
+        store.clean_for_segments_now(WallTime::from_seconds(NOW + 100))
+    {
+        passes += 1;
+        assert!(passes < 100, "cleaning never finishes");
+    }
+    assert!(passes > 0);
+    assert!(images.image_count() < images_before, "no image was deleted");
+    assert_eq!(store.flash_statistics().images as usize, images.image_count());
+    for key in 0..150u32 {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 3, 800));
+    }
+    // Survivors hold whole objects; demoting them again works, and backups still have all.
+    demote_all(&store);
+    let replayed = replay(&store);
+    assert_eq!(replayed.len(), 150);
+    for key in 0..150u32 {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 3, 800));
+        assert_eq!(replayed[&key_of(key)].0, value_for(key, 3, 800));
+    }
+}
+
+#[test]
+fn a_full_flash_keeps_objects_in_memory_and_loses_nothing() {
+    let mut store = ObjectStore::new(small_config(), ServerId(1)).unwrap();
+    let images = Arc::new(MemoryImages::with_images_max(1));
+    store.attach_flash(images.clone());
+    store.set_table_tier(FLASH_TABLE, Tier::Flash);
+    for key in 0..400u32 {
+        write(&store, FLASH_TABLE, key, &value_for(key, 0, 900));
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let first = store.demote_once(WallTime::from_seconds(NOW)).unwrap();
+    assert!(first.is_some_and(|demoted| demoted.objects > 0));
+    let second = store.demote_once(WallTime::from_seconds(NOW));
+    assert_eq!(second, Err(crate::FlashImageError::Full));
+    assert_eq!(images.image_count(), 1);
+    for key in 0..400u32 {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 0, 900));
+    }
+}
+
+#[test]
+fn memory_tables_are_never_demoted() {
+    let (store, images) = flash_store(small_config());
+    for key in 0..300u32 {
+        write(&store, MEMORY_TABLE, key, &value_for(key, 0, 900));
+    }
+    assert_eq!(demote_all(&store), 0);
+    assert_eq!(images.image_count(), 0);
+    assert_eq!(flash_object_entries(&store), 0);
+}

@@ -85,6 +85,8 @@ pub(crate) struct FlashTier {
 
 #[derive(Debug, Default)]
 struct FlashState {
+    /// Counters since the store was made.
+    totals: FlashTotals,
     /// Segments with an image, and the certificate of the image's bytes.
     imaged: BTreeMap<SegmentId, Certificate>,
     /// Closed segments found to hold no live flash-table object (never looked at again: a
@@ -99,6 +101,23 @@ pub struct FlashStatistics {
     pub images: u64,
     /// Bytes of those images.
     pub image_bytes: u64,
+    /// What happened since the store was made.
+    pub totals: FlashTotals,
+}
+
+/// Counts of the flash tier's work since the store was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlashTotals {
+    /// Segments demoted (imaged and compacted with their flash objects).
+    pub demotions: u64,
+    /// Objects that left memory by those demotions.
+    pub objects_demoted: u64,
+    /// Bytes of images written.
+    pub image_bytes_written: u64,
+    /// Images flash refused (full or failing); their segments were compacted as usual.
+    pub images_refused: u64,
+    /// Images deleted because their segments were cleaned.
+    pub images_deleted: u64,
 }
 
 /// What one demotion did.
@@ -137,6 +156,7 @@ impl ObjectStore {
         FlashStatistics {
             images: state.imaged.len() as u64,
             image_bytes: state.imaged.values().map(|c| u64::from(c.segment_length)).sum(),
+            totals: state.totals,
         }
     }
 
@@ -196,8 +216,14 @@ impl ObjectStore {
             let (bytes, certificate) =
                 self.log.segment_contents(segment_id).expect("a segment being compacted");
             let written = images.write_image(segment_id, &bytes);
-            if written.is_ok() {
-                self.flash.state().imaged.insert(segment_id, certificate);
+            {
+                let mut state = self.flash.state();
+                if written.is_ok() {
+                    state.imaged.insert(segment_id, certificate);
+                    state.totals.image_bytes_written += bytes.len() as u64;
+                } else {
+                    state.totals.images_refused += 1;
+                }
             }
             let offsets = written.as_ref().ok().map(|_| entry_offsets(&bytes));
             let epoch = self.log.pin();
@@ -213,6 +239,10 @@ impl ObjectStore {
             drop(epoch);
             let seglets_freed = self.log.finish_compaction(segment_id);
             written?;
+            let mut state = self.flash.state();
+            state.totals.demotions += 1;
+            state.totals.objects_demoted += compacted.demoted;
+            drop(state);
             return Ok(Some(Demoted { segment_id, objects: compacted.demoted, seglets_freed }));
         }
         Ok(None)
@@ -331,6 +361,7 @@ impl ObjectStore {
             state.nothing_to_demote.remove(segment);
             if state.imaged.remove(segment).is_some() {
                 images.delete_image(*segment);
+                state.totals.images_deleted += 1;
             }
         }
     }

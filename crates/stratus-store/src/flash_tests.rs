@@ -307,3 +307,219 @@ fn memory_tables_are_never_demoted() {
     assert_eq!(images.image_count(), 0);
     assert_eq!(flash_object_entries(&store), 0);
 }
+
+/// One step of the flash model test.
+#[derive(Clone, Debug)]
+enum Step {
+    Write { key: u8, length: usize },
+    Remove { key: u8 },
+    Read { key: u8 },
+    Demote,
+    Compact,
+    CleanForMemory,
+    CleanForSegments,
+}
+
+fn step_strategy() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (0u8..40, 1usize..3_000).prop_map(|(key, length)| Step::Write { key, length }),
+        2 => (0u8..40).prop_map(|key| Step::Remove { key }),
+        3 => (0u8..40).prop_map(|key| Step::Read { key }),
+        2 => Just(Step::Demote),
+        1 => Just(Step::Compact),
+        1 => Just(Step::CleanForMemory),
+        1 => Just(Step::CleanForSegments),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+
+    /// Writes, removes, demotions, compactions and both kinds of combined cleaning, in any
+    /// order: every read matches a model, and what backups would hold (images for segments
+    /// whose objects are on flash) replays to the model.
+    #[test]
+    fn flash_tier_matches_a_model_and_backups_replay_to_it(
+        steps in proptest::collection::vec(step_strategy(), 1..300),
+    ) {
+        let config = StoreConfig { flash_image_bytes: 2 << 20, ..small_config() };
+        let (store, images) = flash_store(config);
+        let mut model: std::collections::BTreeMap<Vec<u8>, (Vec<u8>, Version)> = Default::default();
+        let mut now = NOW;
+        for (index, step) in steps.into_iter().enumerate() {
+            now += (index % 3) as u32;
+            let at = WallTime::from_seconds(now);
+            match step {
+                Step::Write { key, length } => {
+                    let name = key_of(u32::from(key));
+                    let value = value_for(u32::from(key), index as u32, length);
+                    let hash = key_hash(FLASH_TABLE, &name);
+                    match store.write(FLASH_TABLE, &name, hash, &value, &RejectRules::NONE, Expiry::Never, at) {
+                        Ok(version) => {
+                            if let Some((_, old)) = model.get(&name) {
+                                proptest::prop_assert!(version > *old);
+                            }
+                            model.insert(name, (value, version));
+                        }
+                        Err(ObjectError::LogFull) => {
+                            store.clean_combined_now(at);
+                            let _ = store.demote_once(at);
+                        }
+                        Err(other) => proptest::prop_assert!(false, "unexpected {:?}", other),
+                    }
+                }
+                Step::Remove { key } => {
+                    let name = key_of(u32::from(key));
+                    let hash = key_hash(FLASH_TABLE, &name);
+                    match store.remove(FLASH_TABLE, &name, hash, &RejectRules::NONE, at) {
+                        Ok(_) => {
+                            model.remove(&name);
+                        }
+                        Err(ObjectError::LogFull) => {
+                            store.clean_combined_now(at);
+                        }
+                        Err(other) => proptest::prop_assert!(false, "unexpected {:?}", other),
+                    }
+                }
+                Step::Read { key } => {
+                    let found = read(&store, FLASH_TABLE, u32::from(key)).ok();
+                    proptest::prop_assert_eq!(found.as_ref(), model.get(&key_of(u32::from(key))));
+                }
+                Step::Demote => {
+                    let _ = store.log().roll_head(stratus_log::AppendPriority::Normal);
+                    match store.demote_once(at) {
+                        Ok(_) | Err(crate::FlashImageError::Full) => {}
+                        Err(other) => proptest::prop_assert!(false, "demotion failed: {:?}", other),
+                    }
+                }
+                Step::Compact => {
+                    store.compact_now(at);
+                }
+                Step::CleanForMemory => {
+                    store.clean_combined_now(at);
+                }
+                Step::CleanForSegments => {
+                    store.clean_for_segments_now(at);
+                }
+            }
+        }
+        for (key, expected) in &model {
+            let mut value = Vec::new();
+            let version = store
+                .read(FLASH_TABLE, key, key_hash(FLASH_TABLE, key), &RejectRules::NONE, WallTime::from_seconds(now), &mut value)
+                .unwrap();
+            proptest::prop_assert_eq!(&(value, version), expected);
+        }
+        proptest::prop_assert_eq!(store.flash_statistics().images as usize, images.image_count());
+        let replayed = replay(&store);
+        proptest::prop_assert_eq!(replayed, model);
+    }
+}
+
+/// Writers overwrite flash objects and read them back while one thread demotes and cleans and
+/// another compacts, all at once: every read sees the writer's latest value, and what backups
+/// would hold replays to the final values.
+#[test]
+fn writers_readers_demotion_and_cleaning_run_concurrently() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    let config = StoreConfig { flash_image_bytes: 3 << 20, ..small_config() };
+    let (store, _images) = flash_store(config);
+    let writers = 3u32;
+    let iterations = 4_000u32;
+    let keys_per_writer = 40u32;
+    let done = AtomicBool::new(false);
+    let final_values: Mutex<HashMap<u32, (u32, usize)>> = Mutex::new(HashMap::new());
+    let at = WallTime::from_seconds(NOW);
+    std::thread::scope(|scope| {
+        let store = &store;
+        let done = &done;
+        let demoter = scope.spawn(move || {
+            while !done.load(Ordering::Acquire) {
+                let _ = store.log().roll_head(stratus_log::AppendPriority::Normal);
+                let demoted = matches!(store.demote_once(at), Ok(Some(_)));
+                let cleaned = !matches!(
+                    store.clean_once(at),
+                    CleanOutcome::Idle | CleanOutcome::NothingToClean
+                );
+                if !demoted && !cleaned {
+                    store.clean_for_segments_now(at);
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let compactor = scope.spawn(move || {
+            while !done.load(Ordering::Acquire) {
+                store.compact_now(at);
+                std::thread::yield_now();
+            }
+        });
+        let mut handles = Vec::new();
+        for writer in 0..writers {
+            let final_values = &final_values;
+            handles.push(scope.spawn(move || {
+                let mut mine: HashMap<u32, (u32, usize)> = HashMap::new();
+                for iteration in 0..iterations {
+                    let key = writer * 1000 + iteration % keys_per_writer;
+                    let name = key_of(key);
+                    let length = 200 + ((iteration as usize * 97) % 2500);
+                    let value = value_for(key, iteration, length);
+                    let hash = key_hash(FLASH_TABLE, &name);
+                    let mut attempts = 0;
+                    loop {
+                        let rules = RejectRules::NONE;
+                        match store.write(
+                            FLASH_TABLE,
+                            &name,
+                            hash,
+                            &value,
+                            &rules,
+                            Expiry::Never,
+                            at,
+                        ) {
+                            Ok(_) => break,
+                            Err(ObjectError::LogFull) => {
+                                attempts += 1;
+                                assert!(attempts < 200_000, "the cleaner never caught up");
+                                std::thread::yield_now();
+                            }
+                            Err(other) => panic!("unexpected {other:?}"),
+                        }
+                    }
+                    mine.insert(key, (iteration, length));
+                    let probe = writer * 1000 + (iteration * 7) % keys_per_writer;
+                    if let Some(&(generation, length)) = mine.get(&probe) {
+                        let (found, _) = read(store, FLASH_TABLE, probe).unwrap();
+                        assert_eq!(found, value_for(probe, generation, length));
+                    }
+                }
+                final_values.lock().unwrap().extend(mine);
+            }));
+        }
+        let results: Vec<_> = handles.into_iter().map(|handle| handle.join()).collect();
+        done.store(true, Ordering::Release);
+        demoter.join().unwrap();
+        compactor.join().unwrap();
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    let flash = store.flash_statistics();
+    assert!(flash.totals.objects_demoted > 100, "too little was demoted: {flash:?}");
+    assert!(flash.totals.images_deleted > 0, "no image was cleaned away: {flash:?}");
+    assert_eq!(flash.totals.demotions, flash.images + flash.totals.images_deleted);
+    let final_values = final_values.into_inner().unwrap();
+    for (&key, &(generation, length)) in &final_values {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, generation, length));
+    }
+    let replayed = replay(&store);
+    assert_eq!(replayed.len(), final_values.len());
+    for (&key, &(generation, length)) in &final_values {
+        assert_eq!(replayed[&key_of(key)].0, value_for(key, generation, length));
+    }
+}

@@ -49,7 +49,9 @@ pub use cleaner::{
 pub use completions::{CompletionResult, CompletionStatistics};
 pub use config::{ConfigError, StoreConfig};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
-pub use flash::{Demoted, FlashImageError, FlashImages, FlashStatistics, MemoryImages};
+pub use flash::{
+    Demoted, FlashImageError, FlashImages, FlashStatistics, FlashTotals, MemoryImages,
+};
 pub use prepared::{PreparedStatistics, TransactionToFinish};
 pub use replay::{
     ReplayCollector, ReplayError, ReplayInto, ReplayRoom, ReplayStatistics, RoomShortage,

@@ -523,3 +523,40 @@ fn writers_readers_demotion_and_cleaning_run_concurrently() {
         assert_eq!(replayed[&key_of(key)].0, value_for(key, generation, length));
     }
 }
+
+/// DRAM per flash object after demotion, for 100-byte and 1 KB values with 16-byte keys: the
+/// FLASH_OBJECT entries' bytes in the compacted segments plus one 8-byte hash-table slot each
+/// (the arithmetic of docs/design/flash-tier.md: 48 bytes for these sizes).
+#[test]
+fn dram_per_flash_object_is_the_stub_and_its_slot() {
+    for value_bytes in [100usize, 1_000] {
+        let config =
+            StoreConfig { flash_image_bytes: 64 << 20, log_bytes: 32 << 20, ..small_config() };
+        let (store, _images) = flash_store(config);
+        let objects = 20_000u32;
+        for key in 0..objects {
+            let name = format!("user:{key:011}").into_bytes();
+            assert_eq!(name.len(), 16);
+            let hash = key_hash(FLASH_TABLE, &name);
+            let at = WallTime::from_seconds(NOW);
+            let value = value_for(key, 0, value_bytes);
+            store
+                .write(FLASH_TABLE, &name, hash, &value, &RejectRules::NONE, Expiry::Never, at)
+                .unwrap();
+        }
+        demote_all(&store);
+        let log = store.log();
+        let stub_bytes: u64 = log
+            .all_segment_statistics()
+            .iter()
+            .map(|(_, statistics)| statistics.live_bytes_of(EntryType::FlashObject))
+            .sum();
+        let demoted = store.flash_statistics().totals.objects_demoted;
+        assert!(demoted >= u64::from(objects) * 9 / 10, "{demoted} of {objects} demoted");
+        let per_object = stub_bytes as f64 / demoted as f64 + 8.0;
+        // 2 + 4 + 4 + 1 + 2 (table) + 3 (version) + 1 + 16 + 8 = 41 bytes of entry (a version up
+        // to 2^24 and a 2-byte table id here), plus the slot.
+        assert!(per_object <= 50.0, "{per_object:.1} bytes of DRAM per flash object");
+        assert!(per_object >= 40.0, "{per_object:.1}: the stub lost fields?");
+    }
+}

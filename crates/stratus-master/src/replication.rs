@@ -881,12 +881,13 @@ impl Pump {
     async fn replicate_from_image(&mut self, segment_id: u64) -> Result<(), String> {
         let store = self.shared.store.clone();
         let read =
-            tokio::task::spawn_blocking(move || store.replication_image(SegmentId(segment_id)))
+            stratus_env::run_blocking(move || store.replication_image(SegmentId(segment_id)))
                 .await
                 .map_err(|error| format!("reading segment {segment_id}'s image: {error}"))?;
         match read {
-            // Cleaned meanwhile: it left the log, nothing to replicate.
-            None => Ok(()),
+            // Images go only once their segments left the log: nothing to replicate.
+            None if self.current_length(segment_id, &Source::Log).is_none() => Ok(()),
+            None => Err(format!("segment {segment_id} is in the log without its image")),
             Some(Ok((bytes, certificate))) => {
                 let bytes = Bytes::from(bytes);
                 self.replicate_segment(segment_id, Source::Image(&bytes, certificate), true).await
@@ -973,6 +974,14 @@ impl Pump {
                 let Some((data, certificate)) = tail else {
                     if self.current_length(segment_id, &source).is_none() {
                         return Ok(()); // the segment left the log meanwhile
+                    }
+                    // Demoted meanwhile (its memory now holds FLASH_OBJECT entries, which the
+                    // log never hands out): not the holders' fault. The next round copies the
+                    // image instead.
+                    if matches!(source, Source::Log)
+                        && self.shared.store.has_image(SegmentId(segment_id))
+                    {
+                        return Err(format!("segment {segment_id} moved to flash; next round"));
                     }
                     failed.push((holder.server_id, "segment shrank under its replica".into()));
                     continue;

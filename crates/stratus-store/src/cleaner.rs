@@ -991,9 +991,10 @@ impl ObjectStore {
                         Some((slot, _)) => {
                             match self.flash_object_content(survivor.reference, &content) {
                                 Err(_) => {
-                                    // The pass keeps the segment (and its image) whole.
+                                    // This segment stays in the log, whole (the object is not
+                                    // counted as moved); the pass goes on with the others.
                                     flash_failed = true;
-                                    break;
+                                    continue;
                                 }
                                 Ok(object) => {
                                     let whole = AppendEntry::new(EntryType::Object, &object);
@@ -1105,8 +1106,6 @@ impl ObjectStore {
         }
         drop(epoch);
         if flash_failed {
-            // Like running out of memory: what is not fully moved stays in the log.
-            out_of_memory = true;
             self.count(|statistics| statistics.flash_read_failures += 1);
         }
         PendingCombinedPass {
@@ -1159,6 +1158,8 @@ impl ObjectStore {
             self.cleaner.deferred_fusions.fetch_add(1, Ordering::Relaxed);
         }
         self.log.reclaim();
+        // The cleaned segments left the log with the new head: their images can go.
+        self.retire_images();
         self.count(|statistics| {
             statistics.combined_passes += 1;
             statistics.segments_cleaned += cleaned.len() as u64;
@@ -1282,7 +1283,9 @@ impl ObjectStore {
                                 |offsets| {
                                     let object =
                                         decode_object_unverified(&content).expect("corrupt object");
-                                    self.is_flash_table(object.table).then(|| {
+                                    let moves = self.is_flash_table(object.table)
+                                        && crate::flash::demotable(&object);
+                                    moves.then(|| {
                                         let (entry_offset, entry_bytes) = offsets[position];
                                         let locator = FlashLocator { entry_offset, entry_bytes };
                                         encode_flash_object(&content, locator)

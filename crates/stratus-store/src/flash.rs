@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use stratus_log::format::{
     decode_entry_header, decode_flash_object, decode_object, decode_object_unverified, Certificate,
-    FlashLocator,
+    FlashLocator, ObjectView, FLASH_LOCATOR_BYTES,
 };
-use stratus_log::{EntryType, Reference};
+use stratus_log::{EntryType, Reference, SegmentIterator};
 use stratus_types::{SegmentId, TableId, Tier};
 
 use crate::{ObjectError, ObjectStore, WallTime};
@@ -45,6 +45,8 @@ pub enum FlashImageError {
     Io(std::io::ErrorKind),
     /// The image is shorter than the bytes asked for.
     ShortRead,
+    /// The image's bytes do not verify (entry checksums against its certificate).
+    Corrupt,
 }
 
 impl std::fmt::Display for FlashImageError {
@@ -54,6 +56,7 @@ impl std::fmt::Display for FlashImageError {
             FlashImageError::Missing(segment) => write!(formatter, "no image of segment {segment}"),
             FlashImageError::Io(kind) => write!(formatter, "flash I/O failed: {kind}"),
             FlashImageError::ShortRead => write!(formatter, "the image is shorter than asked"),
+            FlashImageError::Corrupt => write!(formatter, "the image does not verify"),
         }
     }
 }
@@ -89,9 +92,11 @@ struct FlashState {
     totals: FlashTotals,
     /// Segments with an image, and the certificate of the image's bytes.
     imaged: BTreeMap<SegmentId, Certificate>,
-    /// Closed segments found to hold no live flash-table object (never looked at again: a
-    /// closed segment gains no objects).
+    /// Closed segments found to hold no live flash-table object (not looked at again until a
+    /// table is newly on flash: a closed segment gains no objects).
     nothing_to_demote: BTreeSet<SegmentId>,
+    /// Cleaned segments whose images go once the segments have left the log.
+    leaving: BTreeSet<SegmentId>,
 }
 
 /// Counters of the flash tier.
@@ -175,11 +180,18 @@ impl ObjectStore {
     ) -> Option<Result<(Vec<u8>, Certificate), FlashImageError>> {
         let certificate = *self.flash.state().imaged.get(&segment_id)?;
         let images = self.flash.images.as_ref().expect("an image without a flash tier");
-        Some(
-            images
-                .read(segment_id, 0, certificate.segment_length)
-                .map(|bytes| (bytes, certificate)),
-        )
+        let read = images.read(segment_id, 0, certificate.segment_length).and_then(|bytes| {
+            // The certificate covers only entry headers: every entry's checksum is checked too,
+            // so a corrupt image never replaces a good replica.
+            let verified = SegmentIterator::new(&bytes, &certificate)
+                .is_ok_and(|mut entries| entries.all(|entry| entry.is_ok()));
+            if verified {
+                Ok((bytes, certificate))
+            } else {
+                Err(FlashImageError::Corrupt)
+            }
+        });
+        Some(read)
     }
 
     /// Moves the objects of flash tables out of one closed, replicated segment: writes its
@@ -188,6 +200,7 @@ impl ObjectStore {
     /// An image that cannot be written leaves the segment as it was and is the error.
     pub fn demote_once(&self, now: WallTime) -> Result<Option<Demoted>, FlashImageError> {
         let Some(images) = self.flash.images.clone() else { return Ok(None) };
+        self.retire_images();
         if !self.has_flash_tables() {
             return Ok(None);
         }
@@ -254,7 +267,10 @@ impl ObjectStore {
         tiers.values().any(|tier| *tier == Tier::Flash)
     }
 
-    /// Objects of flash tables that the index still points at in `segment_id`.
+    /// Objects of flash tables, long enough to gain from moving ([`demotable`]), that are live
+    /// in `segment_id`: the key's current object is in this segment. Asked by segment, not by
+    /// reference, so a compaction of the segment meanwhile (which moves its entries within it)
+    /// does not hide them.
     fn live_flash_table_objects(&self, segment_id: SegmentId) -> u64 {
         let epoch = self.log.pin();
         let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
@@ -265,11 +281,13 @@ impl ObjectStore {
             }
             let (_, content) = self.log.entry(&epoch, reference);
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
-            if self.table_tier(object.table) != Tier::Flash {
+            if !self.is_flash_table(object.table) || !demotable(&object) {
                 continue;
             }
-            let hash = stratus_types::key_hash(object.table, object.key).0;
-            if self.index.lock(hash).find(|found| found == reference.0).is_some() {
+            let hash = stratus_types::key_hash(object.table, object.key);
+            let bucket = self.index.lock(hash.0);
+            let current = self.lookup(&epoch, &bucket, object.table, object.key);
+            if current.is_some_and(|current| self.log.segment_of(current.reference) == segment_id) {
                 count += 1;
             }
         }
@@ -311,6 +329,7 @@ impl ObjectStore {
             .flatten()
             .filter(|object| {
                 (object.table, object.key, object.version) == (stub.table, stub.key, stub.version)
+                    && same_checksum(content, &bytes[header.header_bytes..])
             })
             .ok_or(ObjectError::FlashCorrupt)?;
         Ok(Cow::Owned(object.value.to_vec()))
@@ -344,6 +363,7 @@ impl ObjectStore {
         let header = decode_entry_header(&bytes).map_err(|_| ObjectError::FlashCorrupt)?;
         let object_content = &bytes[header.header_bytes..];
         let verified = header.entry_type == EntryType::Object
+            && same_checksum(content, object_content)
             && decode_object(object_content).is_ok_and(|object| {
                 (object.table, object.key, object.version) == (stub.table, stub.key, stub.version)
             });
@@ -353,23 +373,63 @@ impl ObjectStore {
         Ok(object_content.to_vec())
     }
 
-    /// Deletes the images of segments that left the log.
+    /// Marks the images of `segments` (just cleaned) for deletion once the segments have left
+    /// the log: until the next head's digest omits them they are still the log's, and a
+    /// backup lost meanwhile is re-replicated from their images.
     pub(crate) fn forget_images(&self, segments: &[SegmentId]) {
-        let Some(images) = &self.flash.images else { return };
+        if self.flash.images.is_none() {
+            return;
+        }
         let mut state = self.flash.state();
         for segment in segments {
             state.nothing_to_demote.remove(segment);
-            if state.imaged.remove(segment).is_some() {
-                images.delete_image(*segment);
-                state.totals.images_deleted += 1;
+            if state.imaged.contains_key(segment) {
+                state.leaving.insert(*segment);
             }
         }
+        drop(state);
+        self.retire_images();
+    }
+
+    /// Deletes the images of cleaned segments that are no longer in the log.
+    pub(crate) fn retire_images(&self) {
+        let Some(images) = &self.flash.images else { return };
+        if self.flash.state().leaving.is_empty() {
+            return;
+        }
+        let in_log: BTreeSet<SegmentId> = self.log.segment_ids().into_iter().collect();
+        let mut state = self.flash.state();
+        let gone: Vec<SegmentId> =
+            state.leaving.iter().copied().filter(|segment| !in_log.contains(segment)).collect();
+        for segment in gone {
+            state.leaving.remove(&segment);
+            state.imaged.remove(&segment);
+            images.delete_image(segment);
+            state.totals.images_deleted += 1;
+        }
+    }
+
+    /// A new table is on flash: segments found to hold no flash object may hold its objects.
+    pub(crate) fn flash_table_added(&self) {
+        self.flash.state().nothing_to_demote.clear();
     }
 
     /// The table's tier as the cleaner sees it (tests set tiers directly).
     pub(crate) fn is_flash_table(&self, table: TableId) -> bool {
         self.table_tier(table) == Tier::Flash
     }
+}
+
+/// Whether a FLASH_OBJECT's content and an OBJECT's content carry the same checksum (the
+/// FLASH_OBJECT keeps the checksum of the object it stands for).
+fn same_checksum(flash_object: &[u8], object: &[u8]) -> bool {
+    flash_object.get(..4).is_some_and(|checksum| object.get(..4) == Some(checksum))
+}
+
+/// Whether moving `object` to flash saves memory: its FLASH_OBJECT (prefix, key and an 8-byte
+/// locator) must be smaller than it, so its value must be longer than the locator.
+pub(crate) fn demotable(object: &ObjectView<'_>) -> bool {
+    object.value.len() > FLASH_LOCATOR_BYTES
 }
 
 /// The offset and size of every entry of a segment's bytes, in order.

@@ -360,6 +360,10 @@ impl ObjectStore {
             previous.is_none_or(|previous| previous == tier),
             "table {table:?} changed tier from {previous:?} to {tier:?}"
         );
+        drop(tiers);
+        if tier == Tier::Flash && previous.is_none() {
+            self.flash_table_added();
+        }
     }
 
     /// The tier of `table` (memory unless `set_table_tier` said otherwise).

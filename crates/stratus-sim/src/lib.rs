@@ -38,6 +38,7 @@ pub mod meta_meter;
 pub mod network;
 pub mod nodes;
 pub mod preload;
+pub mod recovery_model;
 pub mod schedule;
 pub mod wiretap;
 mod zombie;

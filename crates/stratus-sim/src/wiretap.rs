@@ -175,9 +175,9 @@ pub struct Wiretap {
     connections: Mutex<BTreeMap<u32, u64>>,
     /// Frames whose bytes were tampered with by the planted bug.
     tampered_frames: AtomicU64,
-    /// Streams whose bytes stopped making sense as frames (must stay 0: the counts after such a
-    /// point are missing).
-    unreadable_streams: AtomicU64,
+    /// Streams whose bytes stopped making sense as frames, and RECOVER_TABLETS bodies that did
+    /// not decode (must stay 0: what followed is missing from the counts).
+    misreadings: AtomicU64,
 }
 
 impl Wiretap {
@@ -190,7 +190,7 @@ impl Wiretap {
             partitions: Mutex::new(Vec::new()),
             connections: Mutex::new(BTreeMap::new()),
             tampered_frames: AtomicU64::new(0),
-            unreadable_streams: AtomicU64::new(0),
+            misreadings: AtomicU64::new(0),
         })
     }
 
@@ -300,10 +300,14 @@ impl Wiretap {
         self.tampered_frames.load(Ordering::Relaxed)
     }
 
-    /// Connections whose bytes stopped parsing as frames: 0 unless the wiretap is wrong (its
-    /// counts are then short).
-    pub fn unreadable_streams(&self) -> u64 {
-        self.unreadable_streams.load(Ordering::Relaxed)
+    /// Streams that stopped parsing as frames and RECOVER_TABLETS bodies that did not decode:
+    /// 0 unless the wiretap is wrong (its counts are then short).
+    pub fn misreadings(&self) -> u64 {
+        self.misreadings.load(Ordering::Relaxed)
+    }
+
+    fn misread(&self) {
+        self.misreadings.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -409,7 +413,7 @@ impl Line {
         }
         let Some(body) = frame.body else { return };
         let decoded = stratus_wire::codec::decode_request(frame.opcode, Bytes::from(body));
-        if let Ok(Request::RecoverTablets {
+        let Ok(Request::RecoverTablets {
             master_id,
             crashed_master,
             tablets,
@@ -417,27 +421,26 @@ impl Line {
             assignment_epoch,
             ..
         }) = decoded
-        {
-            let mut partitions = self.tap.partitions_mut();
-            partitions.push(RecoveryPartition {
-                crashed: crashed_master,
-                recovery_master: master_id,
-                node: self.to,
-                assignment_epoch,
-                parts: tablets.len(),
-                segments: segments.len(),
-                asked_at: now(),
-                answered: None,
-                replica_bytes_read: 0,
-                objects_replayed: 0,
-                segments_replayed: 0,
-            });
-            let index = partitions.len() - 1;
-            self.pending
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner())
-                .insert(frame.id, index);
-        }
+        else {
+            self.tap.misread();
+            return;
+        };
+        let mut partitions = self.tap.partitions_mut();
+        partitions.push(RecoveryPartition {
+            crashed: crashed_master,
+            recovery_master: master_id,
+            node: self.to,
+            assignment_epoch,
+            parts: tablets.len(),
+            segments: segments.len(),
+            asked_at: now(),
+            answered: None,
+            replica_bytes_read: 0,
+            objects_replayed: 0,
+            segments_replayed: 0,
+        });
+        let index = partitions.len() - 1;
+        self.pending.lock().unwrap_or_else(|poison| poison.into_inner()).insert(frame.id, index);
     }
 
     fn response(&self, frame: Frame) {
@@ -454,16 +457,20 @@ impl Line {
         partition.answered = Some((now(), status));
         let decoded =
             stratus_wire::codec::decode_response(Opcode::RecoverTablets, status, Bytes::from(body));
-        if let Ok(ResponseBody::Operation(Response::RecoverTablets {
-            segments_replayed,
-            replica_bytes_read,
-            objects_replayed,
-            ..
-        })) = decoded
-        {
-            partition.replica_bytes_read = replica_bytes_read;
-            partition.objects_replayed = objects_replayed;
-            partition.segments_replayed = segments_replayed;
+        match decoded {
+            Ok(ResponseBody::Operation(Response::RecoverTablets {
+                segments_replayed,
+                replica_bytes_read,
+                objects_replayed,
+                ..
+            })) => {
+                partition.replica_bytes_read = replica_bytes_read;
+                partition.objects_replayed = objects_replayed;
+                partition.segments_replayed = segments_replayed;
+            }
+            // A refusal (RETRY, NO_TABLE_SPACE) carries an error body: nothing replayed.
+            Ok(ResponseBody::Error { .. }) => {}
+            Ok(ResponseBody::Operation(_)) | Err(_) => self.tap.misread(),
         }
     }
 }
@@ -696,7 +703,7 @@ impl AsyncWrite for TappedWriter {
         };
         let mut done = Vec::new();
         if this.scanner.scan(&buf[..written], planted, &mut |_, _| {}, &mut done) {
-            this.line.tap.unreadable_streams.fetch_add(1, Ordering::Relaxed);
+            this.line.tap.misread();
         }
         for frame in done.into_iter().filter(|frame| frame.kind == FrameKind::Request) {
             this.line.request(frame);
@@ -731,12 +738,93 @@ impl AsyncRead for TappedReader {
         if let Poll::Ready(Ok(())) = outcome {
             let mut done = Vec::new();
             if this.scanner.scan(&buf.filled()[before..], None, &mut |_, _| {}, &mut done) {
-                this.line.tap.unreadable_streams.fetch_add(1, Ordering::Relaxed);
+                this.line.tap.misread();
             }
             for frame in done.into_iter().filter(|frame| frame.kind == FrameKind::Response) {
                 this.line.response(frame);
             }
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use stratus_types::{HashRange, SegmentId, TableId};
+    use stratus_wire::{encode_request, RecoveryTablet};
+
+    fn recover_tablets(segments: &[u64]) -> Request {
+        Request::RecoverTablets {
+            master_id: ServerId(3),
+            crashed_master: ServerId(2),
+            tablets: vec![RecoveryTablet {
+                table_id: TableId(1),
+                range: HashRange { start: 0, end: u64::MAX },
+                creation_segment: SegmentId(0),
+            }],
+            segments: segments.iter().copied().map(SegmentId).collect(),
+            backups: vec!["server-1:7100".to_string(), "server-4:7100".to_string()],
+            assignment_epoch: 9,
+        }
+    }
+
+    /// A connection's first bytes: the hello, a PING, a RECOVER_TABLETS.
+    fn stream(segments: &[u64]) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        out.extend_from_slice(&[0; HELLO_BYTES]);
+        encode_request(&mut out, 1, &Request::Ping);
+        encode_request(&mut out, 2, &recover_tablets(segments));
+        out.to_vec()
+    }
+
+    /// Scans `bytes` in pieces of `piece` bytes; returns the frames and the bytes as sent.
+    fn scan_in_pieces(
+        bytes: &[u8],
+        piece: usize,
+        planted: Option<PlantedBug>,
+    ) -> (Vec<Frame>, Vec<u8>) {
+        let mut scanner = FrameScanner::new();
+        let (mut frames, mut sent) = (Vec::new(), Vec::new());
+        for chunk in bytes.chunks(piece) {
+            let mut chunk = chunk.to_vec();
+            let mut patched = chunk.clone();
+            scanner.scan(&chunk, planted, &mut |at, byte| patched[at] = byte, &mut frames);
+            chunk.copy_from_slice(&patched);
+            sent.extend_from_slice(&chunk);
+        }
+        (frames, sent)
+    }
+
+    #[test]
+    fn frames_are_found_whatever_pieces_the_stream_arrives_in() {
+        let bytes = stream(&[4, 5, 6]);
+        for piece in 1..=bytes.len() {
+            let (frames, sent) = scan_in_pieces(&bytes, piece, None);
+            assert_eq!(sent, bytes);
+            let opcodes: Vec<u16> = frames.iter().map(|frame| frame.opcode).collect();
+            assert_eq!(opcodes, [Opcode::Ping.code(), Opcode::RecoverTablets.code()], "{piece}");
+            assert_eq!(frames.iter().map(|frame| frame.bytes).sum::<usize>(), bytes.len() - 8);
+            let body = Bytes::from(frames[1].body.clone().expect("kept"));
+            let decoded = stratus_wire::decode_request(frames[1].opcode, body).expect("decodes");
+            assert_eq!(decoded, recover_tablets(&[4, 5, 6]));
+        }
+    }
+
+    #[test]
+    fn the_planted_bug_sends_the_first_segment_in_the_last_one_s_place() {
+        let bytes = stream(&[4, 5, 6]);
+        for piece in [1, 7, bytes.len()] {
+            let planted = Some(PlantedBug::RecoverySkipsASegment);
+            let (frames, sent) = scan_in_pieces(&bytes, piece, planted);
+            assert!(frames[1].tampered && !frames[0].tampered);
+            assert_eq!(sent, stream(&[4, 5, 4]), "{piece}");
+        }
+        // A log of one segment is left alone: there is no other segment to name in its place.
+        let (frames, sent) =
+            scan_in_pieces(&stream(&[4]), 3, Some(PlantedBug::RecoverySkipsASegment));
+        assert!(!frames[1].tampered);
+        assert_eq!(sent, stream(&[4]));
     }
 }

@@ -151,6 +151,14 @@ impl SimulatedDisk {
         state.faults.push(format!("next {count} writes fail"));
     }
 
+    /// Bytes of memory the disk's contents take in the simulator: what survives a crash, what
+    /// reads see, and the unsynced writes (each a copy).
+    pub fn held_bytes(&self) -> u64 {
+        let state = self.lock();
+        let unsynced: usize = state.unsynced.iter().map(|(_, bytes)| bytes.len()).sum();
+        (state.durable.len() + state.current.len() + unsynced) as u64
+    }
+
     /// The faults applied so far, in order.
     pub fn faults(&self) -> Vec<String> {
         self.lock().faults.clone()

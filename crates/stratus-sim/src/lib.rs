@@ -32,10 +32,15 @@
 
 pub mod bank;
 pub mod disk;
+pub mod host_cpu;
 pub mod list_append;
+pub mod meta_meter;
 pub mod network;
 pub mod nodes;
+pub mod preload;
+pub mod recovery_model;
 pub mod schedule;
+pub mod wiretap;
 mod zombie;
 
 use std::cell::RefCell;
@@ -49,16 +54,21 @@ use stratus_backup::Durability;
 use stratus_client::{Client, ClientConfig, TableId, Version};
 use stratus_history::workload::{counter_key, counter_step, mixed_step, unique_value};
 use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
-pub use stratus_master::Placement;
+pub use stratus_master::{PeerProbeConfig, Placement};
 use stratus_meta::MemoryMetaStore;
 use stratus_wire::ServerStatus;
 
 pub use crate::bank::BankOptions;
 use crate::disk::SimulatedDisk;
 pub use crate::list_append::{ListAppendOptions, ListAppendSummary};
+use crate::meta_meter::MeteredMetaStore;
 use crate::nodes::{server_host, ServerSetup, ServingObservations, COORDINATOR_ADDRESS};
+pub use crate::preload::Preload;
+use crate::preload::PreloadState;
 use crate::schedule::Choices;
 pub use crate::schedule::{Fault, ScheduledFault};
+pub use crate::wiretap::PlantedBug;
+use crate::wiretap::Wiretap;
 
 /// What one simulation runs.
 #[derive(Clone, Debug)]
@@ -118,6 +128,27 @@ pub struct SimulationOptions {
     /// time) and report when it was declared crashed and when its recovery ended
     /// ([`SimulationReport::recoveries`]).
     pub observe_recoveries: bool,
+    /// Whether to measure what the run costs ([`SimulationReport::measurements`]): every RPC
+    /// the coordinator and the servers send, by second, sender, receiver and opcode (module
+    /// [`wiretap`]), what each recovery master was asked to replay and replayed, the
+    /// coordinator's metadata writes ([`meta_meter`]) and its processor time ([`host_cpu`]:
+    /// this replaces the thread's tracing subscriber for the run).
+    pub measure: bool,
+    /// A bug planted on purpose (module [`wiretap`]): the run must fail. `None` (the default).
+    pub planted_bug: Option<PlantedBug>,
+    /// Objects written into chosen servers' tablets before the faults (module [`preload`]).
+    pub preload: Option<Preload>,
+    /// Whether the clients wait for every server to enlist before they create the table, so
+    /// that it is spread over all of them (one tablet each). Off by default: small clusters
+    /// enlist within the first steps anyway.
+    pub await_every_server: bool,
+    /// Largest value of the clients' filler writes (at most [`nodes::FILLER_VALUE_BYTES_MAX`],
+    /// the default): large ones fill the small logs so the cleaner runs; a scenario that
+    /// measures recoveries may want its crashed masters' data to be its preload.
+    pub filler_value_bytes_max: usize,
+    /// How the servers ping their peers (`stratus_master::PeerProbeConfig`; the default, as
+    /// `stratus server` runs). A test of the ping-rate bound runs a faster one.
+    pub peer_probe: PeerProbeConfig,
 }
 
 impl SimulationOptions {
@@ -171,6 +202,12 @@ impl Default for SimulationOptions {
             failure_domains: 0,
             placement: Placement::Random,
             observe_recoveries: false,
+            measure: false,
+            planted_bug: None,
+            preload: None,
+            await_every_server: false,
+            filler_value_bytes_max: nodes::FILLER_VALUE_BYTES_MAX,
+            peer_probe: PeerProbeConfig::default(),
         }
     }
 }
@@ -253,6 +290,82 @@ pub struct SimulationReport {
     /// For each instant servers crashed: where the copies of the crashed masters' segments
     /// were (`SimulationOptions::observe_recoveries`; empty otherwise).
     pub exposures: Vec<CrashExposure>,
+    /// What the run cost (`SimulationOptions::measure`).
+    pub measurements: Option<Arc<Measurements>>,
+    /// The preload's acknowledged writes, and when the loader finished
+    /// (`SimulationOptions::preload`).
+    pub preloaded: Option<(u64, Duration)>,
+}
+
+/// What a run cost, measured (`SimulationOptions::measure`; with a planted bug, the wiretap
+/// that planted it and the metadata writes only).
+#[derive(Debug)]
+pub struct Measurements {
+    /// Every RPC the coordinator and the servers sent, and every RECOVER_TABLETS.
+    pub wiretap: Arc<Wiretap>,
+    /// The coordinator's metadata writes.
+    pub meta: Arc<MeteredMetaStore>,
+    /// The coordinator's processor time in each second of simulated time (index: the second;
+    /// with `SimulationOptions::measure` only).
+    coordinator_cpu: Mutex<Vec<Duration>>,
+    /// Where the memory is at the end of each second of simulated time (index: the second;
+    /// with `SimulationOptions::measure` only).
+    memory: Mutex<Vec<MemorySample>>,
+}
+
+/// The simulation's memory at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemorySample {
+    /// The process's resident memory (`VmRSS`): every simulated node, the harness, the test.
+    pub resident_bytes: u64,
+    /// What the simulated disks hold (module [`disk`]: two copies of what was written, and the
+    /// unsynced writes).
+    pub disk_bytes: u64,
+    /// The running backups' RAM buffers in use, in bytes (each one segment).
+    pub backup_buffer_bytes: u64,
+    /// Replicas the running backups hold.
+    pub replicas: u64,
+}
+
+impl Measurements {
+    fn add_coordinator_cpu(&self, at: Duration, spent: Duration) {
+        let mut seconds = self.coordinator_cpu.lock().unwrap_or_else(|poison| poison.into_inner());
+        let second = at.as_secs() as usize;
+        if seconds.len() <= second {
+            seconds.resize(second + 1, Duration::ZERO);
+        }
+        seconds[second] += spent;
+    }
+
+    /// Whether a new second of simulated time began at `at` (then a memory sample is due).
+    fn memory_due(&self, at: Duration) -> bool {
+        let samples = self.memory.lock().unwrap_or_else(|poison| poison.into_inner());
+        samples.len() <= at.as_secs() as usize
+    }
+
+    fn note_memory(&self, at: Duration, sample: MemorySample) {
+        let mut samples = self.memory.lock().unwrap_or_else(|poison| poison.into_inner());
+        let second = at.as_secs() as usize;
+        if samples.len() <= second {
+            samples.resize(second + 1, sample);
+        }
+    }
+
+    /// Where the memory was at the start of each second of simulated time so far.
+    pub fn memory(&self) -> Vec<MemorySample> {
+        self.memory.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+    }
+
+    /// The coordinator's processor time within `seconds` of simulated time.
+    pub fn coordinator_cpu_in(&self, seconds: std::ops::Range<u32>) -> Duration {
+        let by_second = self.coordinator_cpu.lock().unwrap_or_else(|poison| poison.into_inner());
+        by_second
+            .iter()
+            .enumerate()
+            .filter(|(second, _)| seconds.contains(&(*second as u32)))
+            .map(|(_, cpu)| *cpu)
+            .sum()
+    }
 }
 
 /// Where the copies of the crashed masters' segments were at the instant they crashed, as
@@ -557,6 +670,8 @@ struct Workload {
     bank: bank::BankState,
     /// The list-append workload's clients and history (`SimulationOptions::list_append`).
     lists: list_append::ListAppendState,
+    /// The preload's keys and progress (`SimulationOptions::preload`).
+    preload: Arc<PreloadState>,
 }
 
 fn client_config() -> ClientConfig {
@@ -599,6 +714,9 @@ async fn run_client(
         client_config(),
         network::client_environment(seed, &format!("client-{client_id}"), 0),
     );
+    if options.await_every_server {
+        preload::every_server_enlisted(&client, options.servers).await;
+    }
     let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), client_id);
     let keys: Vec<bytes::Bytes> =
@@ -614,7 +732,8 @@ async fn run_client(
         // FILLER_VALUE_BYTES_MAX (24 KiB), so the small logs fill with dead versions and the
         // cleaner must run.
         let key = filler_key(client_id, choices.below(FILLER_KEYS_PER_CLIENT));
-        let length = 8 + choices.below(nodes::FILLER_VALUE_BYTES_MAX as u64 - 8) as usize;
+        let filler_max = options.filler_value_bytes_max.clamp(9, nodes::FILLER_VALUE_BYTES_MAX);
+        let length = 8 + choices.below(filler_max as u64 - 8) as usize;
         let mut value = unique_value(client_id, sequence).to_vec();
         value.resize(length, (sequence % 251) as u8);
         let _ = client.write(table, key.as_bytes(), &value).await;
@@ -625,6 +744,25 @@ async fn run_client(
     }
     workload.clients_done.fetch_add(1, Ordering::AcqRel);
     Ok(())
+}
+
+/// The loader (`SimulationOptions::preload`): fills the chosen servers' tablets before the
+/// faults, recorded in the history as the client after the verifier.
+async fn run_loader(
+    seed: u64,
+    options: SimulationOptions,
+    workload: Arc<Workload>,
+) -> nodes::HostResult {
+    let Some(preload) = options.preload.clone() else { return Ok(()) };
+    let client =
+        Client::with_environment(client_config(), network::client_environment(seed, "loader", 0));
+    if options.await_every_server {
+        preload::every_server_enlisted(&client, options.servers).await;
+    }
+    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let recorder = workload.recorder.clone();
+    let client_id = options.clients + 1;
+    preload::run_loader(client, recorder, client_id, table, preload, workload.preload.clone()).await
 }
 
 /// Most splits and migrations the operator asks for in one run.
@@ -714,6 +852,7 @@ async fn verify(
         || !workload.faults_over.load(Ordering::Acquire)
         || options.bank.as_ref().is_some_and(|bank| !workload.bank.done(bank))
         || options.list_append.as_ref().is_some_and(|lists| !workload.lists.done(lists))
+        || (options.preload.is_some() && !workload.preload.done())
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -778,6 +917,9 @@ async fn verify(
             }
         }
     }
+    if options.preload.is_some() {
+        preload::verify(&client, table, &workload.preload).await?;
+    }
     // The bank: every account readable (no lock left behind), its final balance recorded for
     // the checks after the run, and no live master holding a prepared operation.
     if let Some(bank) = &options.bank {
@@ -841,6 +983,35 @@ const LIVE_SAMPLE_AGE_MAX: Duration = Duration::from_millis(100);
 /// How long after the faults every segment must be back on R backups.
 const REREPLICATION_PATIENCE: Duration = Duration::from_secs(30);
 
+/// Where the simulation's memory is now.
+fn memory_sample(
+    disks: &[Arc<SimulatedDisk>],
+    observations: &Mutex<ServingObservations>,
+) -> MemorySample {
+    let segment_bytes = u64::from(nodes::store_config().segment_bytes);
+    let observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+    let backups = observations.backups.values().map(|(_, backup)| backup.statistics());
+    let (buffers, replicas) = backups.fold((0, 0), |(buffers, replicas), statistics| {
+        (buffers + statistics.buffers_in_use as u64, replicas + statistics.replicas as u64)
+    });
+    MemorySample {
+        resident_bytes: resident_bytes(),
+        disk_bytes: disks.iter().map(|disk| disk.held_bytes()).sum(),
+        backup_buffer_bytes: buffers * segment_bytes,
+        replicas,
+    }
+}
+
+/// The process's resident memory now (`VmRSS`; 0 where the system does not say).
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib: Option<u64> = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok());
+    kib.unwrap_or(0) * 1024
+}
+
 fn fnv1a(hash: &mut u64, bytes: &[u8]) {
     for &byte in bytes {
         *hash ^= u64::from(byte);
@@ -898,8 +1069,31 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         .build();
 
     let meta = Arc::new(MemoryMetaStore::new());
-    simulation
-        .host("coordinator", nodes::coordinator(seed, meta.clone(), Arc::new(AtomicU64::new(0))));
+    // What the run costs, and the planted bug (which the wiretap plants).
+    let measurements = (options.measure || options.planted_bug.is_some()).then(|| {
+        Arc::new(Measurements {
+            wiretap: Wiretap::new(options.servers, options.planted_bug),
+            meta: Arc::new(MeteredMetaStore::new(meta.clone())),
+            coordinator_cpu: Mutex::new(Vec::new()),
+            memory: Mutex::new(Vec::new()),
+        })
+    });
+    report.measurements = measurements.clone();
+    let wiretap = measurements.as_ref().map(|measured| measured.wiretap.clone());
+    let coordinator_meta: Arc<dyn stratus_meta::MetaStore> = match &measurements {
+        Some(measured) => measured.meta.clone(),
+        None => meta.clone(),
+    };
+    // The coordinator's processor time, read after every step (module `host_cpu`).
+    let coordinator_cpu = Arc::new(AtomicU64::new(0));
+    let _cpu_meter = options.measure.then(|| {
+        let meter = host_cpu::HostCpuMeter::new("coordinator", coordinator_cpu.clone());
+        tracing::subscriber::set_default(meter)
+    });
+    simulation.host(
+        "coordinator",
+        nodes::coordinator(seed, coordinator_meta, Arc::new(AtomicU64::new(0)), wiretap.clone()),
+    );
     let observations = Arc::new(Mutex::new(ServingObservations::default()));
     let geometry_bytes = nodes::backup_config(durability).geometry().total_bytes();
     let disks: Vec<Arc<SimulatedDisk>> =
@@ -917,6 +1111,8 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             incarnations: Arc::new(AtomicU64::new(0)),
             failure_domain: failure_domain_of(index, options.failure_domains),
             placement: options.placement,
+            wiretap: wiretap.clone(),
+            peer_probe: options.peer_probe,
         };
         simulation.host(server_host(index), nodes::server(setup));
     }
@@ -931,6 +1127,7 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         zombie_checked: AtomicBool::new(false),
         bank: bank::BankState::default(),
         lists: list_append::ListAppendState::default(),
+        preload: Arc::new(PreloadState::default()),
     });
     let mut hosts: Vec<String> = vec!["coordinator".to_string()];
     hosts.extend((0..options.servers).map(server_host));
@@ -938,6 +1135,10 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         let name = format!("client-{client_id}");
         hosts.push(name.clone());
         simulation.client(name, run_client(seed, client_id, options.clone(), workload.clone()));
+    }
+    if options.preload.is_some() {
+        hosts.push("loader".to_string());
+        simulation.client("loader", run_loader(seed, options.clone(), workload.clone()));
     }
     if options.tablet_moves {
         hosts.push("operator".to_string());
@@ -1094,6 +1295,14 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         let stepped = simulation.step();
         report.steps += 1;
         report.simulated = simulation.elapsed();
+        if let Some(measured) = measurements.as_ref().filter(|_| options.measure) {
+            let spent = Duration::from_nanos(coordinator_cpu.swap(0, Ordering::Relaxed));
+            measured.add_coordinator_cpu(report.simulated, spent);
+            if measured.memory_due(report.simulated) {
+                let sample = memory_sample(&disks, &observations);
+                measured.note_memory(report.simulated, sample);
+            }
+        }
         if options.observe_recoveries && report.steps.is_multiple_of(10) {
             observe_recoveries(&meta, report.simulated, &mut recoveries);
         }
@@ -1118,6 +1327,9 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         }
     }
     report.recoveries = recoveries.into_values().collect();
+    if options.preload.is_some() {
+        report.preloaded = Some(workload.preload.outcome());
+    }
     report.disk_faults = disks
         .iter()
         .enumerate()

@@ -12,7 +12,7 @@ use stratus_master::{
     keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
     RecoveryReader, ReplicaManager, ReplicationConfig,
 };
-use stratus_meta::MemoryMetaStore;
+use stratus_meta::MetaStore;
 use stratus_rpc::{serve_admitting, Backoff, ChannelPool, RpcConfig, Service};
 use stratus_store::{CleanOutcome, CleanStep, StoreConfig};
 use stratus_types::{HashRange, ServerId, TableId};
@@ -20,6 +20,7 @@ use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
 
 use crate::disk::SimulatedDisk;
 use crate::network::member_environment;
+use crate::wiretap::{TappedNetwork, Wiretap};
 
 /// The coordinator's host name and port.
 pub const COORDINATOR_ADDRESS: &str = "coordinator:7400";
@@ -142,14 +143,17 @@ impl ServingObservations {
 /// The coordinator's software. Its metadata store outlives its incarnations (it is the disk).
 pub fn coordinator(
     seed: u64,
-    meta: Arc<MemoryMetaStore>,
+    meta: Arc<dyn MetaStore>,
     incarnations: Arc<AtomicU64>,
+    wiretap: Option<Arc<Wiretap>>,
 ) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = HostResult>>> {
     move || {
         let meta = meta.clone();
+        let wiretap = wiretap.clone();
         let incarnation = incarnations.fetch_add(1, Ordering::Relaxed);
         Box::pin(async move {
             let (environment, admission) = member_environment(seed, "coordinator", incarnation);
+            let environment = tapped(environment, "coordinator", wiretap);
             let coordinator = Coordinator::open(meta, environment.clone())?;
             let listener = environment.network.bind("0.0.0.0:7400").await?;
             let background = coordinator.clone();
@@ -189,6 +193,19 @@ pub struct ServerSetup {
     pub failure_domain: String,
     /// How its master places replicas.
     pub placement: Placement,
+    /// Where its RPCs are counted (and a planted bug planted), if anywhere.
+    pub wiretap: Option<Arc<Wiretap>>,
+    /// How it pings its peers.
+    pub peer_probe: PeerProbeConfig,
+}
+
+/// `environment` with its connections seen by `wiretap` as host `host`'s (unchanged without
+/// one).
+fn tapped(mut environment: Environment, host: &str, wiretap: Option<Arc<Wiretap>>) -> Environment {
+    if let Some(wiretap) = wiretap {
+        environment.network = Arc::new(TappedNetwork::new(environment.network, host, wiretap));
+    }
+    environment
 }
 
 /// A storage server's software: backup on the node's disk, master, replica manager, lease,
@@ -206,6 +223,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     let host = server_host(setup.index);
     let incarnation = setup.incarnations.fetch_add(1, Ordering::Relaxed);
     let (environment, admission) = member_environment(setup.seed, &host, incarnation);
+    let environment = tapped(environment, &host, setup.wiretap.clone());
     let listener = environment.network.bind(&format!("0.0.0.0:{SERVER_PORT}")).await?;
     let address = format!("{host}:{SERVER_PORT}");
     let mut store = store_config();
@@ -239,7 +257,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     tokio::spawn(probe_peers(
         server_id,
         COORDINATOR_ADDRESS.to_string(),
-        PeerProbeConfig::default(),
+        setup.peer_probe,
         replication.server_list(),
         environment.clone(),
     ));

@@ -22,6 +22,7 @@ mod durable_answer;
 mod migration_rpc;
 mod objects;
 mod recovery_rpc;
+mod tiers;
 mod transactions;
 
 pub(crate) use objects::status_of;
@@ -72,6 +73,8 @@ pub struct Master {
     recoveries_in_flight: Arc<std::sync::Mutex<Vec<RecoveryTablet>>>,
     /// The client leases mutations are applied under (exactly-once).
     client_leases: Arc<ClientLeaseChecks>,
+    /// Held while a table's tier is checked and recorded (`service/tiers.rs`, invariant 3).
+    tier_changes: std::sync::Mutex<()>,
 }
 
 /// What a request that changed the log needs until it is answered: the replica manager it
@@ -128,6 +131,7 @@ impl Master {
             recovery: None,
             lease: None,
             recoveries_in_flight: Arc::default(),
+            tier_changes: std::sync::Mutex::default(),
         })
     }
 

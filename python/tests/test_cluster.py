@@ -17,6 +17,7 @@ from stratus_client import (
     KeyItem,
     RejectRules,
     TabletState,
+    Tier,
     WriteItem,
     key_hash,
 )
@@ -54,6 +55,27 @@ def test_table_lifecycle(client, table_name):
         client.read(table_id, b"k")
     with pytest.raises(stratus_client.TableDoesNotExist):
         client.drop_table(table_name)
+
+
+def test_a_flash_table_is_listed_with_its_tier_which_never_changes(client, table_name):
+    table_id = client.create_table(table_name, span=2, tier="flash")
+    entries = {entry.name: entry for entry in client.list_tables()}
+    assert entries[table_name].tier is Tier.FLASH
+    assert str(entries[table_name].tier) == "flash"
+    assert client.create_table(table_name, span=2, tier=Tier.FLASH) == table_id
+    # Asked for with another tier, the existing table is refused, not answered with its id.
+    with pytest.raises(stratus_client.InvalidParameter, match="exists with tier flash"):
+        client.create_table(table_name, span=2)
+    client.write(table_id, b"k", b"on flash")
+    assert client.read(table_id, b"k")[0] == b"on flash"
+    memory_name = table_name + "-memory"
+    client.create_table(memory_name)
+    entries = {entry.name: entry for entry in client.list_tables()}
+    assert entries[memory_name].tier is Tier.MEMORY
+    with pytest.raises(ValueError, match="is not one of"):
+        client.create_table(table_name + "-disk", tier="disk")
+    client.drop_table(table_name)
+    client.drop_table(memory_name)
 
 
 def test_a_client_with_a_stale_map_learns_the_table_was_dropped(cluster, client, table_name):

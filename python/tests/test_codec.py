@@ -40,6 +40,7 @@ from stratus_client.model import (
     TableEntry,
     TabletEntry,
     TabletState,
+    Tier,
     WriteItem,
 )
 from stratus_client.status import Status
@@ -71,13 +72,13 @@ def test_copied_vectors_equal_the_specification():
 
 def test_client_handshake_vector():
     assert codec.encode_hello() == vector_bytes("hello")
-    assert codec.PROTOCOL_VERSION == 4
-    assert codec.decode_hello(vector_bytes("hello")) == (4, Status.OK)
+    assert codec.PROTOCOL_VERSION == 5
+    assert codec.decode_hello(vector_bytes("hello")) == (5, Status.OK)
 
 
 def test_version_mismatch_handshake_vector():
     assert codec.decode_hello(vector_bytes("hello-version-mismatch")) == (
-        4,
+        5,
         Status.PROTOCOL_VERSION_MISMATCH,
     )
 
@@ -211,10 +212,29 @@ def test_enumerate_request_vector():
 
 
 def test_create_table_request_vector():
-    body = codec.create_table_body("users", 4)
+    body = codec.create_table_body("users", 4, Tier.FLASH)
     assert codec.encode_request(Opcode.CREATE_TABLE, 8, body) == vector_bytes(
         "create-table-request"
     )
+
+
+def test_list_tables_response_vector():
+    header, body = split_response(vector_bytes("list-tables-response"))
+    assert (header.opcode_code, header.request_id, header.status) == (15, 27, Status.OK)
+    assert codec.decode_response_body(Opcode.LIST_TABLES, Status.OK, body) == [
+        TableEntry("users", 1, 2, Tier.MEMORY),
+        TableEntry("events", 2, 1, Tier.FLASH),
+    ]
+
+
+def test_tiers_are_named_as_the_command_line_names_them_and_nothing_else_is_taken():
+    assert [str(tier) for tier in Tier] == ["memory", "flash"]
+    assert Tier.parse("flash") is Tier.FLASH and Tier.parse("MEMORY") is Tier.MEMORY
+    assert Tier.parse(Tier.FLASH) is Tier.FLASH
+    for wrong in ("disk", "", 1, None):
+        with pytest.raises(ValueError, match="is not one of 'memory', 'flash'"):
+            Tier.parse(wrong)
+    assert codec.create_table_body("t", 1)[-1] == Tier.MEMORY, "memory unless asked"
 
 
 # The transaction of the specification's vectors: lease 7, acknowledged up to 10, first op rpc
@@ -445,8 +465,8 @@ def test_other_response_bodies():
     assert decode(Opcode.DROP_TABLE, Status.OK, b"") is None
     assert decode(Opcode.WRITE, Status.WRONG_VERSION, struct.pack("<Q", 12)) == 12
     assert decode(Opcode.REMOVE, Status.OK, struct.pack("<Q", 0)) == 0
-    tables = struct.pack("<I", 1) + b"\x01\x00t" + struct.pack("<QI", 3, 2)
-    assert decode(Opcode.LIST_TABLES, Status.OK, tables) == [TableEntry("t", 3, 2)]
+    tables = struct.pack("<I", 1) + b"\x01\x00t" + struct.pack("<QIB", 3, 2, 1)
+    assert decode(Opcode.LIST_TABLES, Status.OK, tables) == [TableEntry("t", 3, 2, Tier.FLASH)]
     servers = struct.pack("<IQH", 1, 2, 3) + b"a:1" + struct.pack("<IB", 0b11, 1) + b"\x02\x00r7"
     assert decode(Opcode.GET_SERVER_LIST, Status.OK, servers) == [
         ServerEntry(2, "a:1", 0b11, ServerStatus.CRASHED, "r7")
@@ -580,8 +600,14 @@ def test_malformed_response_headers_are_refused(frame, problem):
         (
             Opcode.LIST_TABLES,
             Status.OK,
-            struct.pack("<IH", 1, 300) + bytes(300 + 12),
+            struct.pack("<IH", 1, 300) + bytes(300 + 13),
             "exceeds 256",
+        ),
+        (
+            Opcode.LIST_TABLES,
+            Status.OK,
+            struct.pack("<I", 1) + b"\x01\x00t" + struct.pack("<QIB", 3, 2, 2),
+            "unknown storage tier code 2",
         ),
     ],
 )
@@ -599,6 +625,7 @@ def test_mutated_frames_never_escape_as_anything_but_protocol_errors():
         "read-response-object-doesnt-exist": Opcode.READ,
         "increment-response": Opcode.INCREMENT,
         "get-tablet-map-response": Opcode.GET_TABLET_MAP,
+        "list-tables-response": Opcode.LIST_TABLES,
         "error-response-unknown-tablet": Opcode.READ,
         "client-lease-response": Opcode.CLIENT_LEASE,
         "check-client-leases-response": Opcode.CHECK_CLIENT_LEASES,

@@ -8,12 +8,12 @@ repository is present, so a change to the protocol cannot leave this client behi
 VECTORS = {
     "hello": """
 53 54 52 41   # magic "STRA"
-04 00         # version 4
+05 00         # version 5
 00 00         # status OK
 """,
     "hello-version-mismatch": """
 53 54 52 41   # magic "STRA"
-04 00         # the server's version, 4
+05 00         # the server's version, 5
 10 00         # status 16 PROTOCOL_VERSION_MISMATCH
 """,
     "ping-request": """
@@ -126,12 +126,29 @@ ff ff ff ff ff ff ff ff   # range end 2^64 - 1
 00 00 01 00               # bytes max 65536
 """,
     "create-table-request": """
-17 00 00 00               # frame length 23
+18 00 00 00               # frame length 24
 01 00                     # kind: request, flags
 0c 00                     # opcode 12 CREATE_TABLE
 08 00 00 00 00 00 00 00   # request id 8
 05 00 75 73 65 72 73      # name "users"
 04 00 00 00               # server span 4
+01                        # tier 1 flash
+""",
+    "list-tables-response": """
+3b 00 00 00               # frame length 59
+02 00                     # kind: response, flags
+0f 00                     # opcode 15 LIST_TABLES
+1b 00 00 00 00 00 00 00   # request id 27
+00 00                     # status OK
+02 00 00 00               # tables: 2
+05 00 75 73 65 72 73      #   name "users"
+01 00 00 00 00 00 00 00   #   table id 1
+02 00 00 00               #   tablet count 2
+00                        #   tier 0 memory
+06 00 65 76 65 6e 74 73   #   name "events"
+02 00 00 00 00 00 00 00   #   table id 2
+01 00 00 00               #   tablet count 1
+01                        #   tier 1 flash
 """,
     "split-tablet-request": """
 1b 00 00 00               # frame length 27
@@ -140,6 +157,18 @@ ff ff ff ff ff ff ff ff   # range end 2^64 - 1
 0a 00 00 00 00 00 00 00   # request id 10
 05 00 75 73 65 72 73      # name "users"
 00 00 00 00 00 00 00 80   # split hash 2^63
+""",
+    "take-tablet-ownership-request": """
+35 00 00 00               # frame length 53
+01 00                     # kind: request, flags
+28 00                     # opcode 40 TAKE_TABLET_OWNERSHIP
+1a 00 00 00 00 00 00 00   # request id 26
+05 00 00 00 00 00 00 00   # master id 5
+01 00 00 00 00 00 00 00   # table id 1
+00 00 00 00 00 00 00 00   # range start 0
+ff ff ff ff ff ff ff 7f   # range end 0x7fffffffffffffff
+08 00 00 00 00 00 00 00   # assignment epoch 8
+01                        # tier 1 flash
 """,
     "get-tablet-map-response": """
 74 00 00 00               # frame length 116
@@ -271,7 +300,7 @@ fd 01 00 00               # frames free 509
 00                        # storage failure: absent
 """,
     "recover-tablets-request": """
-65 00 00 00               # frame length 101
+66 00 00 00               # frame length 102
 01 00                     # kind: request, flags
 2b 00                     # opcode 43 RECOVER_TABLETS
 10 00 00 00 00 00 00 00   # request id 16
@@ -282,6 +311,7 @@ fd 01 00 00               # frames free 509
 00 00 00 00 00 00 00 00   #   range start 0
 ff ff ff ff ff ff ff 7f   #   range end 0x7fffffffffffffff
 00 00 00 00 00 00 00 00   #   creation segment 0 (every segment counts)
+01                        #   tier 1 flash
 02 00 00 00               # segments: 2
 01 00 00 00 00 00 00 00   #   segment 1
 03 00 00 00 00 00 00 00   #   segment 3
@@ -368,7 +398,7 @@ a8 61 00 00               #   25 000 ms
 02 00 00 00 00 00 00 00   # master id 2
 """,
     "backup-start-partitioning-request": """
-74 00 00 00               # frame length 116
+76 00 00 00               # frame length 118
 01 00                     # kind: request, flags
 39 00                     # opcode 57 BACKUP_START_PARTITIONING
 15 00 00 00 00 00 00 00   # request id 21
@@ -382,11 +412,13 @@ a8 61 00 00               #   25 000 ms
 00 00 00 00 00 00 00 00   #     range start 0
 ff ff ff ff ff ff ff 7f   #     range end 0x7fffffffffffffff
 00 00 00 00 00 00 00 00   #     creation segment 0
+01                        #     tier 1 flash
 01 00 00 00               #   tablets: 1
 01 00 00 00 00 00 00 00   #     table id 1
 00 00 00 00 00 00 00 80   #     range start 0x8000000000000000
 ff ff ff ff ff ff ff ff   #     range end 0xffffffffffffffff
 00 00 00 00 00 00 00 00   #     creation segment 0
+01                        #     tier 1 flash
 """,
     "backup-start-partitioning-response": """
 12 00 00 00               # frame length 18

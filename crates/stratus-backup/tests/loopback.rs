@@ -189,6 +189,7 @@ async fn recovery_data_holds_exactly_the_partition() {
             table_id: stratus_types::TableId(1),
             range: lower_half,
             creation_segment: stratus_types::SegmentId(0),
+            tier: stratus_types::Tier::Memory,
         }],
     };
     let Response::BackupGetRecoveryData { certificate, data } = expect_ok(&channel, &request).await
@@ -264,6 +265,7 @@ async fn partitioned_backup(
             table_id: stratus_types::TableId(1),
             range: stratus_types::HashRange { start, end },
             creation_segment: SegmentId(0),
+            tier: stratus_types::Tier::Flash,
         }]
     };
     let partitions = vec![half(0, u64::MAX / 2), half(u64::MAX / 2 + 1, u64::MAX)];
@@ -314,6 +316,7 @@ async fn partitioned_recovery_data_equals_filtering_on_demand() {
         table_id: stratus_types::TableId(1),
         range: stratus_types::HashRange { start: 0, end: u64::MAX },
         creation_segment: SegmentId(0),
+        tier: stratus_types::Tier::Flash,
     }];
     recovery_answers(&channel, &[4], &[whole]).await;
     let statistics = backup.statistics();

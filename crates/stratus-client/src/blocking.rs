@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use stratus_rpc::{deadline_after, BlockingChannel};
-use stratus_types::{key_hash, Expiry, RejectRules, TableId, Version};
+use stratus_types::{key_hash, Expiry, RejectRules, TableId, Tier, Version};
 use stratus_wire::{
     EnumeratedObject, IncrementItem, KeyItem, Request, ResponseBody, ServerEntry, Status,
     TableEntry, WriteItem,
@@ -75,6 +75,16 @@ impl BlockingClient {
     /// See [`Client::create_table`].
     pub fn create_table(&self, name: &str, server_span: u32) -> Result<TableId> {
         self.runtime.block_on(self.client.create_table(name, server_span))
+    }
+
+    /// See [`Client::create_table_with_tier`].
+    pub fn create_table_with_tier(
+        &self,
+        name: &str,
+        server_span: u32,
+        tier: Tier,
+    ) -> Result<TableId> {
+        self.runtime.block_on(self.client.create_table_with_tier(name, server_span, tier))
     }
 
     /// See [`Client::drop_table`].

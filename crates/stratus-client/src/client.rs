@@ -12,7 +12,7 @@ use stratus_rpc::{
 use stratus_tls::{ClientTls, TlsNetwork};
 use stratus_types::limits::KEY_BYTES_MAX;
 use stratus_types::{
-    key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Version,
+    key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Tier, Version,
 };
 use stratus_wire::{
     BackupServiceStatistics, IncrementItem, KeyItem, RemoveItem, Request, Response, ResponseBody,
@@ -469,10 +469,23 @@ impl Client {
         Client { inner }
     }
 
-    /// Creates a table spread over `server_span` masters; returns its id (the existing id if
-    /// the name is taken).
+    /// Creates a table spread over `server_span` masters, its objects in memory; returns its
+    /// id (the existing id if the name is taken by a memory table).
     pub async fn create_table(&self, name: &str, server_span: u32) -> Result<TableId> {
-        let request = Request::CreateTable { name: name.to_string(), server_span };
+        self.create_table_with_tier(name, server_span, Tier::Memory).await
+    }
+
+    /// Creates a table spread over `server_span` masters whose objects live in `tier` (fixed
+    /// for the table's life); returns its id. A table of that name that exists is answered
+    /// with its id if it has the same tier, and refused with INVALID_PARAMETER if it has
+    /// another.
+    pub async fn create_table_with_tier(
+        &self,
+        name: &str,
+        server_span: u32,
+        tier: Tier,
+    ) -> Result<TableId> {
+        let request = Request::CreateTable { name: name.to_string(), server_span, tier };
         match self.inner.coordinator_call(&request).await? {
             Response::CreateTable { table_id } => Ok(table_id),
             other => Err(unexpected(&ResponseBody::Operation(other))),

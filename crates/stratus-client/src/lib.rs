@@ -47,7 +47,7 @@ pub use enumeration::Enumeration;
 pub use error::{Error, Result};
 pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
 pub use stratus_rpc::UserPassword;
-pub use stratus_types::{ExpiresAt, Expiry, RejectRules, TableId, Version};
+pub use stratus_types::{ExpiresAt, Expiry, RejectRules, TableId, Tier, Version};
 pub use stratus_types::{LeaseId, RpcId, RpcIdentity, TxDecision};
 pub use stratus_wire::users::validate_user_name;
 pub use stratus_wire::{

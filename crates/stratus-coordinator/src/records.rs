@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use stratus_meta::{MetaError, MetaOperation, MetaStore};
-use stratus_types::{HashRange, SegmentId, ServerId, TableId};
+use stratus_types::{HashRange, SegmentId, ServerId, TableId, Tier};
 use stratus_wire::{ServerEntry, ServerStatus, ServiceMask, UserRecord};
 
 /// Key of the next server id counter.
@@ -33,9 +33,10 @@ const RECORD_FORMAT_VERSION: u8 = 1;
 /// Server records since failure domains: the domain follows the address. Version 1 server
 /// records are still read (no domain).
 const SERVER_RECORD_FORMAT_VERSION: u8 = 2;
-/// Table records since tablet migration: each tablet carries its creation segment. Version 1
-/// table records are still read (creation segment 0).
-const TABLE_RECORD_FORMAT_VERSION: u8 = 2;
+/// Table records since storage tiers: the table's tier follows its id. Version 2 records
+/// (each tablet with its creation segment) and version 1 records (creation segment 0) are
+/// still read, as memory tables: every table created before tiers existed is one.
+const TABLE_RECORD_FORMAT_VERSION: u8 = 3;
 
 /// One tablet of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +57,9 @@ pub struct TabletRecord {
 pub struct TableRecord {
     /// The table's id.
     pub table_id: TableId,
+    /// Where its objects live, chosen at creation and never changed: every assignment of one
+    /// of its tablets carries it.
+    pub tier: Tier,
     /// Its tablets, ascending by range, covering the whole hash space.
     pub tablets: Vec<TabletRecord>,
 }
@@ -275,6 +279,7 @@ pub fn put_server(server: &ServerEntry) -> MetaOperation {
 pub fn put_table(name: &str, table: &TableRecord) -> MetaOperation {
     let mut value = vec![TABLE_RECORD_FORMAT_VERSION];
     value.extend_from_slice(&table.table_id.0.to_le_bytes());
+    value.push(table.tier.code());
     let count =
         u32::try_from(table.tablets.len()).expect("tablet count is bounded by the span limit");
     value.extend_from_slice(&count.to_le_bytes());
@@ -369,10 +374,19 @@ fn decode_server(key: &str, bytes: &[u8]) -> Result<ServerEntry, MetaError> {
 fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
     let mut reader = RecordReader { bytes, key };
     let format_version = reader.u8()?;
-    if format_version != 1 && format_version != TABLE_RECORD_FORMAT_VERSION {
+    if !(1..=TABLE_RECORD_FORMAT_VERSION).contains(&format_version) {
         return Err(corrupt(key, "unknown record version"));
     }
     let table_id = TableId(reader.u64()?);
+    let tier = if format_version < 3 {
+        Tier::Memory
+    } else {
+        // An unknown code is a record written by a newer version: refuse to start rather
+        // than serve the table from the wrong tier.
+        let code = reader.u8()?;
+        Tier::from_code(code)
+            .ok_or_else(|| corrupt(key, &format!("unknown storage tier code {code}")))?
+    };
     let count = reader.u32()?;
     let mut tablets = Vec::new();
     for _ in 0..count {
@@ -385,7 +399,7 @@ fn decode_table(key: &str, bytes: &[u8]) -> Result<TableRecord, MetaError> {
         tablets.push(TabletRecord { range, owner, creation_segment });
     }
     reader.finish()?;
-    Ok(TableRecord { table_id, tablets })
+    Ok(TableRecord { table_id, tier, tablets })
 }
 
 fn decode_counter(key: &str, bytes: &[u8]) -> Result<u64, MetaError> {
@@ -460,6 +474,7 @@ mod tests {
         };
         let table = TableRecord {
             table_id: TableId(9),
+            tier: Tier::Flash,
             tablets: HashRange::split_evenly(2)
                 .into_iter()
                 .enumerate()
@@ -509,6 +524,7 @@ mod tests {
     fn splitting_cuts_one_tablet_and_keeps_the_map_covering() {
         let mut table = TableRecord {
             table_id: TableId(1),
+            tier: Tier::Memory,
             tablets: HashRange::split_evenly(2)
                 .into_iter()
                 .zip([ServerId(1), ServerId(2)])
@@ -538,7 +554,7 @@ mod tests {
             vec![(0, 0), (1, (1 << 63) - 1), (1 << 63, u64::MAX - 1), (u64::MAX, u64::MAX)]
         );
         assert_eq!(table.split_at(1), TabletSplit::AlreadyBoundary);
-        let empty = TableRecord { table_id: TableId(2), tablets: Vec::new() };
+        let empty = TableRecord { table_id: TableId(2), tier: Tier::Memory, tablets: Vec::new() };
         assert_eq!(empty.split_at(5), TabletSplit::Uncovered);
     }
 
@@ -560,6 +576,7 @@ mod tests {
         let state = CoordinatorState::load(&store).unwrap();
         let expected = TableRecord {
             table_id: TableId(5),
+            tier: Tier::Memory,
             tablets: vec![TabletRecord {
                 range: HashRange::FULL,
                 owner: ServerId(2),
@@ -567,10 +584,56 @@ mod tests {
             }],
         };
         assert_eq!(state.tables.get("old"), Some(&expected));
-        // Written back, it is a version 2 record that loads the same.
+        // Written back, it is a version 3 record (with the tier) that loads the same.
         let MetaOperation::Put { value, .. } = put_table("old", &expected) else { unreachable!() };
         assert_eq!(value[0], TABLE_RECORD_FORMAT_VERSION);
-        assert_eq!(value.len(), 1 + 8 + 4 + 32);
+        assert_eq!(value.len(), 1 + 8 + 1 + 4 + 32);
+    }
+
+    #[test]
+    fn version_2_table_records_load_as_memory_tables_and_version_3_keeps_the_tier() {
+        let store = MemoryMetaStore::new();
+        let tablet = TabletRecord {
+            range: HashRange::FULL,
+            owner: ServerId(2),
+            creation_segment: SegmentId(9),
+        };
+        // A record as the coordinator wrote it before tiers: version 2, no tier byte.
+        let mut old = vec![2u8];
+        old.extend_from_slice(&5u64.to_le_bytes());
+        old.extend_from_slice(&1u32.to_le_bytes());
+        for field in [0u64, u64::MAX, 2, 9] {
+            old.extend_from_slice(&field.to_le_bytes());
+        }
+        let flash =
+            TableRecord { table_id: TableId(6), tier: Tier::Flash, tablets: vec![tablet.clone()] };
+        store
+            .apply(&[
+                put_counter(NEXT_TABLE_ID_KEY, 7),
+                MetaOperation::Put { key: table_key("old"), value: old },
+                put_table("new", &flash),
+            ])
+            .unwrap();
+        let state = CoordinatorState::load(&store).unwrap();
+        let old = TableRecord { table_id: TableId(5), tier: Tier::Memory, tablets: vec![tablet] };
+        assert_eq!(state.tables.get("old"), Some(&old));
+        assert_eq!(state.tables.get("new"), Some(&flash));
+        // The version 3 layout: format, table id, tier, then the tablets.
+        let MetaOperation::Put { value, .. } = put_table("new", &flash) else { unreachable!() };
+        assert_eq!(&value[..10], &[3, 6, 0, 0, 0, 0, 0, 0, 0, Tier::Flash.code()]);
+    }
+
+    #[test]
+    fn a_table_record_with_an_unknown_tier_is_refused() {
+        let store = MemoryMetaStore::new();
+        let table = TableRecord { table_id: TableId(1), tier: Tier::Flash, tablets: Vec::new() };
+        let MetaOperation::Put { key, mut value } = put_table("t", &table) else { unreachable!() };
+        value[9] = 7;
+        store
+            .apply(&[put_counter(NEXT_TABLE_ID_KEY, 2), MetaOperation::Put { key, value }])
+            .unwrap();
+        let refusal = CoordinatorState::load(&store).unwrap_err();
+        assert!(refusal.to_string().contains("unknown storage tier code 7"), "{refusal}");
     }
 
     #[test]
@@ -616,6 +679,7 @@ mod tests {
         let store = MemoryMetaStore::new();
         let table = TableRecord {
             table_id: TableId(1),
+            tier: Tier::Memory,
             tablets: vec![TabletRecord {
                 range: HashRange::FULL,
                 owner: ServerId(1),

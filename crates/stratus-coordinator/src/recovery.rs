@@ -25,7 +25,7 @@ use bytes::Bytes;
 use stratus_log::{verify_replica, Certificate, TableStats, TableTally};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::TABLETS_PER_TABLE_MAX;
-use stratus_types::{HashRange, SegmentId, ServerId, TableId};
+use stratus_types::{HashRange, SegmentId, ServerId, TableId, Tier};
 use stratus_wire::{
     RecoveryTablet, ReplicaEntry, Request, Response, ResponseBody, ServerEntry, ServerStatus,
     Status,
@@ -871,15 +871,15 @@ impl Inner {
         table_stats: Option<&TableStats>,
     ) -> Attempt {
         // Room for more tablets in each table: recovered parts become tablets of their own.
-        let tablet_room: BTreeMap<TableId, usize> = {
+        // And each table's tier, which every recovery master is told with its parts so that it
+        // replays them into that tier.
+        let (tablet_room, tiers): (BTreeMap<TableId, usize>, BTreeMap<TableId, Tier>) = {
             let state = self.state.lock().await;
-            state
-                .tables
-                .values()
-                .map(|table| {
-                    (table.table_id, TABLETS_PER_TABLE_MAX.saturating_sub(table.tablets.len()))
-                })
-                .collect()
+            let room = state.tables.values().map(|table| {
+                (table.table_id, TABLETS_PER_TABLE_MAX.saturating_sub(table.tablets.len()))
+            });
+            let tiers = state.tables.values().map(|table| (table.table_id, table.tier));
+            (room.collect(), tiers.collect())
         };
         // The restarted successor of the crashed server (the same index), if it is up, is
         // dealt first: a server stopped and started again gets its tablets back when they fit
@@ -945,6 +945,10 @@ impl Inner {
                         table_id,
                         range,
                         creation_segment,
+                        // A table dropped since the participants were read: its parts are
+                        // replayed but never committed (`commit_recovered` skips tables that
+                        // are gone), so the tier they are replayed into does not matter.
+                        tier: tiers.get(&table_id).copied().unwrap_or_default(),
                     })
                     .collect();
                 (index, parts, tablets)
@@ -1845,7 +1849,11 @@ mod tests {
                 owner: crashed,
                 creation_segment: SegmentId(0),
             };
-            let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
+            let table = crate::records::TableRecord {
+                table_id: TableId(1),
+                tier: stratus_types::Tier::Memory,
+                tablets: vec![tablet],
+            };
             state.tables.insert("t".to_string(), table);
             state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
         }
@@ -1881,7 +1889,11 @@ mod tests {
                 owner: crashed,
                 creation_segment: SegmentId(0),
             };
-            let table = crate::records::TableRecord { table_id: TableId(1), tablets: vec![tablet] };
+            let table = crate::records::TableRecord {
+                table_id: TableId(1),
+                tier: stratus_types::Tier::Memory,
+                tablets: vec![tablet],
+            };
             state.tables.insert("t".to_string(), table);
             state.servers.get_mut(&crashed).expect("enlisted").status = ServerStatus::Crashed;
         }

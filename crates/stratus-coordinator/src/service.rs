@@ -13,7 +13,7 @@ use stratus_types::limits::{
     SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
     TABLE_NAME_BYTES_MAX,
 };
-use stratus_types::{HashRange, LeaseId, SegmentId, ServerId, TableId, TabletState};
+use stratus_types::{HashRange, LeaseId, SegmentId, ServerId, TableId, TabletState, Tier};
 use stratus_wire::{
     decode_request, encode_error_response, encode_response, FrameHeader, Request, Response,
     ResponseBody, ServerEntry, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
@@ -379,8 +379,8 @@ impl Inner {
                 let state = self.state.lock().await;
                 Ok(Response::GetServerList { servers: state.servers.values().cloned().collect() })
             }
-            Request::CreateTable { name, server_span } => {
-                self.create_table(name, server_span).await
+            Request::CreateTable { name, server_span, tier } => {
+                self.create_table(name, server_span, tier).await
             }
             Request::DropTable { name } => self.drop_table(name).await,
             Request::SplitTablet { name, split_hash } => self.split_tablet(name, split_hash).await,
@@ -403,6 +403,7 @@ impl Inner {
                         name: name.clone(),
                         table_id: table.table_id,
                         tablet_count: u32::try_from(table.tablets.len()).unwrap_or(u32::MAX),
+                        tier: table.tier,
                     })
                     .collect();
                 Ok(Response::ListTables { tables })
@@ -580,10 +581,15 @@ impl Inner {
         Ok(Response::ServerStopping)
     }
 
+    /// CREATE_TABLE: a new table of `server_span` tablets on masters dealt round-robin, whose
+    /// objects live in `tier`. A repeat (a retry after a lost answer) gets the existing id;
+    /// one that names another tier is refused: answering it with the id would let the caller
+    /// believe its objects live where it asked.
     async fn create_table(
         self: &Arc<Self>,
         name: String,
         server_span: u32,
+        tier: Tier,
     ) -> Result<Response, Failure> {
         if name.is_empty() || name.len() > TABLE_NAME_BYTES_MAX {
             return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
@@ -597,6 +603,16 @@ impl Inner {
         let (table_id, record, epoch) = {
             let mut state = self.state.lock().await;
             if let Some(existing) = state.tables.get(&name) {
+                if existing.tier != tier {
+                    return Err((
+                        Status::InvalidParameter,
+                        format!(
+                            "table {name:?} exists with tier {}, not {tier} (a table's tier \
+                             never changes)",
+                            existing.tier
+                        ),
+                    ));
+                }
                 return Ok(Response::CreateTable { table_id: existing.table_id });
             }
             if state.tables.len() >= TABLES_MAX {
@@ -624,7 +640,7 @@ impl Inner {
                     TabletRecord { range, owner: masters[slot], creation_segment: SegmentId(0) }
                 })
                 .collect();
-            let record = TableRecord { table_id, tablets };
+            let record = TableRecord { table_id, tier, tablets };
             self.check_directory_with_table(&state, &name, &record)?;
             let (epoch, persist_epoch) = state.next_assignment_epoch();
             self.persist(vec![
@@ -638,7 +654,7 @@ impl Inner {
             self.publish_users(&state);
             (table_id, record, epoch)
         };
-        tracing::info!(%table_id, %name, server_span, "table created");
+        tracing::info!(%table_id, %name, server_span, %tier, "table created");
         self.deliver_all(table_id, &record, true, epoch).await;
         Ok(Response::CreateTable { table_id })
     }
@@ -676,7 +692,7 @@ impl Inner {
             return Err((Status::InvalidParameter, "table name must be 1..=256 bytes".to_string()));
         }
         let _no_migration = self.migration.lock().await;
-        let (table_id, halves, epoch) = {
+        let (table_id, tier, halves, epoch) = {
             let mut state = self.state.lock().await;
             let Some(table) = state.tables.get(&name) else {
                 return Err((Status::TableDoesntExist, format!("no table named {name:?}")));
@@ -713,12 +729,12 @@ impl Inner {
             updated.apply_split(index, low.clone(), high.clone());
             let (epoch, persist_epoch) = state.next_assignment_epoch();
             self.persist(vec![put_table(&name, &updated), persist_epoch]).await?;
-            let table_id = updated.table_id;
+            let (table_id, tier) = (updated.table_id, updated.tier);
             state.tables.insert(name.clone(), updated);
-            (table_id, [low, high], epoch)
+            (table_id, tier, [low, high], epoch)
         };
         tracing::info!(%table_id, %name, split_hash, "tablet split");
-        let record = TableRecord { table_id, tablets: halves.to_vec() };
+        let record = TableRecord { table_id, tier, tablets: halves.to_vec() };
         self.deliver_all(table_id, &record, true, epoch).await;
         Ok(Response::SplitTablet)
     }
@@ -1152,7 +1168,10 @@ impl Inner {
 }
 
 /// Sends one TAKE (or DROP) TABLET_OWNERSHIP at assignment epoch `epoch` until the master
-/// acknowledges, the assignment is obsolete, or [`DELIVERY_PERSISTENCE`] has passed.
+/// acknowledges, the assignment is obsolete, or [`DELIVERY_PERSISTENCE`] has passed. A TAKE
+/// carries the table's tier as the table record holds it when the message is made (every kind
+/// of assignment — creation, split, migration, hand-back, recovery, re-sending after a
+/// restart — comes through here, so none can go without it).
 pub(crate) async fn deliver(
     inner: Arc<Inner>,
     table_id: TableId,
@@ -1166,12 +1185,13 @@ pub(crate) async fn deliver(
         if !inner.is_active() {
             return;
         }
-        let address = {
+        let (address, assigned_in) = {
             let state = inner.state.lock().await;
-            let still_assigned = state
+            let assigned_in = state
                 .tables
                 .values()
-                .any(|table| table.table_id == table_id && table.tablets.contains(&tablet));
+                .find(|table| table.table_id == table_id && table.tablets.contains(&tablet));
+            let still_assigned = assigned_in.is_some();
             // A DROP is obsolete once the master owns part of the range again (the tablet was
             // migrated back): dropping would lose it there.
             let owns_again = !take
@@ -1188,14 +1208,15 @@ pub(crate) async fn deliver(
                         && (still_assigned || !take)
                         && !owns_again =>
                 {
-                    server.address.clone()
+                    (server.address.clone(), assigned_in.map(|table| table.tier))
                 }
                 _ => return,
             }
         };
         let (master_id, range, assignment_epoch) = (tablet.owner, tablet.range, epoch);
         let request = if take {
-            Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch }
+            let tier = assigned_in.expect("a TAKE is sent only while its tablet is assigned");
+            Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch, tier }
         } else {
             Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch }
         };

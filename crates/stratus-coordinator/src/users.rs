@@ -155,6 +155,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stratus_types::Tier;
     use stratus_wire::{TableAccess, TableGrant};
 
     fn user(name: &str, pattern: &str) -> UserRecord {
@@ -177,7 +178,10 @@ mod tests {
         let tables = USER_DIRECTORY_BYTES_MAX / entry_bytes + 2;
         for id in 1..=tables as u64 {
             let name = format!("t{id:0>width$}", width = name_bytes - 1);
-            state.tables.insert(name, TableRecord { table_id: TableId(id), tablets: vec![] });
+            state.tables.insert(
+                name,
+                TableRecord { table_id: TableId(id), tier: Tier::Memory, tablets: vec![] },
+            );
         }
         state.next_table_id = tables as u64 + 1;
         assert!(build_directory(&state).is_err(), "the state is past the limit");
@@ -191,7 +195,7 @@ mod tests {
         for id in 0..128u64 {
             let table_id = TableId(state.next_table_id);
             let name = format!("t-new-{id:0>width$}", width = name_bytes - 6);
-            let record = TableRecord { table_id, tablets: vec![] };
+            let record = TableRecord { table_id, tier: Tier::Memory, tablets: vec![] };
             let mut next = state.clone();
             next.tables.insert(name.clone(), record.clone());
             next.next_table_id += 1;
@@ -206,7 +210,7 @@ mod tests {
         let mut next = state.clone();
         next.tables.insert(
             "other".into(),
-            TableRecord { table_id: TableId(u64::MAX - 1), tablets: vec![] },
+            TableRecord { table_id: TableId(u64::MAX - 1), tier: Tier::Memory, tablets: vec![] },
         );
         build_directory(&next).expect("unnamed tables do not count");
     }
@@ -216,9 +220,10 @@ mod tests {
     {
         let mut state = CoordinatorState { next_table_id: 4, ..Default::default() };
         for (id, name) in [(1, "orders"), (2, "orders-archive"), (3, "users")] {
-            state
-                .tables
-                .insert(name.into(), TableRecord { table_id: TableId(id), tablets: vec![] });
+            state.tables.insert(
+                name.into(),
+                TableRecord { table_id: TableId(id), tier: Tier::Memory, tablets: vec![] },
+            );
         }
         state.users.insert("alice".into(), user("alice", "orders*"));
         state.users.insert("root".into(), user("root", "*"));

@@ -13,6 +13,7 @@
 
 mod client_leases;
 mod flash_images;
+mod flash_settings;
 mod lease;
 mod metrics;
 mod migration;
@@ -25,6 +26,9 @@ mod transaction_recovery;
 
 pub use client_leases::{ClientLeaseChecks, LeaseStanding, CLIENT_LEASE_SWEEP_INTERVAL};
 pub use flash_images::DeviceImages;
+pub use flash_settings::{
+    FlashSettings, FlashSettingsError, FLASH_BYTES_MAX_DEFAULT, FLASH_DIRECTORY_NAME,
+};
 pub use lease::{keep_lease, Lease, LEASE_RENEW_INTERVAL};
 pub use metrics::{MasterMetrics, Operation, RecoveryStatistics};
 pub use migration::INCOMING_TRANSFERS_REMEMBERED_MAX;

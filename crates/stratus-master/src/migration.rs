@@ -459,6 +459,9 @@ impl Transfer {
             transfer_id: self.transfer_id,
             safe_version,
             first,
+            // The source stores the table in the tier the coordinator gave it with the
+            // tablet: the target learns it from the first batch, before any object lands.
+            tier: self.store.table_tier(self.table),
             objects,
             removed_keys,
             completions,

@@ -9,6 +9,7 @@ use stratus_types::{key_hash, RpcIdentity, ServerId, TableId, Version};
 use stratus_wire::{RecoveryTablet, Status};
 
 use crate::client_leases::{ClientLeaseChecks, LeaseStanding};
+use crate::flash_settings::FlashSettings;
 use crate::lease::Lease;
 use crate::metrics::MasterMetrics;
 use crate::migration::{CompletedTransfers, IncomingTransfers};
@@ -22,6 +23,7 @@ mod durable_answer;
 mod migration_rpc;
 mod objects;
 mod recovery_rpc;
+mod tiers;
 mod transactions;
 
 pub(crate) use objects::status_of;
@@ -34,12 +36,16 @@ pub struct MasterConfig {
     /// Where segment images of the flash tier go (`None`: no flash tier; flash tables' objects
     /// then stay in memory). `store.flash_image_bytes` is its budget.
     pub flash_images: Option<Arc<dyn stratus_store::FlashImages>>,
+    /// The flash tier's directory and disk budget as the server was started with them (`None`:
+    /// no data directory, or `--flash-gib 0`): what `flash_images` is opened on, with
+    /// `store.flash_image_bytes` its `bytes_max`. The master keeps them and opens nothing.
+    pub flash: Option<FlashSettings>,
 }
 
 impl MasterConfig {
     /// A master with `store`'s layout and no flash tier.
     pub fn memory_only(store: StoreConfig) -> MasterConfig {
-        MasterConfig { store, flash_images: None }
+        MasterConfig { store, flash_images: None, flash: None }
     }
 }
 
@@ -72,6 +78,10 @@ pub struct Master {
     recoveries_in_flight: Arc<std::sync::Mutex<Vec<RecoveryTablet>>>,
     /// The client leases mutations are applied under (exactly-once).
     client_leases: Arc<ClientLeaseChecks>,
+    /// The flash tier's settings the server was started with (`None`: it has none).
+    flash: Option<FlashSettings>,
+    /// Held while a table's tier is checked and recorded (`service/tiers.rs`, invariant 3).
+    tier_changes: std::sync::Mutex<()>,
 }
 
 /// What a request that changed the log needs until it is answered: the replica manager it
@@ -108,9 +118,10 @@ impl Master {
         wall_clock: Arc<dyn WallClock>,
         memory: stratus_log::seglet_memory::SegletMemory,
     ) -> Result<Master, String> {
-        let mut store = ObjectStore::with_memory(config.store, server_id, memory)
+        let MasterConfig { store, flash_images, flash } = config;
+        let mut store = ObjectStore::with_memory(store, server_id, memory)
             .map_err(|error| format!("invalid store configuration: {error:?}"))?;
-        if let Some(images) = config.flash_images {
+        if let Some(images) = flash_images {
             store.attach_flash(images);
         }
         let store = Arc::new(store);
@@ -128,6 +139,8 @@ impl Master {
             recovery: None,
             lease: None,
             recoveries_in_flight: Arc::default(),
+            flash,
+            tier_changes: std::sync::Mutex::default(),
         })
     }
 
@@ -207,6 +220,11 @@ impl Master {
     /// The tablets this master owns.
     pub fn ownership(&self) -> &TabletOwnership {
         &self.ownership
+    }
+
+    /// The flash tier's settings (`None`: this server has no flash tier).
+    pub fn flash_settings(&self) -> Option<&FlashSettings> {
+        self.flash.as_ref()
     }
 
     /// The master's wall clock now: what every object operation is applied at.

@@ -153,7 +153,11 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
         (Opcode::GetServerList, Some(Request::GetServerList), Nothing),
         (
             Opcode::CreateTable,
-            Some(Request::CreateTable { name: "orders".into(), server_span: 1 }),
+            Some(Request::CreateTable {
+                name: "orders".into(),
+                server_span: 1,
+                tier: stratus_types::Tier::Memory,
+            }),
             Named("orders", "a"),
         ),
         (Opcode::DropTable, Some(Request::DropTable { name: "logs".into() }), Named("logs", "a")),

@@ -23,7 +23,7 @@ use stratus_types::limits::{
 };
 use stratus_types::Version;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
-use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, TxDecision, TxOpKind, TxVote};
+use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, Tier, TxDecision, TxOpKind, TxVote};
 
 use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
@@ -137,6 +137,10 @@ pub enum DecodeError {
     },
     /// A string field is not valid UTF-8.
     InvalidUtf8,
+    /// A storage tier code this version does not define (a newer peer's tier, or garbage):
+    /// refused rather than read as the default, which would put a table's objects in the
+    /// wrong tier.
+    UnknownTier(u8),
 }
 
 impl DecodeError {
@@ -157,6 +161,11 @@ impl fmt::Display for DecodeError {
             DecodeError::TrailingBytes => f.write_str("body has trailing bytes"),
             DecodeError::UnknownOpcode(code) => write!(f, "unknown opcode {code}"),
             DecodeError::InvalidField(field) => write!(f, "invalid {field}"),
+            DecodeError::UnknownTier(code) => {
+                let known: Vec<String> =
+                    Tier::ALL.iter().map(|tier| format!("{} {tier}", tier.code())).collect();
+                write!(f, "unknown storage tier code {code} (known: {})", known.join(", "))
+            }
             DecodeError::TooManyItems { count, max } => {
                 write!(f, "list of {count} items exceeds the maximum of {max}")
             }
@@ -276,9 +285,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, previous_server_id.0);
             put_string(out, failure_domain);
         }
-        Request::CreateTable { name, server_span } => {
+        Request::CreateTable { name, server_span, tier } => {
             put_string(out, name);
             put_u32(out, *server_span);
+            put_u8(out, tier.code());
         }
         Request::DropTable { name } | Request::GetTableId { name } => put_string(out, name),
         Request::GetTabletMap { table_id } => put_u64(out, table_id.0),
@@ -314,6 +324,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             transfer_id,
             safe_version,
             first,
+            tier,
             objects,
             removed_keys,
             completions,
@@ -325,6 +336,7 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_u64(out, *transfer_id);
             put_version(out, *safe_version);
             put_u8(out, u8::from(*first));
+            put_u8(out, tier.code());
             put_enumerated_objects(out, objects);
             put_count(out, removed_keys.len());
             for key in removed_keys {
@@ -443,8 +455,14 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             put_cursor(out, cursor);
             put_u32(out, *bytes_max);
         }
-        Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch }
-        | Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch }
+        Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch, tier } => {
+            put_u64(out, master_id.0);
+            put_u64(out, table_id.0);
+            put_range(out, range);
+            put_u64(out, *assignment_epoch);
+            put_u8(out, tier.code());
+        }
+        Request::DropTabletOwnership { master_id, table_id, range, assignment_epoch }
         | Request::AbandonMigration { master_id, table_id, range, assignment_epoch } => {
             put_u64(out, master_id.0);
             put_u64(out, table_id.0);
@@ -674,6 +692,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_string(out, &table.name);
                 put_u64(out, table.table_id.0);
                 put_u32(out, table.tablet_count);
+                put_u8(out, table.tier.code());
             }
         }
         Response::GetTabletMap { tablets } => {
@@ -1015,6 +1034,7 @@ fn recovery_tablet(reader: &mut Reader) -> Result<RecoveryTablet, DecodeError> {
         table_id: reader.table_id()?,
         range: reader.range()?,
         creation_segment: reader.segment_id()?,
+        tier: reader.tier()?,
     })
 }
 
@@ -1022,6 +1042,7 @@ fn put_recovery_tablet(out: &mut BytesMut, tablet: &RecoveryTablet) {
     put_u64(out, tablet.table_id.0);
     put_range(out, &tablet.range);
     put_u64(out, tablet.creation_segment.0);
+    put_u8(out, tablet.tier.code());
 }
 
 fn put_cursor(out: &mut BytesMut, cursor: &EnumerationCursor) {
@@ -1379,6 +1400,11 @@ impl Reader {
         }
     }
 
+    fn tier(&mut self) -> Result<Tier, DecodeError> {
+        let code = self.u8()?;
+        Tier::from_code(code).ok_or(DecodeError::UnknownTier(code))
+    }
+
     fn tablet_state(&mut self) -> Result<TabletState, DecodeError> {
         match self.u8()? {
             0 => Ok(TabletState::Normal),
@@ -1493,7 +1519,7 @@ const WRITE_ITEM_BYTES_MIN: usize = 8 + 2 + 4 + 9 + EXPIRY_BYTES + 1;
 const INCREMENT_ITEM_BYTES_MIN: usize = 8 + 2 + 8 + 9 + 1;
 const MIGRATED_COMPLETION_BYTES_MIN: usize = 5 * 8 + 1;
 const SERVER_ENTRY_BYTES_MIN: usize = 8 + 2 + 4 + 1 + 2;
-const TABLE_ENTRY_BYTES_MIN: usize = 2 + 8 + 4;
+const TABLE_ENTRY_BYTES_MIN: usize = 2 + 8 + 4 + 1;
 const TABLET_ENTRY_BYTES_MIN: usize = 8 + 16 + 8 + 2 + 1;
 const READ_RESULT_BYTES_MIN: usize = 2 + 8 + 4;
 const VERSION_RESULT_BYTES_MIN: usize = 2 + 8;
@@ -1520,7 +1546,7 @@ const EXPIRY_AFTER_MILLIS: u8 = 2;
 const EXPIRY_AT_MILLIS: u8 = 3;
 /// Bytes of one BACKUP_LIST_REPLICAS entry (fixed size).
 const REPLICA_ENTRY_BYTES: usize = 8 + 8 + 8 + 8 + 1;
-const RECOVERY_TABLET_BYTES: usize = 8 + 16 + 8;
+const RECOVERY_TABLET_BYTES: usize = 8 + 16 + 8 + 1;
 
 fn key_item(reader: &mut Reader) -> Result<KeyItem, DecodeError> {
     Ok(KeyItem { table_id: reader.table_id()?, key: reader.key()?, rules: reader.rules()? })
@@ -1544,6 +1570,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         Opcode::CreateTable => Request::CreateTable {
             name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
             server_span: reader.u32()?,
+            tier: reader.tier()?,
         },
         Opcode::DropTable => {
             Request::DropTable { name: reader.string(TABLE_NAME_BYTES_MAX, "table name")? }
@@ -1582,6 +1609,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
                 1 => true,
                 _ => return Err(DecodeError::InvalidField("first batch flag")),
             },
+            tier: reader.tier()?,
             objects: reader.enumerated_objects()?,
             removed_keys: reader.list(REMOVED_KEYS_MAX, 2, |reader| reader.key())?,
             completions: reader.list(
@@ -1705,6 +1733,7 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             table_id: reader.table_id()?,
             range: reader.range()?,
             assignment_epoch: reader.u64()?,
+            tier: reader.tier()?,
         },
         Opcode::DropTabletOwnership => Request::DropTabletOwnership {
             master_id: reader.server_id()?,
@@ -1833,6 +1862,7 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                     name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
                     table_id: reader.table_id()?,
                     tablet_count: reader.u32()?,
+                    tier: reader.tier()?,
                 })
             })?,
         },

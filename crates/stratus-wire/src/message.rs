@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use stratus_types::{ExpiresAt, Expiry, HashRange, RejectRules, SegmentId, ServerId, TableId};
 use stratus_types::{LeaseId, RpcId, RpcIdentity};
-use stratus_types::{TabletState, TxDecision, TxOpKind, TxVote, Version};
+use stratus_types::{TabletState, Tier, TxDecision, TxOpKind, TxVote, Version};
 
 use crate::status::Status;
 use crate::users::{Identity, UserDirectorySnapshot, UserRecord, UserSummary};
@@ -379,6 +379,8 @@ pub struct TableEntry {
     pub table_id: TableId,
     /// How many tablets it has.
     pub tablet_count: u32,
+    /// Where its objects live, chosen when it was created.
+    pub tier: Tier,
 }
 
 /// One tablet of the tablet map.
@@ -765,6 +767,9 @@ pub enum Request {
         name: String,
         /// Number of masters to spread it over (1..=1024).
         server_span: u32,
+        /// Where its objects live (fixed for the table's life): a repeat of the request
+        /// must name the same tier.
+        tier: Tier,
     },
     /// DROP_TABLE.
     DropTable {
@@ -836,6 +841,9 @@ pub enum Request {
         safe_version: Version,
         /// True for the first batch: the receiver starts the tablet afresh in its log.
         first: bool,
+        /// The table's tier, as the source learnt it with the tablet: the receiver stores
+        /// the objects in that tier from the first batch on.
+        tier: Tier,
         /// Objects with their versions.
         objects: Vec<EnumeratedObject>,
         /// Keys removed at the source while it copied the tablet: the receiver removes each one
@@ -1027,6 +1035,8 @@ pub enum Request {
         /// The coordinator's assignment epoch of this decision (wire-protocol.md, "Assignment
         /// epochs"): a master ignores an assignment older than one it has seen for the range.
         assignment_epoch: u64,
+        /// The table's tier: the master stores the tablet's objects there.
+        tier: Tier,
     },
     /// DROP_TABLET_OWNERSHIP.
     DropTabletOwnership {
@@ -1195,6 +1205,9 @@ pub struct RecoveryTablet {
     /// The tablet's creation segment in the crashed master's log: its objects in older
     /// segments are left from an earlier time that master served the range, and are ignored.
     pub creation_segment: SegmentId,
+    /// The table's tier: a recovery master replays the part into that tier. Backups, which
+    /// filter entries by table and range only, ignore it.
+    pub tier: Tier,
 }
 
 /// A response body for a status that carries the operation's body (see

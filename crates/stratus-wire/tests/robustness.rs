@@ -7,10 +7,11 @@ use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use stratus_types::limits::{FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, TRANSACTION_OBJECTS_MAX};
+use stratus_types::{HashRange, SegmentId, ServerId, TableId, Tier};
 use stratus_wire::{
     decode_frame_header, decode_request, decode_response, encode_request, encode_response,
-    frame_length, peek_request_identity, DecodeError, FrameError, Hello, Opcode, Status,
-    REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+    frame_length, peek_request_identity, DecodeError, FrameError, Hello, Opcode, RecoveryTablet,
+    Request, Response, Status, TableEntry, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 
 fn request_body(request: &stratus_wire::Request) -> Bytes {
@@ -307,6 +308,90 @@ fn field_domains_are_checked() {
     assert_eq!(DecodeError::UnknownOpcode(999).status(), Status::UnimplementedRequest);
     assert_eq!(DecodeError::Truncated.status(), Status::RequestFormatError);
     assert_eq!(DecodeError::InvalidUtf8.status(), Status::RequestFormatError);
+}
+
+/// Every message that carries a storage tier, built for `tier`: as a request body, or as the
+/// body of an OK response.
+fn with_tier(tier: Tier) -> Vec<(Opcode, bool, Bytes)> {
+    let (table_id, range) = (TableId(7), HashRange::FULL);
+    let recovery_tablet = RecoveryTablet { table_id, range, creation_segment: SegmentId(3), tier };
+    let requests = [
+        Request::CreateTable { name: "t".to_string(), server_span: 1, tier },
+        Request::TakeTabletOwnership {
+            master_id: ServerId(1),
+            table_id,
+            range,
+            assignment_epoch: 9,
+            tier,
+        },
+        Request::ReceiveMigrationData {
+            table_id,
+            range,
+            assignment_epoch: 9,
+            source: ServerId(2),
+            transfer_id: 1,
+            safe_version: stratus_types::Version(5),
+            first: true,
+            tier,
+            objects: Vec::new(),
+            removed_keys: Vec::new(),
+            completions: Vec::new(),
+        },
+        Request::RecoverTablets {
+            master_id: ServerId(1),
+            crashed_master: ServerId(2),
+            tablets: vec![recovery_tablet],
+            segments: vec![SegmentId(4)],
+            backups: vec!["b:1".to_string()],
+            assignment_epoch: 9,
+        },
+        Request::BackupGetRecoveryData {
+            master_id: ServerId(2),
+            segment_id: SegmentId(4),
+            tablets: vec![recovery_tablet],
+        },
+        Request::BackupStartPartitioning {
+            master_id: ServerId(2),
+            segments: vec![SegmentId(4)],
+            partitions: vec![vec![recovery_tablet]],
+        },
+    ];
+    let list = Response::ListTables {
+        tables: vec![TableEntry { name: "t".to_string(), table_id, tablet_count: 1, tier }],
+    };
+    requests
+        .iter()
+        .map(|request| (request.opcode(), true, request_body(request)))
+        .chain([(Opcode::ListTables, false, response_body(Status::Ok, &list))])
+        .collect()
+}
+
+#[test]
+fn an_unknown_tier_code_is_refused_in_every_message_that_carries_a_tier() {
+    for ((opcode, is_request, memory), (_, _, flash)) in
+        with_tier(Tier::Memory).into_iter().zip(with_tier(Tier::Flash))
+    {
+        // The two encodings differ in the tier byte alone.
+        assert_eq!(memory.len(), flash.len(), "{opcode:?}");
+        let differing: Vec<usize> = (0..memory.len()).filter(|&i| memory[i] != flash[i]).collect();
+        assert_eq!(differing.len(), 1, "{opcode:?}: one tier byte");
+        let at = differing[0];
+        assert_eq!((memory[at], flash[at]), (Tier::Memory.code(), Tier::Flash.code()));
+        for code in [2u8, 0x80, 0xff] {
+            let mut body = memory.to_vec();
+            body[at] = code;
+            let decoded = if is_request {
+                decode_request(opcode.code(), Bytes::from(body)).map(|_| ())
+            } else {
+                decode_response(opcode, Status::Ok, Bytes::from(body)).map(|_| ())
+            };
+            assert_eq!(decoded, Err(DecodeError::UnknownTier(code)), "{opcode:?}");
+        }
+    }
+    // A server answers it as a malformed request, saying which codes it knows.
+    let error = DecodeError::UnknownTier(9);
+    assert_eq!(error.status(), Status::RequestFormatError);
+    assert_eq!(error.to_string(), "unknown storage tier code 9 (known: 0 memory, 1 flash)");
 }
 
 /// The op named by table 1, key hash 5 and `rpc`.

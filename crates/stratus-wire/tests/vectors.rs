@@ -6,14 +6,14 @@
 use bytes::{Bytes, BytesMut};
 use stratus_types::{
     key_hash, HashRange, LeaseId, RejectRules, RpcId, SegmentId, ServerId, TableId, TabletState,
-    TxDecision, TxOpKind, TxVote, Version,
+    Tier, TxDecision, TxOpKind, TxVote, Version,
 };
 use stratus_wire::{
     body_offset, decode_frame_header, decode_request, decode_response, encode_error_response,
     encode_request, encode_response, frame_length, BackupDurability, BackupServiceStatistics,
     BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, RecoveryTablet,
-    ReplicaCertificate, ReplicaEntry, Request, Response, ResponseBody, Status, TabletEntry,
-    TxDecisionOp, TxOp, TxVoteItem, WriteItem, HELLO_BYTES,
+    ReplicaCertificate, ReplicaEntry, Request, Response, ResponseBody, Status, TableEntry,
+    TabletEntry, TxDecisionOp, TxOp, TxVoteItem, WriteItem, HELLO_BYTES,
 };
 
 const SPEC: &str = include_str!("../../../docs/design/wire-protocol.md");
@@ -38,9 +38,9 @@ fn expected(name: &str) -> Expected {
         body: ResponseBody::Operation(response),
     };
     match name {
-        "hello" => Expected::Hello(Hello { version: 4, status: Status::Ok }),
+        "hello" => Expected::Hello(Hello { version: 5, status: Status::Ok }),
         "hello-version-mismatch" => {
-            Expected::Hello(Hello { version: 4, status: Status::ProtocolVersionMismatch })
+            Expected::Hello(Hello { version: 5, status: Status::ProtocolVersionMismatch })
         }
         "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
         "ping-response" => ok(1, Response::Ping),
@@ -210,7 +210,40 @@ fn expected(name: &str) -> Expected {
         },
         "create-table-request" => Expected::Request {
             request_id: 8,
-            request: Request::CreateTable { name: "users".to_string(), server_span: 4 },
+            request: Request::CreateTable {
+                name: "users".to_string(),
+                server_span: 4,
+                tier: Tier::Flash,
+            },
+        },
+        "list-tables-response" => ok(
+            27,
+            Response::ListTables {
+                tables: vec![
+                    TableEntry {
+                        name: "users".to_string(),
+                        table_id: TableId(1),
+                        tablet_count: 2,
+                        tier: Tier::Memory,
+                    },
+                    TableEntry {
+                        name: "events".to_string(),
+                        table_id: TableId(2),
+                        tablet_count: 1,
+                        tier: Tier::Flash,
+                    },
+                ],
+            },
+        ),
+        "take-tablet-ownership-request" => Expected::Request {
+            request_id: 26,
+            request: Request::TakeTabletOwnership {
+                master_id: ServerId(5),
+                table_id: TableId(1),
+                range: HashRange { start: 0, end: 0x7fff_ffff_ffff_ffff },
+                assignment_epoch: 8,
+                tier: Tier::Flash,
+            },
         },
         "split-tablet-request" => Expected::Request {
             request_id: 10,
@@ -324,6 +357,7 @@ fn expected(name: &str) -> Expected {
                     table_id: TableId(1),
                     range: HashRange { start: 0, end: 0x7fff_ffff_ffff_ffff },
                     creation_segment: SegmentId(0),
+                    tier: Tier::Flash,
                 }],
                 segments: vec![SegmentId(1), SegmentId(3)],
                 backups: vec!["b:1".to_string()],
@@ -359,6 +393,7 @@ fn expected(name: &str) -> Expected {
                             table_id: TableId(1),
                             range: HashRange { start, end },
                             creation_segment: SegmentId(0),
+                            tier: Tier::Flash,
                         }]
                     })
                     .to_vec(),
@@ -492,7 +527,9 @@ fn spec_vectors_decode_and_re_encode() {
         "multi-write-request",
         "enumerate-request",
         "create-table-request",
+        "list-tables-response",
         "split-tablet-request",
+        "take-tablet-ownership-request",
         "get-tablet-map-response",
         "error-response-unknown-tablet",
         "backup-write-request",

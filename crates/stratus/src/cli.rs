@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
-use stratus_client::{Client, ClientConfig, Error as ClientError, Expiry, RejectRules, TableId};
+use stratus_client::{
+    Client, ClientConfig, Error as ClientError, Expiry, RejectRules, TableId, Tier,
+};
 use stratus_env::Network;
 
 /// Default coordinator address of a local cluster.
@@ -148,6 +150,10 @@ pub enum TableCommand {
         /// Number of masters to spread it over.
         #[arg(long, default_value_t = 1)]
         span: u32,
+        /// Where its objects live: memory, or flash (the masters' flash logs, with only the
+        /// index in memory, for tables larger than memory). Fixed for the table's life.
+        #[arg(long, default_value = "memory", value_parser = parse_tier)]
+        tier: Tier,
     },
     /// Drop a table and all its objects.
     Drop {
@@ -190,6 +196,14 @@ pub fn parse_key_hash(text: &str) -> Result<u64, String> {
     };
     parsed.map_err(|error| {
         format!("{text:?} is not a key hash in 0..=0xffffffffffffffff (decimal or 0x-hex): {error}")
+    })
+}
+
+/// A storage tier by the name `stratus status` shows (`memory`, `flash`).
+pub fn parse_tier(text: &str) -> Result<Tier, String> {
+    Tier::from_name(text.trim()).ok_or_else(|| {
+        let names: Vec<&str> = Tier::ALL.iter().map(|tier| tier.name()).collect();
+        format!("{text:?} is not a tier: give one of {}", names.join(", "))
     })
 }
 
@@ -593,8 +607,8 @@ async fn table_id(client: &Client, name: &str) -> Result<TableId, ClientError> {
 async fn run_client_command(client: &Client, command: Command) -> Result<(), CommandError> {
     let mut stdout = std::io::stdout().lock();
     match command {
-        Command::Table(TableCommand::Create { name, span }) => {
-            let id = client.create_table(&name, span).await?;
+        Command::Table(TableCommand::Create { name, span, tier }) => {
+            let id = client.create_table_with_tier(&name, span, tier).await?;
             let _ = writeln!(stdout, "{id}");
         }
         Command::Table(TableCommand::Drop { name }) => {
@@ -640,8 +654,8 @@ async fn run_client_command(client: &Client, command: Command) -> Result<(), Com
             for table in client.list_tables().await? {
                 let _ = writeln!(
                     stdout,
-                    "{}\tid={}\ttablets={}",
-                    table.name, table.table_id, table.tablet_count
+                    "{}\tid={}\ttablets={}\ttier={}",
+                    table.name, table.table_id, table.tablet_count, table.tier
                 );
             }
         }

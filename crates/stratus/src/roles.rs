@@ -20,8 +20,9 @@ use stratus_client::{Client, ClientConfig};
 use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig, StandbyGate};
 use stratus_env::Environment;
 use stratus_master::{
-    keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
-    RecoveryReader, ReplicaManager, ReplicationConfig, ServerList, REPLICATION_TIMEOUT_DEFAULT,
+    keep_lease, probe_peers, FlashSettings, Lease, Master, MasterConfig, PeerProbeConfig,
+    Placement, RecoveryReader, ReplicaManager, ReplicationConfig, ServerList,
+    FLASH_BYTES_MAX_DEFAULT, REPLICATION_TIMEOUT_DEFAULT,
 };
 use stratus_meta::FileMetaStore;
 use stratus_meta_etcd::{EtcdClient, EtcdMetaStore, Leadership, LeadershipConfig};
@@ -371,6 +372,14 @@ pub struct ServerArguments {
     /// Run no backup service: this server stores no replicas of other masters' segments.
     #[arg(long)]
     pub no_backup: bool,
+    /// Directory of this server's flash log, where the objects of tables created with
+    /// `--tier flash` live (default: `flash` inside --backup-dir, the server's data
+    /// directory; without either, this server has no flash tier).
+    #[arg(long, env = "STRATUS_FLASH_DIR")]
+    pub flash_dir: Option<PathBuf>,
+    /// Disk budget of the flash log, in GiB; 0 turns the flash tier off.
+    #[arg(long, env = "STRATUS_FLASH_GIB", default_value_t = FLASH_BYTES_MAX_DEFAULT >> 30)]
+    pub flash_gib: u64,
     /// When the backup acknowledges a replica write: buffered (in its RAM) or fsync (on disk).
     #[arg(long, default_value = "buffered", value_parser = ["buffered", "fsync"])]
     pub durability: String,
@@ -817,6 +826,18 @@ pub fn run_server(
         _ => u32::try_from(arguments.replicas).unwrap_or(u32::MAX),
     };
     store.validate().map_err(|error| format!("invalid memory configuration: {error}"))?;
+    let flash = FlashSettings::from_flags(
+        arguments.flash_dir.as_deref(),
+        arguments.flash_gib,
+        arguments.backup_dir.as_deref(),
+    )
+    .map_err(|error| error.to_string())?;
+    match &flash {
+        Some(flash) => {
+            tracing::info!(dir = %flash.dir.display(), bytes_max = flash.bytes_max, "flash tier")
+        }
+        None => tracing::info!("no flash tier (no --flash-dir or --backup-dir, or --flash-gib 0)"),
+    }
     let store_value_bytes_max = store.value_bytes_max;
     if arguments.replicas > 0 && store.segment_bytes as usize > SEGMENT_BYTES_MAX {
         return Err(format!(
@@ -899,8 +920,11 @@ pub fn run_server(
             identity::remember_server_id(directory, server_id)?;
         }
         let wall_clock = environment.wall_clock.clone();
-        let mut master =
-            Master::with_memory(server_id, MasterConfig::memory_only(store), wall_clock, memory)?;
+        // The flash tier's settings travel with the master; the images device it will be
+        // opened on is attached by the flash tier's integration (until then flash tables'
+        // objects stay in memory, as with no flash tier).
+        let master_config = MasterConfig { flash, ..MasterConfig::memory_only(store) };
+        let mut master = Master::with_memory(server_id, master_config, wall_clock, memory)?;
         if arguments.replicas > 0 {
             let mut config = ReplicationConfig::new(arguments.replicas, coordinator.clone());
             if arguments.placement == "copyset" {

@@ -137,8 +137,15 @@ impl ClusterStatus {
             backups.print(out)?;
         }
         writeln!(out)?;
-        let mut tables =
-            TextTable::new(&["TABLE", "ID", "TABLET START", "TABLET END", "SERVER", "STATE"]);
+        let mut tables = TextTable::new(&[
+            "TABLE",
+            "ID",
+            "TIER",
+            "TABLET START",
+            "TABLET END",
+            "SERVER",
+            "STATE",
+        ]);
         for table in &self.overview.tables {
             let tablets =
                 self.overview.tablets.iter().filter(|tablet| tablet.table_id == table.table_id);
@@ -146,6 +153,7 @@ impl ClusterStatus {
                 tables.push(vec![
                     table.name.clone(),
                     table.table_id.to_string(),
+                    table.tier.to_string(),
                     format!("{:#018x}", tablet.range.start),
                     format!("{:#018x}", tablet.range.end),
                     tablet.owner.to_string(),
@@ -188,7 +196,12 @@ impl ClusterStatus {
                         })
                     })
                     .collect();
-                json!({ "name": table.name, "table_id": table.table_id.0, "tablets": tablets })
+                json!({
+                    "name": table.name,
+                    "table_id": table.table_id.0,
+                    "tier": table.tier.name(),
+                    "tablets": tablets,
+                })
             })
             .collect();
         json!({ "servers": servers, "tables": tables })

@@ -703,6 +703,9 @@ pub fn run(
                 arguments.seglet_kib.to_string(),
                 "--backup-dir".to_string(),
                 arguments.dir.join(format!("server-{index}")).join("backup").display().to_string(),
+                // Beside the backup's file, in the server's own directory of the cluster's.
+                "--flash-dir".to_string(),
+                arguments.dir.join(format!("server-{index}")).join("flash").display().to_string(),
                 "--durability".to_string(),
                 arguments.durability.clone(),
                 "--backup-buffers".to_string(),

@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use common::TestCluster;
 use stratus_client::{RejectRules, Status, TableId};
 use stratus_types::{
-    key_hash, HashRange, LeaseId, RpcId, SegmentId, ServerId, TxDecision, TxOpKind, TxVote, Version,
+    key_hash, HashRange, LeaseId, RpcId, SegmentId, ServerId, Tier, TxDecision, TxOpKind, TxVote,
+    Version,
 };
 use stratus_wire::{
     body_offset, decode_frame_header, decode_response, encode_request, frame_length,
@@ -145,8 +146,12 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         assignment_epoch: 1,
     };
     encode_request(&mut recovery, 10, &recover(Vec::new()));
-    let owned =
-        RecoveryTablet { table_id: table, range: HashRange::FULL, creation_segment: SegmentId(0) };
+    let owned = RecoveryTablet {
+        table_id: table,
+        range: HashRange::FULL,
+        creation_segment: SegmentId(0),
+        tier: Tier::Memory,
+    };
     encode_request(&mut recovery, 11, &recover(vec![owned]));
     encode_request(
         &mut recovery,
@@ -195,6 +200,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
             table_id: other_table,
             range: HashRange::FULL,
             assignment_epoch: u64::MAX,
+            tier: Tier::Flash,
         },
     );
     let recovery_elsewhere = Request::RecoverTablets {
@@ -238,6 +244,7 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         transfer_id: 0,
         safe_version: Version(0),
         first: true,
+        tier: Tier::Memory,
         objects,
         removed_keys: Vec::new(),
         completions: Vec::new(),

@@ -104,7 +104,7 @@ fn cli_against_a_local_cluster() {
     assert!(no_table.stderr.contains("table doesn't exist"), "{}", no_table.stderr);
 
     let list = stratus(&coordinator, &["table", "list"], None);
-    assert!(text(&list).starts_with("users\tid=1\ttablets=2"));
+    assert!(text(&list).starts_with("users\tid=1\ttablets=2\ttier=memory"));
     // The status is a table a person scans: a header, one line per server, short lines.
     let status = stratus(&coordinator, &["status"], None);
     assert!(status.success, "{}", status.stderr);
@@ -112,7 +112,7 @@ fn cli_against_a_local_cluster() {
     assert!(status_text.starts_with("SERVER  ADDRESS "), "{status_text}");
     assert_eq!(status_text.lines().filter(|line| line.contains("  up  ")).count(), 2);
     assert!(status_text.lines().all(|line| line.len() <= 120), "{status_text}");
-    assert_eq!(status_text.matches("users  1   0x").count(), 2, "{status_text}");
+    assert_eq!(status_text.matches("users  1   memory  0x").count(), 2, "{status_text}");
     // And the same figures as JSON for scripts.
     let json = stratus(&coordinator, &["status", "--json"], None);
     assert!(json.success, "{}", json.stderr);
@@ -124,6 +124,7 @@ fn cli_against_a_local_cluster() {
         servers.iter().map(|server| server["master"]["objects_live"].as_u64().unwrap()).sum();
     assert_eq!(objects, 2, "blob and visits: {status}");
     assert_eq!(status["tables"][0]["tablets"].as_array().unwrap().len(), 2, "{status}");
+    assert_eq!(status["tables"][0]["tier"], "memory", "{status}");
 
     // Counters print as numbers when asked; other values are refused for it.
     let counter = stratus(&coordinator, &["get", "users", "visits", "--int"], None);
@@ -218,6 +219,13 @@ fn cli_against_a_local_cluster() {
         let log = std::fs::read_to_string(data.join("logs").join(format!("{name}.log"))).unwrap();
         assert!(name == "coordinator" || log.contains(" INFO "), "{name}.log: {log}");
         assert!(!log.contains('\u{1b}'), "{name}.log holds terminal escapes: {log}");
+    }
+    // `stratus up` gives every server a flash log in its own directory of the cluster's.
+    for index in 0..2 {
+        let log = std::fs::read_to_string(data.join("logs").join(format!("server-{index}.log")));
+        let flash = data.join(format!("server-{index}")).join("flash");
+        let line = format!("flash tier dir={} bytes_max=4294967296", flash.display());
+        assert!(log.unwrap().contains(&line), "server-{index} has no {line:?}");
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Process, TestCluster};
-use stratus_client::{Client, IncrementItem, KeyItem, RejectRules, TableId, WriteItem};
+use stratus_client::{Client, IncrementItem, KeyItem, RejectRules, TableId, Tier, WriteItem};
 use stratus_ops::exposition::{parse, MetricType, ParsedExposition};
 
 /// Bound on every wait.
@@ -432,7 +432,8 @@ fn the_status_page_shows_the_live_cluster_in_a_headless_browser() {
         client(&cluster)
     };
     let (table, server_ids) = runtime.block_on(async {
-        let table = client.create_table("pages", 2).await.expect("create the table");
+        // On flash: the page shows each tablet's tier as the coordinator's record holds it.
+        let table = client.create_table_with_tier("pages", 2, Tier::Flash).await.expect("create");
         let servers = client.server_list().await.expect("server list");
         (table, servers.iter().map(|server| server.server_id.0).collect::<Vec<u64>>())
     });
@@ -515,6 +516,7 @@ fn the_status_page_shows_the_live_cluster_in_a_headless_browser() {
     }
     assert_eq!(dom.matches(&format!("<tr data-table-id=\"{}\">", table.0)).count(), 2);
     assert!(dom.contains(&format!("pages (id {})", table.0)));
+    assert_eq!(dom.matches("<td class=\"tier-flash\">flash</td>").count(), 2);
     assert_eq!(element_text(&dom, "summary-servers-up"), "2");
     assert_eq!(element_text(&dom, "summary-tables"), "1 / 2");
     let objects: f64 = element_text(&dom, "summary-objects").parse().expect("a count of objects");

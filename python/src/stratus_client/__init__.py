@@ -72,6 +72,7 @@ from .model import (
     TableEntry,
     TabletEntry,
     TabletState,
+    Tier,
     TxOutcome,
     WriteItem,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "TableEntry",
     "TabletEntry",
     "TabletState",
+    "Tier",
     "Timeout",
     "Transaction",
     "TransactionAborted",

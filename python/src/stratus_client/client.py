@@ -64,6 +64,7 @@ from .model import (
     TableEntry,
     TabletEntry,
     TabletState,
+    Tier,
     WriteItem,
 )
 from .retry import Attempts, failure_from_response
@@ -274,15 +275,17 @@ class Client:
     # -----------------------------------------------------------------------------------------
     # Tables (coordinator).
 
-    def create_table(self, name: str, span: int = 1) -> int:
-        """Creates a table spread over ``span`` masters (1..1024); returns its id.
+    def create_table(self, name: str, span: int = 1, tier: Tier | str = Tier.MEMORY) -> int:
+        """Creates a table spread over ``span`` masters (1..1024) whose objects live in
+        ``tier`` (``"memory"``, the default, or ``"flash"``; or a ``Tier``); returns its id.
 
-        Creating a table whose name exists returns the existing table's id.
+        Creating a table whose name exists returns the existing table's id if it has the same
+        tier, and raises ``InvalidParameter`` if it has another (a table's tier never changes).
         """
         name = _checked_table_name(name)
         if isinstance(span, bool) or not isinstance(span, int) or not 0 <= span < 1 << 32:
             raise ValueError(f"span {span!r} is not a server count")
-        body = codec.create_table_body(name, span)
+        body = codec.create_table_body(name, span, Tier.parse(tier))
         return self._coordinator_operation(f"create_table({name!r})", Opcode.CREATE_TABLE, body)
 
     def drop_table(self, name: str) -> None:
@@ -319,7 +322,7 @@ class Client:
         )
 
     def list_tables(self) -> list[TableEntry]:
-        """Every table: name, id and number of tablets."""
+        """Every table: name, id, number of tablets and tier."""
         return self._coordinator_operation("list_tables()", Opcode.LIST_TABLES, b"")
 
     # -----------------------------------------------------------------------------------------

@@ -41,12 +41,13 @@ from .model import (
     TableEntry,
     TabletEntry,
     TabletState,
+    Tier,
     WriteItem,
 )
 from .status import Status
 
 MAGIC = b"STRA"
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 HELLO_BYTES = 8
 LENGTH_FIELD_BYTES = 4
 REQUEST_HEADER_BYTES = 16
@@ -416,8 +417,9 @@ class BodyWriter:
         return self.u8(1).u64(lease).u64(rpc).u64(acknowledged)
 
 
-def create_table_body(name: str, server_span: int) -> bytes:
-    return BodyWriter().string(name, TABLE_NAME_BYTES_MAX).u32(server_span).to_bytes()
+def create_table_body(name: str, server_span: int, tier: Tier = Tier.MEMORY) -> bytes:
+    writer = BodyWriter().string(name, TABLE_NAME_BYTES_MAX).u32(server_span)
+    return writer.u8(int(tier)).to_bytes()
 
 
 def table_name_body(name: str) -> bytes:
@@ -792,6 +794,13 @@ class BodyReader:
         except ValueError:
             raise self.fail(f"unknown tablet state {code}") from None
 
+    def tier(self) -> Tier:
+        code = self.u8()
+        try:
+            return Tier(code)
+        except ValueError:
+            raise self.fail(f"unknown storage tier code {code}") from None
+
     def server_status(self) -> ServerStatus:
         code = self.u8()
         try:
@@ -849,6 +858,7 @@ def _table_entry(reader: BodyReader) -> TableEntry:
         name=reader.string(TABLE_NAME_BYTES_MAX, "table name"),
         table_id=reader.u64(),
         tablet_count=reader.u32(),
+        tier=reader.tier(),
     )
 
 
@@ -922,7 +932,7 @@ _OPERATION_BODY_DECODERS: dict[Opcode, Callable[[BodyReader], object]] = {
     Opcode.CREATE_TABLE: lambda reader: reader.u64(),
     Opcode.DROP_TABLE: lambda reader: None,
     Opcode.GET_TABLE_ID: lambda reader: reader.u64(),
-    Opcode.LIST_TABLES: lambda reader: reader.list(TABLES_MAX, 2 + 8 + 4, _table_entry),
+    Opcode.LIST_TABLES: lambda reader: reader.list(TABLES_MAX, 2 + 8 + 4 + 1, _table_entry),
     Opcode.GET_TABLET_MAP: lambda reader: reader.list(
         TABLETS_MAX, 8 + 16 + 8 + 2 + 1, _tablet_entry
     ),

@@ -33,6 +33,7 @@ __all__ = [
     "TableEntry",
     "TabletEntry",
     "TabletState",
+    "Tier",
     "TxOutcome",
     "WriteItem",
 ]
@@ -241,6 +242,34 @@ class ServerEntry:
         return bool(self.services & SERVICE_BACKUP)
 
 
+class Tier(enum.IntEnum):
+    """Where a table's objects live on the masters that serve it, chosen when the table is
+    created and never changed (a ``u8`` on the wire). ``str(tier)`` is the name the ``stratus``
+    command takes and shows (``memory``, ``flash``)."""
+
+    MEMORY = 0
+    """In the masters' log-structured memory (the default)."""
+    FLASH = 1
+    """On the masters' flash logs, with only their index (and a small reference each) in
+    memory, so a table may be many times the servers' memory."""
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, tier: Tier | str) -> Tier:
+        """``tier`` itself, or the tier named ``tier`` (``"memory"`` or ``"flash"``, any case);
+        ``ValueError`` for anything else (never a guess: a table's tier cannot change)."""
+        if isinstance(tier, Tier):
+            return tier
+        if isinstance(tier, str):
+            found = cls.__members__.get(tier.upper())
+            if found is not None:
+                return found
+        names = ", ".join(repr(str(known)) for known in cls)
+        raise ValueError(f"tier {tier!r} is not one of {names}")
+
+
 @dataclass(frozen=True)
 class TableEntry:
     """One table as LIST_TABLES reports it."""
@@ -248,6 +277,8 @@ class TableEntry:
     name: str
     table_id: int
     tablet_count: int
+    tier: Tier = Tier.MEMORY
+    """Where its objects live."""
 
 
 class EnumeratedObject(NamedTuple):

@@ -125,7 +125,22 @@ impl Master {
                     &message,
                 );
             }
-            Request::TakeTabletOwnership { table_id, range, assignment_epoch, .. } => {
+            Request::TakeTabletOwnership { table_id, range, assignment_epoch, tier, .. } => {
+                // The store knows the table's tier before the range is served (a TAKE that
+                // turns out obsolete below still names the table's one tier: harmless).
+                if let Err(conflict) = self.learn_table_tier(table_id, tier) {
+                    tracing::error!(table = %table_id, start = range.start, assignment_epoch, %conflict, "refusing a TAKE");
+                    let opcode = Opcode::TakeTabletOwnership.code();
+                    let message = conflict.to_string();
+                    encode_error_response(
+                        out,
+                        request_id,
+                        opcode,
+                        Status::InvalidParameter,
+                        &message,
+                    );
+                    return;
+                }
                 match self.ownership.take(table_id, range, assignment_epoch) {
                     Ok(()) => {
                         tracing::info!(table = %table_id, start = range.start, end = range.end, assignment_epoch, "taking tablet")
@@ -238,6 +253,7 @@ impl Service for Master {
                 transfer_id,
                 safe_version,
                 first,
+                tier,
                 objects,
                 removed_keys,
                 completions,
@@ -253,6 +269,7 @@ impl Service for Master {
                     transfer,
                     safe_version,
                     first,
+                    tier,
                     objects,
                     removed_keys,
                     completions,

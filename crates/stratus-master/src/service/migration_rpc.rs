@@ -6,7 +6,7 @@ use stratus_log::format::CompletionRecord;
 use stratus_rpc::Handled;
 use stratus_store::ObjectError;
 use stratus_types::limits::KEY_BYTES_MAX;
-use stratus_types::{key_hash, HashRange, KeyHash, SegmentId, ServerId, TableId, Version};
+use stratus_types::{key_hash, HashRange, KeyHash, SegmentId, ServerId, TableId, Tier, Version};
 use stratus_wire::{
     encode_error_response, encode_response, EnumeratedObject, MigratedCompletion, Opcode, Response,
     Status,
@@ -43,6 +43,8 @@ pub(super) struct MigrationBatch {
     pub(super) safe_version: Version,
     /// The first batch of the transfer: start the tablet afresh.
     pub(super) first: bool,
+    /// The table's tier, as the source stores it.
+    pub(super) tier: Tier,
     pub(super) objects: Vec<EnumeratedObject>,
     /// Keys the source removed while it copied the tablet.
     pub(super) removed_keys: Vec<Bytes>,
@@ -245,8 +247,15 @@ impl Master {
     }
 
     fn apply_migration_batch(&self, batch: &MigrationBatch) -> Result<SegmentId, MigrationFailure> {
-        let MigrationBatch { transfer, safe_version, first, objects, removed_keys, completions } =
-            batch;
+        let MigrationBatch {
+            transfer,
+            safe_version,
+            first,
+            tier,
+            objects,
+            removed_keys,
+            completions,
+        } = batch;
         let (safe_version, first) = (*safe_version, *first);
         if !self.may_serve() {
             return Err((Status::Retry, "no lease from the coordinator".to_string()));
@@ -285,6 +294,11 @@ impl Master {
             ));
         }
         let written = self.ownership.while_receiving(table, range, assignment_epoch, || {
+            // The store knows the table's tier before any of its objects lands here (every
+            // batch repeats it; the first batch of a table new to this master teaches it), and
+            // only from a batch of a transfer this master may receive now.
+            self.learn_table_tier(table, *tier)
+                .map_err(|conflict| (Status::InvalidParameter, conflict.to_string()))?;
             let log = self.store.log();
             let creation_segment = if first {
                 if !self.incoming.begin(*transfer) {

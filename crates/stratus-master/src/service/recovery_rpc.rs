@@ -72,13 +72,21 @@ impl Master {
                         && other.range.intersection(&tablet.range).is_some()
                 })
             };
+            let tiers = tablets.iter().map(|tablet| (tablet.table_id, tablet.tier));
             if tablets.iter().any(overlapping) {
-                Some((Status::Retry, "a recovery of an overlapping range is running here"))
+                Some((Status::Retry, "a recovery of an overlapping range is running here".into()))
             } else if tablets
                 .iter()
                 .any(|tablet| self.ownership.overlaps(tablet.table_id, &tablet.range))
             {
-                Some((Status::InvalidParameter, "this master already serves part of the range"))
+                let message = "this master already serves part of the range";
+                Some((Status::InvalidParameter, message.into()))
+            } else if let Err(conflict) = self.learn_table_tiers(tiers) {
+                // Before anything is replayed, the store knows each table's tier, so replayed
+                // objects go to it. All or nothing, and before the epoch is noted: this
+                // refusal changes nothing here.
+                tracing::error!(%crashed_master, %conflict, "refusing RECOVER_TABLETS");
+                Some((Status::InvalidParameter, conflict.to_string()))
             } else if !self.ownership.note_recovery(
                 tablets.iter().map(|tablet| (tablet.table_id, tablet.range)),
                 assignment_epoch,
@@ -86,10 +94,8 @@ impl Master {
                 // A request of an earlier attempt that arrives late (the range may have been
                 // recovered elsewhere and migrated here since): replaying it would drop what
                 // this master received. A current attempt is never older than what it saw.
-                Some((
-                    Status::Retry,
-                    "an assignment of the range newer than this recovery was seen here",
-                ))
+                let message = "an assignment of the range newer than this recovery was seen here";
+                Some((Status::Retry, message.into()))
             } else {
                 for tablet in &tablets {
                     // A transfer of the range into this master is over: its batches, and an
@@ -103,7 +109,7 @@ impl Master {
             }
         };
         if let Some((status, message)) = refusal {
-            return refuse(out, status, message);
+            return refuse(out, status, &message);
         }
         let metrics = self.metrics.clone();
         RecoveryCounters::add(&metrics.recovery.partitions_started, 1);

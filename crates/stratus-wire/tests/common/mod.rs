@@ -8,7 +8,7 @@ use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
 use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
-use stratus_types::{TxDecision, TxOpKind, TxVote};
+use stratus_types::{Tier, TxDecision, TxOpKind, TxVote};
 use stratus_wire::{
     BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
     EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, ReadItemResult, RecoveryTablet,
@@ -115,6 +115,11 @@ pub fn segment_id() -> impl Strategy<Value = SegmentId> {
     any::<u64>().prop_map(SegmentId)
 }
 
+/// Every storage tier this version defines.
+pub fn tier() -> impl Strategy<Value = Tier> {
+    proptest::sample::select(Tier::ALL.to_vec())
+}
+
 pub fn certificate() -> impl Strategy<Value = ReplicaCertificate> {
     (any::<u32>(), any::<u32>())
         .prop_map(|(segment_length, checksum)| ReplicaCertificate { segment_length, checksum })
@@ -149,9 +154,14 @@ pub fn range() -> impl Strategy<Value = HashRange> {
 }
 
 pub fn recovery_tablet() -> impl Strategy<Value = RecoveryTablet> {
-    (table_id(), range(), segment_id()).prop_map(|(table_id, range, creation_segment)| {
-        RecoveryTablet { table_id, range, creation_segment }
-    })
+    (table_id(), range(), segment_id(), tier()).prop_map(
+        |(table_id, range, creation_segment, tier)| RecoveryTablet {
+            table_id,
+            range,
+            creation_segment,
+            tier,
+        },
+    )
 }
 
 pub fn cursor() -> impl Strategy<Value = EnumerationCursor> {
@@ -337,8 +347,9 @@ pub fn request() -> impl Strategy<Value = Request> {
             }
         ),
         Just(Request::GetServerList),
-        (name(), any::<u32>())
-            .prop_map(|(name, server_span)| Request::CreateTable { name, server_span }),
+        (name(), any::<u32>(), tier()).prop_map(|(name, server_span, tier)| {
+            Request::CreateTable { name, server_span, tier }
+        }),
         name().prop_map(|name| Request::DropTable { name }),
         name().prop_map(|name| Request::GetTableId { name }),
         Just(Request::ListTables),
@@ -362,7 +373,7 @@ pub fn request() -> impl Strategy<Value = Request> {
         ),
         (
             (table_id(), range(), any::<u64>(), server_id(), any::<u64>()),
-            version(),
+            (version(), tier()),
             any::<bool>(),
             vec(
                 (key(), value(), version(), proptest::option::of(any::<u64>())).prop_map(
@@ -381,7 +392,7 @@ pub fn request() -> impl Strategy<Value = Request> {
             .prop_map(
                 |(
                     (table_id, range, assignment_epoch, source, transfer_id),
-                    safe_version,
+                    (safe_version, tier),
                     first,
                     objects,
                     removed_keys,
@@ -395,6 +406,7 @@ pub fn request() -> impl Strategy<Value = Request> {
                         transfer_id,
                         safe_version,
                         first,
+                        tier,
                         objects,
                         removed_keys,
                         completions,
@@ -469,12 +481,9 @@ pub fn request() -> impl Strategy<Value = Request> {
                 bytes_max
             }
         ),
-        (server_id(), table_id(), range(), any::<u64>()).prop_map(
-            |(master_id, table_id, range, assignment_epoch)| Request::TakeTabletOwnership {
-                master_id,
-                table_id,
-                range,
-                assignment_epoch,
+        (server_id(), table_id(), range(), any::<u64>(), tier()).prop_map(
+            |(master_id, table_id, range, assignment_epoch, tier)| {
+                Request::TakeTabletOwnership { master_id, table_id, range, assignment_epoch, tier }
             }
         ),
         (server_id(), table_id(), range(), any::<u64>()).prop_map(
@@ -683,9 +692,14 @@ pub fn response() -> impl Strategy<Value = Response> {
         Just(Response::DropTable),
         table_id().prop_map(|table_id| Response::GetTableId { table_id }),
         vec(
-            (name(), table_id(), any::<u32>()).prop_map(|(name, table_id, tablet_count)| {
-                TableEntry { name, table_id, tablet_count }
-            }),
+            (name(), table_id(), any::<u32>(), tier()).prop_map(
+                |(name, table_id, tablet_count, tier)| TableEntry {
+                    name,
+                    table_id,
+                    tablet_count,
+                    tier,
+                }
+            ),
             0..4
         )
         .prop_map(|tables| Response::ListTables { tables }),

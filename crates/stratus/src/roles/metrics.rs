@@ -7,6 +7,7 @@
 //! (the store's, the replica manager's, the backup's) and from the master's request metrics;
 //! nothing here runs between scrapes.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use stratus_backup::{BackupService, Durability};
@@ -17,7 +18,7 @@ use stratus_ops::http::{HttpLimits, Reply, Routes};
 use stratus_ops::{Exposition, MetricType};
 use stratus_rpc::Membership;
 use stratus_tls::ServerTls;
-use stratus_types::ServerId;
+use stratus_types::{ServerId, TableId, Tier};
 use tokio::net::TcpListener;
 
 use super::status_page::StatusPageData;
@@ -607,6 +608,39 @@ fn render_tables(master: &Master, out: &mut Exposition) {
     );
     for (table, _, live_objects) in &tables {
         objects.sample(&[("table", table)], *live_objects);
+    }
+    // The tier of each of those tables, as the store holds it: an info metric to join with
+    // them (`* on (table) group_left (tier)`), rather than a label on them, so that their
+    // series stay as they were.
+    let mut tiers = out.family(
+        "stratus_master_table_tier_info",
+        "The storage tier of each table of stratus_master_table_live_bytes, as this master \
+         stores it (value 1).",
+        MetricType::Gauge,
+    );
+    for (table, _) in &statistics.tables {
+        let tier = master.store().table_tier(*table);
+        tiers.sample(&[("table", &table.0.to_string()), ("tier", tier.name())], 1u64);
+    }
+    render_tables_by_tier(master, out);
+}
+
+/// The tables this master serves a tablet of, by the tier its store holds each in (every tier
+/// present, 0 included): what a master was told with its tablets, whatever their size.
+fn render_tables_by_tier(master: &Master, out: &mut Exposition) {
+    let served: BTreeSet<TableId> =
+        master.ownership().tablets().into_iter().map(|(table, _)| table).collect();
+    let mut counts = [0u64; Tier::ALL.len()];
+    for table in served {
+        counts[usize::from(master.store().table_tier(table).code())] += 1;
+    }
+    let mut family = out.family(
+        "stratus_master_tables",
+        "Tables this master serves a tablet of, by storage tier.",
+        MetricType::Gauge,
+    );
+    for tier in Tier::ALL {
+        family.sample(&[("tier", tier.name())], counts[usize::from(tier.code())]);
     }
 }
 

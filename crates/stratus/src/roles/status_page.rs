@@ -16,7 +16,7 @@ use stratus_client::{Client, ClientConfig, ClusterOverview};
 use stratus_ops::http::Reply;
 use stratus_ops::json::JsonWriter;
 use stratus_types::TabletState;
-use stratus_wire::{BackupDurability, ServerStatus};
+use stratus_wire::{BackupDurability, ServerStatus, TableEntry};
 
 /// Time between two samples.
 pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -276,14 +276,16 @@ fn render(overview: &ClusterOverview, history: &VecDeque<Sample>, coordinator: &
     json.key("servers_omitted")
         .unsigned(overview.servers.len().saturating_sub(SERVER_ROWS_MAX) as u64);
 
-    let names: BTreeMap<_, &str> =
-        overview.tables.iter().map(|table| (table.table_id, table.name.as_str())).collect();
+    let tables: BTreeMap<_, &TableEntry> =
+        overview.tables.iter().map(|table| (table.table_id, table)).collect();
     json.key("tablets").begin_array();
     for tablet in overview.tablets.iter().take(TABLET_ROWS_MAX) {
         json.begin_object();
         json.key("table_id").unsigned(tablet.table_id.0);
-        // A table dropped between the gathering's requests has no name any more.
-        json.key("table").string(names.get(&tablet.table_id).copied().unwrap_or("?"));
+        // A table dropped between the gathering's requests has no name (nor tier) any more.
+        let table = tables.get(&tablet.table_id);
+        json.key("table").string(table.map_or("?", |table| table.name.as_str()));
+        json.key("tier").string(table.map_or("?", |table| table.tier.name()));
         json.key("start").string(&format!("{:#018x}", tablet.range.start));
         json.key("end").string(&format!("{:#018x}", tablet.range.end));
         json.key("owner").unsigned(tablet.owner.0);

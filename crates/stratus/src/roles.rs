@@ -20,8 +20,8 @@ use stratus_client::{Client, ClientConfig};
 use stratus_coordinator::{Authority, Coordinator, FailureDetectorConfig, StandbyGate};
 use stratus_env::Environment;
 use stratus_master::{
-    keep_lease, probe_peers, FlashSettings, Lease, Master, MasterConfig, PeerProbeConfig,
-    Placement, RecoveryReader, ReplicaManager, ReplicationConfig, ServerList,
+    keep_lease, probe_peers, DeviceImages, FlashSettings, Lease, Master, MasterConfig,
+    PeerProbeConfig, Placement, RecoveryReader, ReplicaManager, ReplicationConfig, ServerList,
     FLASH_BYTES_MAX_DEFAULT, REPLICATION_TIMEOUT_DEFAULT,
 };
 use stratus_meta::FileMetaStore;
@@ -825,19 +825,31 @@ pub fn run_server(
         Some(1) => 0,
         _ => u32::try_from(arguments.replicas).unwrap_or(u32::MAX),
     };
-    store.validate().map_err(|error| format!("invalid memory configuration: {error}"))?;
     let flash = FlashSettings::from_flags(
         arguments.flash_dir.as_deref(),
         arguments.flash_gib,
         arguments.backup_dir.as_deref(),
     )
     .map_err(|error| error.to_string())?;
-    match &flash {
+    // The segment images of flash tables (docs/design/flash-tier.md); images an earlier
+    // process left are deleted (this log starts empty).
+    let flash_images = match &flash {
         Some(flash) => {
-            tracing::info!(dir = %flash.dir.display(), bytes_max = flash.bytes_max, "flash tier")
+            store.flash_image_bytes = flash.bytes_max;
+            let (images, mode) =
+                DeviceImages::open(&flash.dir, u64::from(store.segment_bytes), flash.bytes_max)
+                    .map_err(|error| {
+                        format!("flash directory {}: {error:?}", flash.dir.display())
+                    })?;
+            tracing::info!(dir = %flash.dir.display(), bytes_max = flash.bytes_max, ?mode, "flash tier");
+            Some(Arc::new(images) as Arc<dyn stratus_store::FlashImages>)
         }
-        None => tracing::info!("no flash tier (no --flash-dir or --backup-dir, or --flash-gib 0)"),
-    }
+        None => {
+            tracing::info!("no flash tier (no --flash-dir or --backup-dir, or --flash-gib 0)");
+            None
+        }
+    };
+    store.validate().map_err(|error| format!("invalid memory configuration: {error}"))?;
     let store_value_bytes_max = store.value_bytes_max;
     if arguments.replicas > 0 && store.segment_bytes as usize > SEGMENT_BYTES_MAX {
         return Err(format!(
@@ -923,7 +935,8 @@ pub fn run_server(
         // The flash tier's settings travel with the master; the images device it will be
         // opened on is attached by the flash tier's integration (until then flash tables'
         // objects stay in memory, as with no flash tier).
-        let master_config = MasterConfig { flash, ..MasterConfig::memory_only(store) };
+        let master_config =
+            MasterConfig { flash, flash_images, ..MasterConfig::memory_only(store) };
         let mut master = Master::with_memory(server_id, master_config, wall_clock, memory)?;
         if arguments.replicas > 0 {
             let mut config = ReplicationConfig::new(arguments.replicas, coordinator.clone());

@@ -407,6 +407,38 @@ fn render_master(master: &Master, out: &mut Exposition) {
         "Bytes of their COMPLETION entries in the log.",
         completions.record_bytes,
     );
+    let flash = master.store().flash_statistics();
+    out.gauge(
+        "stratus_flash_images",
+        "Segments whose objects of flash tables are on flash (one image each).",
+        flash.images,
+    );
+    out.gauge("stratus_flash_image_bytes", "Bytes of those images.", flash.image_bytes);
+    out.counter(
+        "stratus_flash_demotions_total",
+        "Segments demoted: imaged on flash and compacted with their flash objects.",
+        flash.totals.demotions,
+    );
+    out.counter(
+        "stratus_flash_objects_demoted_total",
+        "Objects that left memory for flash by those demotions.",
+        flash.totals.objects_demoted,
+    );
+    out.counter(
+        "stratus_flash_image_bytes_written_total",
+        "Bytes of images written to flash.",
+        flash.totals.image_bytes_written,
+    );
+    out.counter(
+        "stratus_flash_images_refused_total",
+        "Images flash refused (full or failing); their objects stayed in memory.",
+        flash.totals.images_refused,
+    );
+    out.counter(
+        "stratus_flash_images_deleted_total",
+        "Images deleted because the cleaner cleaned their segments.",
+        flash.totals.images_deleted,
+    );
     out.counter(
         "stratus_master_retries_answered_total",
         "Exactly-once mutations that arrived again and were answered from their record.",

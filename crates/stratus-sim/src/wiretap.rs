@@ -763,6 +763,7 @@ mod tests {
                 table_id: TableId(1),
                 range: HashRange { start: 0, end: u64::MAX },
                 creation_segment: SegmentId(0),
+                tier: stratus_types::Tier::Memory,
             }],
             segments: segments.iter().copied().map(SegmentId).collect(),
             backups: vec!["server-1:7100".to_string(), "server-4:7100".to_string()],

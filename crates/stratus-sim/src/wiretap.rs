@@ -648,14 +648,15 @@ fn tampered_byte(
     {
         return None;
     }
-    // master id (8), crashed master (8), tablets: count (4) and 32 bytes each, segments:
-    // count (4) and 8 bytes each (docs/design/wire-protocol.md, RECOVER_TABLETS).
+    // master id (8), crashed master (8), tablets: count (4) and 33 bytes each (table, range
+    // start and end, creation segment, tier), segments: count (4) and 8 bytes each
+    // (docs/design/wire-protocol.md, RECOVER_TABLETS, protocol version 5).
     let count_at = |at: usize| -> Option<usize> {
         let field = body.get(at..at + 4)?;
         Some(u32::from_le_bytes(field.try_into().ok()?) as usize)
     };
     let tablets = count_at(16)?;
-    let segments_count_at = 20 + 32 * tablets;
+    let segments_count_at = 20 + 33 * tablets;
     let segments = count_at(segments_count_at)?;
     if segments < 2 {
         return None;

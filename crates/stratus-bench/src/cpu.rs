@@ -133,14 +133,14 @@ fn ticks_to_duration(ticks: u64) -> Duration {
 #[derive(Debug)]
 pub struct CpuMeter {
     pids: Vec<u32>,
-    ticks_at_start: u64,
+    nanos_at_start: u64,
 }
 
 impl CpuMeter {
     /// Starts measuring `pids` (their CPU time so far is the zero).
     pub fn start(pids: Vec<u32>) -> Result<CpuMeter, CpuError> {
-        let ticks_at_start = total_ticks(&pids)?;
-        Ok(CpuMeter { pids, ticks_at_start })
+        let nanos_at_start = total_nanos(&pids)?;
+        Ok(CpuMeter { pids, nanos_at_start })
     }
 
     /// Measures this process (the driver, when the driver runs in the benchmark's process).
@@ -150,7 +150,7 @@ impl CpuMeter {
 
     /// CPU time the processes used since the start.
     pub fn elapsed(&self) -> Result<Duration, CpuError> {
-        Ok(ticks_to_duration(total_ticks(&self.pids)?.saturating_sub(self.ticks_at_start)))
+        Ok(Duration::from_nanos(total_nanos(&self.pids)?.saturating_sub(self.nanos_at_start)))
     }
 
     /// How many processes are measured.
@@ -159,8 +159,50 @@ impl CpuMeter {
     }
 }
 
-fn total_ticks(pids: &[u32]) -> Result<u64, CpuError> {
-    pids.iter().map(|&pid| read_stat(pid).map(|(_, ticks)| ticks)).sum()
+/// CPU time of `pids` in nanoseconds: each thread's time on a CPU from its schedstat file
+/// (nanoseconds, exact), plus the ticks of children they reaped; where schedstat is missing
+/// (kernels without scheduler statistics), the ticks of the stat file. Ticks alone (10 ms each,
+/// charged to whoever runs at the tick) read 0 for a short phase on a busy machine.
+fn total_nanos(pids: &[u32]) -> Result<u64, CpuError> {
+    pids.iter().map(|&pid| process_nanos(pid)).sum()
+}
+
+fn process_nanos(pid: u32) -> Result<u64, CpuError> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|error| CpuError::Unreadable { pid, error })?;
+    let (_, all_ticks) = parse_stat(&stat).ok_or(CpuError::Malformed { pid })?;
+    let reaped_ticks = parse_reaped_ticks(&stat).ok_or(CpuError::Malformed { pid })?;
+    let nanos_per_tick = 1_000_000_000 / clock_ticks_per_second();
+    match threads_nanos(pid) {
+        Some(threads) => Ok(threads + reaped_ticks * nanos_per_tick),
+        None => Ok(all_ticks * nanos_per_tick),
+    }
+}
+
+/// `cutime` + `cstime` (fields 16 and 17) of a stat file's text.
+fn parse_reaped_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let field = |number: usize| fields.get(number - 3).copied();
+    let mut ticks = 0u64;
+    for number in STAT_FIELD_USER_TICKS + 2..STAT_FIELD_USER_TICKS + STAT_CPU_FIELDS {
+        ticks += u64::try_from(field(number)?.parse::<i64>().ok()?).ok()?;
+    }
+    Some(ticks)
+}
+
+/// The time on a CPU of every thread of `pid`, in nanoseconds (`None` when schedstat files
+/// cannot be read). A thread that exits between the listing and its read is skipped.
+fn threads_nanos(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut nanos = 0u64;
+    let mut read_any = false;
+    for task in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else { continue };
+        nanos += text.split_whitespace().next()?.parse::<u64>().ok()?;
+        read_any = true;
+    }
+    read_any.then_some(nanos)
 }
 
 /// The system under test and the driver, measured over one phase.

@@ -6,30 +6,40 @@
 # /etc/passwd, empty /etc/hosts and /etc/resolv.conf for the engine to mount over, and /tmp,
 # /data — turned into an image with `docker import` (the equivalent of FROM scratch + COPY).
 #
-# Usage: deploy/build-image.sh [--no-build] [--tag TAG]
+# Usage: deploy/build-image.sh [--no-build] [--profile release|debug] [--tag TAG]
 #   CARGO_TARGET_DIR  where cargo builds (default: target/ of this checkout); reused as is
-#   --no-build        do not run cargo; package the binary already in $CARGO_TARGET_DIR/release
+#   --no-build        do not run cargo; package the binary already in $CARGO_TARGET_DIR/<profile>
+#   --profile P       release (default: what users deploy) or debug (the binary `cargo test`
+#                     already built, which CI packages to spare a second whole build)
 #   --tag TAG         image tag (default stratus:local)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tag="stratus:local"
 build=1
+profile=release
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-build) build=0 ;;
         --tag) tag="$2"; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --profile) profile="$2"; shift ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "build-image.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 
+case "$profile" in
+    release) cargo_profile_flag=(--release) ;;
+    debug) cargo_profile_flag=() ;;
+    *) echo "build-image.sh: --profile is release or debug, not $profile" >&2; exit 2 ;;
+esac
+
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
-binary="$target_dir/release/stratus"
+binary="$target_dir/$profile/stratus"
 if [ "$build" = 1 ]; then
-    echo "build-image.sh: cargo build --release -p stratus (CARGO_TARGET_DIR=$target_dir)" >&2
-    CARGO_TARGET_DIR="$target_dir" cargo build --release -p stratus
+    echo "build-image.sh: cargo build ${cargo_profile_flag[*]} -p stratus (CARGO_TARGET_DIR=$target_dir)" >&2
+    CARGO_TARGET_DIR="$target_dir" cargo build "${cargo_profile_flag[@]}" -p stratus
 fi
 if [ ! -x "$binary" ]; then
     echo "build-image.sh: no binary at $binary (run without --no-build)" >&2

@@ -16,6 +16,7 @@
 //!   head's digest, which fuses the survivors in at the same time; their seglets are retired
 //!   then and handed back only once every reader pinned before is gone.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -970,46 +971,7 @@ impl ObjectStore {
             let (_, content) = self.log.entry(&epoch, survivor.reference);
             let entry = AppendEntry::new(survivor.entry_type, &content);
             let relocated = match survivor.entry_type {
-                EntryType::FlashObject => {
-                    // Survivors are replicated, so they hold the whole object: read back from
-                    // the segment's image under the bucket lock (nothing moves it meanwhile).
-                    let mut bucket = self.index.lock(survivor.key_hash);
-                    let found = bucket.find(|found| found == survivor.reference.0);
-                    match found {
-                        None => Ok(0),
-                        Some((slot, _))
-                            if self.drop_if_expired(
-                                &epoch,
-                                &mut bucket,
-                                (slot, survivor.reference),
-                                &content,
-                                now,
-                            ) =>
-                        {
-                            Ok(0)
-                        }
-                        Some((slot, _)) => {
-                            match self.flash_object_content(survivor.reference, &content) {
-                                Err(_) => {
-                                    // This segment stays in the log, whole (the object is not
-                                    // counted as moved); the pass goes on with the others.
-                                    flash_failed = true;
-                                    continue;
-                                }
-                                Ok(object) => {
-                                    let whole = AppendEntry::new(EntryType::Object, &object);
-                                    side_log.append(&self.log, &whole).map(|(moved, _)| {
-                                        bucket.replace(slot, moved.0);
-                                        self.log.free(&epoch, survivor.reference);
-                                        object_bytes += whole.entry_bytes() as u64;
-                                        whole.entry_bytes()
-                                    })
-                                }
-                            }
-                        }
-                    }
-                }
-                EntryType::Object => {
+                EntryType::Object | EntryType::FlashObject => {
                     let mut bucket = self.index.lock(survivor.key_hash);
                     match bucket.find(|found| found == survivor.reference.0) {
                         // Overwritten or removed since: the old copy is dead, nothing to move.
@@ -1026,16 +988,29 @@ impl ObjectStore {
                             Ok(0)
                         }
                         Some((slot, _)) => {
-                            match side_log.append(&self.log, &entry).map(|(reference, _)| reference)
-                            {
-                                Ok(new_reference) => {
-                                    bucket.replace(slot, new_reference.0);
-                                    self.log.free(&epoch, survivor.reference);
-                                    object_bytes += entry.entry_bytes() as u64;
-                                    Ok(entry.entry_bytes())
+                            // Survivors are replicated, so they hold the whole object: a
+                            // FLASH_OBJECT's is read back from its segment's image, under the
+                            // bucket lock (nothing moves it meanwhile).
+                            let object = if survivor.entry_type == EntryType::FlashObject {
+                                match self.flash_object_content(survivor.reference, &content) {
+                                    Ok(object) => Cow::Owned(object),
+                                    Err(_) => {
+                                        // This segment stays in the log, whole (the object is
+                                        // not counted as moved); the pass goes on with others.
+                                        flash_failed = true;
+                                        continue;
+                                    }
                                 }
-                                Err(error) => Err(error),
-                            }
+                            } else {
+                                Cow::Borrowed(&content[..])
+                            };
+                            let whole = AppendEntry::new(EntryType::Object, &object);
+                            side_log.append(&self.log, &whole).map(|(moved, _)| {
+                                bucket.replace(slot, moved.0);
+                                self.log.free(&epoch, survivor.reference);
+                                object_bytes += whole.entry_bytes() as u64;
+                                whole.entry_bytes()
+                            })
                         }
                     }
                 }

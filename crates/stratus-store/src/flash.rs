@@ -97,6 +97,10 @@ struct FlashState {
     nothing_to_demote: BTreeSet<SegmentId>,
     /// Cleaned segments whose images go once the segments have left the log.
     leaving: BTreeSet<SegmentId>,
+    /// Flash refused an image for want of room, and no image was deleted since: only a deleted
+    /// image gives room back, so demotion does not try (and compact a segment for nothing)
+    /// until one is.
+    full: bool,
 }
 
 /// Counters of the flash tier.
@@ -204,6 +208,9 @@ impl ObjectStore {
         if !self.has_flash_tables() {
             return Ok(None);
         }
+        if self.flash.state().full {
+            return Err(FlashImageError::Full);
+        }
         let candidates: Vec<SegmentId> = {
             let state = self.flash.state();
             self.log
@@ -236,6 +243,7 @@ impl ObjectStore {
                     state.totals.image_bytes_written += bytes.len() as u64;
                 } else {
                     state.totals.images_refused += 1;
+                    state.full = matches!(written, Err(FlashImageError::Full));
                 }
             }
             let offsets = written.as_ref().ok().map(|_| entry_offsets(&bytes));
@@ -406,6 +414,7 @@ impl ObjectStore {
             state.imaged.remove(&segment);
             images.delete_image(segment);
             state.totals.images_deleted += 1;
+            state.full = false;
         }
     }
 

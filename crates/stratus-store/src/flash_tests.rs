@@ -295,6 +295,30 @@ fn a_full_flash_keeps_objects_in_memory_and_loses_nothing() {
     for key in 0..400u32 {
         assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 0, 900));
     }
+    // Until an image is deleted there is no room: demotion does not try again (no segment is
+    // compacted for nothing).
+    let refused = store.flash_statistics().totals.images_refused;
+    assert_eq!(store.demote_once(WallTime::from_seconds(NOW)), Err(crate::FlashImageError::Full));
+    assert_eq!(store.flash_statistics().totals.images_refused, refused);
+    // Every object overwritten: cleaning drops the imaged segment and deletes its image, so
+    // demotion has room again.
+    for key in 0..400u32 {
+        write(&store, FLASH_TABLE, key, &value_for(key, 1, 900));
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let mut passes = 0;
+    while store.flash_statistics().totals.images_deleted == 0 {
+        let outcome = store.clean_for_segments_now(WallTime::from_seconds(NOW + 100));
+        // Images go once their segments have left the log (each demotion checks first).
+        store.retire_images();
+        passes += 1;
+        assert!(passes < 100, "the imaged segment is never cleaned ({outcome:?})");
+    }
+    let again = store.demote_once(WallTime::from_seconds(NOW + 100)).unwrap();
+    assert!(again.is_some_and(|demoted| demoted.objects > 0));
+    for key in 0..400u32 {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 1, 900));
+    }
 }
 
 #[test]

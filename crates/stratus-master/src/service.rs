@@ -20,6 +20,7 @@ use crate::replication::ReplicaManager;
 mod cleaner_threads;
 mod dispatch;
 mod durable_answer;
+mod flash_reads;
 mod migration_rpc;
 mod objects;
 mod recovery_rpc;
@@ -82,6 +83,8 @@ pub struct Master {
     flash: Option<FlashSettings>,
     /// Held while a table's tier is checked and recorded (`service/tiers.rs`, invariant 3).
     tier_changes: std::sync::Mutex<()>,
+    /// Reads of flash tables in flight off the runtime's workers (`service/flash_reads.rs`).
+    flash_reads: flash_reads::FlashReadGate,
 }
 
 /// What a request that changed the log needs until it is answered: the replica manager it
@@ -141,6 +144,7 @@ impl Master {
             recoveries_in_flight: Arc::default(),
             flash,
             tier_changes: std::sync::Mutex::default(),
+            flash_reads: flash_reads::FlashReadGate::default(),
         })
     }
 

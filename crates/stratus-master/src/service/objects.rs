@@ -47,7 +47,9 @@ impl Master {
         put::put_u64(out, 0);
         let value_position = put::begin_length_prefixed_u32(out);
         let now = self.now();
-        let outcome = self.store.read_located(table, key, hash, rules, now, &mut FrameSink(out));
+        let outcome = self.flash_reads.run(self.may_read_flash(table), || {
+            self.store.read_located(table, key, hash, rules, now, &mut FrameSink(out))
+        });
         let observed = match &outcome {
             Ok(found) => Observed::Object(found.segment_id),
             Err(_) => Observed::Absence,
@@ -84,6 +86,12 @@ impl Master {
         observed
     }
 
+    /// Whether a read of `table` may wait on the flash tier: its table is not in memory and
+    /// this master has flash (a value read from an image is a positioned read).
+    fn may_read_flash(&self, table: TableId) -> bool {
+        self.store.has_flash() && self.store.table_tier(table) != stratus_types::Tier::Memory
+    }
+
     pub(super) fn read_one(&self, item: &KeyItem) -> (ReadItemResult, Observed) {
         let hash = match self.admit(item.table_id, &item.key) {
             Ok(hash) => hash,
@@ -94,7 +102,11 @@ impl Master {
         };
         let mut value = Vec::new();
         let (table, key, rules) = (item.table_id, &item.key, &item.rules);
-        match self.store.read_located(table, key, hash, rules, self.now(), &mut value) {
+        let now = self.now();
+        let outcome = self.flash_reads.run(self.may_read_flash(table), || {
+            self.store.read_located(table, key, hash, rules, now, &mut value)
+        });
+        match outcome {
             Ok(found) => {
                 let result = ReadItemResult {
                     status: Status::Ok,

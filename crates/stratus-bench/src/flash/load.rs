@@ -104,15 +104,39 @@ pub async fn close_head_segment(
     memory_table: TableId,
     segment_bytes: u64,
 ) -> Result<(), String> {
-    let value_bytes = FILLER_VALUE_BYTES_MAX.min(segment_bytes / 16).max(1);
-    let values = (segment_bytes * 3 / 2).div_ceil(value_bytes);
+    let (values, value_bytes) = filler_values(segment_bytes);
     let value = vec![0xf1_u8; value_bytes as usize];
     for index in 0..values {
-        let key = format!("filler-{index}");
+        let key = filler_key(index);
         client
             .write(memory_table, key.as_bytes(), &value)
             .await
             .map_err(|error| format!("writing the filler: {error}"))?;
+    }
+    Ok(())
+}
+
+/// How many filler values [`close_head_segment`] writes, and their size.
+fn filler_values(segment_bytes: u64) -> (u64, u64) {
+    let value_bytes = FILLER_VALUE_BYTES_MAX.min(segment_bytes / 16).max(1);
+    ((segment_bytes * 3 / 2).div_ceil(value_bytes), value_bytes)
+}
+
+fn filler_key(index: u64) -> String {
+    format!("filler-{index}")
+}
+
+/// Removes what [`close_head_segment`] wrote.
+pub async fn remove_filler(
+    client: &Client,
+    memory_table: TableId,
+    segment_bytes: u64,
+) -> Result<(), String> {
+    for index in 0..filler_values(segment_bytes).0 {
+        client
+            .remove(memory_table, filler_key(index).as_bytes())
+            .await
+            .map_err(|error| format!("removing the filler: {error}"))?;
     }
     Ok(())
 }

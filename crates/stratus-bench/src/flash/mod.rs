@@ -16,7 +16,7 @@
 //!    log's live bytes that are neither objects in memory nor tombstones (the FLASH_OBJECT
 //!    entries), plus the hash table's bytes per object.
 //! 4. `ycsb`: YCSB A, B and C (the `bench ycsb` driver) on a flash table four times the log
-//!    memory and on a memory table that fits, on the same server: the throughput ratio, and
+//!    memory and on a memory table of a quarter of it, on the same server: the throughput ratio, and
 //!    throughput per dollar with DRAM at 23 times flash's $/GB.
 //!
 //! Every row has the CPU per operation of the cluster's processes (`crate::cpu`).
@@ -84,7 +84,7 @@ pub struct FlashArguments {
     /// the log).
     #[arg(long, default_value_t = 0)]
     pub ycsb_flash_records: u64,
-    /// Records of the YCSB memory table (0: an eighth of the flash table's, half the log).
+    /// Records of the YCSB memory table (0: a quarter of the log memory, at 1.1 KB a record).
     #[arg(long, default_value_t = 0)]
     pub ycsb_memory_records: u64,
     /// Operations of each YCSB run phase, per table.
@@ -164,11 +164,8 @@ impl FlashCluster {
         let flash_gib = arguments.flash_gib.to_string();
         // Info lines without colour: the bench reads the server's flash I/O mode from its log
         // (what servers log when STRATUS_LOG is unset; a test's environment may lower it).
-        let environment = [
-            ("STRATUS_FLASH_GIB", flash_gib.as_str()),
-            ("STRATUS_LOG", "info"),
-            ("NO_COLOR", "1"),
-        ];
+        let environment =
+            [("STRATUS_FLASH_GIB", flash_gib.as_str()), ("STRATUS_LOG", "info"), ("NO_COLOR", "1")];
         let MetricsCluster { cluster: UpCluster { process, coordinator, .. }, server_metrics } =
             start_local_cluster_with_metrics(directory.path(), servers, &flags, &environment)?;
         let processes = process_tree(process.id())?;

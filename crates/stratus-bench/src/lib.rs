@@ -83,7 +83,8 @@ pub enum BenchCommand {
     /// throughput until on flash (R = 0 and 3) against a sequential write, reads at depth 1
     /// and 32 against 4 KiB random preads, DRAM per flash object (100 B, 1 KB), and YCSB A, B,
     /// C on a flash table four times the log memory beside a memory table (ratio, and per
-    /// dollar with DRAM at 23 × flash's $/GB).
+    /// dollar with DRAM at 23 × flash's $/GB), and overwrites at 80 % flash utilization
+    /// against writes into an empty tier.
     Flash(flash::FlashArguments),
     /// (Internal) the process holding one system's objects for `bench memory`.
     #[command(hide = true)]

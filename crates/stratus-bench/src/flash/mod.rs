@@ -18,9 +18,14 @@
 //! 4. `ycsb`: YCSB A, B and C (the `bench ycsb` driver) on a flash table four times the log
 //!    memory and on a memory table of a quarter of it, on the same server: the throughput ratio, and
 //!    throughput per dollar with DRAM at 23 times flash's $/GB.
+//! 5. `cleaning`: overwrites of a flash table whose live data is 80 % of the flash budget,
+//!    against as many new writes into an empty tier (writes per second to the last answer and
+//!    until on flash); a tier that stops admitting writes (one refused for 30 s) is reported as
+//!    stalled, with how many writes it answered and what its cleaner did.
 //!
 //! Every row has the CPU per operation of the cluster's processes (`crate::cpu`).
 
+mod cleaning;
 mod load;
 mod raw;
 mod rows;
@@ -40,9 +45,9 @@ use crate::cpu::process_tree;
 /// `stratus bench flash`.
 #[derive(Debug, Args)]
 pub struct FlashArguments {
-    /// Rows to measure, comma-separated: write, read, dram, ycsb (`read` runs on the R = 0
-    /// cluster of `write` and needs R = 0 among --replicas).
-    #[arg(long, default_value = "write,read,dram,ycsb", value_delimiter = ',')]
+    /// Rows to measure, comma-separated: write, read, dram, ycsb, cleaning (`read` runs on
+    /// the R = 0 cluster of `write` and needs R = 0 among --replicas).
+    #[arg(long, default_value = "write,read,dram,ycsb,cleaning", value_delimiter = ',')]
     pub rows: Vec<String>,
     /// Objects written by the write row (and read by the read row).
     #[arg(long, default_value_t = 100_000)]
@@ -74,6 +79,20 @@ pub struct FlashArguments {
     /// Objects of each DRAM row.
     #[arg(long, default_value_t = 100_000)]
     pub dram_objects: u64,
+    /// Log memory of the cleaning row's servers, in MiB (their DRAM holds an entry per live
+    /// flash object: about 60 bytes each, 50 MB at 80 % of 1 GiB).
+    #[arg(long, default_value_t = 256)]
+    pub cleaning_log_mib: u64,
+    /// Flash budget of the cleaning row's servers, in GiB.
+    #[arg(long, default_value_t = 1)]
+    pub cleaning_flash_gib: u64,
+    /// Writes measured by the cleaning row, at each utilization (0: half the flash budget's
+    /// worth, more than the 20 % left free, so the full tier is cleaned).
+    #[arg(long, default_value_t = 0)]
+    pub cleaning_writes: u64,
+    /// Live data of the cleaning row's full tier, in percent of the flash budget.
+    #[arg(long, default_value_t = 80)]
+    pub cleaning_utilization_percent: u32,
     /// YCSB workloads, comma-separated (a, b, c).
     #[arg(long, default_value = "a,b,c", value_delimiter = ',')]
     pub ycsb_workloads: Vec<String>,
@@ -98,8 +117,8 @@ pub struct FlashArguments {
 /// Runs the benchmark.
 pub fn run(arguments: FlashArguments) -> Result<(), String> {
     for row in &arguments.rows {
-        if !["write", "read", "dram", "ycsb"].contains(&row.trim()) {
-            return Err(format!("unknown row {row:?} (write, read, dram, ycsb)"));
+        if !["write", "read", "dram", "ycsb", "cleaning"].contains(&row.trim()) {
+            return Err(format!("unknown row {row:?} (write, read, dram, ycsb, cleaning)"));
         }
     }
     let wants = |row: &str| arguments.rows.iter().any(|named| named.trim() == row);
@@ -127,6 +146,9 @@ pub fn run(arguments: FlashArguments) -> Result<(), String> {
     if wants("ycsb") {
         ycsb_rows::run(&arguments)?;
     }
+    if wants("cleaning") {
+        cleaning::run(&arguments)?;
+    }
     Ok(())
 }
 
@@ -150,18 +172,20 @@ struct FlashCluster {
 }
 
 impl FlashCluster {
-    /// `servers` servers with `replicas` replicas, `log_mib` of log each, and the flash budget.
+    /// `servers` servers with `replicas` replicas, `log_mib` of log and `flash_gib` of flash
+    /// each.
     fn start(
         arguments: &FlashArguments,
         servers: u32,
         replicas: u32,
         log_mib: u64,
+        flash_gib: u64,
     ) -> Result<FlashCluster, String> {
         let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
         let (log, segment, replicas_text) =
             (log_mib.to_string(), arguments.segment_mib.to_string(), replicas.to_string());
         let flags = ["--log-mib", &log, "--segment-mib", &segment, "--replicas", &replicas_text];
-        let flash_gib = arguments.flash_gib.to_string();
+        let flash_gib = flash_gib.to_string();
         // Info lines without colour: the bench reads the server's flash I/O mode from its log
         // (what servers log when STRATUS_LOG is unset; a test's environment may lower it).
         let environment =

@@ -66,7 +66,8 @@ pub(super) fn write_and_read(
     with_reads: bool,
 ) -> Result<(), String> {
     let servers = if replicas == 0 { 1 } else { replicas + 1 };
-    let cluster = FlashCluster::start(arguments, servers, replicas, arguments.log_mib)?;
+    let cluster =
+        FlashCluster::start(arguments, servers, replicas, arguments.log_mib, arguments.flash_gib)?;
     let written = write_row(&cluster, arguments, replicas)?;
     if with_reads {
         read_rows(&cluster, arguments, &written)?;
@@ -75,7 +76,7 @@ pub(super) fn write_and_read(
 }
 
 /// A flash table and a memory table on the same master.
-fn tables(cluster: &FlashCluster, name: &str) -> Result<(TableId, TableId), String> {
+pub(super) fn tables(cluster: &FlashCluster, name: &str) -> Result<(TableId, TableId), String> {
     let client = &cluster.client;
     cluster.runtime.block_on(async {
         let table = client
@@ -366,7 +367,7 @@ pub(super) fn dram(arguments: &FlashArguments, value_bytes: usize) -> Result<(),
             "--dram-value-bytes {value_bytes}: values of 8 bytes or less stay in memory"
         ));
     }
-    let cluster = FlashCluster::start(arguments, 1, 0, arguments.log_mib)?;
+    let cluster = FlashCluster::start(arguments, 1, 0, arguments.log_mib, arguments.flash_gib)?;
     let objects = arguments.dram_objects.max(1);
     let OnFlash { before, after, cpu, .. } =
         write_until_on_flash(&cluster, tables(&cluster, "flash-dram")?, objects, value_bytes)?;

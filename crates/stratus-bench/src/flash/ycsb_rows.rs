@@ -57,7 +57,8 @@ pub(super) fn run(arguments: &FlashArguments) -> Result<(), String> {
         0 => ((arguments.ycsb_log_mib << 20) / 4 / RECORD_LOG_BYTES).max(1),
         records => records,
     };
-    let cluster = FlashCluster::start(arguments, 1, 0, arguments.ycsb_log_mib)?;
+    let cluster =
+        FlashCluster::start(arguments, 1, 0, arguments.ycsb_log_mib, arguments.flash_gib)?;
     let (flash, memory) = create_tables(&cluster)?;
     // The flash table is loaded without exactly-once, so that no completion record counts in
     // the DRAM it keeps; everything else runs as `bench ycsb` does, with exactly-once (whose

@@ -49,8 +49,9 @@ pub struct FlashArguments {
     /// the R = 0 cluster of `write` and needs R = 0 among --replicas).
     #[arg(long, default_value = "write,read,dram,ycsb,cleaning", value_delimiter = ',')]
     pub rows: Vec<String>,
-    /// Objects written by the write row (and read by the read row).
-    #[arg(long, default_value_t = 100_000)]
+    /// Objects written by the write row (and read by the read row): 400 MB of 1 KiB values
+    /// by default, six times the log, so the writes run at what demotion sustains.
+    #[arg(long, default_value_t = 400_000)]
     pub objects: u64,
     /// Value size of the write and read rows, in bytes.
     #[arg(long, default_value_t = 1024)]

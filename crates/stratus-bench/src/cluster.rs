@@ -191,19 +191,59 @@ pub fn start_local_cluster(
     extra: &[&str],
     binary: Option<&Path>,
 ) -> Result<UpCluster, String> {
+    start_up(directory, servers, extra, binary, false, &[])
+}
+
+/// A cluster of [`start_local_cluster_with_metrics`]: the cluster and where each server serves
+/// its metrics (`host:port`, in the servers' order).
+pub struct MetricsCluster {
+    /// The cluster.
+    pub cluster: UpCluster,
+    /// `server-0`'s metrics address first.
+    pub server_metrics: Vec<String>,
+}
+
+/// [`start_local_cluster`] with every process's metrics endpoint on (free ports; a benchmark
+/// that reads a server's own figures, such as its flash tier's, needs them) and `environment`
+/// set for `stratus up` and so for its servers (`STRATUS_FLASH_GIB`, say).
+pub fn start_local_cluster_with_metrics(
+    directory: &Path,
+    servers: u32,
+    extra: &[&str],
+    environment: &[(&str, &str)],
+) -> Result<MetricsCluster, String> {
+    let cluster = start_up(directory, servers, extra, None, true, environment)?;
+    let mut server_metrics = Vec::new();
+    for index in 0..servers {
+        let prefix = format!("metrics: server-{index} ");
+        let address = cluster
+            .lines
+            .iter()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|url| url.strip_prefix("http://"))
+            .and_then(|url| url.strip_suffix("/metrics"))
+            .ok_or_else(|| format!("`stratus up` printed no metrics address for server-{index}"))?;
+        server_metrics.push(address.to_string());
+    }
+    Ok(MetricsCluster { cluster, server_metrics })
+}
+
+fn start_up(
+    directory: &Path,
+    servers: u32,
+    extra: &[&str],
+    binary: Option<&Path>,
+    metrics: bool,
+    environment: &[(&str, &str)],
+) -> Result<UpCluster, String> {
     let coordinator = free_loopback_address()?;
     let directory_text = directory.display().to_string();
     let servers_text = servers.to_string();
-    let mut arguments = vec![
-        "--coordinator",
-        &coordinator,
-        "up",
-        "--no-metrics",
-        "--dir",
-        &directory_text,
-        "--servers",
-        &servers_text,
-    ];
+    let mut arguments = vec!["--coordinator", &coordinator, "up"];
+    if !metrics {
+        arguments.push("--no-metrics");
+    }
+    arguments.extend(["--dir", &directory_text, "--servers", &servers_text]);
     arguments.extend_from_slice(extra);
     let mut command = match binary {
         Some(binary) => {
@@ -214,6 +254,9 @@ pub fn start_local_cluster(
         None => stratus_command(&arguments)?,
     };
     command.stderr(Stdio::null());
+    for (name, value) in environment {
+        command.env(name, value);
+    }
     let (process, lines) =
         start_and_collect(&mut command, &arguments, "ready", LOCAL_CLUSTER_PATIENCE)?;
     Ok(UpCluster { process, coordinator, lines })

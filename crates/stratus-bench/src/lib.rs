@@ -10,6 +10,7 @@ mod cleaner_latency;
 mod cluster;
 mod cpu;
 mod failover;
+mod flash;
 mod latency;
 mod memory;
 mod migration;
@@ -78,6 +79,13 @@ pub enum BenchCommand {
     /// W1..W8): Stratus's log at 90 % against glibc, jemalloc and mimalloc, Redis (with and
     /// without active defragmentation) and memcached, each's peak resident set.
     Memory(memory::MemoryArguments),
+    /// The flash tier against the raw file system it writes to, in the same run: write
+    /// throughput until on flash (R = 0 and 3) against a sequential write, reads at depth 1
+    /// and 32 against 4 KiB random preads, DRAM per flash object (100 B, 1 KB), and YCSB A, B,
+    /// C on a flash table four times the log memory beside a memory table (ratio, and per
+    /// dollar with DRAM at 23 × flash's $/GB), and overwrites at 80 % flash utilization
+    /// against writes into an empty tier.
+    Flash(flash::FlashArguments),
     /// (Internal) the process holding one system's objects for `bench memory`.
     #[command(hide = true)]
     MemoryWorker(memory::MemoryWorkerArguments),
@@ -105,6 +113,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Tx(arguments) => tx::run(arguments),
         BenchCommand::Resp(arguments) => resp::run(arguments),
         BenchCommand::Memory(arguments) => memory::run(arguments),
+        BenchCommand::Flash(arguments) => flash::run(arguments),
         BenchCommand::MemoryWorker(arguments) => memory::run_worker(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),
     }

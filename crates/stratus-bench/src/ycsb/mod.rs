@@ -13,10 +13,10 @@
 //! every process of the system under test, and of the driver (this process), per operation.
 
 mod bindings;
-mod driver;
+pub(crate) mod driver;
 pub(crate) mod generators;
-mod measure;
-mod systems;
+pub(crate) mod measure;
+pub(crate) mod systems;
 
 use clap::Args;
 

@@ -1,6 +1,7 @@
 //! The systems and configurations the benchmark measures, each started fresh.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use stratus_client::{BlockingClient, ClientConfig, TableId};
 
@@ -15,8 +16,9 @@ use crate::tls::BenchTls;
 pub enum Running {
     /// A `stratus up` cluster and the table the records go to.
     Stratus {
-        /// `stratus up`, which runs the coordinator and servers as its children.
-        cluster: ChildProcess,
+        /// `stratus up`, which runs the coordinator and servers as its children (shared when
+        /// several tables of one cluster are measured, as `bench flash` does).
+        cluster: Arc<ChildProcess>,
         /// The coordinator's address.
         coordinator: String,
         /// `usertable`.
@@ -170,5 +172,11 @@ fn start_stratus(
     let table = client
         .create_table("usertable", arguments.stratus_servers)
         .map_err(|error| format!("creating usertable: {error:?}"))?;
-    Ok(Running::Stratus { cluster: cluster.process, coordinator, table, exactly_once, tls })
+    Ok(Running::Stratus {
+        cluster: Arc::new(cluster.process),
+        coordinator,
+        table,
+        exactly_once,
+        tls,
+    })
 }

@@ -364,13 +364,20 @@ impl ObjectStore {
         state.promoted_into.keys().copied().collect()
     }
 
-    /// Closed, replicated segments holding auto objects in DRAM, least recently accessed
-    /// first, as candidates for an auto demotion (at most `count` of them looked at whole).
+    /// Closed, replicated segments that may hold auto objects in DRAM, least recently
+    /// accessed first, as candidates for an auto demotion.
     pub(crate) fn auto_demotion_order(&self, now: WallTime) -> Vec<SegmentId> {
-        let skip = self.auto.state().no_auto_objects.clone();
-        let mut ranked: Vec<(u32, SegmentId)> = self
-            .log
-            .cleaning_candidates(now.millis())
+        let candidates = self.log.cleaning_candidates(now.millis());
+        let skip = {
+            // Segments no longer candidates (cleaned, mostly) are forgotten, so the set stays
+            // as small as the log.
+            let mut state = self.auto.state();
+            let ids: BTreeSet<SegmentId> =
+                candidates.iter().map(|candidate| candidate.segment_id).collect();
+            state.no_auto_objects.retain(|id| ids.contains(id));
+            state.no_auto_objects.clone()
+        };
+        let mut ranked: Vec<(u32, SegmentId)> = candidates
             .into_iter()
             .filter(|candidate| !skip.contains(&candidate.segment_id))
             .filter_map(|candidate| {
@@ -383,7 +390,8 @@ impl ObjectStore {
         ranked.into_iter().map(|(_, segment_id)| segment_id).collect()
     }
 
-    /// `segment_id` was found to hold no auto object in DRAM.
+    /// `segment_id` was found to hold no auto object in DRAM that a demotion could move (none,
+    /// or it has an image already: a segment is imaged once).
     pub(crate) fn note_no_auto_objects(&self, segment_id: SegmentId) {
         self.auto.state().no_auto_objects.insert(segment_id);
     }

@@ -233,10 +233,7 @@ impl ObjectStore {
             return Ok(None);
         }
         for segment_id in self.auto_demotion_order(now) {
-            if self.has_image(segment_id) {
-                continue;
-            }
-            if self.live_objects_to_demote(segment_id, true) == 0 {
+            if self.has_image(segment_id) || self.live_objects_to_demote(segment_id, true) == 0 {
                 self.note_no_auto_objects(segment_id);
                 continue;
             }

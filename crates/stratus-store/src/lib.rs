@@ -470,13 +470,11 @@ impl ObjectStore {
             if entry_type == EntryType::FlashObject {
                 // May promote: the answer names the segment the object was found in, whose
                 // replicas hold it (the promoted copy's durability is not waited for).
+                let segment_id = self.log.segment_of(current.reference);
                 let found = (&epoch, &mut guard);
                 self.read_from_flash(found, table, current, &content, now, value_out)?;
-                return Ok(FoundObject {
-                    version: current.version,
-                    segment_id: self.log.segment_of(current.reference),
-                    expires_at: current.expires_at,
-                });
+                let expires_at = current.expires_at;
+                return Ok(FoundObject { version: current.version, segment_id, expires_at });
             }
             self.note_dram_read(current.reference, now);
         }

@@ -255,6 +255,7 @@ fn a_write_racing_promotions_always_wins() {
     assert_eq!(store.statistics().objects_live, 50);
     let statistics = store.auto_statistics();
     assert_eq!(statistics.dram_objects + statistics.flash_objects, 50);
+    assert!(statistics.promotions > 0 && statistics.demotions > 0, "no race: {statistics:?}");
     assert_eq!(replay(&store).len(), 50);
 }
 

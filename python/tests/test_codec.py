@@ -228,11 +228,12 @@ def test_list_tables_response_vector():
 
 
 def test_tiers_are_named_as_the_command_line_names_them_and_nothing_else_is_taken():
-    assert [str(tier) for tier in Tier] == ["memory", "flash"]
+    assert [str(tier) for tier in Tier] == ["memory", "flash", "auto"]
     assert Tier.parse("flash") is Tier.FLASH and Tier.parse("MEMORY") is Tier.MEMORY
+    assert Tier.parse("auto") is Tier.AUTO and int(Tier.AUTO) == 2
     assert Tier.parse(Tier.FLASH) is Tier.FLASH
     for wrong in ("disk", "", 1, None):
-        with pytest.raises(ValueError, match="is not one of 'memory', 'flash'"):
+        with pytest.raises(ValueError, match="is not one of 'memory', 'flash', 'auto'"):
             Tier.parse(wrong)
     assert codec.create_table_body("t", 1)[-1] == Tier.MEMORY, "memory unless asked"
 
@@ -606,8 +607,8 @@ def test_malformed_response_headers_are_refused(frame, problem):
         (
             Opcode.LIST_TABLES,
             Status.OK,
-            struct.pack("<I", 1) + b"\x01\x00t" + struct.pack("<QIB", 3, 2, 2),
-            "unknown storage tier code 2",
+            struct.pack("<I", 1) + b"\x01\x00t" + struct.pack("<QIB", 3, 2, 3),
+            "unknown storage tier code 3",
         ),
     ],
 )

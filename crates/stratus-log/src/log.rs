@@ -1439,6 +1439,17 @@ impl Log {
         entry_bytes as u64
     }
 
+    /// The seglets a segment holds now, in order (`None` when it is not in the log's memory):
+    /// an owner of per-seglet data (the store's access times) reads a segment's share of it.
+    pub fn segment_seglets(&self, segment_id: SegmentId) -> Option<Vec<u32>> {
+        self.lock().segments.get(&segment_id).map(|segment| segment.seglets.clone())
+    }
+
+    /// The seglet `reference` points into (see [`Log::segment_seglets`]).
+    pub fn seglet_of(&self, reference: Reference) -> u32 {
+        self.split_reference(reference).0
+    }
+
     /// The references and types of every entry of a segment, in order (for the cleaner).
     pub fn segment_entries(
         &self,

@@ -710,10 +710,14 @@ impl ObjectStore {
     fn ranked_candidates(&self, now: WallTime, goal: Goal) -> Vec<(CleaningCandidate, f64)> {
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
         let segment_bytes = u64::from(self.log.config().segment_bytes);
+        // Segments holding promoted copies whose sources are still in the log stay (see
+        // auto_tier.rs, invariant 3).
+        let pinned = self.promotion_pins();
         let mut ranked: Vec<(CleaningCandidate, f64)> = self
             .log
             .cleaning_candidates(now.millis())
             .into_iter()
+            .filter(|candidate| !pinned.contains(&candidate.segment_id))
             .filter(|candidate| {
                 // What cleaning writes (flash objects whole) against what it frees: a segment
                 // whose objects are on flash frees little memory and writes them all back, so
@@ -1007,7 +1011,11 @@ impl ObjectStore {
                             let whole = AppendEntry::new(EntryType::Object, &object);
                             side_log.append(&self.log, &whole).map(|(moved, _)| {
                                 bucket.replace(slot, moved.0);
-                                self.log.free(&epoch, survivor.reference);
+                                let table = decode_object_unverified(&object)
+                                    .expect("an object the index points at")
+                                    .table;
+                                // An auto table's FLASH_OBJECT leaves the flash figures.
+                                self.free_index_entry(&epoch, survivor.reference, table);
                                 object_bytes += whole.entry_bytes() as u64;
                                 whole.entry_bytes()
                             })
@@ -1176,7 +1184,7 @@ impl ObjectStore {
         }
         let (slot, reference) = found;
         bucket.remove(slot);
-        let bytes = self.log.free(epoch, reference);
+        let bytes = self.free_index_entry(epoch, reference, object.table);
         self.log.table_tallies().object_removed(bucket.bucket_index(), object.table, bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         self.count(|statistics| {
@@ -1195,6 +1203,7 @@ impl ObjectStore {
         segment_id: SegmentId,
         entries: &[(Reference, EntryType)],
         image: Option<&[(u32, u32)]>,
+        demote_auto: bool,
         now: WallTime,
     ) -> CompactedEntries {
         let mut bytes_moved = 0u64;
@@ -1258,8 +1267,12 @@ impl ObjectStore {
                                 |offsets| {
                                     let object =
                                         decode_object_unverified(&content).expect("corrupt object");
-                                    let moves = self.is_flash_table(object.table)
+                                    let auto = demote_auto && self.is_auto_table(object.table);
+                                    let moves = (self.is_flash_table(object.table) || auto)
                                         && crate::flash::demotable(&object);
+                                    if moves && auto {
+                                        self.auto_object_demoted(entry.entry_bytes() as u64);
+                                    }
                                     moves.then(|| {
                                         let (entry_offset, entry_bytes) = offsets[position];
                                         let locator = FlashLocator { entry_offset, entry_bytes };
@@ -1365,6 +1378,8 @@ impl ObjectStore {
             self.count(|statistics| statistics.compactions_failed += 1);
             return CleanOutcome::NothingToClean;
         };
+        // The access time moves with the segment to its new seglets (auto tiering).
+        let access_seconds = self.cleaner_candidate_access(segment_id, now);
         if !self.log.begin_compaction(segment_id, needed as u32) {
             return CleanOutcome::NothingToClean;
         }
@@ -1372,9 +1387,12 @@ impl ObjectStore {
         let entries =
             self.log.segment_entries(&epoch, segment_id).expect("segment being compacted");
         let CompactedEntries { bytes_moved, tombstones_dropped, .. } =
-            self.compact_entries(&epoch, segment_id, &entries, None, now);
+            self.compact_entries(&epoch, segment_id, &entries, None, false, now);
         drop(epoch);
         let seglets_freed = u64::from(self.log.finish_compaction(segment_id));
+        if let Some(access_seconds) = access_seconds {
+            self.carry_access_seconds(segment_id, access_seconds);
+        }
         self.cleaner.segments_since_tombstone_scan.fetch_add(1, Ordering::Relaxed);
         if seglets_freed == 0 {
             // Forces the next unit to be combined cleaning (RAMCloud's compactionFailed()).
@@ -1390,6 +1408,26 @@ impl ObjectStore {
             }
         });
         CleanOutcome::Compacted { segment_id, seglets_freed }
+    }
+}
+
+impl ObjectStore {
+    /// The access time of `segment_id` when auto tables exist (None otherwise, or when it is
+    /// no candidate).
+    pub(crate) fn cleaner_candidate_access(
+        &self,
+        segment_id: SegmentId,
+        now: WallTime,
+    ) -> Option<u32> {
+        if !self.is_auto_tiering() {
+            return None;
+        }
+        let candidate = self
+            .log
+            .cleaning_candidates(now.millis())
+            .into_iter()
+            .find(|candidate| candidate.segment_id == segment_id)?;
+        self.segment_access_seconds(segment_id, candidate.creation_seconds)
     }
 }
 

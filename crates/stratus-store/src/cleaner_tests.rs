@@ -31,6 +31,7 @@ pub(crate) fn small_config() -> StoreConfig {
         cleaner: CleanerConfig::default(),
         prefault_memory: false,
         flash_image_bytes: 0,
+        ..StoreConfig::with_log_bytes(4 << 20)
     }
 }
 
@@ -738,6 +739,7 @@ fn run_at_high_utilization(
         cleaner: CleanerConfig { cost_benefit, replicas, ..CleanerConfig::default() },
         prefault_memory: false,
         flash_image_bytes: 0,
+        ..StoreConfig::for_testing()
     };
     let store = store_with(config);
     let target_live_bytes = (config.log_bytes as f64 * 0.90) as u64;
@@ -997,6 +999,7 @@ fn two_level_cleaning_at_ninety_percent_merges_segments_of_tombstones() {
         cleaner: CleanerConfig { replicas: 3, ..CleanerConfig::default() },
         prefault_memory: false,
         flash_image_bytes: 0,
+        ..StoreConfig::for_testing()
     };
     overwrite_at_ninety_percent_with_two_levels(config, 1, 2);
 }

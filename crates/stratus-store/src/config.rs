@@ -15,6 +15,26 @@ const HASH_TABLE_BYTES_MIN: u64 = 64 << 10;
 /// Share of the log given to the hash table by default (RAMCloud: 10% of master memory).
 const HASH_TABLE_SHARE_OF_LOG_DIVISOR: u64 = 10;
 
+/// Share of the log auto tables' objects may hold in DRAM by default: half. The other half
+/// holds memory tables, the FLASH_OBJECT entries of objects on flash, tombstones and the
+/// cleaner's headroom; RAMCloud's measurements show cleaning cost rising steeply once the log
+/// is more than about 80 % live, so auto tables alone are not let near that.
+pub const AUTO_DRAM_SHARE_OF_LOG_DIVISOR: u64 = 2;
+
+/// Bytes per second that reads of auto tables may rewrite from flash into DRAM by default
+/// (promotion). Each promoted byte is appended to the log and replicated R times like a
+/// write, and it may push another object out by a demotion: 16 MiB/s keeps promotion well
+/// below a server's write bandwidth (a 10 Gb/s link carries ~1 GiB/s, a third of it per
+/// replica with R = 3), and still replaces a 1 GiB working set within about a minute.
+pub const PROMOTION_BYTES_PER_SECOND_MAX_DEFAULT: u64 = 16 << 20;
+
+/// A read of an auto table's object on flash promotes it with probability one in this many by
+/// default. An object read once in a long while gains nothing from DRAM and would push a hotter
+/// one out; one read often is promoted soon: after n reads with probability 1 − (3/4)^n
+/// (0.9 after 8 reads). One in 4 is the classic choice of probabilistic admission (the
+/// "TinyLFU"-style filters without their memory), cheap enough to need no per-object state.
+pub const PROMOTION_ONE_IN_READS_DEFAULT: u32 = 4;
+
 /// Largest object fields before the key: checksum, timestamp, widths, table id, version, key
 /// length (see docs/design/log-format.md).
 const OBJECT_FIELDS_BYTES_MAX: usize = 4 + 4 + 1 + 8 + 8 + 2;
@@ -42,6 +62,16 @@ pub struct StoreConfig {
     /// Bytes of segment images the master may keep on its flash tier (0: no flash tier; see
     /// `LogConfig::flash_image_bytes`).
     pub flash_image_bytes: u64,
+    /// Bytes of DRAM (live object bytes, entry headers included) the objects of auto tables may
+    /// hold before the cleaner demotes their least recently used segments to flash (auto
+    /// tables need a flash tier; without one their objects stay in memory).
+    pub auto_dram_bytes_max: u64,
+    /// Bytes per second reads may promote from flash into DRAM (a token bucket of one
+    /// second's worth); 0 turns promotion off.
+    pub promotion_bytes_per_second_max: u64,
+    /// A read of an auto table's object on flash promotes it with probability one in this
+    /// many (1: every read), within the byte rate.
+    pub promotion_one_in_reads: u32,
 }
 
 /// A configuration rule that does not hold.
@@ -76,6 +106,9 @@ impl StoreConfig {
             cleaner: CleanerConfig::default(),
             prefault_memory: false,
             flash_image_bytes: 0,
+            auto_dram_bytes_max: log_bytes / AUTO_DRAM_SHARE_OF_LOG_DIVISOR,
+            promotion_bytes_per_second_max: PROMOTION_BYTES_PER_SECOND_MAX_DEFAULT,
+            promotion_one_in_reads: PROMOTION_ONE_IN_READS_DEFAULT,
         }
     }
 
@@ -91,6 +124,9 @@ impl StoreConfig {
             cleaner: CleanerConfig::default(),
             prefault_memory: false,
             flash_image_bytes: 0,
+            auto_dram_bytes_max: (16 << 20) / AUTO_DRAM_SHARE_OF_LOG_DIVISOR,
+            promotion_bytes_per_second_max: PROMOTION_BYTES_PER_SECOND_MAX_DEFAULT,
+            promotion_one_in_reads: PROMOTION_ONE_IN_READS_DEFAULT,
         }
     }
 
@@ -111,6 +147,12 @@ impl StoreConfig {
         log.validate().map_err(ConfigError::Invalid)?;
         if self.cleaner.tombstone_ratio_percent > 100 {
             return Err(ConfigError::Invalid("tombstone_ratio_percent must be at most 100"));
+        }
+        if self.promotion_one_in_reads == 0 {
+            return Err(ConfigError::Invalid("promotion_one_in_reads must be at least 1"));
+        }
+        if self.auto_dram_bytes_max > self.log_bytes {
+            return Err(ConfigError::Invalid("auto_dram_bytes_max must be at most log_bytes"));
         }
         if self.hash_table_bytes < 64 {
             return Err(ConfigError::Invalid("hash_table_bytes must hold at least one bucket"));
@@ -159,6 +201,8 @@ mod tests {
             StoreConfig { value_bytes_max: (128 << 10) + 1, ..base },
             StoreConfig { hash_table_bytes: 0, ..base },
             StoreConfig { log_bytes: 1 << 47, ..base },
+            StoreConfig { promotion_one_in_reads: 0, ..base },
+            StoreConfig { auto_dram_bytes_max: (16 << 20) + 1, ..base },
         ];
         for config in cases {
             assert!(config.validate().is_err(), "{config:?}");

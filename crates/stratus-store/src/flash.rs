@@ -199,74 +199,119 @@ impl ObjectStore {
     }
 
     /// Moves the objects of flash tables out of one closed, replicated segment: writes its
-    /// image, then compacts it with a FLASH_OBJECT in place of each such live object. `None`
-    /// when no segment has any to move (or no flash tier is attached, or no table is on flash).
-    /// An image that cannot be written leaves the segment as it was and is the error.
+    /// image, then compacts it with a FLASH_OBJECT in place of each such live object. When auto
+    /// tables hold more DRAM than their budget, their objects go too, and if no segment holds
+    /// flash tables' objects, the segment whose auto objects were accessed least recently is
+    /// demoted for them (auto_tier.rs). `None` when no segment has any to move (or no flash
+    /// tier is attached). An image that cannot be written leaves the segment's objects in
+    /// memory and is the error.
     pub fn demote_once(&self, now: WallTime) -> Result<Option<Demoted>, FlashImageError> {
         let Some(images) = self.flash.images.clone() else { return Ok(None) };
         self.retire_images();
-        if !self.has_flash_tables() {
-            return Ok(None);
-        }
         if self.flash.state().full {
             return Err(FlashImageError::Full);
         }
-        let candidates: Vec<SegmentId> = {
-            let state = self.flash.state();
-            self.log
-                .cleaning_candidates(now.millis())
-                .into_iter()
-                .map(|candidate| candidate.segment_id)
-                .filter(|id| {
-                    !state.imaged.contains_key(id) && !state.nothing_to_demote.contains(id)
-                })
-                .collect()
-        };
-        for segment_id in candidates {
-            let flash_objects = self.live_flash_table_objects(segment_id);
-            if flash_objects == 0 {
-                self.flash.state().nothing_to_demote.insert(segment_id);
-                continue;
-            }
-            let Some(seglets) = self.demotion_seglets(segment_id, now) else { continue };
-            if !self.log.begin_compaction(segment_id, seglets) {
-                continue;
-            }
-            // The segment's bytes stay as they are until the compaction finishes.
-            let (bytes, certificate) =
-                self.log.segment_contents(segment_id).expect("a segment being compacted");
-            let written = images.write_image(segment_id, &bytes);
-            {
-                let mut state = self.flash.state();
-                if written.is_ok() {
-                    state.imaged.insert(segment_id, certificate);
-                    state.totals.image_bytes_written += bytes.len() as u64;
-                } else {
-                    state.totals.images_refused += 1;
-                    state.full = matches!(written, Err(FlashImageError::Full));
+        let auto_over_budget = self.auto_over_budget();
+        if self.has_flash_tables() {
+            let candidates: Vec<SegmentId> = {
+                let state = self.flash.state();
+                self.log
+                    .cleaning_candidates(now.millis())
+                    .into_iter()
+                    .map(|candidate| candidate.segment_id)
+                    .filter(|id| {
+                        !state.imaged.contains_key(id) && !state.nothing_to_demote.contains(id)
+                    })
+                    .collect()
+            };
+            for segment_id in candidates {
+                if self.live_objects_to_demote(segment_id, false) == 0 {
+                    self.flash.state().nothing_to_demote.insert(segment_id);
+                    continue;
+                }
+                if let Some(demoted) =
+                    self.demote_segment(&images, segment_id, auto_over_budget, now)
+                {
+                    return demoted.map(Some);
                 }
             }
-            let offsets = written.as_ref().ok().map(|_| entry_offsets(&bytes));
-            let epoch = self.log.pin();
-            let entries =
-                self.log.segment_entries(&epoch, segment_id).expect("a segment being compacted");
-            if let Some(offsets) = &offsets {
-                assert_eq!(offsets.len(), entries.len(), "the image and the segment disagree");
+        }
+        if !auto_over_budget {
+            return Ok(None);
+        }
+        for segment_id in self.auto_demotion_order(now) {
+            if self.has_image(segment_id) || self.live_objects_to_demote(segment_id, true) == 0 {
+                self.note_no_auto_objects(segment_id);
+                continue;
             }
-            // Without an image (flash full or failing) the segment is compacted as usual: the
-            // seglets are set aside already, and the compaction frees its dead entries anyway.
-            let compacted =
-                self.compact_entries(&epoch, segment_id, &entries, offsets.as_deref(), now);
-            drop(epoch);
-            let seglets_freed = self.log.finish_compaction(segment_id);
-            written?;
-            let mut state = self.flash.state();
-            state.totals.demotions += 1;
-            state.totals.objects_demoted += compacted.demoted;
-            drop(state);
-            return Ok(Some(Demoted { segment_id, objects: compacted.demoted, seglets_freed }));
+            if let Some(demoted) = self.demote_segment(&images, segment_id, true, now) {
+                if demoted.is_ok() {
+                    self.auto_demotion_done();
+                }
+                return demoted.map(Some);
+            }
         }
         Ok(None)
+    }
+
+    /// Images and compacts `segment_id` (auto tables' objects too when `demote_auto`). `None`
+    /// when the segment cannot be compacted now (being cleaned, or no room).
+    fn demote_segment(
+        &self,
+        images: &Arc<dyn FlashImages>,
+        segment_id: SegmentId,
+        demote_auto: bool,
+        now: WallTime,
+    ) -> Option<Result<Demoted, FlashImageError>> {
+        let seglets = self.demotion_seglets(segment_id, now)?;
+        let access_seconds = self.cleaner_candidate_access(segment_id, now);
+        if !self.log.begin_compaction(segment_id, seglets) {
+            return None;
+        }
+        // The segment's bytes stay as they are until the compaction finishes.
+        let (bytes, certificate) =
+            self.log.segment_contents(segment_id).expect("a segment being compacted");
+        let written = images.write_image(segment_id, &bytes);
+        {
+            let mut state = self.flash.state();
+            if written.is_ok() {
+                state.imaged.insert(segment_id, certificate);
+                state.totals.image_bytes_written += bytes.len() as u64;
+            } else {
+                state.totals.images_refused += 1;
+                state.full = matches!(written, Err(FlashImageError::Full));
+            }
+        }
+        let offsets = written.as_ref().ok().map(|_| entry_offsets(&bytes));
+        let epoch = self.log.pin();
+        let entries =
+            self.log.segment_entries(&epoch, segment_id).expect("a segment being compacted");
+        if let Some(offsets) = &offsets {
+            assert_eq!(offsets.len(), entries.len(), "the image and the segment disagree");
+        }
+        // Without an image (flash full or failing) the segment is compacted as usual: the
+        // seglets are set aside already, and the compaction frees its dead entries anyway.
+        let compacted = self.compact_entries(
+            &epoch,
+            segment_id,
+            &entries,
+            offsets.as_deref(),
+            demote_auto,
+            now,
+        );
+        drop(epoch);
+        let seglets_freed = self.log.finish_compaction(segment_id);
+        if let Some(access_seconds) = access_seconds {
+            self.carry_access_seconds(segment_id, access_seconds);
+        }
+        if let Err(error) = written {
+            return Some(Err(error));
+        }
+        let mut state = self.flash.state();
+        state.totals.demotions += 1;
+        state.totals.objects_demoted += compacted.demoted;
+        drop(state);
+        Some(Ok(Demoted { segment_id, objects: compacted.demoted, seglets_freed }))
     }
 
     /// Whether any table this store knows is on flash.
@@ -275,11 +320,11 @@ impl ObjectStore {
         tiers.values().any(|tier| *tier == Tier::Flash)
     }
 
-    /// Objects of flash tables, long enough to gain from moving ([`demotable`]), that are live
-    /// in `segment_id`: the key's current object is in this segment. Asked by segment, not by
-    /// reference, so a compaction of the segment meanwhile (which moves its entries within it)
-    /// does not hide them.
-    fn live_flash_table_objects(&self, segment_id: SegmentId) -> u64 {
+    /// Objects long enough to gain from moving ([`demotable`]) that are live in `segment_id`:
+    /// of flash tables, or (`auto`) of auto tables instead. Live: the key's current object is
+    /// in this segment. Asked by segment, not by reference, so a compaction of
+    /// the segment meanwhile (which moves its entries within it) does not hide them.
+    fn live_objects_to_demote(&self, segment_id: SegmentId, auto: bool) -> u64 {
         let epoch = self.log.pin();
         let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
         let mut count = 0;
@@ -289,7 +334,12 @@ impl ObjectStore {
             }
             let (_, content) = self.log.entry(&epoch, reference);
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
-            if !self.is_flash_table(object.table) || !demotable(&object) {
+            let of_tier = if auto {
+                self.is_auto_table(object.table)
+            } else {
+                self.is_flash_table(object.table)
+            };
+            if !of_tier || !demotable(&object) {
                 continue;
             }
             let hash = stratus_types::key_hash(object.table, object.key);

@@ -30,6 +30,7 @@
 //! operation pins an epoch for as long as it holds bytes of the log, so the cleaner never
 //! reuses memory a request can still read.
 
+mod auto_tier;
 mod cleaner;
 mod completions;
 mod config;
@@ -39,6 +40,7 @@ mod prepared;
 mod replay;
 mod transactions;
 
+pub use auto_tier::AutoStatistics;
 pub use cleaner::{
     CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, DurabilityError,
     PendingCombinedPass, SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT,
@@ -289,6 +291,8 @@ pub struct ObjectStore {
     table_tiers: std::sync::RwLock<std::collections::HashMap<TableId, Tier>>,
     /// Segment images on flash, when the server gave the store a flash tier.
     flash: flash::FlashTier,
+    /// Access times and figures of auto tables.
+    auto: auto_tier::AutoTier,
 }
 
 /// The current object of a key, found under its bucket lock: live, or expired and not yet
@@ -343,6 +347,7 @@ impl ObjectStore {
             prepared: prepared::PreparedTable::default(),
             table_tiers: Default::default(),
             flash: Default::default(),
+            auto: auto_tier::AutoTier::new(config.log_config().seglet_count()),
         })
     }
 
@@ -363,6 +368,9 @@ impl ObjectStore {
         drop(tiers);
         if tier == Tier::Flash && previous.is_none() {
             self.flash_table_added();
+        }
+        if tier == Tier::Auto && previous.is_none() {
+            self.auto_table_added();
         }
     }
 
@@ -445,7 +453,7 @@ impl ObjectStore {
     ) -> Result<FoundObject, ObjectError> {
         Self::check_key(key)?;
         let epoch = self.log.pin();
-        let guard = self.index.lock(hash.0);
+        let mut guard = self.index.lock(hash.0);
         if self.prepared.holder(table, key).is_some() {
             return Err(ObjectError::Locked);
         }
@@ -458,6 +466,18 @@ impl ObjectStore {
         };
         check_rules(rules, current.version)?;
         let (entry_type, content) = self.log.entry(&epoch, current.reference);
+        if self.is_auto_table(table) {
+            if entry_type == EntryType::FlashObject {
+                // May promote: the answer names the segment the object was found in, whose
+                // replicas hold it (the promoted copy's durability is not waited for).
+                let segment_id = self.log.segment_of(current.reference);
+                let found = (&epoch, &mut guard);
+                self.read_from_flash(found, table, current, &content, now, value_out)?;
+                let expires_at = current.expires_at;
+                return Ok(FoundObject { version: current.version, segment_id, expires_at });
+            }
+            self.note_dram_read(current.reference, now);
+        }
         value_out.put_slice(&self.object_value(current.reference, entry_type, &content)?);
         Ok(FoundObject {
             version: current.version,
@@ -742,7 +762,7 @@ impl ObjectStore {
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                let old_bytes = self.log.free(epoch, current.reference);
+                let old_bytes = self.free_index_entry(epoch, current.reference, table);
                 self.log.table_tallies().object_replaced(
                     guard.bucket_index(),
                     table,
@@ -795,7 +815,7 @@ impl ObjectStore {
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
-        let old_bytes = self.log.free(epoch, current.reference);
+        let old_bytes = self.free_index_entry(epoch, current.reference, table);
         self.log.table_tallies().object_removed(guard.bucket_index(), table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         let last = entries.len() - 1;
@@ -820,7 +840,7 @@ impl ObjectStore {
             // may clean its segment away, and a free after that would find no segment (a
             // migration target under memory pressure did).
             if drop {
-                let bytes = self.log.free(&epoch, Reference(reference));
+                let bytes = self.free_index_entry(&epoch, Reference(reference), table);
                 // The tallies are sharded by the key's bucket, as the store's other calls pass
                 // it (its shard bits never change as the table resizes).
                 let shard = self.index.bucket_index(hash.0);
@@ -943,6 +963,8 @@ fn append_error(error: AppendError) -> ObjectError {
     }
 }
 
+#[cfg(test)]
+mod auto_tier_tests;
 #[cfg(test)]
 mod cleaner_tests;
 #[cfg(test)]

@@ -698,7 +698,7 @@ impl ObjectStore {
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                let old_bytes = self.log.free(&epoch, current.reference);
+                let old_bytes = self.free_index_entry(&epoch, current.reference, table);
                 self.log.table_tallies().object_replaced(
                     guard.bucket_index(),
                     table,

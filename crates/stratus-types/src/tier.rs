@@ -9,6 +9,9 @@ use std::fmt;
 /// - `Flash`: new writes land in the memory log as for a memory table (and are replicated
 ///   the same way); the cleaner's compaction moves their bytes to the master's flash log and
 ///   leaves a small reference in DRAM, so the table may be many times the server's memory.
+/// - `Auto`: as `Flash`, but only the objects not read or written for longest go to flash,
+///   once the server's DRAM budget for auto tables is reached, and a flash object that is read
+///   comes back to DRAM (docs/design/flash-tier.md, "Automatic tiering").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tier {
     /// Objects in DRAM (the default).
@@ -16,17 +19,20 @@ pub enum Tier {
     Memory,
     /// Objects on the server's flash log, their index (and a reference each) in DRAM.
     Flash,
+    /// The working set in DRAM, the rest on flash, moved by the master.
+    Auto,
 }
 
 impl Tier {
     /// Every tier, in code order.
-    pub const ALL: [Tier; 2] = [Tier::Memory, Tier::Flash];
+    pub const ALL: [Tier; 3] = [Tier::Memory, Tier::Flash, Tier::Auto];
 
     /// The one-byte code used on the wire and in the coordinator's table records.
     pub fn code(self) -> u8 {
         match self {
             Tier::Memory => 0,
             Tier::Flash => 1,
+            Tier::Auto => 2,
         }
     }
 
@@ -36,6 +42,7 @@ impl Tier {
         match code {
             0 => Some(Tier::Memory),
             1 => Some(Tier::Flash),
+            2 => Some(Tier::Auto),
             _ => None,
         }
     }
@@ -45,6 +52,7 @@ impl Tier {
         match self {
             Tier::Memory => "memory",
             Tier::Flash => "flash",
+            Tier::Auto => "auto",
         }
     }
 
@@ -70,7 +78,7 @@ mod tests {
             assert_eq!(Tier::from_code(tier.code()), Some(tier));
             assert_eq!(Tier::from_name(tier.name()), Some(tier));
         }
-        assert_eq!(Tier::from_code(2), None);
+        assert_eq!(Tier::from_code(3), None);
         assert_eq!(Tier::from_name("disk"), None);
         assert_eq!(Tier::default(), Tier::Memory);
     }

@@ -377,7 +377,7 @@ fn an_unknown_tier_code_is_refused_in_every_message_that_carries_a_tier() {
         assert_eq!(differing.len(), 1, "{opcode:?}: one tier byte");
         let at = differing[0];
         assert_eq!((memory[at], flash[at]), (Tier::Memory.code(), Tier::Flash.code()));
-        for code in [2u8, 0x80, 0xff] {
+        for code in [3u8, 0x80, 0xff] {
             let mut body = memory.to_vec();
             body[at] = code;
             let decoded = if is_request {
@@ -391,7 +391,7 @@ fn an_unknown_tier_code_is_refused_in_every_message_that_carries_a_tier() {
     // A server answers it as a malformed request, saying which codes it knows.
     let error = DecodeError::UnknownTier(9);
     assert_eq!(error.status(), Status::RequestFormatError);
-    assert_eq!(error.to_string(), "unknown storage tier code 9 (known: 0 memory, 1 flash)");
+    assert_eq!(error.to_string(), "unknown storage tier code 9 (known: 0 memory, 1 flash, 2 auto)");
 }
 
 /// The op named by table 1, key hash 5 and `rpc`.

@@ -150,8 +150,9 @@ pub enum TableCommand {
         /// Number of masters to spread it over.
         #[arg(long, default_value_t = 1)]
         span: u32,
-        /// Where its objects live: memory, or flash (the masters' flash logs, with only the
-        /// index in memory, for tables larger than memory). Fixed for the table's life.
+        /// Where its objects live: memory, flash (the masters' flash logs, with only the index
+        /// in memory, for tables larger than memory), or auto (the working set in memory, the
+        /// rest on flash, moved by the masters). Fixed for the table's life.
         #[arg(long, default_value = "memory", value_parser = parse_tier)]
         tier: Tier,
     },
@@ -199,7 +200,7 @@ pub fn parse_key_hash(text: &str) -> Result<u64, String> {
     })
 }
 
-/// A storage tier by the name `stratus status` shows (`memory`, `flash`).
+/// A storage tier by the name `stratus status` shows (`memory`, `flash`, `auto`).
 pub fn parse_tier(text: &str) -> Result<Tier, String> {
     Tier::from_name(text.trim()).ok_or_else(|| {
         let names: Vec<&str> = Tier::ALL.iter().map(|tier| tier.name()).collect();

@@ -380,6 +380,11 @@ pub struct ServerArguments {
     /// Disk budget of the flash log, in GiB; 0 turns the flash tier off.
     #[arg(long, env = "STRATUS_FLASH_GIB", default_value_t = FLASH_BYTES_MAX_DEFAULT >> 30)]
     pub flash_gib: u64,
+    /// DRAM for the objects of tables created with `--tier auto`, in MiB (at most --log-mib;
+    /// default: half the log): past it the cleaner moves those read or written least recently
+    /// to flash (docs/design/flash-tier.md, "Automatic tiering").
+    #[arg(long, env = "STRATUS_AUTO_DRAM_MIB")]
+    pub auto_dram_mib: Option<u64>,
     /// When the backup acknowledges a replica write: buffered (in its RAM) or fsync (on disk).
     #[arg(long, default_value = "buffered", value_parser = ["buffered", "fsync"])]
     pub durability: String,
@@ -807,6 +812,15 @@ pub fn run_server(
         return Err(format!("--failure-domain {:?}: {problem}", arguments.failure_domain));
     }
     let mut store = StoreConfig::with_log_bytes(arguments.log_mib << 20);
+    if let Some(auto_dram_mib) = arguments.auto_dram_mib {
+        if auto_dram_mib > arguments.log_mib {
+            return Err(format!(
+                "--auto-dram-mib {auto_dram_mib} is more than the log (--log-mib {})",
+                arguments.log_mib
+            ));
+        }
+        store.auto_dram_bytes_max = auto_dram_mib << 20;
+    }
     store.segment_bytes = arguments.segment_mib << 20;
     store.seglet_bytes = arguments.seglet_kib << 10;
     store.prefault_memory = arguments.prefault_memory;

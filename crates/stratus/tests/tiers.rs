@@ -108,8 +108,12 @@ async fn a_flash_table_keeps_its_tier_through_a_coordinator_restart_and_its_mast
     assert!(success, "{stderr}");
     let (success, _, stderr) = stratus(&coordinator, &["table", "create", "plain", "--span", "3"]);
     assert!(success, "{stderr}");
+    let (success, _, stderr) = stratus(&coordinator, &["table", "create", "hot", "--tier", "auto"]);
+    assert!(success, "{stderr}");
     let (success, _, stderr) = stratus(&coordinator, &["table", "create", "x", "--tier", "disk"]);
     assert!(!success && stderr.contains("\"disk\" is not a tier"), "{stderr}");
+    assert!(stderr.contains("memory, flash, auto"), "{stderr}");
+    assert!(listed(&coordinator, "hot").ends_with("\ttier=auto"));
     assert!(listed(&coordinator, "archive").ends_with("\ttier=flash"));
     assert!(listed(&coordinator, "plain").ends_with("\ttier=memory"));
     let (success, status, stderr) = stratus(&coordinator, &["status", "--json"]);
@@ -121,12 +125,13 @@ async fn a_flash_table_keeps_its_tier_through_a_coordinator_restart_and_its_mast
         .iter()
         .map(|table| (table["name"].as_str().unwrap(), table["tier"].as_str().unwrap()))
         .collect();
-    assert_eq!(tiers, HashMap::from([("archive", "flash"), ("plain", "memory")]));
+    assert_eq!(tiers, HashMap::from([("archive", "flash"), ("plain", "memory"), ("hot", "auto")]));
     // The text: a TIER column beside each table's id.
     let (success, status, _) = stratus(&coordinator, &["status"]);
     assert!(success && status.contains("TIER"), "{status}");
     let words = |line: &str| line.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     assert!(status.lines().any(|line| words(line) == "archive 1 flash"), "{status}");
+    assert!(status.lines().any(|line| words(line) == "hot 3 auto"), "{status}");
     assert_eq!(status.lines().filter(|line| words(line) == "plain 2 memory").count(), 3);
 
     let mut config = ClientConfig::new(coordinator.clone());
@@ -137,6 +142,12 @@ async fn a_flash_table_keeps_its_tier_through_a_coordinator_restart_and_its_mast
     assert_eq!(client.create_table_with_tier("archive", 1, Tier::Flash).await.unwrap(), archive);
     let refused = client.create_table("archive", 1).await.unwrap_err();
     assert_eq!(refused.status, Status::InvalidParameter, "{refused}");
+    let hot = client.get_table_id("hot").await.unwrap();
+    assert_eq!(client.create_table_with_tier("hot", 1, Tier::Auto).await.unwrap(), hot);
+    let refused = client.create_table_with_tier("hot", 1, Tier::Flash).await.unwrap_err();
+    assert_eq!(refused.status, Status::InvalidParameter, "{refused}");
+    let hot_owner = client.tablet_map(hot).await.unwrap()[0].owner_address.clone();
+    assert_eq!(tables_served_in(&metrics[&hot_owner], Tier::Auto), 1.0);
     for index in 0..50 {
         let key = format!("k{index}");
         client.write(archive, key.as_bytes(), b"kept on flash").await.unwrap();

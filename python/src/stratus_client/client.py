@@ -277,7 +277,7 @@ class Client:
 
     def create_table(self, name: str, span: int = 1, tier: Tier | str = Tier.MEMORY) -> int:
         """Creates a table spread over ``span`` masters (1..1024) whose objects live in
-        ``tier`` (``"memory"``, the default, or ``"flash"``; or a ``Tier``); returns its id.
+        ``tier`` (``"memory"``, the default, ``"flash"`` or ``"auto"``; or a ``Tier``); returns its id.
 
         Creating a table whose name exists returns the existing table's id if it has the same
         tier, and raises ``InvalidParameter`` if it has another (a table's tier never changes).

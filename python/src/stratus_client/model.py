@@ -245,20 +245,24 @@ class ServerEntry:
 class Tier(enum.IntEnum):
     """Where a table's objects live on the masters that serve it, chosen when the table is
     created and never changed (a ``u8`` on the wire). ``str(tier)`` is the name the ``stratus``
-    command takes and shows (``memory``, ``flash``)."""
+    command takes and shows (``memory``, ``flash``, ``auto``)."""
 
     MEMORY = 0
     """In the masters' log-structured memory (the default)."""
     FLASH = 1
     """On the masters' flash logs, with only their index (and a small reference each) in
     memory, so a table may be many times the servers' memory."""
+    AUTO = 2
+    """The working set in memory, the rest on flash, moved by the masters: objects not read or
+    written for longest go to flash past each server's memory budget for auto tables, and one
+    read on flash comes back."""
 
     def __str__(self) -> str:
         return self.name.lower()
 
     @classmethod
     def parse(cls, tier: Tier | str) -> Tier:
-        """``tier`` itself, or the tier named ``tier`` (``"memory"`` or ``"flash"``, any case);
+        """``tier`` itself, or the tier named ``tier`` (``"memory"``, ``"flash"`` or ``"auto"``, any case);
         ``ValueError`` for anything else (never a guess: a table's tier cannot change)."""
         if isinstance(tier, Tier):
             return tier

@@ -439,6 +439,7 @@ fn render_master(master: &Master, out: &mut Exposition) {
         "Images deleted because the cleaner cleaned their segments.",
         flash.totals.images_deleted,
     );
+    render_auto_tier(master, out);
     out.counter(
         "stratus_master_retries_answered_total",
         "Exactly-once mutations that arrived again and were answered from their record.",
@@ -655,6 +656,63 @@ fn render_tables(master: &Master, out: &mut Exposition) {
         tiers.sample(&[("table", &table.0.to_string()), ("tier", tier.name())], 1u64);
     }
     render_tables_by_tier(master, out);
+}
+
+/// Automatic tiering: where auto tables' objects are, how reads were served, and what moved
+/// (docs/design/flash-tier.md, "Automatic tiering").
+fn render_auto_tier(master: &Master, out: &mut Exposition) {
+    let auto = master.store().auto_statistics();
+    let mut objects = out.family(
+        "stratus_tier_auto_objects",
+        "Objects of auto tables, by where they are (dram, flash).",
+        MetricType::Gauge,
+    );
+    objects.sample(&[("place", "dram")], auto.dram_objects);
+    objects.sample(&[("place", "flash")], auto.flash_objects);
+    let mut bytes = out.family(
+        "stratus_tier_auto_bytes",
+        "Bytes of objects of auto tables (whole entries), by where they are (dram, flash).",
+        MetricType::Gauge,
+    );
+    bytes.sample(&[("place", "dram")], auto.dram_bytes);
+    bytes.sample(&[("place", "flash")], auto.flash_bytes);
+    out.gauge(
+        "stratus_tier_auto_dram_bytes_max",
+        "DRAM auto tables' objects may hold before the cleaner demotes them (--auto-dram-mib).",
+        auto.dram_bytes_max,
+    );
+    let mut reads = out.family(
+        "stratus_tier_auto_reads_total",
+        "Reads of auto tables' objects, by where they were served from (dram, flash).",
+        MetricType::Counter,
+    );
+    reads.sample(&[("from", "dram")], auto.reads_from_dram);
+    reads.sample(&[("from", "flash")], auto.reads_from_flash);
+    out.counter(
+        "stratus_tier_auto_promotions_total",
+        "Objects of auto tables a read brought back from flash into DRAM.",
+        auto.promotions,
+    );
+    out.counter(
+        "stratus_tier_auto_promoted_bytes_total",
+        "Bytes of those promotions.",
+        auto.promoted_bytes,
+    );
+    out.counter(
+        "stratus_tier_auto_promotions_refused_total",
+        "Promotions drawn but not done: over the byte rate, or no memory for the copy.",
+        auto.promotions_refused,
+    );
+    out.counter(
+        "stratus_tier_auto_demotions_total",
+        "Segments demoted because auto tables were over their DRAM budget.",
+        auto.demotions,
+    );
+    out.counter(
+        "stratus_tier_auto_objects_demoted_total",
+        "Objects of auto tables moved to flash.",
+        auto.objects_demoted,
+    );
 }
 
 /// The tables this master serves a tablet of, by the tier its store holds each in (every tier

@@ -1,0 +1,436 @@
+//! Automatic tiering (docs/design/flash-tier.md, "Automatic tiering"): the objects of `auto`
+//! tables stay in DRAM up to the store's budget (`StoreConfig::auto_dram_bytes_max`); past it
+//! the cleaner demotes the segment holding auto objects that was read or written least
+//! recently, and a read of an auto object on flash may bring it back (promotion).
+//!
+//! Invariants:
+//!
+//! 1. **One live copy.** The index points at exactly one entry per object, whatever its tier;
+//!    a promotion switches it from the FLASH_OBJECT to the promoted OBJECT under the object's
+//!    bucket lock, then frees the FLASH_OBJECT, so no reader ever sees two.
+//! 2. **A promotion keeps the version.** The promoted OBJECT is the image's entry byte for byte
+//!    (its checksum, timestamp, version and expiry), so a client that read version v before
+//!    the promotion sees v after it, and conditional writes behave as before.
+//! 3. **The source leaves the log first.** After a promotion of an object from segment S into
+//!    the head H, the object's version is in S's replicas (they hold the whole object: a
+//!    FLASH_OBJECT never leaves the master) and in H. A later remove or overwrite writes one
+//!    tombstone, naming H. The cleaner drops a tombstone once the segment it names has left
+//!    the log, so if H left before S, recovery could replay S's copy with no tombstone left
+//!    to kill it. Hence H is not cleaned (combined cleaning drops segments; compaction keeps
+//!    them) while a segment it received promotions from is still in the log
+//!    ([`ObjectStore::promotion_pins`]). Together with the replica manager's rule that a
+//!    dropped segment's replicas are freed only once a head after its drop is durable, S's
+//!    replicas also outlive the promoted copy's first durable write.
+//! 4. **Access times only grow between compactions.** A seglet's access time is the latest
+//!    second one of its auto objects was read; a segment's is the largest over its seglets and
+//!    its creation time (so it is never older than its newest write). A compaction moves a
+//!    segment to other seglets and carries the time over; a seglet reused by a new segment
+//!    keeps its former owner's time, which is never later than the new segment's creation
+//!    (the seglet was free in between), so it changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use stratus_index::BucketGuard;
+use stratus_log::format::decode_object;
+use stratus_log::{AppendEntry, AppendPriority, EntryType, EpochGuard, Reference};
+use stratus_types::{SegmentId, TableId, Tier};
+
+use crate::{ByteSink, Current, ObjectError, ObjectStore, WallTime};
+
+/// What the store knows of its auto tables.
+#[derive(Debug)]
+pub(crate) struct AutoTier {
+    /// Whether any table is auto (reads of other tables then skip all of this).
+    has_auto_tables: AtomicBool,
+    /// Per seglet of the log region: the latest second an auto object in it was read.
+    seglet_access_seconds: Box<[AtomicU32]>,
+    /// Auto tables' objects on flash now, and their bytes at full size (as the tallies count
+    /// them): the tallies' share of auto tables minus these is what they hold in DRAM.
+    flash_objects: AtomicU64,
+    flash_bytes: AtomicU64,
+    /// Counters since the store was made.
+    reads_from_dram: AtomicU64,
+    reads_from_flash: AtomicU64,
+    promotions: AtomicU64,
+    promoted_bytes: AtomicU64,
+    promotions_refused: AtomicU64,
+    demotions: AtomicU64,
+    objects_demoted: AtomicU64,
+    /// State of the promotion draw (a xorshift generator: the engine reads no entropy).
+    draw: AtomicU64,
+    state: Mutex<AutoState>,
+}
+
+#[derive(Debug, Default)]
+struct AutoState {
+    /// Promotion bytes that may be written now (at most one second's worth), as of
+    /// `refilled_millis`.
+    tokens: u64,
+    refilled_millis: u64,
+    /// Invariant 3: head segments that received promotions, and the segments they came from
+    /// that may still be in the log.
+    promoted_into: BTreeMap<SegmentId, BTreeSet<SegmentId>>,
+    /// Closed segments found to hold no auto object in DRAM (a closed segment gains none).
+    no_auto_objects: BTreeSet<SegmentId>,
+}
+
+/// Figures of the auto tables of a store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AutoStatistics {
+    /// Objects of auto tables in DRAM.
+    pub dram_objects: u64,
+    /// Their bytes (entries with headers).
+    pub dram_bytes: u64,
+    /// Objects of auto tables on flash (a FLASH_OBJECT in DRAM each).
+    pub flash_objects: u64,
+    /// Their bytes at full size.
+    pub flash_bytes: u64,
+    /// The DRAM budget (`StoreConfig::auto_dram_bytes_max`).
+    pub dram_bytes_max: u64,
+    /// Reads of auto objects served from DRAM, since the store was made.
+    pub reads_from_dram: u64,
+    /// Reads of auto objects served from flash.
+    pub reads_from_flash: u64,
+    /// Objects promoted from flash into DRAM.
+    pub promotions: u64,
+    /// Their bytes.
+    pub promoted_bytes: u64,
+    /// Promotions drawn but not done: over the byte rate, or no memory for the copy.
+    pub promotions_refused: u64,
+    /// Segments demoted because auto tables were over their DRAM budget.
+    pub demotions: u64,
+    /// Auto objects moved to flash (by those demotions or with a flash table's).
+    pub objects_demoted: u64,
+}
+
+impl AutoStatistics {
+    /// Reads served from DRAM over all reads of auto objects; 1 when there were none.
+    pub fn dram_hit_ratio(&self) -> f64 {
+        let reads = self.reads_from_dram + self.reads_from_flash;
+        if reads == 0 {
+            return 1.0;
+        }
+        self.reads_from_dram as f64 / reads as f64
+    }
+}
+
+impl AutoTier {
+    pub(crate) fn new(seglets: u32) -> AutoTier {
+        AutoTier {
+            has_auto_tables: AtomicBool::new(false),
+            seglet_access_seconds: (0..seglets).map(|_| AtomicU32::new(0)).collect(),
+            flash_objects: AtomicU64::new(0),
+            flash_bytes: AtomicU64::new(0),
+            reads_from_dram: AtomicU64::new(0),
+            reads_from_flash: AtomicU64::new(0),
+            promotions: AtomicU64::new(0),
+            promoted_bytes: AtomicU64::new(0),
+            promotions_refused: AtomicU64::new(0),
+            demotions: AtomicU64::new(0),
+            objects_demoted: AtomicU64::new(0),
+            draw: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+            state: Mutex::new(AutoState::default()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, AutoState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl ObjectStore {
+    /// Figures of the auto tables.
+    pub fn auto_statistics(&self) -> AutoStatistics {
+        let auto = &self.auto;
+        let (total_objects, total_bytes) = self.auto_table_totals();
+        let flash_objects = auto.flash_objects.load(Ordering::Relaxed);
+        let flash_bytes = auto.flash_bytes.load(Ordering::Relaxed);
+        AutoStatistics {
+            dram_objects: total_objects.saturating_sub(flash_objects),
+            dram_bytes: total_bytes.saturating_sub(flash_bytes),
+            flash_objects,
+            flash_bytes,
+            dram_bytes_max: self.config.auto_dram_bytes_max,
+            reads_from_dram: auto.reads_from_dram.load(Ordering::Relaxed),
+            reads_from_flash: auto.reads_from_flash.load(Ordering::Relaxed),
+            promotions: auto.promotions.load(Ordering::Relaxed),
+            promoted_bytes: auto.promoted_bytes.load(Ordering::Relaxed),
+            promotions_refused: auto.promotions_refused.load(Ordering::Relaxed),
+            demotions: auto.demotions.load(Ordering::Relaxed),
+            objects_demoted: auto.objects_demoted.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Live objects and bytes of every auto table, from the per-table tallies.
+    fn auto_table_totals(&self) -> (u64, u64) {
+        if !self.auto.has_auto_tables.load(Ordering::Relaxed) {
+            return (0, 0);
+        }
+        let tables: Vec<TableId> = {
+            let tiers = self.table_tiers.read().expect("table tiers poisoned");
+            tiers.iter().filter(|(_, tier)| **tier == Tier::Auto).map(|(table, _)| *table).collect()
+        };
+        tables
+            .into_iter()
+            .map(|table| self.log.table_tallies().of(table))
+            .fold((0, 0), |(objects, bytes), tally| (objects + tally.objects, bytes + tally.bytes))
+    }
+
+    /// Whether auto tables hold more DRAM than their budget (the cleaner demotes then).
+    pub(crate) fn auto_over_budget(&self) -> bool {
+        if !self.auto.has_auto_tables.load(Ordering::Relaxed) {
+            return false;
+        }
+        let (_, total_bytes) = self.auto_table_totals();
+        let dram_bytes = total_bytes.saturating_sub(self.auto.flash_bytes.load(Ordering::Relaxed));
+        dram_bytes > self.config.auto_dram_bytes_max
+    }
+
+    /// Whether any table is auto.
+    pub(crate) fn is_auto_tiering(&self) -> bool {
+        self.auto.has_auto_tables.load(Ordering::Relaxed)
+    }
+
+    /// A table became auto.
+    pub(crate) fn auto_table_added(&self) {
+        self.auto.has_auto_tables.store(true, Ordering::Relaxed);
+        self.auto.state().no_auto_objects.clear();
+    }
+
+    /// Whether `table` is auto (cheap when no table is).
+    pub(crate) fn is_auto_table(&self, table: TableId) -> bool {
+        self.auto.has_auto_tables.load(Ordering::Relaxed) && self.table_tier(table) == Tier::Auto
+    }
+
+    /// Records that the entry at `reference`, the index's object of `table`, is being freed:
+    /// an auto table's FLASH_OBJECT leaves the flash figures. Frees it and returns its bytes
+    /// (as [`stratus_log::Log::free`]). The caller holds the object's bucket lock.
+    pub(crate) fn free_index_entry(
+        &self,
+        epoch: &EpochGuard<'_>,
+        reference: Reference,
+        table: TableId,
+    ) -> u64 {
+        let leaves_flash = self.is_auto_table(table)
+            && self.log.entry(epoch, reference).0 == EntryType::FlashObject;
+        let bytes = self.log.free(epoch, reference);
+        if leaves_flash {
+            self.auto.flash_objects.fetch_sub(1, Ordering::Relaxed);
+            self.auto.flash_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        bytes
+    }
+
+    /// An auto object of `bytes` (full size) became a FLASH_OBJECT by a demotion.
+    pub(crate) fn auto_object_demoted(&self, bytes: u64) {
+        self.auto.flash_objects.fetch_add(1, Ordering::Relaxed);
+        self.auto.flash_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.auto.objects_demoted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A read of an auto object in DRAM at `reference`: counted, and its seglet's access time
+    /// raised to `now` — written only when it changes, so a hot seglet's cache line is not
+    /// written by every read.
+    pub(crate) fn note_dram_read(&self, reference: Reference, now: WallTime) {
+        self.auto.reads_from_dram.fetch_add(1, Ordering::Relaxed);
+        let cell = &self.auto.seglet_access_seconds[self.log.seglet_of(reference) as usize];
+        let seconds = now.seconds();
+        if cell.load(Ordering::Relaxed) < seconds {
+            cell.fetch_max(seconds, Ordering::Relaxed);
+        }
+    }
+
+    /// The latest second `segment_id` was written (its creation) or one of its auto objects
+    /// read (invariant 4). `None` when the segment is not in memory.
+    pub(crate) fn segment_access_seconds(
+        &self,
+        segment_id: SegmentId,
+        creation_seconds: u32,
+    ) -> Option<u32> {
+        let seglets = self.log.segment_seglets(segment_id)?;
+        let read = seglets
+            .iter()
+            .map(|seglet| self.auto.seglet_access_seconds[*seglet as usize].load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        Some(read.max(creation_seconds))
+    }
+
+    /// After a compaction moved `segment_id` to other seglets: they take the access time it
+    /// had before (invariant 4).
+    pub(crate) fn carry_access_seconds(&self, segment_id: SegmentId, access_seconds: u32) {
+        let Some(seglets) = self.log.segment_seglets(segment_id) else { return };
+        for seglet in seglets {
+            self.auto.seglet_access_seconds[seglet as usize]
+                .store(access_seconds, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads an auto object on flash (the index's `current`, a FLASH_OBJECT whose content is
+    /// `stub`) into `value_out` and, if drawn and within the byte rate, promotes it: its entry,
+    /// read from the image and verified, is appended at the log head unchanged (invariant 2)
+    /// and the index switched to it. The caller holds the bucket lock (`guard`) and has checked
+    /// that no transaction holds the object, so no write can come between the read and the
+    /// switch: a concurrent write, remove or prepare waits for the lock and then finds the
+    /// promoted copy, exactly as it would have found the FLASH_OBJECT.
+    pub(crate) fn read_from_flash(
+        &self,
+        (epoch, guard): (&EpochGuard<'_>, &mut BucketGuard<'_>),
+        table: TableId,
+        current: &Current,
+        stub: &[u8],
+        now: WallTime,
+        value_out: &mut dyn ByteSink,
+    ) -> Result<(), ObjectError> {
+        self.auto.reads_from_flash.fetch_add(1, Ordering::Relaxed);
+        let content = self.flash_object_content(current.reference, stub)?;
+        let object = decode_object(&content).map_err(|_| ObjectError::FlashCorrupt)?;
+        value_out.put_slice(object.value);
+        if self.promotion_drawn() {
+            self.promote(epoch, guard, table, current, &content, now);
+        }
+        Ok(())
+    }
+
+    /// Whether this read promotes: one in `promotion_one_in_reads`.
+    fn promotion_drawn(&self) -> bool {
+        let one_in = u64::from(self.config.promotion_one_in_reads);
+        if one_in <= 1 {
+            return true;
+        }
+        // xorshift64: a race between readers may repeat a draw, which only skews the odds.
+        let mut x = self.auto.draw.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.auto.draw.store(x, Ordering::Relaxed);
+        x.is_multiple_of(one_in)
+    }
+
+    /// Appends `content` (the OBJECT a FLASH_OBJECT stands for) at the head and points the
+    /// index at it; refused (counted) over the byte rate or when memory is short.
+    fn promote(
+        &self,
+        epoch: &EpochGuard<'_>,
+        guard: &mut BucketGuard<'_>,
+        table: TableId,
+        current: &Current,
+        content: &[u8],
+        now: WallTime,
+    ) {
+        let entry = AppendEntry::new(EntryType::Object, content);
+        let bytes = entry.entry_bytes() as u64;
+        let source = self.log.segment_of(current.reference);
+        // The state lock is held from the append until the pin is recorded (invariant 3): the
+        // head the copy lands in is no cleaning candidate before then (it is the head), and a
+        // pass choosing candidates takes this lock.
+        let mut state = self.auto.state();
+        if !take_tokens(&mut state, self.config.promotion_bytes_per_second_max, bytes, now) {
+            self.auto.promotions_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Normal priority: a promotion never takes the reserves that removes and the cleaner
+        // need; without room it is simply not done.
+        let Ok(appended) = self.log.append(&[entry], AppendPriority::Normal) else {
+            self.auto.promotions_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let reference = appended.references[0];
+        let head = self.log.segment_of(reference);
+        state.promoted_into.entry(head).or_default().insert(source);
+        drop(state);
+        guard.replace(current.slot, reference.0);
+        let old_bytes = self.free_index_entry(epoch, current.reference, table);
+        assert_eq!(old_bytes, bytes, "a promoted copy is the object it stands for");
+        self.log.table_tallies().object_replaced(guard.bucket_index(), table, old_bytes, bytes);
+        self.auto.promotions.fetch_add(1, Ordering::Relaxed);
+        self.auto.promoted_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Segments combined cleaning must not take now (invariant 3): those that received
+    /// promotions from segments still in the log. Forgets pins whose sources have all left.
+    pub(crate) fn promotion_pins(&self) -> BTreeSet<SegmentId> {
+        let mut state = self.auto.state();
+        if state.promoted_into.is_empty() {
+            return BTreeSet::new();
+        }
+        let in_log: BTreeSet<SegmentId> = self.log.segment_ids().into_iter().collect();
+        state.promoted_into.retain(|head, sources| {
+            sources.retain(|source| in_log.contains(source));
+            !sources.is_empty() && in_log.contains(head)
+        });
+        state.promoted_into.keys().copied().collect()
+    }
+
+    /// Closed, replicated segments that may hold auto objects in DRAM, least recently
+    /// accessed first, as candidates for an auto demotion.
+    pub(crate) fn auto_demotion_order(&self, now: WallTime) -> Vec<SegmentId> {
+        let candidates = self.log.cleaning_candidates(now.millis());
+        let skip = {
+            // Segments no longer candidates (cleaned, mostly) are forgotten, so the set stays
+            // as small as the log.
+            let mut state = self.auto.state();
+            let ids: BTreeSet<SegmentId> =
+                candidates.iter().map(|candidate| candidate.segment_id).collect();
+            state.no_auto_objects.retain(|id| ids.contains(id));
+            state.no_auto_objects.clone()
+        };
+        let mut ranked: Vec<(u32, SegmentId)> = candidates
+            .into_iter()
+            .filter(|candidate| !skip.contains(&candidate.segment_id))
+            .filter_map(|candidate| {
+                let access =
+                    self.segment_access_seconds(candidate.segment_id, candidate.creation_seconds)?;
+                Some((access, candidate.segment_id))
+            })
+            .collect();
+        ranked.sort_unstable();
+        ranked.into_iter().map(|(_, segment_id)| segment_id).collect()
+    }
+
+    /// `segment_id` was found to hold no auto object in DRAM that a demotion could move (none,
+    /// or it has an image already: a segment is imaged once).
+    pub(crate) fn note_no_auto_objects(&self, segment_id: SegmentId) {
+        self.auto.state().no_auto_objects.insert(segment_id);
+    }
+
+    /// A demotion chosen for the auto budget was done.
+    pub(crate) fn auto_demotion_done(&self) {
+        self.auto.demotions.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes `bytes` from the promotion bucket (refilled at `rate` bytes per second, holding one
+/// second's worth at most); false, taking nothing, when it lacks them.
+fn take_tokens(state: &mut AutoState, rate: u64, bytes: u64, now: WallTime) -> bool {
+    let elapsed = now.millis().saturating_sub(state.refilled_millis);
+    if elapsed > 0 {
+        let refill = rate.saturating_mul(elapsed) / 1_000;
+        state.tokens = state.tokens.saturating_add(refill).min(rate);
+        state.refilled_millis = now.millis();
+    }
+    if state.tokens < bytes {
+        return false;
+    }
+    state.tokens -= bytes;
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_bucket_refills_at_its_rate_and_holds_one_second_at_most() {
+        let mut state = AutoState::default();
+        let start = WallTime::from_millis(10_000);
+        // Ten seconds since time 0: full, one second's worth.
+        assert!(take_tokens(&mut state, 1_000, 1_000, start));
+        assert!(!take_tokens(&mut state, 1_000, 1, start));
+        assert!(take_tokens(&mut state, 1_000, 500, WallTime::from_millis(10_500)));
+        assert!(!take_tokens(&mut state, 1_000, 1, WallTime::from_millis(10_500)));
+        assert!(!take_tokens(&mut state, 0, 1, WallTime::from_millis(99_000)));
+    }
+}

@@ -1291,6 +1291,20 @@ impl Log {
         self.append_entry_to(spare_seglets, copy, segment_id, entry)
     }
 
+    /// Gives up a compaction begun with [`Log::begin_compaction`] before anything was
+    /// appended to its copy: the segment stays as it was, and the seglets set aside are free
+    /// again. Panics if the copy holds an entry (the index may point at it).
+    pub fn abandon_compaction(&self, segment_id: SegmentId) {
+        let mut state = self.lock();
+        let segment = state.segments.get_mut(&segment_id).expect("compacted segment missing");
+        let compaction = segment.compaction.take().expect("segment is not being compacted");
+        let Compaction { copy, mut spare_seglets } = *compaction;
+        assert_eq!(copy.length, 0, "abandoning a compaction whose copy holds entries");
+        segment.cleaning = false;
+        spare_seglets.extend(copy.seglets);
+        state.free_seglets.push_resident(spare_seglets);
+    }
+
     /// Replaces the segment by its compacted copy (same id, same creation time), retires the
     /// old seglets and returns the unused spare ones. Returns the seglets freed.
     pub fn finish_compaction(&self, segment_id: SegmentId) -> u32 {
@@ -1784,6 +1798,28 @@ mod tests {
     /// A side log fills segments beside the log; fusing it is all or nothing: with no room for
     /// the fusing head none of its segments joins the log, and it can still be abandoned
     /// whole, which returns its memory and reports its segments dropped.
+    #[test]
+    fn an_abandoned_compaction_leaves_the_segment_and_frees_what_it_set_aside() {
+        let log = Log::new(small_config(), ServerId(1));
+        for byte in 0..10u8 {
+            log.append(&[object_entry(&[byte; 300])], AppendPriority::Normal).unwrap();
+        }
+        let closed = log.segment_ids()[0];
+        log.roll_head(AppendPriority::Normal).unwrap();
+        let before = log.statistics();
+        let contents = log.segment_contents(closed).unwrap();
+        assert!(log.begin_compaction(closed, 3));
+        assert_eq!(log.statistics().seglets_free, before.seglets_free - 3);
+        // Being compacted: no second compaction or cleaning may start.
+        assert!(!log.begin_compaction(closed, 1));
+        log.abandon_compaction(closed);
+        assert_eq!(log.statistics().seglets_free, before.seglets_free);
+        assert_eq!(log.segment_contents(closed).unwrap(), contents);
+        // And it may be compacted again.
+        assert!(log.begin_compaction(closed, 1));
+        log.abandon_compaction(closed);
+    }
+
     #[test]
     fn a_side_log_joins_the_log_whole_or_is_abandoned_whole() {
         let log = Log::new(small_config(), ServerId(1));

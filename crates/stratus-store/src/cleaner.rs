@@ -57,6 +57,14 @@ pub const TOMBSTONE_RATIO_PERCENT_DEFAULT: u32 = 40;
 /// which combined cleaning is forced (the text's "on-disk log above 90 % of its limit").
 pub const SEGMENT_COUNT_FORCE_PERCENT: u64 = 90;
 
+/// Percent of the flash budget's images past which combined cleaning of imaged segments is
+/// forced ([`Goal::Flash`]). Demotion needs a free image for every segment it moves out; a tier
+/// allowed to fill before cleaning starts has only dead bytes in images left to win, and
+/// winning them takes survivor memory that the objects waiting for demotion have taken by then:
+/// writes stop (seen by `stratus bench flash` at 80 % live data). The same share as the
+/// segment limit's trigger.
+pub const FLASH_CLEAN_FORCE_PERCENT: u64 = 90;
+
 /// Default memory target of a server (`--memory-target-percent`): live bytes are 90 % of the
 /// log's resident memory, the utilization RAMCloud's cleaner is measured at (the cleaner's cost
 /// rises steeply above it).
@@ -372,6 +380,10 @@ enum Goal {
     /// many small, densely compacted segments stops every write at the limit while memory is
     /// almost empty, and no pass that must free memory is ever worth running.
     Segments,
+    /// The flash tier nears its budget: rank segments with images by their survivors against a
+    /// whole segment, as for the segment limit, and clean only those (their images are
+    /// deleted when the pass commits; the survivors are demoted again later, densely).
+    Flash,
 }
 
 impl ObjectStore {
@@ -687,7 +699,8 @@ impl ObjectStore {
         let above_target = self
             .target_bytes_for(&statistics)
             .is_some_and(|target| statistics.log_bytes_allocated > target);
-        if !memory_short && !segment_pressure && !above_target {
+        let flash_pressure = self.flash_pressure();
+        if !memory_short && !segment_pressure && !above_target && !flash_pressure {
             return None;
         }
         let memory_only = self.config.cleaner.replicas == 0;
@@ -698,6 +711,8 @@ impl ObjectStore {
         let compaction_failed = self.cleaner.compaction_failed.swap(false, Ordering::Relaxed);
         if segment_pressure {
             Some(Work::Combined(Goal::Segments))
+        } else if flash_pressure {
+            Some(Work::Combined(Goal::Flash))
         } else if memory_only || tombstones_heavy || compaction_failed {
             Some(Work::Combined(Goal::Memory))
         } else {
@@ -713,11 +728,16 @@ impl ObjectStore {
         // Segments holding promoted copies whose sources are still in the log stay (see
         // auto_tier.rs, invariant 3).
         let pinned = self.promotion_pins();
+        // For the flash budget, only segments with images: cleaning them deletes images.
+        let imaged = (goal == Goal::Flash).then(|| self.imaged_segments());
         let mut ranked: Vec<(CleaningCandidate, f64)> = self
             .log
             .cleaning_candidates(now.millis())
             .into_iter()
             .filter(|candidate| !pinned.contains(&candidate.segment_id))
+            .filter(|candidate| {
+                imaged.as_ref().is_none_or(|imaged| imaged.contains(&candidate.segment_id))
+            })
             .filter(|candidate| {
                 // What cleaning writes (flash objects whole) against what it frees: a segment
                 // whose objects are on flash frees little memory and writes them all back, so
@@ -725,7 +745,7 @@ impl ObjectStore {
                 let allocated = u64::from(candidate.seglets) * seglet_bytes;
                 let frees = match goal {
                     Goal::Memory => allocated,
-                    Goal::Segments => allocated.max(segment_bytes),
+                    Goal::Segments | Goal::Flash => allocated.max(segment_bytes),
                 };
                 candidate.survivor_bytes * 100 <= frees * CLEANABLE_UTILIZATION_MAX_PERCENT
             })
@@ -739,7 +759,7 @@ impl ObjectStore {
                         u64::from(candidate.seglets) * seglet_bytes
                             + candidate.tombstone_bytes_naming
                     }
-                    Goal::Segments => segment_bytes,
+                    Goal::Segments | Goal::Flash => segment_bytes,
                 };
                 let live_fraction = candidate.survivor_bytes as f64 / capacity as f64;
                 let age = u64::from(now.seconds().saturating_sub(candidate.creation_seconds));
@@ -855,7 +875,9 @@ impl ObjectStore {
         let worth_it = match goal {
             Goal::Memory => frees_memory || kills_tombstones,
             // Memory for the survivors is there: the plan fits in the budget.
-            Goal::Segments => frees_memory || lowers_count,
+            // Fewer segments also means fewer images (the survivors' segments are demoted
+            // again as one each).
+            Goal::Segments | Goal::Flash => frees_memory || lowers_count,
         };
         let count_after = statistics.segments_in_next_digest + planned_survivors + 1;
         if chosen.is_empty()

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use stratus_log::format::{
     decode_entry_header, decode_flash_object, decode_object, decode_object_unverified, Certificate,
-    FlashLocator, ObjectView, FLASH_LOCATOR_BYTES,
+    EntryHeader, FlashLocator, ObjectView, FLASH_LOCATOR_BYTES,
 };
 use stratus_log::{EntryType, Reference, SegmentIterator};
 use stratus_types::{SegmentId, TableId, Tier};
@@ -169,6 +169,30 @@ impl ObjectStore {
         }
     }
 
+    /// Segments with an image now, but for those already cleaned (their images go once the
+    /// segments have left the log).
+    pub(crate) fn imaged_segments(&self) -> BTreeSet<SegmentId> {
+        let state = self.flash.state();
+        state.imaged.keys().copied().filter(|segment| !state.leaving.contains(segment)).collect()
+    }
+
+    /// Whether the flash tier nears its budget (`StoreConfig::flash_image_bytes`, whole
+    /// segments: an image takes a segment's slot), or refused an image for want of room
+    /// since it last deleted one: combined cleaning of imaged segments is due
+    /// ([`crate::FLASH_CLEAN_FORCE_PERCENT`]).
+    pub(crate) fn flash_pressure(&self) -> bool {
+        if self.flash.images.is_none() {
+            return false;
+        }
+        let images_max = self.config.flash_image_bytes / u64::from(self.config.segment_bytes);
+        let state = self.flash.state();
+        let images = state.imaged.len().saturating_sub(state.leaving.len()) as u64;
+        // No budget configured (tests with unbounded images): only a refusal tells.
+        let near_budget =
+            images_max > 0 && images * 100 >= images_max * crate::FLASH_CLEAN_FORCE_PERCENT;
+        state.full || near_budget
+    }
+
     /// Whether `segment_id` has an image (new replicas of it come from
     /// [`ObjectStore::replication_image`]).
     pub fn has_image(&self, segment_id: SegmentId) -> bool {
@@ -263,7 +287,14 @@ impl ObjectStore {
         demote_auto: bool,
         now: WallTime,
     ) -> Option<Result<Demoted, FlashImageError>> {
-        let seglets = self.demotion_seglets(segment_id, now)?;
+        // The live bytes first, then what the FLASH_OBJECTs save of them: an object that dies
+        // in between is in neither, so the copy's size stays bounded (see demotion_seglets).
+        let movable_bytes = self.demotion_movable_bytes(segment_id, now)?;
+        let saved_bytes = self.demotion_saved_bytes(segment_id, demote_auto);
+        let seglets = crate::cleaner::compacted_seglets_needed(
+            self.log.config(),
+            movable_bytes.saturating_sub(saved_bytes),
+        );
         let access_seconds = self.cleaner_candidate_access(segment_id, now);
         if !self.log.begin_compaction(segment_id, seglets) {
             return None;
@@ -282,30 +313,25 @@ impl ObjectStore {
                 state.full = matches!(written, Err(FlashImageError::Full));
             }
         }
-        let offsets = written.as_ref().ok().map(|_| entry_offsets(&bytes));
+        let offsets = match &written {
+            Ok(()) => entry_offsets(&bytes),
+            // The seglets set aside fit the segment with its objects on flash only: it stays
+            // as it is (compaction, which keeps them, takes it when it is worth it).
+            Err(error) => {
+                self.log.abandon_compaction(segment_id);
+                return Some(Err(*error));
+            }
+        };
         let epoch = self.log.pin();
         let entries =
             self.log.segment_entries(&epoch, segment_id).expect("a segment being compacted");
-        if let Some(offsets) = &offsets {
-            assert_eq!(offsets.len(), entries.len(), "the image and the segment disagree");
-        }
-        // Without an image (flash full or failing) the segment is compacted as usual: the
-        // seglets are set aside already, and the compaction frees its dead entries anyway.
-        let compacted = self.compact_entries(
-            &epoch,
-            segment_id,
-            &entries,
-            offsets.as_deref(),
-            demote_auto,
-            now,
-        );
+        assert_eq!(offsets.len(), entries.len(), "the image and the segment disagree");
+        let compacted =
+            self.compact_entries(&epoch, segment_id, &entries, Some(&offsets), demote_auto, now);
         drop(epoch);
         let seglets_freed = self.log.finish_compaction(segment_id);
         if let Some(access_seconds) = access_seconds {
             self.carry_access_seconds(segment_id, access_seconds);
-        }
-        if let Err(error) = written {
-            return Some(Err(error));
         }
         let mut state = self.flash.state();
         state.totals.demotions += 1;
@@ -352,15 +378,57 @@ impl ObjectStore {
         count
     }
 
-    /// Seglets a compacted copy of `segment_id` needs at most: its movable bytes and header,
-    /// at the compactor's utilization bound (FLASH_OBJECT entries only make it smaller).
-    fn demotion_seglets(&self, segment_id: SegmentId, now: WallTime) -> Option<u32> {
+    /// The live bytes of `segment_id` a compaction would copy whole (`None`: the segment is
+    /// no candidate now).
+    fn demotion_movable_bytes(&self, segment_id: SegmentId, now: WallTime) -> Option<u64> {
         let candidate = self
             .log
             .cleaning_candidates(now.millis())
             .into_iter()
             .find(|candidate| candidate.segment_id == segment_id)?;
-        Some(crate::cleaner::compacted_seglets_needed(self.log.config(), candidate.movable_bytes))
+        Some(candidate.movable_bytes)
+    }
+
+    /// What a demotion of `segment_id` saves of its live bytes: for each live object it moves
+    /// to flash (as [`ObjectStore::compact_entries`] decides, auto tables' too when
+    /// `demote_auto`), its entry less its FLASH_OBJECT's. The compacted copy's seglets are
+    /// sized for the rest: a demotion that set aside room for every object whole could not run
+    /// when memory is full of objects waiting to go to flash, which is when it must.
+    ///
+    /// Counted after the movable bytes were taken: objects only die meanwhile (a closed
+    /// segment gains none), and a dead object is in neither count, while each saving is at most
+    /// its object's size; so the live bytes less these savings bound what the copy receives.
+    fn demotion_saved_bytes(&self, segment_id: SegmentId, demote_auto: bool) -> u64 {
+        let epoch = self.log.pin();
+        let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
+        let mut saved = 0;
+        for (reference, entry_type) in entries {
+            if entry_type != EntryType::Object {
+                continue;
+            }
+            let (_, content) = self.log.entry(&epoch, reference);
+            let object = decode_object_unverified(&content).expect("corrupt object in the log");
+            let moves = self.is_flash_table(object.table)
+                || (demote_auto && self.is_auto_table(object.table));
+            if !moves || !demotable(&object) {
+                continue;
+            }
+            let hash = stratus_types::key_hash(object.table, object.key);
+            let bucket = self.index.lock(hash.0);
+            let current = self.lookup(&epoch, &bucket, object.table, object.key);
+            if current.is_some_and(|current| current.reference == reference) {
+                let entry_bytes = EntryHeader::new(EntryType::Object, content.len() as u32)
+                    .header_bytes()
+                    + content.len();
+                let stub_content_bytes = content.len() - object.value.len() + FLASH_LOCATOR_BYTES;
+                let stub_bytes =
+                    EntryHeader::new(EntryType::FlashObject, stub_content_bytes as u32)
+                        .header_bytes()
+                        + stub_content_bytes;
+                saved += (entry_bytes - stub_bytes) as u64;
+            }
+        }
+        saved
     }
 
     /// The value of the object whose entry (of type `entry_type`, content `content`) is at

@@ -622,3 +622,83 @@ fn demoting_one_byte_values_keeps_them_in_memory_and_fits_the_copy() {
         assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, vec![key as u8]);
     }
 }
+
+/// What the master's first cleaner thread does between requests: one demotion (a refusal
+/// keeps objects in memory), then one unit of cleaning.
+fn cleaner_round(store: &ObjectStore, now: WallTime) {
+    let _ = store.demote_once(now);
+    store.clean_once(now);
+}
+
+/// Live data at 80 % of the flash budget and every object overwritten again and again: the
+/// tier must clean its images before it fills, or the objects waiting for demotion take the
+/// memory cleaning needs and writes stop for good (`stratus bench flash` found it so).
+#[test]
+fn overwrites_at_80_percent_of_the_flash_budget_never_stall() {
+    let images_max = 12usize;
+    let config = StoreConfig {
+        log_bytes: 1 << 20,
+        auto_dram_bytes_max: 1 << 19,
+        flash_image_bytes: images_max as u64 * u64::from(small_config().segment_bytes),
+        ..small_config()
+    };
+    let segment_bytes = u64::from(config.segment_bytes);
+    let mut store = ObjectStore::new(config, ServerId(1)).unwrap();
+    let images = Arc::new(MemoryImages::with_images_max(images_max));
+    store.attach_flash(images.clone());
+    store.set_table_tier(FLASH_TABLE, Tier::Flash);
+    let value_bytes = 900usize;
+    // 80 % of the budget in live objects (each a little over its value).
+    let keys = (images_max as u64 * segment_bytes * 8 / 10 / (value_bytes as u64 + 40)) as u32;
+    let now = WallTime::from_seconds(NOW);
+    let mut generation = vec![0u32; keys as usize];
+    let write_through = |store: &ObjectStore, key: u32, generation: u32| {
+        let value = value_for(key, generation, value_bytes);
+        let name = key_of(key);
+        let hash = key_hash(FLASH_TABLE, &name);
+        for attempt in 0.. {
+            let rules = &RejectRules::NONE;
+            match store.write(FLASH_TABLE, &name, hash, &value, rules, Expiry::Never, now) {
+                Ok(_) => return,
+                Err(ObjectError::LogFull) => {
+                    assert!(
+                        attempt < 200,
+                        "writes stalled: {:?} {:?}",
+                        store.flash_statistics(),
+                        store.log().statistics()
+                    );
+                    cleaner_round(store, now);
+                }
+                Err(error) => panic!("write of {key}: {error:?}"),
+            }
+        }
+    };
+    for key in 0..keys {
+        write_through(&store, key, 0);
+        if key % 16 == 0 {
+            cleaner_round(&store, now);
+        }
+    }
+    // Overwrites, in a fixed pseudo-random order, three times the live data.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for step in 0..keys * 3 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let key = (x % u64::from(keys)) as u32;
+        generation[key as usize] += 1;
+        write_through(&store, key, generation[key as usize]);
+        if step % 16 == 0 {
+            cleaner_round(&store, now);
+        }
+    }
+    let statistics = store.flash_statistics();
+    assert!(statistics.totals.images_deleted > 0, "{statistics:?}");
+    assert!(images.image_count() <= images_max);
+    for key in 0..keys {
+        assert_eq!(
+            read(&store, FLASH_TABLE, key).unwrap().0,
+            value_for(key, generation[key as usize], value_bytes)
+        );
+    }
+}

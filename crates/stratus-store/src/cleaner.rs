@@ -366,6 +366,19 @@ struct Survivor {
 enum Work {
     Combined(Goal),
     Compaction,
+    /// Flash nears its budget: a combined pass for flash first; if no segment with an image is
+    /// worth cleaning, `memory`'s work (when memory needs any) in the same unit, so flash
+    /// pressure never stops memory's cleaning.
+    Flash {
+        memory: Option<MemoryWork>,
+    },
+}
+
+/// What memory alone would need of the cleaner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MemoryWork {
+    Combined,
+    Compaction,
 }
 
 /// What a combined pass is for: it chooses segments and accepts a plan by this.
@@ -491,19 +504,15 @@ impl ObjectStore {
             });
         };
         let step = match work {
-            Work::Combined(goal) => match self.try_combined() {
-                Some(_lock) => self.clean_combined(now, goal),
-                None if self.config.cleaner.replicas > 0 => {
-                    CleanStep::Finished(self.compact_one(now))
-                }
-                None => CleanStep::Finished(CleanOutcome::NothingToClean),
-            },
-            Work::Compaction => match self.compact_one(now) {
-                CleanOutcome::NothingToClean => match self.try_combined() {
-                    Some(_lock) => self.clean_combined(now, Goal::Memory),
+            Work::Combined(goal) => self.combined_unit(now, goal),
+            Work::Compaction => self.compaction_unit(now),
+            Work::Flash { memory } => match self.combined_unit(now, Goal::Flash) {
+                CleanStep::Finished(CleanOutcome::NothingToClean) => match memory {
+                    Some(MemoryWork::Combined) => self.combined_unit(now, Goal::Memory),
+                    Some(MemoryWork::Compaction) => self.compaction_unit(now),
                     None => CleanStep::Finished(CleanOutcome::NothingToClean),
                 },
-                outcome => CleanStep::Finished(outcome),
+                step => step,
             },
         };
         if matches!(step, CleanStep::Finished(CleanOutcome::NothingToClean)) {
@@ -511,6 +520,27 @@ impl ObjectStore {
         }
         self.log.reclaim();
         step
+    }
+
+    /// A combined pass for `goal`, or a compaction while another thread runs one (with
+    /// replicas: a memory-only log compacts nothing).
+    fn combined_unit(&self, now: WallTime, goal: Goal) -> CleanStep {
+        match self.try_combined() {
+            Some(_lock) => self.clean_combined(now, goal),
+            None if self.config.cleaner.replicas > 0 => CleanStep::Finished(self.compact_one(now)),
+            None => CleanStep::Finished(CleanOutcome::NothingToClean),
+        }
+    }
+
+    /// A compaction, or a combined pass for memory when no segment is worth compacting.
+    fn compaction_unit(&self, now: WallTime) -> CleanStep {
+        match self.compact_one(now) {
+            CleanOutcome::NothingToClean => match self.try_combined() {
+                Some(_lock) => self.clean_combined(now, Goal::Memory),
+                None => CleanStep::Finished(CleanOutcome::NothingToClean),
+            },
+            outcome => CleanStep::Finished(outcome),
+        }
     }
 
     /// Runs one combined pass now, whatever the balancer says (tests, tools, and a server that
@@ -709,14 +739,22 @@ impl ObjectStore {
             >= f64::from(self.config.cleaner.tombstone_ratio_percent) / 100.0
                 * (1.0 - live_fraction);
         let compaction_failed = self.cleaner.compaction_failed.swap(false, Ordering::Relaxed);
+        let memory = (memory_short || above_target).then_some(
+            if memory_only || tombstones_heavy || compaction_failed {
+                MemoryWork::Combined
+            } else {
+                MemoryWork::Compaction
+            },
+        );
         if segment_pressure {
             Some(Work::Combined(Goal::Segments))
         } else if flash_pressure {
-            Some(Work::Combined(Goal::Flash))
-        } else if memory_only || tombstones_heavy || compaction_failed {
-            Some(Work::Combined(Goal::Memory))
+            Some(Work::Flash { memory })
         } else {
-            Some(Work::Compaction)
+            match memory? {
+                MemoryWork::Combined => Some(Work::Combined(Goal::Memory)),
+                MemoryWork::Compaction => Some(Work::Compaction),
+            }
         }
     }
 
@@ -725,14 +763,15 @@ impl ObjectStore {
     fn ranked_candidates(&self, now: WallTime, goal: Goal) -> Vec<(CleaningCandidate, f64)> {
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
         let segment_bytes = u64::from(self.log.config().segment_bytes);
+        let candidates = self.log.cleaning_candidates(now.millis());
         // Segments holding promoted copies whose sources are still in the log stay (see
-        // auto_tier.rs, invariant 3).
+        // auto_tier.rs, invariant 3). Read after the candidates: a promotion records its pin
+        // while its head is still the head (no candidate), so a head pinned after this read
+        // closed after it too, and is not among the candidates read before.
         let pinned = self.promotion_pins();
         // For the flash budget, only segments with images: cleaning them deletes images.
         let imaged = (goal == Goal::Flash).then(|| self.imaged_segments());
-        let mut ranked: Vec<(CleaningCandidate, f64)> = self
-            .log
-            .cleaning_candidates(now.millis())
+        let mut ranked: Vec<(CleaningCandidate, f64)> = candidates
             .into_iter()
             .filter(|candidate| !pinned.contains(&candidate.segment_id))
             .filter(|candidate| {

@@ -290,7 +290,7 @@ impl ObjectStore {
         // The live bytes first, then what the FLASH_OBJECTs save of them: an object that dies
         // in between is in neither, so the copy's size stays bounded (see demotion_seglets).
         let movable_bytes = self.demotion_movable_bytes(segment_id, now)?;
-        let saved_bytes = self.demotion_saved_bytes(segment_id, demote_auto);
+        let saved_bytes = self.demotion_saved_bytes(segment_id, demote_auto, now);
         let seglets = crate::cleaner::compacted_seglets_needed(
             self.log.config(),
             movable_bytes.saturating_sub(saved_bytes),
@@ -398,7 +398,9 @@ impl ObjectStore {
     /// Counted after the movable bytes were taken: objects only die meanwhile (a closed
     /// segment gains none), and a dead object is in neither count, while each saving is at most
     /// its object's size; so the live bytes less these savings bound what the copy receives.
-    fn demotion_saved_bytes(&self, segment_id: SegmentId, demote_auto: bool) -> u64 {
+    /// Expired objects are in neither either: the movable bytes leave them out and the
+    /// compaction drops them (`drop_if_expired`, by the same `now`), so they save nothing.
+    fn demotion_saved_bytes(&self, segment_id: SegmentId, demote_auto: bool, now: WallTime) -> u64 {
         let epoch = self.log.pin();
         let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
         let mut saved = 0;
@@ -410,7 +412,7 @@ impl ObjectStore {
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
             let moves = self.is_flash_table(object.table)
                 || (demote_auto && self.is_auto_table(object.table));
-            if !moves || !demotable(&object) {
+            if !moves || !demotable(&object) || now.has_passed(object.expires_at) {
                 continue;
             }
             let hash = stratus_types::key_hash(object.table, object.key);

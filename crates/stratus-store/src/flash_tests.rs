@@ -702,3 +702,105 @@ fn overwrites_at_80_percent_of_the_flash_budget_never_stall() {
         );
     }
 }
+
+/// A segment whose flash objects have all expired, beside objects that stay whole: the
+/// expired ones save nothing (the compaction drops them), so the copy's seglets must be sized
+/// for the rest. Counting their savings set aside too little and the compaction outgrew it
+/// (a panic under the log's lock).
+#[test]
+fn demoting_a_segment_of_expired_flash_objects_sizes_its_copy_for_what_stays() {
+    let config = StoreConfig { log_bytes: 8 << 20, ..small_config() };
+    let (store, _images) = flash_store(config);
+    let written = WallTime::from_seconds(NOW);
+    for key in 0..120u32 {
+        let name = key_of(key);
+        let value = value_for(key, 0, 900);
+        let hash = key_hash(FLASH_TABLE, &name);
+        let expiry = Expiry::AfterMillis(1_000);
+        store.write(FLASH_TABLE, &name, hash, &value, &RejectRules::NONE, expiry, written).unwrap();
+        // Memory-table objects stay whole in the copy.
+        write(&store, MEMORY_TABLE, key, &value_for(key, 1, 400));
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let later = WallTime::from_seconds(NOW + 10);
+    for _ in 0..100 {
+        if store.demote_once(later).unwrap().is_none() {
+            break;
+        }
+    }
+    for key in 0..120u32 {
+        assert!(
+            matches!(
+                read_at(&store, FLASH_TABLE, key, later),
+                Err(ObjectError::Rejected { reason: RejectReason::ObjectDoesntExist, .. })
+            ),
+            "object {key} outlived its expiry"
+        );
+        assert_eq!(read(&store, MEMORY_TABLE, key).unwrap().0, value_for(key, 1, 400));
+    }
+}
+
+fn read_at(
+    store: &ObjectStore,
+    table: TableId,
+    key: u32,
+    now: WallTime,
+) -> Result<(Vec<u8>, Version), ObjectError> {
+    let key = key_of(key);
+    let mut value = Vec::new();
+    let rules = RejectRules::NONE;
+    let version = store.read(table, &key, key_hash(table, &key), &rules, now, &mut value)?;
+    Ok((value, version))
+}
+
+/// Flash at its budget with nothing dead in its images (no pass for flash is worth running)
+/// must not stop memory's own cleaning: overwrites of a memory table go on.
+#[test]
+fn a_full_flash_with_nothing_to_clean_leaves_memory_cleaning_running() {
+    let images_max = 4usize;
+    let config = StoreConfig {
+        log_bytes: 2 << 20,
+        auto_dram_bytes_max: 1 << 20,
+        flash_image_bytes: images_max as u64 * u64::from(small_config().segment_bytes),
+        ..small_config()
+    };
+    let mut store = ObjectStore::new(config, ServerId(1)).unwrap();
+    let images = Arc::new(MemoryImages::with_images_max(images_max));
+    store.attach_flash(images.clone());
+    store.set_table_tier(FLASH_TABLE, Tier::Flash);
+    let now = WallTime::from_seconds(NOW);
+    // Flash tables' objects enough to fill every image, never overwritten.
+    for key in 0..900u32 {
+        write(&store, FLASH_TABLE, key, &value_for(key, 0, 900));
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    while let Ok(Some(_)) = store.demote_once(now) {}
+    assert_eq!(images.image_count(), images_max);
+    // Memory-table overwrites: ten times the log in all, cleaned as a server would.
+    for round in 0..40u32 {
+        for key in 0..50u32 {
+            let name = key_of(key);
+            let hash = key_hash(MEMORY_TABLE, &name);
+            let value = value_for(key, round, 1_000);
+            let rules = &RejectRules::NONE;
+            let mut attempts = 0;
+            while let Err(error) =
+                store.write(MEMORY_TABLE, &name, hash, &value, rules, Expiry::Never, now)
+            {
+                assert_eq!(error, ObjectError::LogFull);
+                attempts += 1;
+                assert!(attempts < 200, "memory cleaning stopped: {:?}", store.log().statistics());
+                let _ = store.demote_once(now);
+                store.clean_once(now);
+            }
+        }
+        let _ = store.demote_once(now);
+        store.clean_once(now);
+    }
+    for key in 0..50u32 {
+        assert_eq!(read(&store, MEMORY_TABLE, key).unwrap().0, value_for(key, 39, 1_000));
+    }
+    for key in 0..900u32 {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 0, 900));
+    }
+}

@@ -49,6 +49,8 @@ const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 pub fn store_config() -> StoreConfig {
     let mut store = StoreConfig::for_testing();
     store.log_bytes = 1536 << 10;
+    // The auto tables' DRAM budget is a share of the log, so it follows the log's size.
+    store.auto_dram_bytes_max = store.log_bytes / stratus_store::AUTO_DRAM_SHARE_OF_LOG_DIVISOR;
     store.segment_bytes = 256 << 10;
     store.seglet_bytes = 16 << 10;
     store.value_bytes_max = FILLER_VALUE_BYTES_MAX as u32;

@@ -94,6 +94,8 @@ fn partition(segment: &[u8], certificate: &Certificate) {
 fn replay(segment: &[u8], certificate: &Certificate) {
     let mut config = StoreConfig::for_testing();
     config.log_bytes = 1536 << 10;
+    // The auto tables' DRAM budget is a share of the log, so it follows the log's size.
+    config.auto_dram_bytes_max = config.log_bytes / stratus_store::AUTO_DRAM_SHARE_OF_LOG_DIVISOR;
     config.segment_bytes = 256 << 10;
     config.seglet_bytes = 16 << 10;
     config.value_bytes_max = 24 << 10;

@@ -121,6 +121,8 @@ pub(crate) struct Inner {
     /// The named users as this coordinator's own RPC layer checks them and its servers'
     /// long polls receive them; replaced after every change of users or tables.
     pub(crate) users: Arc<UserDirectory>,
+    /// The servers' GET_USER_DIRECTORY long polls in flight, by the version they name.
+    pub(crate) directory_polls: crate::users::DirectoryPolls,
 }
 
 /// Whether a coordinator is the cluster's active coordinator right now.
@@ -207,6 +209,7 @@ impl Coordinator {
             transfer_pool,
             client_leases: std::sync::Mutex::new(client_leases),
             users: Arc::new(UserDirectory::new()),
+            directory_polls: crate::users::DirectoryPolls::default(),
         };
         inner.publish_users(&inner.state.try_lock().expect("nobody else holds it yet"));
         Ok(Coordinator { inner: Arc::new(inner) })

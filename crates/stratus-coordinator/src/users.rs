@@ -6,6 +6,7 @@
 //! Who may send the user opcodes is the RPC layer's check (`Request::access_needed`: a cluster
 //! administrator); here the coordinator validates and applies them.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -15,6 +16,7 @@ use stratus_types::limits::{USERS_MAX, USER_DIRECTORY_BYTES_MAX};
 use stratus_types::TableId;
 use stratus_wire::users::{pattern_matches, UserDirectorySnapshot};
 use stratus_wire::{encode_response, Response, Status, UserRecord, UserSummary};
+use tokio::sync::Notify;
 
 use crate::records::{put_user, user_key, CoordinatorState, TableRecord};
 use crate::service::Inner;
@@ -23,6 +25,88 @@ use crate::service::Inner;
 /// answers "unchanged": short enough that a server notices a dead coordinator and polls its
 /// successor, long enough that an idle cluster costs one request per server per few seconds.
 pub const USER_DIRECTORY_POLL: Duration = Duration::from_secs(5);
+
+/// How long SET_USER and DELETE_USER wait, after publishing, for the servers that were
+/// following the directory to hold the new one (their next long poll names its version), so
+/// that a changed password or a deleted user is refused by the time the change is answered.
+/// A server that does not come back within it (dead, or partitioned from the coordinator)
+/// does not hold the change up longer: it gets the directory when it polls again.
+pub const USER_DIRECTORY_PROPAGATION_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// The servers' long polls in flight, counted by the directory version each names: how the
+/// coordinator tells that a change it published has reached the servers following it.
+#[derive(Debug, Default)]
+pub(crate) struct DirectoryPolls {
+    in_flight_by_version: std::sync::Mutex<HashMap<u64, usize>>,
+    changed: Notify,
+}
+
+/// One poll in flight; its count goes when the poll ends, answered or cancelled.
+struct PollInFlight<'a> {
+    polls: &'a DirectoryPolls,
+    version: u64,
+}
+
+impl Drop for PollInFlight<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.polls.lock();
+        let count = counts.get_mut(&self.version).expect("counted when the poll started");
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&self.version);
+        }
+        drop(counts);
+        self.polls.changed.notify_waiters();
+    }
+}
+
+impl DirectoryPolls {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
+        self.in_flight_by_version.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn start(&self, version: u64) -> PollInFlight<'_> {
+        *self.lock().entry(version).or_insert(0) += 1;
+        self.changed.notify_waiters();
+        PollInFlight { polls: self, version }
+    }
+
+    /// Every poll in flight, whatever version it names.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().values().sum()
+    }
+
+    fn in_flight_naming(&self, version: u64) -> usize {
+        self.lock().get(&version).copied().unwrap_or(0)
+    }
+
+    /// Waits until `followers` polls in flight name `version` (each follower polls again as
+    /// soon as it installed a directory), `still_current` turns false (a newer change
+    /// supersedes this one and waits for itself), or `wait_max` passes. True if they did.
+    pub(crate) async fn wait_for_followers(
+        &self,
+        version: u64,
+        followers: usize,
+        wait_max: Duration,
+        still_current: impl Fn() -> bool,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + wait_max;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.in_flight_naming(version) >= followers {
+                return true;
+            }
+            if !still_current() {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return false;
+            }
+        }
+    }
+}
 
 type Failure = (Status, String);
 
@@ -78,6 +162,30 @@ impl Inner {
         }
     }
 
+    /// Publishes `state`'s directory, releases the state, and waits (at most
+    /// [`USER_DIRECTORY_PROPAGATION_WAIT_MAX`]) until every server that was following the
+    /// directory holds it. For changes that take rights away (a password, a grant, a user): a
+    /// server still checking the old directory would admit what the answer says is refused.
+    async fn publish_users_and_wait(&self, state: tokio::sync::MutexGuard<'_, CoordinatorState>) {
+        let followers = self.directory_polls.in_flight();
+        self.publish_users(&state);
+        drop(state);
+        let version = self.users.snapshot().version;
+        let reached = self
+            .directory_polls
+            .wait_for_followers(version, followers, USER_DIRECTORY_PROPAGATION_WAIT_MAX, || {
+                self.users.snapshot().version == version
+            })
+            .await;
+        if !reached {
+            tracing::warn!(
+                followers,
+                holding = self.directory_polls.in_flight_naming(version),
+                "not every server following the user directory confirmed the change in time"
+            );
+        }
+    }
+
     /// Refuses a table whose name would grow the user directory past its limit (a grant's
     /// pattern names it): published or not, a directory that cannot be handed out would leave
     /// every server with an old one, where a deleted user still works.
@@ -120,11 +228,12 @@ impl Inner {
         self.persist(vec![put_user(&user)]).await?;
         tracing::info!(user = %user.name, created, enabled = user.enabled, "user set");
         state.users.insert(user.name.clone(), user);
-        self.publish_users(&state);
+        self.publish_users_and_wait(state).await;
         Ok(Response::SetUser { created })
     }
 
-    /// DELETE_USER. The user's open connections are refused from their next request on.
+    /// DELETE_USER. The user's open connections are refused from their next request on (once
+    /// the servers following the directory hold the change, which this waits for).
     pub(crate) async fn delete_user(&self, name: String) -> Result<Response, Failure> {
         let mut state = self.state.lock().await;
         if !state.users.contains_key(&name) {
@@ -133,7 +242,7 @@ impl Inner {
         self.persist(vec![MetaOperation::Delete { key: user_key(&name) }]).await?;
         tracing::info!(user = %name, "user deleted");
         state.users.remove(&name);
-        self.publish_users(&state);
+        self.publish_users_and_wait(state).await;
         Ok(Response::DeleteUser { existed: true })
     }
 
@@ -146,6 +255,7 @@ impl Inner {
     /// GET_USER_DIRECTORY: the directory as soon as it differs from `known_version`, or
     /// "unchanged" after [`USER_DIRECTORY_POLL`].
     pub(crate) async fn user_directory(&self, known_version: u64) -> Result<Response, Failure> {
+        let _in_flight = self.directory_polls.start(known_version);
         let directory = self.users.changed_from(known_version, USER_DIRECTORY_POLL).await;
         let changed = directory.version != known_version;
         Ok(Response::GetUserDirectory { directory: changed.then(|| (*directory).clone()) })
@@ -157,6 +267,39 @@ mod tests {
     use super::*;
     use stratus_types::Tier;
     use stratus_wire::{TableAccess, TableGrant};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_waits_for_every_follower_to_poll_again_naming_it() {
+        let polls = DirectoryPolls::default();
+        let (first, second) = (polls.start(1), polls.start(1));
+        let followers = polls.in_flight();
+        assert_eq!(followers, 2);
+        let wait = polls.wait_for_followers(2, followers, Duration::from_secs(2), || true);
+        tokio::pin!(wait);
+        // Both answered with version 2; one has polled again so far: still waiting.
+        drop(first);
+        drop(second);
+        let _first_again = polls.start(2);
+        assert!(tokio::time::timeout(Duration::from_millis(10), wait.as_mut()).await.is_err());
+        let _second_again = polls.start(2);
+        assert!(wait.await, "both followers hold version 2");
+        assert_eq!(polls.in_flight(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_that_never_comes_back_holds_a_change_up_only_for_the_wait_max() {
+        let polls = DirectoryPolls::default();
+        drop(polls.start(1));
+        let started = tokio::time::Instant::now();
+        let reached = polls.wait_for_followers(2, 1, Duration::from_secs(2), || true).await;
+        assert!(!reached);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        // A newer change supersedes a wait at once.
+        let reached = polls.wait_for_followers(2, 1, Duration::from_secs(2), || false).await;
+        assert!(!reached);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        assert_eq!(polls.in_flight(), 0, "a dropped poll leaves no count behind");
+    }
 
     fn user(name: &str, pattern: &str) -> UserRecord {
         UserRecord {

@@ -45,7 +45,7 @@ pub use blocking::BlockingClient;
 pub use client::{Client, ClientConfig, ObjectRead};
 pub use enumeration::Enumeration;
 pub use error::{Error, Result};
-pub use overview::{ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
+pub use overview::{dram_hit_ratio, ClusterOverview, ServerOverview, OVERVIEW_ASKS_IN_FLIGHT_MAX};
 pub use stratus_rpc::UserPassword;
 pub use stratus_types::{ExpiresAt, Expiry, RejectRules, TableId, Tier, Version};
 pub use stratus_types::{LeaseId, RpcId, RpcIdentity, TxDecision};

@@ -4,8 +4,11 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use stratus_wire::{
-    BackupServiceStatistics, ServerEntry, ServerStatistics, ServerStatus, TableEntry, TabletEntry,
+    AutoTableFigures, BackupServiceStatistics, ServerEntry, ServerStatistics, ServerStatus,
+    TableEntry, TabletEntry,
 };
 
 use tokio::sync::Semaphore;
@@ -41,6 +44,39 @@ pub struct ClusterOverview {
     pub tables: Vec<TableEntry>,
     /// Every tablet, by table and range.
     pub tablets: Vec<TabletEntry>,
+}
+
+impl ClusterOverview {
+    /// Each auto table's figures summed over the servers that reported it (a table's tablets
+    /// may be on several masters), by table id. A master reports its 128 largest auto tables.
+    pub fn auto_tables(&self) -> BTreeMap<TableId, AutoTableFigures> {
+        let mut tables: BTreeMap<TableId, AutoTableFigures> = BTreeMap::new();
+        let reported = self.servers.iter().filter_map(|server| server.statistics.as_ref());
+        for figures in reported.flat_map(|statistics| &statistics.auto_tables) {
+            let sum = tables.entry(figures.table_id).or_insert(AutoTableFigures {
+                table_id: figures.table_id,
+                ..AutoTableFigures::default()
+            });
+            // Saturating: the figures come from other processes, and a sum is no reason to
+            // panic.
+            let add = |total: &mut u64, value: u64| *total = total.saturating_add(value);
+            add(&mut sum.dram_objects, figures.dram_objects);
+            add(&mut sum.dram_bytes, figures.dram_bytes);
+            add(&mut sum.flash_objects, figures.flash_objects);
+            add(&mut sum.flash_bytes, figures.flash_bytes);
+            add(&mut sum.reads_from_dram, figures.reads_from_dram);
+            add(&mut sum.reads_from_flash, figures.reads_from_flash);
+            add(&mut sum.promotions, figures.promotions);
+            add(&mut sum.objects_demoted, figures.objects_demoted);
+        }
+        tables
+    }
+}
+
+/// Reads served from DRAM over all reads of `figures`' table; `None` before any read.
+pub fn dram_hit_ratio(figures: &AutoTableFigures) -> Option<f64> {
+    let reads = figures.reads_from_dram.saturating_add(figures.reads_from_flash);
+    (reads > 0).then(|| figures.reads_from_dram as f64 / reads as f64)
 }
 
 impl Client {

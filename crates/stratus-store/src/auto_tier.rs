@@ -37,6 +37,7 @@ use stratus_log::format::decode_object;
 use stratus_log::{AppendEntry, AppendPriority, EntryType, EpochGuard, Reference};
 use stratus_types::{SegmentId, TableId, Tier};
 
+use crate::auto_figures::{AutoTableCounts, AutoTableFigures};
 use crate::{ByteSink, Current, ObjectError, ObjectStore, WallTime};
 
 /// What the store knows of its auto tables.
@@ -46,18 +47,13 @@ pub(crate) struct AutoTier {
     has_auto_tables: AtomicBool,
     /// Per seglet of the log region: the latest second an auto object in it was read.
     seglet_access_seconds: Box<[AtomicU32]>,
-    /// Auto tables' objects on flash now, and their bytes at full size (as the tallies count
-    /// them): the tallies' share of auto tables minus these is what they hold in DRAM.
-    flash_objects: AtomicU64,
-    flash_bytes: AtomicU64,
-    /// Counters since the store was made.
-    reads_from_dram: AtomicU64,
-    reads_from_flash: AtomicU64,
-    promotions: AtomicU64,
-    promoted_bytes: AtomicU64,
+    /// Per auto table: objects and bytes on flash now (at full size, as the tallies count
+    /// them: the tallies' share of a table minus these is what it holds in DRAM), and its
+    /// reads, promotions and demoted objects since the store was made.
+    tables: AutoTableFigures,
+    /// Counters since the store was made that belong to no one table.
     promotions_refused: AtomicU64,
     demotions: AtomicU64,
-    objects_demoted: AtomicU64,
     /// State of the promotion draw (a xorshift generator: the engine reads no entropy).
     draw: AtomicU64,
     state: Mutex<AutoState>,
@@ -105,6 +101,19 @@ pub struct AutoStatistics {
     pub objects_demoted: u64,
 }
 
+/// Figures of one auto table of a store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AutoTableStatistics {
+    /// The table.
+    pub table: TableId,
+    /// Its objects in DRAM.
+    pub dram_objects: u64,
+    /// Their bytes (entries with headers).
+    pub dram_bytes: u64,
+    /// Where the rest are, and its reads and moves.
+    pub counts: AutoTableCounts,
+}
+
 impl AutoStatistics {
     /// Reads served from DRAM over all reads of auto objects; 1 when there were none.
     pub fn dram_hit_ratio(&self) -> f64 {
@@ -121,15 +130,9 @@ impl AutoTier {
         AutoTier {
             has_auto_tables: AtomicBool::new(false),
             seglet_access_seconds: (0..seglets).map(|_| AtomicU32::new(0)).collect(),
-            flash_objects: AtomicU64::new(0),
-            flash_bytes: AtomicU64::new(0),
-            reads_from_dram: AtomicU64::new(0),
-            reads_from_flash: AtomicU64::new(0),
-            promotions: AtomicU64::new(0),
-            promoted_bytes: AtomicU64::new(0),
+            tables: AutoTableFigures::default(),
             promotions_refused: AtomicU64::new(0),
             demotions: AtomicU64::new(0),
-            objects_demoted: AtomicU64::new(0),
             draw: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
             state: Mutex::new(AutoState::default()),
         }
@@ -145,22 +148,54 @@ impl ObjectStore {
     pub fn auto_statistics(&self) -> AutoStatistics {
         let auto = &self.auto;
         let (total_objects, total_bytes) = self.auto_table_totals();
-        let flash_objects = auto.flash_objects.load(Ordering::Relaxed);
-        let flash_bytes = auto.flash_bytes.load(Ordering::Relaxed);
+        let sum = auto.tables.sum();
         AutoStatistics {
-            dram_objects: total_objects.saturating_sub(flash_objects),
-            dram_bytes: total_bytes.saturating_sub(flash_bytes),
-            flash_objects,
-            flash_bytes,
+            dram_objects: total_objects.saturating_sub(sum.flash_objects),
+            dram_bytes: total_bytes.saturating_sub(sum.flash_bytes),
+            flash_objects: sum.flash_objects,
+            flash_bytes: sum.flash_bytes,
             dram_bytes_max: self.config.auto_dram_bytes_max,
-            reads_from_dram: auto.reads_from_dram.load(Ordering::Relaxed),
-            reads_from_flash: auto.reads_from_flash.load(Ordering::Relaxed),
-            promotions: auto.promotions.load(Ordering::Relaxed),
-            promoted_bytes: auto.promoted_bytes.load(Ordering::Relaxed),
+            reads_from_dram: sum.reads_from_dram,
+            reads_from_flash: sum.reads_from_flash,
+            promotions: sum.promotions,
+            promoted_bytes: sum.promoted_bytes,
             promotions_refused: auto.promotions_refused.load(Ordering::Relaxed),
             demotions: auto.demotions.load(Ordering::Relaxed),
-            objects_demoted: auto.objects_demoted.load(Ordering::Relaxed),
+            objects_demoted: sum.objects_demoted,
         }
+    }
+
+    /// Figures of the auto tables this store holds (in DRAM, on flash, reads and moves): the
+    /// `tables_max` with the most bytes, ascending by table.
+    pub fn auto_table_statistics(&self, tables_max: usize) -> Vec<AutoTableStatistics> {
+        if !self.auto.has_auto_tables.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let tables: Vec<TableId> = {
+            let tiers = self.table_tiers.read().expect("table tiers poisoned");
+            tiers.iter().filter(|(_, tier)| **tier == Tier::Auto).map(|(table, _)| *table).collect()
+        };
+        let counts = self.auto.tables.by_table();
+        let mut statistics: Vec<AutoTableStatistics> = tables
+            .into_iter()
+            .map(|table| {
+                let tally = self.log.table_tallies().of(table);
+                let counts = counts.get(&table).copied().unwrap_or_default();
+                AutoTableStatistics {
+                    table,
+                    dram_objects: tally.objects.saturating_sub(counts.flash_objects),
+                    dram_bytes: tally.bytes.saturating_sub(counts.flash_bytes),
+                    counts,
+                }
+            })
+            .collect();
+        if statistics.len() > tables_max {
+            let bytes = |table: &AutoTableStatistics| table.dram_bytes + table.counts.flash_bytes;
+            statistics.sort_unstable_by(|a, b| bytes(b).cmp(&bytes(a)).then(a.table.cmp(&b.table)));
+            statistics.truncate(tables_max);
+        }
+        statistics.sort_unstable_by_key(|table| table.table);
+        statistics
     }
 
     /// Live objects and bytes of every auto table, from the per-table tallies.
@@ -184,7 +219,7 @@ impl ObjectStore {
             return false;
         }
         let (_, total_bytes) = self.auto_table_totals();
-        let dram_bytes = total_bytes.saturating_sub(self.auto.flash_bytes.load(Ordering::Relaxed));
+        let dram_bytes = total_bytes.saturating_sub(self.auto.tables.sum().flash_bytes);
         dram_bytes > self.config.auto_dram_bytes_max
     }
 
@@ -210,31 +245,38 @@ impl ObjectStore {
     pub(crate) fn free_index_entry(
         &self,
         epoch: &EpochGuard<'_>,
-        reference: Reference,
+        (key_shard, reference): (u64, Reference),
         table: TableId,
     ) -> u64 {
         let leaves_flash = self.is_auto_table(table)
             && self.log.entry(epoch, reference).0 == EntryType::FlashObject;
         let bytes = self.log.free(epoch, reference);
         if leaves_flash {
-            self.auto.flash_objects.fetch_sub(1, Ordering::Relaxed);
-            self.auto.flash_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.auto.tables.left_flash(key_shard, table, bytes);
         }
         bytes
     }
 
-    /// An auto object of `bytes` (full size) became a FLASH_OBJECT by a demotion.
-    pub(crate) fn auto_object_demoted(&self, bytes: u64) {
-        self.auto.flash_objects.fetch_add(1, Ordering::Relaxed);
-        self.auto.flash_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.auto.objects_demoted.fetch_add(1, Ordering::Relaxed);
+    /// An object of auto table `table` of `bytes` (full size) became a FLASH_OBJECT by a
+    /// demotion; `key_shard` is its key's bucket (whose lock the caller holds).
+    pub(crate) fn auto_object_demoted(&self, key_shard: u64, table: TableId, bytes: u64) {
+        self.auto.tables.update(key_shard, table, |counts| {
+            counts.flash_objects += 1;
+            counts.flash_bytes += bytes;
+            counts.objects_demoted += 1;
+        });
     }
 
     /// A read of an auto object in DRAM at `reference`: counted, and its seglet's access time
     /// raised to `now` — written only when it changes, so a hot seglet's cache line is not
     /// written by every read.
-    pub(crate) fn note_dram_read(&self, reference: Reference, now: WallTime) {
-        self.auto.reads_from_dram.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn note_dram_read(
+        &self,
+        (key_shard, table): (u64, TableId),
+        reference: Reference,
+        now: WallTime,
+    ) {
+        self.auto.tables.update(key_shard, table, |counts| counts.reads_from_dram += 1);
         let cell = &self.auto.seglet_access_seconds[self.log.seglet_of(reference) as usize];
         let seconds = now.seconds();
         if cell.load(Ordering::Relaxed) < seconds {
@@ -284,7 +326,7 @@ impl ObjectStore {
         now: WallTime,
         value_out: &mut dyn ByteSink,
     ) -> Result<(), ObjectError> {
-        self.auto.reads_from_flash.fetch_add(1, Ordering::Relaxed);
+        self.auto.tables.update(guard.bucket_index(), table, |counts| counts.reads_from_flash += 1);
         let content = self.flash_object_content(current.reference, stub)?;
         let object = decode_object(&content).map_err(|_| ObjectError::FlashCorrupt)?;
         value_out.put_slice(object.value);
@@ -342,11 +384,14 @@ impl ObjectStore {
         state.promoted_into.entry(head).or_default().insert(source);
         drop(state);
         guard.replace(current.slot, reference.0);
-        let old_bytes = self.free_index_entry(epoch, current.reference, table);
+        let key_shard = guard.bucket_index();
+        let old_bytes = self.free_index_entry(epoch, (key_shard, current.reference), table);
         assert_eq!(old_bytes, bytes, "a promoted copy is the object it stands for");
-        self.log.table_tallies().object_replaced(guard.bucket_index(), table, old_bytes, bytes);
-        self.auto.promotions.fetch_add(1, Ordering::Relaxed);
-        self.auto.promoted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.log.table_tallies().object_replaced(key_shard, table, old_bytes, bytes);
+        self.auto.tables.update(key_shard, table, |counts| {
+            counts.promotions += 1;
+            counts.promoted_bytes += bytes;
+        });
     }
 
     /// Segments combined cleaning must not take now (invariant 3): those that received

@@ -152,6 +152,49 @@ fn a_read_promotes_an_object_from_flash_keeping_its_version_and_one_copy() {
 }
 
 #[test]
+fn each_auto_table_has_its_own_figures_and_they_sum_to_the_stores() {
+    let store = auto_store(config_with(0, 1));
+    let other = TableId(8);
+    store.set_table_tier(other, Tier::Auto);
+    write_at(&store, 1, &value_for(1, 0, 500), NOW).unwrap();
+    write_at(&store, 2, &value_for(2, 0, 500), NOW).unwrap();
+    let key = b"other-key";
+    let hash = key_hash(other, key);
+    let at = WallTime::from_seconds(NOW);
+    store.write(other, key, hash, &[9; 300], &RejectRules::NONE, Expiry::Never, at).unwrap();
+    demote_all(&store, NOW);
+    // Key 1 is read twice (promoted by the first read), the other table's key once.
+    read_at(&store, 1, NOW + 1).unwrap();
+    read_at(&store, 1, NOW + 2).unwrap();
+    let mut value = Vec::new();
+    let at = WallTime::from_seconds(NOW + 3);
+    store.read(other, key, hash, &RejectRules::NONE, at, &mut value).unwrap();
+    // A memory table's reads are in no auto table's figures.
+    store.set_table_tier(TableId(9), Tier::Memory);
+
+    let tables = store.auto_table_statistics(128);
+    assert_eq!(tables.iter().map(|table| table.table).collect::<Vec<_>>(), [AUTO_TABLE, other]);
+    let (auto, other_table) = (&tables[0], &tables[1]);
+    assert_eq!((auto.dram_objects, auto.counts.flash_objects), (1, 1));
+    assert_eq!((auto.counts.reads_from_flash, auto.counts.reads_from_dram), (1, 1));
+    assert_eq!((auto.counts.promotions, auto.counts.objects_demoted), (1, 2));
+    assert_eq!((other_table.dram_objects, other_table.counts.flash_objects), (1, 0));
+    assert_eq!((other_table.counts.reads_from_flash, other_table.counts.promotions), (1, 1));
+    assert_eq!(other_table.counts.objects_demoted, 1);
+    let sum = |field: fn(&crate::AutoTableStatistics) -> u64| tables.iter().map(field).sum::<u64>();
+    let whole = store.auto_statistics();
+    assert_eq!(whole.dram_objects, sum(|table| table.dram_objects));
+    assert_eq!(whole.dram_bytes, sum(|table| table.dram_bytes));
+    assert_eq!(whole.flash_bytes, sum(|table| table.counts.flash_bytes));
+    assert_eq!(whole.reads_from_flash, sum(|table| table.counts.reads_from_flash));
+    assert_eq!(whole.promoted_bytes, sum(|table| table.counts.promoted_bytes));
+    // The largest table only, when one is asked for.
+    let largest = store.auto_table_statistics(1);
+    assert_eq!(largest.len(), 1);
+    assert_eq!(largest[0].table, AUTO_TABLE);
+}
+
+#[test]
 fn promotion_stops_at_its_byte_rate() {
     let config = StoreConfig { promotion_bytes_per_second_max: 2_000, ..config_with(0, 1) };
     let store = auto_store(config);
@@ -376,6 +419,11 @@ proptest! {
             }
             let statistics = store.auto_statistics();
             prop_assert_eq!(statistics.dram_objects + statistics.flash_objects, model.len() as u64);
+            // The one table's own figures are the store's.
+            let table = store.auto_table_statistics(1).first().copied().unwrap_or_default();
+            prop_assert_eq!(table.dram_bytes, statistics.dram_bytes);
+            prop_assert_eq!(table.counts.flash_objects, statistics.flash_objects);
+            prop_assert_eq!(table.counts.flash_bytes, statistics.flash_bytes);
         }
         let model_by_name: BTreeMap<Vec<u8>, (Vec<u8>, Version)> =
             model.iter().map(|(key, object)| (key_of(*key), object.clone())).collect();

@@ -1076,7 +1076,12 @@ impl ObjectStore {
                                     .expect("an object the index points at")
                                     .table;
                                 // An auto table's FLASH_OBJECT leaves the flash figures.
-                                self.free_index_entry(&epoch, survivor.reference, table);
+                                let key_shard = bucket.bucket_index();
+                                self.free_index_entry(
+                                    &epoch,
+                                    (key_shard, survivor.reference),
+                                    table,
+                                );
                                 object_bytes += whole.entry_bytes() as u64;
                                 whole.entry_bytes()
                             })
@@ -1245,8 +1250,9 @@ impl ObjectStore {
         }
         let (slot, reference) = found;
         bucket.remove(slot);
-        let bytes = self.free_index_entry(epoch, reference, object.table);
-        self.log.table_tallies().object_removed(bucket.bucket_index(), object.table, bytes);
+        let key_shard = bucket.bucket_index();
+        let bytes = self.free_index_entry(epoch, (key_shard, reference), object.table);
+        self.log.table_tallies().object_removed(key_shard, object.table, bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         self.count(|statistics| {
             statistics.expired_objects_dropped += 1;
@@ -1332,7 +1338,11 @@ impl ObjectStore {
                                     let moves = (self.is_flash_table(object.table) || auto)
                                         && crate::flash::demotable(&object);
                                     if moves && auto {
-                                        self.auto_object_demoted(entry.entry_bytes() as u64);
+                                        self.auto_object_demoted(
+                                            bucket.bucket_index(),
+                                            object.table,
+                                            entry.entry_bytes() as u64,
+                                        );
                                     }
                                     moves.then(|| {
                                         let (entry_offset, entry_bytes) = offsets[position];

@@ -30,6 +30,7 @@
 //! operation pins an epoch for as long as it holds bytes of the log, so the cleaner never
 //! reuses memory a request can still read.
 
+mod auto_figures;
 mod auto_tier;
 mod cleaner;
 mod completions;
@@ -40,7 +41,8 @@ mod prepared;
 mod replay;
 mod transactions;
 
-pub use auto_tier::AutoStatistics;
+pub use auto_figures::AutoTableCounts;
+pub use auto_tier::{AutoStatistics, AutoTableStatistics};
 pub use cleaner::{
     CleanOutcome, CleanStep, CleanerConfig, CleanerStatistics, CostBenefit, DurabilityError,
     PendingCombinedPass, SegmentDurability, CLEANABLE_UTILIZATION_MAX_PERCENT,
@@ -476,7 +478,7 @@ impl ObjectStore {
                 let expires_at = current.expires_at;
                 return Ok(FoundObject { version: current.version, segment_id, expires_at });
             }
-            self.note_dram_read(current.reference, now);
+            self.note_dram_read((guard.bucket_index(), table), current.reference, now);
         }
         value_out.put_slice(&self.object_value(current.reference, entry_type, &content)?);
         Ok(FoundObject {
@@ -762,7 +764,8 @@ impl ObjectStore {
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                let old_bytes = self.free_index_entry(epoch, current.reference, table);
+                let old_bytes =
+                    self.free_index_entry(epoch, (guard.bucket_index(), current.reference), table);
                 self.log.table_tallies().object_replaced(
                     guard.bucket_index(),
                     table,
@@ -815,7 +818,8 @@ impl ObjectStore {
         // A re-created object must get a higher version than any it replaces.
         self.log.raise_safe_version(Version(current.version.0 + 1));
         guard.remove(current.slot);
-        let old_bytes = self.free_index_entry(epoch, current.reference, table);
+        let old_bytes =
+            self.free_index_entry(epoch, (guard.bucket_index(), current.reference), table);
         self.log.table_tallies().object_removed(guard.bucket_index(), table, old_bytes);
         self.objects_live.fetch_sub(1, Ordering::Relaxed);
         let last = entries.len() - 1;
@@ -840,10 +844,10 @@ impl ObjectStore {
             // may clean its segment away, and a free after that would find no segment (a
             // migration target under memory pressure did).
             if drop {
-                let bytes = self.free_index_entry(&epoch, Reference(reference), table);
-                // The tallies are sharded by the key's bucket, as the store's other calls pass
-                // it (its shard bits never change as the table resizes).
+                // The tallies and figures are sharded by the key's bucket, as the store's
+                // other calls pass it (its shard bits never change as the table resizes).
                 let shard = self.index.bucket_index(hash.0);
+                let bytes = self.free_index_entry(&epoch, (shard, Reference(reference)), table);
                 self.log.table_tallies().object_removed(shard, table, bytes);
             }
             !drop

@@ -698,7 +698,8 @@ impl ObjectStore {
         match current {
             Some(current) => {
                 guard.replace(current.slot, reference.0);
-                let old_bytes = self.free_index_entry(&epoch, current.reference, table);
+                let old_bytes =
+                    self.free_index_entry(&epoch, (guard.bucket_index(), current.reference), table);
                 self.log.table_tallies().object_replaced(
                     guard.bucket_index(),
                     table,

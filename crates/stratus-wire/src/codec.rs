@@ -27,11 +27,12 @@ use stratus_types::{LeaseId, RpcId, RpcIdentity, TabletState, Tier, TxDecision, 
 
 use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
-    BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
-    ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
-    Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,
-    TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
+    AutoTableFigures, BackupDurability, BackupServiceStatistics, BackupWriteFlags,
+    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
+    MigratedCompletion, Opcode, ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate,
+    ReplicaEntry, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
+    TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
+    AUTO_TABLES_REPORTED_MAX,
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
@@ -788,6 +789,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 log_bytes_resident,
                 log_bytes_target,
                 hash_table_bytes,
+                auto_tables,
             } = statistics;
             put_u64(out, server_id.0);
             for field in [
@@ -818,6 +820,24 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 hash_table_bytes,
             ] {
                 put_u64(out, *field);
+            }
+            // A master reports at most AUTO_TABLES_REPORTED_MAX; more would not decode.
+            let reported = &auto_tables[..auto_tables.len().min(AUTO_TABLES_REPORTED_MAX)];
+            put_count(out, reported.len());
+            for table in reported {
+                put_u64(out, table.table_id.0);
+                for field in [
+                    table.dram_objects,
+                    table.dram_bytes,
+                    table.flash_objects,
+                    table.flash_bytes,
+                    table.reads_from_dram,
+                    table.reads_from_flash,
+                    table.promotions,
+                    table.objects_demoted,
+                ] {
+                    put_u64(out, field);
+                }
             }
         }
     }
@@ -1947,6 +1967,19 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 log_bytes_resident: reader.u64()?,
                 log_bytes_target: reader.u64()?,
                 hash_table_bytes: reader.u64()?,
+                auto_tables: reader.list(AUTO_TABLES_REPORTED_MAX, 9 * 8, |reader| {
+                    Ok(AutoTableFigures {
+                        table_id: reader.table_id()?,
+                        dram_objects: reader.u64()?,
+                        dram_bytes: reader.u64()?,
+                        flash_objects: reader.u64()?,
+                        flash_bytes: reader.u64()?,
+                        reads_from_dram: reader.u64()?,
+                        reads_from_flash: reader.u64()?,
+                        promotions: reader.u64()?,
+                        objects_demoted: reader.u64()?,
+                    })
+                })?,
             },
         },
         Opcode::RecoverTablets => Response::RecoverTablets {

@@ -39,11 +39,12 @@ pub use frame::{
     LENGTH_FIELD_BYTES, MAGIC, PROTOCOL_VERSION, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 pub use message::{
-    Access, BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, MigratedCompletion, Opcode,
-    ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate, ReplicaEntry, Request,
-    Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask, TableEntry, TabletEntry,
-    TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
+    Access, AutoTableFigures, BackupDurability, BackupServiceStatistics, BackupWriteFlags,
+    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
+    MigratedCompletion, Opcode, ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate,
+    ReplicaEntry, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
+    TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
+    AUTO_TABLES_REPORTED_MAX,
 };
 pub use status::Status;
 pub use users::{

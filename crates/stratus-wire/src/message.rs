@@ -625,6 +625,34 @@ pub struct ServerStatistics {
     pub log_bytes_target: u64,
     /// Bytes of the hash table's buckets in use.
     pub hash_table_bytes: u64,
+    /// Figures of the auto tables this master stores (at most
+    /// [`AUTO_TABLES_REPORTED_MAX`], the ones with the most bytes), ascending by table.
+    pub auto_tables: Vec<AutoTableFigures>,
+}
+
+/// Auto tables a GET_SERVER_STATISTICS reports one by one at most: as many as a new head's
+/// TABLE_STATS names, so a master with many tables answers in a bounded frame (9 u64 each).
+pub const AUTO_TABLES_REPORTED_MAX: usize = 128;
+
+/// Where one auto table's objects are on one master, and how its reads were served
+/// (docs/design/flash-tier.md, "Automatic tiering"). Counters count since the master started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AutoTableFigures {
+    /// The table.
+    pub table_id: TableId,
+    /// Objects in DRAM, and their bytes (whole entries).
+    pub dram_objects: u64,
+    pub dram_bytes: u64,
+    /// Objects on flash, and their bytes at full size.
+    pub flash_objects: u64,
+    pub flash_bytes: u64,
+    /// Reads served from DRAM and from flash.
+    pub reads_from_dram: u64,
+    pub reads_from_flash: u64,
+    /// Objects a read brought back into DRAM.
+    pub promotions: u64,
+    /// Objects moved to flash.
+    pub objects_demoted: u64,
 }
 
 /// A segment certificate as carried on the wire: the length of the segment prefix it commits

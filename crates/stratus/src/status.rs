@@ -7,7 +7,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use stratus_client::{Client, ClusterOverview, Error as ClientError, ServerOverview};
+use stratus_client::{
+    dram_hit_ratio, Client, ClusterOverview, Error as ClientError, ServerOverview,
+};
 use stratus_types::TabletState;
 use stratus_wire::{BackupDurability, ServerStatistics, ServerStatus};
 
@@ -166,16 +168,55 @@ impl ClusterStatus {
         } else {
             tables.print(out)?;
         }
+        self.print_auto_tables(out)?;
         for line in attention {
             writeln!(out, "\n{line}")?;
         }
         Ok(())
     }
 
+    /// Where each auto table's objects are (summed over its masters) and how its reads were
+    /// served since those masters started; nothing when there is no auto table.
+    fn print_auto_tables(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let figures = self.overview.auto_tables();
+        if figures.is_empty() {
+            return Ok(());
+        }
+        let mut auto = TextTable::new(&[
+            "AUTO TABLE",
+            "ID",
+            "DRAM OBJECTS>",
+            "DRAM>",
+            "FLASH OBJECTS>",
+            "FLASH>",
+            "DRAM HIT RATIO>",
+            "PROMOTED>",
+            "DEMOTED>",
+        ]);
+        for (table_id, table) in &figures {
+            let name = self.overview.tables.iter().find(|entry| entry.table_id == *table_id);
+            auto.push(vec![
+                name.map_or_else(|| "?".to_string(), |entry| entry.name.clone()),
+                table_id.to_string(),
+                table.dram_objects.to_string(),
+                bytes_text(table.dram_bytes),
+                table.flash_objects.to_string(),
+                bytes_text(table.flash_bytes),
+                dram_hit_ratio(table)
+                    .map_or_else(|| "–".to_string(), |ratio| format!("{ratio:.3}")),
+                table.promotions.to_string(),
+                table.objects_demoted.to_string(),
+            ]);
+        }
+        writeln!(out)?;
+        auto.print(out)
+    }
+
     /// One JSON document with every figure the servers reported (the text shows a selection).
     pub fn to_json(&self) -> Value {
         let servers: Vec<Value> =
             self.overview.servers.iter().map(|server| self.server_json(server)).collect();
+        let auto_tables = self.overview.auto_tables();
         let tables: Vec<Value> = self
             .overview
             .tables
@@ -196,12 +237,26 @@ impl ClusterStatus {
                         })
                     })
                     .collect();
-                json!({
+                let mut entry = json!({
                     "name": table.name,
                     "table_id": table.table_id.0,
                     "tier": table.tier.name(),
                     "tablets": tablets,
-                })
+                });
+                if let Some(figures) = auto_tables.get(&table.table_id) {
+                    entry["auto"] = json!({
+                        "dram_objects": figures.dram_objects,
+                        "dram_bytes": figures.dram_bytes,
+                        "flash_objects": figures.flash_objects,
+                        "flash_bytes": figures.flash_bytes,
+                        "reads_from_dram": figures.reads_from_dram,
+                        "reads_from_flash": figures.reads_from_flash,
+                        "dram_hit_ratio": dram_hit_ratio(figures),
+                        "promotions": figures.promotions,
+                        "objects_demoted": figures.objects_demoted,
+                    });
+                }
+                entry
             })
             .collect();
         json!({ "servers": servers, "tables": tables })

@@ -138,6 +138,27 @@ async fn an_auto_table_keeps_its_hot_set_in_dram_and_survives_a_killed_master() 
     // Everything reads back, from either tier.
     read_range(&client, table, 0..OBJECTS).await;
 
+    // The table's own figures: in its master's metrics and in the cluster overview that
+    // `stratus status` and the status page show. Every object is in one place or the other.
+    let id = table.0.to_string();
+    let scraped = scrape(owner_metrics);
+    let per_table = |place| {
+        let labels = [("table", id.as_str()), ("place", place)];
+        scraped.value("stratus_tier_auto_table_objects", &labels).expect("the table's objects")
+    };
+    assert_eq!(per_table("dram") + per_table("flash"), f64::from(OBJECTS));
+    let labels = [("table", id.as_str())];
+    let table_promotions =
+        scraped.value("stratus_tier_auto_table_promotions_total", &labels).expect("promotions");
+    assert!(table_promotions >= promotions, "{table_promotions} < {promotions}");
+    let overview = client.cluster_overview(Duration::from_secs(10)).await.unwrap();
+    let figures = overview.auto_tables()[&table];
+    assert_eq!(figures.dram_objects + figures.flash_objects, u64::from(OBJECTS));
+    assert!(figures.flash_objects > 0 && figures.objects_demoted > 0, "{figures:?}");
+    assert!(figures.reads_from_dram > 0 && figures.reads_from_flash > 0, "{figures:?}");
+    let ratio = stratus_client::dram_hit_ratio(&figures).expect("reads");
+    eprintln!("table {id}: {figures:?}, DRAM hit ratio since start {ratio:.3}");
+
     // The master is killed: its auto tablet is recovered elsewhere from the backups.
     let victim = cluster
         .servers

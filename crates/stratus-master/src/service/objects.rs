@@ -6,9 +6,10 @@ use stratus_store::{ByteSink, ExpiresAt, Expiry, Mutated, Mutation, ObjectError,
 use stratus_types::limits::ENUMERATE_RESPONSE_BYTES_MAX;
 use stratus_types::{HashRange, RejectReason, RejectRules, RpcIdentity, TableId, Version};
 use stratus_wire::{
-    begin_response, encode_error_response, encode_response, finish_frame, put, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode, ReadItemResult,
-    RemoveItem, Response, ServerStatistics, Status, VersionItemResult, WriteItem,
+    begin_response, encode_error_response, encode_response, finish_frame, put, AutoTableFigures,
+    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, Opcode,
+    ReadItemResult, RemoveItem, Response, ServerStatistics, Status, VersionItemResult, WriteItem,
+    AUTO_TABLES_REPORTED_MAX,
 };
 
 use super::durable_answer::Observed;
@@ -322,6 +323,22 @@ impl Master {
             log_bytes_resident: store.log_bytes_resident,
             log_bytes_target: store.log_bytes_target,
             hash_table_bytes: store.hash_table_bytes,
+            auto_tables: self
+                .store
+                .auto_table_statistics(AUTO_TABLES_REPORTED_MAX)
+                .into_iter()
+                .map(|table| AutoTableFigures {
+                    table_id: table.table,
+                    dram_objects: table.dram_objects,
+                    dram_bytes: table.dram_bytes,
+                    flash_objects: table.counts.flash_objects,
+                    flash_bytes: table.counts.flash_bytes,
+                    reads_from_dram: table.counts.reads_from_dram,
+                    reads_from_flash: table.counts.reads_from_flash,
+                    promotions: table.counts.promotions,
+                    objects_demoted: table.counts.objects_demoted,
+                })
+                .collect(),
         }
     }
 }

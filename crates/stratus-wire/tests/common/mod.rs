@@ -10,11 +10,11 @@ use proptest::prelude::*;
 use stratus_types::{HashRange, RejectRules, SegmentId, ServerId, TableId, TabletState, Version};
 use stratus_types::{Tier, TxDecision, TxOpKind, TxVote};
 use stratus_wire::{
-    BackupDurability, BackupServiceStatistics, BackupWriteFlags, EnumeratedObject,
-    EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem, ReadItemResult, RecoveryTablet,
-    ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
-    ServerStatus, ServiceMask, Status, TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
-    VersionItemResult, WriteItem,
+    AutoTableFigures, BackupDurability, BackupServiceStatistics, BackupWriteFlags,
+    EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
+    ReadItemResult, RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response,
+    ServerEntry, ServerStatistics, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
+    TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
 };
 
 /// Valid user names.
@@ -646,8 +646,9 @@ fn statistics() -> impl Strategy<Value = ServerStatistics> {
         any::<u32>(),
         any::<[u64; 7]>(),
         any::<[u64; 4]>(),
+        proptest::collection::vec(auto_table_figures(), 0..4),
     )
-        .prop_map(|(server_id, counters, tablets_owned, requests_served, replicas, more, memory)| {
+        .prop_map(|(server_id, counters, tablets_owned, requests_served, replicas, more, memory, auto_tables)| {
             let [process_resident, log_resident, log_target, hash_table] = memory;
             let [total, live, allocated, seglets, free, segments, objects] = counters;
             let [live_objects, replicated, cleaner_replicated, cleaned, relocated, compactions, compacted] =
@@ -675,8 +676,27 @@ fn statistics() -> impl Strategy<Value = ServerStatistics> {
                 log_bytes_resident: log_resident,
                 log_bytes_target: log_target,
                 hash_table_bytes: hash_table,
+                auto_tables,
             }
         })
+}
+
+fn auto_table_figures() -> impl Strategy<Value = AutoTableFigures> {
+    (any::<u64>(), any::<[u64; 8]>()).prop_map(|(table, counts)| {
+        let [dram_objects, dram_bytes, flash_objects, flash_bytes, from_dram, from_flash, promotions, demoted] =
+            counts;
+        AutoTableFigures {
+            table_id: TableId(table),
+            dram_objects,
+            dram_bytes,
+            flash_objects,
+            flash_bytes,
+            reads_from_dram: from_dram,
+            reads_from_flash: from_flash,
+            promotions,
+            objects_demoted: demoted,
+        }
+    })
 }
 
 fn version_result() -> impl Strategy<Value = VersionItemResult> {

@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use stratus_client::{Client, ClientConfig, ClusterOverview};
+use stratus_client::{dram_hit_ratio, Client, ClientConfig, ClusterOverview};
 use stratus_ops::http::Reply;
 use stratus_ops::json::JsonWriter;
-use stratus_types::TabletState;
-use stratus_wire::{BackupDurability, ServerStatus, TableEntry};
+use stratus_types::{TableId, TabletState};
+use stratus_wire::{AutoTableFigures, BackupDurability, ServerStatus, TableEntry};
 
 /// Time between two samples.
 pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -47,12 +47,17 @@ struct ServerPoint {
     log_bytes_total: u64,
 }
 
-/// The figures of every tracked server at one time, sorted by server id.
+/// The figures of every tracked server at one time, sorted by server id, and of every auto
+/// table (summed over its masters), sorted by table id.
 #[derive(Debug)]
 struct Sample {
     time_ms: u64,
     servers: Vec<ServerPoint>,
+    auto_tables: Vec<AutoTableFigures>,
 }
+
+/// Auto tables shown (the largest by bytes); the rest are counted.
+const AUTO_TABLE_ROWS_MAX: usize = 128;
 
 impl Sample {
     fn point(&self, server_id: u64) -> Option<&ServerPoint> {
@@ -65,9 +70,15 @@ impl Sample {
 /// or its counter went backwards: it restarted).
 fn rate(earlier: &Sample, later: &Sample, server_id: u64) -> Option<f64> {
     let (before, after) = (earlier.point(server_id)?, later.point(server_id)?);
+    per_second(earlier, later, before.requests_served, after.requests_served)
+}
+
+/// What a counter that went from `before` to `after` between two samples did per second (none
+/// if no time passed or it went backwards: a server restarted).
+fn per_second(earlier: &Sample, later: &Sample, before: u64, after: u64) -> Option<f64> {
     let elapsed_ms = later.time_ms.checked_sub(earlier.time_ms).filter(|&ms| ms > 0)?;
-    let requests = after.requests_served.checked_sub(before.requests_served)?;
-    Some(requests as f64 * 1000.0 / elapsed_ms as f64)
+    let change = after.checked_sub(before)?;
+    Some(change as f64 * 1000.0 / elapsed_ms as f64)
 }
 
 fn memory_percent(point: &ServerPoint) -> Option<f64> {
@@ -138,7 +149,8 @@ async fn sample_forever(client: Client, coordinator_address: String, data: Arc<S
                 if history.len() == HISTORY_SAMPLES {
                     history.pop_front();
                 }
-                history.push_back(Sample { time_ms: now_ms(), servers });
+                let auto_tables = overview.auto_tables().into_values().collect();
+                history.push_back(Sample { time_ms: now_ms(), servers, auto_tables });
                 Ok(Bytes::from(render(&overview, &history, &coordinator_address)))
             }
             Err(error) => Err(format!("the coordinator did not answer: {error}")),
@@ -301,9 +313,78 @@ fn render(overview: &ClusterOverview, history: &VecDeque<Sample>, coordinator: &
     json.key("tablets_omitted")
         .unsigned(overview.tablets.len().saturating_sub(TABLET_ROWS_MAX) as u64);
 
+    render_auto_tables(&mut json, &tables, previous, newest);
     render_history(&mut json, overview, history);
     json.end_object();
     json.finish()
+}
+
+/// Each auto table (the largest by bytes): where its objects are, its DRAM hit ratio since its
+/// masters started and over the last sample, and its promotions and demotions per second.
+fn render_auto_tables(
+    json: &mut JsonWriter,
+    tables: &BTreeMap<TableId, &TableEntry>,
+    previous: Option<&Sample>,
+    newest: Option<&Sample>,
+) {
+    let mut shown: Vec<&AutoTableFigures> =
+        newest.map_or(Vec::new(), |sample| sample.auto_tables.iter().collect());
+    let omitted = shown.len().saturating_sub(AUTO_TABLE_ROWS_MAX);
+    if omitted > 0 {
+        let bytes = |table: &AutoTableFigures| table.dram_bytes.saturating_add(table.flash_bytes);
+        shown.sort_by(|a, b| bytes(b).cmp(&bytes(a)).then(a.table_id.cmp(&b.table_id)));
+        shown.truncate(AUTO_TABLE_ROWS_MAX);
+        shown.sort_by_key(|table| table.table_id);
+    }
+    let optional = |json: &mut JsonWriter, value: Option<f64>| {
+        match value {
+            Some(value) => json.number(value),
+            None => json.null(),
+        };
+    };
+    json.key("auto_tables").begin_array();
+    for figures in shown {
+        json.begin_object();
+        json.key("table_id").unsigned(figures.table_id.0);
+        let name = tables.get(&figures.table_id).map_or("?", |table| table.name.as_str());
+        json.key("table").string(name);
+        json.key("dram_objects").unsigned(figures.dram_objects);
+        json.key("dram_bytes").unsigned(figures.dram_bytes);
+        json.key("flash_objects").unsigned(figures.flash_objects);
+        json.key("flash_bytes").unsigned(figures.flash_bytes);
+        json.key("dram_hit_ratio");
+        optional(json, dram_hit_ratio(figures));
+        // Over the last sample: from the two samples' counters (none without reads between).
+        let before = previous.zip(newest).and_then(|(previous, newest)| {
+            let index = previous
+                .auto_tables
+                .binary_search_by_key(&figures.table_id, |table| table.table_id)
+                .ok()?;
+            Some((previous, newest, &previous.auto_tables[index]))
+        });
+        let change = |counter: fn(&AutoTableFigures) -> u64| {
+            before.and_then(|(previous, newest, earlier)| {
+                per_second(previous, newest, counter(earlier), counter(figures))
+            })
+        };
+        let from_dram = change(|table| table.reads_from_dram);
+        let from_flash = change(|table| table.reads_from_flash);
+        json.key("dram_hit_ratio_now");
+        optional(
+            json,
+            from_dram
+                .zip(from_flash)
+                .filter(|(dram, flash)| dram + flash > 0.0)
+                .map(|(dram, flash)| dram / (dram + flash)),
+        );
+        json.key("promotions_per_second");
+        optional(json, change(|table| table.promotions));
+        json.key("demotions_per_second");
+        optional(json, change(|table| table.objects_demoted));
+        json.end_object();
+    }
+    json.end_array();
+    json.key("auto_tables_omitted").unsigned(omitted as u64);
 }
 
 /// The charts' series: per sample, the requests per second of the busiest servers and the
@@ -387,6 +468,7 @@ mod tests {
                     log_bytes_total: 4 << 20,
                 })
                 .collect(),
+            auto_tables: Vec::new(),
         }
     }
 
@@ -401,6 +483,53 @@ mod tests {
         assert_eq!(rate(&later, &restarted, 1), None, "a counter that went back: restarted");
         assert_eq!(rate(&later, &later, 1), None, "no time passed");
         assert_eq!(memory_percent(&later.servers[0]), Some(25.0));
+    }
+
+    #[test]
+    fn auto_tables_show_where_their_objects_are_and_their_moves_per_second() {
+        let figures =
+            |reads_from_dram, reads_from_flash, promotions, objects_demoted| AutoTableFigures {
+                table_id: TableId(4),
+                dram_objects: 10,
+                dram_bytes: 1_000,
+                flash_objects: 40,
+                flash_bytes: 4_000,
+                reads_from_dram,
+                reads_from_flash,
+                promotions,
+                objects_demoted,
+            };
+        let mut earlier = sample(1_000, &[]);
+        earlier.auto_tables = vec![figures(100, 100, 5, 50)];
+        let mut later = sample(3_000, &[]);
+        later.auto_tables = vec![figures(190, 110, 25, 54)];
+        let table = TableEntry {
+            name: "sessions".to_string(),
+            table_id: TableId(4),
+            tablet_count: 1,
+            tier: stratus_types::Tier::Auto,
+        };
+        let tables: BTreeMap<TableId, &TableEntry> = [(TableId(4), &table)].into_iter().collect();
+        let mut json = JsonWriter::new();
+        json.begin_object();
+        render_auto_tables(&mut json, &tables, Some(&earlier), Some(&later));
+        json.end_object();
+        let json = json.finish();
+        assert!(json.contains(r#""table":"sessions""#), "{json}");
+        assert!(json.contains(r#""flash_bytes":4000"#), "{json}");
+        // 300 reads since start, 190 from DRAM; over the last 2 s, 90 of 100.
+        assert!(json.contains(r#""dram_hit_ratio":0.6333"#), "{json}");
+        assert!(json.contains(r#""dram_hit_ratio_now":0.9"#), "{json}");
+        assert!(json.contains(r#""promotions_per_second":10"#), "{json}");
+        assert!(json.contains(r#""demotions_per_second":2"#), "{json}");
+        // The first sample has no rates.
+        let mut json = JsonWriter::new();
+        json.begin_object();
+        render_auto_tables(&mut json, &tables, None, Some(&earlier));
+        json.end_object();
+        let json = json.finish();
+        assert!(json.contains(r#""promotions_per_second":null"#), "{json}");
+        assert!(json.contains(r#""auto_tables_omitted":0"#), "{json}");
     }
 
     #[test]

@@ -249,7 +249,7 @@ impl ObjectStore {
                     .collect()
             };
             for segment_id in candidates {
-                if self.live_objects_to_demote(segment_id, false) == 0 {
+                if self.live_objects_to_demote(segment_id, false, now) == 0 {
                     self.flash.state().nothing_to_demote.insert(segment_id);
                     continue;
                 }
@@ -264,7 +264,8 @@ impl ObjectStore {
             return Ok(None);
         }
         for segment_id in self.auto_demotion_order(now) {
-            if self.has_image(segment_id) || self.live_objects_to_demote(segment_id, true) == 0 {
+            if self.has_image(segment_id) || self.live_objects_to_demote(segment_id, true, now) == 0
+            {
                 self.note_no_auto_objects(segment_id);
                 continue;
             }
@@ -346,35 +347,57 @@ impl ObjectStore {
         tiers.values().any(|tier| *tier == Tier::Flash)
     }
 
-    /// Objects long enough to gain from moving ([`demotable`]) that are live in `segment_id`:
-    /// of flash tables, or (`auto`) of auto tables instead. Live: the key's current object is
-    /// in this segment. Asked by segment, not by reference, so a compaction of
-    /// the segment meanwhile (which moves its entries within it) does not hide them.
-    fn live_objects_to_demote(&self, segment_id: SegmentId, auto: bool) -> u64 {
+    /// Calls `visit` with each object of `segment_id` a demotion could move to flash: long
+    /// enough to gain from moving ([`demotable`]), not expired at `now`, of a table `moves`
+    /// selects, its entry's reference and content, and the reference of its key's current
+    /// object (looked up under the key's bucket lock; keys with no current object are left
+    /// out). Whether the entry is that current object is the caller's question: by segment or
+    /// by reference (see the two callers).
+    fn for_each_demotable(
+        &self,
+        segment_id: SegmentId,
+        now: WallTime,
+        moves: impl Fn(TableId) -> bool,
+        mut visit: impl FnMut(Reference, &[u8], &ObjectView<'_>, Reference),
+    ) {
         let epoch = self.log.pin();
-        let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
-        let mut count = 0;
+        let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return };
         for (reference, entry_type) in entries {
             if entry_type != EntryType::Object {
                 continue;
             }
             let (_, content) = self.log.entry(&epoch, reference);
             let object = decode_object_unverified(&content).expect("corrupt object in the log");
-            let of_tier = if auto {
-                self.is_auto_table(object.table)
-            } else {
-                self.is_flash_table(object.table)
-            };
-            if !of_tier || !demotable(&object) {
+            if !moves(object.table) || !demotable(&object) || now.has_passed(object.expires_at) {
                 continue;
             }
             let hash = stratus_types::key_hash(object.table, object.key);
             let bucket = self.index.lock(hash.0);
-            let current = self.lookup(&epoch, &bucket, object.table, object.key);
-            if current.is_some_and(|current| self.log.segment_of(current.reference) == segment_id) {
-                count += 1;
+            if let Some(current) = self.lookup(&epoch, &bucket, object.table, object.key) {
+                visit(reference, &content, &object, current.reference);
             }
         }
+    }
+
+    /// Objects a demotion would move that are live in `segment_id`: of flash tables, or
+    /// (`auto`) of auto tables instead. Live: the key's current object is in this segment.
+    /// Asked by segment, not by reference, so a compaction of the segment meanwhile (which
+    /// moves its entries within it) does not hide them; an older version beside the current
+    /// one in the same segment is counted too, which only matters for "none".
+    fn live_objects_to_demote(&self, segment_id: SegmentId, auto: bool, now: WallTime) -> u64 {
+        let moves = |table| {
+            if auto {
+                self.is_auto_table(table)
+            } else {
+                self.is_flash_table(table)
+            }
+        };
+        let mut count = 0;
+        self.for_each_demotable(segment_id, now, moves, |_, _, _, current| {
+            if self.log.segment_of(current) == segment_id {
+                count += 1;
+            }
+        });
         count
     }
 
@@ -401,35 +424,24 @@ impl ObjectStore {
     /// Expired objects are in neither either: the movable bytes leave them out and the
     /// compaction drops them (`drop_if_expired`, by the same `now`), so they save nothing.
     fn demotion_saved_bytes(&self, segment_id: SegmentId, demote_auto: bool, now: WallTime) -> u64 {
-        let epoch = self.log.pin();
-        let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return 0 };
+        let moves =
+            |table| self.is_flash_table(table) || (demote_auto && self.is_auto_table(table));
         let mut saved = 0;
-        for (reference, entry_type) in entries {
-            if entry_type != EntryType::Object {
-                continue;
+        // By reference: an older version beside the current one in this segment is dead, and
+        // saves nothing.
+        self.for_each_demotable(segment_id, now, moves, |reference, content, object, current| {
+            if current != reference {
+                return;
             }
-            let (_, content) = self.log.entry(&epoch, reference);
-            let object = decode_object_unverified(&content).expect("corrupt object in the log");
-            let moves = self.is_flash_table(object.table)
-                || (demote_auto && self.is_auto_table(object.table));
-            if !moves || !demotable(&object) || now.has_passed(object.expires_at) {
-                continue;
-            }
-            let hash = stratus_types::key_hash(object.table, object.key);
-            let bucket = self.index.lock(hash.0);
-            let current = self.lookup(&epoch, &bucket, object.table, object.key);
-            if current.is_some_and(|current| current.reference == reference) {
-                let entry_bytes = EntryHeader::new(EntryType::Object, content.len() as u32)
-                    .header_bytes()
-                    + content.len();
-                let stub_content_bytes = content.len() - object.value.len() + FLASH_LOCATOR_BYTES;
-                let stub_bytes =
-                    EntryHeader::new(EntryType::FlashObject, stub_content_bytes as u32)
-                        .header_bytes()
-                        + stub_content_bytes;
-                saved += (entry_bytes - stub_bytes) as u64;
-            }
-        }
+            let entry_bytes = EntryHeader::new(EntryType::Object, content.len() as u32)
+                .header_bytes()
+                + content.len();
+            let stub_content_bytes = content.len() - object.value.len() + FLASH_LOCATOR_BYTES;
+            let stub_bytes = EntryHeader::new(EntryType::FlashObject, stub_content_bytes as u32)
+                .header_bytes()
+                + stub_content_bytes;
+            saved += (entry_bytes - stub_bytes) as u64;
+        });
         saved
     }
 

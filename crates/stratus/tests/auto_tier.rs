@@ -9,9 +9,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Process, TestCluster};
+use common::{metrics_address, scrape, TestCluster};
 use stratus_client::{Client, ClientConfig, TableId, Tier};
-use stratus_ops::exposition::{parse, ParsedExposition};
 use stratus_types::TabletState;
 
 /// 4 000 objects of 4 000 bytes: 16 MB, four times the 4 MiB budget, half the 32 MiB log.
@@ -33,28 +32,6 @@ fn value_of(index: u32) -> Vec<u8> {
     let mut value = format!("value of {index} ").into_bytes();
     value.resize(VALUE_BYTES, (index % 251) as u8);
     value
-}
-
-/// The address of a server's metrics endpoint, from the line it prints once it serves.
-fn metrics_address(process: &Process) -> String {
-    let line = process.wait_for_line("metrics served at http://", PATIENCE);
-    let url = line.split("http://").nth(1).expect("a URL");
-    url.split('/').next().expect("an address").to_string()
-}
-
-/// `GET /metrics` of `address`, parsed strictly.
-fn scrape(address: &str) -> ParsedExposition {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to /metrics");
-    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("read timeout");
-    let request = format!("GET /metrics HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send the request");
-    let mut bytes = Vec::new();
-    stream.read_to_end(&mut bytes).expect("read the response");
-    let text = String::from_utf8(bytes).expect("UTF-8");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    parse(body).unwrap_or_else(|error| panic!("{error}\n{body}"))
 }
 
 /// One metric of the auto tier, by its single label.
@@ -92,7 +69,9 @@ async fn an_auto_table_keeps_its_hot_set_in_dram_and_survives_a_killed_master() 
     let metrics: HashMap<String, String> = cluster
         .servers
         .iter()
-        .map(|server| (server.address.clone().expect("an address"), metrics_address(server)))
+        .map(|server| {
+            (server.address.clone().expect("an address"), metrics_address(server, PATIENCE))
+        })
         .collect();
     let mut config = ClientConfig::new(cluster.coordinator_address.clone());
     config.operation_timeout = PATIENCE;

@@ -10,10 +10,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{stratus_binary, Process, TestCluster};
+use common::{metrics_address, scrape, stratus_binary, TestCluster};
 use stratus_client::{Client, ClientConfig, Status, TableId, Tier};
 use stratus_env::TcpNetwork;
-use stratus_ops::exposition::{parse, ParsedExposition};
 use stratus_rpc::{ChannelPool, RpcConfig};
 use stratus_types::TabletState;
 use stratus_wire::Request;
@@ -31,28 +30,6 @@ fn stratus(coordinator: &str, arguments: &[&str]) -> (bool, String, String) {
         .expect("run stratus");
     let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
     (output.status.success(), text(output.stdout), text(output.stderr))
-}
-
-/// The address of a server's metrics endpoint, from the line it prints once it serves.
-fn metrics_address(process: &Process) -> String {
-    let line = process.wait_for_line("metrics served at http://", PATIENCE);
-    let url = line.split("http://").nth(1).expect("a URL");
-    url.split('/').next().expect("an address").to_string()
-}
-
-/// `GET /metrics` of `address`, parsed strictly.
-fn scrape(address: &str) -> ParsedExposition {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to /metrics");
-    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("read timeout");
-    let request = format!("GET /metrics HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send the request");
-    let mut bytes = Vec::new();
-    stream.read_to_end(&mut bytes).expect("read the response");
-    let text = String::from_utf8(bytes).expect("UTF-8");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    parse(body).unwrap_or_else(|error| panic!("{error}\n{body}"))
 }
 
 /// How many tables the master whose metrics are at `address` serves in `tier`.
@@ -98,7 +75,9 @@ async fn a_flash_table_keeps_its_tier_through_a_coordinator_restart_and_its_mast
     let metrics: HashMap<String, String> = cluster
         .servers
         .iter()
-        .map(|server| (server.address.clone().expect("an address"), metrics_address(server)))
+        .map(|server| {
+            (server.address.clone().expect("an address"), metrics_address(server, PATIENCE))
+        })
         .collect();
     let coordinator = cluster.coordinator_address.clone();
 

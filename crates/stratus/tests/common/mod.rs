@@ -324,3 +324,25 @@ pub fn require_installed(executable: &str) {
          (README.md), which installs every program they need"
     );
 }
+
+/// The address of a process's metrics endpoint, from the line it prints once it serves.
+pub fn metrics_address(process: &Process, patience: Duration) -> String {
+    let line = process.wait_for_line("metrics served at http://", patience);
+    let url = line.split("http://").nth(1).expect("a URL");
+    url.split('/').next().expect("an address").to_string()
+}
+
+/// `GET /metrics` of `address`, parsed strictly.
+pub fn scrape(address: &str) -> stratus_ops::exposition::ParsedExposition {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to /metrics");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("read timeout");
+    let request = format!("GET /metrics HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send the request");
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).expect("read the response");
+    let text = String::from_utf8(bytes).expect("UTF-8");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    stratus_ops::exposition::parse(body).unwrap_or_else(|error| panic!("{error}\n{body}"))
+}

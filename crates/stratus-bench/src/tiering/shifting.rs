@@ -57,6 +57,11 @@ impl HotSet {
 struct Sample {
     reads: f64,
     hit_ratio: Option<f64>,
+    promotions: f64,
+    demotions: f64,
+    segments_cleaned: f64,
+    /// At the end of the second.
+    dram_bytes: f64,
 }
 
 /// Runs the row.
@@ -130,7 +135,14 @@ fn sample_shifts(
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
             let now = AutoFigures::scrape(metrics)?;
             let (reads, hit_ratio) = now.reads_since(&previous);
-            samples.push(Sample { reads, hit_ratio });
+            samples.push(Sample {
+                reads,
+                hit_ratio,
+                promotions: now.promotions - previous.promotions,
+                demotions: now.demotions - previous.demotions,
+                segments_cleaned: now.segments_cleaned - previous.segments_cleaned,
+                dram_bytes: now.dram_bytes,
+            });
             previous = now;
         }
         report_shift(arguments, hot, shift, &samples, (&at_shift, &previous));
@@ -159,8 +171,11 @@ fn report_shift(
         .iter()
         .map(|sample| sample.hit_ratio.map_or("-".to_string(), |ratio| format!("{ratio:.2}")))
         .collect();
-    let reads_per_sec: Vec<String> =
-        samples.iter().map(|sample| format!("{:.0}", sample.reads)).collect();
+    let per_second = |value: fn(&Sample) -> f64| -> String {
+        let values: Vec<String> =
+            samples.iter().map(|sample| format!("{:.0}", value(sample))).collect();
+        values.join(" ")
+    };
     let config = if shift == 0 { "initial".to_string() } else { format!("move {shift}") };
     let recovered_text = recovered.map_or_else(
         || format!("not within {} s", arguments.shift_seconds),
@@ -196,6 +211,41 @@ fn report_shift(
         ("promotions_refused", Field::Number(after.promotions_refused - before.promotions_refused)),
         ("demotions", Field::Number(after.demotions - before.demotions)),
         ("hit_ratio_per_second", Field::Text(series.join(" "))),
-        ("reads_per_second", Field::Text(reads_per_sec.join(" "))),
+        ("reads_per_second", Field::Text(per_second(|sample| sample.reads))),
+        ("promotions_per_second", Field::Text(per_second(|sample| sample.promotions))),
+        ("demotions_per_second", Field::Text(per_second(|sample| sample.demotions))),
+        ("segments_cleaned_per_second", Field::Text(per_second(|sample| sample.segments_cleaned))),
+        ("dram_mib_per_second", Field::Text(per_second(|sample| sample.dram_bytes / 1048576.0))),
     ]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hot_set(first: u64) -> HotSet {
+        HotSet { first: AtomicU64::new(first), keys: 100, share: 0.9, records: 1_000 }
+    }
+
+    #[test]
+    fn the_hot_set_gets_its_share_of_reads_and_the_rest_go_outside_it() {
+        // A hot set that wraps past the last key: 950..999 and 0..49.
+        let hot = hot_set(950);
+        let in_hot = |keynum: u64| !(50..950).contains(&keynum);
+        let mut random = Random::new(7);
+        let draws = 100_000;
+        let hot_reads = (0..draws).filter(|_| in_hot(hot.choose(&mut random))).count();
+        let share = hot_reads as f64 / f64::from(draws);
+        assert!((share - 0.9).abs() < 0.01, "{share}");
+        assert!((0..draws).all(|_| hot.choose(&mut random) < 1_000));
+    }
+
+    #[test]
+    fn the_oracle_keeps_the_hot_set_then_what_else_fits() {
+        let hot = hot_set(0);
+        assert_eq!(hot.ideal_hit_ratio(50), 0.45);
+        assert_eq!(hot.ideal_hit_ratio(100), 0.9);
+        assert!((hot.ideal_hit_ratio(550) - 0.95).abs() < 1e-12);
+        assert_eq!(hot.ideal_hit_ratio(5_000), 1.0);
+    }
 }

@@ -55,6 +55,8 @@ pub(super) struct AutoFigures {
     pub(super) dram_objects: f64,
     /// `stratus_tier_auto_objects{place="flash"}`.
     pub(super) flash_objects: f64,
+    /// `stratus_cleaner_segments_cleaned_total` (combined cleaning), where the server has it.
+    pub(super) segments_cleaned: f64,
 }
 
 impl AutoFigures {
@@ -77,6 +79,8 @@ impl AutoFigures {
             sum.flash_bytes += value("stratus_tier_auto_bytes{place=\"flash\"}")?;
             sum.dram_objects += value("stratus_tier_auto_objects{place=\"dram\"}")?;
             sum.flash_objects += value("stratus_tier_auto_objects{place=\"flash\"}")?;
+            sum.segments_cleaned +=
+                series_sample(&text, "stratus_cleaner_segments_cleaned_total").unwrap_or(0.0);
         }
         Ok(sum)
     }

@@ -327,3 +327,17 @@ fn report_workload(
         ("memory_driver_cpu_us_per_op", Field::Number(memory.driver_cpu_us_per_op())),
     ]);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oracle_serves_every_read_with_every_key_and_more_with_more_keys() {
+        assert_eq!(ideal_hit_ratio(1_000, 1_000), 1.0);
+        assert_eq!(ideal_hit_ratio(1_000, 0), 0.0);
+        let (fifth, half) = (ideal_hit_ratio(1_000, 200), ideal_hit_ratio(1_000, 500));
+        // The zipfian's head makes the most-read fifth worth more than a fifth of the reads.
+        assert!(0.2 < fifth && fifth < half && half < 1.0, "{fifth} {half}");
+    }
+}

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{require_installed, run_bench, BenchRow};
+use common::{assert_positive, number, require_installed, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take (it takes well under a minute).
 const BENCH_PATIENCE: Duration = Duration::from_secs(110);
@@ -15,20 +15,9 @@ const BENCH_PATIENCE: Duration = Duration::from_secs(110);
 const REPEATS: usize = 2;
 const SHIFTS: usize = 2;
 
-fn number(row: &BenchRow, field: &str) -> f64 {
-    row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"))
-}
-
 fn a_ratio(row: &BenchRow, field: &str) {
     let value = number(row, field);
     assert!((0.0..=1.0).contains(&value), "{field} = {value}: {row:?}");
-}
-
-fn positive(row: &BenchRow, fields: &[&str]) {
-    for field in fields {
-        let value = number(row, field);
-        assert!(value > 0.0 && value.is_finite(), "{field} = {value}: {row:?}");
-    }
 }
 
 #[test]
@@ -66,7 +55,7 @@ fn bench_tiering_prints_every_row_and_the_auto_table_keeps_every_key() {
     let phases = of("ycsb", Some("phase"));
     assert_eq!(phases.len(), 2 * 2 * REPEATS, "B and C, auto and memory, each repeat:\n{stdout}");
     for row in &phases {
-        positive(row, &["ops_per_sec", "p50_us", "p99_us", "p999_us", "cpu_us_per_op"]);
+        assert_positive(row, &["ops_per_sec", "p50_us", "p99_us", "p999_us", "cpu_us_per_op"]);
         assert!(number(row, "p50_us") <= number(row, "p99_us"), "{row:?}");
         assert!(number(row, "p99_us") <= number(row, "p999_us"), "{row:?}");
         match row["system"].as_str() {
@@ -79,9 +68,11 @@ fn bench_tiering_prints_every_row_and_the_auto_table_keeps_every_key() {
     let workloads: Vec<_> = summaries.iter().map(|row| row["workload"].as_str().unwrap()).collect();
     assert_eq!(workloads, ["b", "c"], "{stdout}");
     for row in &summaries {
-        positive(row, &["auto_ops_per_sec", "memory_ops_per_sec", "throughput_ratio"]);
-        positive(row, &["auto_cpu_us_per_op", "memory_cpu_us_per_op"]);
-        for field in ["dram_hit_ratio", "dram_hit_ratio_min", "dram_hit_ratio_max"] {
+        assert_positive(row, &["auto_ops_per_sec", "memory_ops_per_sec", "throughput_ratio"]);
+        assert_positive(row, &["auto_cpu_us_per_op", "memory_cpu_us_per_op"]);
+        for field in
+            ["dram_hit_ratio", "dram_hit_ratio_min", "dram_hit_ratio_max", "ideal_hit_ratio"]
+        {
             a_ratio(row, field);
         }
         let ratio = number(row, "throughput_ratio");
@@ -96,14 +87,17 @@ fn bench_tiering_prints_every_row_and_the_auto_table_keeps_every_key() {
     let numbers: Vec<f64> = shifts.iter().map(|row| number(row, "shift")).collect();
     assert_eq!(numbers, (0..SHIFTS).map(|shift| shift as f64).collect::<Vec<_>>(), "{stdout}");
     for row in &shifts {
-        positive(row, &["reads", "hot_keys"]);
+        assert_positive(row, &["reads", "hot_keys"]);
         a_ratio(row, "hit_ratio_whole_shift");
         a_ratio(row, "hit_ratio_lowest");
         // Either the hit ratio came back within the shift, or the row says it did not.
         let recovered = row["recovered"].as_bool().unwrap();
         assert_eq!(recovered, !row["seconds_to_hit_ratio_goal"].is_null(), "{row:?}");
-        let seconds = row["hit_ratio_per_second"].as_str().unwrap().split(' ').count();
-        assert_eq!(seconds, 3, "a sample a second: {row:?}");
+        a_ratio(row, "ideal_hit_ratio");
+        for series in ["hit_ratio_per_second", "reads_per_second", "promotions_per_second"] {
+            let seconds = row[series].as_str().unwrap().split(' ').count();
+            assert_eq!(seconds, 3, "{series}: a sample a second: {row:?}");
+        }
     }
     // The hot set moved to other keys.
     assert_ne!(shifts[0]["hot_first_key"], shifts[1]["hot_first_key"], "{stdout}");
@@ -120,6 +114,6 @@ fn bench_tiering_prints_every_row_and_the_auto_table_keeps_every_key() {
     assert_eq!(number(lru[1], "keys_kept"), records, "{:?}", lru[1]);
     assert_eq!(number(lru[1], "lost_fraction"), 0.0);
     // The auto tier was exercised: segments were demoted, objects live on flash.
-    positive(lru[1], &["demotions_total", "flash_objects"]);
+    assert_positive(lru[1], &["demotions_total", "flash_objects"]);
     assert_eq!(number(lru[1], "dram_objects") + number(lru[1], "flash_objects"), records);
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::systems::{driver_arguments, AutoFigures, LoadedServer};
 use super::{line, Sizes, TieringArguments, HIT_RATIO_GOAL};
-use crate::report::{print_json, Field};
+use crate::report::{print_json, Field, Percentiles};
 use crate::ycsb::driver::run_phase_seeded;
 use crate::ycsb::generators::{Random, ScrambledZipfian, Workload, RECORD_LOG_BYTES};
 use crate::ycsb::measure::{Measurements, PhaseResult};
@@ -223,67 +223,15 @@ fn report_workload(
     auto: &Totals,
     memory: &Totals,
 ) {
-    // Each repeat's ratio is of two phases run one after the other on the same keys.
-    let ratios: Vec<f64> =
-        auto.ops_per_sec.iter().zip(&memory.ops_per_sec).map(|(a, m)| a / m).collect();
-    let ratio = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
-    let (ratio_low, ratio_high) = spread(&ratios);
-    let hit_ratio = auto.hit_ratio();
-    let (hit_low, hit_high) = spread(&auto.hit_ratios);
-    let (auto_latency, memory_latency) =
-        (auto.measurements.overall(), memory.measurements.overall());
+    let summary = Summary::of(auto, memory, ideal_hit_ratio);
     let config = format!(
         "{}, {} × {}",
         workload.to_ascii_uppercase(),
         arguments.repeats,
         arguments.operations
     );
-    line(
-        "ycsb",
-        &config,
-        "ops/s auto vs memory (ratio: mean, min–max)",
-        &format!("{:.0}", auto.ops_per_sec()),
-        &format!("{:.0}", memory.ops_per_sec()),
-        &format!("{ratio:.3} ({ratio_low:.3}–{ratio_high:.3})"),
-        &format!("≥ {THROUGHPUT_RATIO_GOAL}"),
-    );
-    let hit_text = hit_ratio.map_or("-".to_string(), |ratio| format!("{ratio:.3}"));
-    line(
-        "ycsb",
-        &config,
-        "DRAM hit ratio vs an oracle's (auto: min–max)",
-        &hit_text,
-        &format!("{ideal_hit_ratio:.3}"),
-        &format!("({hit_low:.3}–{hit_high:.3})"),
-        &format!("≥ {HIT_RATIO_GOAL}"),
-    );
-    let latencies = [
-        ("p50 µs", auto_latency.p50_us, memory_latency.p50_us),
-        ("p99 µs", auto_latency.p99_us, memory_latency.p99_us),
-        ("p99.9 µs", auto_latency.p999_us, memory_latency.p999_us),
-    ];
-    for (name, a, m) in latencies {
-        line(
-            "ycsb",
-            &config,
-            name,
-            &format!("{a:.1}"),
-            &format!("{m:.1}"),
-            &format!("{:.3}", a / m),
-            "",
-        );
-    }
-    let (auto_cpu, memory_cpu) = (auto.cpu_us_per_op(), memory.cpu_us_per_op());
-    line(
-        "ycsb",
-        &config,
-        "CPU µs per operation (servers' processes)",
-        &format!("{auto_cpu:.1}"),
-        &format!("{memory_cpu:.1}"),
-        &format!("{:.3}", auto_cpu / memory_cpu),
-        "",
-    );
-    print_json(&[
+    summary.print_lines(&config);
+    let mut fields = vec![
         ("bench", Field::Text("tiering".into())),
         ("row", Field::Text("ycsb".into())),
         ("kind", Field::Text("summary".into())),
@@ -301,31 +249,109 @@ fn report_workload(
         ("memory_load_seconds", Field::Number(warmup.load_seconds[1])),
         ("auto_warmup_seconds", Field::Number(warmup.seconds[0])),
         ("memory_warmup_seconds", Field::Number(warmup.seconds[1])),
-        ("auto_ops_per_sec", Field::Number(auto.ops_per_sec())),
-        ("memory_ops_per_sec", Field::Number(memory.ops_per_sec())),
-        ("throughput_ratio", Field::Number(ratio)),
-        ("throughput_ratio_min", Field::Number(ratio_low)),
-        ("throughput_ratio_max", Field::Number(ratio_high)),
-        ("throughput_ratio_goal", Field::Number(THROUGHPUT_RATIO_GOAL)),
-        ("dram_hit_ratio", Field::optional_number(hit_ratio)),
-        ("dram_hit_ratio_min", Field::Number(hit_low)),
-        ("dram_hit_ratio_max", Field::Number(hit_high)),
-        ("dram_hit_ratio_goal", Field::Number(HIT_RATIO_GOAL)),
-        ("ideal_hit_ratio", Field::Number(ideal_hit_ratio)),
-        ("auto_reads", Field::Number(auto.reads)),
-        ("promotions", Field::Number(auto.promotions)),
-        ("demotions", Field::Number(auto.demotions)),
-        ("auto_p50_us", Field::Number(auto_latency.p50_us)),
-        ("auto_p99_us", Field::Number(auto_latency.p99_us)),
-        ("auto_p999_us", Field::Number(auto_latency.p999_us)),
-        ("memory_p50_us", Field::Number(memory_latency.p50_us)),
-        ("memory_p99_us", Field::Number(memory_latency.p99_us)),
-        ("memory_p999_us", Field::Number(memory_latency.p999_us)),
-        ("auto_cpu_us_per_op", Field::Number(auto_cpu)),
-        ("memory_cpu_us_per_op", Field::Number(memory_cpu)),
-        ("auto_driver_cpu_us_per_op", Field::Number(auto.driver_cpu_us_per_op())),
-        ("memory_driver_cpu_us_per_op", Field::Number(memory.driver_cpu_us_per_op())),
-    ]);
+    ];
+    fields.extend(summary.fields());
+    print_json(&fields);
+}
+
+/// What the measured phases of one workload came to, auto beside memory.
+struct Summary<'a> {
+    auto: &'a Totals,
+    memory: &'a Totals,
+    /// The mean of each repeat's auto / memory throughput, and the lowest and highest.
+    ratio: f64,
+    ratio_spread: (f64, f64),
+    hit_ratio: Option<f64>,
+    hit_ratio_spread: (f64, f64),
+    ideal_hit_ratio: f64,
+    auto_latency: Percentiles,
+    memory_latency: Percentiles,
+}
+
+impl<'a> Summary<'a> {
+    fn of(auto: &'a Totals, memory: &'a Totals, ideal_hit_ratio: f64) -> Summary<'a> {
+        // Each repeat's ratio is of two phases run one after the other on the same keys.
+        let ratios: Vec<f64> =
+            auto.ops_per_sec.iter().zip(&memory.ops_per_sec).map(|(a, m)| a / m).collect();
+        Summary {
+            auto,
+            memory,
+            ratio: ratios.iter().sum::<f64>() / ratios.len().max(1) as f64,
+            ratio_spread: spread(&ratios),
+            hit_ratio: auto.hit_ratio(),
+            hit_ratio_spread: spread(&auto.hit_ratios),
+            ideal_hit_ratio,
+            auto_latency: auto.measurements.overall(),
+            memory_latency: memory.measurements.overall(),
+        }
+    }
+
+    /// The table's lines.
+    fn print_lines(&self, config: &str) {
+        let (ratio, (low, high)) = (self.ratio, self.ratio_spread);
+        line(
+            "ycsb",
+            config,
+            "ops/s auto vs memory (ratio: mean, min–max)",
+            &format!("{:.0}", self.auto.ops_per_sec()),
+            &format!("{:.0}", self.memory.ops_per_sec()),
+            &format!("{ratio:.3} ({low:.3}–{high:.3})"),
+            &format!("≥ {THROUGHPUT_RATIO_GOAL}"),
+        );
+        let (low, high) = self.hit_ratio_spread;
+        line(
+            "ycsb",
+            config,
+            "DRAM hit ratio vs an oracle's (auto: min–max)",
+            &self.hit_ratio.map_or("-".to_string(), |ratio| format!("{ratio:.3}")),
+            &format!("{:.3}", self.ideal_hit_ratio),
+            &format!("({low:.3}–{high:.3})"),
+            &format!("≥ {HIT_RATIO_GOAL}"),
+        );
+        let (auto, memory) = (&self.auto_latency, &self.memory_latency);
+        let cpu = (self.auto.cpu_us_per_op(), self.memory.cpu_us_per_op());
+        let side_by_side = [
+            ("p50 µs", auto.p50_us, memory.p50_us),
+            ("p99 µs", auto.p99_us, memory.p99_us),
+            ("p99.9 µs", auto.p999_us, memory.p999_us),
+            ("CPU µs per operation (servers' processes)", cpu.0, cpu.1),
+        ];
+        for (name, a, m) in side_by_side {
+            let ratio = format!("{:.3}", a / m);
+            line("ycsb", config, name, &format!("{a:.1}"), &format!("{m:.1}"), &ratio, "");
+        }
+    }
+
+    /// The JSON row's measured fields.
+    fn fields(&self) -> Vec<(&'static str, Field)> {
+        let (auto, memory) = (self.auto, self.memory);
+        vec![
+            ("auto_ops_per_sec", Field::Number(auto.ops_per_sec())),
+            ("memory_ops_per_sec", Field::Number(memory.ops_per_sec())),
+            ("throughput_ratio", Field::Number(self.ratio)),
+            ("throughput_ratio_min", Field::Number(self.ratio_spread.0)),
+            ("throughput_ratio_max", Field::Number(self.ratio_spread.1)),
+            ("throughput_ratio_goal", Field::Number(THROUGHPUT_RATIO_GOAL)),
+            ("dram_hit_ratio", Field::optional_number(self.hit_ratio)),
+            ("dram_hit_ratio_min", Field::Number(self.hit_ratio_spread.0)),
+            ("dram_hit_ratio_max", Field::Number(self.hit_ratio_spread.1)),
+            ("dram_hit_ratio_goal", Field::Number(HIT_RATIO_GOAL)),
+            ("ideal_hit_ratio", Field::Number(self.ideal_hit_ratio)),
+            ("auto_reads", Field::Number(auto.reads)),
+            ("promotions", Field::Number(auto.promotions)),
+            ("demotions", Field::Number(auto.demotions)),
+            ("auto_p50_us", Field::Number(self.auto_latency.p50_us)),
+            ("auto_p99_us", Field::Number(self.auto_latency.p99_us)),
+            ("auto_p999_us", Field::Number(self.auto_latency.p999_us)),
+            ("memory_p50_us", Field::Number(self.memory_latency.p50_us)),
+            ("memory_p99_us", Field::Number(self.memory_latency.p99_us)),
+            ("memory_p999_us", Field::Number(self.memory_latency.p999_us)),
+            ("auto_cpu_us_per_op", Field::Number(auto.cpu_us_per_op())),
+            ("memory_cpu_us_per_op", Field::Number(memory.cpu_us_per_op())),
+            ("auto_driver_cpu_us_per_op", Field::Number(auto.driver_cpu_us_per_op())),
+            ("memory_driver_cpu_us_per_op", Field::Number(memory.driver_cpu_us_per_op())),
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -132,31 +132,84 @@ fn ticks_to_duration(ticks: u64) -> Duration {
 /// CPU time of a fixed set of processes since the meter started.
 #[derive(Debug)]
 pub struct CpuMeter {
-    pids: Vec<u32>,
+    measured: Measured,
     nanos_at_start: u64,
+}
+
+/// What a [`CpuMeter`] reads.
+#[derive(Debug)]
+enum Measured {
+    /// Other processes, through /proc ([`total_nanos`]): their threads live as long as they
+    /// do (servers), so the threads alive at the end carry their time.
+    Processes(Vec<u32>),
+    /// This process, through `getrusage`, which keeps the time of threads that have exited:
+    /// a driver's threads are joined before its phase's CPU is read, and /proc no longer lists
+    /// them then.
+    ThisProcess,
+}
+
+impl Measured {
+    fn nanos(&self) -> Result<u64, CpuError> {
+        match self {
+            Measured::Processes(pids) => total_nanos(pids),
+            Measured::ThisProcess => Ok(this_process_nanos()),
+        }
+    }
 }
 
 impl CpuMeter {
     /// Starts measuring `pids` (their CPU time so far is the zero).
     pub fn start(pids: Vec<u32>) -> Result<CpuMeter, CpuError> {
-        let nanos_at_start = total_nanos(&pids)?;
-        Ok(CpuMeter { pids, nanos_at_start })
+        CpuMeter::measuring(Measured::Processes(pids))
     }
 
-    /// Measures this process (the driver, when the driver runs in the benchmark's process).
+    /// Measures this process (the driver, when the driver runs in the benchmark's process),
+    /// its threads that exit before the end included, and the children it reaps.
     pub fn this_process() -> Result<CpuMeter, CpuError> {
-        CpuMeter::start(vec![std::process::id()])
+        CpuMeter::measuring(Measured::ThisProcess)
+    }
+
+    fn measuring(measured: Measured) -> Result<CpuMeter, CpuError> {
+        let nanos_at_start = measured.nanos()?;
+        Ok(CpuMeter { measured, nanos_at_start })
     }
 
     /// CPU time the processes used since the start.
     pub fn elapsed(&self) -> Result<Duration, CpuError> {
-        Ok(Duration::from_nanos(total_nanos(&self.pids)?.saturating_sub(self.nanos_at_start)))
+        Ok(Duration::from_nanos(self.measured.nanos()?.saturating_sub(self.nanos_at_start)))
     }
 
     /// How many processes are measured.
     pub fn processes(&self) -> usize {
-        self.pids.len()
+        match &self.measured {
+            Measured::Processes(pids) => pids.len(),
+            Measured::ThisProcess => 1,
+        }
     }
+}
+
+/// User and system time of this process (every thread it has run, exited or not) and of the
+/// children it has reaped, in nanoseconds (microsecond resolution).
+#[allow(unsafe_code)]
+fn this_process_nanos() -> u64 {
+    let mut total = 0u64;
+    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+        // SAFETY: getrusage writes one `rusage` into the zeroed value it is given, which lives
+        // until the call returns, and reads nothing else of ours; RUSAGE_SELF and
+        // RUSAGE_CHILDREN are valid for every process, so it does not fail (were it to, the
+        // zeroed value adds nothing).
+        let usage = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            libc::getrusage(who, &mut usage);
+            usage
+        };
+        for time in [usage.ru_utime, usage.ru_stime] {
+            let micros = u64::try_from(time.tv_sec).unwrap_or(0) * 1_000_000
+                + u64::try_from(time.tv_usec).unwrap_or(0);
+            total += micros * 1_000;
+        }
+    }
+    total
 }
 
 /// CPU time of `pids` in nanoseconds: each thread's time on a CPU from its schedstat file
@@ -299,6 +352,26 @@ mod tests {
         assert!(meter.elapsed().unwrap() > Duration::ZERO);
         let parent = read_stat(std::process::id()).unwrap().0;
         assert!(process_tree(parent).unwrap().contains(&std::process::id()));
+    }
+
+    #[test]
+    fn the_work_of_a_driver_thread_that_has_exited_is_counted() {
+        let meter = CpuMeter::this_process().unwrap();
+        std::thread::spawn(|| {
+            let mut accumulator = 0u64;
+            let started = std::time::Instant::now();
+            // About 50 ms of work on a CPU (bounded by wall time on a busy machine).
+            while started.elapsed() < Duration::from_millis(50) {
+                for index in 0..100_000_u64 {
+                    accumulator = accumulator.wrapping_mul(31).wrapping_add(index);
+                }
+            }
+            std::hint::black_box(accumulator);
+        })
+        .join()
+        .unwrap();
+        // Other tests' threads may add to it; none takes any away.
+        assert!(meter.elapsed().unwrap() >= Duration::from_millis(5), "{:?}", meter.elapsed());
     }
 
     #[test]

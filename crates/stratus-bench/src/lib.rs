@@ -23,6 +23,7 @@ mod resp;
 mod resp_client;
 mod rpc;
 mod server_logs;
+mod tiering;
 mod tls;
 mod tx;
 mod utilization;
@@ -86,6 +87,11 @@ pub enum BenchCommand {
     /// dollar with DRAM at 23 × flash's $/GB), and overwrites at 80 % flash utilization
     /// against writes into an empty tier.
     Flash(flash::FlashArguments),
+    /// Automatic tiering: YCSB B and C on an auto table five times its server's DRAM budget
+    /// beside a memory table holding it all (throughput ratio, DRAM hit ratio), a hot set
+    /// that moves (time until the hit ratio is back at 0.9), and Redis with the same budget as
+    /// an LRU cache (the share of keys it evicts) against the auto table keeping every key.
+    Tiering(tiering::TieringArguments),
     /// (Internal) the process holding one system's objects for `bench memory`.
     #[command(hide = true)]
     MemoryWorker(memory::MemoryWorkerArguments),
@@ -114,6 +120,7 @@ pub fn run(command: BenchCommand, _coordinator: &str) -> Result<(), String> {
         BenchCommand::Resp(arguments) => resp::run(arguments),
         BenchCommand::Memory(arguments) => memory::run(arguments),
         BenchCommand::Flash(arguments) => flash::run(arguments),
+        BenchCommand::Tiering(arguments) => tiering::run(arguments),
         BenchCommand::MemoryWorker(arguments) => memory::run_worker(arguments),
         BenchCommand::EchoServer { listen } => rpc::run_echo_server(&listen),
     }

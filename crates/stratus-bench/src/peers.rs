@@ -137,7 +137,8 @@ pub fn start_redis_with(
     durability: RedisDurability,
     tls: Option<&crate::tls::BenchTls>,
 ) -> Result<RedisDeployment, String> {
-    let (primary, address) = start_redis_server(&directory.join("primary"), durability, None, tls)?;
+    let (primary, address) =
+        start_redis_server(&directory.join("primary"), durability, None, tls, &[])?;
     let client_tls = tls.map(|tls| tls.client().clone());
     let mut deployment =
         RedisDeployment { address, durability, processes: vec![primary], tls: client_tls };
@@ -146,7 +147,7 @@ pub fn start_redis_with(
         for index in 1..=replicas {
             let replica_directory = directory.join(format!("replica-{index}"));
             let (replica, _) =
-                start_redis_server(&replica_directory, durability, Some(&port), tls)?;
+                start_redis_server(&replica_directory, durability, Some(&port), tls, &[])?;
             deployment.processes.push(replica);
         }
         wait_until_replicas_in_sync(&deployment, replicas)?;
@@ -154,13 +155,29 @@ pub fn start_redis_with(
     Ok(deployment)
 }
 
+/// Starts one Redis server in `directory`, without persistence, that holds at most
+/// `maxmemory_bytes` (its `used_memory`) and past it evicts the keys used least recently
+/// (`maxmemory-policy allkeys-lru`): Redis as a cache of a fixed DRAM budget.
+pub fn start_redis_evicting(
+    directory: &Path,
+    maxmemory_bytes: u64,
+) -> Result<RedisDeployment, String> {
+    let durability = RedisDurability::None;
+    let maxmemory = maxmemory_bytes.to_string();
+    let eviction = ["--maxmemory", &maxmemory, "--maxmemory-policy", "allkeys-lru"];
+    let (server, address) = start_redis_server(directory, durability, None, None, &eviction)?;
+    Ok(RedisDeployment { address, durability, processes: vec![server], tls: None })
+}
+
 /// One redis-server in `directory` (created), a replica of the primary on loopback port
-/// `primary_port` if given; returns it and its address once it answers PING.
+/// `primary_port` if given, with `extra` arguments last; returns it and its address once it
+/// answers PING.
 fn start_redis_server(
     directory: &Path,
     durability: RedisDurability,
     primary_port: Option<&str>,
     tls: Option<&crate::tls::BenchTls>,
+    extra: &[&str],
 ) -> Result<(ChildProcess, String), String> {
     std::fs::create_dir_all(directory)
         .map_err(|error| format!("{}: {error}", directory.display()))?;
@@ -177,6 +194,7 @@ fn start_redis_server(
     if let Some(primary_port) = primary_port {
         command.args(["--replicaof", "127.0.0.1", primary_port]);
     }
+    command.args(extra);
     let server = ChildProcess::spawn(&mut command, "redis-server")?;
     match tls {
         None => wait_until_answering(&address, b"*1\r\n$4\r\nPING\r\n", "+PONG")?,

@@ -6,21 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{run_bench, BenchRow};
+use common::{assert_positive, number, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take (it takes well under a minute).
 const BENCH_PATIENCE: Duration = Duration::from_secs(240);
-
-fn number(row: &BenchRow, field: &str) -> f64 {
-    row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"))
-}
-
-fn positive(row: &BenchRow, fields: &[&str]) {
-    for field in fields {
-        let value = number(row, field);
-        assert!(value > 0.0 && value.is_finite(), "{field} = {value}: {row:?}");
-    }
-}
 
 #[test]
 fn bench_flash_prints_every_row_against_its_reference() {
@@ -68,8 +57,11 @@ fn bench_flash_prints_every_row_against_its_reference() {
     let configs: Vec<_> = writes.iter().map(|row| row["config"].as_str().unwrap()).collect();
     assert_eq!(configs, ["r0", "r3"], "{stdout}");
     for row in &writes {
-        positive(row, &["objects_per_sec", "mb_per_sec", "raw_write_mb_per_sec", "ratio_to_raw"]);
-        positive(row, &["image_bytes_written", "image_mb_per_sec", "on_flash_seconds"]);
+        assert_positive(
+            row,
+            &["objects_per_sec", "mb_per_sec", "raw_write_mb_per_sec", "ratio_to_raw"],
+        );
+        assert_positive(row, &["image_bytes_written", "image_mb_per_sec", "on_flash_seconds"]);
         assert!(number(row, "objects_demoted") >= 3000.0, "{row:?}");
         assert!(number(row, "on_flash_seconds") >= number(row, "acknowledged_seconds"));
         // An image holds at least the values it carries.
@@ -84,21 +76,21 @@ fn bench_flash_prints_every_row_against_its_reference() {
     let depths: Vec<f64> = reads.iter().map(|row| number(row, "depth")).collect();
     assert_eq!(depths, [1.0, 4.0], "{stdout}");
     for row in &reads {
-        positive(row, &["p50_us", "p99_us", "ops_per_sec", "raw_p50_us", "raw_p99_us"]);
-        positive(row, &["raw_ops_per_sec", "throughput_ratio_to_raw", "cpu_us_per_op"]);
+        assert_positive(row, &["p50_us", "p99_us", "ops_per_sec", "raw_p50_us", "raw_p99_us"]);
+        assert_positive(row, &["raw_ops_per_sec", "throughput_ratio_to_raw", "cpu_us_per_op"]);
         assert!(number(row, "p50_us") <= number(row, "p99_us"), "{row:?}");
         assert!(number(row, "raw_p50_us") <= number(row, "raw_p99_us"), "{row:?}");
         assert!(number(row, "demoted_fraction") >= 1.0, "{row:?}");
         assert_eq!(number(row, "reads"), 400.0);
     }
-    positive(reads[0], &["memory_read_p50_us"]);
+    assert_positive(reads[0], &["memory_read_p50_us"]);
     assert!(reads[1]["memory_read_p50_us"].is_null(), "{:?}", reads[1]);
 
     let dram = of("dram");
     let sizes: Vec<f64> = dram.iter().map(|row| number(row, "value_bytes")).collect();
     assert_eq!(sizes, [100.0, 1024.0], "{stdout}");
     for row in &dram {
-        positive(row, &["stub_bytes_per_object", "hash_table_bytes_per_object"]);
+        assert_positive(row, &["stub_bytes_per_object", "hash_table_bytes_per_object"]);
         // A FLASH_OBJECT keeps the key (16 bytes) and its prefix, and is smaller than the object.
         let stub = number(row, "stub_bytes_per_object");
         assert!(stub > 16.0 && stub < number(row, "value_bytes"), "{row:?}");
@@ -110,8 +102,11 @@ fn bench_flash_prints_every_row_against_its_reference() {
     let workloads: Vec<_> = ycsb.iter().map(|row| row["workload"].as_str().unwrap()).collect();
     assert_eq!(workloads, ["a", "b", "c"], "{stdout}");
     for row in &ycsb {
-        positive(row, &["flash_ops_per_sec", "memory_ops_per_sec", "throughput_ratio"]);
-        positive(row, &["per_dollar_ratio", "per_dollar_ratio_values_only", "cpu_us_per_op"]);
+        assert_positive(row, &["flash_ops_per_sec", "memory_ops_per_sec", "throughput_ratio"]);
+        assert_positive(
+            row,
+            &["per_dollar_ratio", "per_dollar_ratio_values_only", "cpu_us_per_op"],
+        );
         let ratio = number(row, "throughput_ratio");
         assert!((number(row, "per_dollar_ratio_values_only") - 23.0 * ratio).abs() < 0.05);
         assert!(number(row, "per_dollar_ratio") <= number(row, "per_dollar_ratio_values_only"));

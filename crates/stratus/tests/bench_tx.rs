@@ -7,14 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{installed, run_bench, BenchRow};
+use common::{installed, number, run_bench, BenchRow};
 
 /// The most the scaled-down benchmark may take.
 const BENCH_PATIENCE: Duration = Duration::from_secs(300);
-
-fn number(row: &BenchRow, field: &str) -> f64 {
-    row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"))
-}
 
 #[test]
 fn bench_tx_measures_every_commit_shape_and_transactional_ycsb() {

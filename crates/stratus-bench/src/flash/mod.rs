@@ -29,7 +29,7 @@ mod cleaning;
 mod load;
 mod raw;
 mod rows;
-mod server;
+pub(crate) mod server;
 mod ycsb_rows;
 
 use std::path::Path;
@@ -153,16 +153,17 @@ pub fn run(arguments: FlashArguments) -> Result<(), String> {
     Ok(())
 }
 
-/// A `stratus up` cluster with its metrics, a client, and its processes.
-struct FlashCluster {
+/// A `stratus up` cluster with its metrics, a client, and its processes (`bench tiering` runs
+/// its servers as these too).
+pub(crate) struct FlashCluster {
     /// `stratus up` (stopped once the last holder drops it: the YCSB rows share it).
-    process: Arc<ChildProcess>,
-    coordinator: String,
+    pub(crate) process: Arc<ChildProcess>,
+    pub(crate) coordinator: String,
     /// Each server's metrics address.
     server_metrics: Vec<String>,
     /// Dropped before its runtime.
-    client: Client,
-    runtime: tokio::runtime::Runtime,
+    pub(crate) client: Client,
+    pub(crate) runtime: tokio::runtime::Runtime,
     /// `stratus up` and all its descendants, for their CPU time.
     processes: Vec<u32>,
     segment_bytes: u64,
@@ -170,6 +171,17 @@ struct FlashCluster {
     /// The cluster's data and logs, the flash directories and the raw file (removed on drop,
     /// after the cluster, which is declared before it).
     directory: tempfile::TempDir,
+}
+
+/// The servers of a [`FlashCluster`]: how many, and each one's memory and flash.
+pub(crate) struct ClusterShape {
+    pub(crate) servers: u32,
+    pub(crate) replicas: u32,
+    pub(crate) log_mib: u64,
+    pub(crate) segment_mib: u64,
+    pub(crate) flash_gib: u64,
+    /// The servers' DRAM budget for auto tables (`--auto-dram-mib`; default: half the log).
+    pub(crate) auto_dram_mib: Option<u64>,
 }
 
 impl FlashCluster {
@@ -182,17 +194,43 @@ impl FlashCluster {
         log_mib: u64,
         flash_gib: u64,
     ) -> Result<FlashCluster, String> {
+        let segment_mib = arguments.segment_mib;
+        let shape = ClusterShape {
+            servers,
+            replicas,
+            log_mib,
+            segment_mib,
+            flash_gib,
+            auto_dram_mib: None,
+        };
+        FlashCluster::start_with(&shape)
+    }
+
+    /// A cluster of `shape`.
+    pub(crate) fn start_with(shape: &ClusterShape) -> Result<FlashCluster, String> {
         let directory = tempfile::tempdir().map_err(|error| error.to_string())?;
         let (log, segment, replicas_text) =
-            (log_mib.to_string(), arguments.segment_mib.to_string(), replicas.to_string());
+            (shape.log_mib.to_string(), shape.segment_mib.to_string(), shape.replicas.to_string());
         let flags = ["--log-mib", &log, "--segment-mib", &segment, "--replicas", &replicas_text];
-        let flash_gib = flash_gib.to_string();
         // Info lines without colour: the bench reads the server's flash I/O mode from its log
         // (what servers log when STRATUS_LOG is unset; a test's environment may lower it).
-        let environment =
-            [("STRATUS_FLASH_GIB", flash_gib.as_str()), ("STRATUS_LOG", "info"), ("NO_COLOR", "1")];
+        let mut environment = vec![
+            ("STRATUS_FLASH_GIB", shape.flash_gib.to_string()),
+            ("STRATUS_LOG", "info".to_string()),
+            ("NO_COLOR", "1".to_string()),
+        ];
+        if let Some(auto_dram_mib) = shape.auto_dram_mib {
+            environment.push(("STRATUS_AUTO_DRAM_MIB", auto_dram_mib.to_string()));
+        }
+        let environment: Vec<(&str, &str)> =
+            environment.iter().map(|(name, value)| (*name, value.as_str())).collect();
         let MetricsCluster { cluster: UpCluster { process, coordinator, .. }, server_metrics } =
-            start_local_cluster_with_metrics(directory.path(), servers, &flags, &environment)?;
+            start_local_cluster_with_metrics(
+                directory.path(),
+                shape.servers,
+                &flags,
+                &environment,
+            )?;
         let processes = process_tree(process.id())?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -210,8 +248,8 @@ impl FlashCluster {
             client,
             runtime,
             processes,
-            segment_bytes: arguments.segment_mib << 20,
-            servers,
+            segment_bytes: shape.segment_mib << 20,
+            servers: shape.servers,
             directory,
         })
     }
@@ -220,7 +258,7 @@ impl FlashCluster {
         self.directory.path()
     }
 
-    fn server_metrics(&self) -> &[String] {
+    pub(crate) fn server_metrics(&self) -> &[String] {
         &self.server_metrics
     }
 

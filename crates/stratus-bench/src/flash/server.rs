@@ -54,7 +54,7 @@ pub fn flash_figures(servers: &[String]) -> Result<FlashFigures, String> {
     let mut sum = FlashFigures::default();
     for address in servers {
         let text = scrape(address)?;
-        let value = |name: &str| unlabelled_sample(&text, name).unwrap_or(0.0);
+        let value = |name: &str| series_sample(&text, name).unwrap_or(0.0);
         sum.objects_demoted += value("stratus_flash_objects_demoted_total");
         sum.image_bytes_written += value("stratus_flash_image_bytes_written_total");
         sum.images += value("stratus_flash_images");
@@ -73,7 +73,7 @@ pub fn flash_figures(servers: &[String]) -> Result<FlashFigures, String> {
 }
 
 /// The body of `GET /metrics` at `address` (`host:port`).
-fn scrape(address: &str) -> Result<String, String> {
+pub(crate) fn scrape(address: &str) -> Result<String, String> {
     let failed = |error: std::io::Error| format!("metrics of {address}: {error}");
     let mut stream = TcpStream::connect(address).map_err(failed)?;
     stream.set_read_timeout(Some(SCRAPE_TIMEOUT)).map_err(failed)?;
@@ -92,11 +92,12 @@ fn scrape(address: &str) -> Result<String, String> {
     Ok(body.to_string())
 }
 
-/// The value of the sample of `name` without labels in Prometheus text `text`.
-fn unlabelled_sample(text: &str, name: &str) -> Option<f64> {
+/// The value of the sample written exactly `series` in Prometheus text `text`: a name, or a
+/// name with its labels as servers write them (`stratus_tier_auto_reads_total{from="dram"}`).
+pub(crate) fn series_sample(text: &str, series: &str) -> Option<f64> {
     text.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
-        let (sample, value) = line.split_once(' ')?;
-        (sample == name).then(|| value.trim().parse().ok()).flatten()
+        let (sample, value) = line.rsplit_once(' ')?;
+        (sample == series).then(|| value.trim().parse().ok()).flatten()
     })
 }
 
@@ -115,14 +116,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_unlabelled_sample_is_found_by_its_whole_name() {
+    fn a_sample_is_found_by_its_whole_name_and_labels() {
         let text = "# HELP stratus_flash_images Segments.\n# TYPE stratus_flash_images gauge\n\
                     stratus_flash_images 7\nstratus_flash_images_refused_total 2\n\
                     stratus_master_table_objects{table=\"1\"} 5\nstratus_master_objects 1.5e3\n";
-        assert_eq!(unlabelled_sample(text, "stratus_flash_images"), Some(7.0));
-        assert_eq!(unlabelled_sample(text, "stratus_flash_images_refused_total"), Some(2.0));
-        assert_eq!(unlabelled_sample(text, "stratus_master_objects"), Some(1500.0));
-        assert_eq!(unlabelled_sample(text, "stratus_master_table_objects"), None);
-        assert_eq!(unlabelled_sample(text, "stratus_flash"), None);
+        assert_eq!(series_sample(text, "stratus_flash_images"), Some(7.0));
+        assert_eq!(series_sample(text, "stratus_flash_images_refused_total"), Some(2.0));
+        assert_eq!(series_sample(text, "stratus_master_objects"), Some(1500.0));
+        assert_eq!(series_sample(text, "stratus_master_table_objects"), None);
+        assert_eq!(series_sample(text, "stratus_flash"), None);
+        assert_eq!(series_sample(text, "stratus_master_table_objects{table=\"1\"}"), Some(5.0));
+        assert_eq!(series_sample(text, "stratus_master_table_objects{table=\"2\"}"), None);
     }
 }

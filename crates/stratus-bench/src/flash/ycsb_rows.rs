@@ -21,16 +21,13 @@ use super::server::flash_figures;
 use super::{FlashArguments, FlashCluster};
 use crate::report::{print_json, Field};
 use crate::ycsb::driver::{load, run_phase};
-use crate::ycsb::generators::{Workload, FIELD_COUNT, FIELD_LENGTH};
+use crate::ycsb::generators::{Workload, FIELD_COUNT, FIELD_LENGTH, RECORD_LOG_BYTES};
 use crate::ycsb::measure::PhaseResult;
 use crate::ycsb::systems::Running;
 use crate::ycsb::YcsbArguments;
 
 /// DRAM's price per GB over flash's (T2).
 const DRAM_OVER_FLASH_PRICE: f64 = 23.0;
-/// Bytes a record takes in the log (its 1 000 bytes of fields, key and headers), for sizing
-/// the flash table from the log memory.
-const RECORD_LOG_BYTES: u64 = 1_100;
 
 /// Runs the YCSB rows.
 pub(super) fn run(arguments: &FlashArguments) -> Result<(), String> {
@@ -131,17 +128,12 @@ fn running(cluster: &FlashCluster, table: stratus_client::TableId, exactly_once:
 
 /// The driver's arguments for one table.
 fn driver_arguments(arguments: &FlashArguments, records: u64) -> YcsbArguments {
-    YcsbArguments {
-        workload: "a".into(),
-        systems: Vec::new(),
-        configs: Vec::new(),
+    YcsbArguments::for_table(
         records,
-        operations: arguments.ycsb_operations,
-        threads: arguments.ycsb_threads.max(1),
-        target: None,
-        stratus_servers: 1,
-        stratus_log_mib: arguments.ycsb_log_mib,
-    }
+        arguments.ycsb_operations,
+        arguments.ycsb_threads,
+        arguments.ycsb_log_mib,
+    )
 }
 
 /// The tables' sizes and what the flash table keeps in DRAM.

@@ -50,6 +50,8 @@ pub fn load(running: &Running, arguments: &YcsbArguments) -> Result<PhaseResult,
 struct RunPlan<'a> {
     arguments: &'a YcsbArguments,
     workload: Workload,
+    /// Seeds the threads' random streams (each thread mixes in its number).
+    seed: u64,
     /// Key numbers of inserts, and the highest below which every insert was acknowledged.
     counter: AcknowledgedCounter,
     /// CoreWorkload: the zipfian key space includes the inserts expected during the run
@@ -65,10 +67,24 @@ pub fn run_phase(
     arguments: &YcsbArguments,
     workload: Workload,
 ) -> Result<PhaseResult, String> {
+    run_phase_seeded(running, arguments, workload, SEED)
+}
+
+/// [`run_phase`] with the threads' random streams seeded from `seed`: phases run one after
+/// another on the same records with different seeds draw different sequences of keys from
+/// the same distribution (with the same seed, a warm-up would rehearse the measured phase's
+/// exact keys).
+pub fn run_phase_seeded(
+    running: &Running,
+    arguments: &YcsbArguments,
+    workload: Workload,
+    seed: u64,
+) -> Result<PhaseResult, String> {
     let threads = f64::from(arguments.threads);
     let plan = RunPlan {
         arguments,
         workload,
+        seed,
         counter: AcknowledgedCounter::new(arguments.records),
         expected_new_keys: (arguments.operations as f64 * workload.insert * 2.0) as i64,
         tick: arguments.target.map(|target| Duration::from_secs_f64(threads / target)),
@@ -106,7 +122,7 @@ fn run_thread(running: &Running, plan: &RunPlan<'_>, thread: u32) -> Result<Meas
     let mut state = RunThread {
         plan,
         database: running.connect()?,
-        random: Random::new(SEED ^ (thread << 32)),
+        random: Random::new(plan.seed ^ (thread << 32)),
         zipfian: ScrambledZipfian::new(0, arguments.records as i64 + plan.expected_new_keys),
         latest: SkewedLatest::new(plan.counter.last_value()),
         measurements: Measurements::default(),

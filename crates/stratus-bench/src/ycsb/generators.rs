@@ -277,6 +277,9 @@ impl Workload {
 pub const FIELD_COUNT: usize = 10;
 /// Bytes per field.
 pub const FIELD_LENGTH: usize = 100;
+/// Bytes a record takes in a Stratus log (its 1 000 bytes of fields, its key and the entry's
+/// headers), for sizing tables from a log's or a DRAM budget's memory.
+pub const RECORD_LOG_BYTES: u64 = 1_100;
 /// YCSB's `maxscanlength` in workload E.
 pub const SCAN_LENGTH_MAX: u64 = 100;
 

@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 
 use super::generators::Operation;
 use crate::cpu::CpuCost;
-use crate::report::{latency_histogram, print_json, Field};
+use crate::report::{latency_histogram, print_json, Field, Percentiles};
 
 /// What an operation returned (YCSB's `Return=...` lines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,6 +68,15 @@ impl Measurements {
         entry.service.saturating_record((service.as_nanos() as u64).max(1));
         entry.intended.saturating_record((intended.as_nanos() as u64).max(1));
         *entry.outcomes.entry(outcome).or_default() += 1;
+    }
+
+    /// Percentiles of the service time of every operation, whatever its type.
+    pub fn overall(&self) -> Percentiles {
+        let mut all = latency_histogram();
+        for histograms in self.operations.values() {
+            let _ = all.add(&histograms.service);
+        }
+        Percentiles::of(&all)
     }
 
     /// Adds another thread's measurements.

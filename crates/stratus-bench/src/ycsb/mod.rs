@@ -67,6 +67,25 @@ pub struct YcsbArguments {
     pub stratus_log_mib: u64,
 }
 
+impl YcsbArguments {
+    /// The driver's arguments for a benchmark that starts its own cluster and table and runs
+    /// the driver on it (`bench flash`, `bench tiering`): the workload, systems and cluster
+    /// shape are then the caller's, and unused here.
+    pub fn for_table(records: u64, operations: u64, threads: u32, log_mib: u64) -> YcsbArguments {
+        YcsbArguments {
+            workload: "a".into(),
+            systems: Vec::new(),
+            configs: Vec::new(),
+            records,
+            operations,
+            threads: threads.max(1),
+            target: None,
+            stratus_servers: 1,
+            stratus_log_mib: log_mib,
+        }
+    }
+}
+
 /// Runs the benchmark.
 pub fn run(arguments: YcsbArguments) -> Result<(), String> {
     let name = arguments.workload.chars().next().unwrap_or('a');

@@ -285,6 +285,19 @@ impl TestCluster {
 /// One JSON object a benchmark printed.
 pub type BenchRow = std::collections::HashMap<String, serde_json::Value>;
 
+/// The number `field` of a benchmark's row; fails the test, showing the row, if it is not one.
+pub fn number(row: &BenchRow, field: &str) -> f64 {
+    row[field].as_f64().unwrap_or_else(|| panic!("{field}: {row:?}"))
+}
+
+/// Asserts that every one of `fields` of a benchmark's row is a positive, finite number.
+pub fn assert_positive(row: &BenchRow, fields: &[&str]) {
+    for field in fields {
+        let value = number(row, field);
+        assert!(value > 0.0 && value.is_finite(), "{field} = {value}: {row:?}");
+    }
+}
+
 /// Runs `stratus ARGUMENTS` (a benchmark) to its end, waiting at most `patience`; asserts that
 /// it succeeded and returns its standard output and the JSON objects it printed.
 pub fn run_bench(arguments: &[&str], patience: Duration) -> (String, Vec<BenchRow>) {

@@ -102,9 +102,10 @@ struct FlashState {
     nothing_to_demote: BTreeSet<SegmentId>,
     /// Cleaned segments whose images go once the segments have left the log.
     leaving: BTreeSet<SegmentId>,
-    /// Flash refused an image for want of room, and no image was deleted since: only a deleted
-    /// image gives room back, so demotion does not try (and compact a segment for nothing)
-    /// until one is.
+    /// Flash refused an image for want of room while it held images of ours, and no image was
+    /// deleted since: only a deleted image gives room back, so demotion does not try (and
+    /// compact a segment for nothing) until one is. A refusal while it held none is not
+    /// remembered (no deletion could ever follow): demotion tries again after its pause.
     full: bool,
 }
 
@@ -325,7 +326,10 @@ impl ObjectStore {
                 state.totals.image_bytes_written += bytes.len() as u64;
             } else {
                 state.totals.images_refused += 1;
-                state.full = matches!(written, Err(FlashImageError::Full));
+                // Only a deleted image gives room back: without one to delete, the refusal
+                // is not remembered, or demotion would never try again.
+                state.full =
+                    matches!(written, Err(FlashImageError::Full)) && !state.imaged.is_empty();
             }
         }
         let offsets = match &written {

@@ -26,12 +26,19 @@
 //! - with the list-append workload ([`SimulationOptions::list_append`], module
 //!   [`list_append`]): transactions appending to and reading lists, whose whole history must
 //!   show none of the anomalies strict serializability forbids (stratus-history's Elle-style
-//!   checker).
+//!   checker);
+//! - with tiers ([`SimulationOptions::tiering`], module [`flash`]): the main table on flash or
+//!   auto, every server with a small in-memory flash under the production `DeviceImages`, and
+//!   a schedule that also crashes masters in the millisecond of a demotion, a promotion or a
+//!   read from flash (`Fault::CrashServerAtTierMove`) and makes flash refuse writes or fail
+//!   reads (`Fault::FailFlash`): the invariants above hold whatever tier an object is in, and
+//!   [`SimulationReport::tiering`] shows the objects did move.
 //!
 //! `docs/design/simulation.md` describes the model and what it leaves out.
 
 pub mod bank;
 pub mod disk;
+pub mod flash;
 pub mod host_cpu;
 pub mod list_append;
 pub mod meta_meter;
@@ -51,7 +58,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use stratus_backup::Durability;
-use stratus_client::{Client, ClientConfig, TableId, Version};
+use stratus_client::{Client, ClientConfig, TableId, Tier, Version};
 use stratus_history::workload::{counter_key, counter_step, mixed_step, unique_value};
 use stratus_history::{check, CheckOptions, Outcome, Recorder, RecordingClient};
 pub use stratus_master::{PeerProbeConfig, Placement};
@@ -60,13 +67,16 @@ use stratus_wire::ServerStatus;
 
 pub use crate::bank::BankOptions;
 use crate::disk::SimulatedDisk;
+pub use crate::flash::{FlashDeviceCounts, FlashFault, SimulatedFlash};
 pub use crate::list_append::{ListAppendOptions, ListAppendSummary};
 use crate::meta_meter::MeteredMetaStore;
-use crate::nodes::{server_host, ServerSetup, ServingObservations, COORDINATOR_ADDRESS};
+use crate::nodes::{
+    server_host, ServerSetup, ServerTiering, ServingObservations, TierWork, COORDINATOR_ADDRESS,
+};
 pub use crate::preload::Preload;
 use crate::preload::PreloadState;
 use crate::schedule::Choices;
-pub use crate::schedule::{Fault, ScheduledFault};
+pub use crate::schedule::{Fault, ScheduledFault, TierMove};
 pub use crate::wiretap::PlantedBug;
 use crate::wiretap::Wiretap;
 
@@ -149,6 +159,54 @@ pub struct SimulationOptions {
     /// How the servers ping their peers (`stratus_master::PeerProbeConfig`; the default, as
     /// `stratus server` runs). A test of the ping-rate bound runs a faster one.
     pub peer_probe: PeerProbeConfig,
+    /// The workload's table on flash or auto, and every server with a flash tier (module
+    /// [`flash`]); with faults, the schedule then draws crashes timed at moves between tiers
+    /// and flash faults too (`schedule::generate_tiered`). `None` (the default, and
+    /// `for_seed`'s): a memory table on servers without flash, every seed as before.
+    pub tiering: Option<Tiering>,
+}
+
+/// The tier of the workload's table and the servers' flash (`SimulationOptions::tiering`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tiering {
+    /// The tier the main workload's table `simulation` is created with (the bank's and the
+    /// list-append workload's tables stay in memory).
+    pub tier: Tier,
+    /// Each server's flash budget: images of whole segments (256 KiB) count against it.
+    pub flash_budget_bytes: u64,
+    /// The auto tables' DRAM budget per server (`StoreConfig::auto_dram_bytes_max`).
+    pub auto_dram_bytes_max: u64,
+    /// Reads of random filler keys (any client's) each client adds to every step, so that
+    /// values are read back from flash and auto objects promoted; the verifier reads them all
+    /// at the end as always.
+    pub filler_reads_per_step: u32,
+}
+
+impl Tiering {
+    /// A flash table on servers with 8 segments' worth of flash (twice their 1.5 MiB log
+    /// less a segment: the filler keeps it near full, so the flash-pressure cleaning runs).
+    pub fn flash() -> Tiering {
+        let segment_bytes = u64::from(nodes::store_config().segment_bytes);
+        Tiering {
+            tier: Tier::Flash,
+            flash_budget_bytes: 8 * segment_bytes,
+            auto_dram_bytes_max: nodes::store_config().auto_dram_bytes_max,
+            filler_reads_per_step: 3,
+        }
+    }
+
+    /// An auto table whose DRAM budget is a 48th of the servers' 1.5 MiB log (32 KiB, an
+    /// eighth of a segment): a master's share of the clients' live filler (6 keys of up to
+    /// 24 KiB per client) never fits, so every closed segment holding auto objects is demoted
+    /// once replicated, least recently used first, and the filler reads promote what they
+    /// find on flash, which puts the master over its budget again.
+    pub fn auto() -> Tiering {
+        Tiering {
+            tier: Tier::Auto,
+            auto_dram_bytes_max: nodes::store_config().log_bytes / 48,
+            ..Tiering::flash()
+        }
+    }
 }
 
 impl SimulationOptions {
@@ -208,6 +266,7 @@ impl Default for SimulationOptions {
             await_every_server: false,
             filler_value_bytes_max: nodes::FILLER_VALUE_BYTES_MAX,
             peer_probe: PeerProbeConfig::default(),
+            tiering: None,
         }
     }
 }
@@ -295,6 +354,111 @@ pub struct SimulationReport {
     /// The preload's acknowledged writes, and when the loader finished
     /// (`SimulationOptions::preload`).
     pub preloaded: Option<(u64, Duration)>,
+    /// What the tiers did (`SimulationOptions::tiering`).
+    pub tiering: Option<TieringSummary>,
+}
+
+/// What the servers' tiers did in a run (`SimulationOptions::tiering`), summed over every
+/// server incarnation (each as last sampled, every 10 ms of simulated time), so a test can
+/// require that the run exercised what it claims to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TieringSummary {
+    /// Segments demoted (imaged on flash and compacted), for flash and auto tables.
+    pub demotions: u64,
+    /// Objects moved to flash by them.
+    pub objects_demoted: u64,
+    /// Of the demotions, those made because auto tables were over their DRAM budget.
+    pub auto_demotions: u64,
+    /// Images flash refused (full or failing): their segments stayed in memory.
+    pub images_refused: u64,
+    /// Images deleted because their segments were cleaned.
+    pub images_deleted: u64,
+    /// Values read back from flash for requests (flash tables' and auto tables').
+    pub reads_from_flash: u64,
+    /// Reads of auto objects served from DRAM.
+    pub reads_from_dram: u64,
+    /// Image reads that failed or did not verify (by the store's count).
+    pub flash_reads_failed: u64,
+    /// Auto objects promoted back into the log.
+    pub promotions: u64,
+    /// Promotions drawn but not done (over the byte rate, or no memory).
+    pub promotions_refused: u64,
+    /// What the simulated devices did (writes, refusals, reads, failed reads).
+    pub device: FlashDeviceCounts,
+    /// `Fault::CrashServerAtTierMove` crashes made right after the move they waited for, by
+    /// move.
+    pub crashes_at_moves: BTreeMap<TierMove, u64>,
+    /// Those that waited in vain and crashed the server at the end of their wait.
+    pub crashes_after_waiting: u64,
+}
+
+impl TieringSummary {
+    /// Adds `other`'s counts to these (to sum the runs of a test).
+    pub fn add(&mut self, other: &TieringSummary) {
+        self.demotions += other.demotions;
+        self.objects_demoted += other.objects_demoted;
+        self.auto_demotions += other.auto_demotions;
+        self.images_refused += other.images_refused;
+        self.images_deleted += other.images_deleted;
+        self.reads_from_flash += other.reads_from_flash;
+        self.reads_from_dram += other.reads_from_dram;
+        self.flash_reads_failed += other.flash_reads_failed;
+        self.promotions += other.promotions;
+        self.promotions_refused += other.promotions_refused;
+        self.add_device(other.device);
+        for (on, count) in &other.crashes_at_moves {
+            *self.crashes_at_moves.entry(*on).or_default() += count;
+        }
+        self.crashes_after_waiting += other.crashes_after_waiting;
+    }
+
+    fn add_work(&mut self, work: &TierWork) {
+        self.demotions += work.flash.demotions;
+        self.objects_demoted += work.flash.objects_demoted;
+        self.auto_demotions += work.auto.demotions;
+        self.images_refused += work.flash.images_refused;
+        self.images_deleted += work.flash.images_deleted;
+        self.reads_from_flash += work.flash.values_read + work.auto.reads_from_flash;
+        self.reads_from_dram += work.auto.reads_from_dram;
+        self.flash_reads_failed += work.flash.reads_failed;
+        self.promotions += work.auto.promotions;
+        self.promotions_refused += work.auto.promotions_refused;
+    }
+
+    fn add_device(&mut self, counts: FlashDeviceCounts) {
+        self.device.writes += counts.writes;
+        self.device.writes_refused += counts.writes_refused;
+        self.device.reads += counts.reads;
+        self.device.reads_failed += counts.reads_failed;
+    }
+}
+
+impl fmt::Display for TieringSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tiers: {} demotions ({} for the auto budget, {} objects), {} images refused, {} \
+             deleted; {} reads from flash, {} from DRAM, {} flash reads failed; {} promotions \
+             ({} refused); device {} writes, {} refused, {} reads, {} failed; crashes at \
+             moves {:?}, {} after waiting",
+            self.demotions,
+            self.auto_demotions,
+            self.objects_demoted,
+            self.images_refused,
+            self.images_deleted,
+            self.reads_from_flash,
+            self.reads_from_dram,
+            self.flash_reads_failed,
+            self.promotions,
+            self.promotions_refused,
+            self.device.writes,
+            self.device.writes_refused,
+            self.device.reads,
+            self.device.reads_failed,
+            self.crashes_at_moves,
+            self.crashes_after_waiting
+        )
+    }
 }
 
 /// What a run cost, measured (`SimulationOptions::measure`; with a planted bug, the wiretap
@@ -439,6 +603,9 @@ impl fmt::Display for SimulationReport {
                 lists.report.graph_edges
             )?;
         }
+        if let Some(tiering) = &self.tiering {
+            writeln!(f, "  {tiering}")?;
+        }
         for fault in &self.faults {
             writeln!(f, "  {fault}")?;
         }
@@ -580,6 +747,63 @@ enum Action {
     FailSyncs { server: usize },
     FailWrites { server: usize },
     RotBit { server: usize },
+    ArmCrashAtTierMove { server: usize, on: TierMove, armed_for: Duration, down_for: Duration },
+    FailFlash { server: usize, fault: FlashFault },
+    HealFlash { server: usize },
+}
+
+/// A crash waiting for a master's next move between tiers (`Fault::CrashServerAtTierMove`).
+#[derive(Debug)]
+struct ArmedCrash {
+    /// The server crashed if no master moves in time.
+    fallback: usize,
+    on: TierMove,
+    until: Duration,
+    down_for: Duration,
+    /// Per server index: the incarnation watched and its count of such moves when first seen.
+    baselines: BTreeMap<usize, (stratus_types::ServerId, u64)>,
+}
+
+/// How many moves of kind `on` `store` has made.
+fn tier_moves(store: &stratus_store::ObjectStore, on: TierMove) -> u64 {
+    let work = TierWork::of(store);
+    match on {
+        TierMove::Demotion => work.flash.demotions,
+        TierMove::Promotion => work.auto.promotions,
+        TierMove::FlashRead => work.flash.values_read + work.auto.reads_from_flash,
+    }
+}
+
+impl ArmedCrash {
+    /// Which server to crash after a step that ended at `now`, if any: the first (by index)
+    /// whose store made such a move during the step (`true`), or, once the wait is over,
+    /// the fallback (`false`).
+    fn due(
+        &mut self,
+        now: Duration,
+        observations: &Mutex<ServingObservations>,
+    ) -> Option<(usize, bool)> {
+        let observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut moved = None;
+        for (index, (server_id, store)) in &observations.stores {
+            let Some(store) = store.upgrade() else { continue };
+            let moves = tier_moves(&store, self.on);
+            match self.baselines.get(index) {
+                Some((watched, before)) if watched == server_id && moves > *before => {
+                    moved = moved.or(Some(*index));
+                }
+                Some((watched, _)) if watched == server_id => {}
+                // A new incarnation (or the first look): count from here.
+                _ => {
+                    self.baselines.insert(*index, (*server_id, moves));
+                }
+            }
+        }
+        match moved {
+            Some(index) => Some((index, true)),
+            None => (now >= self.until).then_some((self.fallback, false)),
+        }
+    }
 }
 
 /// Time after a partition heals or a stall ends before a server that stopped itself (it was
@@ -646,6 +870,14 @@ fn timeline(faults: &[ScheduledFault]) -> Vec<(Duration, Action)> {
                     Action::RestartServer { server },
                 ));
             }
+            // The crash and the restart are timed when the move happens (`ArmedCrash`).
+            Fault::CrashServerAtTierMove { server, on, armed_for, down_for } => {
+                actions.push((at, Action::ArmCrashAtTierMove { server, on, armed_for, down_for }));
+            }
+            Fault::FailFlash { server, fault, heal_after } => {
+                actions.push((at, Action::FailFlash { server, fault }));
+                actions.push((at + heal_after, Action::HealFlash { server }));
+            }
         }
     }
     actions.sort_by_key(|(at, _)| *at);
@@ -686,10 +918,15 @@ fn client_config() -> ClientConfig {
     config
 }
 
-/// The table every client uses: created by whichever client gets there first.
-async fn table_id(client: &Client, span: u32) -> Option<TableId> {
+/// The tier of the table every client uses.
+fn workload_tier(options: &SimulationOptions) -> Tier {
+    options.tiering.as_ref().map_or(Tier::Memory, |tiering| tiering.tier)
+}
+
+/// The table every client uses: created (on `tier`) by whichever client gets there first.
+async fn table_id(client: &Client, span: u32, tier: Tier) -> Option<TableId> {
     for _ in 0..200 {
-        if let Ok(table) = client.create_table("simulation", span).await {
+        if let Ok(table) = client.create_table_with_tier("simulation", span, tier).await {
             return Some(table);
         }
         if let Ok(table) = client.get_table_id("simulation").await {
@@ -717,7 +954,9 @@ async fn run_client(
     if options.await_every_server {
         preload::every_server_enlisted(&client, options.servers).await;
     }
-    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let table = table_id(&client, options.servers as u32, workload_tier(&options))
+        .await
+        .ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), client_id);
     let keys: Vec<bytes::Bytes> =
         (0..options.keys).map(|index| bytes::Bytes::from(format!("key-{index}"))).collect();
@@ -737,6 +976,15 @@ async fn run_client(
         let mut value = unique_value(client_id, sequence).to_vec();
         value.resize(length, (sequence % 251) as u8);
         let _ = client.write(table, key.as_bytes(), &value).await;
+        // With a table on flash or auto: read filler back (drawn only then, so other runs
+        // make the same choices as before), from flash or, once promoted, from DRAM.
+        if let Some(tiering) = &options.tiering {
+            for _ in 0..tiering.filler_reads_per_step {
+                let owner = choices.below(u64::from(options.clients)) as u32;
+                let key = filler_key(owner, choices.below(FILLER_KEYS_PER_CLIENT));
+                let _ = client.read(table, key.as_bytes()).await;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(
             choices.below(options.think_time_max.as_millis() as u64 + 1),
         ))
@@ -759,7 +1007,9 @@ async fn run_loader(
     if options.await_every_server {
         preload::every_server_enlisted(&client, options.servers).await;
     }
-    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let table = table_id(&client, options.servers as u32, workload_tier(&options))
+        .await
+        .ok_or("no table")?;
     let recorder = workload.recorder.clone();
     let client_id = options.clients + 1;
     preload::run_loader(client, recorder, client_id, table, preload, workload.preload.clone()).await
@@ -780,7 +1030,9 @@ async fn run_operator(
     let mut choices = Choices::new(seed ^ 0x0BE2_A702);
     let client =
         Client::with_environment(client_config(), network::client_environment(seed, "operator", 0));
-    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let table = table_id(&client, options.servers as u32, workload_tier(&options))
+        .await
+        .ok_or("no table")?;
     for _ in 0..TABLET_MOVES_MAX {
         tokio::time::sleep(Duration::from_millis(200 + choices.below(1_300))).await;
         if workload.clients_done.load(Ordering::Acquire) >= options.clients {
@@ -859,7 +1111,9 @@ async fn verify(
     let mut config = client_config();
     config.operation_timeout = Duration::from_secs(30);
     let client = Client::with_environment(config, network::client_environment(seed, "verifier", 0));
-    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let table = table_id(&client, options.servers as u32, workload_tier(&options))
+        .await
+        .ok_or("no table")?;
     let client = RecordingClient::new(client, workload.recorder.clone(), options.clients);
     let shared_keys = (0..options.keys).map(|index| format!("key-{index}"));
     let filler_keys = (0..options.clients).flat_map(|client_id| {
@@ -1049,6 +1303,14 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     report.durability = durability.to_string();
     if let Some(script) = &options.scripted_faults {
         report.faults = script.clone();
+    } else if let Some(tiering) = options.tiering.as_ref().filter(|_| options.faults) {
+        report.faults = schedule::generate_tiered(
+            &mut schedule_choices,
+            options.servers,
+            options.replicas,
+            options.fault_window,
+            tiering.tier == Tier::Auto,
+        );
     } else if options.faults {
         report.faults = schedule::generate(
             &mut schedule_choices,
@@ -1098,6 +1360,13 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     let geometry_bytes = nodes::backup_config(durability).geometry().total_bytes();
     let disks: Vec<Arc<SimulatedDisk>> =
         (0..options.servers).map(|_| Arc::new(SimulatedDisk::new(geometry_bytes))).collect();
+    let segment_bytes = u64::from(nodes::store_config().segment_bytes);
+    let flashes: Vec<Arc<SimulatedFlash>> = match &options.tiering {
+        Some(tiering) => (0..options.servers)
+            .map(|_| SimulatedFlash::new(segment_bytes, tiering.flash_budget_bytes))
+            .collect(),
+        None => Vec::new(),
+    };
     for (index, disk) in disks.iter().enumerate() {
         let setup = ServerSetup {
             seed,
@@ -1113,6 +1382,10 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
             placement: options.placement,
             wiretap: wiretap.clone(),
             peer_probe: options.peer_probe,
+            tiering: options.tiering.as_ref().map(|tiering| ServerTiering {
+                flash: flashes[index].clone(),
+                auto_dram_bytes_max: tiering.auto_dram_bytes_max,
+            }),
         };
         simulation.host(server_host(index), nodes::server(setup));
     }
@@ -1204,6 +1477,11 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     let crash = |simulation: &mut turmoil::Sim<'_>, host: &str| simulation.crash(host);
     let mut recoveries: BTreeMap<u64, ServerRecovery> = std::collections::BTreeMap::new();
     let bounce = |simulation: &mut turmoil::Sim<'_>, host: &str| simulation.bounce(host);
+    // Crashes timed at moves between tiers: the one waiting, and the crash and restart it
+    // scheduled once it fired (empty unless the schedule has such faults).
+    let mut armed: Option<ArmedCrash> = None;
+    let mut timed_actions: Vec<(Duration, Action)> = Vec::new();
+    let mut tier_crashes: (BTreeMap<TierMove, u64>, u64) = (BTreeMap::new(), 0);
     loop {
         let now = simulation.elapsed();
         if options.observe_recoveries {
@@ -1219,7 +1497,15 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
                 report.exposures.push(exposure(now, &crashing, &observations));
             }
         }
+        let mut due: Vec<Action> = Vec::new();
         while let Some((_, action)) = actions.next_if(|(at, _)| *at <= now) {
+            due.push(action);
+        }
+        if !timed_actions.is_empty() {
+            due.extend(timed_actions.iter().filter(|(at, _)| *at <= now).map(|(_, a)| a.clone()));
+            timed_actions.retain(|(at, _)| *at > now);
+        }
+        for action in due {
             match action {
                 Action::CrashServer { server, flip_bit } => {
                     observations
@@ -1287,14 +1573,40 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
                 Action::RotBit { server } => {
                     disks[server].flip_bit(&mut disk_choices);
                 }
+                Action::ArmCrashAtTierMove { server, on, armed_for, down_for } => {
+                    armed = Some(ArmedCrash {
+                        fallback: server,
+                        on,
+                        until: now + armed_for,
+                        down_for,
+                        baselines: BTreeMap::new(),
+                    });
+                }
+                Action::FailFlash { server, fault } => flashes[server].fail(fault),
+                Action::HealFlash { server } => flashes[server].heal(),
             }
         }
-        if actions.peek().is_none() {
+        if actions.peek().is_none() && timed_actions.is_empty() && armed.is_none() {
             workload.faults_over.store(true, Ordering::Release);
         }
         let stepped = simulation.step();
         report.steps += 1;
         report.simulated = simulation.elapsed();
+        if let Some(crash) = armed.as_mut() {
+            // Crashed before the next step: in the millisecond of the move.
+            if let Some((server, at_move)) = crash.due(report.simulated, &observations) {
+                let down_for = crash.down_for;
+                if at_move {
+                    *tier_crashes.0.entry(crash.on).or_default() += 1;
+                } else {
+                    tier_crashes.1 += 1;
+                }
+                armed = None;
+                let at = report.simulated;
+                timed_actions.push((at, Action::CrashServer { server, flip_bit: false }));
+                timed_actions.push((at + down_for, Action::RestartServer { server }));
+            }
+        }
         if let Some(measured) = measurements.as_ref().filter(|_| options.measure) {
             let spent = Duration::from_nanos(coordinator_cpu.swap(0, Ordering::Relaxed));
             measured.add_coordinator_cpu(report.simulated, spent);
@@ -1327,6 +1639,21 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
         }
     }
     report.recoveries = recoveries.into_values().collect();
+    if options.tiering.is_some() {
+        let mut summary = TieringSummary {
+            crashes_at_moves: tier_crashes.0,
+            crashes_after_waiting: tier_crashes.1,
+            ..TieringSummary::default()
+        };
+        let observations = observations.lock().unwrap_or_else(|poison| poison.into_inner());
+        for work in observations.tier_work.values() {
+            summary.add_work(work);
+        }
+        for flash in &flashes {
+            summary.add_device(flash.counts());
+        }
+        report.tiering = Some(summary);
+    }
     if options.preload.is_some() {
         report.preloaded = Some(workload.preload.outcome());
     }
@@ -1358,6 +1685,9 @@ pub fn run(seed: u64, options: &SimulationOptions) -> Result<SimulationReport, S
     fnv1a(&mut fingerprint, format!("{:?}", history.operations).as_bytes());
     fnv1a(&mut fingerprint, &report.steps.to_le_bytes());
     fnv1a(&mut fingerprint, &report.serving_samples.to_le_bytes());
+    if let Some(tiering) = &report.tiering {
+        fnv1a(&mut fingerprint, format!("{tiering:?}").as_bytes());
+    }
     if options.bank.is_some() {
         let log = workload.bank.log();
         fnv1a(&mut fingerprint, log.join("\n").as_bytes());

@@ -2,23 +2,26 @@
 //! the simulated network, clock and disk, each node on one thread.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use stratus_backup::{collect_garbage, BackupConfig, BackupRouter, BackupService, Durability};
 use stratus_coordinator::{Coordinator, FailureDetectorConfig};
 use stratus_env::Environment;
 use stratus_master::{
-    keep_lease, probe_peers, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
+    keep_lease, probe_peers, DeviceImages, Lease, Master, MasterConfig, PeerProbeConfig, Placement,
     RecoveryReader, ReplicaManager, ReplicationConfig,
 };
 use stratus_meta::MetaStore;
 use stratus_rpc::{serve_admitting, Backoff, ChannelPool, RpcConfig, Service};
-use stratus_store::{CleanOutcome, CleanStep, StoreConfig};
+use stratus_store::{
+    AutoStatistics, CleanOutcome, CleanStep, FlashImages, FlashTotals, ObjectStore, StoreConfig,
+};
 use stratus_types::{HashRange, ServerId, TableId};
 use stratus_wire::{Request, Response, ResponseBody, ServiceMask, Status};
 
 use crate::disk::SimulatedDisk;
+use crate::flash::SimulatedFlash;
 use crate::network::member_environment;
 use crate::wiretap::{TappedNetwork, Wiretap};
 
@@ -41,6 +44,10 @@ const SERVING_SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
 const CLEANER_IDLE_INTERVAL: Duration = Duration::from_millis(20);
 /// How often a server checks whether the coordinator declared it crashed.
 const DECLARED_CRASHED_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// How long the cleaner task stops demoting after flash refused an image (full or failing),
+/// as the server's demoting thread does (`DEMOTION_RETRY_PAUSE` in stratus-master's
+/// cleaner_threads.rs): each try compacts a segment for nothing.
+const DEMOTION_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// Sizes of the simulated servers: a log of 6 segments of 256 KiB in 16 KiB seglets, so that
 /// the clients' filler writes fill it and the cleaner runs against replication, crashes and
@@ -101,6 +108,28 @@ pub struct ServingObservations {
     /// Per server index: the running incarnation's id and backup, so the harness can see
     /// where every segment's copies are when servers crash (removed when it crashes).
     pub backups: std::collections::BTreeMap<usize, (ServerId, Arc<BackupService>)>,
+    /// With a flash tier (`SimulationOptions::tiering`), per server index: the latest
+    /// incarnation's id and store, which the harness reads between steps to time a crash at
+    /// a move between tiers (weak: a crash drops the store with its runtime).
+    pub stores: std::collections::BTreeMap<usize, (ServerId, Weak<ObjectStore>)>,
+    /// With a flash tier, the tiers' work per server incarnation (the latest figures of each).
+    pub tier_work: std::collections::BTreeMap<ServerId, TierWork>,
+}
+
+/// What a master's store did between its tiers (its counters since it was made).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierWork {
+    /// The flash tier's counters.
+    pub flash: FlashTotals,
+    /// The auto tables' figures.
+    pub auto: AutoStatistics,
+}
+
+impl TierWork {
+    /// The figures of `store` now.
+    pub fn of(store: &ObjectStore) -> TierWork {
+        TierWork { flash: store.flash_statistics().totals, auto: store.auto_statistics() }
+    }
 }
 
 fn overlaps(first: &HashRange, second: &HashRange) -> bool {
@@ -199,6 +228,17 @@ pub struct ServerSetup {
     pub wiretap: Option<Arc<Wiretap>>,
     /// How it pings its peers.
     pub peer_probe: PeerProbeConfig,
+    /// Its flash tier, if it has one (`SimulationOptions::tiering`).
+    pub tiering: Option<ServerTiering>,
+}
+
+/// A simulated server's flash tier.
+#[derive(Clone, Debug)]
+pub struct ServerTiering {
+    /// Its flash (a new device per incarnation, the faults and counters shared).
+    pub flash: Arc<SimulatedFlash>,
+    /// The auto tables' DRAM budget (`StoreConfig::auto_dram_bytes_max`).
+    pub auto_dram_bytes_max: u64,
 }
 
 /// `environment` with its connections seen by `wiretap` as host `host`'s (unchanged without
@@ -233,6 +273,15 @@ async fn run_server(setup: ServerSetup) -> HostResult {
     // unless told to clean in one level.
     store.cleaner.replicas = if setup.cleaner_levels == 1 { 0 } else { setup.replicas as u32 };
     store.cleaner.memory_target_percent = setup.memory_target_percent;
+    // As `stratus server --flash-gib` configures it: the budget counts in the segment limit.
+    let mut flash_images: Option<Arc<dyn FlashImages>> = None;
+    if let Some(tiering) = &setup.tiering {
+        store.flash_image_bytes = tiering.flash.budget_bytes();
+        store.auto_dram_bytes_max = tiering.auto_dram_bytes_max;
+        let images = DeviceImages::on(tiering.flash.device())
+            .map_err(|error| format!("the simulated flash refused to open: {error:?}"))?;
+        flash_images = Some(Arc::new(images));
+    }
     let (backup, _report) =
         BackupService::open(backup_config(setup.durability), setup.disk.clone())?;
     let backup = Arc::new(backup);
@@ -247,8 +296,14 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         .unwrap_or_else(|poison| poison.into_inner())
         .backups
         .insert(setup.index, (server_id, backup.clone()));
-    let mut master =
-        Master::new(server_id, MasterConfig::memory_only(store), environment.wall_clock.clone())?;
+    let config = MasterConfig { flash_images, ..MasterConfig::memory_only(store) };
+    let mut master = Master::new(server_id, config, environment.wall_clock.clone())?;
+    if setup.tiering.is_some() {
+        let store = Arc::downgrade(&master.store_handle());
+        let mut observations =
+            setup.observations.lock().unwrap_or_else(|poison| poison.into_inner());
+        observations.stores.insert(setup.index, (server_id, store));
+    }
     let mut config = ReplicationConfig::new(setup.replicas, COORDINATOR_ADDRESS.to_string());
     config.placement = setup.placement;
     let replication =
@@ -289,6 +344,7 @@ async fn run_server(setup: ServerSetup) -> HostResult {
         server_id,
         host,
         setup.observations,
+        setup.tiering.is_some(),
     ));
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     tokio::spawn(collect_garbage(backup.clone(), COORDINATOR_ADDRESS.to_string(), pool));
@@ -309,10 +365,27 @@ async fn run_server(setup: ServerSetup) -> HostResult {
 }
 
 /// The cleaner, one unit of work at a time on the node's thread. A combined pass's survivors
-/// are replicated by awaiting the replica manager (a cleaner thread would block on it).
+/// are replicated by awaiting the replica manager (a cleaner thread would block on it). With a
+/// flash tier it demotes first, a segment per unit, as the server's first cleaner thread does
+/// (`Master::start_cleaner`).
 async fn clean(master: Arc<Master>, replication: ReplicaManager, environment: Environment) {
+    let mut demotion_paused_until = tokio::time::Instant::now();
     loop {
         let store = master.store();
+        if store.has_flash() && tokio::time::Instant::now() >= demotion_paused_until {
+            let now = stratus_store::WallTime::from_millis(environment.wall_clock.now_millis());
+            match store.demote_once(now) {
+                Ok(Some(_)) => {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                Ok(None) => {}
+                // Full or failing: the objects stay in memory; cleaning goes on.
+                Err(_) => {
+                    demotion_paused_until = tokio::time::Instant::now() + DEMOTION_RETRY_PAUSE
+                }
+            }
+        }
         let outcome = match store
             .clean_step(stratus_store::WallTime::from_millis(environment.wall_clock.now_millis()))
         {
@@ -345,6 +418,7 @@ async fn sample_serving(
     server_id: ServerId,
     host: String,
     observations: Arc<Mutex<ServingObservations>>,
+    tiering: bool,
 ) {
     let interval_ms = SERVING_SAMPLE_INTERVAL.as_millis() as u64;
     loop {
@@ -362,6 +436,9 @@ async fn sample_serving(
             observations.segments_short.insert(server_id, (elapsed, short));
             let prepared = master.store().prepared_statistics().operations;
             observations.prepared_ops.insert(server_id, (elapsed, prepared));
+            if tiering {
+                observations.tier_work.insert(server_id, TierWork::of(master.store()));
+            }
         }
         // What the request path checks: a master that would refuse every object request
         // serves nothing.

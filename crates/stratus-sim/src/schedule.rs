@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use crate::flash::FlashFault;
+
 /// Every choice of a simulation comes from one of these (SplitMix64), seeded from the run's
 /// seed, so a run is a function of its seed.
 pub use stratus_history::workload::Choices;
@@ -103,6 +105,44 @@ pub enum Fault {
         /// Index of the server.
         server: usize,
     },
+    /// (With `SimulationOptions::tiering` only.) Armed at `at`: the first master whose store
+    /// does `on` (a demotion, a promotion, a value read from flash) crashes as `CrashServer`
+    /// does right after that step of the simulation, so its process dies in the millisecond
+    /// of the move, before the replicas of what it just appended (a promoted copy) could
+    /// catch up; if no master does within `armed_for`, `server` crashes then anyway
+    /// (`SimulationReport::tiering` counts both). It restarts `down_for` after the crash.
+    CrashServerAtTierMove {
+        /// Index of the server crashed if no master moves in time.
+        server: usize,
+        /// What it must have just done.
+        on: TierMove,
+        /// Longest wait for it.
+        armed_for: Duration,
+        /// How long it stays down.
+        down_for: Duration,
+    },
+    /// (With `SimulationOptions::tiering` only.) The server's flash refuses image writes
+    /// (full, or I/O errors) or fails every read (module `flash`), until it heals.
+    FailFlash {
+        /// Index of the server.
+        server: usize,
+        /// What the flash does.
+        fault: FlashFault,
+        /// How long it lasts.
+        heal_after: Duration,
+    },
+}
+
+/// What a master's store does between tiers, as `Fault::CrashServerAtTierMove` waits for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TierMove {
+    /// A segment imaged on flash and compacted (`FlashTotals::demotions`).
+    Demotion,
+    /// An auto object read from flash and appended back into the log
+    /// (`AutoStatistics::promotions`).
+    Promotion,
+    /// A value of a flash or auto object read back from an image for a request.
+    FlashRead,
 }
 
 impl Fault {
@@ -118,6 +158,8 @@ impl Fault {
                 restart_after
             }
             Fault::RotBit { .. } => Duration::ZERO,
+            Fault::CrashServerAtTierMove { armed_for, down_for, .. } => armed_for + down_for,
+            Fault::FailFlash { heal_after, .. } => heal_after,
         }
     }
 }
@@ -156,47 +198,115 @@ pub fn generate(
     let mut at = millis(choices, 500, 2_000);
     while at < window {
         let server = choices.below(servers as u64) as usize;
+        let roll = choices.below(100);
+        let fault = common_fault(choices, server, servers, replicas, roll);
+        let next = at + fault.duration() + heal_time(&fault) + millis(choices, 0, 1_000);
+        faults.push(ScheduledFault { at, fault });
+        at = next;
+    }
+    faults
+}
+
+/// The fault `roll` (0..100) draws for `server`, with the further choices it needs: the draws
+/// of [`generate`], in its order, so every seed's schedule stays what it was.
+fn common_fault(
+    choices: &mut Choices,
+    server: usize,
+    servers: usize,
+    replicas: usize,
+    roll: u64,
+) -> Fault {
+    match roll {
+        0..=24 => Fault::CrashServer {
+            server,
+            down_for: millis(choices, 100, 3_000),
+            flip_bit: percent(choices, 30),
+        },
+        25..=34 if replicas >= 3 => Fault::CrashTwoServers {
+            first: server,
+            second: (server + 1 + choices.below(servers as u64 - 1) as usize) % servers,
+            gap: if percent(choices, 30) { Duration::ZERO } else { millis(choices, 1, 1_500) },
+            down_for: millis(choices, 100, 3_000),
+        },
+        25..=34 => Fault::PartitionServerOneWay {
+            server,
+            heal_after: millis(choices, 100, 3_000),
+            outbound: percent(choices, 50),
+        },
+        35..=44 => Fault::CrashCoordinator { down_for: millis(choices, 50, 2_000) },
+        45..=59 => Fault::PartitionServer { server, heal_after: millis(choices, 100, 3_000) },
+        60..=69 => Fault::PartitionServerOneWay {
+            server,
+            heal_after: millis(choices, 100, 3_000),
+            outbound: percent(choices, 50),
+        },
+        70..=84 => Fault::StallServer { server, release_after: millis(choices, 50, 1_500) },
+        85..=89 => Fault::RotBit { server },
+        90..=94 => Fault::FailSyncs { server, restart_after: millis(choices, 200, 2_000) },
+        _ => Fault::FailWrites { server, restart_after: millis(choices, 200, 2_000) },
+    }
+}
+
+/// Time after `fault` heals before the next one begins.
+fn heal_time(fault: &Fault) -> Duration {
+    match fault {
+        Fault::CrashServer { .. }
+        | Fault::CrashTwoServers { .. }
+        | Fault::PartitionServer { .. }
+        | Fault::PartitionServerOneWay { .. }
+        | Fault::FailSyncs { .. }
+        | Fault::FailWrites { .. }
+        | Fault::CrashServerAtTierMove { .. } => HEAL_TIME_AFTER_CRASH,
+        // A flash fault loses no copy, but a read fault holds up re-replication from images.
+        Fault::CrashCoordinator { .. }
+        | Fault::StallServer { .. }
+        | Fault::RotBit { .. }
+        | Fault::FailFlash { .. } => HEAL_TIME_AFTER_BLIP,
+    }
+}
+
+/// Faults for a run whose table is on flash or auto (`SimulationOptions::tiering`), drawn as
+/// [`generate`] draws them, one at a time with time to heal between them, but half of them
+/// about the tiers: a crash timed at a demotion, a promotion (auto tables only: flash tables
+/// promote nothing, so a value read from flash instead) or a read from flash, a flash that
+/// refuses writes (full, or I/O errors) or fails reads; the other half is drawn from
+/// [`generate`]'s kinds.
+pub fn generate_tiered(
+    choices: &mut Choices,
+    servers: usize,
+    replicas: usize,
+    window: Duration,
+    promotions: bool,
+) -> Vec<ScheduledFault> {
+    let mut faults = Vec::new();
+    let mut at = millis(choices, 500, 2_000);
+    while at < window {
+        let server = choices.below(servers as u64) as usize;
         let fault = match choices.below(100) {
-            0..=24 => Fault::CrashServer {
-                server,
-                down_for: millis(choices, 100, 3_000),
-                flip_bit: percent(choices, 30),
-            },
-            25..=34 if replicas >= 3 => Fault::CrashTwoServers {
-                first: server,
-                second: (server + 1 + choices.below(servers as u64 - 1) as usize) % servers,
-                gap: if percent(choices, 30) { Duration::ZERO } else { millis(choices, 1, 1_500) },
-                down_for: millis(choices, 100, 3_000),
-            },
-            25..=34 => Fault::PartitionServerOneWay {
-                server,
-                heal_after: millis(choices, 100, 3_000),
-                outbound: percent(choices, 50),
-            },
-            35..=44 => Fault::CrashCoordinator { down_for: millis(choices, 50, 2_000) },
-            45..=59 => Fault::PartitionServer { server, heal_after: millis(choices, 100, 3_000) },
-            60..=69 => Fault::PartitionServerOneWay {
-                server,
-                heal_after: millis(choices, 100, 3_000),
-                outbound: percent(choices, 50),
-            },
-            70..=84 => Fault::StallServer { server, release_after: millis(choices, 50, 1_500) },
-            85..=89 => Fault::RotBit { server },
-            90..=94 => Fault::FailSyncs { server, restart_after: millis(choices, 200, 2_000) },
-            _ => Fault::FailWrites { server, restart_after: millis(choices, 200, 2_000) },
-        };
-        let heal = match fault {
-            Fault::CrashServer { .. }
-            | Fault::CrashTwoServers { .. }
-            | Fault::PartitionServer { .. }
-            | Fault::PartitionServerOneWay { .. }
-            | Fault::FailSyncs { .. }
-            | Fault::FailWrites { .. } => HEAL_TIME_AFTER_CRASH,
-            Fault::CrashCoordinator { .. } | Fault::StallServer { .. } | Fault::RotBit { .. } => {
-                HEAL_TIME_AFTER_BLIP
+            0..=29 => {
+                let on = match choices.below(3) {
+                    0 => TierMove::Demotion,
+                    1 if promotions => TierMove::Promotion,
+                    _ => TierMove::FlashRead,
+                };
+                Fault::CrashServerAtTierMove {
+                    server,
+                    on,
+                    armed_for: Duration::from_millis(6_000),
+                    down_for: millis(choices, 100, 3_000),
+                }
             }
+            30..=49 => {
+                let fault = match choices.below(3) {
+                    0 => FlashFault::Full,
+                    1 => FlashFault::WriteErrors,
+                    _ => FlashFault::ReadErrors,
+                };
+                Fault::FailFlash { server, fault, heal_after: millis(choices, 100, 2_000) }
+            }
+            roll => common_fault(choices, server, servers, replicas, (roll - 50) * 2),
         };
-        let next = at + fault.duration() + heal + millis(choices, 0, 1_000);
+        let next = at + fault.duration() + heal_time(&fault) + millis(choices, 0, 1_000);
         faults.push(ScheduledFault { at, fault });
         at = next;
     }
@@ -225,5 +335,32 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds.len(), 9, "every kind of fault is drawn: {kinds:?}");
+    }
+
+    #[test]
+    fn a_tiered_schedule_draws_tier_faults_and_faults_never_overlap() {
+        let window = Duration::from_secs(18);
+        let mut kinds = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let first = generate_tiered(&mut Choices::new(seed), 5, 2, window, true);
+            assert_eq!(first, generate_tiered(&mut Choices::new(seed), 5, 2, window, true));
+            for pair in first.windows(2) {
+                assert!(pair[0].at + pair[0].fault.duration() < pair[1].at);
+            }
+            for scheduled in &first {
+                match scheduled.fault {
+                    Fault::CrashServerAtTierMove { on, .. } => kinds.insert(format!("{on:?}")),
+                    Fault::FailFlash { fault, .. } => kinds.insert(format!("{fault:?}")),
+                    _ => kinds.insert("other".to_string()),
+                };
+            }
+        }
+        assert_eq!(kinds.len(), 7, "every tier fault and others are drawn: {kinds:?}");
+        // Flash tables promote nothing: no crash waits for a promotion.
+        let flash = generate_tiered(&mut Choices::new(3), 5, 2, window, false);
+        assert!(flash.iter().all(|scheduled| !matches!(
+            scheduled.fault,
+            Fault::CrashServerAtTierMove { on: TierMove::Promotion, .. }
+        )));
     }
 }

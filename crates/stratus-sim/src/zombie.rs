@@ -38,7 +38,9 @@ pub(crate) async fn run(
 ) -> HostResult {
     let environment = network::client_environment(seed, "zombie", 0);
     let client = Client::with_environment(client_config(), environment.clone());
-    let table = table_id(&client, options.servers as u32).await.ok_or("no table")?;
+    let table = table_id(&client, options.servers as u32, crate::workload_tier(&options))
+        .await
+        .ok_or("no table")?;
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
     let lease = open_lease(&pool).await?;
     let first = RpcIdentity { lease, rpc: RpcId(1), acknowledged: RpcId(0) };

@@ -22,6 +22,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use stratus_log::format::{
@@ -84,6 +85,10 @@ pub trait FlashImages: Send + Sync + std::fmt::Debug {
 pub(crate) struct FlashTier {
     images: Option<Arc<dyn FlashImages>>,
     state: Mutex<FlashState>,
+    /// [`FlashTotals::values_read`] (counted outside the state's lock: reads run in parallel).
+    values_read: AtomicU64,
+    /// [`FlashTotals::reads_failed`].
+    reads_failed: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -97,9 +102,10 @@ struct FlashState {
     nothing_to_demote: BTreeSet<SegmentId>,
     /// Cleaned segments whose images go once the segments have left the log.
     leaving: BTreeSet<SegmentId>,
-    /// Flash refused an image for want of room, and no image was deleted since: only a deleted
-    /// image gives room back, so demotion does not try (and compact a segment for nothing)
-    /// until one is.
+    /// Flash refused an image for want of room while it held images of ours, and no image was
+    /// deleted since: only a deleted image gives room back, so demotion does not try (and
+    /// compact a segment for nothing) until one is. A refusal while it held none is not
+    /// remembered (no deletion could ever follow): demotion tries again after its pause.
     full: bool,
 }
 
@@ -127,6 +133,13 @@ pub struct FlashTotals {
     pub images_refused: u64,
     /// Images deleted because their segments were cleaned.
     pub images_deleted: u64,
+    /// Values of flash tables' objects read back from images for requests (reads,
+    /// increments, enumeration, migration, transaction reads); auto tables' reads from flash
+    /// are counted in `AutoStatistics::reads_from_flash`.
+    pub values_read: u64,
+    /// Reads of images that failed or did not verify (the request, the pass or the
+    /// promotion that needed them failed; nothing wrong was served).
+    pub reads_failed: u64,
 }
 
 /// What one demotion did.
@@ -162,10 +175,13 @@ impl ObjectStore {
     /// Counters of the flash tier.
     pub fn flash_statistics(&self) -> FlashStatistics {
         let state = self.flash.state();
+        let mut totals = state.totals;
+        totals.values_read = self.flash.values_read.load(Ordering::Relaxed);
+        totals.reads_failed = self.flash.reads_failed.load(Ordering::Relaxed);
         FlashStatistics {
             images: state.imaged.len() as u64,
             image_bytes: state.imaged.values().map(|c| u64::from(c.segment_length)).sum(),
-            totals: state.totals,
+            totals,
         }
     }
 
@@ -311,7 +327,10 @@ impl ObjectStore {
                 state.totals.image_bytes_written += bytes.len() as u64;
             } else {
                 state.totals.images_refused += 1;
-                state.full = matches!(written, Err(FlashImageError::Full));
+                // Only a deleted image gives room back: without one to delete, the refusal
+                // is not remembered, or demotion would never try again.
+                state.full =
+                    matches!(written, Err(FlashImageError::Full)) && !state.imaged.is_empty();
             }
         }
         let offsets = match &written {
@@ -470,8 +489,12 @@ impl ObjectStore {
             .filter(|object| {
                 (object.table, object.key, object.version) == (stub.table, stub.key, stub.version)
                     && same_checksum(content, &bytes[header.header_bytes..])
-            })
-            .ok_or(ObjectError::FlashCorrupt)?;
+            });
+        let Some(object) = object else {
+            self.flash.reads_failed.fetch_add(1, Ordering::Relaxed);
+            return Err(ObjectError::FlashCorrupt);
+        };
+        self.flash.values_read.fetch_add(1, Ordering::Relaxed);
         Ok(Cow::Owned(object.value.to_vec()))
     }
 
@@ -482,10 +505,13 @@ impl ObjectStore {
         locator: FlashLocator,
     ) -> Result<Vec<u8>, ObjectError> {
         let images = self.flash.images.as_ref().expect("a flash object without a flash tier");
-        let bytes = images
-            .read(segment_id, locator.entry_offset, locator.entry_bytes)
-            .map_err(ObjectError::FlashRead)?;
+        let read = images.read(segment_id, locator.entry_offset, locator.entry_bytes);
+        let bytes = read.inspect_err(|_| {
+            self.flash.reads_failed.fetch_add(1, Ordering::Relaxed);
+        });
+        let bytes = bytes.map_err(ObjectError::FlashRead)?;
         if bytes.len() != locator.entry_bytes as usize {
+            self.flash.reads_failed.fetch_add(1, Ordering::Relaxed);
             return Err(ObjectError::FlashCorrupt);
         }
         Ok(bytes)
@@ -508,6 +534,7 @@ impl ObjectStore {
                 (object.table, object.key, object.version) == (stub.table, stub.key, stub.version)
             });
         if !verified {
+            self.flash.reads_failed.fetch_add(1, Ordering::Relaxed);
             return Err(ObjectError::FlashCorrupt);
         }
         Ok(object_content.to_vec())

@@ -321,6 +321,61 @@ fn a_full_flash_keeps_objects_in_memory_and_loses_nothing() {
     }
 }
 
+/// Images refused as full until `room` is set (a flash whose space another user freed).
+#[derive(Debug, Default)]
+struct FullUntilRoom {
+    images: MemoryImages,
+    room: std::sync::atomic::AtomicBool,
+}
+
+impl FlashImages for FullUntilRoom {
+    fn write_image(
+        &self,
+        segment: stratus_types::SegmentId,
+        bytes: &[u8],
+    ) -> Result<(), crate::FlashImageError> {
+        if !self.room.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(crate::FlashImageError::Full);
+        }
+        self.images.write_image(segment, bytes)
+    }
+
+    fn read(
+        &self,
+        segment: stratus_types::SegmentId,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, crate::FlashImageError> {
+        self.images.read(segment, offset, length)
+    }
+
+    fn delete_image(&self, segment: stratus_types::SegmentId) {
+        self.images.delete_image(segment)
+    }
+}
+
+#[test]
+fn a_flash_full_before_the_store_had_an_image_is_tried_again() {
+    let mut store = ObjectStore::new(small_config(), ServerId(1)).unwrap();
+    let images = Arc::new(FullUntilRoom::default());
+    store.attach_flash(images.clone());
+    store.set_table_tier(FLASH_TABLE, Tier::Flash);
+    for key in 0..400u32 {
+        write(&store, FLASH_TABLE, key, &value_for(key, 0, 900));
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let now = WallTime::from_seconds(NOW);
+    assert_eq!(store.demote_once(now), Err(crate::FlashImageError::Full));
+    // The store holds no image, so no deletion can ever give room back: the refusal must not
+    // stop demotion for good.
+    images.room.store(true, std::sync::atomic::Ordering::Relaxed);
+    let demoted = store.demote_once(now).unwrap();
+    assert!(demoted.is_some_and(|demoted| demoted.objects > 0), "{demoted:?}");
+    for key in 0..400u32 {
+        assert_eq!(read(&store, FLASH_TABLE, key).unwrap().0, value_for(key, 0, 900));
+    }
+}
+
 #[test]
 fn memory_tables_are_never_demoted() {
     let (store, images) = flash_store(small_config());

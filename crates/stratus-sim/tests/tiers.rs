@@ -85,8 +85,7 @@ fn assert_exercised(reports: &[SimulationReport]) -> TieringSummary {
 /// Seeds of the flash test.
 const FLASH_SEEDS: [u64; 6] = [0, 1, 2, 3, 4, 5];
 
-/// Seeds of the auto test: 0–13 but 5 and 11, in which the cleaner stalls for good (see
-/// `auto_seeds_whose_cleaner_stalls_on_promotion_pins`).
+/// Seeds of the auto test.
 const AUTO_SEEDS: [u64; 6] = [0, 1, 2, 3, 4, 6];
 
 #[test]
@@ -108,18 +107,15 @@ fn auto_tables_lose_nothing_under_crashes_at_demotions_and_promotions_and_flash_
     assert!(sum.crashes_at_moves.contains_key(&TierMove::Promotion), "{sum}");
 }
 
-/// A known bug, kept as a failing test: auto seeds 5 and 11 (also without faults, for 5) never
-/// finish. Every closed segment is demoted at once (the 32 KiB budget), and promotions pin
-/// each new head to the older segments they came from (auto_tier.rs, invariant 3), so of the
-/// imaged segments only the oldest is a candidate for combined cleaning at any time; a pass of
-/// one segment never lowers the segment count (`lowers_count` in cleaner.rs needs two), and
-/// the compacted segment frees no memory, so the balancer finds nothing to clean for good
-/// once the segment limit (log and flash budget) is reached: writes answer RETRY and every
-/// client operation runs to its timeout. With the pins ignored (unsafe, an experiment only)
-/// seed 5 finishes with 7 combined passes.
+/// Auto seeds 5 and 11 (5 also without faults) once never finished: every closed segment is
+/// demoted at once (the 32 KiB budget), and promotions pin each new head to the older
+/// segments they came from (auto_tier.rs, invariant 3), so when combined cleaning left out
+/// every pinned segment, only the oldest imaged segment was a candidate at any time; a pass of
+/// one segment neither lowers the segment count nor frees memory, so once the segment limit
+/// (log and flash budget) was reached, writes answered RETRY and every client operation ran
+/// to its timeout. A pinned segment now goes in the same pass as its sources.
 #[test]
-#[ignore = "known bug: promotion pins stall the cleaner at the segment limit (auto seeds 5, 11)"]
-fn auto_seeds_whose_cleaner_stalls_on_promotion_pins() {
+fn auto_seeds_that_once_stalled_on_promotion_pins_finish() {
     run_seeds_with(&[5], &Tiering::auto(), false);
     run_seeds(&[5, 11], &Tiering::auto());
 }

@@ -18,7 +18,14 @@
 //!    the log, so if H left before S, recovery could replay S's copy with no tombstone left
 //!    to kill it. Hence H is not cleaned (combined cleaning drops segments; compaction keeps
 //!    them) while a segment it received promotions from is still in the log
-//!    ([`ObjectStore::promotion_pins`]). Together with the replica manager's rule that a
+//!    ([`ObjectStore::promotion_pins`]), unless they leave in the same pass: then neither is
+//!    replayed, and the tombstone naming H is kept by that pass (H is still in the log while
+//!    it runs) and dropped by a later one, once both are gone. Taking H only with its sources
+//!    matters: every head that receives promotions is pinned to older segments, so when the
+//!    whole log is imaged segments that received promotions (a small budget), only the oldest
+//!    would ever be free to clean, and a pass of one segment neither lowers the segment count
+//!    nor frees memory: at the segment limit the cleaner stalled for good (simulation, auto
+//!    seeds 5 and 11). Together with the replica manager's rule that a
 //!    dropped segment's replicas are freed only once a head after its drop is durable, S's
 //!    replicas also outlive the promoted copy's first durable write.
 //! 4. **Access times only grow between compactions.** A seglet's access time is the latest
@@ -394,19 +401,20 @@ impl ObjectStore {
         });
     }
 
-    /// Segments combined cleaning must not take now (invariant 3): those that received
-    /// promotions from segments still in the log. Forgets pins whose sources have all left.
-    pub(crate) fn promotion_pins(&self) -> BTreeSet<SegmentId> {
+    /// Segments combined cleaning may take only together with the segments they name
+    /// (invariant 3): those that received promotions from segments still in the log, each with
+    /// those sources. Forgets pins whose sources have all left.
+    pub(crate) fn promotion_pins(&self) -> BTreeMap<SegmentId, BTreeSet<SegmentId>> {
         let mut state = self.auto.state();
         if state.promoted_into.is_empty() {
-            return BTreeSet::new();
+            return BTreeMap::new();
         }
         let in_log: BTreeSet<SegmentId> = self.log.segment_ids().into_iter().collect();
         state.promoted_into.retain(|head, sources| {
             sources.retain(|source| in_log.contains(source));
             !sources.is_empty() && in_log.contains(head)
         });
-        state.promoted_into.keys().copied().collect()
+        state.promoted_into.clone()
     }
 
     /// Closed, replicated segments that may hold auto objects in DRAM, least recently

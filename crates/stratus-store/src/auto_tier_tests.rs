@@ -230,7 +230,7 @@ fn a_segment_that_received_promotions_is_not_cleaned_before_their_sources() {
     }
     assert_eq!(store.auto_statistics().promotions, 300);
     let pins = store.promotion_pins();
-    assert!(heads.iter().all(|head| pins.contains(head)), "{heads:?} {pins:?}");
+    assert!(heads.iter().all(|head| pins.contains_key(head)), "{heads:?} {pins:?}");
     // The promoted copies die: their tombstones name the heads, and must outlive the
     // sources' copies of the same versions, or a recovery would bring the objects back.
     for key in (0..600u32).step_by(2) {
@@ -246,6 +246,47 @@ fn a_segment_that_received_promotions_is_not_cleaned_before_their_sources() {
     assert!(heads.iter().all(|head| store.log().segment_ids().contains(head)));
     for key in 0..600u32 {
         let expected = (key % 2 == 1).then(|| value_for(key, 0, 900));
+        assert_eq!(read_at(&store, key, NOW + 500).map(|(value, _)| value), expected);
+    }
+}
+
+#[test]
+fn a_segment_that_received_promotions_is_cleaned_together_with_its_sources() {
+    let store = auto_store(config_with(0, 1));
+    for key in 0..600u32 {
+        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
+    }
+    demote_all(&store, NOW);
+    let sources = store.log().segment_ids();
+    // The even keys are promoted into heads pinned to the sources.
+    let mut heads = Vec::new();
+    for batch in 0..3u32 {
+        for key in (batch * 200..(batch + 1) * 200).step_by(2) {
+            read_at(&store, key, NOW + 1).unwrap();
+        }
+        heads.push(store.log().head_segment_id().unwrap());
+        store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    }
+    assert!(heads.iter().all(|head| store.promotion_pins().contains_key(head)));
+    // Everything dies but a few odd keys: sources and heads alike are worth cleaning, and the
+    // heads' tombstones must outlive nothing a recovery could replay.
+    for key in 0..600u32 {
+        if key % 100 != 1 {
+            remove_at(&store, key, NOW + 2);
+        }
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    for second in 0..20 {
+        let now = WallTime::from_seconds(NOW + 3 + second);
+        store.clean_combined_now(now);
+        store.compact_now(now);
+        assert_eq!(replay(&store).len(), 6, "removed objects came back");
+    }
+    let in_log = store.log().segment_ids();
+    assert!(heads.iter().all(|head| !in_log.contains(head)), "heads stayed: {heads:?}");
+    assert!(sources.iter().all(|source| !in_log.contains(source)), "sources stayed");
+    for key in 0..600u32 {
+        let expected = (key % 100 == 1).then(|| value_for(key, 0, 900));
         assert_eq!(read_at(&store, key, NOW + 500).map(|(value, _)| value), expected);
     }
 }

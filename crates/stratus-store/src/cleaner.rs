@@ -17,6 +17,7 @@
 //!   then and handed back only once every reader pinned before is gone.
 
 use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -764,16 +765,10 @@ impl ObjectStore {
         let seglet_bytes = u64::from(self.log.config().seglet_bytes);
         let segment_bytes = u64::from(self.log.config().segment_bytes);
         let candidates = self.log.cleaning_candidates(now.millis());
-        // Segments holding promoted copies whose sources are still in the log stay (see
-        // auto_tier.rs, invariant 3). Read after the candidates: a promotion records its pin
-        // while its head is still the head (no candidate), so a head pinned after this read
-        // closed after it too, and is not among the candidates read before.
-        let pinned = self.promotion_pins();
         // For the flash budget, only segments with images: cleaning them deletes images.
         let imaged = (goal == Goal::Flash).then(|| self.imaged_segments());
         let mut ranked: Vec<(CleaningCandidate, f64)> = candidates
             .into_iter()
-            .filter(|candidate| !pinned.contains(&candidate.segment_id))
             .filter(|candidate| {
                 imaged.as_ref().is_none_or(|imaged| imaged.contains(&candidate.segment_id))
             })
@@ -881,25 +876,39 @@ impl ObjectStore {
             .saturating_sub(u64::from(log_config.head_seglets_max()))
             .min(pass_live_segments_max * u64::from(log_config.seglets_per_segment()));
         let segment_count_max = log_config.segment_count_max() as u64;
-        let mut chosen = Vec::new();
-        let mut chosen_seglets = Vec::new();
-        let mut movable_total = 0u64;
-        let mut freed_seglets = 0u64;
-        let mut largest_entry_bytes = 0u64;
-        let mut tombstones_killed_bytes = 0u64;
-        for (candidate, _) in self.ranked_candidates(now, goal) {
-            let movable = movable_total + candidate.survivor_bytes;
-            let largest = largest_entry_bytes.max(candidate.largest_entry_bytes);
-            if survivor_seglets_max(&log_config, movable, largest).1 > budget_seglets {
+        let ranked = self.ranked_candidates(now, goal);
+        // Segments holding promoted copies whose sources are still in the log go only with
+        // those sources (auto_tier.rs, invariant 3). Read after the candidates: a promotion
+        // records its pin while its head is still the head (no candidate), so a head pinned
+        // after this read closed after it too, and is not among the candidates read before.
+        let pins = self.promotion_pins();
+        let mut plan = PassPlan::default();
+        let mut waiting_for_sources: Vec<&CleaningCandidate> = Vec::new();
+        for (candidate, _) in &ranked {
+            if !plan.has_sources_of(candidate.segment_id, &pins) {
+                waiting_for_sources.push(candidate);
                 continue;
             }
-            chosen.push(candidate.segment_id);
-            chosen_seglets.push(u64::from(candidate.seglets));
-            movable_total = movable;
-            largest_entry_bytes = largest;
-            freed_seglets += u64::from(candidate.seglets);
-            tombstones_killed_bytes += candidate.tombstone_bytes_naming;
+            if !plan.try_add(candidate, &log_config, budget_seglets) {
+                continue;
+            }
+            // The choice may complete the sources of pinned candidates seen before it.
+            while let Some(index) = waiting_for_sources
+                .iter()
+                .position(|waiting| plan.has_sources_of(waiting.segment_id, &pins))
+            {
+                let released = waiting_for_sources.remove(index);
+                plan.try_add(released, &log_config, budget_seglets);
+            }
         }
+        let PassPlan {
+            chosen,
+            chosen_seglets,
+            movable_total,
+            freed_seglets,
+            largest_entry_bytes,
+            tombstones_killed_bytes,
+        } = plan;
         let (planned_survivors, survivor_seglets) =
             survivor_seglets_max(&log_config, movable_total, largest_entry_bytes);
         let cost_seglets = survivor_seglets + u64::from(log_config.head_seglets_max());
@@ -1544,6 +1553,51 @@ fn copy_while_named(
         (Relocation::Moved, _) => Ok(true),
         (Relocation::Failed, Some(error)) => Err(error),
         _ => Ok(false),
+    }
+}
+
+/// The segments a combined pass takes, chosen one by one, and what they add up to.
+#[derive(Debug, Default)]
+struct PassPlan {
+    chosen: Vec<SegmentId>,
+    chosen_seglets: Vec<u64>,
+    movable_total: u64,
+    freed_seglets: u64,
+    largest_entry_bytes: u64,
+    tombstones_killed_bytes: u64,
+}
+
+impl PassPlan {
+    /// Whether `segment_id` may join: it is pinned to no source, or every source it is pinned
+    /// to is in the plan already (they leave the log together; auto_tier.rs, invariant 3).
+    fn has_sources_of(
+        &self,
+        segment_id: SegmentId,
+        pins: &BTreeMap<SegmentId, BTreeSet<SegmentId>>,
+    ) -> bool {
+        pins.get(&segment_id)
+            .is_none_or(|sources| sources.iter().all(|source| self.chosen.contains(source)))
+    }
+
+    /// Adds `candidate` if its survivors still fit in `budget_seglets`; false if not.
+    fn try_add(
+        &mut self,
+        candidate: &CleaningCandidate,
+        log_config: &LogConfig,
+        budget_seglets: u64,
+    ) -> bool {
+        let movable = self.movable_total + candidate.survivor_bytes;
+        let largest = self.largest_entry_bytes.max(candidate.largest_entry_bytes);
+        if survivor_seglets_max(log_config, movable, largest).1 > budget_seglets {
+            return false;
+        }
+        self.chosen.push(candidate.segment_id);
+        self.chosen_seglets.push(u64::from(candidate.seglets));
+        self.movable_total = movable;
+        self.largest_entry_bytes = largest;
+        self.freed_seglets += u64::from(candidate.seglets);
+        self.tombstones_killed_bytes += candidate.tombstone_bytes_naming;
+        true
     }
 }
 

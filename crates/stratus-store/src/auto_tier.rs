@@ -34,10 +34,15 @@
 //!    segment to other seglets and carries the time over; a seglet reused by a new segment
 //!    keeps its former owner's time, which is never later than the new segment's creation
 //!    (the seglet was free in between), so it changes nothing.
+//! 5. **Read counts decay.** A seglet's reads of auto objects are counted and halved once per
+//!    second (when demotion ranks segments), so a segment's count says how often it is read
+//!    now; a compaction spreads the count over the new seglets, and a seglet not read since
+//!    its segment was made (its access time older than the segment) counts nothing, so a
+//!    reused seglet's former reads are not its new owner's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use stratus_index::BucketGuard;
 use stratus_log::format::decode_object;
@@ -45,6 +50,7 @@ use stratus_log::{AppendEntry, AppendPriority, EntryType, EpochGuard, Reference}
 use stratus_types::{SegmentId, TableId, Tier};
 
 use crate::auto_figures::{AutoTableCounts, AutoTableFigures};
+use crate::config::PromotionAdmission;
 use crate::{ByteSink, Current, ObjectError, ObjectStore, WallTime};
 
 /// What the store knows of its auto tables.
@@ -54,6 +60,14 @@ pub(crate) struct AutoTier {
     has_auto_tables: AtomicBool,
     /// Per seglet of the log region: the latest second an auto object in it was read.
     seglet_access_seconds: Box<[AtomicU32]>,
+    /// Per seglet: reads of auto objects in it, halved every second (invariant 5) — how often,
+    /// where the access time only says how lately.
+    seglet_reads: Box<[AtomicU32]>,
+    /// The second up to which `seglet_reads` were halved.
+    reads_decayed_seconds: AtomicU32,
+    /// Recent reads from flash, for admission to DRAM on a second read (made when the first
+    /// auto table is).
+    recent_flash_reads: OnceLock<RecentFlashReads>,
     /// Per auto table: objects and bytes on flash now (at full size, as the tallies count
     /// them: the tallies' share of a table minus these is what it holds in DRAM), and its
     /// reads, promotions and demoted objects since the store was made.
@@ -132,11 +146,76 @@ impl AutoStatistics {
     }
 }
 
+/// How lately and how often a segment's auto objects were accessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentAccess {
+    /// The latest second it was written or read (invariant 4).
+    pub(crate) seconds: u32,
+    /// Its seglets' decayed reads (invariant 5).
+    pub(crate) reads: u32,
+    /// Its seglets.
+    pub(crate) seglets: u32,
+}
+
+impl SegmentAccess {
+    /// Reads per seglet: what keeping the segment's memory in DRAM is worth per byte.
+    fn reads_per_seglet(&self) -> u32 {
+        self.reads / self.seglets.max(1)
+    }
+}
+
+/// A seglet's read count is halved on the read that finds it this high, so it never wraps
+/// while no demotion decays the counts.
+const SEGLET_READS_HALVED_AT: u32 = 1 << 30;
+
+/// Bytes of the auto DRAM budget per entry of the recent-flash-reads table: 256 gives about
+/// four entries per object that fits the budget at 1 KiB, so an object read twice while about
+/// four budgets' worth of other objects were read from flash is still remembered; the table
+/// costs 8 bytes per entry (1/32 of the budget).
+const BUDGET_BYTES_PER_RECENT_FLASH_READ: u64 = 256;
+/// Bounds on the table's entries (8 KiB to 8 MiB).
+const RECENT_FLASH_READS_MIN: usize = 1 << 10;
+const RECENT_FLASH_READS_MAX: usize = 1 << 20;
+
+/// The FLASH_OBJECTs read recently, in a direct-mapped table of their log references: a
+/// read that finds its own reference there is a second read, and admits the object to DRAM
+/// (`PromotionAdmission::SecondRead`). An object read once in a long while is forgotten (its
+/// slot taken by later reads) before it comes back, so it never displaces a hotter one.
+#[derive(Debug)]
+struct RecentFlashReads {
+    slots: Box<[AtomicU64]>,
+}
+
+impl RecentFlashReads {
+    fn new(auto_dram_bytes_max: u64) -> RecentFlashReads {
+        let wanted = (auto_dram_bytes_max / BUDGET_BYTES_PER_RECENT_FLASH_READ) as usize;
+        let entries = wanted.clamp(RECENT_FLASH_READS_MIN, RECENT_FLASH_READS_MAX);
+        RecentFlashReads { slots: (0..entries).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Records a read of the FLASH_OBJECT at `reference`; true if it was the latest read
+    /// recorded in its slot (a second read), which then forgets it.
+    fn read_again(&self, reference: Reference) -> bool {
+        // Tags are references plus one (0: empty); the slot is a multiplicative hash of it.
+        let tag = reference.0.wrapping_add(1);
+        let index = (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.slots.len();
+        let previous = self.slots[index].swap(tag, Ordering::Relaxed);
+        if previous == tag {
+            self.slots[index].store(0, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
 impl AutoTier {
     pub(crate) fn new(seglets: u32) -> AutoTier {
         AutoTier {
             has_auto_tables: AtomicBool::new(false),
             seglet_access_seconds: (0..seglets).map(|_| AtomicU32::new(0)).collect(),
+            seglet_reads: (0..seglets).map(|_| AtomicU32::new(0)).collect(),
+            reads_decayed_seconds: AtomicU32::new(0),
+            recent_flash_reads: OnceLock::new(),
             tables: AutoTableFigures::default(),
             promotions_refused: AtomicU64::new(0),
             demotions: AtomicU64::new(0),
@@ -237,6 +316,9 @@ impl ObjectStore {
 
     /// A table became auto.
     pub(crate) fn auto_table_added(&self) {
+        self.auto
+            .recent_flash_reads
+            .get_or_init(|| RecentFlashReads::new(self.config.auto_dram_bytes_max));
         self.auto.has_auto_tables.store(true, Ordering::Relaxed);
         self.auto.state().no_auto_objects.clear();
     }
@@ -284,36 +366,69 @@ impl ObjectStore {
         now: WallTime,
     ) {
         self.auto.tables.update(key_shard, table, |counts| counts.reads_from_dram += 1);
-        let cell = &self.auto.seglet_access_seconds[self.log.seglet_of(reference) as usize];
+        let seglet = self.log.seglet_of(reference) as usize;
+        let reads = self.auto.seglet_reads[seglet].fetch_add(1, Ordering::Relaxed);
+        if reads >= SEGLET_READS_HALVED_AT {
+            // Nobody decays them while the budget holds (no demotion ranks segments): halve
+            // here rather than wrap. A racing increment may be lost; it is a heuristic.
+            self.auto.seglet_reads[seglet].store(reads / 2, Ordering::Relaxed);
+        }
+        let cell = &self.auto.seglet_access_seconds[seglet];
         let seconds = now.seconds();
         if cell.load(Ordering::Relaxed) < seconds {
             cell.fetch_max(seconds, Ordering::Relaxed);
         }
     }
 
-    /// The latest second `segment_id` was written (its creation) or one of its auto objects
-    /// read (invariant 4). `None` when the segment is not in memory.
-    pub(crate) fn segment_access_seconds(
+    /// How lately and how often `segment_id` was accessed: the latest second it was written
+    /// (its creation) or one of its auto objects read (invariant 4), and the decayed reads of
+    /// its seglets (invariant 5). `None` when the segment is not in memory.
+    pub(crate) fn segment_access(
         &self,
         segment_id: SegmentId,
         creation_seconds: u32,
-    ) -> Option<u32> {
+    ) -> Option<SegmentAccess> {
         let seglets = self.log.segment_seglets(segment_id)?;
-        let read = seglets
-            .iter()
-            .map(|seglet| self.auto.seglet_access_seconds[*seglet as usize].load(Ordering::Relaxed))
-            .max()
-            .unwrap_or(0);
-        Some(read.max(creation_seconds))
+        let mut access = SegmentAccess { seconds: creation_seconds, reads: 0, seglets: 0 };
+        for seglet in seglets {
+            let seconds = self.auto.seglet_access_seconds[seglet as usize].load(Ordering::Relaxed);
+            access.seconds = access.seconds.max(seconds);
+            access.seglets += 1;
+            // A seglet not read since this segment was made holds a former owner's reads.
+            if seconds >= creation_seconds {
+                let reads = self.auto.seglet_reads[seglet as usize].load(Ordering::Relaxed);
+                access.reads = access.reads.saturating_add(reads);
+            }
+        }
+        Some(access)
     }
 
     /// After a compaction moved `segment_id` to other seglets: they take the access time it
-    /// had before (invariant 4).
-    pub(crate) fn carry_access_seconds(&self, segment_id: SegmentId, access_seconds: u32) {
+    /// had before (invariant 4) and share its reads (invariant 5).
+    pub(crate) fn carry_access(&self, segment_id: SegmentId, access: SegmentAccess) {
         let Some(seglets) = self.log.segment_seglets(segment_id) else { return };
+        let share = access.reads / (seglets.len() as u32).max(1);
         for seglet in seglets {
             self.auto.seglet_access_seconds[seglet as usize]
-                .store(access_seconds, Ordering::Relaxed);
+                .store(access.seconds, Ordering::Relaxed);
+            self.auto.seglet_reads[seglet as usize].store(share, Ordering::Relaxed);
+        }
+    }
+
+    /// Halves every seglet's reads once per second passed since the last time (invariant 5).
+    fn decay_seglet_reads(&self, now: WallTime) {
+        let now_seconds = now.seconds();
+        let last = self.auto.reads_decayed_seconds.swap(now_seconds, Ordering::Relaxed);
+        // The first ranking starts the clock (0: never decayed); the counts so far are recent.
+        let halvings = if last == 0 { 0 } else { now_seconds.saturating_sub(last) };
+        if halvings == 0 {
+            return;
+        }
+        for reads in self.auto.seglet_reads.iter() {
+            let value = reads.load(Ordering::Relaxed);
+            if value > 0 {
+                reads.store(value.checked_shr(halvings).unwrap_or(0), Ordering::Relaxed);
+            }
         }
     }
 
@@ -337,10 +452,23 @@ impl ObjectStore {
         let content = self.flash_object_content(current.reference, stub)?;
         let object = decode_object(&content).map_err(|_| ObjectError::FlashCorrupt)?;
         value_out.put_slice(object.value);
-        if self.promotion_drawn() {
+        if self.promotion_admitted(current.reference) && self.promotion_drawn() {
             self.promote(epoch, guard, table, current, &content, now);
         }
         Ok(())
+    }
+
+    /// Whether this read of the FLASH_OBJECT at `reference` may promote it: every read, or
+    /// (the default) only a second read while the first is remembered.
+    fn promotion_admitted(&self, reference: Reference) -> bool {
+        match self.config.promotion_admission {
+            PromotionAdmission::FirstRead => true,
+            PromotionAdmission::SecondRead => self
+                .auto
+                .recent_flash_reads
+                .get()
+                .is_some_and(|recent| recent.read_again(reference)),
+        }
     }
 
     /// Whether this read promotes: one in `promotion_one_in_reads`.
@@ -417,8 +545,9 @@ impl ObjectStore {
         state.promoted_into.clone()
     }
 
-    /// Closed, replicated segments that may hold auto objects in DRAM, least recently
-    /// accessed first, as candidates for an auto demotion.
+    /// Closed, replicated segments that may hold auto objects in DRAM, as candidates for an
+    /// auto demotion: the least read per seglet first (decayed reads, invariant 5), then the
+    /// least recently accessed, then the oldest.
     pub(crate) fn auto_demotion_order(&self, now: WallTime) -> Vec<SegmentId> {
         let candidates = self.log.cleaning_candidates(now.millis());
         let skip = {
@@ -430,17 +559,18 @@ impl ObjectStore {
             state.no_auto_objects.retain(|id| ids.contains(id));
             state.no_auto_objects.clone()
         };
-        let mut ranked: Vec<(u32, SegmentId)> = candidates
+        self.decay_seglet_reads(now);
+        let mut ranked: Vec<(u32, u32, SegmentId)> = candidates
             .into_iter()
             .filter(|candidate| !skip.contains(&candidate.segment_id))
             .filter_map(|candidate| {
                 let access =
-                    self.segment_access_seconds(candidate.segment_id, candidate.creation_seconds)?;
-                Some((access, candidate.segment_id))
+                    self.segment_access(candidate.segment_id, candidate.creation_seconds)?;
+                Some((access.reads_per_seglet(), access.seconds, candidate.segment_id))
             })
             .collect();
         ranked.sort_unstable();
-        ranked.into_iter().map(|(_, segment_id)| segment_id).collect()
+        ranked.into_iter().map(|(_, _, segment_id)| segment_id).collect()
     }
 
     /// `segment_id` was found to hold no auto object in DRAM that a demotion could move (none,
@@ -474,6 +604,27 @@ fn take_tokens(state: &mut AutoState, rate: u64, bytes: u64, now: WallTime) -> b
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flash_read_is_remembered_until_its_second_read_or_until_another_takes_its_slot() {
+        let recent = RecentFlashReads::new(0);
+        assert_eq!(recent.slots.len(), RECENT_FLASH_READS_MIN);
+        assert!(!recent.read_again(Reference(42)), "a first read");
+        assert!(recent.read_again(Reference(42)), "the second read");
+        assert!(!recent.read_again(Reference(42)), "forgotten once admitted");
+        // Reference 0 is a reference like any other (tags are offset from the empty slot).
+        assert!(!recent.read_again(Reference(0)));
+        assert!(recent.read_again(Reference(0)));
+        // Enough other reads take every slot: the first read is forgotten.
+        assert!(!recent.read_again(Reference(7)));
+        for other in 1_000..1_000 + 64 * RECENT_FLASH_READS_MIN as u64 {
+            recent.read_again(Reference(other));
+        }
+        assert!(!recent.read_again(Reference(7)), "pushed out by later reads");
+        let large = RecentFlashReads::new(16 << 20);
+        assert_eq!(large.slots.len(), 65_536, "a 16 MiB budget: 256 bytes per entry");
+        assert_eq!(RecentFlashReads::new(u64::MAX).slots.len(), RECENT_FLASH_READS_MAX);
+    }
 
     #[test]
     fn the_token_bucket_refills_at_its_rate_and_holds_one_second_at_most() {

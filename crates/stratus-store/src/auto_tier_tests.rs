@@ -26,8 +26,14 @@ fn auto_store(config: StoreConfig) -> ObjectStore {
     store
 }
 
+/// A store whose reads promote on the first read from flash (one in `promotion_one_in_reads`).
 fn config_with(auto_dram_bytes_max: u64, promotion_one_in_reads: u32) -> StoreConfig {
-    StoreConfig { auto_dram_bytes_max, promotion_one_in_reads, ..small_config() }
+    StoreConfig {
+        auto_dram_bytes_max,
+        promotion_one_in_reads,
+        promotion_admission: crate::PromotionAdmission::FirstRead,
+        ..small_config()
+    }
 }
 
 fn value_for(key: u32, generation: u32, length: usize) -> Vec<u8> {
@@ -121,6 +127,62 @@ fn past_the_budget_the_least_recently_read_segments_leave_and_the_hot_ones_stay(
         assert_eq!(read_at(&store, key, NOW + 300).unwrap().0, value_for(key, 0, 900));
     }
     assert_eq!(replay(&store).len(), 1_000);
+}
+
+#[test]
+fn past_the_budget_a_segment_read_often_stays_where_one_read_as_lately_but_rarely_leaves() {
+    // About 930 KB of objects against a budget of 300 KB: every segment is read in the same
+    // second, so the latest access time cannot tell them apart, but keys 0..100 are read ten
+    // times as often. (Before read counts, the order fell back to segment ids: oldest first,
+    // and keys 0..100, written first, left first.)
+    let store = auto_store(config_with(300 << 10, 1_000_000));
+    for key in 0..1_000u32 {
+        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
+    }
+    for round in 0..10 {
+        for key in 0..1_000u32 {
+            if key < 100 || round == 0 {
+                read_at(&store, key, NOW + 100).unwrap();
+            }
+        }
+    }
+    demote_all(&store, NOW + 100);
+    let before = store.auto_statistics();
+    assert!(before.flash_objects > 600, "{before:?}");
+    for key in 0..100u32 {
+        assert_eq!(read_at(&store, key, NOW + 100).unwrap().0, value_for(key, 0, 900));
+    }
+    let after = store.auto_statistics();
+    assert_eq!(after.reads_from_dram - before.reads_from_dram, 100, "the frequent set stayed");
+}
+
+#[test]
+fn by_default_an_object_is_promoted_on_its_second_read_from_flash_not_its_first() {
+    let config = StoreConfig { auto_dram_bytes_max: 0, ..small_config() };
+    assert_eq!(config.promotion_admission, crate::PromotionAdmission::SecondRead);
+    let store = auto_store(config);
+    for key in 0..20u32 {
+        write_at(&store, key, &value_for(key, 0, 500), NOW).unwrap();
+    }
+    demote_all(&store, NOW);
+    assert_eq!(store.auto_statistics().flash_objects, 20);
+    // Read once: served from flash, not promoted.
+    for key in 0..20u32 {
+        assert_eq!(read_at(&store, key, NOW + 1).unwrap().0, value_for(key, 0, 500));
+    }
+    assert_eq!(store.auto_statistics().promotions, 0);
+    // Keys 0..5 read again: promoted; a third read is served from DRAM.
+    for key in 0..5u32 {
+        read_at(&store, key, NOW + 2).unwrap();
+    }
+    let statistics = store.auto_statistics();
+    assert_eq!((statistics.promotions, statistics.flash_objects), (5, 15), "{statistics:?}");
+    let from_dram = statistics.reads_from_dram;
+    for key in 0..5u32 {
+        read_at(&store, key, NOW + 3).unwrap();
+    }
+    assert_eq!(store.auto_statistics().reads_from_dram, from_dram + 5);
+    assert_eq!(replay(&store).len(), 20);
 }
 
 #[test]

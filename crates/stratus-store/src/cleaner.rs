@@ -1459,7 +1459,7 @@ impl ObjectStore {
             return CleanOutcome::NothingToClean;
         };
         // The access time moves with the segment to its new seglets (auto tiering).
-        let access_seconds = self.cleaner_candidate_access(segment_id, now);
+        let access = self.cleaner_candidate_access(segment_id, now);
         if !self.log.begin_compaction(segment_id, needed as u32) {
             return CleanOutcome::NothingToClean;
         }
@@ -1470,8 +1470,8 @@ impl ObjectStore {
             self.compact_entries(&epoch, segment_id, &entries, None, false, now);
         drop(epoch);
         let seglets_freed = u64::from(self.log.finish_compaction(segment_id));
-        if let Some(access_seconds) = access_seconds {
-            self.carry_access_seconds(segment_id, access_seconds);
+        if let Some(access) = access {
+            self.carry_access(segment_id, access);
         }
         self.cleaner.segments_since_tombstone_scan.fetch_add(1, Ordering::Relaxed);
         if seglets_freed == 0 {
@@ -1498,7 +1498,7 @@ impl ObjectStore {
         &self,
         segment_id: SegmentId,
         now: WallTime,
-    ) -> Option<u32> {
+    ) -> Option<crate::auto_tier::SegmentAccess> {
         if !self.is_auto_tiering() {
             return None;
         }
@@ -1507,7 +1507,7 @@ impl ObjectStore {
             .cleaning_candidates(now.millis())
             .into_iter()
             .find(|candidate| candidate.segment_id == segment_id)?;
-        self.segment_access_seconds(segment_id, candidate.creation_seconds)
+        self.segment_access(segment_id, candidate.creation_seconds)
     }
 }
 

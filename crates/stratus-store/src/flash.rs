@@ -312,7 +312,7 @@ impl ObjectStore {
             self.log.config(),
             movable_bytes.saturating_sub(saved_bytes),
         );
-        let access_seconds = self.cleaner_candidate_access(segment_id, now);
+        let access = self.cleaner_candidate_access(segment_id, now);
         if !self.log.begin_compaction(segment_id, seglets) {
             return None;
         }
@@ -350,8 +350,8 @@ impl ObjectStore {
             self.compact_entries(&epoch, segment_id, &entries, Some(&offsets), demote_auto, now);
         drop(epoch);
         let seglets_freed = self.log.finish_compaction(segment_id);
-        if let Some(access_seconds) = access_seconds {
-            self.carry_access_seconds(segment_id, access_seconds);
+        if let Some(access) = access {
+            self.carry_access(segment_id, access);
         }
         let mut state = self.flash.state();
         state.totals.demotions += 1;

@@ -51,7 +51,7 @@ pub use cleaner::{
     TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
 };
 pub use completions::{CompletionResult, CompletionStatistics};
-pub use config::{ConfigError, StoreConfig, AUTO_DRAM_SHARE_OF_LOG_DIVISOR};
+pub use config::{ConfigError, PromotionAdmission, StoreConfig, AUTO_DRAM_SHARE_OF_LOG_DIVISOR};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
 pub use flash::{
     Demoted, FlashImageError, FlashImages, FlashStatistics, FlashTotals, MemoryImages,

@@ -529,6 +529,16 @@ impl ObjectStore {
         });
     }
 
+    /// Pins each of `heads` to every one of `sources` (invariant 3): for survivors of a pass
+    /// that kept some of its segments, which may hold objects whose older copies the kept
+    /// segments still hold.
+    pub(crate) fn pin_to_sources(&self, heads: &[SegmentId], sources: &[SegmentId]) {
+        let mut state = self.auto.state();
+        for head in heads {
+            state.promoted_into.entry(*head).or_default().extend(sources.iter().copied());
+        }
+    }
+
     /// Segments combined cleaning may take only together with the segments they name
     /// (invariant 3): those that received promotions from segments still in the log, each with
     /// those sources. Forgets pins whose sources have all left.

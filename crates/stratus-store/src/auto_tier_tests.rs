@@ -551,3 +551,171 @@ proptest! {
         prop_assert_eq!(statistics.dram_objects + statistics.flash_objects, model.len() as u64);
     }
 }
+
+/// Found in review: a pass that keeps a segment (a flash read of one of its objects failed)
+/// must keep every segment pinned to it, and pin its survivors to it.
+/// Entry reads (offset > 0) fail while `failing` is set; whole-image reads (replication,
+/// offset 0) still work so the replay helper can read what backups hold.
+#[derive(Debug, Default)]
+struct FlakyImages {
+    inner: MemoryImages,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl crate::FlashImages for FlakyImages {
+    fn write_image(
+        &self,
+        segment: stratus_types::SegmentId,
+        bytes: &[u8],
+    ) -> Result<(), crate::FlashImageError> {
+        self.inner.write_image(segment, bytes)
+    }
+    fn read(
+        &self,
+        segment: stratus_types::SegmentId,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, crate::FlashImageError> {
+        if offset > 0 && self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(crate::FlashImageError::ShortRead);
+        }
+        self.inner.read(segment, offset, length)
+    }
+    fn delete_image(&self, segment: stratus_types::SegmentId) {
+        self.inner.delete_image(segment)
+    }
+}
+
+#[test]
+fn a_flash_read_failure_in_a_source_keeps_its_head_in_the_log_too() {
+    let images = Arc::new(FlakyImages::default());
+    let mut store = ObjectStore::new(config_with(0, 1), ServerId(1)).unwrap();
+    store.attach_flash(images.clone());
+    store.set_table_tier(AUTO_TABLE, Tier::Auto);
+    for key in 0..600u32 {
+        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
+    }
+    demote_all(&store, NOW);
+    let sources = store.log().segment_ids();
+    let mut heads = Vec::new();
+    for batch in 0..3u32 {
+        for key in (batch * 200..(batch + 1) * 200).step_by(2) {
+            read_at(&store, key, NOW + 1).unwrap();
+        }
+        heads.push(store.log().head_segment_id().unwrap());
+        store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    }
+    for key in 0..600u32 {
+        if key % 100 != 1 {
+            remove_at(&store, key, NOW + 2);
+        }
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    // The odd survivors are on flash in the sources: reading them back fails from now on.
+    images.failing.store(true, std::sync::atomic::Ordering::Relaxed);
+    for second in 0..20 {
+        let now = WallTime::from_seconds(NOW + 3 + second);
+        let outcome = store.clean_combined_now(now);
+        store.compact_now(now);
+        let in_log = store.log().segment_ids();
+        let heads_in_log = heads.iter().filter(|head| in_log.contains(head)).count();
+        let sources_in_log = sources.iter().filter(|source| in_log.contains(source)).count();
+        assert!(
+            sources_in_log == 0 || heads_in_log == heads.len(),
+            "second {second}: {outcome:?}: {heads_in_log} heads and {sources_in_log} sources left"
+        );
+        assert_eq!(replay(&store).len(), 6, "removed objects came back at second {second}");
+    }
+}
+
+/// Fails every read of one image entry (the first entry read once armed).
+#[derive(Debug, Default)]
+struct OneBadEntry {
+    inner: MemoryImages,
+    armed: std::sync::atomic::AtomicBool,
+    bad: std::sync::Mutex<Option<(stratus_types::SegmentId, u32)>>,
+}
+
+impl crate::FlashImages for OneBadEntry {
+    fn write_image(
+        &self,
+        segment: stratus_types::SegmentId,
+        bytes: &[u8],
+    ) -> Result<(), crate::FlashImageError> {
+        self.inner.write_image(segment, bytes)
+    }
+    fn read(
+        &self,
+        segment: stratus_types::SegmentId,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, crate::FlashImageError> {
+        if offset > 0 && self.armed.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut bad = self.bad.lock().unwrap();
+            if bad.is_none() {
+                *bad = Some((segment, offset));
+            }
+            if *bad == Some((segment, offset)) {
+                return Err(crate::FlashImageError::ShortRead);
+            }
+        }
+        self.inner.read(segment, offset, length)
+    }
+    fn delete_image(&self, segment: stratus_types::SegmentId) {
+        self.inner.delete_image(segment)
+    }
+}
+
+#[test]
+fn objects_relocated_out_of_a_segment_kept_by_a_flash_failure_stay_dead() {
+    let images = Arc::new(OneBadEntry::default());
+    let mut store = ObjectStore::new(config_with(0, 1_000_000), ServerId(1)).unwrap();
+    store.attach_flash(images.clone());
+    store.set_table_tier(AUTO_TABLE, Tier::Auto);
+    for key in 0..600u32 {
+        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
+    }
+    demote_all(&store, NOW);
+    // Half the objects die, so the imaged segments are worth cleaning.
+    for key in (0..600u32).step_by(2) {
+        remove_at(&store, key, NOW + 1);
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    images.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    let outcome = store.clean_for_segments_now(WallTime::from_seconds(NOW + 2));
+    eprintln!("first pass: {outcome:?} {:?}", store.cleaner_statistics());
+    // The one object that cannot be read back stays; every other dies.
+    let mut bad_key = None;
+    for key in (1..600u32).step_by(2) {
+        let k = key_of(key);
+        let hash = key_hash(AUTO_TABLE, &k);
+        let mut value = Vec::new();
+        match store.read(
+            AUTO_TABLE,
+            &k,
+            hash,
+            &RejectRules::NONE,
+            WallTime::from_seconds(NOW + 3),
+            &mut value,
+        ) {
+            Ok(_) => {}
+            Err(_) => bad_key = Some(key),
+        }
+    }
+    let bad_key = bad_key.expect("one object fails");
+    eprintln!("bad key {bad_key}");
+    for key in (1..600u32).step_by(2) {
+        if key != bad_key {
+            remove_at(&store, key, NOW + 4);
+        }
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    for second in 0..30 {
+        let now = WallTime::from_seconds(NOW + 5 + second);
+        let outcome = store.clean_combined_now(now);
+        store.compact_now(now);
+        let replayed = replay(&store);
+        eprintln!("second {second}: {outcome:?} replayed {}", replayed.len());
+        assert_eq!(replayed.len(), 1, "removed objects came back at second {second}");
+    }
+}

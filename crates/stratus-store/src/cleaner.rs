@@ -1195,19 +1195,48 @@ impl ObjectStore {
             completion_bytes,
             tombstones_dropped,
         } = pass;
+        // Segments not wholly moved (a flash read failed, or memory ran out) stay; so does
+        // every segment pinned to one that stays (auto_tier.rs, invariant 3: a head never
+        // leaves before its sources), however far along its own relocation got.
+        let pins = self.promotion_pins();
+        let mut stays: Vec<bool> = remaining.iter().map(|&left| left > 0).collect();
+        loop {
+            let kept_now: BTreeSet<SegmentId> =
+                chosen.iter().zip(&stays).filter(|(_, &stays)| stays).map(|(id, _)| *id).collect();
+            let mut changed = false;
+            for (index, segment_id) in chosen.iter().enumerate() {
+                let pinned_to_kept = pins
+                    .get(segment_id)
+                    .is_some_and(|sources| sources.iter().any(|source| kept_now.contains(source)));
+                if !stays[index] && pinned_to_kept {
+                    stays[index] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
         let mut cleaned = Vec::new();
         let mut kept = Vec::new();
         let mut seglets_cleaned = 0u64;
         for (index, &segment_id) in chosen.iter().enumerate() {
-            if remaining[index] == 0 {
+            if stays[index] {
+                kept.push(segment_id);
+            } else {
                 cleaned.push(segment_id);
                 seglets_cleaned += chosen_seglets[index];
-            } else {
-                kept.push(segment_id);
             }
         }
         debug_assert!(!out_of_memory || !kept.is_empty());
         self.log.commit_cleaning(&survivor_segments, &cleaned);
+        // Objects of the kept segments may have moved into the survivors already: their old
+        // copies stay in the kept segments (and their replicas), and a later remove writes a
+        // tombstone naming the survivor. So the survivors are pinned to the kept segments
+        // exactly as a promotion's head is to its source, before any pass can choose them.
+        if !kept.is_empty() {
+            self.pin_to_sources(&survivor_segments, &kept);
+        }
         self.log.end_cleaning(&kept);
         // Their objects live in the survivors now (read back whole): the images can go.
         self.forget_images(&cleaned);

@@ -550,7 +550,11 @@ impl ObjectStore {
         let in_log: BTreeSet<SegmentId> = self.log.segment_ids().into_iter().collect();
         state.promoted_into.retain(|head, sources| {
             sources.retain(|source| in_log.contains(source));
-            !sources.is_empty() && in_log.contains(head)
+            // A head the log still knows keeps its pin: a pass's survivors are pinned while
+            // they wait to be fused into the log (a deferred fusion can leave them so across
+            // passes), and a pin lost then would let them leave before their sources.
+            !sources.is_empty()
+                && (in_log.contains(head) || self.log.segment_seglets(*head).is_some())
         });
         state.promoted_into.clone()
     }

@@ -719,3 +719,89 @@ fn objects_relocated_out_of_a_segment_kept_by_a_flash_failure_stay_dead() {
         assert_eq!(replayed.len(), 1, "removed objects came back at second {second}");
     }
 }
+
+/// Found in the second review: pins of survivors not yet fused into the log, and a segment
+/// whose image stays bad.
+#[test]
+fn pins_on_a_survivor_waiting_to_be_fused_are_kept() {
+    let store = auto_store(config_with(0, 1));
+    for key in 0..50u32 {
+        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    let kept = *store.log().segment_ids().first().unwrap();
+    let survivor = store.log().open_side_segment(stratus_log::AppendPriority::Cleaner).unwrap();
+    // As commit_pass with a deferred fusion: committed, not yet fused.
+    store.log().commit_cleaning(&[survivor], &[]);
+    store.pin_to_sources(&[survivor], &[kept]);
+    let pins = store.promotion_pins();
+    assert!(
+        pins.contains_key(&survivor),
+        "pin of FusePending survivor {survivor:?} dropped: {pins:?}"
+    );
+}
+
+#[test]
+fn segments_pinned_to_a_segment_that_stays_unreadable_do_not_pile_up() {
+    let images = Arc::new(OneBadEntry::default());
+    let mut store = ObjectStore::new(config_with(0, 1_000_000), ServerId(1)).unwrap();
+    store.attach_flash(images.clone());
+    store.set_table_tier(AUTO_TABLE, Tier::Auto);
+    for key in 0..600u32 {
+        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
+    }
+    demote_all(&store, NOW);
+    for key in (0..600u32).step_by(2) {
+        remove_at(&store, key, NOW + 1);
+    }
+    store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+    images.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    store.clean_for_segments_now(WallTime::from_seconds(NOW + 2));
+    let (bad_segment, _) = images.bad.lock().unwrap().expect("a bad entry");
+    let mut bad_key = None;
+    for key in (1..600u32).step_by(2) {
+        let k = key_of(key);
+        let hash = key_hash(AUTO_TABLE, &k);
+        let mut value = Vec::new();
+        if store
+            .read(
+                AUTO_TABLE,
+                &k,
+                hash,
+                &RejectRules::NONE,
+                WallTime::from_seconds(NOW + 2),
+                &mut value,
+            )
+            .is_err()
+        {
+            bad_key = Some(key);
+        }
+    }
+    let bad_key = bad_key.expect("one bad key");
+    for round in 0..15u32 {
+        let generation = round + 1;
+        let now = NOW + 3 + round * 2;
+        // Overwrite a third of the live (odd) keys: the older copies, wherever the cleaner
+        // moved them, become dead, so the segments holding them are worth cleaning.
+        for key in (1..600u32).step_by(2) {
+            if key != bad_key && (key / 2) % 3 == round % 3 {
+                let _ = write_at(&store, key, &value_for(key, generation, 900), now);
+            }
+        }
+        store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
+        demote_all(&store, now);
+        let outcome = store.clean_for_segments_now(WallTime::from_seconds(now + 1));
+        store.compact_now(WallTime::from_seconds(now + 1));
+        let pins = store.promotion_pins();
+        let pinned_to_bad = pins.values().filter(|sources| sources.contains(&bad_segment)).count();
+        assert!(
+            pinned_to_bad <= 3,
+            "round {round}: {outcome:?}: {pinned_to_bad} segments pinned to the unreadable one, \
+             {} in the log",
+            store.log().segment_ids().len()
+        );
+    }
+    let pins = store.promotion_pins();
+    let pinned_to_bad = pins.values().filter(|sources| sources.contains(&bad_segment)).count();
+    assert!(pinned_to_bad <= 3, "{pinned_to_bad} segments pinned to the unreadable one");
+}

@@ -885,6 +885,11 @@ impl ObjectStore {
         let mut plan = PassPlan::default();
         let mut waiting_for_sources: Vec<&CleaningCandidate> = Vec::new();
         for (candidate, _) in &ranked {
+            // A segment with an object that did not read back from flash in an earlier pass
+            // waits until it does (and so does whatever is pinned to it).
+            if !self.cleanable_despite_flash(candidate.segment_id) {
+                continue;
+            }
             if !plan.has_sources_of(candidate.segment_id, &pins) {
                 waiting_for_sources.push(candidate);
                 continue;
@@ -1032,6 +1037,7 @@ impl ObjectStore {
 
         let mut side_log = SideLog::new(AppendPriority::Cleaner);
         let mut flash_failed = false;
+        let mut unreadable_segments: Vec<SegmentId> = Vec::new();
         let mut object_bytes = 0u64;
         let mut tombstone_bytes = 0u64;
         let mut completion_bytes = 0u64;
@@ -1069,9 +1075,12 @@ impl ObjectStore {
                                 match self.flash_object_content(survivor.reference, &content) {
                                     Ok(object) => Cow::Owned(object),
                                     Err(_) => {
-                                        // This segment stays in the log, whole (the object is
-                                        // not counted as moved); the pass goes on with others.
+                                        // The object is not counted as moved, so its segment
+                                        // stays in the log (commit_pass keeps what is pinned
+                                        // to it and pins the survivors to it); the pass goes
+                                        // on with the other entries.
                                         flash_failed = true;
+                                        unreadable_segments.push(chosen[survivor.segment_index]);
                                         continue;
                                     }
                                 }
@@ -1165,6 +1174,7 @@ impl ObjectStore {
         drop(epoch);
         if flash_failed {
             self.count(|statistics| statistics.flash_read_failures += 1);
+            self.note_unreadable(&unreadable_segments);
         }
         PendingCombinedPass {
             chosen,

@@ -95,6 +95,11 @@ pub(crate) struct FlashTier {
 struct FlashState {
     /// Counters since the store was made.
     totals: FlashTotals,
+    /// Segments in which a combined pass could not read a live object back from its image: a
+    /// pass takes one again only once all its live flash objects read back (an image that
+    /// stays bad would otherwise be chosen by every pass, each keeping it and pinning new
+    /// survivors to it, until the log filled).
+    unreadable: BTreeSet<SegmentId>,
     /// Segments with an image, and the certificate of the image's bytes.
     imaged: BTreeMap<SegmentId, Certificate>,
     /// Closed segments found to hold no live flash-table object (not looked at again until a
@@ -187,6 +192,37 @@ impl ObjectStore {
 
     /// Segments with an image now, but for those already cleaned (their images go once the
     /// segments have left the log).
+    /// A combined pass could not read a live object of each of `segments` back from flash.
+    pub(crate) fn note_unreadable(&self, segments: &[SegmentId]) {
+        self.flash.state().unreadable.extend(segments.iter().copied());
+    }
+
+    /// Whether a combined pass may take `segment_id`: yes unless a pass met an object of it it
+    /// could not read back, and one of its live flash objects still does not read back (then
+    /// every segment pinned to it waits too). A segment that reads back whole is forgotten.
+    pub(crate) fn cleanable_despite_flash(&self, segment_id: SegmentId) -> bool {
+        if !self.flash.state().unreadable.contains(&segment_id) {
+            return true;
+        }
+        let epoch = self.log.pin();
+        let Some(entries) = self.log.segment_entries(&epoch, segment_id) else { return false };
+        for (reference, entry_type) in entries {
+            if entry_type != EntryType::FlashObject {
+                continue;
+            }
+            let (_, content) = self.log.entry(&epoch, reference);
+            let object = decode_object_unverified(&content).expect("corrupt flash object");
+            let hash = stratus_types::key_hash(object.table, object.key);
+            let bucket = self.index.lock(hash.0);
+            let live = bucket.find(|found| found == reference.0).is_some();
+            if live && self.flash_object_content(reference, &content).is_err() {
+                return false;
+            }
+        }
+        self.flash.state().unreadable.remove(&segment_id);
+        true
+    }
+
     pub(crate) fn imaged_segments(&self) -> BTreeSet<SegmentId> {
         let state = self.flash.state();
         state.imaged.keys().copied().filter(|segment| !state.leaving.contains(segment)).collect()
@@ -570,6 +606,7 @@ impl ObjectStore {
             state.leaving.iter().copied().filter(|segment| !in_log.contains(segment)).collect();
         for segment in gone {
             state.leaving.remove(&segment);
+            state.unreadable.remove(&segment);
             state.imaged.remove(&segment);
             images.delete_image(segment);
             state.totals.images_deleted += 1;

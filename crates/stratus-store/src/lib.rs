@@ -51,7 +51,10 @@ pub use cleaner::{
     TOMBSTONE_RATIO_PERCENT_DEFAULT, TOMBSTONE_SCAN_EVERY_SEGMENTS,
 };
 pub use completions::{CompletionResult, CompletionStatistics};
-pub use config::{ConfigError, PromotionAdmission, StoreConfig, AUTO_DRAM_SHARE_OF_LOG_DIVISOR};
+pub use config::{
+    ConfigError, PromotionAdmission, StoreConfig, AUTO_DRAM_SHARE_OF_LOG_DIVISOR,
+    PROMOTION_BYTES_PER_SECOND_MAX_DEFAULT,
+};
 pub use enumerate::{EnumerationCursor, ENUMERATE_BUCKETS_PER_CALL_MAX};
 pub use flash::{
     Demoted, FlashImageError, FlashImages, FlashStatistics, FlashTotals, MemoryImages,

@@ -218,6 +218,15 @@ pub enum ServerName {
     Id(stratus_types::ServerId),
 }
 
+/// Parses `--promotion-admission`.
+pub fn parse_promotion_admission(text: &str) -> Result<stratus_store::PromotionAdmission, String> {
+    match text {
+        "second-read" => Ok(stratus_store::PromotionAdmission::SecondRead),
+        "first-read" => Ok(stratus_store::PromotionAdmission::FirstRead),
+        other => Err(format!("{other:?}: expected second-read or first-read")),
+    }
+}
+
 /// A server given as its index (`2`) or its full id (`2.1`).
 pub fn parse_server_name(text: &str) -> Result<ServerName, String> {
     let id = stratus_types::ServerId::parse(text.trim()).ok_or_else(|| {
@@ -820,6 +829,17 @@ mod tests {
         assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
         for bad in ["", "s", "1.5s", "-1", "10w", "99999999999999999999d"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn promotion_admission_parses_its_two_names() {
+        use super::parse_promotion_admission;
+        use stratus_store::PromotionAdmission;
+        assert_eq!(parse_promotion_admission("second-read"), Ok(PromotionAdmission::SecondRead));
+        assert_eq!(parse_promotion_admission("first-read"), Ok(PromotionAdmission::FirstRead));
+        for bad in ["", "second", "SECOND-READ", "always"] {
+            assert!(parse_promotion_admission(bad).is_err(), "{bad:?} must be refused");
         }
     }
 

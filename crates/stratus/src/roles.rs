@@ -385,6 +385,24 @@ pub struct ServerArguments {
     /// to flash (docs/design/flash-tier.md, "Automatic tiering").
     #[arg(long, env = "STRATUS_AUTO_DRAM_MIB")]
     pub auto_dram_mib: Option<u64>,
+    /// MiB per second that reads of auto tables may promote from flash back into DRAM (each
+    /// promoted byte is appended and replicated like a write); 0 turns promotion off.
+    #[arg(
+        long,
+        env = "STRATUS_PROMOTION_MIB_PER_SECOND",
+        default_value_t = stratus_store::PROMOTION_BYTES_PER_SECOND_MAX_DEFAULT >> 20
+    )]
+    pub promotion_mib_per_second: u64,
+    /// Which reads of an auto object on flash may promote it: `second-read` (a second read
+    /// while the first is remembered; an object read once in a long while stays on flash) or
+    /// `first-read` (every read).
+    #[arg(
+        long,
+        env = "STRATUS_PROMOTION_ADMISSION",
+        default_value = "second-read",
+        value_parser = crate::cli::parse_promotion_admission
+    )]
+    pub promotion_admission: stratus_store::PromotionAdmission,
     /// When the backup acknowledges a replica write: buffered (in its RAM) or fsync (on disk).
     #[arg(long, default_value = "buffered", value_parser = ["buffered", "fsync"])]
     pub durability: String,
@@ -821,6 +839,14 @@ pub fn run_server(
         }
         store.auto_dram_bytes_max = auto_dram_mib << 20;
     }
+    store.promotion_bytes_per_second_max =
+        arguments.promotion_mib_per_second.checked_mul(1 << 20).ok_or_else(|| {
+            format!(
+                "--promotion-mib-per-second {} is too large",
+                arguments.promotion_mib_per_second
+            )
+        })?;
+    store.promotion_admission = arguments.promotion_admission;
     store.segment_bytes = arguments.segment_mib << 20;
     store.seglet_bytes = arguments.seglet_kib << 10;
     store.prefault_memory = arguments.prefault_memory;

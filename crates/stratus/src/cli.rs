@@ -51,8 +51,9 @@ pub enum Command {
     Up(crate::up::UpArguments),
     /// Run the coordinator.
     Coordinator(crate::roles::CoordinatorArguments),
-    /// Run a storage server (master).
-    Server(crate::roles::ServerArguments),
+    /// Run a storage server (master). Boxed: its flags make it several times the size of
+    /// every other command.
+    Server(Box<crate::roles::ServerArguments>),
     /// Run a Redis-protocol (RESP2/RESP3) gateway to the cluster.
     Resp(RespArguments),
     /// Create, drop or list tables.
@@ -432,7 +433,7 @@ pub fn run(arguments: Arguments) -> Result<(), String> {
         Command::Up(up) => crate::up::run(up, &arguments.coordinator, &arguments.tls),
         Command::Coordinator(role) => crate::roles::run_coordinator(role, &arguments.tls),
         Command::Server(role) => {
-            crate::roles::run_server(role, &arguments.tls, &arguments.coordinator)
+            crate::roles::run_server(*role, &arguments.tls, &arguments.coordinator)
         }
         Command::Bench(bench) => stratus_bench::run(bench, &arguments.coordinator),
         Command::Tls(TlsCommand::LocalCa { dir, hosts }) => {

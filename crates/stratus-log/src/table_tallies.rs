@@ -93,6 +93,12 @@ impl TableTallies {
         self.totals().get(&table).copied().unwrap_or_default()
     }
 
+    /// Every table's live data now, in one pass over the shards (where asking [`Self::of`]
+    /// for each of many tables would sum every shard each time).
+    pub fn by_table(&self) -> HashMap<TableId, TableTally> {
+        self.totals()
+    }
+
     /// What a new head records: the `tables_max` (at most [`TABLE_STATS_TABLES_MAX`]) tables
     /// with the most live bytes one by one (ascending by id), the rest summed.
     pub fn snapshot(&self, tables_max: usize) -> TableStats {

@@ -262,10 +262,11 @@ impl ObjectStore {
             tiers.iter().filter(|(_, tier)| **tier == Tier::Auto).map(|(table, _)| *table).collect()
         };
         let counts = self.auto.tables.by_table();
+        let tallies = self.log.table_tallies().by_table();
         let mut statistics: Vec<AutoTableStatistics> = tables
             .into_iter()
             .map(|table| {
-                let tally = self.log.table_tallies().of(table);
+                let tally = tallies.get(&table).copied().unwrap_or_default();
                 let counts = counts.get(&table).copied().unwrap_or_default();
                 AutoTableStatistics {
                     table,
@@ -293,9 +294,10 @@ impl ObjectStore {
             let tiers = self.table_tiers.read().expect("table tiers poisoned");
             tiers.iter().filter(|(_, tier)| **tier == Tier::Auto).map(|(table, _)| *table).collect()
         };
+        let tallies = self.log.table_tallies().by_table();
         tables
             .into_iter()
-            .map(|table| self.log.table_tallies().of(table))
+            .filter_map(|table| tallies.get(&table))
             .fold((0, 0), |(objects, bytes), tally| (objects + tally.objects, bytes + tally.bytes))
     }
 

@@ -1205,28 +1205,7 @@ impl ObjectStore {
             completion_bytes,
             tombstones_dropped,
         } = pass;
-        // Segments not wholly moved (a flash read failed, or memory ran out) stay; so does
-        // every segment pinned to one that stays (auto_tier.rs, invariant 3: a head never
-        // leaves before its sources), however far along its own relocation got.
-        let pins = self.promotion_pins();
-        let mut stays: Vec<bool> = remaining.iter().map(|&left| left > 0).collect();
-        loop {
-            let kept_now: BTreeSet<SegmentId> =
-                chosen.iter().zip(&stays).filter(|(_, &stays)| stays).map(|(id, _)| *id).collect();
-            let mut changed = false;
-            for (index, segment_id) in chosen.iter().enumerate() {
-                let pinned_to_kept = pins
-                    .get(segment_id)
-                    .is_some_and(|sources| sources.iter().any(|source| kept_now.contains(source)));
-                if !stays[index] && pinned_to_kept {
-                    stays[index] = true;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
+        let stays = segments_that_stay(&chosen, &remaining, &self.promotion_pins());
         let mut cleaned = Vec::new();
         let mut kept = Vec::new();
         let mut seglets_cleaned = 0u64;
@@ -1592,6 +1571,35 @@ fn copy_while_named(
         (Relocation::Moved, _) => Ok(true),
         (Relocation::Failed, Some(error)) => Err(error),
         _ => Ok(false),
+    }
+}
+
+/// Which of a pass's `chosen` segments stay in the log when it commits: those not wholly
+/// moved (`remaining` entries left: a flash read failed, or memory ran out), and every segment
+/// pinned to one that stays, directly or through others (auto_tier.rs, invariant 3: a head
+/// never leaves before its sources), however far along its own relocation got.
+pub(crate) fn segments_that_stay(
+    chosen: &[SegmentId],
+    remaining: &[usize],
+    pins: &BTreeMap<SegmentId, BTreeSet<SegmentId>>,
+) -> Vec<bool> {
+    let mut stays: Vec<bool> = remaining.iter().map(|&left| left > 0).collect();
+    loop {
+        let kept: BTreeSet<SegmentId> =
+            chosen.iter().zip(&stays).filter(|(_, &stays)| stays).map(|(id, _)| *id).collect();
+        let mut changed = false;
+        for (index, segment_id) in chosen.iter().enumerate() {
+            let pinned_to_kept = pins
+                .get(segment_id)
+                .is_some_and(|sources| sources.iter().any(|source| kept.contains(source)));
+            if !stays[index] && pinned_to_kept {
+                stays[index] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return stays;
+        }
     }
 }
 

@@ -1146,3 +1146,25 @@ fn a_memory_target_sizes_the_hash_table_for_the_objects() {
     assert_eq!(store.drop_range(TABLE, stratus_types::HashRange::FULL), 500);
     assert_eq!(store.statistics().objects_live, 0);
 }
+
+#[test]
+fn a_segment_pinned_to_one_a_pass_keeps_stays_too_through_a_chain() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use stratus_types::SegmentId;
+    let ids: Vec<SegmentId> = (1..=5).map(SegmentId).collect();
+    // 2 is pinned to 1, 3 to 2 (a chain), 5 to 4; only 1 is not wholly moved.
+    let pins: BTreeMap<SegmentId, BTreeSet<SegmentId>> = [
+        (SegmentId(2), BTreeSet::from([SegmentId(1)])),
+        (SegmentId(3), BTreeSet::from([SegmentId(2)])),
+        (SegmentId(5), BTreeSet::from([SegmentId(4)])),
+    ]
+    .into_iter()
+    .collect();
+    let stays = crate::cleaner::segments_that_stay(&ids, &[1, 0, 0, 0, 0], &pins);
+    assert_eq!(stays, [true, true, true, false, false]);
+    // Nothing kept: everything leaves, pins or not.
+    assert_eq!(crate::cleaner::segments_that_stay(&ids, &[0; 5], &pins), [false; 5]);
+    // The source of a chain left wholly moved, its middle kept: the rest of the chain stays.
+    let stays = crate::cleaner::segments_that_stay(&ids, &[0, 2, 0, 0, 0], &pins);
+    assert_eq!(stays, [false, true, true, false, false]);
+}

@@ -554,15 +554,34 @@ proptest! {
 
 /// Found in review: a pass that keeps a segment (a flash read of one of its objects failed)
 /// must keep every segment pinned to it, and pin its survivors to it.
-/// Entry reads (offset > 0) fail while `failing` is set; whole-image reads (replication,
-/// offset 0) still work so the replay helper can read what backups hold.
-#[derive(Debug, Default)]
-struct FlakyImages {
-    inner: MemoryImages,
-    failing: std::sync::atomic::AtomicBool,
+/// Which reads of single image entries (offset > 0) fail. Whole-image reads (replication,
+/// offset 0) always work, so the replay helper can read what backups hold.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum EntryReads {
+    #[default]
+    Work,
+    /// Every entry read fails.
+    AllFail,
+    /// Reads of one entry fail: the first entry read after this was set.
+    OneFails,
 }
 
-impl crate::FlashImages for FlakyImages {
+/// Memory images whose entry reads fail as `mode` says.
+#[derive(Debug, Default)]
+struct FailingEntryReads {
+    inner: MemoryImages,
+    mode: std::sync::Mutex<EntryReads>,
+    /// The entry that fails in `OneFails`, once chosen.
+    bad: std::sync::Mutex<Option<(stratus_types::SegmentId, u32)>>,
+}
+
+impl FailingEntryReads {
+    fn set(&self, mode: EntryReads) {
+        *self.mode.lock().unwrap() = mode;
+    }
+}
+
+impl crate::FlashImages for FailingEntryReads {
     fn write_image(
         &self,
         segment: stratus_types::SegmentId,
@@ -576,7 +595,15 @@ impl crate::FlashImages for FlakyImages {
         offset: u32,
         length: u32,
     ) -> Result<Vec<u8>, crate::FlashImageError> {
-        if offset > 0 && self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+        let fails = offset > 0
+            && match *self.mode.lock().unwrap() {
+                EntryReads::Work => false,
+                EntryReads::AllFail => true,
+                EntryReads::OneFails => {
+                    *self.bad.lock().unwrap().get_or_insert((segment, offset)) == (segment, offset)
+                }
+            };
+        if fails {
             return Err(crate::FlashImageError::ShortRead);
         }
         self.inner.read(segment, offset, length)
@@ -586,16 +613,22 @@ impl crate::FlashImages for FlakyImages {
     }
 }
 
-#[test]
-fn a_flash_read_failure_in_a_source_keeps_its_head_in_the_log_too() {
-    let images = Arc::new(FlakyImages::default());
-    let mut store = ObjectStore::new(config_with(0, 1), ServerId(1)).unwrap();
-    store.attach_flash(images.clone());
+/// An auto store on `images` holding keys 0..600 (900-byte values), every one demoted.
+fn demoted_store_on(images: Arc<FailingEntryReads>, config: StoreConfig) -> ObjectStore {
+    let mut store = ObjectStore::new(config, ServerId(1)).unwrap();
+    store.attach_flash(images);
     store.set_table_tier(AUTO_TABLE, Tier::Auto);
     for key in 0..600u32 {
         write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
     }
     demote_all(&store, NOW);
+    store
+}
+
+#[test]
+fn a_flash_read_failure_in_a_source_keeps_its_head_in_the_log_too() {
+    let images = Arc::new(FailingEntryReads::default());
+    let store = demoted_store_on(images.clone(), config_with(0, 1));
     let sources = store.log().segment_ids();
     let mut heads = Vec::new();
     for batch in 0..3u32 {
@@ -612,7 +645,7 @@ fn a_flash_read_failure_in_a_source_keeps_its_head_in_the_log_too() {
     }
     store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
     // The odd survivors are on flash in the sources: reading them back fails from now on.
-    images.failing.store(true, std::sync::atomic::Ordering::Relaxed);
+    images.set(EntryReads::AllFail);
     for second in 0..20 {
         let now = WallTime::from_seconds(NOW + 3 + second);
         let outcome = store.clean_combined_now(now);
@@ -628,60 +661,16 @@ fn a_flash_read_failure_in_a_source_keeps_its_head_in_the_log_too() {
     }
 }
 
-/// Fails every read of one image entry (the first entry read once armed).
-#[derive(Debug, Default)]
-struct OneBadEntry {
-    inner: MemoryImages,
-    armed: std::sync::atomic::AtomicBool,
-    bad: std::sync::Mutex<Option<(stratus_types::SegmentId, u32)>>,
-}
-
-impl crate::FlashImages for OneBadEntry {
-    fn write_image(
-        &self,
-        segment: stratus_types::SegmentId,
-        bytes: &[u8],
-    ) -> Result<(), crate::FlashImageError> {
-        self.inner.write_image(segment, bytes)
-    }
-    fn read(
-        &self,
-        segment: stratus_types::SegmentId,
-        offset: u32,
-        length: u32,
-    ) -> Result<Vec<u8>, crate::FlashImageError> {
-        if offset > 0 && self.armed.load(std::sync::atomic::Ordering::Relaxed) {
-            let mut bad = self.bad.lock().unwrap();
-            if bad.is_none() {
-                *bad = Some((segment, offset));
-            }
-            if *bad == Some((segment, offset)) {
-                return Err(crate::FlashImageError::ShortRead);
-            }
-        }
-        self.inner.read(segment, offset, length)
-    }
-    fn delete_image(&self, segment: stratus_types::SegmentId) {
-        self.inner.delete_image(segment)
-    }
-}
-
 #[test]
 fn objects_relocated_out_of_a_segment_kept_by_a_flash_failure_stay_dead() {
-    let images = Arc::new(OneBadEntry::default());
-    let mut store = ObjectStore::new(config_with(0, 1_000_000), ServerId(1)).unwrap();
-    store.attach_flash(images.clone());
-    store.set_table_tier(AUTO_TABLE, Tier::Auto);
-    for key in 0..600u32 {
-        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
-    }
-    demote_all(&store, NOW);
+    let images = Arc::new(FailingEntryReads::default());
+    let store = demoted_store_on(images.clone(), config_with(0, 1_000_000));
     // Half the objects die, so the imaged segments are worth cleaning.
     for key in (0..600u32).step_by(2) {
         remove_at(&store, key, NOW + 1);
     }
     store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
-    images.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    images.set(EntryReads::OneFails);
     let outcome = store.clean_for_segments_now(WallTime::from_seconds(NOW + 2));
     eprintln!("first pass: {outcome:?} {:?}", store.cleaner_statistics());
     // The one object that cannot be read back stays; every other dies.
@@ -743,19 +732,13 @@ fn pins_on_a_survivor_waiting_to_be_fused_are_kept() {
 
 #[test]
 fn segments_pinned_to_a_segment_that_stays_unreadable_do_not_pile_up() {
-    let images = Arc::new(OneBadEntry::default());
-    let mut store = ObjectStore::new(config_with(0, 1_000_000), ServerId(1)).unwrap();
-    store.attach_flash(images.clone());
-    store.set_table_tier(AUTO_TABLE, Tier::Auto);
-    for key in 0..600u32 {
-        write_at(&store, key, &value_for(key, 0, 900), NOW).unwrap();
-    }
-    demote_all(&store, NOW);
+    let images = Arc::new(FailingEntryReads::default());
+    let store = demoted_store_on(images.clone(), config_with(0, 1_000_000));
     for key in (0..600u32).step_by(2) {
         remove_at(&store, key, NOW + 1);
     }
     store.log().roll_head(stratus_log::AppendPriority::Normal).unwrap();
-    images.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    images.set(EntryReads::OneFails);
     store.clean_for_segments_now(WallTime::from_seconds(NOW + 2));
     let (bad_segment, _) = images.bad.lock().unwrap().expect("a bad entry");
     let mut bad_key = None;

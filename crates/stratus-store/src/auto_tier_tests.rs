@@ -362,7 +362,9 @@ fn a_write_racing_promotions_always_wins() {
     // Every object starts on flash, and the writer waits for the reader's first pass, so
     // promotions happen whatever the scheduling; after it, reads, writes and demotions race.
     demote_all(&store, NOW);
-    let first_pass_done = Arc::new(std::sync::Barrier::new(2));
+    // The reader, the writer and the demoter: the demoter's cleaning reads imaged segments'
+    // objects back into memory, so it too waits until every object was read once from flash.
+    let first_pass_done = Arc::new(std::sync::Barrier::new(3));
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let rounds = 40u32;
     let writer = {
@@ -400,8 +402,10 @@ fn a_write_racing_promotions_always_wins() {
         })
     };
     let demoter = {
-        let (store, writing) = (store.clone(), writing.clone());
+        let (store, first_pass_done, writing) =
+            (store.clone(), first_pass_done.clone(), writing.clone());
         std::thread::spawn(move || {
+            first_pass_done.wait();
             // The work of a server's cleaner thread: demotions, then cleaning (promoted copies
             // demoted again leave dead bytes that only cleaning frees).
             let mut round = 0;

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HELLO_OK = b"STRA\x05\x00\x00\x00"
+HELLO_OK = b"STRA\x06\x00\x00\x00"
 
 READ, WRITE, REMOVE, INCREMENT = 30, 31, 32, 33
 MULTI_READ, MULTI_WRITE, MULTI_REMOVE, MULTI_INCREMENT = 34, 35, 36, 37

@@ -72,13 +72,13 @@ def test_copied_vectors_equal_the_specification():
 
 def test_client_handshake_vector():
     assert codec.encode_hello() == vector_bytes("hello")
-    assert codec.PROTOCOL_VERSION == 5
-    assert codec.decode_hello(vector_bytes("hello")) == (5, Status.OK)
+    assert codec.PROTOCOL_VERSION == 6
+    assert codec.decode_hello(vector_bytes("hello")) == (6, Status.OK)
 
 
 def test_version_mismatch_handshake_vector():
     assert codec.decode_hello(vector_bytes("hello-version-mismatch")) == (
-        5,
+        6,
         Status.PROTOCOL_VERSION_MISMATCH,
     )
 

@@ -8,12 +8,12 @@ repository is present, so a change to the protocol cannot leave this client behi
 VECTORS = {
     "hello": """
 53 54 52 41   # magic "STRA"
-05 00         # version 5
+06 00         # version 6
 00 00         # status OK
 """,
     "hello-version-mismatch": """
 53 54 52 41   # magic "STRA"
-05 00         # the server's version, 5
+06 00         # the server's version, 6
 10 00         # status 16 PROTOCOL_VERSION_MISMATCH
 """,
     "ping-request": """
@@ -300,7 +300,7 @@ fd 01 00 00               # frames free 509
 00                        # storage failure: absent
 """,
     "recover-tablets-request": """
-66 00 00 00               # frame length 102
+8c 00 00 00               # frame length 140
 01 00                     # kind: request, flags
 2b 00                     # opcode 43 RECOVER_TABLETS
 10 00 00 00 00 00 00 00   # request id 16
@@ -312,11 +312,21 @@ fd 01 00 00               # frames free 509
 ff ff ff ff ff ff ff 7f   #   range end 0x7fffffffffffffff
 00 00 00 00 00 00 00 00   #   creation segment 0 (every segment counts)
 01                        #   tier 1 flash
+01 00 00 00               # backups: 1
+03 00 62 3a 31            #   "b:1" (backup 0)
 02 00 00 00               # segments: 2
 01 00 00 00 00 00 00 00   #   segment 1
+01 00 00 00               #   replicas: 1
+00 00                     #     backup 0
+02 00 00 00 00 00 00 00   #     epoch 2
+00 00 01 00               #     length 65536
+01                        #     primary
 03 00 00 00 00 00 00 00   #   segment 3
-01 00 00 00               # backups: 1
-03 00 62 3a 31            #   "b:1"
+01 00 00 00               #   replicas: 1
+00 00                     #     backup 0
+01 00 00 00 00 00 00 00   #     epoch 1
+00 10 00 00               #     length 4096
+00                        #     not primary
 07 00 00 00 00 00 00 00   # assignment epoch 7
 """,
     "renew-lease-request": """

@@ -26,9 +26,10 @@ use stratus_log::{verify_replica, Certificate, TableStats, TableTally};
 use stratus_rpc::{Backoff, ChannelPool, RpcConfig, RpcError};
 use stratus_types::limits::TABLETS_PER_TABLE_MAX;
 use stratus_types::{HashRange, SegmentId, ServerId, TableId, Tier};
+use stratus_wire::codec::{RECOVERY_REPLICAS_MAX, RECOVERY_REPLICAS_PER_SEGMENT_MAX};
 use stratus_wire::{
-    RecoveryTablet, ReplicaEntry, Request, Response, ResponseBody, ServerEntry, ServerStatus,
-    Status,
+    RecoveryReplica, RecoverySegment, RecoveryTablet, ReplicaEntry, Request, Response,
+    ResponseBody, ServerEntry, ServerStatus, Status,
 };
 
 use crate::metrics::CoordinatorCounters;
@@ -233,6 +234,61 @@ struct Location {
     backup: String,
     epoch: u64,
     length: u32,
+    /// The master marked it primary (its backup cuts it for the partitions ahead).
+    primary: bool,
+}
+
+/// Where each recovery master reads the crashed log: the segments of its newest digest, each
+/// with the replicas the backups listed, and the addresses those replicas name by index. Sent
+/// whole in every RECOVER_TABLETS, so no recovery master asks the backups again (each used to
+/// ask every backup: 64 × (N − 1) requests per crash among N servers).
+#[derive(Clone, Debug, Default)]
+struct LocatedLog {
+    backups: Vec<String>,
+    segments: Vec<RecoverySegment>,
+}
+
+impl LocatedLog {
+    /// `segments` (every one located: the caller checked) with their newest epoch's replicas,
+    /// best first: the longest, then the primary. At most as many per segment as keep the
+    /// request within `RECOVERY_REPLICAS_MAX` (at least one).
+    fn new(segments: &[SegmentId], locations: &BTreeMap<SegmentId, Vec<Location>>) -> LocatedLog {
+        let per_segment = (RECOVERY_REPLICAS_MAX / segments.len().max(1))
+            .clamp(1, RECOVERY_REPLICAS_PER_SEGMENT_MAX);
+        let mut backups: Vec<String> = Vec::new();
+        let mut index_of: BTreeMap<String, u16> = BTreeMap::new();
+        let mut located = Vec::with_capacity(segments.len());
+        for &segment_id in segments {
+            let found = locations.get(&segment_id).map(Vec::as_slice).unwrap_or_default();
+            let newest = found.iter().map(|location| location.epoch).max().unwrap_or(0);
+            let mut best: Vec<&Location> =
+                found.iter().filter(|location| location.epoch == newest).collect();
+            best.sort_by_key(|location| (std::cmp::Reverse(location.length), !location.primary));
+            let replicas = best
+                .into_iter()
+                .take(per_segment)
+                .map(|location| {
+                    let backup = *index_of.entry(location.backup.clone()).or_insert_with(|| {
+                        backups.push(location.backup.clone());
+                        u16::try_from(backups.len() - 1)
+                            .expect("at most SERVERS_MAX backups, which u16 indexes")
+                    });
+                    RecoveryReplica {
+                        backup,
+                        epoch: location.epoch,
+                        length: location.length,
+                        primary: location.primary,
+                    }
+                })
+                .collect();
+            located.push(RecoverySegment { segment_id, replicas });
+        }
+        LocatedLog { backups, segments: located }
+    }
+
+    fn segment_ids(&self) -> Vec<SegmentId> {
+        self.segments.iter().map(|segment| segment.segment_id).collect()
+    }
 }
 
 /// Who takes part in a recovery of `crashed`: the tablets it owns (with each one's creation
@@ -770,12 +826,13 @@ impl Inner {
                 "the log is incomplete: no live backup holds segment {missing} of the digest"
             ));
         }
+        let located = LocatedLog::new(&segments, &locations);
         self.recover_partitions(
             crashed,
             &tablets,
             &masters,
             &backups,
-            segments,
+            located,
             table_stats.as_ref(),
         )
         .await
@@ -813,7 +870,9 @@ impl Inner {
         if masters.is_empty() {
             return Attempt::Again("no master is up to recover onto".to_string());
         }
-        self.recover_partitions(crashed, &tablets, &masters, &backups, Vec::new(), None).await
+        let nothing_to_replay = LocatedLog::default();
+        self.recover_partitions(crashed, &tablets, &masters, &backups, nothing_to_replay, None)
+            .await
     }
 
     /// Since when no backup that is up has held anything of each crashed master's log (only
@@ -858,18 +917,20 @@ impl Inner {
         Ok(Response::RecoveryAcceptLoss)
     }
 
-    /// Sends each recovery master its partition of `tablets` (replaying `segments`, none to
-    /// hand the tablets over empty; `table_stats` from the crashed log's newest head sizes
-    /// the partitions) and commits what comes back durable.
+    /// Sends each recovery master its partition of `tablets` (replaying the segments of
+    /// `located`, none to hand the tablets over empty; `table_stats` from the crashed log's
+    /// newest head sizes the partitions) and commits what comes back durable. `backups`: every
+    /// backup that is up (each cuts its primary replicas for the partitions ahead).
     async fn recover_partitions(
         self: &Arc<Self>,
         crashed: ServerId,
         tablets: &[(TableId, HashRange, SegmentId)],
         masters: &[(ServerId, String)],
         backups: &[String],
-        segments: Vec<SegmentId>,
+        located: LocatedLog,
         table_stats: Option<&TableStats>,
     ) -> Attempt {
+        let segments = located.segment_ids();
         // Room for more tablets in each table: recovered parts become tablets of their own.
         // And each table's tier, which every recovery master is told with its parts so that it
         // replays them into that tier.
@@ -965,8 +1026,8 @@ impl Inner {
                 master_id,
                 crashed_master: crashed,
                 tablets,
-                segments: segments.clone(),
-                backups: backups.to_vec(),
+                backups: located.backups.clone(),
+                segments: located.segments.clone(),
                 assignment_epoch,
             };
             let inner = self.clone();
@@ -1151,6 +1212,7 @@ impl Inner {
                     backup: backup.clone(),
                     epoch: replica.epoch,
                     length: replica.certificate.segment_length,
+                    primary: replica.primary,
                 });
             }
         }
@@ -1381,6 +1443,66 @@ mod tests {
 
     /// How long a test waits for the coordinator to reach a state before it fails.
     const PATIENCE: Duration = Duration::from_secs(20);
+
+    fn location(backup: &str, epoch: u64, length: u32, primary: bool) -> Location {
+        Location { backup: backup.to_string(), epoch, length, primary }
+    }
+
+    #[test]
+    fn recovery_masters_are_told_each_segment_s_newest_replicas_best_first() {
+        let locations = BTreeMap::from([
+            (
+                SegmentId(1),
+                vec![
+                    location("b:2", 3, 4_096, false),
+                    // Abandoned at epoch 2: may miss writes acknowledged since. Never sent.
+                    location("b:9", 2, 8_192, true),
+                    location("b:1", 3, 4_096, true),
+                    location("b:3", 3, 8_192, false),
+                ],
+            ),
+            (SegmentId(2), vec![location("b:1", 1, 100, false)]),
+            // Not a member of the digest: not sent.
+            (SegmentId(7), vec![location("b:5", 1, 100, true)]),
+        ]);
+        let located = LocatedLog::new(&[SegmentId(1), SegmentId(2)], &locations);
+        let named = |segment: &RecoverySegment| -> Vec<(String, u64, u32, bool)> {
+            let backups = &located.backups;
+            let replicas = segment.replicas.iter();
+            replicas
+                .map(|r| (backups[usize::from(r.backup)].clone(), r.epoch, r.length, r.primary))
+                .collect()
+        };
+        assert_eq!(located.segment_ids(), vec![SegmentId(1), SegmentId(2)]);
+        assert_eq!(
+            named(&located.segments[0]),
+            vec![
+                ("b:3".to_string(), 3, 8_192, false),
+                ("b:1".to_string(), 3, 4_096, true),
+                ("b:2".to_string(), 3, 4_096, false),
+            ]
+        );
+        assert_eq!(named(&located.segments[1]), vec![("b:1".to_string(), 1, 100, false)]);
+        // Each backup once in the table, and only backups a replica names.
+        let mut backups = located.backups.clone();
+        backups.sort();
+        assert_eq!(backups, vec!["b:1", "b:2", "b:3"]);
+    }
+
+    #[test]
+    fn a_huge_log_is_located_within_the_request_s_bound_with_a_replica_each_at_least() {
+        let segments: Vec<SegmentId> = (0..RECOVERY_REPLICAS_MAX as u64).map(SegmentId).collect();
+        let three = [location("b:1", 1, 10, true), location("b:2", 1, 10, false)];
+        let three = [three.as_slice(), &[location("b:3", 1, 10, false)]].concat();
+        let locations: BTreeMap<_, _> = segments.iter().map(|&id| (id, three.clone())).collect();
+        let located = LocatedLog::new(&segments, &locations);
+        let total: usize = located.segments.iter().map(|segment| segment.replicas.len()).sum();
+        assert_eq!(total, RECOVERY_REPLICAS_MAX);
+        assert!(located.segments.iter().all(|segment| segment.replicas.len() == 1));
+        // A smaller log gets every replica.
+        let located = LocatedLog::new(&segments[..1_000], &locations);
+        assert!(located.segments.iter().all(|segment| segment.replicas.len() == 3));
+    }
 
     #[test]
     fn partitions_cut_tablets_for_every_master_but_never_past_a_table_s_tablet_limit() {

@@ -3,7 +3,6 @@
 //! segment from the backups, replay the partition's objects into this master's store, and make
 //! them durable on this master's own backups. The coordinator then hands the tablets over.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use stratus_store::{
 };
 use stratus_types::limits::SEGMENT_BYTES_MAX;
 use stratus_types::{SegmentId, ServerId};
-use stratus_wire::{RecoveryTablet, Request, Response, ResponseBody, Status};
+use stratus_wire::{RecoverySegment, RecoveryTablet, Request, Response, ResponseBody, Status};
 use tokio::sync::Semaphore;
 
 use crate::metrics::{MasterMetrics, RecoveryCounters};
@@ -86,7 +85,7 @@ impl RecoveryReader {
     }
 }
 
-/// One replica a backup listed: where it is and how good it is.
+/// One replica the coordinator located: where it is and how good it is.
 #[derive(Debug, Clone)]
 struct ReplicaLocation {
     backup: String,
@@ -95,6 +94,46 @@ struct ReplicaLocation {
     /// The master marked it primary: the backup cuts it for every partition ahead of the
     /// requests (BACKUP_START_PARTITIONING).
     primary: bool,
+}
+
+/// The order in which to read `segments`' replicas: for each segment, the replicas of its
+/// newest epoch only (an older one is a copy the master abandoned when it re-replicated the
+/// segment, and may miss writes acknowledged since), longest first, of equally long ones the
+/// primary, which its backup has cut for this partition ahead. The coordinator sends them so;
+/// the recovery master does not rely on it. A segment with no replica fails the partition with
+/// RETRY (the coordinator's next attempt locates the replicas again).
+fn read_plan(
+    segments: &[RecoverySegment],
+    backups: &[String],
+) -> Result<Vec<(SegmentId, Vec<ReplicaLocation>)>, RecoveryFailure> {
+    let mut plan = Vec::with_capacity(segments.len());
+    for segment in segments {
+        let mut replicas: Vec<ReplicaLocation> = segment
+            .replicas
+            .iter()
+            .filter_map(|replica| {
+                // The decoder refused indices past the end; a request built in this process
+                // (tests) is held to the same rule.
+                let backup = backups.get(usize::from(replica.backup))?;
+                Some(ReplicaLocation {
+                    backup: backup.clone(),
+                    epoch: replica.epoch,
+                    length: replica.length,
+                    primary: replica.primary,
+                })
+            })
+            .collect();
+        let Some(newest) = replicas.iter().map(|replica| replica.epoch).max() else {
+            return Err((
+                Status::Retry,
+                format!("no replica of segment {} was located", segment.segment_id),
+            ));
+        };
+        replicas.retain(|replica| replica.epoch == newest);
+        replicas.sort_by_key(|replica| (std::cmp::Reverse(replica.length), !replica.primary));
+        plan.push((segment.segment_id, replicas));
+    }
+    Ok(plan)
 }
 
 /// What recovering a partition needs besides the request.
@@ -112,7 +151,7 @@ pub(crate) async fn recover_partition(
     context: RecoveryContext,
     crashed_master: ServerId,
     tablets: Vec<RecoveryTablet>,
-    segments: Vec<SegmentId>,
+    segments: Vec<RecoverySegment>,
     backups: Vec<String>,
 ) -> Result<Response, RecoveryFailure> {
     // Replayed objects must become durable here before the partition is handed over; with
@@ -133,24 +172,7 @@ pub(crate) async fn recover_partition(
     tracing::info!(%crashed_master, tablets = tablets.len(), segments = segments.len(), "recovering a partition");
     // Phase times for the log line at the end (the runtime's clock: virtual in the simulation).
     let started = tokio::time::Instant::now();
-    let locations = locate_replicas(&context.reader, crashed_master, &backups).await?;
-    let mut plan = Vec::with_capacity(segments.len());
-    for &segment_id in &segments {
-        let mut replicas = locations.get(&segment_id).cloned().unwrap_or_default();
-        if replicas.is_empty() {
-            return Err((
-                Status::Retry,
-                format!("no live backup holds a replica of segment {segment_id}"),
-            ));
-        }
-        // Only replicas of the newest epoch: an older one is a copy the master abandoned when
-        // it re-replicated the segment, and may miss writes acknowledged since. Longest first;
-        // of equally long ones the primary, which its backup has cut for this partition ahead.
-        let newest = replicas.iter().map(|replica| replica.epoch).max().unwrap_or(0);
-        replicas.retain(|replica| replica.epoch == newest);
-        replicas.sort_by_key(|replica| (std::cmp::Reverse(replica.length), !replica.primary));
-        plan.push((segment_id, replicas));
-    }
+    let plan = read_plan(&segments, &backups)?;
 
     let permits = Arc::new(Semaphore::new(RECOVERY_READS_IN_FLIGHT_MAX));
     let mut reads = tokio::task::JoinSet::new();
@@ -442,58 +464,6 @@ async fn make_room(
     context.store.replay_room_shortage(room, heads)
 }
 
-/// Asks every backup which replicas of `crashed_master` it holds. Every backup must answer: one
-/// that does not may hold the only replica of the newest epoch, and reading an older one could
-/// lose acknowledged writes. Then this recovery fails with RETRY and the coordinator tries
-/// again (with the backups then up).
-async fn locate_replicas(
-    reader: &RecoveryReader,
-    crashed_master: ServerId,
-    backups: &[String],
-) -> Result<BTreeMap<SegmentId, Vec<ReplicaLocation>>, RecoveryFailure> {
-    let mut listings = tokio::task::JoinSet::new();
-    for backup in backups {
-        let pool = reader.pool.clone();
-        let backup = backup.clone();
-        listings.spawn(async move {
-            let request = Request::BackupListReplicas { master_id: crashed_master };
-            let outcome = pool.call(&backup, &request).await;
-            if outcome.is_err() {
-                pool.forget(&backup);
-            }
-            (backup, outcome)
-        });
-    }
-    let mut locations: BTreeMap<SegmentId, Vec<ReplicaLocation>> = BTreeMap::new();
-    while let Some(joined) = listings.join_next().await {
-        let (backup, outcome) = joined.map_err(|error| {
-            (Status::InternalError, format!("replica listing task failed: {error}"))
-        })?;
-        match outcome {
-            Ok((
-                Status::Ok,
-                ResponseBody::Operation(Response::BackupListReplicas { replicas }),
-            )) => {
-                for replica in replicas.into_iter().filter(|r| r.master_id == crashed_master) {
-                    locations.entry(replica.segment_id).or_default().push(ReplicaLocation {
-                        backup: backup.clone(),
-                        epoch: replica.epoch,
-                        length: replica.certificate.segment_length,
-                        primary: replica.primary,
-                    });
-                }
-            }
-            other => {
-                return Err((
-                    Status::Retry,
-                    format!("backup {backup} did not list its replicas: {other:?}"),
-                ))
-            }
-        }
-    }
-    Ok(locations)
-}
-
 /// Reads this partition's part of one segment from its replicas, in order, until one verifies.
 /// The backup sends only the partition's entries (BACKUP_GET_RECOVERY_DATA): each recovery
 /// master receives and holds its share of the crashed log, not all of it.
@@ -552,4 +522,53 @@ async fn read_good_replica(
         Status::Retry,
         format!("no good replica of segment {segment_id}: {}", problems.join("; ")),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stratus_wire::RecoveryReplica;
+
+    fn replica(backup: u16, epoch: u64, length: u32, primary: bool) -> RecoveryReplica {
+        RecoveryReplica { backup, epoch, length, primary }
+    }
+
+    #[test]
+    fn only_the_newest_epoch_is_read_longest_first_then_the_primary() {
+        let backups = vec!["b:0".to_string(), "b:1".to_string(), "b:2".to_string()];
+        // Sent in no useful order: the recovery master orders them itself.
+        let segments = vec![RecoverySegment {
+            segment_id: SegmentId(4),
+            replicas: vec![
+                replica(0, 5, 100, false),
+                replica(1, 4, 900, true),
+                replica(2, 5, 100, true),
+                replica(1, 5, 200, false),
+            ],
+        }];
+        let plan = read_plan(&segments, &backups).expect("every segment located");
+        let order: Vec<(&str, u32)> =
+            plan[0].1.iter().map(|replica| (replica.backup.as_str(), replica.length)).collect();
+        assert_eq!(plan[0].0, SegmentId(4));
+        assert_eq!(order, vec![("b:1", 200), ("b:2", 100), ("b:0", 100)]);
+    }
+
+    #[test]
+    fn a_segment_without_a_located_replica_fails_the_partition_with_retry() {
+        let backups = vec!["b:0".to_string()];
+        let segments = vec![
+            RecoverySegment { segment_id: SegmentId(1), replicas: vec![replica(0, 1, 10, true)] },
+            RecoverySegment { segment_id: SegmentId(2), replicas: Vec::new() },
+        ];
+        let (status, message) = read_plan(&segments, &backups).expect_err("segment 2 unlocated");
+        assert_eq!(status, Status::Retry);
+        assert!(message.contains("segment 2"), "{message}");
+        // An index past the backups (only a request built in-process could hold one) counts as
+        // no replica.
+        let segments = vec![RecoverySegment {
+            segment_id: SegmentId(1),
+            replicas: vec![replica(3, 1, 10, true)],
+        }];
+        assert!(read_plan(&segments, &backups).is_err());
+    }
 }

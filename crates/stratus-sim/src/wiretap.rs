@@ -649,20 +649,35 @@ fn tampered_byte(
         return None;
     }
     // master id (8), crashed master (8), tablets: count (4) and 33 bytes each (table, range
-    // start and end, creation segment, tier), segments: count (4) and 8 bytes each
-    // (docs/design/wire-protocol.md, RECOVER_TABLETS, protocol version 5).
-    let count_at = |at: usize| -> Option<usize> {
+    // start and end, creation segment, tier), backups: count (4) and a string each (length
+    // u16 and bytes), segments: count (4) and each an id (8), a replica count (4) and 15 bytes
+    // per replica (docs/design/wire-protocol.md, RECOVER_TABLETS, protocol version 6). The
+    // last segment keeps its replicas: they are asked for the first segment, which in a small
+    // cluster they hold too (with 5 servers and R = 3, two of any segment's three backups hold
+    // any other's), so the recovery reads the first twice and the last never.
+    let u32_at = |at: usize| -> Option<usize> {
         let field = body.get(at..at + 4)?;
         Some(u32::from_le_bytes(field.try_into().ok()?) as usize)
     };
-    let tablets = count_at(16)?;
-    let segments_count_at = 20 + 33 * tablets;
-    let segments = count_at(segments_count_at)?;
+    let u16_at = |at: usize| -> Option<usize> {
+        let field = body.get(at..at + 2)?;
+        Some(usize::from(u16::from_le_bytes(field.try_into().ok()?)))
+    };
+    let tablets = u32_at(16)?;
+    let backups_count_at = 20 + 33 * tablets;
+    let mut at = backups_count_at + 4;
+    for _ in 0..u32_at(backups_count_at)? {
+        at += 2 + u16_at(at)?;
+    }
+    let segments = u32_at(at)?;
     if segments < 2 {
         return None;
     }
-    let first = segments_count_at + 4;
-    let last = first + 8 * (segments - 1);
+    let first = at + 4;
+    let mut last = first;
+    for _ in 0..segments - 1 {
+        last += 8 + 4 + 15 * u32_at(last + 8)?;
+    }
     let offset = body.len();
     (last..last + 8).contains(&offset).then(|| body[first + offset - last])
 }
@@ -754,7 +769,7 @@ mod tests {
     use super::*;
     use bytes::BytesMut;
     use stratus_types::{HashRange, SegmentId, TableId};
-    use stratus_wire::{encode_request, RecoveryTablet};
+    use stratus_wire::{encode_request, RecoveryReplica, RecoverySegment, RecoveryTablet};
 
     fn recover_tablets(segments: &[u64]) -> Request {
         Request::RecoverTablets {
@@ -766,8 +781,19 @@ mod tests {
                 creation_segment: SegmentId(0),
                 tier: stratus_types::Tier::Memory,
             }],
-            segments: segments.iter().copied().map(SegmentId).collect(),
             backups: vec!["server-1:7100".to_string(), "server-4:7100".to_string()],
+            segments: segments
+                .iter()
+                .map(|&segment| RecoverySegment {
+                    segment_id: SegmentId(segment),
+                    replicas: vec![RecoveryReplica {
+                        backup: 1,
+                        epoch: 1,
+                        length: 64,
+                        primary: true,
+                    }],
+                })
+                .collect(),
             assignment_epoch: 9,
         }
     }

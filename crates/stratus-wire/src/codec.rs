@@ -29,10 +29,10 @@ use crate::frame::{begin_frame, patch_length, FrameKind};
 use crate::message::{
     AutoTableFigures, BackupDurability, BackupServiceStatistics, BackupWriteFlags,
     EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
-    MigratedCompletion, Opcode, ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate,
-    ReplicaEntry, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
-    TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
-    AUTO_TABLES_REPORTED_MAX,
+    MigratedCompletion, Opcode, ReadItemResult, RecoveryReplica, RecoverySegment, RecoveryTablet,
+    RemoveItem, ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
+    ServerStatus, ServiceMask, TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
+    VersionItemResult, WriteItem, AUTO_TABLES_REPORTED_MAX,
 };
 use crate::put::{put_i64, put_u16, put_u32, put_u64, put_u8, put_version};
 use crate::status::Status;
@@ -95,15 +95,33 @@ pub const RECOVERY_PARTITIONS_MAX: usize = SERVERS_MAX;
 /// Most segments one RECOVER_TABLETS request lists: as many as a backup may hold replicas of.
 pub const RECOVERY_SEGMENTS_MAX: usize = BACKUP_REPLICAS_MAX;
 
-// A RECOVER_TABLETS request at every maximum (tablets, segments, backups of the longest
-// address) fits a frame.
+/// Most replicas one RECOVER_TABLETS request locates for one segment: more than any
+/// replication factor in use; the coordinator sends only the newest epoch's.
+pub const RECOVERY_REPLICAS_PER_SEGMENT_MAX: usize = 16;
+
+/// Most replicas one RECOVER_TABLETS request locates in all: three per segment for logs of up
+/// to 131 072 segments (1 TiB of 8 MiB segments), one and a half per segment at the most
+/// segments. The coordinator sends fewer per segment (at least one) when a log has more.
+pub const RECOVERY_REPLICAS_MAX: usize = 393_216;
+
+/// Bytes of one located replica in RECOVER_TABLETS: backup index `u16`, epoch `u64`, length
+/// `u32`, primary `u8`.
+const RECOVERY_REPLICA_BYTES: usize = 2 + 8 + 4 + 1;
+/// Bytes of a RECOVER_TABLETS segment without its replicas: id `u64`, replica count `u32`.
+const RECOVERY_SEGMENT_BYTES_MIN: usize = 8 + 4;
+
+// A RECOVER_TABLETS request at every maximum (tablets, backups of the longest address,
+// segments, replicas) fits a frame.
 const _: () = assert!(
     RECOVERY_TABLETS_MAX * RECOVERY_TABLET_BYTES
-        + RECOVERY_SEGMENTS_MAX * 8
         + SERVERS_MAX * (2 + SERVER_ADDRESS_BYTES_MAX)
+        + RECOVERY_SEGMENTS_MAX * RECOVERY_SEGMENT_BYTES_MIN
+        + RECOVERY_REPLICAS_MAX * RECOVERY_REPLICA_BYTES
         + 4_096
         < FRAME_BYTES_MAX
 );
+// A replica names its backup by a u16 index.
+const _: () = assert!(SERVERS_MAX <= u16::MAX as usize + 1);
 
 // So does a BACKUP_START_PARTITIONING at every maximum.
 const _: () = assert!(
@@ -526,8 +544,8 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             master_id,
             crashed_master,
             tablets,
-            segments,
             backups,
+            segments,
             assignment_epoch,
         } => {
             put_u64(out, master_id.0);
@@ -536,13 +554,20 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
             for tablet in tablets {
                 put_recovery_tablet(out, tablet);
             }
-            put_count(out, segments.len());
-            for segment in segments {
-                put_u64(out, segment.0);
-            }
             put_count(out, backups.len());
             for backup in backups {
                 put_string(out, backup);
+            }
+            put_count(out, segments.len());
+            for segment in segments {
+                put_u64(out, segment.segment_id.0);
+                put_count(out, segment.replicas.len());
+                for replica in &segment.replicas {
+                    put_u16(out, replica.backup);
+                    put_u64(out, replica.epoch);
+                    put_u32(out, replica.length);
+                    put_u8(out, u8::from(replica.primary));
+                }
             }
             put_u64(out, *assignment_epoch);
         }
@@ -1055,6 +1080,38 @@ fn recovery_tablet(reader: &mut Reader) -> Result<RecoveryTablet, DecodeError> {
         range: reader.range()?,
         creation_segment: reader.segment_id()?,
         tier: reader.tier()?,
+    })
+}
+
+/// RECOVER_TABLETS' segments, each with its located replicas: at most
+/// `RECOVERY_REPLICAS_PER_SEGMENT_MAX` each and `RECOVERY_REPLICAS_MAX` in all, each naming
+/// one of the request's `backup_count` backups.
+fn recovery_segments(
+    reader: &mut Reader,
+    backup_count: usize,
+) -> Result<Vec<RecoverySegment>, DecodeError> {
+    let mut replicas_left = RECOVERY_REPLICAS_MAX;
+    reader.list(RECOVERY_SEGMENTS_MAX, RECOVERY_SEGMENT_BYTES_MIN, |reader| {
+        let segment_id = reader.segment_id()?;
+        let replicas =
+            reader.list(RECOVERY_REPLICAS_PER_SEGMENT_MAX, RECOVERY_REPLICA_BYTES, |reader| {
+                let backup = reader.u16()?;
+                if usize::from(backup) >= backup_count {
+                    return Err(DecodeError::InvalidField("replica's backup index"));
+                }
+                Ok(RecoveryReplica {
+                    backup,
+                    epoch: reader.u64()?,
+                    length: reader.u32()?,
+                    primary: reader.bool("replica's primary flag")?,
+                })
+            })?;
+        replicas_left =
+            replicas_left.checked_sub(replicas.len()).ok_or(DecodeError::TooManyItems {
+                count: (RECOVERY_REPLICAS_MAX + replicas.len()) as u64,
+                max: RECOVERY_REPLICAS_MAX as u64,
+            })?;
+        Ok(RecoverySegment { segment_id, replicas })
     })
 }
 
@@ -1837,16 +1894,24 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
             master_id: reader.server_id()?,
             segment_ids: reader.list(BACKUP_REPLICAS_MAX, 8, |reader| reader.segment_id())?,
         },
-        Opcode::RecoverTablets => Request::RecoverTablets {
-            master_id: reader.server_id()?,
-            crashed_master: reader.server_id()?,
-            tablets: reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, recovery_tablet)?,
-            segments: reader.list(RECOVERY_SEGMENTS_MAX, 8, |reader| reader.segment_id())?,
-            backups: reader.list(SERVERS_MAX, 2, |reader| {
+        Opcode::RecoverTablets => {
+            let master_id = reader.server_id()?;
+            let crashed_master = reader.server_id()?;
+            let tablets =
+                reader.list(RECOVERY_TABLETS_MAX, RECOVERY_TABLET_BYTES, recovery_tablet)?;
+            let backups = reader.list(SERVERS_MAX, 2, |reader| {
                 reader.string(SERVER_ADDRESS_BYTES_MAX, "backup address")
-            })?,
-            assignment_epoch: reader.u64()?,
-        },
+            })?;
+            let segments = recovery_segments(reader, backups.len())?;
+            Request::RecoverTablets {
+                master_id,
+                crashed_master,
+                tablets,
+                backups,
+                segments,
+                assignment_epoch: reader.u64()?,
+            }
+        }
     })
 }
 

@@ -27,7 +27,7 @@ use crate::status::Status;
 pub const MAGIC: [u8; 4] = *b"STRA";
 
 /// The protocol version this crate speaks. Any change to a byte layout bumps it.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Size of the handshake message, in both directions.
 pub const HELLO_BYTES: usize = 8;
@@ -340,7 +340,7 @@ mod tests {
     #[test]
     fn hello_round_trips_and_refuses_bad_input() {
         let hello = Hello { version: PROTOCOL_VERSION, status: Status::Ok };
-        assert_eq!(hello.encode(), *b"STRA\x05\x00\x00\x00");
+        assert_eq!(hello.encode(), *b"STRA\x06\x00\x00\x00");
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
         assert_eq!(Hello::decode(b"STRB\x01\x00\x00\x00"), Err(FrameError::BadMagic));
         assert_eq!(Hello::decode(b"STRA\x01\x00\xff\x00"), Err(FrameError::UnknownStatus(255)));

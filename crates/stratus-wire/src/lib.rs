@@ -41,10 +41,10 @@ pub use frame::{
 pub use message::{
     Access, AutoTableFigures, BackupDurability, BackupServiceStatistics, BackupWriteFlags,
     EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
-    MigratedCompletion, Opcode, ReadItemResult, RecoveryTablet, RemoveItem, ReplicaCertificate,
-    ReplicaEntry, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
-    TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
-    AUTO_TABLES_REPORTED_MAX,
+    MigratedCompletion, Opcode, ReadItemResult, RecoveryReplica, RecoverySegment, RecoveryTablet,
+    RemoveItem, ReplicaCertificate, ReplicaEntry, Request, Response, ServerEntry, ServerStatistics,
+    ServerStatus, ServiceMask, TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem,
+    VersionItemResult, WriteItem, AUTO_TABLES_REPORTED_MAX,
 };
 pub use status::Status;
 pub use users::{

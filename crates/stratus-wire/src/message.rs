@@ -1095,7 +1095,8 @@ pub enum Request {
     /// GET_SERVER_STATISTICS.
     GetServerStatistics,
     /// RECOVER_TABLETS: become the owner-to-be of `tablets` of the crashed master by replaying
-    /// the segments of its log (the newest digest's members) read from `backups`.
+    /// the segments of its log (the newest digest's members) read from the replicas the
+    /// coordinator located for each.
     RecoverTablets {
         /// The recovery master this is meant for: another server at its address (a restarted
         /// process with a new id) answers WRONG_SERVER.
@@ -1104,10 +1105,12 @@ pub enum Request {
         crashed_master: ServerId,
         /// The partition this master recovers: (table, hash range) pairs.
         tablets: Vec<RecoveryTablet>,
-        /// Every segment of the crashed master's log, from its newest digest.
-        segments: Vec<SegmentId>,
-        /// Addresses of the backups that may hold replicas of them.
+        /// Addresses of the backups holding the replicas below, which name them by index.
         backups: Vec<String>,
+        /// Every segment of the crashed master's log, from its newest digest, each with the
+        /// replicas to read it from (the coordinator asked every backup which it holds, so the
+        /// recovery master need not ask again).
+        segments: Vec<RecoverySegment>,
         /// An assignment epoch the coordinator persisted for this recovery attempt: above every
         /// assignment made before it, so the recovery master refuses batches of any earlier
         /// transfer of these ranges (wire-protocol.md, RECOVER_TABLETS).
@@ -1236,6 +1239,31 @@ pub struct RecoveryTablet {
     /// The table's tier: a recovery master replays the part into that tier. Backups, which
     /// filter entries by table and range only, ignore it.
     pub tier: Tier,
+}
+
+/// One segment of a crashed master's log that a recovery master replays, with the replicas the
+/// coordinator located for it (RECOVER_TABLETS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoverySegment {
+    /// The segment.
+    pub segment_id: SegmentId,
+    /// Replicas to read it from, best first: the newest epoch only (an older replica is one the
+    /// master abandoned and may miss acknowledged writes), then the longest, then the primary.
+    pub replicas: Vec<RecoveryReplica>,
+}
+
+/// One replica of a crashed master's segment, as its backup listed it to the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoveryReplica {
+    /// Index of the backup's address in the request's backups.
+    pub backup: u16,
+    /// The replica epoch the backup holds.
+    pub epoch: u64,
+    /// Bytes of the segment the replica holds (its certificate's length).
+    pub length: u32,
+    /// The master marked it primary: its backup cuts it for every partition ahead of the
+    /// recovery masters' requests (BACKUP_START_PARTITIONING).
+    pub primary: bool,
 }
 
 /// A response body for a status that carries the operation's body (see

@@ -10,8 +10,9 @@ use stratus_types::limits::{FRAME_BYTES_MAX, MULTI_OP_ITEMS_MAX, TRANSACTION_OBJ
 use stratus_types::{HashRange, SegmentId, ServerId, TableId, Tier};
 use stratus_wire::{
     decode_frame_header, decode_request, decode_response, encode_request, encode_response,
-    frame_length, peek_request_identity, DecodeError, FrameError, Hello, Opcode, RecoveryTablet,
-    Request, Response, Status, TableEntry, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+    frame_length, peek_request_identity, DecodeError, FrameError, Hello, Opcode, RecoveryReplica,
+    RecoverySegment, RecoveryTablet, Request, Response, Status, TableEntry, REQUEST_HEADER_BYTES,
+    RESPONSE_HEADER_BYTES,
 };
 
 fn request_body(request: &stratus_wire::Request) -> Bytes {
@@ -341,8 +342,11 @@ fn with_tier(tier: Tier) -> Vec<(Opcode, bool, Bytes)> {
             master_id: ServerId(1),
             crashed_master: ServerId(2),
             tablets: vec![recovery_tablet],
-            segments: vec![SegmentId(4)],
             backups: vec!["b:1".to_string()],
+            segments: vec![RecoverySegment {
+                segment_id: SegmentId(4),
+                replicas: vec![RecoveryReplica { backup: 0, epoch: 1, length: 64, primary: true }],
+            }],
             assignment_epoch: 9,
         },
         Request::BackupGetRecoveryData {
@@ -646,4 +650,46 @@ fn transaction_responses_that_cannot_be_right_are_refused() {
             })
         );
     }
+}
+
+/// RECOVER_TABLETS locates each segment's replicas by an index into its backups: an index
+/// past the end, a primary flag other than 0 or 1, and more replicas for one segment than
+/// allowed are refused, never read as some other backup.
+#[test]
+fn recovery_replicas_that_name_no_backup_are_refused() {
+    let request = |backup: u16, replicas: usize| stratus_wire::Request::RecoverTablets {
+        master_id: ServerId(1),
+        crashed_master: ServerId(2),
+        tablets: Vec::new(),
+        backups: vec!["b:1".to_string(), "b:2".to_string()],
+        segments: vec![RecoverySegment {
+            segment_id: SegmentId(4),
+            replicas: vec![
+                RecoveryReplica { backup, epoch: 1, length: 64, primary: true };
+                replicas
+            ],
+        }],
+        assignment_epoch: 9,
+    };
+    let good = request(1, 1);
+    assert_eq!(decode_request(Opcode::RecoverTablets.code(), request_body(&good)), Ok(good));
+    let past_the_end = request_body(&request(2, 1)).to_vec();
+    assert_eq!(
+        refused(Opcode::RecoverTablets, past_the_end),
+        DecodeError::InvalidField("replica's backup index")
+    );
+    // The primary flag is the byte before the assignment epoch.
+    let mut bad_flag = request_body(&request(0, 1)).to_vec();
+    let flag = bad_flag.len() - 9;
+    assert_eq!(bad_flag[flag], 1);
+    bad_flag[flag] = 2;
+    assert_eq!(
+        refused(Opcode::RecoverTablets, bad_flag),
+        DecodeError::InvalidField("replica's primary flag")
+    );
+    let too_many = request_body(&request(0, 17)).to_vec();
+    assert!(matches!(
+        refused(Opcode::RecoverTablets, too_many),
+        DecodeError::TooManyItems { count: 17, max: 16 }
+    ));
 }

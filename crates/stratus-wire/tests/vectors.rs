@@ -11,9 +11,10 @@ use stratus_types::{
 use stratus_wire::{
     body_offset, decode_frame_header, decode_request, decode_response, encode_error_response,
     encode_request, encode_response, frame_length, BackupDurability, BackupServiceStatistics,
-    BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, RecoveryTablet,
-    ReplicaCertificate, ReplicaEntry, Request, Response, ResponseBody, Status, TableEntry,
-    TabletEntry, TxDecisionOp, TxOp, TxVoteItem, WriteItem, HELLO_BYTES,
+    BackupWriteFlags, EnumerationCursor, FrameKind, Hello, Opcode, RecoveryReplica,
+    RecoverySegment, RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response,
+    ResponseBody, Status, TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem, WriteItem,
+    HELLO_BYTES, PROTOCOL_VERSION,
 };
 
 const SPEC: &str = include_str!("../../../docs/design/wire-protocol.md");
@@ -38,10 +39,11 @@ fn expected(name: &str) -> Expected {
         body: ResponseBody::Operation(response),
     };
     match name {
-        "hello" => Expected::Hello(Hello { version: 5, status: Status::Ok }),
-        "hello-version-mismatch" => {
-            Expected::Hello(Hello { version: 5, status: Status::ProtocolVersionMismatch })
-        }
+        "hello" => Expected::Hello(Hello { version: PROTOCOL_VERSION, status: Status::Ok }),
+        "hello-version-mismatch" => Expected::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            status: Status::ProtocolVersionMismatch,
+        }),
         "ping-request" => Expected::Request { request_id: 1, request: Request::Ping },
         "ping-response" => ok(1, Response::Ping),
         "read-request" => Expected::Request {
@@ -359,8 +361,27 @@ fn expected(name: &str) -> Expected {
                     creation_segment: SegmentId(0),
                     tier: Tier::Flash,
                 }],
-                segments: vec![SegmentId(1), SegmentId(3)],
                 backups: vec!["b:1".to_string()],
+                segments: vec![
+                    RecoverySegment {
+                        segment_id: SegmentId(1),
+                        replicas: vec![RecoveryReplica {
+                            backup: 0,
+                            epoch: 2,
+                            length: 65_536,
+                            primary: true,
+                        }],
+                    },
+                    RecoverySegment {
+                        segment_id: SegmentId(3),
+                        replicas: vec![RecoveryReplica {
+                            backup: 0,
+                            epoch: 1,
+                            length: 4_096,
+                            primary: false,
+                        }],
+                    },
+                ],
                 assignment_epoch: 7,
             },
         },

@@ -13,8 +13,8 @@ use stratus_types::{
 };
 use stratus_wire::{
     body_offset, decode_frame_header, decode_response, encode_request, frame_length,
-    EnumeratedObject, FrameKind, Hello, Opcode, RecoveryTablet, Request, Response, ResponseBody,
-    TxDecisionOp, TxOp, HELLO_BYTES, PROTOCOL_VERSION,
+    EnumeratedObject, FrameKind, Hello, Opcode, RecoveryReplica, RecoverySegment, RecoveryTablet,
+    Request, Response, ResponseBody, TxDecisionOp, TxOp, HELLO_BYTES, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -141,8 +141,11 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         master_id: owner,
         crashed_master: ServerId(999),
         tablets,
-        segments: vec![SegmentId(1)],
         backups: vec![master.clone()],
+        segments: vec![RecoverySegment {
+            segment_id: SegmentId(1),
+            replicas: vec![RecoveryReplica { backup: 0, epoch: 1, length: 64, primary: true }],
+        }],
         assignment_epoch: 1,
     };
     encode_request(&mut recovery, 10, &recover(Vec::new()));
@@ -207,8 +210,11 @@ async fn bad_input_gets_clear_errors_and_servers_keep_serving() {
         master_id: ServerId(owner.0 + 1_000),
         crashed_master: ServerId(999),
         tablets: vec![RecoveryTablet { table_id: other_table, ..owned }],
-        segments: vec![SegmentId(1)],
         backups: vec![master.clone()],
+        segments: vec![RecoverySegment {
+            segment_id: SegmentId(1),
+            replicas: vec![RecoveryReplica { backup: 0, epoch: 1, length: 64, primary: true }],
+        }],
         assignment_epoch: 1,
     };
     encode_request(&mut misaddressed, 14, &recovery_elsewhere);

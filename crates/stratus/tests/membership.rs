@@ -199,8 +199,8 @@ fn only_processes_holding_the_cluster_secret_join_replicate_fence_or_recover() {
                         master_id,
                         crashed_master: ServerId(u64::MAX),
                         tablets: Vec::new(),
-                        segments: Vec::new(),
                         backups: Vec::new(),
+                        segments: Vec::new(),
                         assignment_epoch: u64::MAX,
                     },
                 ];

@@ -47,7 +47,7 @@ from .model import (
 from .status import Status
 
 MAGIC = b"STRA"
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 HELLO_BYTES = 8
 LENGTH_FIELD_BYTES = 4
 REQUEST_HEADER_BYTES = 16

@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use stratus_rpc::Handled;
-use stratus_types::{SegmentId, ServerId};
-use stratus_wire::{encode_error_response, encode_response, Opcode, RecoveryTablet, Status};
+use stratus_types::ServerId;
+use stratus_wire::{
+    encode_error_response, encode_response, Opcode, RecoverySegment, RecoveryTablet, Status,
+};
 
 use super::Master;
 use crate::metrics::{Operation, RecoveryCounters};
@@ -18,9 +20,10 @@ pub(super) struct RecoverRequest {
     pub(super) crashed_master: ServerId,
     /// The partition: the tablets (parts of the crashed master's) to replay.
     pub(super) tablets: Vec<RecoveryTablet>,
-    /// The crashed log's segments, as its newest digest lists them.
-    pub(super) segments: Vec<SegmentId>,
-    /// The backups to fetch the partition's entries from.
+    /// The crashed log's segments, as its newest digest lists them, each with the replicas
+    /// the coordinator located.
+    pub(super) segments: Vec<RecoverySegment>,
+    /// The backups holding those replicas (the replicas name them by index).
     pub(super) backups: Vec<String>,
     /// The recovery's assignment epoch.
     pub(super) assignment_epoch: u64,

@@ -12,9 +12,9 @@ use stratus_types::{Tier, TxDecision, TxOpKind, TxVote};
 use stratus_wire::{
     AutoTableFigures, BackupDurability, BackupServiceStatistics, BackupWriteFlags,
     EnumeratedObject, EnumerationCursor, IncrementItem, IncrementItemResult, KeyItem,
-    ReadItemResult, RecoveryTablet, ReplicaCertificate, ReplicaEntry, Request, Response,
-    ServerEntry, ServerStatistics, ServerStatus, ServiceMask, Status, TableEntry, TabletEntry,
-    TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
+    ReadItemResult, RecoveryReplica, RecoverySegment, RecoveryTablet, ReplicaCertificate,
+    ReplicaEntry, Request, Response, ServerEntry, ServerStatistics, ServerStatus, ServiceMask,
+    Status, TableEntry, TabletEntry, TxDecisionOp, TxOp, TxVoteItem, VersionItemResult, WriteItem,
 };
 
 /// Valid user names.
@@ -569,19 +569,42 @@ pub fn request() -> impl Strategy<Value = Request> {
         (
             server_id(),
             vec(recovery_tablet(), 0..4),
-            vec(segment_id(), 0..6),
             vec(name(), 0..3),
+            vec(
+                (
+                    segment_id(),
+                    vec((any::<u16>(), any::<u64>(), any::<u32>(), any::<bool>()), 0..4)
+                ),
+                0..6
+            ),
             any::<u64>()
         )
-            .prop_map(|(crashed_master, tablets, segments, backups, assignment_epoch)| {
+            .prop_map(|(crashed_master, tablets, backups, segments, assignment_epoch)| {
                 // The recovery master's id: any id encodes alike.
                 let master_id = ServerId(crashed_master.0 ^ 1);
+                // Every replica names one of the backups (none without any).
+                let segments = segments
+                    .into_iter()
+                    .map(|(segment_id, replicas)| RecoverySegment {
+                        segment_id,
+                        replicas: replicas
+                            .into_iter()
+                            .filter(|_| !backups.is_empty())
+                            .map(|(backup, epoch, length, primary)| RecoveryReplica {
+                                backup: backup % backups.len() as u16,
+                                epoch,
+                                length,
+                                primary,
+                            })
+                            .collect(),
+                    })
+                    .collect();
                 Request::RecoverTablets {
                     master_id,
                     crashed_master,
                     tablets,
-                    segments,
                     backups,
+                    segments,
                     assignment_epoch,
                 }
             }),

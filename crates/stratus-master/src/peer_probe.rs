@@ -7,6 +7,16 @@
 //! the pings over the servers keeps the coordinator's load independent of the cluster's size,
 //! and every server is still pinged about once per interval on average.
 //!
+//! In a cluster of more than [`PROBE_SET_SIZE`] + 1 servers, a server pings the members of
+//! its *probe set*: [`PROBE_SET_SIZE`] peers drawn at random, one of them replaced by another
+//! random peer every [`PROBE_SET_ROTATION_PROBES`] pings. Each server is then in about
+//! [`PROBE_SET_SIZE`] sets and still pinged about once per interval, but a server keeps
+//! connections to at most [`PROBE_SET_SIZE`] peers for its pings, where pinging any peer at
+//! random left it, within minutes, with a connection to every other server (N² in the
+//! cluster: most of a 1 000-server simulation's memory, simulation.md, "Memory"). RAMCloud pings
+//! over datagrams and holds no connection at all. Smaller clusters ping every peer at random as
+//! before.
+//!
 //! The server list comes from [`ServerList`], the cache the replica manager also chooses its
 //! backups from: one copy per server, fetched from the coordinator at most once per
 //! [`SERVER_LIST_REFRESH_INTERVAL`].
@@ -14,7 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stratus_env::{Environment, Network};
+use stratus_env::{Entropy, Environment, Network};
 use stratus_rpc::{ChannelPool, RpcConfig};
 use stratus_types::ServerId;
 use stratus_wire::{Request, Response, ResponseBody, ServerEntry, ServerStatus, Status};
@@ -29,6 +39,16 @@ const SERVER_LIST_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a hint to the coordinator may take; a lost hint is repeated by the next ping that
 /// misses (or caught by the coordinator's own sweep).
 const HINT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Peers a server pings (and keeps connections to for its pings) in a large cluster. With
+/// every server drawing 16, a server is in no set at all with probability about e⁻¹⁶ (the
+/// coordinator's own sweep still pings it), and in about 16 on average.
+pub const PROBE_SET_SIZE: usize = 16;
+
+/// Pings between two replacements of one probe set member: every member is replaced after
+/// about 16 × 16 = 256 pings (26 s at the default interval), so who watches whom keeps
+/// changing while connections open at one per 1.6 s.
+pub const PROBE_SET_ROTATION_PROBES: u32 = 16;
 
 /// How a storage server pings its peers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +164,7 @@ pub async fn probe_peers(
     environment: Environment,
 ) {
     let pool = ChannelPool::new(environment.network.clone(), RpcConfig::default());
+    let mut probe_set = ProbeSet::default();
     loop {
         tokio::time::sleep(config.probe_interval).await;
         let servers = match server_list.servers().await {
@@ -157,7 +178,13 @@ pub async fn probe_peers(
         if candidates.is_empty() {
             continue;
         }
-        let peer = candidates[environment.entropy.below(candidates.len() as u64) as usize];
+        let entropy = environment.entropy.as_ref();
+        let choice = probe_set.choose(&candidates, entropy);
+        for left in &choice.left {
+            // Its connection goes with it: a server keeps few open for its pings.
+            pool.forget(&left.address);
+        }
+        let peer = candidates[choice.peer];
         let ping = pool.call(&peer.address, &Request::Ping);
         if let Ok(Ok((Status::Ok, _))) = tokio::time::timeout(config.probe_timeout, ping).await {
             continue;
@@ -180,9 +207,78 @@ pub async fn probe_peers(
     }
 }
 
+/// The peers a server pings in a cluster of more than [`PROBE_SET_SIZE`] + 1 servers (see the
+/// module's comment); empty in a smaller one, where every peer is drawn at random.
+#[derive(Debug, Default)]
+struct ProbeSet {
+    /// Ids and addresses of the members (the address: to drop a leaving member's connection).
+    members: Vec<ServerEntry>,
+    /// Pings since a member was last replaced.
+    probes_since_rotation: u32,
+}
+
+/// Whom to ping next: a candidate by index, and the members that left the set since the last
+/// choice (their connections are to be dropped).
+#[derive(Debug, PartialEq, Eq)]
+struct Choice {
+    peer: usize,
+    left: Vec<ServerEntry>,
+}
+
+impl ProbeSet {
+    /// The next peer to ping among `candidates` (not empty). Members no longer among them
+    /// (crashed, removed, moved) leave, one member is replaced every
+    /// [`PROBE_SET_ROTATION_PROBES`] pings, the set is filled up to [`PROBE_SET_SIZE`] with
+    /// random others, and a random member is chosen.
+    fn choose(&mut self, candidates: &[&ServerEntry], entropy: &dyn Entropy) -> Choice {
+        if candidates.len() <= PROBE_SET_SIZE {
+            // Every peer fits: draw among all of them, as a small cluster always did.
+            let left = std::mem::take(&mut self.members);
+            return Choice { peer: entropy.below(candidates.len() as u64) as usize, left };
+        }
+        let is_candidate = |member: &ServerEntry| {
+            candidates
+                .iter()
+                .any(|c| c.server_id == member.server_id && c.address == member.address)
+        };
+        let (kept, mut left): (Vec<ServerEntry>, Vec<ServerEntry>) =
+            std::mem::take(&mut self.members).into_iter().partition(is_candidate);
+        self.members = kept;
+        self.probes_since_rotation += 1;
+        if self.probes_since_rotation >= PROBE_SET_ROTATION_PROBES
+            && self.members.len() == PROBE_SET_SIZE
+        {
+            self.probes_since_rotation = 0;
+            let replaced = entropy.below(self.members.len() as u64) as usize;
+            left.push(self.members.swap_remove(replaced));
+        }
+        let is_member = |members: &[ServerEntry], candidate: &ServerEntry| {
+            members.iter().any(|member| member.server_id == candidate.server_id)
+        };
+        while self.members.len() < PROBE_SET_SIZE {
+            // Candidates outnumber the set, so a draw soon finds a non-member; bounded anyway,
+            // then the first non-member in order (only when almost every candidate is one).
+            let drawn = (0..64)
+                .map(|_| candidates[entropy.below(candidates.len() as u64) as usize])
+                .find(|drawn| !is_member(&self.members, drawn));
+            let added = drawn
+                .or_else(|| candidates.iter().copied().find(|c| !is_member(&self.members, c)))
+                .expect("more candidates than members");
+            self.members.push(added.clone());
+        }
+        let member = &self.members[entropy.below(self.members.len() as u64) as usize];
+        let peer = candidates
+            .iter()
+            .position(|candidate| candidate.server_id == member.server_id)
+            .expect("every member is a candidate");
+        Choice { peer, left }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stratus_env::SeededEntropy;
     use stratus_wire::ServiceMask;
 
     fn entry(id: u64, status: ServerStatus) -> ServerEntry {
@@ -208,5 +304,67 @@ mod tests {
             peers(&servers, ServerId(3)).iter().map(|entry| entry.server_id.0).collect();
         assert_eq!(chosen, vec![1, 5]);
         assert!(peers(&servers[..1], ServerId(1)).is_empty(), "a lone server pings nobody");
+    }
+
+    fn cluster(size: u64) -> Vec<ServerEntry> {
+        (1..=size).map(|id| entry(id, ServerStatus::Up)).collect()
+    }
+
+    #[test]
+    fn a_small_cluster_pings_every_peer_at_random_and_keeps_no_set() {
+        let servers = cluster(PROBE_SET_SIZE as u64 + 1);
+        let candidates = peers(&servers, ServerId(1));
+        let entropy = SeededEntropy::new(7);
+        let mut set = ProbeSet::default();
+        let mut pinged = std::collections::BTreeSet::new();
+        for _ in 0..2_000 {
+            let choice = set.choose(&candidates, &entropy);
+            assert!(choice.left.is_empty(), "nothing to leave in a small cluster");
+            pinged.insert(candidates[choice.peer].server_id);
+        }
+        assert_eq!(pinged.len(), candidates.len(), "every peer is pinged");
+        assert!(set.members.is_empty());
+    }
+
+    #[test]
+    fn a_large_cluster_pings_a_bounded_rotating_set_and_drops_those_that_leave() {
+        let servers = cluster(1_000);
+        let candidates = peers(&servers, ServerId(1));
+        let entropy = SeededEntropy::new(11);
+        let mut set = ProbeSet::default();
+        let mut connected = std::collections::BTreeSet::new();
+        let mut pinged = std::collections::BTreeSet::new();
+        let mut connected_max = 0;
+        for _ in 0..10 * PROBE_SET_ROTATION_PROBES {
+            let choice = set.choose(&candidates, &entropy);
+            for left in &choice.left {
+                connected.remove(&left.server_id);
+            }
+            connected.insert(candidates[choice.peer].server_id);
+            pinged.insert(candidates[choice.peer].server_id);
+            connected_max = connected_max.max(connected.len());
+            assert_eq!(set.members.len(), PROBE_SET_SIZE);
+            let mut ids: Vec<_> = set.members.iter().map(|member| member.server_id).collect();
+            ids.dedup();
+            assert_eq!(ids.len(), PROBE_SET_SIZE, "no member twice");
+        }
+        assert!(connected_max <= PROBE_SET_SIZE, "{connected_max} connections");
+        assert!(pinged.len() > PROBE_SET_SIZE, "the set rotates: {} peers pinged", pinged.len());
+        // Members that crash (a rack of three) leave at the next choice, and their
+        // connections with them.
+        let crashed: Vec<ServerId> = set.members[..3].iter().map(|m| m.server_id).collect();
+        let survivors: Vec<&ServerEntry> =
+            candidates.iter().copied().filter(|c| !crashed.contains(&c.server_id)).collect();
+        let choice = set.choose(&survivors, &entropy);
+        let mut left: Vec<ServerId> = choice.left.iter().map(|m| m.server_id).collect();
+        left.retain(|id| crashed.contains(id));
+        assert_eq!(left, crashed, "every crashed member leaves");
+        assert!(set.members.iter().all(|member| !crashed.contains(&member.server_id)));
+        assert_eq!(set.members.len(), PROBE_SET_SIZE);
+        // A cluster that shrinks to the set's size leaves the set: every member goes.
+        let few = &candidates[..PROBE_SET_SIZE];
+        let choice = set.choose(few, &entropy);
+        assert_eq!(choice.left.len(), PROBE_SET_SIZE);
+        assert!(set.members.is_empty());
     }
 }

@@ -50,6 +50,11 @@ pub struct UpArguments {
     /// Placement of replicas: random or copyset.
     #[arg(long, default_value = "random", value_parser = ["random", "copyset"])]
     pub placement: String,
+    /// Spread the servers over this many failure domains, as if in racks: server i gets
+    /// `--failure-domain rack-(i mod N)`, and placement keeps a segment's copies in distinct
+    /// racks (docs/design/replication.md, "Failure domains"). 0: no domains.
+    #[arg(long, default_value_t = 0)]
+    pub racks: u32,
     /// Every server touches every page of its log memory at start (see `stratus server
     /// --prefault-memory`): it holds all of its memory from the first moment, and no write or
     /// recovery pays a page's first-use fault.
@@ -526,6 +531,12 @@ impl Drop for Children {
     }
 }
 
+/// The failure domain `stratus up --racks` gives server `index`: racks dealt round-robin, so
+/// that they differ by at most one server.
+fn rack_of(index: u32, racks: u32) -> Option<String> {
+    (racks > 0).then(|| format!("rack-{}", index % racks))
+}
+
 #[allow(unsafe_code)]
 fn send_signal(pid: i32, signal: i32) -> bool {
     // SAFETY: kill(2) has no memory-safety preconditions; `pid` is a child we spawned.
@@ -549,6 +560,23 @@ pub fn run(
             "{replicas} replicas need at least {} servers (a master never backs itself up)",
             replicas + 1
         ));
+    }
+    if arguments.racks > arguments.servers {
+        return Err(format!(
+            "--racks {} is more racks than --servers {}",
+            arguments.racks, arguments.servers
+        ));
+    }
+    if arguments.racks > 0 && (arguments.racks as usize) < replicas + 1 {
+        // Allowed (placement falls back to sharing racks, and says so), but the user asked
+        // for racks to survive one: say what they get.
+        eprintln!(
+            "note: {} racks for {replicas} replicas: a segment's copies cannot all be outside \
+             its master's rack and each other's, so losing one rack may lose data (at least {} \
+             racks are needed)",
+            arguments.racks,
+            replicas + 1
+        );
     }
     let logs = arguments.dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|error| format!("{}: {error}", logs.display()))?;
@@ -665,6 +693,9 @@ pub fn run(
             extra.extend(["--metrics-listen".to_string(), address]);
         }
         extra.extend(["--worker-threads".to_string(), worker_threads.to_string()]);
+        if let Some(rack) = rack_of(index, arguments.racks) {
+            extra.extend(["--failure-domain".to_string(), rack]);
+        }
         extra.extend(membership.iter().cloned());
         if arguments.prefault_memory {
             extra.push("--prefault-memory".to_string());

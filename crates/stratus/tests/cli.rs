@@ -64,6 +64,8 @@ fn cli_against_a_local_cluster() {
             "16".to_string(),
             "--segment-mib".to_string(),
             "1".to_string(),
+            "--racks".to_string(),
+            "2".to_string(),
         ],
         "info",
     );
@@ -120,6 +122,11 @@ fn cli_against_a_local_cluster() {
     let servers = status["servers"].as_array().expect("servers");
     assert_eq!(servers.len(), 2, "{status}");
     assert!(servers.iter().all(|server| server["status"] == "up"), "{status}");
+    // `--racks 2`: one server in each rack.
+    let mut racks: Vec<&str> =
+        servers.iter().map(|server| server["failure_domain"].as_str().unwrap()).collect();
+    racks.sort_unstable();
+    assert_eq!(racks, ["rack-0", "rack-1"], "{status}");
     let objects: u64 =
         servers.iter().map(|server| server["master"]["objects_live"].as_u64().unwrap()).sum();
     assert_eq!(objects, 2, "blob and visits: {status}");

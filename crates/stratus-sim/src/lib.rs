@@ -1010,6 +1010,25 @@ async fn run_loader(
     let table = table_id(&client, options.servers as u32, workload_tier(&options))
         .await
         .ok_or("no table")?;
+    let span = (options.servers as u32).min(stratus_types::limits::SERVER_SPAN_MAX);
+    for extra in 0..preload.extra_tables {
+        let name = format!("extra-{extra}");
+        // Retried like the workload's table: the coordinator may be down for a moment.
+        let created = async {
+            for _ in 0..200 {
+                if client.create_table(&name, span).await.is_ok()
+                    || client.get_table_id(&name).await.is_ok()
+                {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        };
+        if !created.await {
+            return Err(format!("extra table {name} was not created").into());
+        }
+    }
     let recorder = workload.recorder.clone();
     let client_id = options.clients + 1;
     preload::run_loader(client, recorder, client_id, table, preload, workload.preload.clone()).await

@@ -25,6 +25,11 @@ pub struct Preload {
     pub objects_per_server: u32,
     /// Bytes of each value.
     pub value_bytes: usize,
+    /// Tables the loader creates besides the simulation's, each spread over every server (at
+    /// most `SERVER_SPAN_MAX`), before it writes anything; they stay empty. They give the
+    /// coordinator a cluster's worth of tablets to keep, map and recover: 1 000 servers with 9
+    /// extra tables hold 10 000 tablets, and a crashed master 10 to recover (`tests/costs.rs`).
+    pub extra_tables: u32,
 }
 
 /// Items in one multi-write or multi-read of the loader and the verifier.

@@ -24,7 +24,12 @@ fn one_crash(planted_bug: Option<PlantedBug>) -> SimulationOptions {
                 flip_bit: false,
             },
         }]),
-        preload: Some(Preload { servers: vec![0], objects_per_server: 3_000, value_bytes: 64 }),
+        preload: Some(Preload {
+            servers: vec![0],
+            objects_per_server: 3_000,
+            value_bytes: 64,
+            extra_tables: 0,
+        }),
         await_every_server: true,
         planted_bug,
         ..SimulationOptions::default()

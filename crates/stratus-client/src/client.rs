@@ -10,7 +10,7 @@ use stratus_rpc::{
     Backoff, ChannelPool, ClientNetwork, ClusterKey, RpcConfig, RpcError, SecretError, UserPassword,
 };
 use stratus_tls::{ClientTls, TlsNetwork};
-use stratus_types::limits::KEY_BYTES_MAX;
+use stratus_types::limits::{KEY_BYTES_MAX, TABLET_MAP_AWAIT_MILLIS_MAX};
 use stratus_types::{
     key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Tier, Version,
 };
@@ -936,14 +936,29 @@ impl Inner {
                     Response::GetTabletMap { tablets } => tablets,
                     other => return Err(unexpected(&ResponseBody::Operation(other))),
                 };
-                let map = Arc::new(tablets);
-                self.tablet_maps
-                    .write()
-                    .unwrap_or_else(|poison| poison.into_inner())
-                    .insert(table_id, map.clone());
-                map
+                self.cache_map(table_id, tablets)
             }
         };
+        self.tablet_in(table_id, &map, hash)
+    }
+
+    /// Keeps `tablets` as `table_id`'s map.
+    fn cache_map(&self, table_id: TableId, tablets: Vec<TabletEntry>) -> Arc<Vec<TabletEntry>> {
+        let map = Arc::new(tablets);
+        self.tablet_maps
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(table_id, map.clone());
+        map
+    }
+
+    /// The tablet of `map` (`table_id`'s) holding `hash`; a map without one is dropped.
+    fn tablet_in(
+        &self,
+        table_id: TableId,
+        map: &[TabletEntry],
+        hash: KeyHash,
+    ) -> Result<TabletEntry> {
         let index = map.partition_point(|tablet| tablet.range.end < hash.0);
         match map.get(index) {
             Some(tablet) if tablet.range.contains(hash) => Ok(tablet.clone()),
@@ -1065,7 +1080,10 @@ impl Inner {
             TabletState::Normal => Route::Send(tablet),
             TabletState::Recovering => {
                 self.forget_table(table_id);
-                Route::Wait(recovering_error(&tablet))
+                match self.await_recovery(table_id, hash, deadline).await {
+                    Some(served) => Route::Send(served),
+                    None => Route::Wait(recovering_error(&tablet)),
+                }
             }
             // Waiting cannot help: only an operator (or a backup that returns) can. But a
             // cached map may be old: believed once a fresh one says so too.
@@ -1077,6 +1095,37 @@ impl Inner {
                     Route::Fail(unavailable_error(&tablet))
                 }
             }
+        }
+    }
+
+    /// The tablet of `table_id` holding `hash` once the coordinator has handed it over after a
+    /// recovery: asked with AWAIT_TABLET_MAP, which the coordinator answers as soon as no
+    /// tablet of the table recovers (or after at most `TABLET_MAP_AWAIT_MILLIS_MAX`), rather
+    /// than by polling the map. `None` if it is still recovering then, or the map could not be
+    /// had in time (the caller backs off and asks again, within its deadline).
+    async fn await_recovery(
+        &self,
+        table_id: TableId,
+        hash: KeyHash,
+        deadline: Instant,
+    ) -> Option<TabletEntry> {
+        let left = time_left(deadline)?;
+        let wait_millis =
+            u32::try_from(left.as_millis()).unwrap_or(u32::MAX).min(TABLET_MAP_AWAIT_MILLIS_MAX);
+        let request = Request::AwaitTabletMap { table_id, wait_millis };
+        let tablets = match self.coordinator_call_until(&request, deadline).await {
+            Ok(Response::AwaitTabletMap { tablets }) => tablets,
+            _ => return None,
+        };
+        let map = self.cache_map(table_id, tablets);
+        let tablet = self.tablet_in(table_id, &map, hash).ok()?;
+        if tablet.state == TabletState::Normal {
+            Some(tablet)
+        } else {
+            // Still recovering, or found impossible: the caller's next look decides (an
+            // unavailable tablet fails there once a fresh map says so).
+            self.forget_table(table_id);
+            None
         }
     }
 

@@ -269,3 +269,19 @@ async fn a_single_read_whose_master_is_gone_heals_once_the_map_names_a_new_maste
     let (value, version) = bounded(client.read(TABLE, b"key")).await.expect("healed");
     assert_eq!((&value[..], version), (&b"value"[..], VERSION));
 }
+
+#[tokio::test]
+async fn a_read_of_a_recovering_tablet_waits_at_the_coordinator_for_its_new_master() {
+    let new_master = serve(healthy_master()).await;
+    // The first map shows the tablet recovering; the next one names its new master.
+    let coordinator = Coordinator::new(move |served| match served {
+        0 => (String::new(), TabletState::Recovering),
+        _ => (new_master.clone(), TabletState::Normal),
+    });
+    let client = Client::new(config(serve(coordinator.clone()).await));
+    let (value, version) = bounded(client.read(TABLE, b"key")).await.expect("healed");
+    assert_eq!((&value[..], version), (&b"value"[..], VERSION));
+    // The second map was awaited (AWAIT_TABLET_MAP), not polled for.
+    assert_eq!(coordinator.maps_served.load(Ordering::SeqCst), 2);
+    assert_eq!(coordinator.maps_awaited.load(Ordering::SeqCst), 1);
+}

@@ -857,6 +857,8 @@ impl Inner {
             entry.reason = reason.to_string();
             entry.loss_accepted
         };
+        // Its tablets are reported unavailable from now on: clients waiting stop waiting.
+        self.recoveries_settled.notify_waiters();
         if !accepted {
             return Attempt::Again(format!(
                 "recovery is impossible ({reason}); waiting for an operator to accept the loss"
@@ -1417,6 +1419,8 @@ impl Inner {
             state.tables.insert(name, table);
         }
         drop(state);
+        // Clients waiting for these tablets (AWAIT_TABLET_MAP) learn the new owners now.
+        self.recoveries_settled.notify_waiters();
         for &(table_id, _, part, owner, creation_segment) in recovered {
             let inner = self.clone();
             let tablet = TabletRecord { range: part, owner, creation_segment };
@@ -1436,9 +1440,11 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::TableRecord;
     use crate::service::Coordinator;
     use stratus_env::Environment;
     use stratus_meta::MemoryMetaStore;
+    use stratus_types::TabletState;
     use stratus_wire::ServiceMask;
 
     /// How long a test waits for the coordinator to reach a state before it fails.
@@ -1745,6 +1751,68 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "a suspect check did not end");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The state of `table`'s tablets in an AWAIT_TABLET_MAP answer.
+    fn states(answer: Result<Response, (Status, String)>) -> Vec<TabletState> {
+        match answer {
+            Ok(Response::AwaitTabletMap { tablets }) => {
+                tablets.iter().map(|tablet| tablet.state).collect()
+            }
+            other => panic!("not a map: {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_awaited_tablet_map_is_answered_once_its_recovery_settles() {
+        let coordinator = coordinator();
+        let crashed = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        let survivor = enlist(&coordinator, &silent_address(), ServiceMask::MASTER).await;
+        let table = TableId(1);
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            let tablet = TabletRecord {
+                range: HashRange::FULL,
+                owner: crashed,
+                creation_segment: SegmentId(0),
+            };
+            let record = TableRecord { table_id: table, tier: Tier::Memory, tablets: vec![tablet] };
+            state.tables.insert("t".to_string(), record);
+        }
+        // Nothing recovers: answered at once, however long the caller would wait.
+        let answer = coordinator.inner.await_tablet_map(table, u32::MAX);
+        let answer = tokio::time::timeout(PATIENCE, answer).await.expect("answered at once");
+        assert_eq!(states(answer), vec![TabletState::Normal]);
+
+        coordinator.inner.state.lock().await.servers.get_mut(&crashed).unwrap().status =
+            ServerStatus::Crashed;
+        // Still recovering when the wait is over: the map as it is.
+        let answer = coordinator.inner.await_tablet_map(table, 30).await;
+        assert_eq!(states(answer), vec![TabletState::Recovering]);
+
+        // A recovery that hands the tablet over wakes the waiter with the new owner.
+        let inner = coordinator.inner.clone();
+        let waiter = tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "answered while the tablet recovers");
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            state.tables.get_mut("t").unwrap().tablets[0].owner = survivor;
+        }
+        coordinator.inner.recoveries_settled.notify_waiters();
+        let answer = tokio::time::timeout(PATIENCE, waiter).await.expect("woken").expect("task");
+        assert_eq!(states(answer), vec![TabletState::Normal]);
+
+        // A dropped table is seen by the recheck, without a wake-up.
+        coordinator.inner.state.lock().await.servers.get_mut(&survivor).unwrap().status =
+            ServerStatus::Crashed;
+        let inner = coordinator.inner.clone();
+        let waiter = tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        coordinator.inner.state.lock().await.tables.clear();
+        let answer =
+            tokio::time::timeout(PATIENCE, waiter).await.expect("rechecked").expect("task");
+        assert!(matches!(answer, Err((Status::TableDoesntExist, _))), "{answer:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

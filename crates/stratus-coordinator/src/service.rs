@@ -11,7 +11,7 @@ use stratus_meta::{MetaError, MetaOperation, MetaStore};
 use stratus_rpc::{Backoff, ChannelPool, Handled, RpcConfig, Service, UserDirectory};
 use stratus_types::limits::{
     SERVERS_MAX, SERVER_ADDRESS_BYTES_MAX, SERVER_SPAN_MAX, TABLES_MAX, TABLETS_PER_TABLE_MAX,
-    TABLE_NAME_BYTES_MAX,
+    TABLET_MAP_AWAIT_MILLIS_MAX, TABLE_NAME_BYTES_MAX,
 };
 use stratus_types::{HashRange, LeaseId, SegmentId, ServerId, TableId, TabletState, Tier};
 use stratus_wire::{
@@ -66,6 +66,10 @@ const TRANSFER_ANSWER_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a restarted coordinator waits for a server it remembers to answer a ping.
 const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
+
+/// How often an AWAIT_TABLET_MAP looks at its map again without being woken: a backstop for
+/// changes that do not wake it (a table dropped, a server removed), short beside a recovery.
+const TABLET_MAP_AWAIT_RECHECK: Duration = Duration::from_millis(50);
 
 /// The coordinator service.
 #[derive(Clone, Debug)]
@@ -123,6 +127,9 @@ pub(crate) struct Inner {
     pub(crate) users: Arc<UserDirectory>,
     /// The servers' GET_USER_DIRECTORY long polls in flight, by the version they name.
     pub(crate) directory_polls: crate::users::DirectoryPolls,
+    /// Woken whenever a recovery hands tablets over or is found impossible: AWAIT_TABLET_MAP
+    /// requests look at their map again.
+    pub(crate) recoveries_settled: tokio::sync::Notify,
 }
 
 /// Whether a coordinator is the cluster's active coordinator right now.
@@ -210,6 +217,7 @@ impl Coordinator {
             client_leases: std::sync::Mutex::new(client_leases),
             users: Arc::new(UserDirectory::new()),
             directory_polls: crate::users::DirectoryPolls::default(),
+            recoveries_settled: tokio::sync::Notify::new(),
         };
         inner.publish_users(&inner.state.try_lock().expect("nobody else holds it yet"));
         Ok(Coordinator { inner: Arc::new(inner) })
@@ -412,6 +420,9 @@ impl Inner {
                 Ok(Response::ListTables { tables })
             }
             Request::GetTabletMap { table_id } => self.tablet_map(table_id).await,
+            Request::AwaitTabletMap { table_id, wait_millis } => {
+                self.await_tablet_map(table_id, wait_millis).await
+            }
             Request::RenewLease { server_id } => self.renew_lease(server_id).await,
             Request::SetLogHead { server_id, segment_id, epoch } => {
                 self.set_log_head(server_id, LogHead { segment_id, epoch }).await
@@ -1126,6 +1137,39 @@ impl Inner {
             .map_or(self.started_at, |until| until.max(self.started_at));
         let last = leases.granted.get(&server_id).copied().unwrap_or(floor).max(floor);
         tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
+    }
+
+    /// AWAIT_TABLET_MAP: the tablet map once no tablet in it is recovering, or when
+    /// `wait_millis` (at most [`TABLET_MAP_AWAIT_MILLIS_MAX`]) have passed. Looks again when a
+    /// recovery settles ([`Inner::recoveries_settled`]) and every [`TABLET_MAP_AWAIT_RECHECK`]
+    /// besides, so a change made elsewhere (a table dropped) is seen too.
+    pub(crate) async fn await_tablet_map(
+        &self,
+        table_id: TableId,
+        wait_millis: u32,
+    ) -> Result<Response, Failure> {
+        let wait = Duration::from_millis(u64::from(wait_millis.min(TABLET_MAP_AWAIT_MILLIS_MAX)));
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before the map is read, so a recovery that settles in between wakes it.
+            let settled = self.recoveries_settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let tablets = match self.tablet_map(table_id).await? {
+                Response::GetTabletMap { tablets } => tablets,
+                other => unreachable!("tablet_map answers a map, not {other:?}"),
+            };
+            let recovering = tablets.iter().any(|tablet| tablet.state == TabletState::Recovering);
+            let now = tokio::time::Instant::now();
+            if !recovering || now >= deadline || !self.is_active() {
+                return Ok(Response::AwaitTabletMap { tablets });
+            }
+            let recheck = (now + TABLET_MAP_AWAIT_RECHECK).min(deadline);
+            tokio::select! {
+                () = settled => {}
+                () = tokio::time::sleep_until(recheck) => {}
+            }
+        }
     }
 
     pub(crate) async fn tablet_map(&self, table_id: TableId) -> Result<Response, Failure> {

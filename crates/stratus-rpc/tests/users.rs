@@ -165,6 +165,11 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
         (Opcode::ListTables, Some(Request::ListTables), Nothing),
         (Opcode::GetTabletMap, Some(Request::GetTabletMap { table_id: LOGS }), Nothing),
         (
+            Opcode::AwaitTabletMap,
+            Some(Request::AwaitTabletMap { table_id: LOGS, wait_millis: 100 }),
+            Nothing,
+        ),
+        (
             Opcode::RecoveryAcceptLoss,
             Some(Request::RecoveryAcceptLoss { server_id: ServerId(3) }),
             ClusterAdmin,

@@ -192,6 +192,12 @@ const _: () = assert!(
         < FRAME_BYTES_MAX
 );
 
+/// The longest a coordinator holds an AWAIT_TABLET_MAP while a tablet in the map recovers: a
+/// recovery takes about a second or two, and a client whose operation has longer left asks
+/// again. Bounded so that a request in flight is not mistaken for a lost one by the RPC
+/// layer's timeouts, and waiting requests do not pile up.
+pub const TABLET_MAP_AWAIT_MILLIS_MAX: u32 = 2_000;
+
 /// How long a client lease lasts after its last renewal (RIFL, docs/design/exactly-once.md):
 /// a client's unacknowledged results are kept at least this long after it was last heard of.
 /// Long enough that a client paused by a garbage collector or a busy machine keeps its lease,

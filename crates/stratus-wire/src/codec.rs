@@ -311,6 +311,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         }
         Request::DropTable { name } | Request::GetTableId { name } => put_string(out, name),
         Request::GetTabletMap { table_id } => put_u64(out, table_id.0),
+        Request::AwaitTabletMap { table_id, wait_millis } => {
+            put_u64(out, table_id.0);
+            put_u32(out, *wait_millis);
+        }
         Request::SplitTablet { name, split_hash } => {
             put_string(out, name);
             put_u64(out, *split_hash);
@@ -721,7 +725,7 @@ fn encode_response_body(out: &mut BytesMut, response: &Response) {
                 put_u8(out, table.tier.code());
             }
         }
-        Response::GetTabletMap { tablets } => {
+        Response::GetTabletMap { tablets } | Response::AwaitTabletMap { tablets } => {
             put_count(out, tablets.len());
             for tablet in tablets {
                 put_u64(out, tablet.table_id.0);
@@ -1080,6 +1084,19 @@ fn recovery_tablet(reader: &mut Reader) -> Result<RecoveryTablet, DecodeError> {
         range: reader.range()?,
         creation_segment: reader.segment_id()?,
         tier: reader.tier()?,
+    })
+}
+
+/// A tablet map (GET_TABLET_MAP's and AWAIT_TABLET_MAP's answers).
+fn tablet_entries(reader: &mut Reader) -> Result<Vec<TabletEntry>, DecodeError> {
+    reader.list(TABLETS_MAX, TABLET_ENTRY_BYTES_MIN, |reader| {
+        Ok(TabletEntry {
+            table_id: reader.table_id()?,
+            range: reader.range()?,
+            owner: reader.server_id()?,
+            owner_address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
+            state: reader.tablet_state()?,
+        })
     })
 }
 
@@ -1657,6 +1674,9 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         }
         Opcode::ListTables => Request::ListTables,
         Opcode::GetTabletMap => Request::GetTabletMap { table_id: reader.table_id()? },
+        Opcode::AwaitTabletMap => {
+            Request::AwaitTabletMap { table_id: reader.table_id()?, wait_millis: reader.u32()? }
+        }
         Opcode::SplitTablet => Request::SplitTablet {
             name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
             split_hash: reader.u64()?,
@@ -1951,17 +1971,8 @@ fn decode_response_body(opcode: Opcode, reader: &mut Reader) -> Result<Response,
                 })
             })?,
         },
-        Opcode::GetTabletMap => Response::GetTabletMap {
-            tablets: reader.list(TABLETS_MAX, TABLET_ENTRY_BYTES_MIN, |reader| {
-                Ok(TabletEntry {
-                    table_id: reader.table_id()?,
-                    range: reader.range()?,
-                    owner: reader.server_id()?,
-                    owner_address: reader.string(SERVER_ADDRESS_BYTES_MAX, "server address")?,
-                    state: reader.tablet_state()?,
-                })
-            })?,
-        },
+        Opcode::GetTabletMap => Response::GetTabletMap { tablets: tablet_entries(reader)? },
+        Opcode::AwaitTabletMap => Response::AwaitTabletMap { tablets: tablet_entries(reader)? },
         Opcode::Read => Response::Read {
             version: reader.version()?,
             value: reader.value()?,

@@ -105,6 +105,9 @@ pub enum Opcode {
     /// Coordinator (from a server): the user directory, if it differs from the version the
     /// server has; held by the coordinator up to a few seconds until it does (a long poll).
     GetUserDirectory = 48,
+    /// Coordinator (from a client that found a tablet recovering): the tablet map of one table
+    /// (or of all), held up to a few seconds until no tablet in it is recovering (a long poll).
+    AwaitTabletMap = 49,
     /// Master (from a client committing a transaction): vote on the transaction's operations
     /// on this master's objects, locking each one voted PREPARED (or, validate-only, check
     /// that read objects are unchanged and unlocked).
@@ -138,7 +141,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 51] = [
+    pub const ALL: [Opcode; 52] = [
         Opcode::Ping,
         Opcode::EnlistServer,
         Opcode::GetServerList,
@@ -179,6 +182,7 @@ impl Opcode {
         Opcode::ReplicasNeeded,
         Opcode::AbandonMigration,
         Opcode::GetUserDirectory,
+        Opcode::AwaitTabletMap,
         Opcode::TxPrepare,
         Opcode::TxDecision,
         Opcode::TxRequestAbort,
@@ -221,6 +225,7 @@ impl Opcode {
             | Opcode::GetTableId
             | Opcode::ListTables
             | Opcode::GetTabletMap
+            | Opcode::AwaitTabletMap
             | Opcode::RecoveryAcceptLoss
             | Opcode::SplitTablet
             | Opcode::MigrateTablet
@@ -816,6 +821,14 @@ pub enum Request {
         /// Table, or `TableId(0)` for all.
         table_id: TableId,
     },
+    /// AWAIT_TABLET_MAP: GET_TABLET_MAP's answer, once no tablet in it is recovering or after
+    /// `wait_millis` (at most `TABLET_MAP_AWAIT_MILLIS_MAX`), whichever comes first.
+    AwaitTabletMap {
+        /// Table, or `TableId(0)` for all.
+        table_id: TableId,
+        /// How long the coordinator may hold the answer while a tablet recovers.
+        wait_millis: u32,
+    },
     /// SPLIT_TABLET: the tablet of table `name` that holds `split_hash` becomes two, the
     /// second starting at `split_hash`, both on the same master.
     SplitTablet {
@@ -1329,6 +1342,11 @@ pub enum Response {
         /// Tablets, sorted by table id then range start.
         tablets: Vec<TabletEntry>,
     },
+    /// AWAIT_TABLET_MAP: as GET_TABLET_MAP's.
+    AwaitTabletMap {
+        /// Tablets, sorted by table id then range start.
+        tablets: Vec<TabletEntry>,
+    },
     /// READ.
     Read {
         /// Current version (0 if missing).
@@ -1545,6 +1563,7 @@ impl Request {
             Request::GetTableId { .. } => Opcode::GetTableId,
             Request::ListTables => Opcode::ListTables,
             Request::GetTabletMap { .. } => Opcode::GetTabletMap,
+            Request::AwaitTabletMap { .. } => Opcode::AwaitTabletMap,
             Request::Read { .. } => Opcode::Read,
             Request::Write { .. } => Opcode::Write,
             Request::SetExpiry { .. } => Opcode::SetExpiry,
@@ -1633,6 +1652,7 @@ impl Response {
             Response::ListUsers { .. } => Opcode::ListUsers,
             Response::WhoAmI { .. } => Opcode::WhoAmI,
             Response::GetUserDirectory { .. } => Opcode::GetUserDirectory,
+            Response::AwaitTabletMap { .. } => Opcode::AwaitTabletMap,
             Response::RecoveryAcceptLoss => Opcode::RecoveryAcceptLoss,
             Response::SplitTablet => Opcode::SplitTablet,
             Response::MigrateTablet => Opcode::MigrateTablet,

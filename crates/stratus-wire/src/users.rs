@@ -469,6 +469,7 @@ impl Request {
             | Request::GetTableId { .. }
             | Request::ListTables
             | Request::GetTabletMap { .. }
+            | Request::AwaitTabletMap { .. }
             | Request::ClientLease { .. }
             | Request::GetServerStatistics
             | Request::BackupGetStatistics

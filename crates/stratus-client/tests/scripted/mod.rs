@@ -26,9 +26,11 @@ pub const TABLE: TableId = TableId(1);
 pub type MapScript = Box<dyn Fn(usize) -> (String, TabletState) + Send + Sync>;
 
 /// A coordinator: its map of [`TABLE`] is one tablet, as the script says; table calls are
-/// answered as if the table existed; counts the maps served.
+/// answered as if the table existed; counts the maps served (GET_TABLET_MAP and
+/// AWAIT_TABLET_MAP alike, which it answers at once) and, apart, the awaited ones.
 pub struct Coordinator {
     pub maps_served: AtomicUsize,
+    pub maps_awaited: AtomicUsize,
     script: MapScript,
 }
 
@@ -36,7 +38,11 @@ impl Coordinator {
     pub fn new(
         script: impl Fn(usize) -> (String, TabletState) + Send + Sync + 'static,
     ) -> Arc<Coordinator> {
-        Arc::new(Coordinator { maps_served: AtomicUsize::new(0), script: Box::new(script) })
+        Arc::new(Coordinator {
+            maps_served: AtomicUsize::new(0),
+            maps_awaited: AtomicUsize::new(0),
+            script: Box::new(script),
+        })
     }
 
     /// A coordinator whose map names the master at `address`, always.
@@ -56,18 +62,23 @@ impl Coordinator {
 
 impl Service for Coordinator {
     fn handle(&self, header: &FrameHeader, body: Bytes, out: &mut BytesMut) -> Handled {
+        let map = || {
+            let served = self.maps_served.fetch_add(1, Ordering::SeqCst);
+            let (owner_address, state) = (self.script)(served);
+            let tablet = TabletEntry {
+                table_id: TABLE,
+                range: HashRange::FULL,
+                owner: ServerId(1),
+                owner_address,
+                state,
+            };
+            vec![tablet]
+        };
         let response = match decode_request(header.opcode_code, body) {
-            Ok(Request::GetTabletMap { .. }) => {
-                let served = self.maps_served.fetch_add(1, Ordering::SeqCst);
-                let (owner_address, state) = (self.script)(served);
-                let tablet = TabletEntry {
-                    table_id: TABLE,
-                    range: HashRange::FULL,
-                    owner: ServerId(1),
-                    owner_address,
-                    state,
-                };
-                Response::GetTabletMap { tablets: vec![tablet] }
+            Ok(Request::GetTabletMap { .. }) => Response::GetTabletMap { tablets: map() },
+            Ok(Request::AwaitTabletMap { .. }) => {
+                self.maps_awaited.fetch_add(1, Ordering::SeqCst);
+                Response::AwaitTabletMap { tablets: map() }
             }
             Ok(Request::CreateTable { .. }) => Response::CreateTable { table_id: TABLE },
             Ok(Request::GetTableId { .. }) => Response::GetTableId { table_id: TABLE },

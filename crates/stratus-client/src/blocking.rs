@@ -210,7 +210,7 @@ impl BlockingClient {
                 None
             }
             Some(Attempt::Finished(outcome)) => return outcome,
-            Some(Attempt::Retry(error)) => {
+            Some(Attempt::Retry(error) | Attempt::Unreachable(error)) => {
                 call.may_have_run |= may_have_run(&error);
                 Some(error)
             }

@@ -12,7 +12,8 @@ use stratus_rpc::{
 use stratus_tls::{ClientTls, TlsNetwork};
 use stratus_types::limits::{KEY_BYTES_MAX, TABLET_MAP_AWAIT_MILLIS_MAX};
 use stratus_types::{
-    key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, TableId, TabletState, Tier, Version,
+    key_hash, Expiry, KeyHash, RejectRules, RpcIdentity, ServerId, TableId, TabletState, Tier,
+    Version,
 };
 use stratus_wire::{
     BackupServiceStatistics, IncrementItem, KeyItem, RemoveItem, Request, Response, ResponseBody,
@@ -377,6 +378,10 @@ pub(crate) enum Attempt {
     /// Sending the request again (after the map is fetched afresh) may succeed; the error is
     /// what to report if the deadline passes first.
     Retry(Error),
+    /// As [`Attempt::Retry`], and no connection to the master could be made (refused, or the
+    /// handshake failed): its process is likely gone, and a caller routing one key at a time
+    /// waits at the coordinator until the tablet has another owner ([`Inner::await_recovery`]).
+    Unreachable(Error),
 }
 
 /// What the outcome of one attempt allows, as [`Inner::judge_status`] and
@@ -395,12 +400,20 @@ pub(crate) enum Judgement {
 pub(crate) enum Route {
     /// To the master serving the key's tablet.
     Send(TabletEntry),
-    /// Nowhere yet (the tablet is being recovered, or no map could be fetched): try again
-    /// after a pause; the error is what to report if the deadline passes first.
+    /// Nowhere yet (no map could be fetched, or the tablet still recovers): try again after a
+    /// pause; the error is what to report if the deadline passes first.
     Wait(Error),
+    /// Nowhere yet: the map shows the tablet recovering. A caller routing one key at a time
+    /// waits for the recovery at the coordinator ([`Inner::await_recovery`]); one routing many
+    /// items treats it as [`Route::Wait`].
+    Recovering(Error),
     /// Nowhere: the table does not exist, or the tablet's data is lost.
     Fail(Error),
 }
+
+/// How much shorter than the RPC timeout an AWAIT_TABLET_MAP's wait is, so that the
+/// coordinator's answer "still recovering" arrives before the call would time out.
+const TABLET_MAP_AWAIT_MARGIN: Duration = Duration::from_millis(250);
 
 /// Tables whose map said a tablet is unavailable, within one operation. A cached map may be
 /// old (the loss accepted since), so the first such answer drops the map and waits; the
@@ -1007,9 +1020,11 @@ impl Inner {
             },
             Err(error) => {
                 let judgement = self.judge_transport(table_id, address, &error, mutation);
+                let unreachable = matches!(error, RpcError::Connect(_));
                 let error = Error::new(error.status(), format!("master {address}: {error}"));
                 match judgement {
                     Judgement::Final => Attempt::Finished(Err(error)),
+                    Judgement::Retry if unreachable => Attempt::Unreachable(error),
                     Judgement::Retry => Attempt::Retry(error),
                 }
             }
@@ -1080,10 +1095,7 @@ impl Inner {
             TabletState::Normal => Route::Send(tablet),
             TabletState::Recovering => {
                 self.forget_table(table_id);
-                match self.await_recovery(table_id, hash, deadline).await {
-                    Some(served) => Route::Send(served),
-                    None => Route::Wait(recovering_error(&tablet)),
-                }
+                Route::Recovering(recovering_error(&tablet))
             }
             // Waiting cannot help: only an operator (or a backup that returns) can. But a
             // cached map may be old: believed once a fresh one says so too.
@@ -1098,34 +1110,60 @@ impl Inner {
         }
     }
 
-    /// The tablet of `table_id` holding `hash` once the coordinator has handed it over after a
-    /// recovery: asked with AWAIT_TABLET_MAP, which the coordinator answers as soon as no
-    /// tablet of the table recovers (or after at most `TABLET_MAP_AWAIT_MILLIS_MAX`), rather
-    /// than by polling the map. `None` if it is still recovering then, or the map could not be
-    /// had in time (the caller backs off and asks again, within its deadline).
-    async fn await_recovery(
+    /// Where a request for `hash` of `table_id`, whose tablet the map showed recovering (or
+    /// whose master `stale_owner` could not be connected to), goes once the coordinator has
+    /// handed it over: asked with AWAIT_TABLET_MAP, which the coordinator answers as soon as no
+    /// tablet of the table recovers or is `stale_owner`'s, rather than by polling the map
+    /// (while the crash is detected, then while it is recovered). One attempt, waiting less than the RPC timeout (so the answer "still
+    /// recovering" arrives before the call would time out) and less than the time left: a
+    /// tablet still recovering then, or no answer, is [`Route::Wait`] (the caller backs off and
+    /// looks again within its deadline); a fresh map showing the tablet unavailable, or no
+    /// table, is final. For callers that route one key at a time (single-object operations,
+    /// enumeration): a multi-object operation must not hold its other masters' items back
+    /// while one tablet recovers, and treats [`Route::Recovering`] as [`Route::Wait`].
+    pub(crate) async fn await_recovery(
         &self,
         table_id: TableId,
         hash: KeyHash,
         deadline: Instant,
-    ) -> Option<TabletEntry> {
-        let left = time_left(deadline)?;
-        let wait_millis =
-            u32::try_from(left.as_millis()).unwrap_or(u32::MAX).min(TABLET_MAP_AWAIT_MILLIS_MAX);
-        let request = Request::AwaitTabletMap { table_id, wait_millis };
-        let tablets = match self.coordinator_call_until(&request, deadline).await {
-            Ok(Response::AwaitTabletMap { tablets }) => tablets,
-            _ => return None,
+        recovering: Error,
+        stale_owner: Option<ServerId>,
+    ) -> Route {
+        let Some(left) = time_left(deadline) else { return Route::Wait(recovering) };
+        let rpc_timeout = self.config.rpc.request_timeout;
+        let wait = left
+            .min(rpc_timeout.saturating_sub(TABLET_MAP_AWAIT_MARGIN))
+            .min(Duration::from_millis(u64::from(TABLET_MAP_AWAIT_MILLIS_MAX)));
+        if wait.is_zero() {
+            return Route::Wait(recovering);
+        }
+        let wait_millis = u32::try_from(wait.as_millis()).unwrap_or(TABLET_MAP_AWAIT_MILLIS_MAX);
+        let stale_owner = stale_owner.unwrap_or(ServerId(0));
+        let request = Request::AwaitTabletMap { table_id, wait_millis, stale_owner };
+        let address = &self.config.coordinator_address;
+        let tablets = match self.pool.call_coordinator_within(address, &request, left).await {
+            Ok((Status::Ok, ResponseBody::Operation(Response::AwaitTabletMap { tablets }))) => {
+                tablets
+            }
+            Ok((status, body)) if is_final_locating(status) => {
+                return Route::Fail(failure(status, body))
+            }
+            // RETRY (a standby, or a coordinator between two states), a transport failure:
+            // the caller's backoff, then the usual path.
+            _ => return Route::Wait(recovering),
         };
         let map = self.cache_map(table_id, tablets);
-        let tablet = self.tablet_in(table_id, &map, hash).ok()?;
-        if tablet.state == TabletState::Normal {
-            Some(tablet)
-        } else {
-            // Still recovering, or found impossible: the caller's next look decides (an
-            // unavailable tablet fails there once a fresh map says so).
-            self.forget_table(table_id);
-            None
+        match self.tablet_in(table_id, &map, hash) {
+            Ok(tablet) if tablet.state == TabletState::Normal => Route::Send(tablet),
+            Ok(tablet) if tablet.state == TabletState::Unavailable => {
+                self.forget_table(table_id);
+                Route::Fail(unavailable_error(&tablet))
+            }
+            Ok(_) => {
+                self.forget_table(table_id);
+                Route::Wait(recovering)
+            }
+            Err(error) => Route::Wait(error),
         }
     }
 
@@ -1163,6 +1201,9 @@ impl Inner {
             self.pause(&mut backoff, deadline).await;
         }
         let mut last = failed;
+        // The master of the key's tablet that could not be connected to, if the last attempt
+        // found it so: the next one waits at the coordinator for the tablet to move.
+        let mut unreachable: Option<ServerId> = None;
         loop {
             // Out of time: the last attempt's failure says why (without one, an attempt still
             // goes to report what stands in the way, sending nothing).
@@ -1171,9 +1212,20 @@ impl Inner {
                     return Err(error);
                 }
             }
-            let error = match self.route(table_id, hash, deadline, &mut unavailable).await {
+            let routed = match (unreachable.take(), last.clone()) {
+                (Some(owner), Some(error)) => {
+                    self.await_recovery(table_id, hash, deadline, error, Some(owner)).await
+                }
+                _ => match self.route(table_id, hash, deadline, &mut unavailable).await {
+                    Route::Recovering(error) => {
+                        self.await_recovery(table_id, hash, deadline, error, None).await
+                    }
+                    routed => routed,
+                },
+            };
+            let error = match routed {
                 Route::Fail(error) => return Err(error),
-                Route::Wait(error) => error,
+                Route::Wait(error) | Route::Recovering(error) => error,
                 Route::Send(tablet) => {
                     let address = &tablet.owner_address;
                     let Some(left) = time_left(deadline) else {
@@ -1192,6 +1244,10 @@ impl Inner {
                         Attempt::Finished(outcome) => return outcome,
                         Attempt::Retry(error) => {
                             call.may_have_run |= may_have_run(&error);
+                            error
+                        }
+                        Attempt::Unreachable(error) => {
+                            unreachable = Some(tablet.owner);
                             error
                         }
                     }

@@ -78,11 +78,17 @@ impl Enumeration {
         let mut backoff = Backoff::for_client();
         let mut unavailable = UnavailableTables::default();
         loop {
-            let route =
-                inner.route(self.table_id, KeyHash(range.start), deadline, &mut unavailable);
-            let error = match route.await {
+            let hash = KeyHash(range.start);
+            let routed = match inner.route(self.table_id, hash, deadline, &mut unavailable).await {
+                // One tablet at a time: waiting for its recovery holds nothing else back.
+                Route::Recovering(error) => {
+                    inner.await_recovery(self.table_id, hash, deadline, error, None).await
+                }
+                routed => routed,
+            };
+            let error = match routed {
                 Route::Fail(error) => return Err(error),
-                Route::Wait(error) => error,
+                Route::Wait(error) | Route::Recovering(error) => error,
                 Route::Send(tablet) => {
                     let part = range.intersection(&tablet.range).unwrap_or(range);
                     let request = Request::Enumerate {
@@ -105,7 +111,7 @@ impl Enumeration {
                         }
                         Attempt::Finished(Ok((status, body))) => return Err(failure(status, body)),
                         Attempt::Finished(Err(error)) => return Err(error),
-                        Attempt::Retry(error) => error,
+                        Attempt::Retry(error) | Attempt::Unreachable(error) => error,
                     }
                 }
             };

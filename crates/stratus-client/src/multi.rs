@@ -280,7 +280,7 @@ impl Inner {
                 Route::Send(tablet) => {
                     by_master.entry(tablet.owner_address).or_default().push(index)
                 }
-                Route::Wait(error) => progress.failed(index, error),
+                Route::Wait(error) | Route::Recovering(error) => progress.failed(index, error),
                 Route::Fail(error) => progress.finish(index, Err(error)),
             }
         }

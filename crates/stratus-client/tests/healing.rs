@@ -265,9 +265,12 @@ async fn server_statistics_heal_once_the_server_is_back() {
 async fn a_single_read_whose_master_is_gone_heals_once_the_map_names_a_new_master() {
     let new_master = serve(healthy_master()).await;
     let coordinator = Coordinator::moving(dead_address(), 1, new_master);
-    let client = Client::new(config(serve(coordinator).await));
+    let client = Client::new(config(serve(coordinator.clone()).await));
     let (value, version) = bounded(client.read(TABLE, b"key")).await.expect("healed");
     assert_eq!((&value[..], version), (&b"value"[..], VERSION));
+    // The master refused the connection: the client waited at the coordinator for the tablet
+    // to move (AWAIT_TABLET_MAP naming it), rather than polling the map.
+    assert_eq!(coordinator.maps_awaited.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -250,23 +250,37 @@ struct LocatedLog {
 
 impl LocatedLog {
     /// `segments` (every one located: the caller checked) with their newest epoch's replicas,
-    /// best first: the longest, then the primary. At most as many per segment as keep the
-    /// request within `RECOVERY_REPLICAS_MAX` (at least one).
-    fn new(segments: &[SegmentId], locations: &BTreeMap<SegmentId, Vec<Location>>) -> LocatedLog {
-        let per_segment = (RECOVERY_REPLICAS_MAX / segments.len().max(1))
-            .clamp(1, RECOVERY_REPLICAS_PER_SEGMENT_MAX);
+    /// best first: the longest, then the primary. Every newest-epoch replica holds every
+    /// acknowledged write of its segment, so any will do. At most as many in all as keep the
+    /// request within `RECOVERY_REPLICAS_MAX`: for a log of more than 131 072 segments, the
+    /// budget is dealt evenly (the first segments one more), and which of a segment's replicas
+    /// are left out turns with `rotation` (one draw per attempt), so a replica that fails to
+    /// read does not fail every attempt.
+    fn new(
+        segments: &[SegmentId],
+        locations: &BTreeMap<SegmentId, Vec<Location>>,
+        rotation: u64,
+    ) -> LocatedLog {
+        let count = segments.len().max(1);
+        let (share, spare) = (RECOVERY_REPLICAS_MAX / count, RECOVERY_REPLICAS_MAX % count);
         let mut backups: Vec<String> = Vec::new();
         let mut index_of: BTreeMap<String, u16> = BTreeMap::new();
         let mut located = Vec::with_capacity(segments.len());
-        for &segment_id in segments {
+        for (position, &segment_id) in segments.iter().enumerate() {
+            let allowed =
+                (share + usize::from(position < spare)).clamp(1, RECOVERY_REPLICAS_PER_SEGMENT_MAX);
             let found = locations.get(&segment_id).map(Vec::as_slice).unwrap_or_default();
             let newest = found.iter().map(|location| location.epoch).max().unwrap_or(0);
             let mut best: Vec<&Location> =
                 found.iter().filter(|location| location.epoch == newest).collect();
             best.sort_by_key(|location| (std::cmp::Reverse(location.length), !location.primary));
+            if best.len() > allowed {
+                let turn = (rotation % best.len() as u64) as usize;
+                best.rotate_left(turn);
+            }
             let replicas = best
                 .into_iter()
-                .take(per_segment)
+                .take(allowed)
                 .map(|location| {
                     let backup = *index_of.entry(location.backup.clone()).or_insert_with(|| {
                         backups.push(location.backup.clone());
@@ -826,7 +840,12 @@ impl Inner {
                 "the log is incomplete: no live backup holds segment {missing} of the digest"
             ));
         }
-        let located = LocatedLog::new(&segments, &locations);
+        // Drawn only for a log so long that some of its replicas are left out: every other
+        // recovery draws what it drew before (the simulator's seeds run as they did).
+        let long_log = segments.len() > RECOVERY_REPLICAS_MAX / RECOVERY_REPLICAS_PER_SEGMENT_MAX;
+        let rotation =
+            if long_log { self.environment.entropy.below(u64::from(u32::MAX)) } else { 0 };
+        let located = LocatedLog::new(&segments, &locations, rotation);
         self.recover_partitions(
             crashed,
             &tablets,
@@ -1445,6 +1464,7 @@ mod tests {
     use stratus_env::Environment;
     use stratus_meta::MemoryMetaStore;
     use stratus_types::TabletState;
+    use stratus_wire::codec::RECOVERY_SEGMENTS_MAX;
     use stratus_wire::ServiceMask;
 
     /// How long a test waits for the coordinator to reach a state before it fails.
@@ -1471,7 +1491,7 @@ mod tests {
             // Not a member of the digest: not sent.
             (SegmentId(7), vec![location("b:5", 1, 100, true)]),
         ]);
-        let located = LocatedLog::new(&[SegmentId(1), SegmentId(2)], &locations);
+        let located = LocatedLog::new(&[SegmentId(1), SegmentId(2)], &locations, 7);
         let named = |segment: &RecoverySegment| -> Vec<(String, u64, u32, bool)> {
             let backups = &located.backups;
             let replicas = segment.replicas.iter();
@@ -1496,18 +1516,29 @@ mod tests {
     }
 
     #[test]
-    fn a_huge_log_is_located_within_the_request_s_bound_with_a_replica_each_at_least() {
-        let segments: Vec<SegmentId> = (0..RECOVERY_REPLICAS_MAX as u64).map(SegmentId).collect();
-        let three = [location("b:1", 1, 10, true), location("b:2", 1, 10, false)];
-        let three = [three.as_slice(), &[location("b:3", 1, 10, false)]].concat();
+    fn a_huge_log_is_located_within_the_request_s_bound_and_turns_which_replicas_it_leaves_out() {
+        let segments: Vec<SegmentId> = (0..RECOVERY_SEGMENTS_MAX as u64).map(SegmentId).collect();
+        let three: Vec<Location> =
+            ["b:1", "b:2", "b:3"].iter().map(|b| location(b, 1, 10, false)).collect();
         let locations: BTreeMap<_, _> = segments.iter().map(|&id| (id, three.clone())).collect();
-        let located = LocatedLog::new(&segments, &locations);
-        let total: usize = located.segments.iter().map(|segment| segment.replicas.len()).sum();
+        let counts = |located: &LocatedLog| -> Vec<usize> {
+            located.segments.iter().map(|segment| segment.replicas.len()).collect()
+        };
+        let located = LocatedLog::new(&segments, &locations, 0);
+        // 393 216 over 262 144 segments: the first half gets two, the rest one.
+        let total: usize = counts(&located).iter().sum();
         assert_eq!(total, RECOVERY_REPLICAS_MAX);
-        assert!(located.segments.iter().all(|segment| segment.replicas.len() == 1));
-        // A smaller log gets every replica.
-        let located = LocatedLog::new(&segments[..1_000], &locations);
-        assert!(located.segments.iter().all(|segment| segment.replicas.len() == 3));
+        assert!(counts(&located).iter().all(|&count| count == 1 || count == 2));
+        // Another attempt leaves other replicas out.
+        let first = |located: &LocatedLog| {
+            let replica = located.segments.last().unwrap().replicas[0];
+            located.backups[usize::from(replica.backup)].clone()
+        };
+        let other = LocatedLog::new(&segments, &locations, 1);
+        assert_ne!(first(&located), first(&other));
+        // A smaller log gets every replica, in the best order whatever the rotation.
+        let located = LocatedLog::new(&segments[..1_000], &locations, 5);
+        assert!(counts(&located).iter().all(|&count| count == 3));
     }
 
     #[test]
@@ -1780,19 +1811,20 @@ mod tests {
             state.tables.insert("t".to_string(), record);
         }
         // Nothing recovers: answered at once, however long the caller would wait.
-        let answer = coordinator.inner.await_tablet_map(table, u32::MAX);
+        let answer = coordinator.inner.await_tablet_map(table, u32::MAX, ServerId(0));
         let answer = tokio::time::timeout(PATIENCE, answer).await.expect("answered at once");
         assert_eq!(states(answer), vec![TabletState::Normal]);
 
         coordinator.inner.state.lock().await.servers.get_mut(&crashed).unwrap().status =
             ServerStatus::Crashed;
         // Still recovering when the wait is over: the map as it is.
-        let answer = coordinator.inner.await_tablet_map(table, 30).await;
+        let answer = coordinator.inner.await_tablet_map(table, 30, ServerId(0)).await;
         assert_eq!(states(answer), vec![TabletState::Recovering]);
 
         // A recovery that hands the tablet over wakes the waiter with the new owner.
         let inner = coordinator.inner.clone();
-        let waiter = tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX).await });
+        let waiter =
+            tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX, ServerId(0)).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "answered while the tablet recovers");
         {
@@ -1803,11 +1835,31 @@ mod tests {
         let answer = tokio::time::timeout(PATIENCE, waiter).await.expect("woken").expect("task");
         assert_eq!(states(answer), vec![TabletState::Normal]);
 
-        // A dropped table is seen by the recheck, without a wake-up.
-        coordinator.inner.state.lock().await.servers.get_mut(&survivor).unwrap().status =
+        // A client that could not reach the survivor waits while the survivor owns the tablet:
+        // until the wait's end, or until a recovery hands the tablet over.
+        let answer = coordinator.inner.await_tablet_map(table, 30, survivor).await;
+        assert_eq!(states(answer), vec![TabletState::Normal], "held, then the map as it is");
+        let inner = coordinator.inner.clone();
+        let waiter =
+            tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX, survivor).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "answered while the unreachable master owns the tablet");
+        {
+            let mut state = coordinator.inner.state.lock().await;
+            state.tables.get_mut("t").unwrap().tablets[0].owner = crashed;
+            state.servers.get_mut(&crashed).unwrap().status = ServerStatus::Up;
+        }
+        coordinator.inner.recoveries_settled.notify_waiters();
+        let answer = tokio::time::timeout(PATIENCE, waiter).await.expect("woken").expect("task");
+        assert_eq!(states(answer), vec![TabletState::Normal]);
+
+        // A change that wakes no one (the table vanishing from memory behind the coordinator's
+        // back) is seen by the periodic look, before the wait's end.
+        coordinator.inner.state.lock().await.servers.get_mut(&crashed).unwrap().status =
             ServerStatus::Crashed;
         let inner = coordinator.inner.clone();
-        let waiter = tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX).await });
+        let waiter =
+            tokio::spawn(async move { inner.await_tablet_map(table, u32::MAX, ServerId(0)).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         coordinator.inner.state.lock().await.tables.clear();
         let answer =

@@ -67,9 +67,11 @@ const TRANSFER_ANSWER_WAIT: Duration = Duration::from_secs(2);
 /// How long a restarted coordinator waits for a server it remembers to answer a ping.
 const START_VERIFICATION_PATIENCE: Duration = Duration::from_secs(3);
 
-/// How often an AWAIT_TABLET_MAP looks at its map again without being woken: a backstop for
-/// changes that do not wake it (a table dropped, a server removed), short beside a recovery.
-const TABLET_MAP_AWAIT_RECHECK: Duration = Duration::from_millis(50);
+/// How often an AWAIT_TABLET_MAP looks at its map again without being woken: a backstop, since
+/// every change that ends a wait wakes it (a recovery committed or found impossible, a table
+/// dropped). Each look locks the state and builds the map, so it is rare: a client polling
+/// GET_TABLET_MAP did so up to ten times a second.
+const TABLET_MAP_AWAIT_RECHECK: Duration = Duration::from_millis(500);
 
 /// The coordinator service.
 #[derive(Clone, Debug)]
@@ -127,8 +129,8 @@ pub(crate) struct Inner {
     pub(crate) users: Arc<UserDirectory>,
     /// The servers' GET_USER_DIRECTORY long polls in flight, by the version they name.
     pub(crate) directory_polls: crate::users::DirectoryPolls,
-    /// Woken whenever a recovery hands tablets over or is found impossible: AWAIT_TABLET_MAP
-    /// requests look at their map again.
+    /// Woken whenever a recovery hands tablets over or is found impossible, and when a table
+    /// is dropped: AWAIT_TABLET_MAP requests look at their map again.
     pub(crate) recoveries_settled: tokio::sync::Notify,
 }
 
@@ -420,8 +422,8 @@ impl Inner {
                 Ok(Response::ListTables { tables })
             }
             Request::GetTabletMap { table_id } => self.tablet_map(table_id).await,
-            Request::AwaitTabletMap { table_id, wait_millis } => {
-                self.await_tablet_map(table_id, wait_millis).await
+            Request::AwaitTabletMap { table_id, wait_millis, stale_owner } => {
+                self.await_tablet_map(table_id, wait_millis, stale_owner).await
             }
             Request::RenewLease { server_id } => self.renew_lease(server_id).await,
             Request::SetLogHead { server_id, segment_id, epoch } => {
@@ -686,6 +688,8 @@ impl Inner {
             self.publish_users(&state);
             (record, epoch)
         };
+        // A client waiting for one of its tablets to recover learns that the table is gone.
+        self.recoveries_settled.notify_waiters();
         tracing::info!(table_id = %record.table_id, %name, "table dropped");
         self.deliver_all(record.table_id, &record, false, epoch).await;
         Ok(Response::DropTable)
@@ -1139,14 +1143,16 @@ impl Inner {
         tokio::time::Instant::now() > last + LEASE_DURATION + LEASE_MARGIN
     }
 
-    /// AWAIT_TABLET_MAP: the tablet map once no tablet in it is recovering, or when
-    /// `wait_millis` (at most [`TABLET_MAP_AWAIT_MILLIS_MAX`]) have passed. Looks again when a
-    /// recovery settles ([`Inner::recoveries_settled`]) and every [`TABLET_MAP_AWAIT_RECHECK`]
-    /// besides, so a change made elsewhere (a table dropped) is seen too.
+    /// AWAIT_TABLET_MAP: the tablet map once no tablet in it is recovering or owned by
+    /// `stale_owner` (a master the client could not reach: it waits out the crash's detection
+    /// here rather than polling), or when `wait_millis` (at most
+    /// [`TABLET_MAP_AWAIT_MILLIS_MAX`]) have passed. Looks again when a recovery settles
+    /// ([`Inner::recoveries_settled`]) and every [`TABLET_MAP_AWAIT_RECHECK`] besides.
     pub(crate) async fn await_tablet_map(
         &self,
         table_id: TableId,
         wait_millis: u32,
+        stale_owner: ServerId,
     ) -> Result<Response, Failure> {
         let wait = Duration::from_millis(u64::from(wait_millis.min(TABLET_MAP_AWAIT_MILLIS_MAX)));
         let deadline = tokio::time::Instant::now() + wait;
@@ -1159,9 +1165,12 @@ impl Inner {
                 Response::GetTabletMap { tablets } => tablets,
                 other => unreachable!("tablet_map answers a map, not {other:?}"),
             };
-            let recovering = tablets.iter().any(|tablet| tablet.state == TabletState::Recovering);
+            let waiting = tablets.iter().any(|tablet| {
+                tablet.state == TabletState::Recovering
+                    || (stale_owner.0 != 0 && tablet.owner == stale_owner)
+            });
             let now = tokio::time::Instant::now();
-            if !recovering || now >= deadline || !self.is_active() {
+            if !waiting || now >= deadline || !self.is_active() {
                 return Ok(Response::AwaitTabletMap { tablets });
             }
             let recheck = (now + TABLET_MAP_AWAIT_RECHECK).min(deadline);

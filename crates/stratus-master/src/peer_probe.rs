@@ -45,9 +45,9 @@ const HINT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// coordinator's own sweep still pings it), and in about 16 on average.
 pub const PROBE_SET_SIZE: usize = 16;
 
-/// Pings between two replacements of one probe set member: every member is replaced after
-/// about 16 × 16 = 256 pings (26 s at the default interval), so who watches whom keeps
-/// changing while connections open at one per 1.6 s.
+/// Pings between two replacements of one probe set member (a random one): a member stays
+/// about 16 × 16 = 256 pings on average (26 s at the default interval), so who watches whom
+/// keeps changing while connections open at one per 1.6 s.
 pub const PROBE_SET_ROTATION_PROBES: u32 = 16;
 
 /// How a storage server pings its peers.
@@ -215,6 +215,9 @@ struct ProbeSet {
     members: Vec<ServerEntry>,
     /// Pings since a member was last replaced.
     probes_since_rotation: u32,
+    /// The last choice drew among every peer (a small cluster): any of them may hold a
+    /// connection, which the first choice with a set drops unless it chose that peer.
+    drew_among_all: bool,
 }
 
 /// Whom to ping next: a candidate by index, and the members that left the set since the last
@@ -234,6 +237,7 @@ impl ProbeSet {
         if candidates.len() <= PROBE_SET_SIZE {
             // Every peer fits: draw among all of them, as a small cluster always did.
             let left = std::mem::take(&mut self.members);
+            self.drew_among_all = true;
             return Choice { peer: entropy.below(candidates.len() as u64) as usize, left };
         }
         let is_candidate = |member: &ServerEntry| {
@@ -265,6 +269,12 @@ impl ProbeSet {
                 .or_else(|| candidates.iter().copied().find(|c| !is_member(&self.members, c)))
                 .expect("more candidates than members");
             self.members.push(added.clone());
+        }
+        if std::mem::take(&mut self.drew_among_all) {
+            // The cluster grew past the set's size: the connections of the small cluster's
+            // pings go, but those to the set's members.
+            let others = candidates.iter().filter(|c| !is_member(&self.members, c));
+            left.extend(others.map(|c| (*c).clone()));
         }
         let member = &self.members[entropy.below(self.members.len() as u64) as usize];
         let peer = candidates
@@ -324,6 +334,24 @@ mod tests {
         }
         assert_eq!(pinged.len(), candidates.len(), "every peer is pinged");
         assert!(set.members.is_empty());
+    }
+
+    #[test]
+    fn a_cluster_that_grows_past_the_set_drops_the_connections_it_no_longer_pings() {
+        let servers = cluster(1_000);
+        let candidates = peers(&servers, ServerId(1));
+        let entropy = SeededEntropy::new(3);
+        let mut set = ProbeSet::default();
+        let small = &candidates[..PROBE_SET_SIZE];
+        let pinged = set.choose(small, &entropy).peer;
+        let choice = set.choose(&candidates, &entropy);
+        let left: Vec<ServerId> = choice.left.iter().map(|m| m.server_id).collect();
+        let kept: Vec<ServerId> = set.members.iter().map(|m| m.server_id).collect();
+        assert_eq!(left.len() + kept.len(), candidates.len(), "every peer leaves or is kept");
+        assert!(
+            left.contains(&small[pinged].server_id) || kept.contains(&small[pinged].server_id),
+            "the small cluster's connection is dropped unless its peer is a member"
+        );
     }
 
     #[test]

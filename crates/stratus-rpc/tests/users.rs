@@ -166,7 +166,11 @@ fn requests() -> Vec<(Opcode, Option<Request>, Need)> {
         (Opcode::GetTabletMap, Some(Request::GetTabletMap { table_id: LOGS }), Nothing),
         (
             Opcode::AwaitTabletMap,
-            Some(Request::AwaitTabletMap { table_id: LOGS, wait_millis: 100 }),
+            Some(Request::AwaitTabletMap {
+                table_id: LOGS,
+                wait_millis: 100,
+                stale_owner: ServerId(0),
+            }),
             Nothing,
         ),
         (

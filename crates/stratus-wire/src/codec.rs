@@ -311,9 +311,10 @@ fn encode_request_body(out: &mut BytesMut, request: &Request) {
         }
         Request::DropTable { name } | Request::GetTableId { name } => put_string(out, name),
         Request::GetTabletMap { table_id } => put_u64(out, table_id.0),
-        Request::AwaitTabletMap { table_id, wait_millis } => {
+        Request::AwaitTabletMap { table_id, wait_millis, stale_owner } => {
             put_u64(out, table_id.0);
             put_u32(out, *wait_millis);
+            put_u64(out, stale_owner.0);
         }
         Request::SplitTablet { name, split_hash } => {
             put_string(out, name);
@@ -1123,11 +1124,11 @@ fn recovery_segments(
                     primary: reader.bool("replica's primary flag")?,
                 })
             })?;
-        replicas_left =
-            replicas_left.checked_sub(replicas.len()).ok_or(DecodeError::TooManyItems {
-                count: (RECOVERY_REPLICAS_MAX + replicas.len()) as u64,
-                max: RECOVERY_REPLICAS_MAX as u64,
-            })?;
+        replicas_left = replicas_left.checked_sub(replicas.len()).ok_or_else(|| {
+            // The replicas so far, this segment's included.
+            let count = RECOVERY_REPLICAS_MAX - replicas_left + replicas.len();
+            DecodeError::TooManyItems { count: count as u64, max: RECOVERY_REPLICAS_MAX as u64 }
+        })?;
         Ok(RecoverySegment { segment_id, replicas })
     })
 }
@@ -1674,9 +1675,11 @@ fn decode_request_body(opcode: Opcode, reader: &mut Reader) -> Result<Request, D
         }
         Opcode::ListTables => Request::ListTables,
         Opcode::GetTabletMap => Request::GetTabletMap { table_id: reader.table_id()? },
-        Opcode::AwaitTabletMap => {
-            Request::AwaitTabletMap { table_id: reader.table_id()?, wait_millis: reader.u32()? }
-        }
+        Opcode::AwaitTabletMap => Request::AwaitTabletMap {
+            table_id: reader.table_id()?,
+            wait_millis: reader.u32()?,
+            stale_owner: reader.server_id()?,
+        },
         Opcode::SplitTablet => Request::SplitTablet {
             name: reader.string(TABLE_NAME_BYTES_MAX, "table name")?,
             split_hash: reader.u64()?,

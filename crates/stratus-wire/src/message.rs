@@ -821,13 +821,17 @@ pub enum Request {
         /// Table, or `TableId(0)` for all.
         table_id: TableId,
     },
-    /// AWAIT_TABLET_MAP: GET_TABLET_MAP's answer, once no tablet in it is recovering or after
-    /// `wait_millis` (at most `TABLET_MAP_AWAIT_MILLIS_MAX`), whichever comes first.
+    /// AWAIT_TABLET_MAP: GET_TABLET_MAP's answer, once no tablet in it is recovering or owned
+    /// by `stale_owner`, or after `wait_millis` (at most `TABLET_MAP_AWAIT_MILLIS_MAX`),
+    /// whichever comes first.
     AwaitTabletMap {
         /// Table, or `TableId(0)` for all.
         table_id: TableId,
-        /// How long the coordinator may hold the answer while a tablet recovers.
+        /// How long the coordinator may hold the answer.
         wait_millis: u32,
+        /// A master the client could not connect to (0: none): the answer waits until no
+        /// tablet of the map is owned by it any more.
+        stale_owner: ServerId,
     },
     /// SPLIT_TABLET: the tablet of table `name` that holds `split_hash` becomes two, the
     /// second starting at `split_hash`, both on the same master.

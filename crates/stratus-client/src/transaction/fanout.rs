@@ -161,7 +161,9 @@ async fn route<P: Phase>(
         let op = &ops[index];
         match inner.route(op.table_id, KeyHash(op.key_hash), deadline, unavailable).await {
             Route::Send(tablet) => by_master.entry(tablet.owner_address).or_default().push(index),
-            Route::Wait(error) => states[index] = OpState::Waiting(Some(error)),
+            Route::Wait(error) | Route::Recovering(error) => {
+                states[index] = OpState::Waiting(Some(error))
+            }
             Route::Fail(error) => states[index] = OpState::Refused(error),
         }
     }

@@ -354,6 +354,9 @@ pub fn request() -> impl Strategy<Value = Request> {
         name().prop_map(|name| Request::GetTableId { name }),
         Just(Request::ListTables),
         table_id().prop_map(|table_id| Request::GetTabletMap { table_id }),
+        (table_id(), any::<u32>(), server_id()).prop_map(|(table_id, wait_millis, stale_owner)| {
+            Request::AwaitTabletMap { table_id, wait_millis, stale_owner }
+        }),
         (name(), any::<u64>())
             .prop_map(|(name, split_hash)| Request::SplitTablet { name, split_hash }),
         (name(), any::<u64>(), server_id()).prop_map(|(name, start_hash, target)| {
@@ -747,6 +750,7 @@ pub fn response() -> impl Strategy<Value = Response> {
         )
         .prop_map(|tables| Response::ListTables { tables }),
         vec(tablet_entry(), 0..4).prop_map(|tablets| Response::GetTabletMap { tablets }),
+        vec(tablet_entry(), 0..4).prop_map(|tablets| Response::AwaitTabletMap { tablets }),
         (version(), value(), any::<u64>()).prop_map(|(version, value, expires_in_millis)| {
             Response::Read { version, value, expires_in_millis }
         }),
